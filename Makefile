@@ -1,0 +1,109 @@
+# trtllm-pipeline. The two commands a fresh machine needs: `make demo` and `make test`.
+# Every target depends on `setup`, which creates .venv and installs the package (idempotent).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+# torch goes in first and explicitly: a bare dependency on torch would pull the newest CUDA wheel
+# (GBs). The default takes the CPU wheel where one sits in pip's local wheel folder, and PyPI's
+# default build elsewhere; override for a CUDA build, e.g. TORCH_SPEC='torch==2.13.0'.
+TORCH_SPEC ?= torch==2.13.0
+MODEL ?= r1-distill-qwen-7b
+RUNTIME ?=
+ENGINES_DIR ?= engines
+# Real MMLU/GSM8K files for tests and the demo (the product never assumes this path).
+DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/../shared/data /work/shared/data))
+ARGS ?=
+
+BIN := $(VENV)/bin
+CLI := $(BIN)/trtllm-pipeline
+STAMP := $(VENV)/.installed
+
+.PHONY: help setup test test-fast demo doctor clean quantize-% build-% eval-% gate deploy-% serve stop bench-% report
+
+help:
+	@echo "make demo                 the whole pipeline on the built-in tiny model (torch runtime)"
+	@echo "make test                 the test suite"
+	@echo "make build-fp8-tp4        build build_configs/\$$(MODEL)-fp8-tp4.yaml (MODEL=$(MODEL))"
+	@echo "make quantize-<variant>   quantize only; variants: bf16-tp1 fp8-tp1 fp8-tp2 fp8-tp4"
+	@echo "make eval-fp8-tp1         MMLU + GSM8K accuracy of one variant (TASKS=, LIMIT=; data: DATA_DIR or the hub)"
+	@echo "make gate                 the accuracy gates of eval/gates.yaml for MODEL's builds (exit 1 fail, 2 cannot judge)"
+	@echo "make deploy-fp8-tp1       the Triton model repository of one variant (RUNTIME= to choose before a build)"
+	@echo "make serve VARIANT=fp8-tp1 build (cached), deploy and serve one variant until Ctrl-C (ARGS=--detach: in the background)"
+	@echo "make stop VARIANT=fp8-tp1  stop that variant's server"
+	@echo "make bench-fp8-tp1        build, serve, benchmark and stop one variant (MODEL=tiny-qwen2 runs here)"
+	@echo "make report               reports/report.md: accuracy, latency, throughput and cost per build"
+	@echo "make doctor               what this machine can run"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	@touch $@
+
+test: setup
+	TRTLLM_PIPELINE_TEST_DATA="$(DATA_DIR)" $(BIN)/pytest $(ARGS)
+
+test-fast: setup
+	TRTLLM_PIPELINE_TEST_DATA="$(DATA_DIR)" $(BIN)/pytest -m "not slow" $(ARGS)
+
+doctor: setup
+	$(CLI) doctor
+
+quantize-%: setup
+	$(CLI) quantize -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(ARGS)
+
+# make build-fp8-tp4 [MODEL=tiny-qwen2] [RUNTIME=torch|tensorrt_llm]: quantizes first when needed.
+build-%: setup
+	$(CLI) build -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(if $(RUNTIME),--runtime $(RUNTIME)) $(ARGS)
+
+# make eval-fp8-tp1 [MODEL=tiny-qwen2] [TASKS=mmlu,gsm8k] [LIMIT=200]: builds first when needed; data
+# from DATA_DIR when set, else the hub. Results: $(ENGINES_DIR)/<config>/eval/<task>.json.
+eval-%: setup
+	$(CLI) build -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR)
+	$(CLI) eval -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") \
+	  $(if $(TASKS),--tasks $(TASKS)) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+
+# The accuracy gates of eval/gates.yaml whose baseline is a $(MODEL) build, on the results in
+# $(ENGINES_DIR): exit 0 pass, 1 an accuracy gate failed, 2 results missing or not comparable.
+gate: setup
+	$(CLI) gate --gates eval/gates.yaml --engines-dir $(ENGINES_DIR) --only $(MODEL) $(ARGS)
+
+# The whole pipeline on the tiny model; eval data from DATA_DIR, else the hub, else skipped with a notice.
+demo: setup
+	$(BIN)/python -m trtllm_pipeline.demo --engines-dir $(ENGINES_DIR) $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") $(ARGS)
+
+# make deploy-fp8-tp1 [MODEL=tiny-qwen2] [RUNTIME=tensorrt_llm|torch]: $(ENGINES_DIR)/<config>/triton_model_repo/.
+deploy-%: setup
+	$(CLI) deploy -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(if $(RUNTIME),--runtime $(RUNTIME)) $(ARGS)
+
+# make serve MODEL=tiny-qwen2 VARIANT=fp8-tp1 [ARGS="--detach --http-port 9000"]: tritonserver on 127.0.0.1
+# until Ctrl-C; `make stop` (same MODEL and VARIANT) ends a detached one and returns once it has exited.
+VARIANT ?= fp8-tp1
+serve: setup
+	$(CLI) build -c build_configs/$(MODEL)-$(VARIANT).yaml --engines-dir $(ENGINES_DIR) $(if $(RUNTIME),--runtime $(RUNTIME))
+	$(CLI) serve -c build_configs/$(MODEL)-$(VARIANT).yaml --engines-dir $(ENGINES_DIR) $(ARGS)
+
+stop: setup
+	$(CLI) serve -c build_configs/$(MODEL)-$(VARIANT).yaml --engines-dir $(ENGINES_DIR) --stop
+
+# Build, serve, benchmark and stop one variant: make bench-fp8-tp1 [MODEL=tiny-qwen2] [BENCH_ARGS=...].
+# The server is stopped whatever happened; the exit status is the first failure's.
+BENCH_ARGS ?= --concurrency 1,4,16 --input-tokens 128 --output-tokens 256 --requests 32
+bench-%: setup
+	$(CLI) build -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR)
+	$(CLI) deploy -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR)
+	status=0; \
+	$(CLI) serve -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) --detach && \
+	  $(CLI) bench -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(BENCH_ARGS) $(ARGS) || status=$$?; \
+	$(CLI) serve -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) --stop || true; \
+	exit $$status
+
+# reports/report.md over every shipped config (what was not measured here shows as such).
+report: setup
+	$(CLI) report --engines-dir $(ENGINES_DIR) $(ARGS)
+
+clean:
+	rm -rf $(ENGINES_DIR) reports .pytest_cache

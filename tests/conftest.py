@@ -1,0 +1,130 @@
+"""Shared fixtures: the built-in tiny model, a session-wide engines directory, the real data files.
+
+Expensive artifacts (quantized checkpoints, built engines) are made once per session in one
+engines directory and shared; tests that change artifacts use their own ``tmp_path`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "build_configs"
+
+# Generated built-in models are cached across sessions (they are deterministic); set before any
+# trtllm_pipeline import so subprocesses and Triton's Python stubs inherit it.
+os.environ.setdefault("TRTLLM_PIPELINE_CACHE", str(Path(tempfile.gettempdir()) / "trtllm-pipeline-test-cache"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The real MMLU/GSM8K release files (``mmlu/{dev,test}``, ``gsm8k/*.jsonl``).
+
+    Passed explicitly by `make test` (TRTLLM_PIPELINE_TEST_DATA); the product never assumes it.
+    """
+    value = os.environ.get("TRTLLM_PIPELINE_TEST_DATA")
+    if not value or not (Path(value) / "mmlu").is_dir():
+        pytest.skip("real MMLU/GSM8K data not found: set TRTLLM_PIPELINE_TEST_DATA (make test sets it)")
+    return Path(value)
+
+
+@pytest.fixture(scope="session")
+def engines_dir(tmp_path_factory) -> Path:
+    """One engines directory for the whole session: stages cache into it."""
+    return tmp_path_factory.mktemp("engines")
+
+
+def load(name: str):
+    from trtllm_pipeline.config import load_config
+
+    return load_config(CONFIGS / f"{name}.yaml")
+
+
+@pytest.fixture(scope="session")
+def quantized(engines_dir):
+    """``quantized("tiny-qwen2-fp8-tp2")`` -> QuantizeResult, quantized once per session."""
+    from trtllm_pipeline.quantize import quantize
+
+    done = {}
+
+    def get(name: str):
+        if name not in done:
+            done[name] = quantize(load(name), engines_dir=engines_dir)
+        return done[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def built(engines_dir, quantized):
+    """``built("tiny-qwen2-fp8-tp1")`` -> BuildResult (torch runtime), built once per session.
+
+    The engine lives in the session's ``engines_dir``; load it with
+    ``runtimes.load_runtime(load(name), engines_dir)``.
+    """
+    from trtllm_pipeline.build import build
+
+    done = {}
+
+    def get(name: str):
+        if name not in done:
+            quantized(name)
+            done[name] = build(load(name), engines_dir=engines_dir, runtime="torch")
+        return done[name]
+
+    return get
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (the OS picks them; never assume 8000 is free)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@pytest.fixture(scope="session")
+def served(built, engines_dir):
+    """``served("tiny-qwen2-fp8-tp1")`` -> serve.Server: a real tritonserver on free 127.0.0.1 ports.
+
+    Built, deployed and started once per session (about half a minute), stopped when the session
+    ends. Clients connect to ``f"127.0.0.1:{server.grpc_port}"`` (or ``http_port``).
+    """
+    from trtllm_pipeline import serve
+
+    started = {}
+
+    def get(name: str):
+        if name not in started:
+            built(name)
+            http, grpc, metrics = free_ports(3)
+            started[name] = serve.start(load(name), engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics)
+        return started[name]
+
+    yield get
+    for name, server in started.items():
+        serve.stop(load(name), engines_dir=engines_dir)
+        # Stopped means gone: the server and every Python-backend stub of its process group.
+        assert not serve.group_alive(server.pid), f"processes of the {name} server are left behind"
+        assert serve.read_state(load(name), engines_dir) is None
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (exit codes and stderr as a user sees them)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trtllm_pipeline", *args],
+        cwd=cwd or REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+    )

@@ -1,0 +1,153 @@
+"""The load generator: exact prompt lengths, closed and open loop, output checks and error counting.
+
+The OpenAI protocol is exercised against a small local server that streams with known delays
+(no vLLM or trtllm-serve runs here); the Triton protocols run against a real tritonserver in
+test_bench_triton.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench_stub import FIRST_S, GAP_S, StubHandler, stub_server
+from conftest import run_cli
+from trtllm_pipeline import bench
+from trtllm_pipeline.bench_protocols import connect
+from trtllm_pipeline.builtin_models import builtin_model_dir
+from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
+
+@pytest.fixture(scope="module")
+def tokenizer_dir():
+    return builtin_model_dir("tiny-qwen2")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir):
+    return bench.load_tokenizer(tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def stub_url():
+    with stub_server() as url:
+        yield url
+
+
+def settings(url, model="stub", **kw) -> bench.BenchSettings:
+    base = dict(protocol="openai", url=url, model=model, levels=(bench.LoadLevel(concurrency=1),),
+                input_tokens=24, output_tokens=8, requests=6, warmup=1)
+    return bench.BenchSettings(**{**base, **kw})
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@pytest.mark.parametrize("n", [2, 17, 128, 1000])
+def test_synthetic_prompts_are_exactly_n_tokens_and_distinct(tokenizer, n):
+    prompts = bench.synthetic_prompts(tokenizer, 5, n, seed=7)
+    assert [len(tokenizer(p)["input_ids"]) for p in prompts] == [n] * 5  # BOS included, as the server counts
+    assert len(set(prompts)) == 5
+    assert bench.synthetic_prompts(tokenizer, 5, n, seed=7) == prompts  # reproducible from the seed
+
+
+def test_gsm8k_prompts_are_the_test_questions_in_order(data_dir):
+    prompts, source = bench.dataset_prompts("gsm8k", data_dir, 3)
+    first = json.loads((data_dir / "gsm8k" / "test.jsonl").read_text().splitlines()[0])["question"]
+    assert prompts[0] == first and len(set(prompts)) == 3
+    assert str(data_dir) in source
+
+
+def test_a_prompt_without_room_for_text_is_refused(tokenizer):
+    with pytest.raises(InputError, match="special token"):
+        bench.synthetic_prompts(tokenizer, 1, 1, seed=0)
+
+
+# --------------------------------------------------------------------------- load generation
+
+
+def test_closed_loop_forced_length_and_consistent_metrics(stub_url, tokenizer, tmp_path):
+    levels = (bench.LoadLevel(concurrency=1), bench.LoadLevel(concurrency=4))
+    out = tmp_path / "r.json"
+    result = bench.bench(settings(stub_url, levels=levels, output_tokens=10, requests=8), tokenizer=tokenizer,
+                         tokenizer_source="tiny", output=out, gpus=2, gpu_hour_usd=4.0)
+    data = json.loads(out.read_text())
+    assert data == json.loads(json.dumps(result.data))
+    assert [e["concurrency"] for e in data["summary"]] == [1, 4]
+    assert data["settings"]["concurrency"] == [1, 4] and data["settings"]["request_rate"] == []
+    for entry in data["summary"]:
+        assert entry["requests"] == 8 and entry["errors"] == 0
+        assert entry["output_tokens_mean"] == 10 and entry["input_tokens_mean"] == 24
+        assert entry["ttft_ms"]["p50"] >= FIRST_S * 1e3 * 0.99  # sleeps never return early: lower bounds
+        assert entry["itl_ms"]["p50"] >= GAP_S * 1e3 * 0.99
+        for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            assert set(entry[key]) == {"mean", "p50", "p90", "p99"}
+            assert entry[key]["p50"] <= entry[key]["p90"] <= entry[key]["p99"]
+        assert entry["output_tokens_per_s"] > 0 and entry["requests_per_s"] > 0
+        assert entry["output_tokens_per_s"] == pytest.approx(10 * entry["requests_per_s"], rel=1e-2)
+        assert entry["cost"]["gpus"] == 2 and entry["cost"]["gpu_hour_usd"] == 4.0
+    assert len(data["requests"]) == 16  # warmup requests are not recorded
+    for r in data["requests"]:
+        assert r["error"] is None and r["output_tokens"] == 10 and r["output_tokens_retokenized"] == 10
+        assert len(r["token_times_ms"]) == 10 and r["token_times_ms"] == sorted(r["token_times_ms"])
+        assert r["e2e_ms"] == pytest.approx(r["ttft_ms"] + 9 * r["itl_ms"], rel=0.10)
+        assert r["ttft_ms"] == r["token_times_ms"][0] and r["e2e_ms"] == r["token_times_ms"][-1]
+
+
+def test_open_loop_levels(stub_url, tokenizer, tmp_path):
+    levels = (bench.LoadLevel(request_rate=40.0),)
+    result = bench.bench(settings(stub_url, levels=levels, requests=10), tokenizer=tokenizer, tokenizer_source="tiny",
+                         output=tmp_path / "r.json")
+    (entry,) = result.data["summary"]
+    assert entry["request_rate"] == 40.0 and "concurrency" not in entry
+    assert entry["requests"] == 10 and entry["errors"] == 0
+    assert all(r["request_rate"] == 40.0 for r in result.data["requests"])
+
+
+def test_wrong_output_lengths_are_errors_not_data(stub_url, tokenizer, tmp_path):
+    out = tmp_path / "r.json"
+    with pytest.raises(StageFailed, match="every request failed"):
+        bench.bench(settings(stub_url, model="stub-short"), tokenizer=tokenizer, tokenizer_source="tiny", output=out)
+    data = json.loads(out.read_text())  # the evidence is still written
+    (entry,) = data["summary"]
+    assert entry["requests"] == 0 and entry["errors"] == 6
+    assert entry["ttft_ms"]["p50"] is None and entry["output_tokens_per_s"] is None and entry["cost"] is None
+    assert all("returned 4 tokens, 8 were requested" in r["error"] for r in data["requests"])
+
+
+def test_server_errors_are_counted(stub_url, tokenizer, tmp_path):
+    StubHandler.calls = 0
+    result = bench.bench(settings(stub_url, model="stub-flaky", warmup=0, requests=9), tokenizer=tokenizer,
+                         tokenizer_source="tiny", output=tmp_path / "r.json")
+    (entry,) = result.data["summary"]
+    assert entry["errors"] == 3 and entry["requests"] == 6
+    failed = [r for r in result.data["requests"] if r["error"]]
+    assert len(failed) == 3 and all("HTTP 500" in r["error"] and r["ttft_ms"] is None for r in failed)
+
+
+def test_connect_errors_say_what_to_do(stub_url):
+    with pytest.raises(InputError, match="serves 3 models"):
+        connect("openai", stub_url, None, 5)
+    with pytest.raises(UnavailableError, match="no server answers"):
+        connect("openai", "127.0.0.1:9", "stub", 5)
+    with pytest.raises(UnavailableError, match="cannot reach a Triton server"):
+        connect("triton-grpc", "127.0.0.1:9", None, 5)
+
+
+def test_cli_bench_writes_results_and_prints_levels(stub_url, tokenizer_dir, tmp_path):
+    out = tmp_path / "cli.json"
+    proc = run_cli("bench", "--protocol", "openai", "--url", stub_url, "--model", "stub", "--tokenizer",
+                   str(tokenizer_dir), "--concurrency", "1,2", "--requests", "4", "--input-tokens", "16",
+                   "--output-tokens", "6", "--gpu-hour-usd", "2.5", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "c=1: 4 ok, 0 errors" in proc.stdout and "c=2: 4 ok, 0 errors" in proc.stdout
+    assert "per 1M output tokens" in proc.stdout and f"results: {out}" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["settings"]["gpu_hour_usd"] == 2.5 and data["settings"]["gpus"] == 1
+
+
+def test_cli_bench_usage_errors_exit_2(tmp_path):
+    proc = run_cli("bench", "--url", "127.0.0.1:9", "-o", str(tmp_path / "x.json"))
+    assert proc.returncode == 2 and "--tokenizer" in proc.stderr
+    proc = run_cli("bench", "--concurrency", "1,x", "--tokenizer", "t", "-o", "x.json")
+    assert proc.returncode == 2 and "comma-separated" in proc.stderr

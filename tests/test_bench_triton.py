@@ -1,0 +1,68 @@
+"""bench against a real tritonserver serving the tiny model with the torch runtime (the issue's check)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import load, run_cli
+from trtllm_pipeline import bench
+from trtllm_pipeline.errors import StageFailed
+
+pytestmark = pytest.mark.slow
+NAME = "tiny-qwen2-fp8-tp1"
+
+
+def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, engines_dir, tmp_path):
+    server = served(NAME)
+    out = tmp_path / "bench.json"
+    proc = run_cli("bench", "-c", f"build_configs/{NAME}.yaml", "--engines-dir", str(engines_dir),
+                   "--concurrency", "1,8", "--requests", "8", "--warmup", "1", "--input-tokens", "48",
+                   "--output-tokens", "24", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    data = json.loads(out.read_text())
+    assert data["settings"]["url"] == f"127.0.0.1:{server.grpc_port}"  # found from the running server's state
+    assert data["settings"]["protocol"] == "triton-grpc" and data["settings"]["model"] == "ensemble"
+    assert [e["concurrency"] for e in data["summary"]] == [1, 8]
+    for entry in data["summary"]:
+        assert entry["requests"] == 8 and entry["errors"] == 0
+        assert entry["output_tokens_mean"] == 24 and entry["input_tokens_mean"] == 48
+        assert entry["ttft_ms"]["p50"] > 0 and entry["itl_ms"]["p50"] > 0
+        assert entry["output_tokens_per_s"] > 0 and entry["cost"]["gpus"] == 1
+    assert len(data["requests"]) == 16
+    for r in data["requests"]:
+        assert r["error"] is None
+        assert r["output_tokens"] == 24 and len(r["token_times_ms"]) == 24  # one streamed response per token
+        assert r["input_tokens"] == 48
+        assert r["ttft_ms"] > 0 and r["itl_ms"] > 0
+        assert r["e2e_ms"] == pytest.approx(r["ttft_ms"] + 23 * r["itl_ms"], rel=0.10)
+        assert r["output_tokens_retokenized"] > 0  # re-encoding may merge or split: reported, not asserted
+
+
+def test_http_streaming_protocol(served, engines_dir, tmp_path):
+    server = served(NAME)
+    cfg = load(NAME)
+    tokenizer = bench.load_tokenizer(bench.config_tokenizer_dir(cfg, engines_dir))
+    settings = bench.BenchSettings(protocol="triton-http", url=f"127.0.0.1:{server.http_port}",
+                                   levels=(bench.LoadLevel(concurrency=2), bench.LoadLevel(request_rate=4.0)),
+                                   input_tokens=32, output_tokens=12, requests=4, warmup=0)
+    result = bench.bench(settings, tokenizer=tokenizer, tokenizer_source="checkpoint", output=tmp_path / "h.json")
+    for entry in result.data["summary"]:
+        assert entry["requests"] == 4 and entry["errors"] == 0 and entry["output_tokens_mean"] == 12
+    assert all(len(r["token_times_ms"]) == 12 for r in result.data["requests"])
+
+
+def test_server_errors_are_counted_not_hidden(served, engines_dir, tmp_path):
+    """Prompts longer than the engine takes are refused by the server: every request is an error."""
+    server = served(NAME)
+    cfg = load(NAME)
+    tokenizer = bench.load_tokenizer(bench.config_tokenizer_dir(cfg, engines_dir))
+    settings = bench.BenchSettings(protocol="triton-grpc", url=f"127.0.0.1:{server.grpc_port}",
+                                   levels=(bench.LoadLevel(concurrency=2),), input_tokens=cfg.build.max_input_len + 8,
+                                   output_tokens=4, requests=3, warmup=0)
+    out = tmp_path / "errors.json"
+    with pytest.raises(StageFailed, match="every request failed"):
+        bench.bench(settings, tokenizer=tokenizer, tokenizer_source="checkpoint", output=out)
+    (entry,) = json.loads(out.read_text())["summary"]
+    assert entry["errors"] == 3 and entry["requests"] == 0 and entry["itl_ms"]["p50"] is None

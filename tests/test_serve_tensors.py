@@ -1,0 +1,84 @@
+"""The Python side of TensorRT-LLM's tensor contract: prompts under the engine's limits, word lists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from trtllm_pipeline.builtin_models import builtin_model_dir
+from trtllm_pipeline.generate import encode_prompt
+from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, decode_rows, word_list, words_from_list
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(builtin_model_dir("tiny-qwen2"))
+
+
+@pytest.fixture
+def pre(tokenizer):
+    return Preprocessor(tokenizer, end_id=tokenizer.eos_token_id, pad_id=tokenizer.eos_token_id, max_input_len=16,
+                        max_seq_len=24)
+
+
+def batch(*texts):
+    return np.array([[t.encode()] for t in texts], dtype=object)
+
+
+def test_word_list_is_tensorrt_llms_format_and_decodes_back(tokenizer):
+    words = ["Question:", "\n\n", "naïve café"]
+    lists = word_list(tokenizer, words)
+    ids = [tokenizer.encode(w, add_special_tokens=False) for w in words]
+    flat = sum(ids, [])
+    assert lists.shape == (2, len(flat)) and lists.dtype == np.int32
+    assert lists[0].tolist() == flat
+    ends = np.cumsum([len(x) for x in ids]).tolist()
+    assert lists[1].tolist() == ends + [-1] * (len(flat) - len(ends))
+    assert words_from_list(tokenizer, lists) == tuple(words)
+    assert word_list(tokenizer, []).tolist() == [[0], [-1]]
+    assert words_from_list(tokenizer, word_list(tokenizer, [""])) == ()
+
+
+def test_preprocessing_matches_in_process_tokenization_and_pads_a_batch(pre, tokenizer):
+    out = pre(batch("hello world, this is long", "hi"), np.array([[5], [3]], dtype=np.int32),
+              stop_words=np.array([[b"Question:", b""], [b"", b""]], dtype=object))
+    long_ids = encode_prompt(tokenizer, "hello world, this is long", raw=True)
+    short_ids = encode_prompt(tokenizer, "hi", raw=True)
+    assert out["INPUT_ID"][0].tolist() == long_ids
+    assert out["INPUT_ID"][1].tolist() == short_ids + [tokenizer.eos_token_id] * (len(long_ids) - len(short_ids))
+    assert out["REQUEST_INPUT_LEN"].tolist() == [[len(long_ids)], [len(short_ids)]]
+    assert out["REQUEST_OUTPUT_LEN"].tolist() == [[5], [3]]
+    assert out["STOP_WORDS_IDS"].shape[:2] == (2, 2)
+    assert words_from_list(tokenizer, out["STOP_WORDS_IDS"][0]) == ("Question:",)
+    assert words_from_list(tokenizer, out["STOP_WORDS_IDS"][1]) == ()
+    assert out["OUT_END_ID"].tolist() == [[tokenizer.eos_token_id]] * 2
+    custom = pre(batch("hi"), np.array([[1]], dtype=np.int32), end_id=np.array([[-1]], dtype=np.int32))
+    assert custom["OUT_END_ID"].tolist() == [[-1]]
+
+
+@pytest.mark.parametrize(("text", "max_tokens", "message"), [
+    ("", 4, "empty"),
+    ("hi", 0, "at least 1"),
+    ("hi", -3, "at least 1"),
+    ("word " * 40, 2, "at most 16"),
+    ("hi there", 30, "max_seq_len of 24"),
+])
+def test_requests_outside_the_engine_limits_are_refused(pre, text, max_tokens, message):
+    with pytest.raises(RequestError, match=message):
+        pre(batch(text), np.array([[max_tokens]], dtype=np.int32))
+
+
+def test_invalid_utf8_is_refused(pre):
+    with pytest.raises(RequestError, match="UTF-8"):
+        pre(np.array([[b"\xff\xfe"]], dtype=object), np.array([[2]], dtype=np.int32))
+
+
+def test_postprocessing_decodes_each_row_to_its_length(tokenizer):
+    ids = tokenizer.encode("the answer is 42", add_special_tokens=False)
+    tokens = np.array([[ids + [0, 0]], [ids[:2] + [0] * (len(ids))]], dtype=np.int32)
+    lengths = np.array([[len(ids)], [2]], dtype=np.int32)
+    out = decode_rows(tokenizer, tokens, lengths)
+    assert out.shape == (2, 1)
+    assert out[0, 0].decode() == "the answer is 42"
+    assert out[1, 0].decode() == tokenizer.decode(ids[:2])

@@ -1,0 +1,3 @@
+from trtllm_pipeline.cli import main
+
+main()

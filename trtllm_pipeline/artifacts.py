@@ -1,0 +1,251 @@
+"""Artifact directories: atomic writes, manifests, content hashes and the stage cache.
+
+Every stage writes a directory under ``engines/<config-name>/`` and puts ``manifest.json`` in it
+last. A directory without a manifest is never complete; it is built under a temporary name and
+renamed into place, so an interrupted run leaves nothing a later stage could mistake for output.
+A stage is a cache hit when the manifest's ``inputs_hash`` equals the hash of its current inputs
+and every output file it lists is still there with its recorded size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+MANIFEST = "manifest.json"
+MANIFEST_SCHEMA = 1
+_TMP_MARK = ".tmp-"
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactPaths:
+    """Where each stage of one build config writes, under ``<engines_dir>/<config-name>/``."""
+
+    root: Path
+
+    @property
+    def checkpoint(self) -> Path:  # TensorRT-LLM checkpoint: config.json + rank{i}.safetensors
+        return self.root / "checkpoint"
+
+    @property
+    def hf_checkpoint(self) -> Path:  # ModelOpt unified HF checkpoint (quantized formats only)
+        return self.root / "hf_checkpoint"
+
+    @property
+    def engine(self) -> Path:
+        return self.root / "engine"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def triton_repo(self) -> Path:
+        return self.root / "triton_model_repo"
+
+    @property
+    def bench(self) -> Path:
+        return self.root / "bench"
+
+    @property
+    def serve_state(self) -> Path:  # pid file and server log of `serve --detach`
+        return self.root / "serve"
+
+
+def artifact_paths(engines_dir: str | os.PathLike, config_name: str) -> ArtifactPaths:
+    return ArtifactPaths(Path(engines_dir) / config_name)
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def fingerprint(obj: Any) -> str:
+    """sha256 of a JSON-serialisable object in canonical form (sorted keys, no whitespace)."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def hash_tree(
+    root: Path, *, previous: dict[str, dict] | None = None, skip: tuple[str, ...] = (MANIFEST,)
+) -> dict[str, dict]:
+    """``{relative path: {size, mtime_ns, sha256}}`` for every file below ``root``.
+
+    A file whose size and mtime match ``previous`` keeps its recorded hash instead of being read
+    again: re-hashing 15 GB of weights on every cache check would turn a cache hit into minutes.
+    """
+    previous = previous or {}
+    records: dict[str, dict] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(root).as_posix()
+        if rel in skip or any(part.startswith(".") for part in Path(rel).parts):
+            continue
+        st = path.stat()
+        old = previous.get(rel)
+        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
+            sha = old["sha256"]
+        else:
+            sha = file_sha256(path)
+        records[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+    return records
+
+
+def content_hash(records: dict[str, dict]) -> str:
+    """Hash of a tree's contents (names and sha256s), independent of timestamps."""
+    return fingerprint({rel: rec["sha256"] for rel, rec in records.items()})
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(parent: Path) -> None:
+    """Delete temporary directories left behind by runs whose process is gone."""
+    if not parent.is_dir():
+        return
+    for entry in parent.iterdir():
+        name = entry.name
+        if not name.startswith(".") or _TMP_MARK not in name:
+            continue
+        try:
+            pid = int(name.rsplit(_TMP_MARK, 1)[1].split("-")[0])
+        except ValueError:
+            continue
+        if not pid_alive(pid):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield an empty temporary directory that replaces ``final`` only if the block succeeds."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final.parent)
+    tmp = final.parent / f".{final.name}{_TMP_MARK}{os.getpid()}-{time.monotonic_ns()}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, final)
+
+
+def replace_dir(src: Path, final: Path) -> None:
+    """Move ``src`` to ``final``, replacing an existing directory with two renames."""
+    if final.exists() or final.is_symlink():
+        old = final.parent / f".{final.name}{_TMP_MARK}{os.getpid()}-old-{time.monotonic_ns()}"
+        os.rename(final, old)
+        os.rename(src, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(src, final)
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def package_versions(*names: str) -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("trtllm-pipeline", *names):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Hash the directory's files and write ``manifest.json``; call this last."""
+    manifest = {"schema": MANIFEST_SCHEMA, **manifest}
+    manifest.setdefault("created_at", now_iso())
+    manifest["outputs"] = hash_tree(directory)
+    write_json_atomic(directory / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of a complete artifact directory, or None (missing, unreadable, foreign)."""
+    try:
+        data = json.loads((Path(directory) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
+        return None
+    return data
+
+
+def outputs_intact(directory: Path, manifest: dict[str, Any]) -> bool:
+    """Every file the manifest lists exists with its recorded size (cheap; no re-hash)."""
+    for rel, rec in (manifest.get("outputs") or {}).items():
+        path = Path(directory) / rel
+        try:
+            if path.stat().st_size != rec.get("size"):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def cached_manifest(directory: Path, inputs_hash: str) -> dict[str, Any] | None:
+    """The manifest if ``directory`` holds complete output for exactly these inputs."""
+    manifest = read_manifest(directory)
+    if manifest and manifest.get("inputs_hash") == inputs_hash and outputs_intact(directory, manifest):
+        return manifest
+    return None
+
+
+class Stopwatch:
+    """Named wall-clock timings for a manifest's ``timings`` section."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(time.perf_counter() - start, 3)

@@ -1,0 +1,381 @@
+"""Build configs: one YAML file per build, validated into one typed ``BuildConfig``.
+
+This module is the single source of truth for what a config may say, its defaults, and the
+checks that reject a config before any GPU time is spent. Every stage takes the ``BuildConfig``
+and reads only the sections it needs. Errors name the file, the field and the fix, and raise
+``ConfigError`` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from trtllm_pipeline.errors import ConfigError
+from trtllm_pipeline.model_catalog import ModelShape
+
+# Formats ModelOpt can produce for TensorRT-LLM (its names, as in TensorRT-LLM's quantize.py
+# --qformat) and the TensorRT-LLM checkpoint's quant_algo for each. Only SUPPORTED_FORMATS run
+# end to end here; the others are recognised so that the error says "not yet" rather than "no".
+MODELOPT_FORMATS = {
+    "none": None,
+    "fp8": "FP8",
+    "int4_awq": "W4A16_AWQ",
+    "w4a8_awq": "W4A8_AWQ",
+    "int8_sq": "W8A8_SQ_PER_CHANNEL",
+    "nvfp4": "NVFP4",
+}
+SUPPORTED_FORMATS = ("none", "fp8")
+KV_CACHE_FORMATS = {"none": None, "fp8": "FP8"}
+
+PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "disable"]
+
+
+class _Section(BaseModel):
+    # strict: YAML `"8"` is not an integer; forbid: a misspelt key is an error, not a silent default.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelSection(_Section):
+    source: str = Field(description="hub id (org/name), local HF model directory, or builtin:tiny-qwen2")
+    revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
+
+    @property
+    def is_builtin(self) -> bool:
+        return self.source.startswith("builtin:")
+
+    @property
+    def is_local(self) -> bool:
+        return not self.is_builtin and (
+            self.source.startswith((".", "/", "~")) or Path(os.path.expanduser(self.source)).exists()
+        )
+
+
+class CalibrationSection(_Section):
+    """Defaults are TensorRT-LLM's quantize.py recipe: 512 cnn_dailymail articles of 512 tokens."""
+
+    dataset: str = Field(
+        "abisee/cnn_dailymail",
+        description="hub dataset id, local json/jsonl/parquet/csv/txt file or directory, or builtin:random-tokens",
+    )
+    subset: str | None = Field(None, description="dataset configuration; default 3.0.0 for cnn_dailymail")
+    split: str = "train"
+    text_column: str | None = Field(None, description="default: article for cnn_dailymail, else text")
+    num_samples: int = Field(512, gt=0)
+    max_seq_len: int = Field(512, gt=0)
+    batch_size: int = Field(1, gt=0)
+    seed: int = 1234
+
+    @property
+    def is_cnn_dailymail(self) -> bool:
+        return "cnn_dailymail" in self.dataset
+
+    @property
+    def resolved_subset(self) -> str | None:
+        return self.subset if self.subset is not None else ("3.0.0" if self.is_cnn_dailymail else None)
+
+    @property
+    def resolved_text_column(self) -> str:
+        return self.text_column or ("article" if self.is_cnn_dailymail else "text")
+
+
+class QuantizationSection(_Section):
+    format: str = Field("none", description="none | fp8 (int4_awq, w4a8_awq, int8_sq, nvfp4: not yet)")
+    kv_cache: str = Field("none", description="none | fp8")
+    calibration: CalibrationSection = CalibrationSection()
+    export_hf_checkpoint: bool = Field(True, description="also write ModelOpt's unified HF checkpoint")
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value not in MODELOPT_FORMATS:
+            raise ValueError(
+                f"{value!r} is not a ModelOpt quantization format; use one of {', '.join(SUPPORTED_FORMATS)}"
+            )
+        if value not in SUPPORTED_FORMATS:
+            raise ValueError(
+                f"{value!r} is a ModelOpt format this pipeline does not support yet; "
+                f"use one of {', '.join(SUPPORTED_FORMATS)}"
+            )
+        return value
+
+    @field_validator("kv_cache")
+    @classmethod
+    def _known_kv(cls, value: str) -> str:
+        if value not in KV_CACHE_FORMATS:
+            raise ValueError(f"{value!r} is not a KV-cache format; use one of {', '.join(KV_CACHE_FORMATS)}")
+        return value
+
+    @property
+    def quant_algo(self) -> str | None:
+        return MODELOPT_FORMATS[self.format]
+
+    @property
+    def kv_cache_quant_algo(self) -> str | None:
+        return KV_CACHE_FORMATS[self.kv_cache]
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.format != "none" or self.kv_cache != "none"
+
+
+class ParallelismSection(_Section):
+    tp: int = Field(1, ge=1, description="tensor parallel size")
+    pp: int = Field(1, ge=1, description="pipeline parallel size (only 1 is supported)")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+class PluginsSection(_Section):
+    """trtllm-build plugin flags; each takes a dtype or `disable`."""
+
+    gpt_attention_plugin: PluginDtype = "auto"
+    gemm_plugin: PluginDtype = "disable"
+    low_latency_gemm_plugin: Literal["fp8", "disable"] = "disable"
+    gemm_swiglu_plugin: Literal["fp8", "disable"] = "disable"
+    low_latency_gemm_swiglu_plugin: Literal["fp8", "disable"] = "disable"
+
+
+class BuildSection(_Section):
+    """Engine limits and trtllm-build options. TensorRT-LLM's own max_seq_len default is the
+    model's 131072 positions, which sizes the KV cache for contexts nobody sends: set it."""
+
+    max_batch_size: int = Field(8, ge=1)
+    max_input_len: int = Field(2048, ge=1)
+    max_seq_len: int = Field(4096, ge=2)
+    max_num_tokens: int = Field(8192, ge=1)
+    max_beam_width: int = Field(1, ge=1)
+    kv_cache_type: Literal["paged", "continuous"] = "paged"
+    use_paged_context_fmha: bool = True
+    use_fp8_context_fmha: bool | None = Field(None, description="null: on exactly when the KV cache is FP8")
+    use_fused_mlp: bool = True
+    multiple_profiles: bool = True
+    workers: int | None = Field(None, ge=1, description="parallel build workers; default min(world size, GPUs)")
+    gather_generation_logits: bool = Field(
+        False, description="keep generation logits in the engine (--gather_generation_logits): lets `eval --url` "
+        "score MMLU against a TensorRT-LLM deployment")
+    plugins: PluginsSection = PluginsSection()
+    extra_args: list[str] = Field(default_factory=list, description="passed to trtllm-build verbatim")
+
+
+class RuntimeSection(_Section):
+    backend: Literal["auto", "tensorrt_llm", "torch"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="torch runtime device")
+    compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="torch runtime activations/matmuls: auto = the checkpoint dtype on CUDA, float32 on CPU "
+        "(CPUs without bf16 units run bf16 matmuls ~3x slower); FP8 layers stay FP8 either way",
+    )
+    kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
+    enable_kv_cache_reuse: bool = False
+
+
+class ServingSection(_Section):
+    host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int = Field(8001, ge=1, le=65535)
+    metrics_port: int = Field(8002, ge=1, le=65535)
+    max_batch_size: int = Field(8, ge=1, description="Triton-side batch limit (triton_max_batch_size)")
+    max_queue_delay_microseconds: int = Field(1000, ge=0)
+    instance_count: int = Field(1, ge=1, description="pre/postprocessing model instances")
+    exclude_input_in_output: bool = True
+    startup_timeout_s: float = Field(180.0, gt=0)
+
+
+class EvaluationSection(_Section):
+    tasks: list[Literal["mmlu", "gsm8k"]] = Field(default_factory=lambda: ["mmlu", "gsm8k"])
+    limit: int | None = Field(None, ge=1, description="items per task, a stratified subset; null: all")
+    batch_size: int = Field(
+        128, ge=1, description="questions per runtime call (MMLU: sharing one few-shot prefix; GSM8K: in flight)"
+    )
+    seed: int = Field(1234, description="seeds the --limit subset and GSM8K's few-shot exemplars")
+    gsm8k_mode: Literal["lm-eval", "reasoning"] = Field(
+        "lm-eval", description="lm-eval: 5-shot Question/Answer; reasoning: chat template, zero-shot, \\boxed{}"
+    )
+    gsm8k_max_new_tokens: int | None = Field(None, ge=1, description="default: 256 (lm-eval), 4096 (reasoning)")
+
+
+class BuildConfig(_Section):
+    """One build: a model, how to quantize, shard and build it, and how to serve and judge it."""
+
+    model: ModelSection
+    dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    quantization: QuantizationSection = QuantizationSection()
+    parallelism: ParallelismSection = ParallelismSection()
+    build: BuildSection = BuildSection()
+    runtime: RuntimeSection = RuntimeSection()
+    serving: ServingSection = ServingSection()
+    evaluation: EvaluationSection = EvaluationSection()
+
+    _name: str = PrivateAttr("")
+    _path: Path | None = PrivateAttr(None)
+
+    @property
+    def name(self) -> str:
+        """The file's stem: names the build everywhere (engines/<name>/, reports, Triton)."""
+        return self._name
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    def section(self, name: str) -> dict[str, Any]:
+        return getattr(self, name).model_dump(mode="json")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike) -> BuildConfig:
+    """Read, validate and cross-check a build config file."""
+    path = Path(path)
+    if not path.is_file():
+        hint = _nearby_configs(path)
+        raise ConfigError(f"{path}: no such config file.", fix=hint or "pass an existing build_configs/*.yaml file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}.",
+                          fix="correct the YAML syntax") from None
+    return config_from_dict(data, name=path.stem, path=path)
+
+
+def config_from_dict(data: Any, *, name: str, path: Path | None = None) -> BuildConfig:
+    where = str(path) if path else name
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a build config must be a YAML mapping with a `model` section.",
+                          fix="start from one of build_configs/*.yaml")
+    try:
+        cfg = BuildConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(where, exc)) from None
+    cfg._name, cfg._path = name, path
+    problems = static_problems(cfg)
+    if problems:
+        raise ConfigError(f"{where}: " + " ".join(problems))
+    return cfg
+
+
+def static_problems(cfg: BuildConfig) -> list[str]:
+    """Checks that need only the config itself."""
+    q, b, p = cfg.quantization, cfg.build, cfg.build.plugins
+    out = []
+    for flag in ("low_latency_gemm_plugin", "gemm_swiglu_plugin", "low_latency_gemm_swiglu_plugin"):
+        if getattr(p, flag) == "fp8" and q.format != "fp8":
+            out.append(
+                f"build.plugins.{flag}: `fp8` needs FP8 weights, but quantization.format is {q.format!r}. "
+                f"Fix: set quantization.format: fp8, or {flag}: disable."
+            )
+    if p.gemm_plugin == "fp8" and q.format != "fp8":
+        out.append("build.plugins.gemm_plugin: `fp8` needs quantization.format: fp8. Fix: use auto or disable.")
+    if b.use_fp8_context_fmha and q.kv_cache != "fp8" and b.use_paged_context_fmha:
+        out.append(
+            "build.use_fp8_context_fmha: with paged context FMHA it needs an FP8 KV cache "
+            "(TensorRT-LLM turns it off otherwise). Fix: set quantization.kv_cache: fp8, or leave it null."
+        )
+    if b.max_input_len >= b.max_seq_len:
+        out.append(
+            f"build.max_input_len ({b.max_input_len}) must be below build.max_seq_len ({b.max_seq_len}), "
+            "which counts prompt and output tokens. Fix: raise max_seq_len or lower max_input_len."
+        )
+    if cfg.parallelism.pp != 1:
+        out.append("parallelism.pp: only pipeline parallel size 1 is supported. Fix: set pp: 1 and use tp.")
+    if cfg.serving.max_batch_size > b.max_batch_size:
+        out.append(
+            f"serving.max_batch_size ({cfg.serving.max_batch_size}) exceeds build.max_batch_size "
+            f"({b.max_batch_size}); the engine would reject such batches. Fix: lower it."
+        )
+    ports = [cfg.serving.http_port, cfg.serving.grpc_port, cfg.serving.metrics_port]
+    if len(set(ports)) != 3:
+        out.append("serving: http_port, grpc_port and metrics_port must differ. Fix: give each its own port.")
+    return out
+
+
+def model_problems(cfg: BuildConfig, shape: ModelShape) -> list[str]:
+    """Checks that need the model's architecture (from its config.json or the catalog)."""
+    tp, heads, kv = cfg.parallelism.tp, shape.num_attention_heads, shape.num_key_value_heads
+    divisors = [d for d in range(1, heads + 1) if heads % d == 0 and (d % kv == 0 or kv % d == 0)]
+    out = []
+    if heads % tp:
+        out.append(
+            f"parallelism.tp: {tp} does not divide the model's {heads} attention heads. "
+            f"Fix: use tp in {divisors}."
+        )
+    elif tp % kv and kv % tp:
+        out.append(
+            f"parallelism.tp: the model's {kv} KV heads cannot be spread over {tp} ranks (TensorRT-LLM "
+            f"needs tp to divide them or to be a multiple of them, to replicate them). Fix: use tp in {divisors}."
+        )
+    if cfg.build.max_seq_len > shape.max_position_embeddings:
+        out.append(
+            f"build.max_seq_len ({cfg.build.max_seq_len}) exceeds the model's "
+            f"{shape.max_position_embeddings} positions. Fix: lower it."
+        )
+    return out
+
+
+def check_against_model(cfg: BuildConfig, shape: ModelShape) -> None:
+    problems = model_problems(cfg, shape)
+    if problems:
+        raise ConfigError(f"{cfg.path or cfg.name}: " + " ".join(problems))
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _format_validation_error(where: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            parent = err["loc"][:-1]
+            known = _known_keys(parent)
+            guess = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
+            hint = f"did you mean {guess[0]!r}? " if guess else ""
+            lines.append(f"{loc}: unknown key; {hint}known keys here: {', '.join(known)}.")
+        elif kind == "missing":
+            lines.append(f"{loc}: required key is missing.")
+        elif kind == "literal_error":
+            lines.append(f"{loc}: {err['input']!r} is not allowed; use one of {err['ctx']['expected']}.")
+        elif kind == "value_error":
+            lines.append(f"{loc}: {err['ctx']['error']}.")
+        elif kind.endswith("_type") or kind.endswith("_parsing"):
+            got = type(err["input"]).__name__
+            lines.append(f"{loc}: {err['msg'].lower()}, got {err['input']!r} ({got}).")
+        else:
+            lines.append(f"{loc}: {err['msg']} (got {err['input']!r}).")
+    return f"{where}: invalid config. " + " ".join(lines)
+
+
+def _known_keys(loc: tuple) -> list[str]:
+    model: type[BaseModel] = BuildConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        sub = getattr(field, "annotation", None) if field else None
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            model = sub
+        else:
+            break
+    return list(model.model_fields)
+
+
+def _nearby_configs(path: Path) -> str | None:
+    folder = path.parent if path.parent.is_dir() else Path("build_configs")
+    names = sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    guess = difflib.get_close_matches(path.name, names, n=3)
+    if guess:
+        return "did you mean " + ", ".join(str(folder / g) for g in guess) + "?"
+    return None

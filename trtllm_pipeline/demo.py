@@ -1,0 +1,153 @@
+"""``make demo``: the whole pipeline on the built-in tiny model with the torch runtime, end to end.
+
+quantize (BF16 baseline, FP8 at TP 1 and 2) -> build -> eval on a small subset -> gate -> deploy
+-> serve -> a streamed generate -> a short bench -> stop the server -> report. Each step is the
+real CLI command, printed before it runs, so the demo doubles as a walkthrough; it runs them
+in this one process (the server is its own process, stopped even when a step fails). A second
+run reuses every cached stage. ``--fast`` (or TRTLLM_PIPELINE_DEMO_FAST=1) shrinks the eval
+subset and the bench for CI.
+
+Eval data: ``--data-dir`` (the MMLU/GSM8K release files), else the Hugging Face hub; when
+neither can be read, eval and gate are skipped with a notice and everything else still runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from trtllm_pipeline.errors import EXIT_FAILED, EXIT_UNAVAILABLE, StageFailed
+
+BASELINE = "tiny-qwen2-bf16-tp1"
+CANDIDATES = ("tiny-qwen2-fp8-tp1", "tiny-qwen2-fp8-tp2")
+SERVED = "tiny-qwen2-fp8-tp1"
+PROMPT = "Explain in one sentence why FP8 inference is faster than BF16."
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    mmlu_limit: int
+    gsm8k_limit: int
+    concurrency: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+
+
+FULL = Size(mmlu_limit=20, gsm8k_limit=4, concurrency="1,4", requests=16, input_tokens=128, output_tokens=64)
+FAST = Size(mmlu_limit=4, gsm8k_limit=2, concurrency="1,2", requests=4, input_tokens=64, output_tokens=16)
+
+
+class Demo:
+    def __init__(self, configs_dir: Path, engines_dir: Path, reports_dir: Path, data_dir: Path | None, size: Size,
+                 serve_args: tuple[str, ...] = ()):
+        self.configs_dir, self.engines_dir, self.reports_dir = configs_dir, engines_dir, reports_dir
+        self.data_dir, self.size, self.serve_args = data_dir, size, serve_args
+
+    def config(self, name: str) -> str:
+        return str(self.configs_dir / f"{name}.yaml")
+
+    def run(self, *args: str, allowed: tuple[int, ...] = (0,)) -> int:
+        """Run one CLI command in-process; a status outside ``allowed`` stops the demo."""
+        from trtllm_pipeline.cli import main
+
+        click.secho(f"\n$ trtllm-pipeline {shlex.join(args)}", bold=True)
+        code = main.main(args=list(args), prog_name="trtllm-pipeline", standalone_mode=False) or 0
+        if code not in allowed:
+            raise StageFailed(f"demo: `trtllm-pipeline {shlex.join(args)}` exited with {code}.",
+                              fix="see its message above; `make demo` again after fixing it reuses finished stages")
+        return code
+
+    def results(self, name: str, task: str) -> str:
+        return str(self.engines_dir / name / "eval" / f"{task}.json")
+
+    def engines(self) -> tuple[str, ...]:
+        return ("--engines-dir", str(self.engines_dir))
+
+    def all(self) -> Path:
+        names = (BASELINE, *CANDIDATES)
+        for name in names:
+            self.run("quantize", "-c", self.config(name), *self.engines())
+        for name in names:
+            self.run("build", "-c", self.config(name), "--runtime", "torch", *self.engines())
+        if self.evaluate(names):
+            self.gate()
+        self.serve_and_bench()
+        self.run("report", *(self.config(n) for n in names), *self.engines(), "-o", str(self.reports_dir))
+        return self.reports_dir / "report.md"
+
+    def evaluate(self, names: tuple[str, ...]) -> bool:
+        data = ("--data-dir", str(self.data_dir)) if self.data_dir else ()
+        for task, limit in (("mmlu", self.size.mmlu_limit), ("gsm8k", self.size.gsm8k_limit)):
+            for name in names:
+                code = self.run("eval", "-c", self.config(name), "--tasks", task, "--limit", str(limit), *data,
+                                *self.engines(), allowed=(0, EXIT_UNAVAILABLE))
+                if code == EXIT_UNAVAILABLE:
+                    click.secho("notice: no evaluation data here (no --data-dir / DATA_DIR, and the Hugging Face "
+                                "hub is unreachable): eval and gate are skipped; the report shows accuracy as "
+                                "not measured. Run `make demo DATA_DIR=/path/to/data` to include them.",
+                                fg="yellow")
+                    return False
+        return True
+
+    def gate(self) -> None:
+        for task in ("mmlu", "gsm8k"):
+            for name in CANDIDATES:
+                code = self.run("gate", "--baseline", self.results(BASELINE, task),
+                                "--candidate", self.results(name, task), allowed=(0, EXIT_FAILED))
+                if code == EXIT_FAILED:
+                    click.secho(f"notice: the {task} gate failed for {name}. The tiny model's weights are random, "
+                                "so its accuracy says nothing; the gate ran as it would in CI. The demo goes on.",
+                                fg="yellow")
+
+    def serve_and_bench(self) -> None:
+        served = self.config(SERVED)
+        self.run("deploy", "-c", served, *self.engines())
+        self.run("serve", "-c", served, "--detach", *self.serve_args, *self.engines())
+        try:
+            self.run("generate", PROMPT, "-c", served, "--url", "default", "--max-tokens", "32", *self.engines())
+            s = self.size
+            self.run("bench", "-c", served, "--concurrency", s.concurrency, "--requests", str(s.requests),
+                     "--input-tokens", str(s.input_tokens), "--output-tokens", str(s.output_tokens), *self.engines())
+        finally:
+            self.run("serve", "-c", served, "--stop", *self.engines())
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("engines"),
+              show_default=True)
+@click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
+              show_default=True)
+@click.option("--configs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("build_configs"),
+              show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="MMLU/GSM8K release files; default: the Hugging Face hub.")
+@click.option("--fast", is_flag=True, envvar="TRTLLM_PIPELINE_DEMO_FAST",
+              help="Smaller eval subsets and bench, for CI.")
+@click.option("--http-port", type=int, default=None, help="Server ports; default: the config's serving ports.")
+@click.option("--grpc-port", type=int, default=None)
+@click.option("--metrics-port", type=int, default=None)
+def main(engines_dir: Path, reports_dir: Path, configs_dir: Path, data_dir: Path | None, fast: bool,
+         http_port: int | None, grpc_port: int | None, metrics_port: int | None) -> None:
+    """Run the whole pipeline on the built-in tiny model (torch runtime) and write the report."""
+    from trtllm_pipeline.console import setup_logging
+    from trtllm_pipeline.errors import PipelineError
+
+    setup_logging(0)
+    ports = (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port))
+    serve_args = tuple(arg for flag, port in ports if port for arg in (flag, str(port)))
+    demo = Demo(configs_dir, engines_dir, reports_dir, data_dir, FAST if fast else FULL, serve_args)
+    try:
+        path = demo.all()
+    except PipelineError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    click.secho(f"\ndemo done. Report: {path} (plots beside it)", fg="green", bold=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,133 @@
+"""Stage ``deploy``: the Triton model repository of a build, ``engines/<config>/triton_model_repo/``.
+
+TensorRT-LLM's ``inflight_batcher_llm`` layout for either runtime (see ``triton.repository``), every
+parameter filled from the build config, the engine and the tokenizer. The repository can be
+written before the engine exists (a TensorRT-LLM engine cannot be built on every machine): deploy
+says so, and ``serve`` refuses until the engine is there. Unchanged inputs are a cache hit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from trtllm_pipeline import artifacts
+from trtllm_pipeline.config import BuildConfig
+from trtllm_pipeline.errors import InputError
+from trtllm_pipeline.model_source import known_shape
+from trtllm_pipeline.runtimes import select_runtime
+from trtllm_pipeline.triton import repository
+
+log = logging.getLogger(__name__)
+
+DEPLOY_REVISION = 1  # bump when what deploy writes changes without its inputs changing
+
+
+@dataclasses.dataclass
+class DeployResult:
+    repo_dir: Path
+    runtime: str
+    reason: str
+    engine_dir: Path
+    engine_ready: bool
+    manifest: dict[str, Any]
+    cache_hit: bool
+
+
+def deploy(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: str | None = None,
+           force: bool = False) -> DeployResult:
+    """Write (or reuse) the model repository for ``cfg`` and the runtime its engine was built for."""
+    paths = artifacts.artifact_paths(Path(engines_dir).resolve(), cfg.name)
+    engine_manifest = artifacts.read_manifest(paths.engine)
+    name, reason = deployment_runtime(cfg, engine_manifest, runtime)
+    tokenizer_dir = paths.checkpoint / "tokenizer"
+    end_id, pad_id, ids_source = special_ids(cfg, tokenizer_dir)
+    inputs = {
+        "runtime": name,
+        "config": {key: cfg.section(key) for key in ("build", "runtime", "serving")} | {"dtype": cfg.dtype},
+        "engine": engine_manifest["inputs_hash"] if engine_manifest else None,
+        "engine_dir": str(paths.engine),
+        "tokenizer": {"dir": str(tokenizer_dir), "end_id": end_id, "pad_id": pad_id},
+        "models": _python_models_hash(),
+        "revision": DEPLOY_REVISION,
+    }
+    inputs_hash = artifacts.fingerprint(inputs)
+    ready = engine_manifest is not None
+    if not force and (manifest := artifacts.cached_manifest(paths.triton_repo, inputs_hash)):
+        log.info("deploy: cache hit for %s (%s repository, inputs unchanged)", cfg.name, name)
+        return DeployResult(paths.triton_repo, name, reason, paths.engine, ready, manifest, cache_hit=True)
+    with artifacts.atomic_dir(paths.triton_repo) as tmp:
+        written = repository.write_repository(cfg, name, tmp, engines_dir=paths.root.parent, engine_dir=paths.engine,
+                                              tokenizer_dir=tokenizer_dir, end_id=end_id, pad_id=pad_id)
+        manifest = artifacts.write_manifest(tmp, {
+            "stage": "deploy",
+            "config": {"name": cfg.name, "path": str(cfg.path) if cfg.path else None},
+            "runtime": name,
+            "runtime_reason": reason,
+            "engine_ready": ready,
+            "special_ids_from": ids_source,
+            **written,
+            "inputs": inputs,
+            "inputs_hash": inputs_hash,
+            "versions": artifacts.package_versions("tritonclient", "nvidia-pytriton", "tensorrt_llm"),
+        })
+    log.info("deploy: wrote the %s model repository for %s in %s", name, cfg.name, paths.triton_repo)
+    return DeployResult(paths.triton_repo, name, reason, paths.engine, ready, manifest, cache_hit=False)
+
+
+def deployment_runtime(cfg: BuildConfig, engine_manifest: dict | None, requested: str | None) -> tuple[str, str]:
+    """The built engine's runtime when there is one (a repository must serve what was built)."""
+    if engine_manifest is None:
+        return select_runtime(cfg, requested)
+    built = engine_manifest["runtime"]
+    if requested in (None, "auto", built):
+        return built, "the runtime the engine was built for"
+    where = cfg.path or f"build_configs/{cfg.name}.yaml"
+    raise InputError(
+        f"the engine of {cfg.name} was built for the {built} runtime; a {requested} repository cannot serve it.",
+        fix=f"build it for {requested} first (`trtllm-pipeline build -c {where} --runtime {requested}`), "
+        f"or deploy with --runtime {built}",
+    )
+
+
+def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str]:
+    """(end id, pad id, where they came from): the tokenizer's, else the model's known EOS.
+
+    Like TensorRT-LLM's preprocessing, a tokenizer without a pad token pads with its EOS (the
+    R1-distill tokenizers name EOS as their pad token anyway).
+    """
+    if (tokenizer_dir / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        end = tokenizer.eos_token_id
+        return end, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end, "tokenizer"
+    shape = known_shape(cfg.model)
+    if shape is None:
+        raise InputError(
+            f"{tokenizer_dir} does not exist yet and the end id of {cfg.model.source} is not known here.",
+            fix=f"quantize first (`trtllm-pipeline quantize -c {cfg.path or cfg.name}`), which writes the tokenizer",
+        )
+    return shape.eos_token_id, shape.eos_token_id, "model catalog (the tokenizer is written by quantize)"
+
+
+def engine_problem(cfg: BuildConfig, deployment: dict[str, Any]) -> str | None:
+    """Why the deployed engine cannot be served yet, or None."""
+    engine_dir = Path(deployment["engine_dir"])
+    manifest = artifacts.read_manifest(engine_dir)
+    where = cfg.path or f"build_configs/{cfg.name}.yaml"
+    if manifest is None:
+        return (f"the engine directory {engine_dir} is still empty; build it with "
+                f"`trtllm-pipeline build -c {where} --runtime {deployment['runtime']}`")
+    if manifest["inputs_hash"] != deployment["inputs"]["engine"]:
+        return f"the engine in {engine_dir} changed since deploy; run `trtllm-pipeline deploy -c {where}` again"
+    return None
+
+
+def _python_models_hash() -> str:
+    """The model.py files deploy copies into the repository (the modules they import are not copied)."""
+    root = repository.python_model_source("preprocessing").parent.parent
+    return artifacts.fingerprint({p.relative_to(root).as_posix(): artifacts.file_sha256(p)
+                                  for p in sorted(root.glob("*/model.py"))})

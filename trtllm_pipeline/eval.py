@@ -1,0 +1,195 @@
+"""Stage ``eval``: MMLU and GSM8K accuracy of a build, run with its runtime.
+
+Results go to ``engines/<config>/eval/<task>.json`` (or ``-o``), one JSON file per task, written
+atomically: the task, config, runtime and model, the settings that make two runs comparable,
+``n``, ``score`` with its 95% interval, sub-scores, ``complete``, and one record per item (stable
+``id``, ``correct``, ``prediction``, ``target``, prompt hash) for the paired ``gate``. Each file
+carries the hash of its inputs (engine, task settings, selected data, eval code revision): a run
+whose inputs are unchanged is a cache hit and evaluates nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from trtllm_pipeline import artifacts
+from trtllm_pipeline.config import BuildConfig
+from trtllm_pipeline.errors import InputError
+from trtllm_pipeline.tasks import TASK_NAMES, Item, TaskData, get_task
+from trtllm_pipeline.tasks.stats import wilson_interval
+from trtllm_pipeline.tasks.subset import stratified_subset
+
+log = logging.getLogger(__name__)
+
+RESULTS_SCHEMA = 1
+EVAL_REVISION = 1  # bump when prompts, extraction or scoring change, so cached results are redone
+
+
+@dataclasses.dataclass
+class EvalResult:
+    task: str
+    path: Path
+    results: dict[str, Any]
+    cache_hit: bool
+
+
+def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: list[str] | None = None,
+             limit: int | None = None, data_dir: str | Path | None = None, output: str | Path | None = None,
+             force: bool = False, url: str | None = None, protocol: str = "grpc") -> list[EvalResult]:
+    """Evaluate the built engine of ``cfg`` on ``tasks`` (default: the config's evaluation.tasks).
+
+    With ``url`` (HOST:PORT, or ``default`` for where ``serve`` runs ``cfg``) the deployed model
+    answers instead; its results go to ``eval/served/<task>.json`` and are never a cache hit (what
+    a server runs cannot be known from here).
+    """
+    names = _task_names(tasks or cfg.evaluation.tasks)
+    limit = limit if limit is not None else cfg.evaluation.limit
+    paths = artifacts.artifact_paths(engines_dir, cfg.name)
+    engine = artifacts.read_manifest(paths.engine)
+    if engine is None and url is None:
+        raise InputError(f"{paths.engine} holds no built engine for {cfg.name}.",
+                         fix=f"run `trtllm-pipeline build -c {cfg.path or cfg.name}` first")
+    identity = {"served": url} if url else engine["inputs_hash"]
+    default_dir = paths.eval / "served" if url else paths.eval
+    outputs = {name: output_path(default_dir, name, output, several=len(names) > 1) for name in names}
+    runtime = None
+    done = []
+    try:
+        for name, path in outputs.items():
+            task = get_task(name)
+            settings = task.settings(cfg.evaluation, limit)
+            task_data = task.load(Path(data_dir) if data_dir else None)
+            items = stratified_subset(task_data.items, limit, settings["seed"])
+            settings["data_sha256"] = _data_fingerprint(items, task_data)
+            inputs_hash = artifacts.fingerprint({"engine": identity, "task": name, "settings": settings,
+                                                 "revision": EVAL_REVISION})
+            cached = None if force or url else cached_results(path, inputs_hash)
+            if cached is not None:
+                log.info("eval %s: cache hit for %s (engine, data and settings unchanged); %s", name, cfg.name, path)
+                done.append(EvalResult(name, path, cached, cache_hit=True))
+                continue
+            if runtime is None:
+                runtime = open_model(cfg, engines_dir, url, protocol)
+            results = _run(cfg, task, name, runtime, items, task_data, settings, inputs_hash)
+            artifacts.write_json_atomic(path, results)
+            done.append(EvalResult(name, path, results, cache_hit=False))
+    finally:
+        if runtime is not None:
+            runtime.close()
+    return done
+
+
+def open_model(cfg: BuildConfig, engines_dir: str | Path, url: str | None, protocol: str):
+    """The built engine in-process, or the model served at ``url`` (with the build's tokenizer)."""
+    if url is None:
+        from trtllm_pipeline.runtimes import load_runtime
+
+        return load_runtime(cfg, engines_dir)
+    from transformers import AutoTokenizer
+
+    from trtllm_pipeline.client import resolve_url
+    from trtllm_pipeline.tasks.served import ServedModel
+
+    tokenizer_dir = artifacts.artifact_paths(engines_dir, cfg.name).checkpoint / "tokenizer"
+    if not tokenizer_dir.is_dir():
+        raise InputError(f"{tokenizer_dir} does not exist; --url needs the build's tokenizer to write the prompts.",
+                         fix=f"run `trtllm-pipeline quantize -c {cfg.path or cfg.name}`, or point --engines-dir at it")
+    return ServedModel(resolve_url(url, protocol, cfg, engines_dir), protocol,
+                       AutoTokenizer.from_pretrained(tokenizer_dir), max_input_len=cfg.build.max_input_len,
+                       max_seq_len=cfg.build.max_seq_len, concurrency=cfg.serving.max_batch_size)
+
+
+def output_path(default_dir: Path, task: str, output: str | Path | None, *, several: bool) -> Path:
+    """``<default_dir>/<task>.json``; ``-o FILE`` for one task; ``-o DIR`` holds ``<task>.json``."""
+    if output is None:
+        return default_dir / f"{task}.json"
+    output = Path(output)
+    if output.suffix == ".json":
+        if several:
+            raise InputError(f"-o {output}: one file cannot hold the results of several tasks.",
+                             fix="give a directory (-o DIR writes DIR/<task>.json) or one task (--tasks mmlu)")
+        return output
+    return output / f"{task}.json"
+
+
+def cached_results(path: Path, inputs_hash: str) -> dict[str, Any] | None:
+    """The results in ``path`` if they were made from exactly these inputs (runs are deterministic:
+    greedy decoding, fixed items; an interrupted run never leaves a file, it is written at the end)."""
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(results, dict) and results.get("inputs_hash") == inputs_hash:
+        return results
+    return None
+
+
+def _task_names(tasks: list[str]) -> list[str]:
+    names = [t.strip() for t in tasks if t.strip()]
+    unknown = [t for t in names if t not in TASK_NAMES]
+    if unknown or not names:
+        raise InputError(f"--tasks: unknown task(s) {', '.join(unknown) or '(none given)'}.",
+                         fix=f"use a comma-separated list of {', '.join(TASK_NAMES)}")
+    return list(dict.fromkeys(names))
+
+
+def _data_fingerprint(items: list[Item], task_data: TaskData) -> str:
+    """Hash of the selected items and the few-shot pools: same data whether from the hub or files."""
+    return artifacts.fingerprint({"items": [(it.id, it.doc) for it in items], "fewshot": task_data.fewshot})
+
+
+def input_limit(cfg: BuildConfig, runtime) -> int:
+    """Longest token sequence the engine takes as input (scoring feeds context + continuation):
+    the build's max_input_len, or less where the runtime says so."""
+    own = getattr(runtime, "max_input_len", None) or runtime.max_seq_len - 1
+    return min(cfg.build.max_input_len, own)
+
+
+def _run(cfg: BuildConfig, task, name: str, runtime, items: list[Item], task_data: TaskData,
+         settings: dict, inputs_hash: str) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    described = runtime.describe()
+    log.info("eval %s: %d items of %s with the %s runtime (%s)", name, len(items), task_data.source,
+             described["runtime"], described.get("device") or described.get("url", ""))
+    start = time.perf_counter()
+    with tqdm(total=len(items), desc=f"{name} {cfg.name}", unit="item", disable=None, dynamic_ncols=True) as bar:
+        records = task.run(runtime, items, task_data, settings, batch_size=cfg.evaluation.batch_size,
+                           input_limit=input_limit(cfg, runtime), progress=bar)
+    wall = time.perf_counter() - start
+    scored = [r["correct"] for r in records if r.get("correct") is not None]
+    n, k = len(scored), sum(scored)
+    results = {
+        "schema": RESULTS_SCHEMA,
+        "task": name,
+        "config": cfg.name,
+        "runtime": described["runtime"],
+        "runtime_info": described,
+        "model": cfg.model.source,
+        "model_revision": cfg.model.revision,
+        "quantization": {"format": cfg.quantization.format, "kv_cache": cfg.quantization.kv_cache,
+                         "dtype": cfg.dtype, "tp": cfg.parallelism.tp},
+        "settings": settings,
+        "data_source": task_data.source,
+        "n": n,
+        "n_selected": len(items),
+        "score": k / n if n else math.nan,
+        "ci95": list(wilson_interval(k, n)),
+        "subscores": task.subscores(records),
+        "complete": n == len(items) and n > 0,
+        "inputs_hash": inputs_hash,
+        "created_at": artifacts.now_iso(),
+        "timings": {"wall_s": round(wall, 3), "items_per_s": round(len(items) / wall, 3) if wall > 0 else None},
+        "versions": artifacts.package_versions("torch", "transformers", "datasets", "tensorrt_llm"),
+        "items": records,
+    }
+    if not results["complete"]:
+        log.warning("eval %s: %d of %d items could not be scored (see their `error`); results are incomplete",
+                    name, len(items) - n, len(items))
+    return results

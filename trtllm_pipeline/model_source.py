@@ -1,0 +1,130 @@
+"""Resolve a config's ``model.source`` to a local HF model directory.
+
+Three kinds of source, all ending as an ordinary HF directory that later stages treat alike:
+a hub id (downloaded with huggingface_hub into HF_HOME's cache, honouring HF_HUB_OFFLINE),
+a local directory, or ``builtin:<name>`` (generated here, see ``builtin_models``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+from trtllm_pipeline import builtin_models
+from trtllm_pipeline.config import ModelSection
+from trtllm_pipeline.errors import ConfigError, InputError, UnavailableError
+from trtllm_pipeline.model_catalog import KNOWN_MODELS, ModelShape
+
+log = logging.getLogger(__name__)
+
+# What a causal-LM checkpoint needs; never *.bin (pickle) nor *.py (remote code).
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedModel:
+    source: str
+    kind: str  # "hub" | "local" | "builtin"
+    model_dir: Path
+    revision: str | None = None
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape.from_model_dir(self.model_dir)
+
+
+def resolve_model(model: ModelSection) -> ResolvedModel:
+    """Return the model's directory, downloading or generating it when needed."""
+    if model.is_builtin:
+        name = model.source.removeprefix(builtin_models.BUILTIN_PREFIX)
+        if name not in builtin_models.BUILTIN_MODELS:
+            raise ConfigError(
+                f"model.source: unknown built-in model {model.source!r}.",
+                fix=f"use one of {', '.join('builtin:' + n for n in builtin_models.BUILTIN_MODELS)}",
+            )
+        return ResolvedModel(model.source, "builtin", builtin_models.builtin_model_dir(name))
+    if model.is_local:
+        path = Path(os.path.expanduser(model.source)).resolve()
+        _check_local_dir(path)
+        return ResolvedModel(model.source, "local", path)
+    return ResolvedModel(model.source, "hub", _download(model.source, model.revision), model.revision)
+
+
+def known_shape(model: ModelSection) -> ModelShape | None:
+    """The model's architecture without downloading anything, when it can be known."""
+    if model.is_builtin:
+        try:
+            return resolve_model(model).shape
+        except ConfigError:
+            return None
+    if model.is_local:
+        path = Path(os.path.expanduser(model.source))
+        return ModelShape.from_model_dir(path) if (path / "config.json").is_file() else None
+    cached = _cached_snapshot(model.source, model.revision)
+    if cached is not None:
+        return ModelShape.from_model_dir(cached)
+    return KNOWN_MODELS.get(model.source)
+
+
+def _check_local_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise InputError(f"model.source: {path} is not a directory.", fix="point it at an HF model directory")
+    if not (path / "config.json").is_file():
+        raise InputError(f"model.source: {path} has no config.json; it is not an HF model directory.",
+                         fix="point it at the directory holding config.json and *.safetensors")
+    if not any(path.glob("*.safetensors")):
+        raise InputError(
+            f"model.source: {path} has no *.safetensors weights (pickled *.bin weights are not loaded).",
+            fix="convert the weights to safetensors, e.g. save_pretrained(..., safe_serialization=True)",
+        )
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS, local_files_only=True))
+    except Exception:  # not cached (or the id is malformed): there is simply no local copy
+        return None
+
+
+def _download(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    cached = _cached_snapshot(repo_id, revision)
+    if cached is not None:
+        return cached
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise UnavailableError(
+            f"model.source: {repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.",
+            fix=f"download it where the hub is reachable (`hf download {repo_id}`) with the same HF_HOME, "
+            "or set model.source to a local model directory",
+        )
+    log.info("downloading %s from the Hugging Face hub into %s", repo_id, _hf_home())
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS))
+    except GatedRepoError:
+        raise UnavailableError(f"model.source: {repo_id} is gated on the hub.",
+                               fix="accept its licence on huggingface.co and set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise InputError(f"model.source: {repo_id} does not exist on the hub (or is private).",
+                         fix="check the id, or set HF_TOKEN for a private model") from None
+    except RevisionNotFoundError:
+        raise InputError(f"model.revision: {revision!r} does not exist for {repo_id}.",
+                         fix="use an existing branch, tag or commit") from None
+    except Exception as exc:
+        raise UnavailableError(
+            f"model.source: cannot download {repo_id} from the Hugging Face hub "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}).",
+            fix="check network access to huggingface.co (or HF_ENDPOINT), or copy the model here and set "
+            "model.source to its directory, or pre-fill HF_HOME and set HF_HUB_OFFLINE=1",
+        ) from None
+
+
+def _hf_home() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HOME)

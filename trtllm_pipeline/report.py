@@ -1,0 +1,405 @@
+"""Stage ``report``: one Markdown page and three plots over the builds of several configs.
+
+For each config it reads what the other stages left under ``engines/<config>/``: the build
+manifest (runtime), the eval results (MMLU, GSM8K), the gate verdict and the latest bench
+results, and the config itself (precision, TP). Whatever is missing is shown as missing ("not
+built", "not measured"): a build that could not run here still has its row, never a zero.
+
+Plots (matplotlib, PNG): latency against concurrency per build; inter-token latency by build at
+the lowest load, the reference recipe's table; accuracy against inter-token latency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from trtllm_pipeline import artifacts, cost, gate
+from trtllm_pipeline.bench import RESULTS_SCHEMA as BENCH_SCHEMA
+from trtllm_pipeline.bench import level_label
+from trtllm_pipeline.config import BuildConfig
+from trtllm_pipeline.errors import PipelineError
+from trtllm_pipeline.tasks import TASK_NAMES
+
+log = logging.getLogger(__name__)
+
+NOT_MEASURED = "not measured"
+TASK_LABELS = {"mmlu": "MMLU", "gsm8k": "GSM8K"}
+DTYPE_LABELS = {"bfloat16": "BF16", "float16": "FP16"}
+PLOTS = {
+    "latency": "latency_vs_concurrency.png",
+    "itl": "itl_by_build.png",
+    "accuracy": "accuracy_vs_latency.png",
+}
+
+
+@dataclasses.dataclass
+class BuildData:
+    """What is on disk for one config; None where a stage has not run (or left nothing usable)."""
+
+    cfg: BuildConfig
+    engine: dict[str, Any] | None
+    evals: dict[str, dict[str, Any]]
+    gate: list[Any]  # gate.Verdict of this build as a candidate, one per task it has results for
+    gate_role: str | None  # "baseline", "candidate", or None when no gate names it
+    bench: dict[str, Any] | None
+    bench_path: Path | None
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def precision(self) -> str:
+        q = self.cfg.quantization
+        weights = DTYPE_LABELS[self.cfg.dtype] if q.format == "none" else q.format.upper()
+        return weights + (" + FP8 KV cache" if q.kv_cache == "fp8" else "")
+
+    @property
+    def levels(self) -> list[dict[str, Any]]:
+        return list(self.bench["summary"]) if self.bench else []
+
+    def lowest_load(self) -> dict[str, Any] | None:
+        """The closed-loop level with the fewest requests in flight: the single-user latency."""
+        closed = [e for e in self.levels if "concurrency" in e and e["requests"]]
+        return min(closed, key=lambda e: e["concurrency"]) if closed else None
+
+    def peak(self) -> dict[str, Any] | None:
+        measured = [e for e in self.levels if e.get("output_tokens_per_s")]
+        return max(measured, key=lambda e: e["output_tokens_per_s"]) if measured else None
+
+
+@dataclasses.dataclass
+class ReportResult:
+    path: Path
+    plots: list[Path]
+    builds: list[BuildData]
+
+
+def report(configs: Sequence[BuildConfig], *, engines_dir: str | Path = "engines", out_dir: str | Path = "reports",
+           gates_file: Path | None = None, gpu_hour_usd: float = cost.DEFAULT_GPU_HOUR_USD,
+           request_tokens: int = cost.REFERENCE_REQUEST_TOKENS) -> ReportResult:
+    """Write ``<out_dir>/report.md`` and its plots for ``configs``.
+
+    Gate verdicts are judged afresh from the eval results, with the thresholds of ``gates_file``
+    (the gate stage's own logic; nothing is judged when no file is given).
+    """
+    cost.estimate(1.0, gpus=1, gpu_hour_usd=gpu_hour_usd, request_output_tokens=request_tokens)  # validate early
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gates = gate.load_gates(gates_file) if gates_file else None
+    builds = [gather(cfg, engines_dir, gates) for cfg in configs]
+    plots = [plot_latency(builds, out_dir / PLOTS["latency"]), plot_itl(builds, out_dir / PLOTS["itl"]),
+             plot_accuracy(builds, out_dir / PLOTS["accuracy"])]
+    text = render_markdown(builds, engines_dir=Path(engines_dir), gpu_hour_usd=gpu_hour_usd,
+                           request_tokens=request_tokens)
+    path = out_dir / "report.md"
+    _replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return ReportResult(path, plots, builds)
+
+
+# --------------------------------------------------------------------------- gathering
+
+
+def gather(cfg: BuildConfig, engines_dir: str | Path, gates: gate.GatesFile | None = None) -> BuildData:
+    paths = artifacts.artifact_paths(engines_dir, cfg.name)
+    evals = {}
+    for task in TASK_NAMES:
+        results = _read_json(paths.eval / f"{task}.json")
+        if results and results.get("task") == task and results.get("n"):
+            evals[task] = results
+    bench_path = latest_bench(paths.bench)
+    bench = _read_json(bench_path) if bench_path else None
+    if bench_path and (bench is None or bench.get("schema") != BENCH_SCHEMA or not isinstance(bench.get("summary"), list)):
+        log.warning("report: %s is not a bench results file this version reads; shown as not measured", bench_path)
+        bench = None
+    verdicts, role = gate_verdicts(cfg.name, evals, gates, engines_dir)
+    return BuildData(cfg, artifacts.read_manifest(paths.engine), evals, verdicts, role, bench, bench_path)
+
+
+def latest_bench(bench_dir: Path) -> Path | None:
+    """The results the bench manifest names as latest, else the newest results file there."""
+    manifest = artifacts.read_manifest(bench_dir)
+    if manifest and (bench_dir / str(manifest.get("latest", ""))).is_file():
+        return bench_dir / manifest["latest"]
+    files = [p for p in bench_dir.glob("*.json") if p.name != artifacts.MANIFEST] if bench_dir.is_dir() else []
+    return max(files, key=lambda p: p.stat().st_mtime) if files else None
+
+
+def gate_verdicts(name: str, evals: dict[str, Any], gates: gate.GatesFile | None,
+                  engines_dir: str | Path) -> tuple[list[Any], str | None]:
+    """This build's verdicts as a gate candidate (tasks it has results for), and its role."""
+    if gates is None:
+        return [], None
+    if any(entry.baseline == name for entry in gates.gates):
+        return [], "baseline"
+    entries = [entry for entry in gates.gates if name in entry.candidates]
+    if not entries:
+        return [], None
+    verdicts = []
+    for entry in entries:
+        for task in (t for t in entry.tasks if t in evals):
+            paths = [artifacts.artifact_paths(engines_dir, n).eval / f"{task}.json" for n in (entry.baseline, name)]
+            try:
+                verdicts.append(gate.gate_pair(*paths, gates=gates))
+            except PipelineError as exc:
+                verdicts.append(gate.Verdict(task, entry.baseline, name, None, None, "cannot judge", exc.message))
+    return verdicts, "candidate"
+
+
+def _read_json(path: Path | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8")) if path else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def fmt(value: float | None, spec: str = ".1f", missing: str = NOT_MEASURED) -> str:
+    return missing if value is None else format(value, spec)
+
+
+def runtime_cell(b: BuildData) -> str:
+    return b.engine.get("runtime", "?") if b.engine else "not built"
+
+
+def device_cell(b: BuildData) -> str:
+    """Where the measurements ran: the eval's runtime description (the bench client cannot see it)."""
+    for results in b.evals.values():
+        device = (results.get("runtime_info") or {}).get("device")
+        if device:
+            return "none (CPU)" if str(device).startswith("cpu") else str(device)
+    return NOT_MEASURED
+
+
+def accuracy_cell(b: BuildData, task: str, detail: bool = False) -> str:
+    results = b.evals.get(task)
+    if results is None:
+        return NOT_MEASURED
+    text = f"{100 * results['score']:.1f}%"
+    if detail:
+        low, high = results.get("ci95") or (None, None)
+        if low is not None:
+            text += f" [{100 * low:.1f}, {100 * high:.1f}]"
+        text += f", n={results['n']}"
+    return text + ("" if results.get("complete", True) else " (incomplete)")
+
+
+def gate_cell(b: BuildData, detail: bool = False) -> str:
+    if b.gate_role is None:
+        return "no gate"
+    if b.gate_role == "baseline":
+        return "baseline"
+    if not b.gate:
+        return NOT_MEASURED
+    parts = []
+    for v in b.gate:
+        text = f"{TASK_LABELS.get(v.task, v.task)} {v.status.upper() if v.status == 'fail' else v.status}"
+        parts.append(text + (f" ({v.reason})" if detail or v.status == "cannot judge" else ""))
+    return ", ".join(parts) + f" vs {b.gate[0].baseline}"
+
+
+def cost_of(b: BuildData, entry: dict[str, Any] | None, gpu_hour_usd: float, request_tokens: int):
+    return cost.estimate(entry["output_tokens_per_s"] if entry else None, gpus=b.cfg.parallelism.world_size,
+                         gpu_hour_usd=gpu_hour_usd, request_output_tokens=request_tokens)
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def render_markdown(builds: Sequence[BuildData], *, engines_dir: Path, gpu_hour_usd: float,
+                    request_tokens: int) -> str:
+    lines = [
+        "# trtllm-pipeline report",
+        "",
+        f"Builds under `{engines_dir}`, {artifacts.now_iso()}. Latency is the lowest-concurrency bench level "
+        "(p50); throughput and cost are at the level with the most output tokens/s. Cost assumes "
+        f"${gpu_hour_usd:g} per GPU-hour (an assumed price, `--gpu-hour-usd`), the build's tp*pp GPUs busy "
+        f"around the clock, and {request_tokens:,}-token requests. Cells read *{NOT_MEASURED}* where no "
+        "measurement exists.",
+        "",
+        "## Overview",
+        "",
+    ]
+    rows = []
+    for b in builds:
+        low, peak = b.lowest_load(), b.peak()
+        est = cost_of(b, peak, gpu_hour_usd, request_tokens)
+        rows.append([
+            b.name, b.precision, b.cfg.parallelism.tp, runtime_cell(b), device_cell(b),
+            accuracy_cell(b, "mmlu"), accuracy_cell(b, "gsm8k"), gate_cell(b),
+            fmt(low["ttft_ms"]["p50"] if low else None), fmt(low["itl_ms"]["p50"] if low else None, ".2f"),
+            fmt(peak["output_tokens_per_s"] if peak else None),
+            fmt(est.usd_per_1m_output_tokens if est else None, ".2f"),
+            fmt(est.usd_per_request if est else None, ".4f"),
+        ])
+    lines += _table(["build", "precision", "TP", "runtime", "GPU", "MMLU", "GSM8K", "gate", "TTFT ms", "ITL ms",
+                     "tokens/s", "$/1M tokens", "$/request"], rows)
+    lines += ["", "## Plots", ""]
+    lines += [f"![latency against concurrency]({PLOTS['latency']})", "",
+              f"![inter-token latency by build]({PLOTS['itl']})", "",
+              f"![accuracy against inter-token latency]({PLOTS['accuracy']})", ""]
+    for b in builds:
+        lines += _build_section(b, gpu_hour_usd, request_tokens)
+    return "\n".join(lines) + "\n"
+
+
+def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> list[str]:
+    cfg = b.cfg
+    reason = (b.engine or {}).get("runtime_reason")
+    facts = [
+        ("model", f"`{cfg.model.source}`" + (f" @ {cfg.model.revision}" if cfg.model.revision else "")),
+        ("precision", f"{b.precision}, dtype {cfg.dtype}"),
+        ("parallelism", f"TP {cfg.parallelism.tp}, PP {cfg.parallelism.pp} "
+                        f"({cfg.parallelism.world_size} GPU{'s' if cfg.parallelism.world_size > 1 else ''})"),
+        ("engine limits", f"batch {cfg.build.max_batch_size}, input {cfg.build.max_input_len}, "
+                          f"sequence {cfg.build.max_seq_len} tokens"),
+        ("runtime", runtime_cell(b) + (f" ({reason})" if reason else "")),
+        ("GPU", device_cell(b)),
+        ("MMLU", accuracy_cell(b, "mmlu", detail=True)),
+        ("GSM8K", accuracy_cell(b, "gsm8k", detail=True)),
+        ("gate", gate_cell(b, detail=True)),
+    ]
+    if b.bench:
+        s = b.bench["settings"]
+        prompts = f"{s['input_tokens']} tokens" if s.get("input_tokens") else s.get("dataset")
+        facts.append(("bench", f"`{b.bench_path.name}`: {s['protocol']} {s['url']}, prompts {prompts}, "
+                               f"{s['output_tokens']} output tokens, {s['requests']} requests per level"))
+    else:
+        facts.append(("bench", NOT_MEASURED))
+    lines = [f"## {b.name}", ""] + _table(["", ""], facts) + [""]
+    if not b.levels:
+        return lines + [f"Latency and throughput: {NOT_MEASURED}.", ""]
+    rows = []
+    for e in b.levels:
+        est = cost_of(b, e, gpu_hour_usd, request_tokens)
+        rows.append([
+            level_label(e), e["requests"], e["errors"], fmt(e["ttft_ms"]["p50"]), fmt(e["ttft_ms"]["p99"]),
+            fmt(e["itl_ms"]["p50"], ".2f"), fmt(e["itl_ms"]["p99"], ".2f"), fmt(e["e2e_ms"]["p50"]),
+            fmt(e["output_tokens_per_s"]), fmt(e["requests_per_s"], ".2f"),
+            fmt(est.usd_per_1m_output_tokens if est else None, ".2f"),
+            fmt(est.usd_per_request if est else None, ".4f"), fmt(est.requests_per_day if est else None, ",.0f"),
+        ])
+    return lines + _table(["load", "ok", "errors", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
+                           "e2e p50 ms", "tokens/s", "requests/s", "$/1M tokens", "$/request", "requests/day"],
+                          rows) + [""]
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _figure(ncols: int = 1, height: float = 4.4):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a display
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(6.4 * ncols, height), squeeze=False)
+    return plt, fig, list(axes[0])
+
+
+def _save(plt, fig, path: Path, missing: Sequence[str]) -> Path:
+    if missing:
+        fig.text(0.01, 0.01, f"{NOT_MEASURED}: " + ", ".join(missing), fontsize=7, color="dimgray", va="bottom")
+    fig.tight_layout(rect=(0, 0.04 if missing else 0, 1, 1))
+    _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+    return path
+
+
+def plot_latency(builds: Sequence[BuildData], path: Path) -> Path:
+    plt, fig, (ttft_ax, itl_ax) = _figure(2)
+    missing, levels = [], set()
+    for b in builds:
+        closed = sorted((e for e in b.levels if "concurrency" in e and e["requests"]), key=lambda e: e["concurrency"])
+        if not closed:
+            missing.append(b.name)
+            continue
+        x = [e["concurrency"] for e in closed]
+        levels.update(x)
+        ttft_ax.plot(x, [e["ttft_ms"]["p50"] for e in closed], marker="o", label=b.name)
+        itl_ax.plot(x, [e["itl_ms"]["p50"] for e in closed], marker="o", label=b.name)
+    for ax, title in ((ttft_ax, "time to first token, p50 (ms)"), (itl_ax, "inter-token latency, p50 (ms)")):
+        ax.set_title(title)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_xscale("log", base=2)
+        if levels:
+            ax.set_xticks(sorted(levels), [str(v) for v in sorted(levels)])
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+        ax.grid(alpha=0.3)
+        if len(missing) < len(builds):
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
+    return _save(plt, fig, path, missing)
+
+
+def plot_itl(builds: Sequence[BuildData], path: Path) -> Path:
+    """Horizontal bars of ITL at the lowest load; unmeasured builds keep their row, without a bar."""
+    plt, fig, (ax,) = _figure(height=1.2 + 0.4 * len(builds))
+    names, measured = [b.name for b in builds], 0
+    for i, b in enumerate(builds):
+        low = b.lowest_load()
+        if low is None or low["itl_ms"]["p50"] is None:
+            ax.text(0, i, f"  {NOT_MEASURED}", va="center", fontsize=8, color="dimgray")
+            continue
+        value, measured = low["itl_ms"]["p50"], measured + 1
+        ax.barh(i, value, color="tab:green")
+        ax.text(value, i, f" {value:.2f} ms (c={low['concurrency']})", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(len(names) - 0.5, -0.5)  # first build on top, every row fully inside
+    ax.set_xlabel("inter-token latency at the lowest concurrency, p50 (ms per token)")
+    ax.set_title("ITL by build")
+    ax.margins(x=0.35)
+    ax.set_xlim(left=0)
+    if not measured:
+        ax.set_xticks([])
+    return _save(plt, fig, path, [])
+
+
+def plot_accuracy(builds: Sequence[BuildData], path: Path) -> Path:
+    plt, fig, (ax,) = _figure()
+    missing, markers, labelled = [], {"mmlu": "o", "gsm8k": "s"}, set()
+    for b in builds:
+        low = b.lowest_load()
+        itl = low["itl_ms"]["p50"] if low else None
+        if itl is None or not b.evals:
+            missing.append(b.name)
+            continue
+        for task, results in b.evals.items():
+            label = None if task in labelled else TASK_LABELS.get(task, task)
+            labelled.add(task)
+            ax.scatter(itl, 100 * results["score"], marker=markers.get(task, "^"), color="tab:blue", label=label)
+            ax.annotate(f"{b.name} {TASK_LABELS.get(task, task)}", (itl, 100 * results["score"]), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
+    ax.set_xlabel("inter-token latency at the lowest concurrency, p50 (ms)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("accuracy against latency")
+    ax.grid(alpha=0.3)
+    if labelled:
+        ax.legend(fontsize=8)
+    if len(missing) == len(builds):
+        ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
+    return _save(plt, fig, path, missing)
+
+
+def _replace_atomically(path: Path, write) -> None:
+    """Write through a temporary name in the same directory, then rename over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,211 @@
+"""The one small interface every runtime implements, and the generation logic they share.
+
+A runtime holds a built model and runs requests in *steps*: ``submit`` queues a request,
+``step`` runs one iteration for every active request (prefill for new ones, one decode token
+for the others) and returns the new tokens. This is the shape of TensorRT-LLM's executor
+(``enqueue_request`` / ``await_responses``) and of continuous batching in a server loop; batch
+generation, streaming and scoring are built on it here, once, for all runtimes.
+
+Text-level concerns (incremental detokenization, stop strings) live in this module too, so
+every runtime and every client sees exactly the same text for the same tokens.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import itertools
+from typing import Any, ClassVar, Iterable, Iterator, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation settings (the Triton ensemble's optional inputs map onto these)."""
+
+    max_tokens: int = 64
+    min_tokens: int = 0
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0
+    seed: int | None = None
+    end_id: int | None = None  # None: the tokenizer's EOS; -1: never stop on a token
+    stop_words: tuple[str, ...] = ()
+    bad_words: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+@dataclasses.dataclass
+class TokenEvent:
+    """New tokens of one request after a step; ``finish_reason`` is set on its last event."""
+
+    request_id: Any
+    token_ids: list[int]
+    finish_reason: str | None = None  # "end_id" | "length" | "stop" | "cancelled"
+
+
+@dataclasses.dataclass
+class Completion:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+
+
+class Runtime(abc.ABC):
+    """A loaded engine. Implementations: ``torch_runtime.TorchRuntime``, ``trtllm_runtime.TrtllmRuntime``."""
+
+    name: ClassVar[str]
+
+    tokenizer: Any  # a transformers tokenizer; encode/decode happen outside the runtime
+    max_batch_size: int
+    max_seq_len: int
+
+    # ---- what each runtime implements -------------------------------------------------------
+
+    @abc.abstractmethod
+    def submit(self, request_id: Any, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Queue a request; it starts at the next ``step`` that has a free slot."""
+
+    @abc.abstractmethod
+    def step(self) -> list[TokenEvent]:
+        """Run one iteration over the active requests and return their new tokens."""
+
+    @abc.abstractmethod
+    def cancel(self, request_id: Any) -> None:
+        """Drop a queued or running request (a client went away, a stop string matched)."""
+
+    @abc.abstractmethod
+    def has_work(self) -> bool:
+        """True while any request is queued or running."""
+
+    @abc.abstractmethod
+    def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[tuple[float, bool]]:
+        """Log-likelihood of each continuation after its context, and whether it is the greedy one.
+
+        Implementations may batch and reuse shared prefixes (e.g. MMLU's few-shot block).
+        """
+
+    def next_token_logprobs(self, context: Sequence[int]) -> list[float]:
+        """Log-probabilities of every vocabulary token after ``context`` (one step's generation
+        logits, log-softmaxed), for servers that return ``generation_logits``."""
+        raise NotImplementedError(f"the {self.name} runtime does not return next-token log-probabilities")
+
+    def describe(self) -> dict[str, Any]:
+        """What ran, for result files and manifests: runtime name, device, dtypes, quantization."""
+        return {"runtime": self.name}
+
+    def close(self) -> None:
+        """Release devices and worker processes."""
+
+    # ---- shared on top of the interface -----------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]) -> list[Completion]:
+        """Run prompts to completion (batched up to ``max_batch_size`` at a time)."""
+        per_request = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        streams = {i: TextStream(self.tokenizer, per_request[i].stop_words) for i in range(len(prompts))}
+        reasons: dict[int, str] = {}
+        for i, prompt in enumerate(prompts):
+            self.submit(i, list(prompt), per_request[i])
+        while self.has_work():
+            for event in self.step():
+                self.apply_event(event, streams, reasons)
+        return [
+            Completion(list(prompts[i]), streams[i].token_ids, streams[i].text, reasons.get(i, "length"))
+            for i in range(len(prompts))
+        ]
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: Any = "stream",
+               text: "TextStream | None" = None) -> Iterator[str]:
+        """Yield text pieces of one request as they are generated (stop strings already cut).
+
+        Pass ``text`` to read the generated token ids (``text.token_ids``) afterwards.
+        """
+        streams = {request_id: text or TextStream(self.tokenizer, params.stop_words)}
+        reasons: dict[Any, str] = {}
+        self.submit(request_id, list(prompt_ids), params)
+        try:
+            while request_id not in reasons and self.has_work():
+                for event in self.step():
+                    piece = self.apply_event(event, streams, reasons)
+                    if piece:
+                        yield piece
+        finally:
+            if request_id not in reasons:
+                self.cancel(request_id)
+
+    def apply_event(self, event: TokenEvent, streams: dict, reasons: dict) -> str:
+        """Turn one event into text through its request's TextStream; the text piece to emit.
+
+        A matched stop string cancels the request here; ``reasons`` gets each finished request's
+        finish reason. Servers call this too, so served text is made exactly as in-process text.
+        """
+        stream = streams[event.request_id]
+        piece = stream.push(event.token_ids)
+        if stream.stopped and event.finish_reason is None:
+            self.cancel(event.request_id)
+            event.finish_reason = "stop"
+        if event.finish_reason:
+            piece += stream.flush()
+            reasons[event.request_id] = "stop" if stream.stopped else event.finish_reason
+        return piece
+
+
+class TextStream:
+    """Incremental detokenization with stop strings, shared by every runtime and the server.
+
+    Decoding token by token breaks multi-byte characters and BPE merges, so text is produced by
+    decoding the whole output and emitting the new suffix, holding back an incomplete UTF-8
+    character (shown as U+FFFD) and any tail that could still become a stop string.
+    """
+
+    def __init__(self, tokenizer, stop_words: Iterable[str] = ()):
+        self.tokenizer = tokenizer
+        self.stop_words = tuple(w for w in stop_words if w)
+        self.token_ids: list[int] = []
+        self.text = ""  # emitted so far (never contains a stop string)
+        self.stopped = False
+        self._full = ""
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        if self.stopped or not token_ids:
+            return ""
+        self.token_ids.extend(token_ids)
+        self._full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        full = self._full
+        for word in self.stop_words:
+            cut = full.find(word, max(0, len(self.text) - len(word)))
+            if cut != -1:
+                full, self.stopped, final = full[:cut], True, True
+        safe = len(full)
+        if not final:
+            if full.endswith("\ufffd"):
+                safe = len(full.rstrip("\ufffd"))
+            held = max((_overlap(full[:safe], w) for w in self.stop_words), default=0)
+            safe -= held
+        piece = full[len(self.text) : safe] if safe > len(self.text) else ""
+        self.text += piece
+        return piece
+
+
+def _overlap(text: str, word: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``word``."""
+    for n in range(min(len(word) - 1, len(text)), 0, -1):
+        if text.endswith(word[:n]):
+            return n
+    return 0
+
+
+_ids = itertools.count()
+
+
+def next_request_id() -> int:
+    return next(_ids)

@@ -1,0 +1,172 @@
+"""Reading evaluation data: the Hugging Face hub by default, or local files (``--data-dir``).
+
+Local layouts accepted, under DIR/<task>/ or DIR itself:
+
+* MMLU, the original CSV release: ``test/<subject>_test.csv`` and ``dev/<subject>_dev.csv``, no
+  header, ``question,A,B,C,D,answer``. Read with Python's csv module: fields hold quoted newlines
+  and CRLFs, and a type-guessing reader would turn choices such as ``None`` or ``1.0`` into
+  something else. CRLF inside a field becomes LF, so CSV and hub copies give the same prompts.
+* MMLU or GSM8K as parquet/jsonl (a hub snapshot such as ``all/test-*.parquet`` or plain
+  ``test.jsonl``; MMLU rows need ``subject, question, choices, answer``), read with ``datasets``.
+
+Rows come back as plain dicts in the release's order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+from trtllm_pipeline.errors import InputError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+LETTERS = ("A", "B", "C", "D")
+TABLE_SUFFIXES = (".parquet", ".jsonl", ".json")
+DATA_DIR_HINT = ("pass --data-dir DIR with mmlu/{dev,test}/*.csv (the original MMLU release) and "
+                 "gsm8k/{train,test}.jsonl, or make the hub reachable (HF_HUB_OFFLINE=1 uses a populated cache)")
+
+
+# --------------------------------------------------------------------------- MMLU
+
+
+def mmlu_rows(data_dir: Path | None) -> tuple[list[dict], list[dict], str]:
+    """(test rows, dev rows, source); each row: subject, question, choices (4), answer (letter)."""
+    if data_dir is None:
+        test = [_mmlu_row(r, "cais/mmlu") for r in _hub("cais/mmlu", "all", "test")]
+        dev = [_mmlu_row(r, "cais/mmlu") for r in _hub("cais/mmlu", "all", "dev")]
+        return test, dev, "hub:cais/mmlu"
+    root = _task_root(Path(data_dir), "mmlu", lambda d: (d / "test").is_dir() or _table_files(d, "test", "all"))
+    if (root / "test").is_dir() and any((root / "test").glob("*_test.csv")):
+        return _mmlu_csv(root, "test"), _mmlu_csv(root, "dev"), str(root)
+    test = [_mmlu_row(r, str(root)) for r in _read_tables(root, "test", "all")]
+    dev = [_mmlu_row(r, str(root)) for r in _read_tables(root, "dev", "all")]
+    return test, dev, str(root)
+
+
+def _mmlu_csv(root: Path, split: str) -> list[dict]:
+    files = sorted((root / split).glob(f"*_{split}.csv"))
+    if not files:
+        raise InputError(f"{root / split}: no *_{split}.csv files (the MMLU release has one per subject).",
+                         fix=DATA_DIR_HINT)
+    rows = []
+    for path in files:
+        subject = path.name[: -len(f"_{split}.csv")]
+        with open(path, newline="", encoding="utf-8") as f:
+            for number, fields in enumerate(csv.reader(f), start=1):
+                if len(fields) != 6 or fields[5].strip() not in LETTERS:
+                    raise InputError(f"{path}, record {number}: expected 6 fields ending in an answer letter A-D, "
+                                     f"got {len(fields)} fields.", fix="use the original MMLU CSV release")
+                question, *choices, answer = (_lf(x) for x in fields)
+                rows.append({"subject": subject, "question": question, "choices": choices, "answer": answer.strip()})
+    return rows
+
+
+def _mmlu_row(row: dict[str, Any], where: str) -> dict:
+    missing = {"subject", "question", "choices", "answer"} - set(row)
+    if missing:
+        raise InputError(f"{where}: MMLU rows lack the columns {sorted(missing)}.",
+                         fix="use cais/mmlu's 'all' configuration or the original CSV release")
+    answer = row["answer"]
+    letter = LETTERS[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip()
+    if letter not in LETTERS or len(row["choices"]) != 4:
+        raise InputError(f"{where}: an MMLU row has answer {answer!r} and {len(row['choices'])} choices; "
+                         "expected 4 choices and an answer 0-3 or A-D.")
+    return {"subject": row["subject"], "question": _lf(row["question"]), "choices": [_lf(c) for c in row["choices"]],
+            "answer": letter}
+
+
+def _lf(text: Any) -> str:
+    return str(text).replace("\r\n", "\n")
+
+
+# --------------------------------------------------------------------------- GSM8K
+
+
+def gsm8k_rows(data_dir: Path | None) -> tuple[list[dict], list[dict], str]:
+    """(test rows, train rows, source); each row: question, answer (worked solution ending in #### N)."""
+    if data_dir is None:
+        test = [_gsm8k_row(r, "openai/gsm8k") for r in _hub("openai/gsm8k", "main", "test")]
+        train = [_gsm8k_row(r, "openai/gsm8k") for r in _hub("openai/gsm8k", "main", "train")]
+        return test, train, "hub:openai/gsm8k"
+    root = _task_root(Path(data_dir), "gsm8k", lambda d: bool(_table_files(d, "test", "main")))
+    test = [_gsm8k_row(r, str(root)) for r in _read_tables(root, "test", "main")]
+    train = [_gsm8k_row(r, str(root)) for r in _read_tables(root, "train", "main")]
+    return test, train, str(root)
+
+
+def _gsm8k_row(row: dict[str, Any], where: str) -> dict:
+    if not {"question", "answer"} <= set(row) or "####" not in str(row["answer"]):
+        raise InputError(f"{where}: GSM8K rows need `question` and an `answer` ending in '#### N'.",
+                         fix="use openai/gsm8k (main) or the grade-school-math jsonl files")
+    return {"question": str(row["question"]), "answer": str(row["answer"])}
+
+
+# --------------------------------------------------------------------------- files and hub
+
+
+def _task_root(data_dir: Path, task: str, looks_right) -> Path:
+    if not data_dir.is_dir():
+        raise InputError(f"--data-dir {data_dir}: no such directory.", fix=DATA_DIR_HINT)
+    for root in (data_dir / task, data_dir):
+        if root.is_dir() and looks_right(root):
+            return root
+    raise InputError(f"--data-dir {data_dir}: no {task} data found in {data_dir / task} or {data_dir}.",
+                     fix=DATA_DIR_HINT)
+
+
+def _table_files(root: Path, split: str, config_dir: str) -> list[Path]:
+    """Parquet/jsonl files of one split: ``test.jsonl``, ``test-00000-of-00001.parquet``, ``all/test-*``."""
+    for folder in (root, root / config_dir):
+        files = sorted(p for p in folder.glob(f"{split}*") if p.suffix in TABLE_SUFFIXES and p.is_file())
+        if files:
+            return files
+    return []
+
+
+def _read_tables(root: Path, split: str, config_dir: str) -> list[dict]:
+    files = _table_files(root, split, config_dir)
+    if not files:
+        raise InputError(f"{root}: no {split} split ({split}.jsonl, {split}-*.parquet, {config_dir}/{split}-*).",
+                         fix=DATA_DIR_HINT)
+    builder = "parquet" if files[0].suffix == ".parquet" else "json"
+    import datasets
+
+    try:
+        with _quiet_datasets():
+            table = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train")
+    except Exception as exc:  # datasets raises many types for unreadable files
+        raise InputError(f"{files[0]}: cannot read it as {builder}: {_first_line(exc)}") from None
+    return list(table)
+
+
+def _hub(path: str, name: str, split: str) -> list[dict]:
+    import datasets
+
+    try:
+        with _quiet_datasets():
+            return list(datasets.load_dataset(path, name, split=split))
+    except Exception as exc:  # offline, missing cache, hub errors: all mean "not available here"
+        raise UnavailableError(f"cannot load {path} ({name}, {split}) from the Hugging Face hub: {_first_line(exc)}.",
+                               fix=DATA_DIR_HINT) from None
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    import datasets
+
+    enabled = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.enable_progress_bars()
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,39 @@
+"""Triton ``preprocessing``: prompt text to token ids, stop/bad words to word lists, end and pad ids.
+
+Requests outside the engine's limits get an error response here, before any engine time is spent.
+The work is ``trtllm_pipeline.triton.tensors.Preprocessor``; this file adapts it to Triton.
+"""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, string_parameters
+
+OPTIONAL = {"stop_words": "STOP_WORDS_DICT", "bad_words": "BAD_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = string_parameters(json.loads(args["model_config"]))
+        self.preprocess = Preprocessor(
+            AutoTokenizer.from_pretrained(params["tokenizer_dir"]), end_id=int(params["end_id"]),
+            pad_id=int(params["pad_id"]), max_input_len=int(params["max_input_len"]),
+            max_seq_len=int(params["max_seq_len"]))
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            def value(name):
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                return None if tensor is None else tensor.as_numpy()
+
+            try:
+                outputs = self.preprocess(value("QUERY"), value("REQUEST_OUTPUT_LEN"),
+                                          **{arg: value(name) for arg, name in OPTIONAL.items()})
+            except RequestError as exc:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
+                continue
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]))
+        return responses

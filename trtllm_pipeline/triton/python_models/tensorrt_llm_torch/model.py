@@ -1,0 +1,31 @@
+"""Triton ``tensorrt_llm`` for the torch runtime: a decoupled model over ``TorchModelServer``.
+
+It loads the build's engine with the runtime its build manifest names, from the build config
+that deploy wrote beside this model, and serves TensorRT-LLM's tensor contract.
+"""
+
+import json
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from trtllm_pipeline.runtimes import load_runtime
+from trtllm_pipeline.triton import torch_repo
+from trtllm_pipeline.triton.tensors import string_parameters
+from trtllm_pipeline.triton.torch_server import TorchModelServer
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = string_parameters(json.loads(args["model_config"]))
+        cfg = torch_repo.read_build_config(Path(args["model_repository"]))
+        self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"]), pb_utils,
+                                       exclude_input_in_output=params["exclude_input_in_output"] == "true")
+
+    def execute(self, requests):
+        for request in requests:
+            self.server.enqueue(request)
+        return None
+
+    def finalize(self):
+        self.server.close()
