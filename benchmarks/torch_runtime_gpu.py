@@ -84,12 +84,16 @@ def synthetic_tensors(shape, fp8: bool, device) -> tuple[dict, dict]:
         t[p + "input_layernorm.weight"] = torch.ones(h, dtype=bf, device=device)
         t[p + "post_layernorm.weight"] = torch.ones(h, dtype=bf, device=device)
         t[p + "attention.qkv.bias"] = rand(qkv_rows)
+        mlp_in_scale = None  # ModelOpt's export gives fc and gate one weight scale (TensorRT-LLM fuses them)
         for name, rows, cols in (("attention.qkv", qkv_rows, h), ("attention.dense", h, nq * hd), ("mlp.fc", i, h),
                                  ("mlp.gate", i, h), ("mlp.proj", h, i)):
             w = rand(rows, cols, scale=1 / cols**0.5)
             if fp8:
-                scale = (w.float().abs().max() / 448).reshape(1)
-                t[p + name + ".weight"] = (w.float() / scale).to(torch.float8_e4m3fn)
+                scale = (w.float().abs().max() / 448).reshape(1) * 1.05
+                if name in ("mlp.fc", "mlp.gate"):
+                    mlp_in_scale = scale if mlp_in_scale is None else mlp_in_scale
+                    scale = mlp_in_scale
+                t[p + name + ".weight"] = (w.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
                 t[p + name + ".weights_scaling_factor"] = scale
                 t[p + name + ".activation_scaling_factor"] = torch.full((1,), 8.0 / 448, device=device)
             else:

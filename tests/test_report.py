@@ -85,8 +85,8 @@ def test_report_of_measured_builds(measured_engines, tmp_path):
     assert low["concurrency"] == 1
     assert fp8_cells[8] == f"{low['ttft_ms']['p50']:.1f}" and fp8_cells[9] == f"{low['itl_ms']['p50']:.2f}"
     assert fp8_cells[10] == f"{peak['output_tokens_per_s']:.1f}"
-    expected = 2.0 / 3600 * 100 / peak["output_tokens_per_s"]  # 1 GPU, 100-token requests
-    assert float(fp8_cells[12]) == pytest.approx(expected, abs=1e-4)
+    # measured on a CPU: a GPU price does not describe it (the cost model itself: test_cost.py)
+    assert fp8_cells[11:13] == ["n/a (CPU)", "n/a (CPU)"]
     # the per-build table has one row per load level
     section = text.split("## tiny-qwen2-fp8-tp1")[1].split("## ")[0]
     assert "| c=1 | 4 | 0 |" in section and "| c=2 | 4 | 0 |" in section

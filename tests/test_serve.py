@@ -270,7 +270,11 @@ def test_foreground_serve_stops_on_ctrl_c(built, engines_dir):
         state = serve.read_state(load(LIFECYCLE), engines_dir)
         assert state is not None and ready(state)
         cli.send_signal(signal.SIGINT)
-        out, err = cli.communicate(timeout=120)
+        try:
+            out, err = cli.communicate(timeout=120)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"serve did not stop within 120 s of SIGINT; its stderr: {exc.stderr!r}; server log tail:\n"
+                        f"{serve.log_tail(state.log)}")
     finally:
         if cli.poll() is None:
             cli.kill()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.tasks import Item, data, gsm8k, mmlu, tokens
+from trtllm_pipeline.tasks import Item, gsm8k, mmlu, tokens
 from trtllm_pipeline.tasks.subset import allocate, stratified_subset
 
 

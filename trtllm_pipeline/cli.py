@@ -19,7 +19,7 @@ from trtllm_pipeline import __version__
 from trtllm_pipeline.config import BuildConfig, load_config
 from trtllm_pipeline.console import setup_logging
 from trtllm_pipeline.cost import DEFAULT_GPU_HOUR_USD
-from trtllm_pipeline.errors import EXIT_FAILED, EXIT_USAGE, PipelineError
+from trtllm_pipeline.errors import EXIT_FAILED, PipelineError
 
 log = logging.getLogger("trtllm_pipeline")
 

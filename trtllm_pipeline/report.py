@@ -28,6 +28,8 @@ from trtllm_pipeline.tasks import TASK_NAMES
 log = logging.getLogger(__name__)
 
 NOT_MEASURED = "not measured"
+CPU = "none (CPU)"
+COST_NOT_APPLICABLE = "n/a (CPU)"
 TASK_LABELS = {"mmlu": "MMLU", "gsm8k": "GSM8K"}
 DTYPE_LABELS = {"bfloat16": "BF16", "float16": "FP16"}
 PLOTS = {
@@ -175,7 +177,7 @@ def device_cell(b: BuildData) -> str:
     for results in b.evals.values():
         device = (results.get("runtime_info") or {}).get("device")
         if device:
-            return "none (CPU)" if str(device).startswith("cpu") else str(device)
+            return CPU if str(device).startswith("cpu") else str(device)
     return NOT_MEASURED
 
 
@@ -207,8 +209,18 @@ def gate_cell(b: BuildData, detail: bool = False) -> str:
 
 
 def cost_of(b: BuildData, entry: dict[str, Any] | None, gpu_hour_usd: float, request_tokens: int):
+    """GPU cost at the measured throughput; None for measurements made on a CPU, which a GPU price
+    does not describe."""
+    if device_cell(b) == CPU:
+        return None
     return cost.estimate(entry["output_tokens_per_s"] if entry else None, gpus=b.cfg.parallelism.world_size,
                          gpu_hour_usd=gpu_hour_usd, request_output_tokens=request_tokens)
+
+
+def cost_cells(b: BuildData, est, fields: Sequence[tuple[str, str]]) -> list[str]:
+    if device_cell(b) == CPU:
+        return [COST_NOT_APPLICABLE] * len(fields)
+    return [fmt(getattr(est, name) if est else None, spec) for name, spec in fields]
 
 
 # --------------------------------------------------------------------------- markdown
@@ -227,8 +239,8 @@ def render_markdown(builds: Sequence[BuildData], *, engines_dir: Path, gpu_hour_
         f"Builds under `{engines_dir}`, {artifacts.now_iso()}. Latency is the lowest-concurrency bench level "
         "(p50); throughput and cost are at the level with the most output tokens/s. Cost assumes "
         f"${gpu_hour_usd:g} per GPU-hour (an assumed price, `--gpu-hour-usd`), the build's tp*pp GPUs busy "
-        f"around the clock, and {request_tokens:,}-token requests. Cells read *{NOT_MEASURED}* where no "
-        "measurement exists.",
+        f"around the clock, and {request_tokens:,}-token requests; builds measured on a CPU have no GPU "
+        f"cost (*{COST_NOT_APPLICABLE}*). Cells read *{NOT_MEASURED}* where no measurement exists.",
         "",
         "## Overview",
         "",
@@ -242,8 +254,7 @@ def render_markdown(builds: Sequence[BuildData], *, engines_dir: Path, gpu_hour_
             accuracy_cell(b, "mmlu"), accuracy_cell(b, "gsm8k"), gate_cell(b),
             fmt(low["ttft_ms"]["p50"] if low else None), fmt(low["itl_ms"]["p50"] if low else None, ".2f"),
             fmt(peak["output_tokens_per_s"] if peak else None),
-            fmt(est.usd_per_1m_output_tokens if est else None, ".2f"),
-            fmt(est.usd_per_request if est else None, ".4f"),
+            *cost_cells(b, est, (("usd_per_1m_output_tokens", ".2f"), ("usd_per_request", ".4f"))),
         ])
     lines += _table(["build", "precision", "TP", "runtime", "GPU", "MMLU", "GSM8K", "gate", "TTFT ms", "ITL ms",
                      "tokens/s", "$/1M tokens", "$/request"], rows)
@@ -289,8 +300,8 @@ def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> li
             level_label(e), e["requests"], e["errors"], fmt(e["ttft_ms"]["p50"]), fmt(e["ttft_ms"]["p99"]),
             fmt(e["itl_ms"]["p50"], ".2f"), fmt(e["itl_ms"]["p99"], ".2f"), fmt(e["e2e_ms"]["p50"]),
             fmt(e["output_tokens_per_s"]), fmt(e["requests_per_s"], ".2f"),
-            fmt(est.usd_per_1m_output_tokens if est else None, ".2f"),
-            fmt(est.usd_per_request if est else None, ".4f"), fmt(est.requests_per_day if est else None, ",.0f"),
+            *cost_cells(b, est, (("usd_per_1m_output_tokens", ".2f"), ("usd_per_request", ".4f"),
+                                 ("requests_per_day", ",.0f"))),
         ])
     return lines + _table(["load", "ok", "errors", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
                            "e2e p50 ms", "tokens/s", "requests/s", "$/1M tokens", "$/request", "requests/day"],

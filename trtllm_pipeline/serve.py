@@ -237,7 +237,9 @@ def run_until_interrupted(server: Server, *, cfg: BuildConfig, engines_dir: str 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    # SIGINT too: a process started in the background by a non-interactive shell (CI, nohup ... &)
+    # inherits SIGINT as *ignored*, and Python then never raises KeyboardInterrupt for it.
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while _alive(server):
             time.sleep(0.5)
@@ -245,7 +247,8 @@ def run_until_interrupted(server: Server, *, cfg: BuildConfig, engines_dir: str 
         stop_server(server, state_dir)
         return
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     stop_server(server, state_dir)  # whatever the server left behind
     if _read_text(state_dir / STOP_FILE) == str(server.pid):
         return  # `serve --stop` from another shell
