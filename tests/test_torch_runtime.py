@@ -180,3 +180,18 @@ def test_invalid_requests_are_refused(built, engines_dir):
     with pytest.raises(InputError, match="outside the vocabulary"):
         rt.submit("c", [rt.vocab_size + 5], SamplingParams())
     assert not rt.has_work()
+
+
+def test_text_stream_equals_decoding_the_whole_output(built, engines_dir):
+    """Windowed incremental decoding gives exactly the text of decoding everything at once, also for
+    random token soup (byte tokens that split or break UTF-8 characters, special tokens)."""
+    tok = _runtime(built, engines_dir, "tiny-qwen2-fp8-tp1").tokenizer
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        # Half the tokens from the first 256 ids, the byte alphabet of a byte-level BPE: partial characters.
+        ids = torch.where(torch.rand(n, generator=gen) < 0.5, torch.randint(256, (n,), generator=gen),
+                          torch.randint(len(tok), (n,), generator=gen)).tolist()
+        stream = TextStream(tok)
+        pieces = [stream.push([t]) for t in ids] + [stream.flush()]
+        assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)

@@ -156,9 +156,11 @@ class Runtime(abc.ABC):
 class TextStream:
     """Incremental detokenization with stop strings, shared by every runtime and the server.
 
-    Decoding token by token breaks multi-byte characters and BPE merges, so text is produced by
-    decoding the whole output and emitting the new suffix, holding back an incomplete UTF-8
-    character (shown as U+FFFD) and any tail that could still become a stop string.
+    Decoding token by token breaks multi-byte characters and BPE merges, so new tokens are decoded
+    together with the tokens before them and only the new suffix is kept (as vLLM detokenizes):
+    a window from the last complete character, not the whole output every token, which would be
+    quadratic in the output length. An incomplete UTF-8 character (decoded as U+FFFD) waits for its
+    remaining bytes, and a tail that could still become a stop string is held back.
     """
 
     def __init__(self, tokenizer, stop_words: Iterable[str] = ()):
@@ -167,17 +169,35 @@ class TextStream:
         self.token_ids: list[int] = []
         self.text = ""  # emitted so far (never contains a stop string)
         self.stopped = False
-        self._full = ""
+        self._full = ""  # decoded so far, complete characters only
+        self._prefix = 0  # the window starts here: context for decoding the new tokens
+        self._read = 0  # tokens before this are decoded into _full
 
     def push(self, token_ids: Sequence[int]) -> str:
         if self.stopped or not token_ids:
             return ""
         self.token_ids.extend(token_ids)
-        self._full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        self._decode(final=False)
         return self._emit(final=False)
 
     def flush(self) -> str:
+        if not self.stopped:
+            self._decode(final=True)
         return self._emit(final=True)
+
+    def _decode(self, final: bool) -> None:
+        def decode(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+        context = decode(self.token_ids[self._prefix : self._read])
+        window = decode(self.token_ids[self._prefix :])
+        if window.endswith("\ufffd") and not final:
+            return  # an incomplete character: wait for the rest of its bytes
+        if window.startswith(context):
+            self._full += window[len(context) :]
+        else:  # a tokenizer whose decoding is not prefix-stable: decode everything once more
+            self._full = decode(self.token_ids)
+        self._prefix, self._read = self._read, len(self.token_ids)
 
     def _emit(self, final: bool) -> str:
         full = self._full
@@ -187,10 +207,7 @@ class TextStream:
                 full, self.stopped, final = full[:cut], True, True
         safe = len(full)
         if not final:
-            if full.endswith("\ufffd"):
-                safe = len(full.rstrip("\ufffd"))
-            held = max((_overlap(full[:safe], w) for w in self.stop_words), default=0)
-            safe -= held
+            safe -= max((_overlap(full, w) for w in self.stop_words), default=0)
         piece = full[len(self.text) : safe] if safe > len(self.text) else ""
         self.text += piece
         return piece
