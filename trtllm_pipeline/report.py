@@ -209,15 +209,12 @@ def gate_cell(b: BuildData, detail: bool = False) -> str:
 
 
 def cost_of(b: BuildData, entry: dict[str, Any] | None, gpu_hour_usd: float, request_tokens: int):
-    """GPU cost at the measured throughput; None for measurements made on a CPU, which a GPU price
-    does not describe."""
-    if device_cell(b) == CPU:
-        return None
     return cost.estimate(entry["output_tokens_per_s"] if entry else None, gpus=b.cfg.parallelism.world_size,
                          gpu_hour_usd=gpu_hour_usd, request_output_tokens=request_tokens)
 
 
 def cost_cells(b: BuildData, est, fields: Sequence[tuple[str, str]]) -> list[str]:
+    """The cost columns; a measurement made on a CPU has none, since a GPU price does not describe it."""
     if device_cell(b) == CPU:
         return [COST_NOT_APPLICABLE] * len(fields)
     return [fmt(getattr(est, name) if est else None, spec) for name, spec in fields]
