@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator
 
 from trtllm_pipeline.errors import ConfigError
 from trtllm_pipeline.model_catalog import ModelShape
@@ -175,6 +175,18 @@ class RuntimeSection(_Section):
     )
     kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
     enable_kv_cache_reuse: bool = False
+    fast_decode: bool = Field(
+        True, description="torch runtime on CUDA: decode with fused Triton kernels (off: eager PyTorch ops)")
+    cuda_graphs: bool = Field(
+        True, description="torch runtime on CUDA: replay the fast decode step from CUDA graphs, one per batch bucket")
+    graph_batch_sizes: list[PositiveInt] | None = Field(
+        None, description="batch buckets captured as CUDA graphs; default: powers of two up to build.max_batch_size")
+    prefill_chunk_tokens: int = Field(
+        2048, ge=16, le=1_048_576,
+        description="prompt tokens the torch runtime prefills per step: a long prompt is spread over steps so it "
+        "cannot stall the requests already decoding")
+    kernel_cache_dir: str | None = Field(
+        None, description="where Triton keeps compiled kernels between runs (TRITON_CACHE_DIR); default ~/.triton")
 
 
 class ServingSection(_Section):

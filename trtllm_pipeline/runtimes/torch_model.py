@@ -60,10 +60,9 @@ class Linear(torch.nn.Module):
             device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
             and all(d % 16 == 0 for d in weight.shape) and dtype in (torch.bfloat16, torch.float16)
         )
-        if self.scaled_mm:
-            self.weight = weight.to(device)  # FP8, (out, in); _scaled_mm takes its transpose (column-major)
-        else:
-            self.weight = (weight.to(device=device, dtype=torch.float32) * self.w_scale).to(dtype)
+        self.weight = weight.to(device)  # FP8 (out, in), as the fast CUDA kernels and _scaled_mm read it
+        # Emulation: dequantized once in float32 and rounded once, as the fake-quantized model does.
+        self.dequantized = None if self.scaled_mm else (self.weight.float() * self.w_scale).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fp8:
@@ -74,8 +73,7 @@ class Linear(torch.nn.Module):
             out = torch._scaled_mm(flat, self.weight.t(), scale_a=self.a_scale, scale_b=self.w_scale,
                                    bias=self.bias, out_dtype=self.dtype)
             return out.reshape(*x.shape[:-1], -1)
-        # Dequantize in float32 and round once, as the fake-quantized model does.
-        return F.linear((xq.float() * self.a_scale).to(self.dtype), self.weight, self.bias)
+        return F.linear((xq.float() * self.a_scale).to(self.dtype), self.dequantized, self.bias)
 
 
 def _fused(tensors: dict[str, Any], prefixes: tuple[str, ...]) -> dict[str, Any]:

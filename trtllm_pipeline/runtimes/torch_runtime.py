@@ -4,13 +4,17 @@ The "engine" of this runtime is the validated checkpoint itself (``engines/<conf
 plus the build manifest that names it. TP shards are reassembled at load time (each rank's slice
 of the same weights, checked for consistency) and run on one device; the math is the engine's
 (see ``torch_model``). Scheduling is continuous batching over ``max_batch_size`` cache slots:
-each ``step`` prefills newly admitted requests and decodes one token for the running ones.
+each ``step`` prefills admitted requests (at most ``prefill_chunk_tokens`` prompt tokens a step, so
+a long prompt is spread over steps instead of stalling the requests already decoding) and decodes
+one token for the running ones. On CUDA the decode step runs as fused Triton kernels replayed from
+CUDA graphs (``cuda/``); eager PyTorch stays the CPU path and the reference it is checked against.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,6 +22,7 @@ import torch
 
 from trtllm_pipeline import checkpoint
 from trtllm_pipeline.errors import InputError, UnavailableError
+from trtllm_pipeline.runtimes import sampling
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
 from trtllm_pipeline.runtimes.torch_model import Qwen2Engine
 
@@ -33,12 +38,22 @@ class _Request:
     params: SamplingParams
     end_id: int
     slot: int = -1
+    prefilled: int = 0  # prompt tokens already in the cache
     generated: list[int] = dataclasses.field(default_factory=list)
     generator: torch.Generator | None = None
+    bad_ids: list[list[int]] = dataclasses.field(default_factory=list)  # bad words, tokenized once
 
     @property
     def length(self) -> int:  # tokens in the cache once the last generated token is fed back
         return len(self.prompt) + len(self.generated)
+
+    def banned(self) -> list[int]:
+        """Tokens this request may not produce next: its end id before min_tokens, bad words' last tokens."""
+        out = [self.end_id] if len(self.generated) < self.params.min_tokens and self.end_id >= 0 else []
+        for ids in self.bad_ids:
+            if len(ids) == 1 or self.generated[-(len(ids) - 1):] == ids[:-1]:
+                out.append(ids[-1])
+        return out
 
 
 def resolve_device(requested: str | None) -> torch.device:
@@ -55,8 +70,14 @@ class TorchRuntime(Runtime):
 
     def __init__(self, checkpoint_dir: Path, tokenizer_dir: Path, *, device: str | None = None,
                  max_batch_size: int = 8, max_seq_len: int = 4096, max_input_len: int | None = None,
-                 dtype: str | None = None):
-        """``dtype`` overrides the checkpoint's compute dtype (FP8 weights stay FP8 values)."""
+                 dtype: str | None = None, fast_decode: bool = True, cuda_graphs: bool = True,
+                 graph_batch_sizes: Sequence[int] | None = None, prefill_chunk_tokens: int = 2048):
+        """``dtype`` overrides the checkpoint's compute dtype (FP8 weights stay FP8 values).
+
+        ``fast_decode``/``cuda_graphs``: the CUDA decode path's Triton kernels and their graphs
+        (ignored on CPU); ``graph_batch_sizes``: the batch buckets captured (default: powers of two
+        up to ``max_batch_size``); ``prefill_chunk_tokens``: prompt tokens prefilled per step.
+        """
         from transformers import AutoTokenizer
 
         self.device = resolve_device(device)
@@ -65,23 +86,58 @@ class TorchRuntime(Runtime):
         self.max_batch_size = max_batch_size
         self.max_seq_len = min(max_seq_len, int(config.get("max_position_embeddings") or max_seq_len))
         self.max_input_len = min(max_input_len or self.max_seq_len - 1, self.max_seq_len - 1)
-        self.engine = Qwen2Engine(config, tensors, device=self.device, max_slots=max_batch_size,
+        self.prefill_chunk_tokens = max(1, prefill_chunk_tokens)
+        # One slot more than requests: padding rows of a CUDA-graph batch write there.
+        self.engine = Qwen2Engine(config, tensors, device=self.device, max_slots=max_batch_size + 1,
                                   max_seq_len=self.max_seq_len, dtype=getattr(torch, dtype) if dtype else None)
+        del tensors
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.vocab_size = int(config["vocab_size"])
         self._waiting: list[_Request] = []
-        self._running: dict[int, _Request] = {}  # slot -> request
+        self._running: dict[int, _Request] = {}  # slot -> request (prefilling or decoding)
         self._ids: set[Any] = set()
+        self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes)
+
+    def _fast_decoder(self, fast: bool, graphs: bool, sizes):
+        """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
+        from trtllm_pipeline.runtimes import cuda
+
+        if self.device.type != "cuda" and not cuda.interpreting():
+            return None, "eager (CPU)"
+        if not fast:
+            return None, "eager (runtime.fast_decode is off)"
+        usable, why = cuda.available(self.device.type)
+        if not usable:
+            log.warning("the fast CUDA decode path is off: %s; decoding eagerly", why)
+            return None, f"eager ({why})"
+        from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep, Unsupported
+        from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs, batch_buckets
+
+        try:
+            step = DecodeStep(self.engine)
+        except Unsupported as exc:
+            log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
+            return None, f"eager ({exc})"
+        decoder = DecodeGraphs(step, batch_buckets(self.max_batch_size, sizes), scratch_slot=self.max_batch_size,
+                               use_graphs=graphs)
+        decoder.prepare()
+        kind = "CUDA graphs" if decoder.use_graphs else "direct launches"
+        return decoder, f"triton kernels, {kind} for batches {decoder.buckets}, ready in {decoder.setup_seconds:.1f} s"
 
     @classmethod
     def from_engine(cls, engine_dir: Path, cfg, manifest: dict, device: str | None = None) -> "TorchRuntime":
         ckpt = (Path(engine_dir) / manifest["checkpoint"]["dir"]).resolve()
-        dtype = cfg.runtime.compute_dtype
+        rt = cfg.runtime
+        dtype = rt.compute_dtype
         if dtype == "auto":
-            dtype = None if resolve_device(device or cfg.runtime.device).type == "cuda" else "float32"
-        return cls(ckpt, ckpt / "tokenizer", device=device or cfg.runtime.device,
+            dtype = None if resolve_device(device or rt.device).type == "cuda" else "float32"
+        if rt.kernel_cache_dir:  # where Triton keeps compiled kernels between processes
+            os.environ.setdefault("TRITON_CACHE_DIR", str(Path(rt.kernel_cache_dir).expanduser()))
+        return cls(ckpt, ckpt / "tokenizer", device=device or rt.device,
                    max_batch_size=cfg.build.max_batch_size, max_seq_len=cfg.build.max_seq_len,
-                   max_input_len=cfg.build.max_input_len, dtype=dtype)
+                   max_input_len=cfg.build.max_input_len, dtype=dtype, fast_decode=rt.fast_decode,
+                   cuda_graphs=rt.cuda_graphs, graph_batch_sizes=rt.graph_batch_sizes,
+                   prefill_chunk_tokens=rt.prefill_chunk_tokens)
 
     def describe(self) -> dict[str, Any]:
         layout = checkpoint.CheckpointLayout(self.config)
@@ -98,6 +154,7 @@ class TorchRuntime(Runtime):
             "kv_cache_quant_algo": layout.kv_cache_quant_algo,
             "fp8_gemm": gemm,
             "checkpoint_tp": layout.tp,
+            "decode_path": self.decode_path,
             "torch": torch.__version__,
         }
 
@@ -121,7 +178,8 @@ class TorchRuntime(Runtime):
         if not params.greedy:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-        self._waiting.append(_Request(request_id, prompt, params, end_id, generator=gen))
+        bad_ids = [ids for ids in (self.tokenizer.encode(w, add_special_tokens=False) for w in params.bad_words) if ids]
+        self._waiting.append(_Request(request_id, prompt, params, end_id, generator=gen, bad_ids=bad_ids))
         self._ids.add(request_id)
 
     def cancel(self, request_id: Any) -> None:
@@ -135,36 +193,53 @@ class TorchRuntime(Runtime):
         return bool(self._waiting or self._running)
 
     def step(self) -> list[TokenEvent]:
-        events: list[TokenEvent] = []
-        decoding = list(self._running.values())
+        decoding = [r for r in self._running.values() if r.prefilled == len(r.prompt)]
         free = [s for s in range(self.max_batch_size) if s not in self._running]
-        admitted = []
         while self._waiting and free:
             req = self._waiting.pop(0)
             req.slot = free.pop(0)
             self._running[req.slot] = req
-            admitted.append(req)
-        if admitted:
-            events += self._advance(admitted, prefill=True)
+        events = self._prefill([r for r in self._running.values() if r.prefilled < len(r.prompt)])
         if decoding:
-            events += self._advance(decoding, prefill=False)
+            events += self._decode(decoding)
         return events
 
-    def _advance(self, reqs: list[_Request], *, prefill: bool) -> list[TokenEvent]:
-        if prefill:
-            inputs = [r.prompt for r in reqs]
-            starts = [0] * len(reqs)
-        else:
-            inputs = [[r.generated[-1]] for r in reqs]
-            starts = [r.length - 1 for r in reqs]
-        hidden = self._forward(inputs, [r.slot for r in reqs], starts)
-        last = torch.tensor([len(x) - 1 for x in inputs], device=self.device)
-        logits = self.engine.logits(hidden[torch.arange(len(reqs), device=self.device), last])
-        events = []
-        for req, row in zip(reqs, logits):
-            token = self._sample(req, row)
-            events.append(self._record(req, token))
-        return events
+    def _prefill(self, reqs: list[_Request]) -> list[TokenEvent]:
+        """The next chunk of each prefilling request's prompt, in admission order, within the budget."""
+        budget, chunks = self.prefill_chunk_tokens, []
+        for req in reqs:
+            if budget <= 0:
+                break
+            take = min(budget, len(req.prompt) - req.prefilled)
+            chunks.append((req, req.prompt[req.prefilled : req.prefilled + take]))
+            budget -= take
+        if not chunks:
+            return []
+        hidden = self._forward([c for _, c in chunks], [r.slot for r, _ in chunks], [r.prefilled for r, _ in chunks])
+        done = []
+        for row, (req, chunk) in enumerate(chunks):
+            req.prefilled += len(chunk)
+            if req.prefilled == len(req.prompt):
+                done.append((row, len(chunk) - 1, req))
+        if not done:
+            return []
+        rows = torch.tensor([row for row, _, _ in done], device=self.device)
+        last = torch.tensor([col for _, col, _ in done], device=self.device)
+        return self._emit([r for _, _, r in done], self.engine.logits(hidden[rows, last]))
+
+    def _decode(self, reqs: list[_Request]) -> list[TokenEvent]:
+        tokens, slots, positions = [r.generated[-1] for r in reqs], [r.slot for r in reqs], [r.length - 1 for r in reqs]
+        if self.decoder is not None:
+            if max(positions) >= self.max_seq_len:
+                raise InputError(f"a sequence exceeds this engine's max_seq_len {self.max_seq_len}.")
+            logits = self.decoder.decode(tokens, slots, positions)
+            return self._emit(reqs, logits, greedy=self.decoder.greedy(len(reqs)))
+        hidden = self._forward([[t] for t in tokens], slots, positions)
+        return self._emit(reqs, self.engine.logits(hidden[:, -1]))
+
+    def _emit(self, reqs: list[_Request], logits: torch.Tensor, greedy: torch.Tensor | None = None) -> list[TokenEvent]:
+        rows = [sampling.Row(r.params, r.banned(), r.generator) for r in reqs]
+        return [self._record(req, token) for req, token in zip(reqs, sampling.sample(logits, rows, greedy))]
 
     def _record(self, req: _Request, token: int) -> TokenEvent:
         p = req.params
@@ -180,36 +255,6 @@ class TorchRuntime(Runtime):
     def _finish(self, req: _Request) -> None:
         self._running.pop(req.slot, None)
         self._ids.discard(req.request_id)
-
-    def _sample(self, req: _Request, logits: torch.Tensor) -> int:
-        p = req.params
-        if len(req.generated) < p.min_tokens and 0 <= req.end_id < logits.shape[-1]:
-            logits = logits.clone()
-            logits[req.end_id] = float("-inf")
-        if p.bad_words:
-            logits = self._ban(req, logits)
-        if p.greedy:
-            return int(torch.argmax(logits))
-        logits = logits / p.temperature
-        if p.top_k > 0:
-            kth = torch.topk(logits, min(p.top_k, logits.shape[-1])).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            outside = sorted_probs.cumsum(-1) - sorted_probs > p.top_p
-            sorted_probs[outside] = 0.0
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=req.generator))
-
-    def _ban(self, req: _Request, logits: torch.Tensor) -> torch.Tensor:
-        """Ban the last token of each bad word whose other tokens were just generated."""
-        logits = logits.clone()
-        for word in req.params.bad_words:
-            ids = self.tokenizer.encode(word, add_special_tokens=False)
-            if ids and (len(ids) == 1 or req.generated[-(len(ids) - 1):] == ids[:-1]):
-                logits[ids[-1]] = float("-inf")
-        return logits
 
     def _forward(self, inputs: list[list[int]], slots: list[int], starts: list[int]) -> torch.Tensor:
         """Right-pad rows to one length and run them; padding lands after each row's real tokens."""

@@ -1,0 +1,83 @@
+"""Run by tests/test_fast_decode.py in a subprocess: the CUDA fast path's kernels through Triton's
+interpreter on the CPU, against the eager model, on a tiny pipeline checkpoint. Prints JSON.
+
+A subprocess because the interpreter is chosen when kernels are defined (TRITON_INTERPRET at import)
+and must not leak into the other tests' runtimes.
+
+    python tests/fast_decode_check.py CHECKPOINT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import triton_interpreter  # noqa: F401  (before any kernel module is imported)
+import torch
+
+from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+
+
+def runtime(ckpt: Path, dtype: str, fast: bool) -> TorchRuntime:
+    return TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", dtype=dtype, max_batch_size=4, max_seq_len=256,
+                        fast_decode=fast)
+
+
+def first_step_logits(rt: TorchRuntime, prompts, tokens) -> torch.Tensor:
+    """Logits of one decode step after prefilling ``prompts`` into slots 0.."""
+    for slot, prompt in enumerate(prompts):
+        rt._forward([prompt], [slot], [0])
+    slots, positions = list(range(len(prompts))), [len(p) for p in prompts]
+    if rt.decoder is not None:
+        return rt.decoder.decode(tokens, slots, positions).float().clone()
+    hidden = rt._forward([[t] for t in tokens], slots, positions)
+    return rt.engine.logits(hidden[:, -1]).float()
+
+
+def staggered(rt: TorchRuntime, prompts, params) -> list[list[int]]:
+    """Continuous batching: a new request joins every second step, so batches change size."""
+    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    pending, steps = list(range(len(prompts))), 0
+    while pending or rt.has_work():
+        if pending and steps % 2 == 0:
+            i = pending.pop(0)
+            rt.submit(i, prompts[i], params)
+        for event in rt.step():
+            out[event.request_id] += event.token_ids
+        steps += 1
+    return [out[i] for i in range(len(prompts))]
+
+
+def main() -> None:
+    ckpt = Path(sys.argv[1])
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(100, 2000, (n,), generator=gen).tolist() for n in (5, 40, 23)]
+    fast, eager, fp32 = runtime(ckpt, "bfloat16", True), runtime(ckpt, "bfloat16", False), runtime(ckpt, "float32", False)
+    logits = {name: first_step_logits(rt, prompts, [7, 8, 9]) for name, rt in
+              (("fast", fast), ("eager", eager), ("fp32", fp32))}
+
+    def rel(a, b):
+        return float((logits[a] - logits[b]).norm() / logits[b].norm())
+
+    # Three rows ran in the bucket of four: the padding row wrote the scratch slot, not free slot 3.
+    scratch = fast.max_batch_size
+    cache = fast.engine.cache_k
+    padding_ok = bool(cache[:, 3].abs().sum() == 0 and cache[:, scratch, :, 0].abs().sum() > 0)
+    greedy = SamplingParams(max_tokens=6, end_id=-1)
+    result = {
+        "padding_wrote_scratch_only": padding_ok,
+        "decode_path": fast.describe()["decode_path"],
+        "fast_vs_fp32": rel("fast", "fp32"), "eager_vs_fp32": rel("eager", "fp32"),
+        "argmax_equal": logits["fast"].argmax(-1).tolist() == logits["eager"].argmax(-1).tolist(),
+        "greedy_fast": [c.token_ids for c in fast.generate(prompts, greedy)],
+        "greedy_eager": [c.token_ids for c in eager.generate(prompts, greedy)],
+        "staggered_fast": staggered(fast, prompts, greedy),
+        "staggered_eager": staggered(eager, prompts, greedy),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The CUDA fast path's logic on the CPU: its kernels (through Triton's interpreter), batch buckets and
+padding, the batched sampler, and chunked prefill in the scheduler. GPU speed and GPU numerics are
+checked by benchmarks/gpu_fast_path.py on an H200."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtllm_pipeline.runtimes import sampling
+from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+
+pytest.importorskip("triton")  # the test extra installs it; the kernels' module needs it to import
+
+from trtllm_pipeline.runtimes.cuda.graphs import batch_buckets, bucket_for, padded_inputs  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _checkpoint(built, name: str) -> Path:
+    return built(name).engine_dir.parent / "checkpoint"
+
+
+def _interpreted(ckpt: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(TESTS / "fast_decode_check.py"), str(ckpt)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"))
+    assert r["decode_path"].startswith("triton kernels")
+    assert r["greedy_fast"] == r["greedy_eager"]
+    assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]  # batches of changing size
+    assert r["padding_wrote_scratch_only"]
+    # Same rounding points as eager, other accumulation order: as close to float32 as eager is.
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.02
+
+
+@pytest.mark.slow
+def test_fast_kernels_match_eager_accuracy_fp8(built):
+    # W8A8 FP8 re-quantizes every activation, so a bf16 rounding difference can move a value by one
+    # FP8 step: greedy tokens may part after a few steps, but the error against the float32
+    # emulation of the same checkpoint is eager's own.
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-fp8-tp1"))
+    assert r["argmax_equal"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.15
+    assert r["padding_wrote_scratch_only"]
+    assert [len(t) for t in r["staggered_fast"]] == [6, 6, 6]
+
+
+def test_batch_buckets_and_padding():
+    assert batch_buckets(8) == [1, 2, 4, 8]
+    assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert batch_buckets(64, [1, 3, 100]) == [1, 3, 64]  # out-of-range sizes dropped, the maximum kept
+    assert [bucket_for(n, [1, 2, 4, 8]) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    with pytest.raises(ValueError, match="exceed"):
+        bucket_for(9, [1, 2, 4, 8])
+    rows = padded_inputs([11, 12, 13], [0, 5, 2], [7, 9, 30], 4, scratch_slot=8)
+    assert rows.tolist() == [[11, 12, 13, 0], [0, 5, 2, 8], [7, 9, 30, 0]]
+
+
+def test_sampler_greedy_bans_and_filters():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    greedy = SamplingParams(max_tokens=1)
+    top = logits.argmax(-1)
+    assert sampling.sample(logits, [sampling.Row(greedy)] * 4) == top.tolist()
+    # A banned argmax (min_tokens' end id, a bad word) gives the runner-up.
+    banned = sampling.sample(logits, [sampling.Row(greedy, banned=[int(top[0])])] + [sampling.Row(greedy)] * 3)
+    assert banned[0] == int(logits[0].topk(2).indices[1]) and banned[1:] == top[1:].tolist()
+    # top_k 1 and a tiny top_p keep only the argmax, whatever the temperature and seed.
+    for params in (SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=2.0, top_p=1e-6)):
+        rows = [sampling.Row(params, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+        assert sampling.sample(logits, rows) == top.tolist()
+    # top_k 5: every draw is among the row's five best.
+    hot = SamplingParams(temperature=5.0, top_k=5)
+    draws = [sampling.sample(logits, [sampling.Row(hot, generator=torch.Generator().manual_seed(s))] * 4)
+             for s in range(20)]
+    best5 = logits.topk(5).indices
+    assert all(d[r] in best5[r].tolist() for d in draws for r in range(4))
+
+
+def test_sampler_seeded_rows_do_not_depend_on_their_batch():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 200)
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+
+    def draw(rows_logits, seeds):
+        return sampling.sample(rows_logits, [sampling.Row(params, generator=torch.Generator().manual_seed(s))
+                                             for s in seeds])
+
+    alone = draw(logits[1:2], [42])
+    together = draw(logits, [7, 42, 9])
+    assert together[1] == alone[0]
+    assert draw(logits, [7, 42, 9]) == together
+
+
+def test_long_prompts_are_prefilled_in_chunks_without_stalling_decodes(built):
+    ckpt = _checkpoint(built, "tiny-qwen2-fp8-tp1")
+    whole = TorchRuntime(ckpt, ckpt / "tokenizer", max_batch_size=4, max_seq_len=512)
+    chunked = TorchRuntime(ckpt, ckpt / "tokenizer", max_batch_size=4, max_seq_len=512, prefill_chunk_tokens=16)
+    long_prompt, short_prompt = list(range(100, 300)), list(range(50, 60))
+    params = SamplingParams(max_tokens=8, end_id=-1)
+    expected = [c.token_ids for c in whole.generate([short_prompt, long_prompt], params)]
+    assert [c.token_ids for c in chunked.generate([short_prompt, long_prompt], params)] == expected
+
+    # The short request decodes a token in every step while the long prompt is prefilled 16 at a time.
+    chunked.submit("short", short_prompt, params)
+    chunked.step()
+    chunked.submit("long", long_prompt, params)
+    per_step = []
+    while chunked.has_work():
+        per_step.append({e.request_id for e in chunked.step()})
+    short_steps = [s for s in per_step if "short" in s]
+    assert len(short_steps) == 7 and all("short" in s for s in per_step[:7])
+    first_long = next(i for i, s in enumerate(per_step) if "long" in s)
+    assert first_long == len(long_prompt) // 16  # 200 tokens: 12 full chunks and a last one of 8

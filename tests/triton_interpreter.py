@@ -1,0 +1,43 @@
+"""Run the fast path's Triton kernels on the CPU, through Triton's interpreter, for the CI tests.
+
+Import this before any module that defines kernels. Triton 3.6's interpreter models bfloat16 and
+FP8 with its own bit arithmetic, which rounds half-up without carrying into the exponent (124.9
+becomes 64.0 in E4M3) and multiplies bfloat16 operands as raw integers. GPUs round to nearest even,
+so these two conversions are replaced by torch's, which do; nothing else of the interpreter changes.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+_TORCH = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2, tl.bfloat16: torch.bfloat16,
+          tl.float16: torch.float16, tl.float32: torch.float32}
+_BITS = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
+
+
+def _convert_float(data, src_dtype, dst_dtype, rounding_mode):
+    src = torch.from_numpy(np.ascontiguousarray(data)).view(_TORCH[src_dtype])
+    out = src.to(_TORCH[dst_dtype]).view(_BITS[dst_dtype.primitive_bitwidth]).numpy()
+    return out.view(getattr(np, f"uint{dst_dtype.primitive_bitwidth}"))
+
+
+def _as_float32(handle):
+    if handle.dtype.scalar in (tl.float8e4nv, tl.float8e5, tl.bfloat16):
+        return _convert_float(handle.data, handle.dtype.scalar, tl.float32, None).view(np.float32)
+    return handle.data
+
+
+def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    product = np.matmul(_as_float32(a), _as_float32(b), dtype=np.float32)
+    return interpreter.TensorHandle(product.astype(d.data.dtype) + d.data, d.dtype.scalar)
+
+
+interpreter._convert_float = _convert_float
+interpreter.InterpreterBuilder.create_dot = _create_dot

@@ -1,0 +1,193 @@
+"""Decode attention over the static KV cache: one new token per request, flash-decoding style.
+
+One program per (request, KV head, split of the key range): it finishes the QKV projection for its
+heads (sums the split-K partials, adds the bias, rounds to the compute dtype as the eager model's
+GEMM output is rounded), applies the rotary embedding, writes the new key and value into the cache
+(split 0 only) and attends over its share of the *live* length ``position + 1`` read from device
+memory, so a CUDA graph captured once serves every length. All of a KV head's query heads (GQA)
+ride in one tile, so each cached key and value is read once. A second small kernel combines the
+splits by their log-sum-exp and quantizes the result for ``attention.dense``. (Combining inside the
+attention launch, by the last split program to finish, measured slower on an H200: that program's
+serial pass over the splits lengthens the launch's tail by more than a launch costs under PDL.)
+
+The new token's key and value are taken from registers rather than from the cache, so no program
+depends on another program's write within the launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, QKV_SPLITS: tl.constexpr,
+                HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
+    """The projection output at ``cols`` and at the rotate-half partner columns, rounded as eager."""
+    x = tl.zeros(cols.shape, dtype=tl.float32)
+    xr = tl.zeros(cols.shape, dtype=tl.float32)
+    for s in tl.static_range(QKV_SPLITS):
+        x += tl.load(qkv_ptr + s * stride_qs + cols, mask=mask, other=0.0)
+        xr += tl.load(qkv_ptr + s * stride_qs + rot_cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        x += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        xr += tl.load(bias_ptr + rot_cols, mask=mask, other=0.0).to(tl.float32)
+    return x.to(COMPUTE).to(tl.float32), xr.to(COMPUTE).to(tl.float32)
+
+
+@triton.jit
+def _decode_attention_kernel(
+    qkv_ptr, stride_qs, stride_qb, bias_ptr,
+    cos_ptr, sin_ptr, stride_rot,
+    k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct,
+    pos_ptr, slot_ptr,
+    o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
+    qk_scale,
+    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
+    QKV_SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, COMPUTE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    pos = tl.load(pos_ptr + b)
+    slot = tl.load(slot_ptr + b)
+    length = pos + 1
+
+    d = tl.arange(0, D)
+    half = D // 2
+    d_rot = (d + half) % D
+    sign = tl.where(d < half, -1.0, 1.0)
+    cos = tl.load(cos_ptr + pos * stride_rot + d)
+    sin = tl.load(sin_ptr + pos * stride_rot + d)
+    row = qkv_ptr + b * stride_qb
+
+    # Query heads of this KV head, rotated: [BLOCK_H, D] (rows past GROUP are padding).
+    hh = tl.arange(0, BLOCK_H)
+    h_ok = hh < GROUP
+    q_head = kvh * GROUP + hh
+    q_cols = q_head[:, None] * D + d[None, :]
+    q_rot_cols = q_head[:, None] * D + d_rot[None, :]
+    q, qr = _rope_input(row, stride_qs, bias_ptr, q_cols, q_rot_cols, h_ok[:, None], QKV_SPLITS, HAS_BIAS, COMPUTE)
+    q = (q * cos[None, :] + sign[None, :] * qr * sin[None, :]).to(COMPUTE)
+
+    # The new key (rotated) and value: [D].
+    all_d = d < D
+    k, kr = _rope_input(row, stride_qs, bias_ptr, (H + kvh) * D + d, (H + kvh) * D + d_rot, all_d,
+                        QKV_SPLITS, HAS_BIAS, COMPUTE)
+    k = (k * cos + sign * kr * sin).to(COMPUTE)
+    v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d,
+                       QKV_SPLITS, HAS_BIAS, COMPUTE)
+    v = v.to(COMPUTE)
+    k_base = k_cache_ptr + slot * stride_cs + kvh * stride_ch
+    v_base = v_cache_ptr + slot * stride_cs + kvh * stride_ch
+    if split == 0:
+        tl.store(k_base + pos * stride_ct + d, k)
+        tl.store(v_base + pos * stride_ct + d, v)
+
+    # This split's share of the live keys, in whole BLOCK_T tiles.
+    chunk = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_T) * BLOCK_T
+    start = split * chunk
+    end = tl.minimum(start + chunk, length)
+    m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, D), dtype=tl.float32)
+    t_in = tl.arange(0, BLOCK_T)
+    for t0 in range(start, end, BLOCK_T):
+        t = t0 + t_in
+        cached = (t < end) & (t != pos)
+        offs = t[:, None] * stride_ct + d[None, :]
+        kt = tl.load(k_base + offs, mask=cached[:, None], other=0.0)
+        kt = tl.where((t == pos)[:, None], k[None, :], kt)
+        s = tl.dot(q, tl.trans(kt)) * qk_scale  # log2 domain
+        s = tl.where((t < end)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(v_base + offs, mask=cached[:, None], other=0.0)
+        vt = tl.where((t == pos)[:, None], v[None, :], vt)
+        acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), vt)
+        m_i = m_new
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    o_rows = o_ptr + b * stride_ob + q_head[:, None] * stride_oh + split * D + d[None, :]
+    tl.store(o_rows, out, mask=h_ok[:, None])
+    tl.store(lse_ptr + b * stride_lb + q_head * SPLITS + split, lse, mask=h_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    o_ptr, lse_ptr, out_ptr, out_inv_ptr,
+    stride_ob, stride_oh, stride_lb, stride_outb,
+    D: tl.constexpr, SPLITS: tl.constexpr, QUANT_OUT: tl.constexpr, COMPUTE: tl.constexpr, PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    lse = tl.load(lse_ptr + b * stride_lb + h * SPLITS + sp)
+    weight = tl.exp2(lse - tl.max(lse, 0))  # every row has a live key, so the max is finite
+    parts = tl.load(o_ptr + b * stride_ob + h * stride_oh + sp[:, None] * D + d[None, :])
+    y = (tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)).to(COMPUTE)
+    dst = out_ptr + b * stride_outb + h * D + d
+    if QUANT_OUT:
+        q = tl.clamp(y.to(tl.float32) * tl.load(out_inv_ptr), -448.0, 448.0)
+        tl.store(dst, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+    else:
+        tl.store(dst, y)
+
+
+def pick_splits(batch: int, kv_heads: int, sm_count: int, max_splits: int = 32) -> int:
+    """Key-range splits so that batch x KV heads x splits covers the SMs about twice."""
+    want = triton.cdiv(2 * sm_count, batch * kv_heads)
+    return max(1, min(max_splits, triton.next_power_of_2(want)))
+
+
+def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                     o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
+                     *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int = 64, pdl: bool = False) -> None:
+    """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
+
+    ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection;
+    ``k_cache``/``v_cache``: one layer's [slots, kv_heads, max_len, D]; ``o_work``: [B, heads, SPLITS, D]
+    and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split.
+    """
+    qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
+    d = k_cache.shape[-1]
+    splits = o_work.shape[2]
+    group = heads // kv_heads
+    dt = tl_dtype(compute)
+    _decode_attention_kernel[(batch, kv_heads, splits)](
+        qkv_partials, qkv_partials.stride(0), qkv_partials.stride(1), bias if bias is not None else qkv_partials,
+        cos, sin, cos.stride(0),
+        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        positions, slots,
+        o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
+        LOG2E / d**0.5,
+        H=heads, KVH=kv_heads, D=d, GROUP=group, QKV_SPLITS=qkv_splits, HAS_BIAS=bias is not None,
+        SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t, COMPUTE=dt,
+        PDL=pdl,
+        num_warps=4, num_stages=2, launch_pdl=pdl,
+    )
+    _combine_kernel[(batch, heads)](
+        o_work, lse_work, out, out_inv if out_inv is not None else out,
+        o_work.stride(0), o_work.stride(1), lse_work.stride(0), out.stride(0),
+        D=d, SPLITS=splits, QUANT_OUT=out_inv is not None, COMPUTE=dt, PDL=pdl, num_warps=1, launch_pdl=pdl,
+    )

@@ -1,0 +1,188 @@
+"""One decode step of ``Qwen2Engine`` as a fixed sequence of fused Triton kernels.
+
+Per layer, eight launches and no other work: the QKV linear (split-K partials), attention (bias,
+rotary, cache write and flash-decoding over the live length), the split combine (quantized for
+attention.dense), attention.dense (partials), the residual add + post-attention RMSNorm, the fused
+fc/gate linear with its SiLU gate (quantized for mlp.proj), mlp.proj (partials), and the residual add
++ the next layer's input RMSNorm. Then the final norm's output goes through lm_head into float32
+logits, whose argmax (the greedy token) is taken inside the step too. Every buffer is allocated once
+per batch size (``StepBuffers``), so the whole step can be captured in a CUDA graph and replayed with
+new tokens, slots and positions copied into its inputs.
+
+Weights are the engine's own tensors (no copy); the math and its rounding points are the eager
+model's, so the two agree up to accumulation order (checked in ``benchmarks/gpu_fast_path.py`` and,
+through Triton's interpreter, in the CPU tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from trtllm_pipeline.runtimes.cuda import attention, interpreting, linear, norm
+
+
+@dataclasses.dataclass
+class _Linear:
+    weight: torch.Tensor  # [N, K], FP8 or the compute dtype
+    scale: torch.Tensor | None  # activation scale x weight scale (FP8), applied to the float32 sum
+    in_inv: torch.Tensor | None  # 1 / activation scale: how the producer quantizes this layer's input
+    bias: torch.Tensor | None
+
+
+@dataclasses.dataclass
+class _Layer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: _Linear
+    dense: _Linear
+    fc: _Linear
+    gate: _Linear
+    proj: _Linear
+
+
+@dataclasses.dataclass
+class StepBuffers:
+    """The static inputs, scratch and outputs of one decode step at one batch size."""
+
+    batch: int
+    inputs: torch.Tensor  # [3, B] int64: each row's token, cache slot and position (one copy per step)
+    residual: torch.Tensor  # [B, hidden], compute dtype
+    normed: torch.Tensor  # [B, hidden], FP8 or compute dtype: input of QKV / fc+gate
+    partials: torch.Tensor  # [S, B, max(qkv, hidden)] float32 split-K partial sums
+    attn_o: torch.Tensor  # [B, heads, splits, D] float32
+    attn_lse: torch.Tensor  # [B, heads, splits] float32
+    attn_out: torch.Tensor  # [B, heads * D]: input of attention.dense
+    act: torch.Tensor  # [B, intermediate]: input of mlp.proj
+    final: torch.Tensor  # [B, hidden] compute dtype: input of lm_head
+    logits: torch.Tensor  # [B, vocab] float32
+    greedy: torch.Tensor  # [B] int64: argmax of the logits, computed inside the step
+    configs: dict[str, linear.LinearConfig]
+
+    @property
+    def tokens(self) -> torch.Tensor:  # the token each row feeds back
+        return self.inputs[0]
+
+    @property
+    def slots(self) -> torch.Tensor:  # the cache slot of each row
+        return self.inputs[1]
+
+    @property
+    def positions(self) -> torch.Tensor:  # where each row's token goes in the cache
+        return self.inputs[2]
+
+
+class Unsupported(Exception):
+    """The fast path cannot run this engine; the message says why (the eager path runs instead)."""
+
+
+class DecodeStep:
+    """The kernels of one decode step over ``engine``'s weights and KV cache.
+
+    ``pdl``: launch each kernel while the previous one drains (programmatic dependent launch, SM90+),
+    which hides the launch gaps inside a CUDA graph; on by default where supported.
+    """
+
+    def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None):
+        device = engine.cache_k.device
+        if device.type != "cuda" and not interpreting():
+            raise Unsupported("the engine is not on a CUDA device")
+        if engine.dtype not in (torch.bfloat16, torch.float16):
+            raise Unsupported(f"compute dtype {engine.dtype} (the fast path runs bfloat16 or float16)")
+        d = engine.head_dim
+        if d < 16 or d & (d - 1):
+            raise Unsupported(f"head_dim {d} is not a power of two >= 16")
+        self.engine = engine
+        self.dtype = engine.dtype
+        self.layers = [self._layer(layer) for layer in engine.layers]
+        self.fp8 = self.layers[0].qkv.scale is not None
+        if self.fp8 and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            raise Unsupported("FP8 weights need FP8 tensor cores (SM89 or newer)")
+        if device.type == "cuda":
+            sm_count = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
+        self.sm_count = sm_count or 4
+        self.pdl = linear.pdl_supported(device) if pdl is None else pdl and linear.pdl_supported(device)
+        self.hidden = engine.embedding.shape[1]
+        self.qkv_width = self.layers[0].qkv.weight.shape[0]
+        self.intermediate = self.layers[0].fc.weight.shape[0]
+        self.vocab = engine.lm_head.shape[0]
+
+    def _layer(self, layer: dict) -> _Layer:
+        fc_gate = layer["fc_gate"]
+        if not hasattr(fc_gate, "weight"):
+            raise Unsupported("mlp.fc and mlp.gate have different FP8 scales (no fused gate kernel)")
+        half = fc_gate.weight.shape[0] // 2
+        fc, gate = (dataclasses.replace(_linear(fc_gate), weight=w) for w in
+                    (fc_gate.weight[:half], fc_gate.weight[half:]))
+        return _Layer(layer["input_norm"], layer["post_norm"], _linear(layer["qkv"]), _linear(layer["dense"]),
+                      fc, gate, _linear(layer["proj"]))
+
+    def buffers(self, batch: int) -> StepBuffers:
+        e, dev = self.engine, self.engine.cache_k.device
+        act_dtype = torch.float8_e4m3fn if self.fp8 else self.dtype
+        wbytes = self.layers[0].qkv.weight.element_size()
+        heads, d = e.heads, e.head_dim
+        configs = {
+            "qkv": linear.pick_config(batch, self.qkv_width, self.hidden, wbytes, self.sm_count),
+            "dense": linear.pick_config(batch, self.hidden, heads * d, wbytes, self.sm_count),
+            "glu": linear.pick_config(batch, self.intermediate, self.hidden, wbytes, self.sm_count, glu=True),
+            "proj": linear.pick_config(batch, self.hidden, self.intermediate, wbytes, self.sm_count),
+            "lm_head": linear.pick_config(batch, self.vocab, self.hidden, e.lm_head.element_size(), self.sm_count,
+                                          splits=1),
+        }
+        max_splits = max(c.splits for c in configs.values())
+        splits = attention.pick_splits(batch, e.kv_heads, self.sm_count)
+
+        def empty(*shape, dtype=torch.float32):
+            return torch.empty(shape, dtype=dtype, device=dev)
+
+        return StepBuffers(
+            batch=batch,
+            inputs=torch.zeros((3, batch), dtype=torch.long, device=dev),
+            residual=empty(batch, self.hidden, dtype=self.dtype),
+            normed=empty(batch, self.hidden, dtype=act_dtype),
+            partials=empty(max_splits, batch, max(self.qkv_width, self.hidden)),
+            attn_o=empty(batch, heads, splits, d),
+            attn_lse=empty(batch, heads, splits),
+            attn_out=empty(batch, heads * d, dtype=act_dtype),
+            act=empty(batch, self.intermediate, dtype=act_dtype),
+            final=empty(batch, self.hidden, dtype=self.dtype),
+            logits=empty(batch, self.vocab),
+            greedy=torch.zeros(batch, dtype=torch.long, device=dev),
+            configs=configs,
+        )
+
+    def run(self, buf: StepBuffers) -> None:
+        """Launch the step for ``buf``'s tokens, slots and positions; logits land in ``buf.logits``."""
+        e, cfg, dt, pdl = self.engine, buf.configs, self.dtype, self.pdl
+        n = len(self.layers)
+        norm.residual_rmsnorm(buf.residual, None, self.layers[0].input_norm, buf.normed, self.layers[0].qkv.in_inv,
+                              e.eps, dt, tokens=buf.tokens, embedding=e.embedding, pdl=pdl)
+        for i, layer in enumerate(self.layers):
+            qkv = buf.partials[: cfg["qkv"].splits]
+            linear.linear_partials(buf.normed, layer.qkv.weight, layer.qkv.scale, qkv, cfg["qkv"], pdl)
+            attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
+                                       buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
+                                       heads=e.heads, kv_heads=e.kv_heads, compute=dt, pdl=pdl)
+            dense = buf.partials[: cfg["dense"].splits]
+            linear.linear_partials(buf.attn_out, layer.dense.weight, layer.dense.scale, dense, cfg["dense"], pdl)
+            norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
+                                  pdl=pdl)
+            linear.glu(buf.normed, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, buf.act,
+                       cfg["glu"], dt, pdl)
+            proj = buf.partials[: cfg["proj"].splits]
+            linear.linear_partials(buf.act, layer.proj.weight, layer.proj.scale, proj, cfg["proj"], pdl)
+            last = i + 1 == n
+            norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else self.layers[i + 1].input_norm,
+                                  buf.final if last else buf.normed, None if last else self.layers[i + 1].qkv.in_inv,
+                                  e.eps, dt, pdl=pdl)
+        linear.linear_partials(buf.final, e.lm_head, None, buf.logits, cfg["lm_head"], pdl)
+        torch.argmax(buf.logits, dim=-1, out=buf.greedy)
+
+
+def _linear(module) -> _Linear:
+    """The fast path's view of a ``torch_model.Linear`` (whose FP8 weights are FP8 values)."""
+    if not module.fp8:
+        return _Linear(module.weight, None, None, module.bias)
+    return _Linear(module.weight, (module.a_scale * module.w_scale).reshape(1), module.a_inv.reshape(1), module.bias)

@@ -1,0 +1,79 @@
+"""Next tokens for a batch of rows in one pass on the logits' device, with one copy back to the host.
+
+Per-row settings (greedy or temperature / top-k / top-p, tokens banned this step) are applied as
+batched tensor operations, so a decode step costs a handful of kernels whatever the batch, and the
+only host synchronisation is reading the chosen token ids, which a streamed token needs anyway.
+Seeded rows draw from their own ``torch.Generator`` (one ``multinomial`` launch each, no sync), so
+a request's samples depend on its seed alone, not on what it was batched with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+
+from trtllm_pipeline.runtimes.base import SamplingParams
+
+
+@dataclasses.dataclass
+class Row:
+    """What the sampler needs of one request this step."""
+
+    params: SamplingParams
+    banned: Sequence[int] = ()  # token ids that may not be chosen now (min_tokens' end id, bad words)
+    generator: torch.Generator | None = None
+
+
+def sample(logits: torch.Tensor, rows: Sequence[Row], greedy: torch.Tensor | None = None) -> list[int]:
+    """One token per row of ``logits`` [n, vocab] (float32).
+
+    ``greedy``: the rows' argmax if the caller already has it (the CUDA graph computes it); used when
+    every row is greedy and nothing is banned.
+    """
+    n = len(rows)
+    if not any(r.banned for r in rows) and all(r.params.greedy for r in rows):
+        return (greedy if greedy is not None else logits.argmax(-1)).tolist()
+    logits = _ban(logits, rows)
+    chosen = logits.argmax(-1)
+    sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if sampled:
+        probs = _filtered_probs(logits[sampled], [rows[i].params for i in sampled])
+        for j, i in enumerate(sampled):
+            chosen[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+    return chosen[:n].tolist()
+
+
+def _ban(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    cells = [(i, t) for i, r in enumerate(rows) for t in r.banned if 0 <= t < vocab]
+    if not cells:
+        return logits
+    logits = logits.clone()
+    index = torch.tensor(cells, device=logits.device).t()
+    logits[index[0], index[1]] = float("-inf")
+    return logits
+
+
+def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus) per row; probabilities [rows, vocab]."""
+    device = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
+    logits = logits / temps[:, None]
+    ks = [min(p.top_k, logits.shape[-1]) for p in params]
+    if any(ks):
+        top = torch.topk(logits, max(ks), dim=-1).values
+        k_index = torch.tensor([max(k, 1) - 1 for k in ks], device=device)
+        kth = top.gather(1, k_index[:, None])
+        kth[torch.tensor([k == 0 for k in ks], device=device)] = float("-inf")  # top_k 0: no filter
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    top_ps = [p.top_p for p in params]
+    if any(p < 1.0 for p in top_ps):
+        sorted_probs, order = torch.sort(probs, descending=True, dim=-1)
+        limit = torch.tensor([p if p < 1.0 else float("inf") for p in top_ps], device=device, dtype=probs.dtype)[:, None]
+        outside = sorted_probs.cumsum(-1) - sorted_probs > limit  # keep the smallest set reaching top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return probs
