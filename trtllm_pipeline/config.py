@@ -226,6 +226,11 @@ class BuildConfig(_Section):
     def path(self) -> Path | None:
         return self._path
 
+    @property
+    def file(self) -> str:
+        """The config file as a command line names it (``-c``); a config made in code is named as shipped."""
+        return str(self._path or f"build_configs/{self._name}.yaml")
+
     def section(self, name: str) -> dict[str, Any]:
         return getattr(self, name).model_dump(mode="json")
 
