@@ -20,14 +20,18 @@ from conftest import REPO, free_ports, load, run_cli
 from trtllm_pipeline import serve
 from trtllm_pipeline.client import ServerError, TritonClient
 from trtllm_pipeline.errors import StageFailed
-from trtllm_pipeline.runtimes import SamplingParams, load_runtime
+from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.runtimes.registry import load_runtime
 
 pytestmark = pytest.mark.slow
 
 NAME = "tiny-qwen2-fp8-tp1"
-# Its greedy output holds a lone byte token, which TextStream holds back (an empty streamed piece).
 SPLIT_PROMPT = "Café au lait 0"
 PROMPTS = [SPLIT_PROMPT, "The capital of France is"]
+# Prompts whose greedy output may hold a lone byte token, which TextStream holds back (an empty streamed
+# piece). Which ones do depends on the CPU's float rounding (the tiny model's weights are random), so the
+# test takes the first that does here.
+SPLIT_CANDIDATES = (SPLIT_PROMPT, "Café au lait 2", "Grüße aus München", "Zürich 0", "日本語 0")
 
 
 @pytest.fixture(scope="module")

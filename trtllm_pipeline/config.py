@@ -33,6 +33,10 @@ MODELOPT_FORMATS = {
 SUPPORTED_FORMATS = ("none", "fp8")
 KV_CACHE_FORMATS = {"none": None, "fp8": "FP8"}
 
+# The runtime backends, as runtime.backend and --runtime name them: runtimes/registry.py registers one
+# backend for each (tests/test_architecture.py checks that the two agree).
+BACKEND_NAMES = ("tensorrt_llm", "torch")
+
 PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "disable"]
 
 
@@ -166,7 +170,7 @@ class BuildSection(_Section):
 
 
 class RuntimeSection(_Section):
-    backend: Literal["auto", "tensorrt_llm", "torch"] = "auto"
+    backend: Literal[("auto", *BACKEND_NAMES)] = "auto"  # type: ignore[valid-type]
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="torch runtime device")
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto",

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from trtllm_pipeline import checkpoint
+from trtllm_pipeline import artifacts, checkpoint
 from trtllm_pipeline.errors import InputError, UnavailableError
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
 from trtllm_pipeline.runtimes.torch_model import Qwen2Engine
@@ -79,7 +79,7 @@ class TorchRuntime(Runtime):
         dtype = cfg.runtime.compute_dtype
         if dtype == "auto":
             dtype = None if resolve_device(device or cfg.runtime.device).type == "cuda" else "float32"
-        return cls(ckpt, ckpt / "tokenizer", device=device or cfg.runtime.device,
+        return cls(ckpt, artifacts.checkpoint_tokenizer(ckpt), device=device or cfg.runtime.device,
                    max_batch_size=cfg.build.max_batch_size, max_seq_len=cfg.build.max_seq_len,
                    max_input_len=cfg.build.max_input_len, dtype=dtype)
 
