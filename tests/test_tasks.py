@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.tasks import Item, gsm8k, mmlu, tokens
+from trtllm_pipeline.tasks import gsm8k, mmlu, tokens
+from trtllm_pipeline.tasks.base import Item
 from trtllm_pipeline.tasks.subset import allocate, stratified_subset
 
 
@@ -29,7 +30,7 @@ def gsm8k_data(data_dir):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from trtllm_pipeline.builtin_models import builtin_model_dir
+    from trtllm_pipeline.model.builtin import builtin_model_dir
 
     return AutoTokenizer.from_pretrained(builtin_model_dir("tiny-qwen2"))
 

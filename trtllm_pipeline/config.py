@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from trtllm_pipeline.errors import ConfigError
-from trtllm_pipeline.model_catalog import ModelShape
+from trtllm_pipeline.model.catalog import ModelShape
+from trtllm_pipeline.tasks.registry import TASKS, TaskName
 
 # Formats ModelOpt can produce for TensorRT-LLM (its names, as in TensorRT-LLM's quantize.py
 # --qformat) and the TensorRT-LLM checkpoint's quant_algo for each. Only SUPPORTED_FORMATS run
@@ -194,7 +195,7 @@ class ServingSection(_Section):
 
 
 class EvaluationSection(_Section):
-    tasks: list[Literal["mmlu", "gsm8k"]] = Field(default_factory=lambda: ["mmlu", "gsm8k"])
+    tasks: list[TaskName] = Field(default_factory=lambda: list(TASKS))
     limit: int | None = Field(None, ge=1, description="items per task, a stratified subset; null: all")
     batch_size: int = Field(
         128, ge=1, description="questions per runtime call (MMLU: sharing one few-shot prefix; GSM8K: in flight)"
