@@ -51,6 +51,21 @@ def test_mmlu_release_is_read_whole_and_exactly(mmlu_data):
     assert not any("\r" in it.doc["question"] or any("\r" in c for c in it.doc["choices"]) for it in mmlu_data.items)
 
 
+def test_mmlu_field_text_is_kept_verbatim_crlf_included(mmlu_data, data_dir):
+    # college_mathematics' dev row 2 holds the release's only CRLFs; lm-evaluation-harness keeps them, so do we.
+    import csv
+
+    with open(data_dir / "mmlu" / "dev" / "college_mathematics_dev.csv", newline="", encoding="utf-8") as f:
+        raw = list(csv.reader(f))[2]
+    row = mmlu_data.fewshot["college_mathematics"][2]
+    assert "must be true?\r\nI. All of the entries" in row["question"]
+    assert [row["question"], *row["choices"], row["answer"]] == raw
+    item = next(it for it in mmlu_data.items if it.stratum == "college_mathematics")
+    prompt = mmlu.build_prompt(item.doc, mmlu_data.fewshot["college_mathematics"])
+    assert "must be true?\r\nI. All of the entries" in prompt
+    assert prompt.count("\r") == prompt.count("\r\n") == row["question"].count("\r\n") == 3
+
+
 def test_gsm8k_files_are_read_whole(gsm8k_data):
     assert len(gsm8k_data.items) == 1319 and len(gsm8k_data.fewshot["train"]) == 7473
     assert gsm8k_data.items[0].id == "test/0" and gsm8k_data.items[0].doc["question"].startswith("Janet’s ducks")

@@ -33,7 +33,7 @@ from trtllm_pipeline.tasks.subset import stratified_subset
 
 log = logging.getLogger(__name__)
 
-EVAL_REVISION = 1  # bump when prompts, extraction or scoring change, so cached results are redone
+EVAL_REVISION = 2  # bump when prompts, extraction or scoring change, so cached results are redone
 
 
 @dataclasses.dataclass
