@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torch_runtime_gpu import synthetic_tensors  # noqa: E402
 
-from trtllm_pipeline.model_catalog import KNOWN_MODELS  # noqa: E402
+from trtllm_pipeline.model.catalog import KNOWN_MODELS  # noqa: E402
 from trtllm_pipeline.runtimes.cuda import attention, linear  # noqa: E402
 from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep  # noqa: E402
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trtllm_pipeline.model_catalog import KNOWN_MODELS
+from trtllm_pipeline.model.catalog import KNOWN_MODELS
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_model import Qwen2Engine
 from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime

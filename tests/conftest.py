@@ -67,7 +67,7 @@ def built(engines_dir, quantized):
     """``built("tiny-qwen2-fp8-tp1")`` -> BuildResult (torch runtime), built once per session.
 
     The engine lives in the session's ``engines_dir``; load it with
-    ``runtimes.load_runtime(load(name), engines_dir)``.
+    ``runtimes.registry.load_runtime(load(name), engines_dir)``.
     """
     from trtllm_pipeline.build import build
 

@@ -14,8 +14,8 @@ import pytest
 from bench_stub import FIRST_S, GAP_S, StubHandler, stub_server
 from conftest import run_cli
 from trtllm_pipeline import bench
-from trtllm_pipeline.bench_protocols import connect
-from trtllm_pipeline.builtin_models import builtin_model_dir
+from trtllm_pipeline.bench.protocols import connect
+from trtllm_pipeline.model.builtin import builtin_model_dir
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtllm_pipeline.bench_metrics import (
+from trtllm_pipeline.bench.metrics import (
     RequestResult,
     benchmark_duration,
     distribution,

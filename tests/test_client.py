@@ -6,10 +6,10 @@ import pytest
 from conftest import free_ports, load, run_cli
 from transformers import AutoTokenizer
 
-from trtllm_pipeline import client
-from trtllm_pipeline.builtin_models import builtin_model_dir
+from trtllm_pipeline import client, endpoints
+from trtllm_pipeline.model.builtin import builtin_model_dir
 from trtllm_pipeline.errors import InputError, UnavailableError
-from trtllm_pipeline.generate import encode_prompt
+from trtllm_pipeline.chat import encode_prompt, served_prompt
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -36,16 +36,16 @@ def test_unknown_parameters_are_named():
 
 def test_url_default_is_the_configs_serving_address(tmp_path):
     cfg = load("tiny-qwen2-fp8-tp1")
-    assert client.resolve_url("default", "grpc", cfg, tmp_path) == "127.0.0.1:8001"
-    assert client.resolve_url("default", "http", cfg, tmp_path) == "127.0.0.1:8000"
-    assert client.resolve_url("10.0.0.5:9001", "grpc", None) == "10.0.0.5:9001"
+    assert endpoints.resolve_url("default", "grpc", cfg, tmp_path) == "127.0.0.1:8001"
+    assert endpoints.resolve_url("default", "http", cfg, tmp_path) == "127.0.0.1:8000"
+    assert endpoints.resolve_url("10.0.0.5:9001", "grpc", None) == "10.0.0.5:9001"
     with pytest.raises(InputError, match="-c"):
-        client.resolve_url("default", "grpc", None)
+        endpoints.resolve_url("default", "grpc", None)
 
 
 def test_served_prompt_tokenizes_on_the_server_as_in_process():
     tokenizer = AutoTokenizer.from_pretrained(builtin_model_dir("tiny-qwen2"))
-    text = client.served_prompt(tokenizer, "What is 2+2?", system="Be brief.")
+    text = served_prompt(tokenizer, "What is 2+2?", system="Be brief.")
     # The server adds the special tokens itself (BOS), as preprocessing does.
     assert tokenizer.encode(text, add_special_tokens=True) == encode_prompt(tokenizer, "What is 2+2?", raw=False,
                                                                             system="Be brief.")

@@ -8,7 +8,7 @@ import yaml
 from conftest import CONFIGS, load, run_cli
 from trtllm_pipeline.config import check_against_model, config_from_dict, load_config
 from trtllm_pipeline.errors import ConfigError
-from trtllm_pipeline.model_catalog import KNOWN_MODELS
+from trtllm_pipeline.model.catalog import KNOWN_MODELS
 
 SHIPPED = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
 R1_7B = KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"]

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from trtllm_pipeline import deploy as stage
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.triton import model_config, repository, torch_repo
+from trtllm_pipeline.triton import contract, model_config, repository, torch_repo
 
 SEVEN_B_TP4 = "r1-distill-qwen-7b-fp8-tp4"
 
@@ -135,7 +135,7 @@ def test_torch_repository_honours_the_engine_contract(built, engines_dir):
     check_wiring(configs)
     engine = configs["tensorrt_llm"]
     assert engine["backend"] == "python" and engine["model_transaction_policy"]["decoupled"] is True
-    reference = {name: (kind, dims) for name, kind, dims, _ in repository.TRTLLM_INPUTS}
+    reference = {name: (kind, dims) for name, kind, dims, _ in contract.TRTLLM_INPUTS}
     for tensor in engine["input"]:
         assert (tensor["data_type"], [int(d) for d in tensor["dims"]]) == reference[tensor["name"]], tensor["name"]
     assert {t["name"] for t in engine["input"]} == set(torch_repo.HONOURED_INPUTS)

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from conftest import CONFIGS, REPO
 from trtllm_pipeline.cli import main
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.eval import RESULTS_SCHEMA
-from trtllm_pipeline.gate import Thresholds, judge, load_gates
+from trtllm_pipeline.gating import Thresholds, judge, load_gates
+from trtllm_pipeline.results import EVAL_SCHEMA
 from trtllm_pipeline.tasks.stats import (binomial_cdf_half, compare_paired, mcnemar_exact_p, summarize,
                                          wilson_interval)
 
@@ -58,7 +58,7 @@ def results(config: str, flags: list[bool], *, task: str = "mmlu", **overrides) 
     items = [{"id": f"s/{i}", "correct": f, "prediction": "A" if f else "B", "target": "A",
               "prompt_sha256": f"p{i}"} for i, f in enumerate(flags)]
     score = sum(flags) / len(flags)
-    return {"schema": RESULTS_SCHEMA, "task": task, "config": config, "runtime": "torch", "model": "m",
+    return {"schema": EVAL_SCHEMA, "task": task, "config": config, "runtime": "torch", "model": "m",
             "settings": {"shots": 5, "limit": None, "seed": 1234, "data_sha256": "d"}, "n": len(items),
             "n_selected": len(items), "score": score, "ci95": list(wilson_interval(sum(flags), len(flags))),
             "complete": True, "items": items, **overrides}

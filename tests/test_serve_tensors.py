@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from trtllm_pipeline.builtin_models import builtin_model_dir
-from trtllm_pipeline.generate import encode_prompt
+from trtllm_pipeline.model.builtin import builtin_model_dir
+from trtllm_pipeline.chat import encode_prompt
 from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, decode_rows, word_list, words_from_list
 
 

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.tasks import Item, gsm8k, mmlu, tokens
+from trtllm_pipeline.tasks import gsm8k, mmlu, tokens
+from trtllm_pipeline.tasks.base import Item
 from trtllm_pipeline.tasks.subset import allocate, stratified_subset
 
 
@@ -29,7 +30,7 @@ def gsm8k_data(data_dir):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from trtllm_pipeline.builtin_models import builtin_model_dir
+    from trtllm_pipeline.model.builtin import builtin_model_dir
 
     return AutoTokenizer.from_pretrained(builtin_model_dir("tiny-qwen2"))
 
@@ -48,6 +49,21 @@ def test_mmlu_release_is_read_whole_and_exactly(mmlu_data):
     assert doc["question"].endswith("\nI. A singly linked list\nII. A doubly linked list\nIII. An array")
     assert doc["choices"] == ["None", "III only", "I and II only", "I, II, and III"] and doc["answer"] == "D"
     assert not any("\r" in it.doc["question"] or any("\r" in c for c in it.doc["choices"]) for it in mmlu_data.items)
+
+
+def test_mmlu_field_text_is_kept_verbatim_crlf_included(mmlu_data, data_dir):
+    # college_mathematics' dev row 2 holds the release's only CRLFs; lm-evaluation-harness keeps them, so do we.
+    import csv
+
+    with open(data_dir / "mmlu" / "dev" / "college_mathematics_dev.csv", newline="", encoding="utf-8") as f:
+        raw = list(csv.reader(f))[2]
+    row = mmlu_data.fewshot["college_mathematics"][2]
+    assert "must be true?\r\nI. All of the entries" in row["question"]
+    assert [row["question"], *row["choices"], row["answer"]] == raw
+    item = next(it for it in mmlu_data.items if it.stratum == "college_mathematics")
+    prompt = mmlu.build_prompt(item.doc, mmlu_data.fewshot["college_mathematics"])
+    assert "must be true?\r\nI. All of the entries" in prompt
+    assert prompt.count("\r") == prompt.count("\r\n") == row["question"].count("\r\n") == 3
 
 
 def test_gsm8k_files_are_read_whole(gsm8k_data):

@@ -7,7 +7,8 @@ import torch
 
 from conftest import load
 from trtllm_pipeline import checkpoint, quantize
-from trtllm_pipeline.runtimes import SamplingParams, TextStream, load_runtime
+from trtllm_pipeline.runtimes.base import SamplingParams, TextStream
+from trtllm_pipeline.runtimes.registry import load_runtime
 from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
 
 PROMPT = list(range(100, 164))

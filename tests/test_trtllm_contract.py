@@ -17,17 +17,19 @@ from pathlib import Path
 import pytest
 
 from conftest import CONFIGS, load, run_cli
-from trtllm_pipeline import doctor
+from trtllm_pipeline import machine
 from trtllm_pipeline.config import config_from_dict
 from trtllm_pipeline.errors import UnavailableError
-from trtllm_pipeline.model_catalog import KNOWN_MODELS
-from trtllm_pipeline.runtimes import trtllm_runtime as trt
+from trtllm_pipeline.model.catalog import KNOWN_MODELS
+from trtllm_pipeline.runtimes import trtllm_backend, trtllm_build, trtllm_runtime
+from trtllm_pipeline.runtimes import trtllm_commands as trt
+from trtllm_pipeline.runtimes.trtllm_preflight import estimate_memory, preflight
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BUILD_ARGS = json.loads((FIXTURES / "trtllm_1_2_build_args.json").read_text())
 QWEN_CKPT = json.loads((FIXTURES / "trtllm_1_2_qwen_checkpoint.json").read_text())
 R1_7B = KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"]
-TRTLLM_MISSING = doctor.trtllm_status()[1] is not None
+TRTLLM_MISSING = machine.trtllm_status()[1] is not None
 SHIPPED = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
 
 
@@ -73,8 +75,8 @@ def with_changes(name: str, **sections) -> object:
     return config_from_dict(data, name=name)
 
 
-def gpu(sm: int, free_gib: float = 139.0, index: int = 0) -> doctor.Gpu:
-    return doctor.Gpu(index, f"SM{sm} test GPU", sm, free_gib, free_gib)
+def gpu(sm: int, free_gib: float = 139.0, index: int = 0) -> machine.Gpu:
+    return machine.Gpu(index, f"SM{sm} test GPU", sm, free_gib, free_gib)
 
 
 # --------------------------------------------------------------------------- the fixture itself
@@ -177,15 +179,15 @@ def test_flags_exist_in_the_installed_trtllm_build():
 
 @pytest.mark.skipif(not TRTLLM_MISSING, reason="TensorRT-LLM is installed here")
 def test_preflight_here_says_tensorrt_llm_is_missing():
-    problems = trt.preflight(load("r1-distill-qwen-7b-fp8-tp4"))
+    problems = [str(p) for p in preflight(load("r1-distill-qwen-7b-fp8-tp4"))]
     assert any("TensorRT-LLM is not installed" in p and "pip install" in p for p in problems)
-    if not doctor.gpus():
+    if not machine.gpus():
         assert any("needs 4 CUDA GPU(s), 0 visible" in p for p in problems)
     assert all("\n" not in p for p in problems)
 
 
 def _gpu_problems(cfg, gpus):
-    return [p for p in trt.preflight(cfg, gpus=gpus) if "TensorRT-LLM" not in p]
+    return [str(p) for p in preflight(cfg, gpus=gpus) if "TensorRT-LLM" not in p.problem]
 
 
 def test_preflight_gpu_checks():
@@ -212,7 +214,7 @@ def test_preflight_memory_check():
 
 
 def test_memory_7b_bf16_tp1():
-    est = trt.estimate_memory(load("r1-distill-qwen-7b-bf16-tp1"), R1_7B)
+    est = estimate_memory(load("r1-distill-qwen-7b-bf16-tp1"), R1_7B)
     # Every parameter in BF16 on one GPU: 7.62e9 parameters x 2 bytes (the published 15.2 GB).
     assert est["weights_bytes"] == R1_7B.num_params * 2
     assert 15.0e9 < est["weights_bytes"] < 15.5e9
@@ -222,27 +224,27 @@ def test_memory_7b_bf16_tp1():
 
 
 def test_memory_7b_fp8():
-    tp1 = trt.estimate_memory(load("r1-distill-qwen-7b-fp8-tp1"), R1_7B)
+    tp1 = estimate_memory(load("r1-distill-qwen-7b-fp8-tp1"), R1_7B)
     parts = tp1["weights_breakdown"]
     # Linears in FP8 (1 byte): 28 layers x 233M parameters = 6.5 GB ...
     assert 6.4e9 < parts["linear"] < 6.6e9
     # ... embedding and lm_head stay BF16 (ModelOpt excludes lm_head): 2 x 152064 x 3584 x 2 bytes = 2.2 GB.
     assert parts["embedding"] + parts["lm_head"] == 2 * 152064 * 3584 * 2
     assert 7.5e9 < tp1["weights_bytes"] < 9.5e9  # "about 8 GB"
-    tp4 = trt.estimate_memory(load("r1-distill-qwen-7b-fp8-tp4"), R1_7B)
+    tp4 = estimate_memory(load("r1-distill-qwen-7b-fp8-tp4"), R1_7B)
     assert math.isclose(tp4["weights_bytes"], tp1["weights_bytes"] / 4, rel_tol=0.01)
     assert tp4["kv_cache_bytes"] == tp1["kv_cache_bytes"] // 4  # 4 KV heads, one per rank
 
 
 def test_memory_fp8_kv_cache_halves_the_cache_and_kv_heads_are_replicated():
-    bf16_kv = trt.estimate_memory(load("r1-distill-qwen-7b-fp8-tp1"), R1_7B)
-    fp8_kv = trt.estimate_memory(with_changes("r1-distill-qwen-7b-fp8-tp1", quantization={"kv_cache": "fp8"}), R1_7B)
+    bf16_kv = estimate_memory(load("r1-distill-qwen-7b-fp8-tp1"), R1_7B)
+    fp8_kv = estimate_memory(with_changes("r1-distill-qwen-7b-fp8-tp1", quantization={"kv_cache": "fp8"}), R1_7B)
     assert fp8_kv["kv_cache_bytes"] * 2 == bf16_kv["kv_cache_bytes"]
     # 1.5B: 2 KV heads at tp=4 are replicated, so each rank still holds one KV head.
     shape = KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"]
     tp4 = with_changes("r1-distill-qwen-1.5b-fp8-tp1", parallelism={"tp": 4})
     b = tp4.build
-    assert trt.estimate_memory(tp4, shape)["kv_cache_bytes"] == b.max_batch_size * b.max_seq_len * 2 * 28 * 1 * 128 * 2
+    assert estimate_memory(tp4, shape)["kv_cache_bytes"] == b.max_batch_size * b.max_seq_len * 2 * 28 * 1 * 128 * 2
 
 
 # --------------------------------------------------------------------------- launch lines
@@ -295,7 +297,7 @@ def test_engine_run_command(tmp_path):
 
 def test_plan_lists_preflight_command_launch_and_memory():
     cfg = load("r1-distill-qwen-7b-fp8-tp4")
-    text = "\n".join(trt.plan(cfg, Path("e/ckpt"), Path("e/engine")))
+    text = "\n".join(trtllm_backend.plan(cfg, Path("e/ckpt"), Path("e/engine")))
     assert "trtllm-build --checkpoint_dir e/ckpt --output_dir e/engine" in text
     assert "--low_latency_gemm_plugin fp8" in text
     assert "mpirun -n 4 --allow-run-as-root trtllm-pipeline generate" in text
@@ -307,10 +309,11 @@ def test_plan_lists_preflight_command_launch_and_memory():
 
 
 def test_engine_layout_check(tmp_path):
-    assert trt.engine_layout_problems(tmp_path, 2)[0].startswith(f"{tmp_path}/config.json is missing")
+    assert trtllm_build.engine_layout_problems(tmp_path, 2)[0].startswith(f"{tmp_path}/config.json is missing")
     (tmp_path / "config.json").write_text(json.dumps({"pretrained_config": {}}))
     (tmp_path / "rank0.engine").write_bytes(b"x")
-    assert trt.engine_layout_problems(tmp_path, 2) == ["config.json lacks `build_config`", "rank1.engine is missing"]
+    assert trtllm_build.engine_layout_problems(tmp_path, 2) == ["config.json lacks `build_config`",
+                                                               "rank1.engine is missing"]
 
 
 def test_failed_trtllm_build_names_its_exit_code_and_log_tail(tmp_path):
@@ -320,11 +323,11 @@ def test_failed_trtllm_build_names_its_exit_code_and_log_tail(tmp_path):
 
     script = "import sys\nfor i in range(40): print('line', i)\nsys.exit(3)"
     with pytest.raises(StageFailed) as err:
-        trt._run_streaming([sys.executable, "-c", script], tmp_path / "build.log", tmp_path / "failed.log")
+        trtllm_build._run_streaming([sys.executable, "-c", script], tmp_path / "build.log", tmp_path / "failed.log")
     assert "exited with code 3" in err.value.message and "line 39" in err.value.message
     assert "line 9\n" not in err.value.message  # only the tail
     assert (tmp_path / "failed.log").read_text().count("line") == 40
-    ok = trt._run_streaming([sys.executable, "-c", "print('built')"], tmp_path / "ok.log", tmp_path / "no.log")
+    ok = trtllm_build._run_streaming([sys.executable, "-c", "print('built')"], tmp_path / "ok.log", tmp_path / "no.log")
     assert ok == "built" and not (tmp_path / "no.log").exists()
 
 
@@ -332,7 +335,7 @@ def test_failed_trtllm_build_names_its_exit_code_and_log_tail(tmp_path):
 def test_build_engine_here_is_unavailable(tmp_path):
     cfg = load("tiny-qwen2-fp8-tp2")
     with pytest.raises(UnavailableError) as err:
-        trt.build_engine(cfg, tmp_path / "ckpt", tmp_path / "engine")
+        trtllm_build.build_engine(cfg, tmp_path / "ckpt", tmp_path / "engine")
     assert err.value.exit_code == 3 and "TensorRT-LLM is not installed" in err.value.message
     assert not (tmp_path / "engine").exists()
 
@@ -340,7 +343,7 @@ def test_build_engine_here_is_unavailable(tmp_path):
 @pytest.mark.skipif(not TRTLLM_MISSING, reason="TensorRT-LLM is installed here")
 def test_runtime_here_is_unavailable(tmp_path):
     with pytest.raises(UnavailableError):
-        trt.TrtllmRuntime.from_engine(tmp_path, load("tiny-qwen2-fp8-tp1"), {})
+        trtllm_runtime.TrtllmRuntime.from_engine(tmp_path, load("tiny-qwen2-fp8-tp1"), {})
 
 
 @pytest.mark.skipif(not TRTLLM_MISSING, reason="TensorRT-LLM is installed here")
@@ -363,7 +366,7 @@ def test_cli_dry_run_prints_the_engine_plan(tmp_path):
 
 
 def test_quantized_checkpoint_satisfies_trtllm_qwen_config(quantized):
-    from trtllm_pipeline.model_source import resolve_model
+    from trtllm_pipeline.model.source import resolve_model
 
     result = quantized("tiny-qwen2-fp8-tp2")
     cfg = load("tiny-qwen2-fp8-tp2")
@@ -497,14 +500,15 @@ def _runtime(gather: str):
 
     engine_config = {"pretrained_config": {"vocab_size": _Bindings.VOCAB, "mapping": {"world_size": 1}},
                      "build_config": {"max_batch_size": 8, "max_seq_len": 64, f"gather_{gather}_logits": True}}
-    return trt.TrtllmRuntime(_Bindings.Executor(), _Bindings, NS(eos_token_id=9, pad_token_id=None),
+    return trtllm_runtime.TrtllmRuntime(_Bindings.Executor(), _Bindings, NS(eos_token_id=9, pad_token_id=None),
                              Path("engine"), engine_config)
 
 
 def test_runtime_is_a_complete_runtime():
-    from trtllm_pipeline.runtimes import runtime_class
+    from trtllm_pipeline.runtimes.registry import backend
 
-    assert runtime_class("tensorrt_llm") is trt.TrtllmRuntime and not trt.TrtllmRuntime.__abstractmethods__
+    runtime = trtllm_runtime.TrtllmRuntime
+    assert backend("tensorrt_llm").runtime_class() is runtime and not runtime.__abstractmethods__
 
 
 def test_runtime_scores_with_either_kind_of_logits():
@@ -529,7 +533,7 @@ def test_runtime_without_logits_cannot_score():
 
 
 def test_runtime_streams_tokens_and_maps_finish_reasons():
-    from trtllm_pipeline.runtimes import SamplingParams
+    from trtllm_pipeline.runtimes.base import SamplingParams
 
     rt = _runtime("context")
     rt.submit("a", [5], SamplingParams(max_tokens=10))  # 6, 7, 8, then 9 = eos

@@ -15,7 +15,7 @@ import pathlib
 import pydoc_data.topics
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from trtllm_pipeline.builtin_models import TINY_QWEN2_SPECIAL_TOKENS, TINY_QWEN2_VOCAB_SIZE
+from trtllm_pipeline.model.builtin import TINY_QWEN2_SPECIAL_TOKENS, TINY_QWEN2_VOCAB_SIZE
 
 # Qwen2's pre-tokenizer split: single digits, letters runs, punctuation runs, whitespace.
 QWEN2_SPLIT = (

@@ -13,14 +13,19 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
-import importlib.metadata
 import json
 import os
 import platform
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+from trtllm_pipeline.errors import InputError
+from trtllm_pipeline.machine import package_version
+
+if TYPE_CHECKING:
+    from trtllm_pipeline.config import BuildConfig
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
@@ -42,12 +47,19 @@ class ArtifactPaths:
         return self.root / "hf_checkpoint"
 
     @property
+    def tokenizer(self) -> Path:  # the build's tokenizer, exported with its checkpoint
+        return checkpoint_tokenizer(self.checkpoint)
+
+    @property
     def engine(self) -> Path:
         return self.root / "engine"
 
     @property
     def eval(self) -> Path:
         return self.root / "eval"
+
+    def eval_results(self, task: str) -> Path:  # what `eval` writes and `gate` and `report` read
+        return self.eval / f"{task}.json"
 
     @property
     def triton_repo(self) -> Path:
@@ -64,6 +76,11 @@ class ArtifactPaths:
 
 def artifact_paths(engines_dir: str | os.PathLike, config_name: str) -> ArtifactPaths:
     return ArtifactPaths(Path(engines_dir) / config_name)
+
+
+def checkpoint_tokenizer(checkpoint_dir: Path) -> Path:
+    """Where a checkpoint keeps the tokenizer it was exported with."""
+    return Path(checkpoint_dir) / "tokenizer"
 
 
 # --------------------------------------------------------------------------- hashing
@@ -115,15 +132,25 @@ def content_hash(records: dict[str, dict]) -> str:
 # --------------------------------------------------------------------------- atomic writes
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """A temporary name beside ``path`` to write to; it replaces ``path`` only if the block succeeds."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=False, default=str)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def pid_alive(pid: int) -> bool:
@@ -183,17 +210,17 @@ def replace_dir(src: Path, final: Path) -> None:
 
 
 def package_versions(*names: str) -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in ("trtllm-pipeline", *names):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    return {"python": platform.python_version(),
+            **{name: package_version(name) for name in ("trtllm-pipeline", *names)}}
 
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def stage_header(stage: str, cfg: "BuildConfig") -> dict[str, Any]:
+    """The first fields of a stage's manifest: which stage wrote it, for which config."""
+    return {"stage": stage, "config": {"name": cfg.name, "path": str(cfg.path) if cfg.path else None}}
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -234,6 +261,16 @@ def cached_manifest(directory: Path, inputs_hash: str) -> dict[str, Any] | None:
     if manifest and manifest.get("inputs_hash") == inputs_hash and outputs_intact(directory, manifest):
         return manifest
     return None
+
+
+def engine_manifest(engines_dir: str | os.PathLike, cfg: "BuildConfig") -> dict[str, Any]:
+    """The build manifest of ``cfg``'s engine; InputError, with the build command as the fix, when none is built."""
+    directory = artifact_paths(engines_dir, cfg.name).engine
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise InputError(f"{directory} holds no built engine for {cfg.name}.",
+                         fix=f"run `trtllm-pipeline build -c {cfg.file}` first")
+    return manifest
 
 
 class Stopwatch:

@@ -1,27 +1,36 @@
-"""``trtllm-pipeline``: the command line, a thin layer over the stage functions.
+"""``trtllm-pipeline``: the command line, argument parsing over the stage functions.
 
-Each subcommand parses options, loads the build config and calls one stage function; errors
-the user can act on (``errors.PipelineError``) print as one paragraph and exit with their code,
-never as a traceback (``-v`` shows tracebacks of unexpected failures).
+Each subcommand parses options, loads the build config, calls its stage and prints what the
+stage says; errors the user can act on (``errors.PipelineError``) print as one paragraph and exit
+with their code, never as a traceback (``-v`` shows tracebacks of unexpected failures;
+``console.exit_status`` is that one mapping).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
-import time
 from pathlib import Path
+from typing import Iterable
 
 import click
 
 from trtllm_pipeline import __version__
-from trtllm_pipeline.config import BuildConfig, load_config
-from trtllm_pipeline.console import setup_logging
-from trtllm_pipeline.cost import DEFAULT_GPU_HOUR_USD
-from trtllm_pipeline.errors import EXIT_FAILED, PipelineError
-
-log = logging.getLogger("trtllm_pipeline")
+from trtllm_pipeline import bench as bench_stage
+from trtllm_pipeline import build as build_stage
+from trtllm_pipeline import deploy as deploy_stage
+from trtllm_pipeline import doctor as doctor_stage
+from trtllm_pipeline import eval as eval_stage
+from trtllm_pipeline import gate as gate_stage
+from trtllm_pipeline import generate as generate_stage
+from trtllm_pipeline import quantize as quantize_stage
+from trtllm_pipeline import report as report_stage
+from trtllm_pipeline import serve as serve_stage
+from trtllm_pipeline.bench.settings import DATASETS
+from trtllm_pipeline.config import BACKEND_NAMES, load_config
+from trtllm_pipeline.console import exit_status, setup_logging
+from trtllm_pipeline.cost import DEFAULT_GPU_HOUR_USD, REFERENCE_REQUEST_TOKENS
+from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.tasks.registry import TASKS
 
 STAGES_HELP = """\
 Take a Hugging Face LLM checkpoint to an FP8 TensorRT-LLM service.
@@ -49,19 +58,10 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except PipelineError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(130)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
-        except Exception as exc:  # a bug: say so plainly, traceback only with -v
-            if log.isEnabledFor(logging.DEBUG):
-                raise
-            click.echo(f"internal error: {type(exc).__name__}: {exc}\n(re-run with -v for the traceback)", err=True)
-            ctx.exit(EXIT_FAILED)
+        except (Exception, KeyboardInterrupt) as exc:
+            ctx.exit(exit_status(exc))
 
 
 def config_option(f):
@@ -81,13 +81,24 @@ def engines_dir_option(f):
 
 def runtime_option(f):
     return click.option(
-        "--runtime", type=click.Choice(["auto", "tensorrt_llm", "torch"]), default=None,
+        "--runtime", type=click.Choice(["auto", *BACKEND_NAMES]), default=None,
         help="Runtime to use; default: the config's runtime.backend (auto: TensorRT-LLM where it can run).",
     )(f)
 
 
-def _load(config: Path) -> BuildConfig:
-    return load_config(config)
+def echo_lines(lines: Iterable[str], err: bool = False) -> None:
+    for line in lines:
+        click.echo(line, err=err)
+
+
+def echo_stream(generation: generate_stage.Generation) -> None:
+    """Notes and statistics on stderr, so that stdout holds only the text, flushed as it streams."""
+    echo_lines(generation.notes, err=True)
+    for piece in generation.pieces:
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo()
+    click.echo(generation.summary(), err=True)
 
 
 @click.group(cls=_Group, help=STAGES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
@@ -106,45 +117,7 @@ def main(verbose: int) -> None:
               show_default=True, help="Which shipped configs to check for this machine.")
 def doctor(as_json: bool, configs_dir: Path) -> None:
     """What this machine can do: GPUs, ModelOpt, TensorRT-LLM, Triton, and which configs can run."""
-    from trtllm_pipeline import doctor as doctor_mod
-
-    facts = doctor_mod.report()
-    verdicts = {}
-    for path in sorted(configs_dir.glob("*.yaml")) if configs_dir.is_dir() else []:
-        try:
-            verdicts[path.stem] = doctor_mod.config_verdict(load_config(path))
-        except PipelineError as exc:
-            verdicts[path.stem] = f"invalid: {exc.message}"
-    facts["configs"] = verdicts
-    if as_json:
-        click.echo(json.dumps(facts, indent=2))
-        return
-    gpus = facts["gpus"]
-    rows = [
-        ("python", facts["python"]),
-        ("platform", facts["platform"]),
-        ("torch", facts["torch"]),
-        ("GPUs", "; ".join(f"{g['index']}: {g['name']} SM{g['sm']} {g['total_gib']:.0f} GiB ({g['free_gib']:.0f} free)"
-                           for g in gpus) or "none"),
-        ("nvidia-modelopt", facts["nvidia-modelopt"] or "not installed"),
-        ("transformers", facts["transformers"] or "not installed"),
-        ("datasets", facts["datasets"] or "not installed"),
-        ("TensorRT-LLM", facts["tensorrt_llm"] or "not installed"),
-        ("tritonserver (PATH)", facts["tritonserver"]["path"] or "not found"),
-        ("tritonserver (PyTriton)", facts["tritonserver"]["pytriton"] or "not found"),
-        ("mpirun", facts["mpirun"] or "not found"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        click.echo(f"{key:<{width}}  {value}")
-    runtimes = ["torch (CPU" + (", CUDA)" if gpus else ")")]
-    runtimes.append("tensorrt_llm" if not facts["tensorrt_llm_problem"] else
-                    f"tensorrt_llm unavailable: {facts['tensorrt_llm_problem']}")
-    click.echo(f"{'runtimes':<{width}}  " + "; ".join(runtimes))
-    if verdicts:
-        click.echo("\nconfigs (the runtime each gets on this machine):")
-        for name, verdict in verdicts.items():
-            click.echo(f"  {name:<34} {verdict}")
+    echo_lines(doctor_stage.format_facts(doctor_stage.facts(configs_dir), as_json=as_json))
 
 
 # --------------------------------------------------------------------------- quantize
@@ -163,16 +136,11 @@ def quantize(config: Path, engines_dir: Path, force: bool, dry_run: bool) -> Non
     hf_checkpoint/. quantization.format: none exports the unquantized baseline. Unchanged inputs
     are a cache hit.
     """
-    from trtllm_pipeline import quantize as stage
-
-    cfg = _load(config)
+    cfg = load_config(config)
     if dry_run:
-        for line in stage.plan(cfg, engines_dir=engines_dir):
-            click.echo(line)
+        echo_lines(quantize_stage.plan(cfg, engines_dir=engines_dir))
         return
-    result = stage.quantize(cfg, engines_dir=engines_dir, force=force)
-    status = "cache hit" if result.cache_hit else "quantized"
-    click.echo(f"{status}: {result.checkpoint_dir}" + (f" (+ {result.hf_checkpoint_dir})" if result.hf_checkpoint_dir else ""))
+    click.echo(quantize_stage.quantize(cfg, engines_dir=engines_dir, force=force).summary())
 
 
 # --------------------------------------------------------------------------- build
@@ -191,16 +159,11 @@ def build(config: Path, engines_dir: Path, runtime: str | None, force: bool, dry
     when it is installed and a suitable GPU is present, else torch, and says why. The result is
     <engines-dir>/<config>/engine/ with a manifest naming the runtime.
     """
-    from trtllm_pipeline import build as stage
-
-    cfg = _load(config)
+    cfg = load_config(config)
     if dry_run:
-        for line in stage.plan(cfg, engines_dir=engines_dir, runtime=runtime):
-            click.echo(line)
+        echo_lines(build_stage.plan(cfg, engines_dir=engines_dir, runtime=runtime))
         return
-    result = stage.build(cfg, engines_dir=engines_dir, runtime=runtime, force=force)
-    status = "cache hit" if result.cache_hit else "built"
-    click.echo(f"{status}: {result.engine_dir} ({result.runtime} runtime: {result.reason})")
+    click.echo(build_stage.build(cfg, engines_dir=engines_dir, runtime=runtime, force=force).summary())
 
 
 # --------------------------------------------------------------------------- generate
@@ -231,45 +194,18 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
     With --url, from a deployed model instead (the chat template is applied here, with -c's
     tokenizer, unless --raw). Statistics go to stderr, so stdout holds only the text.
     """
-    from trtllm_pipeline import generate as stage
-    from trtllm_pipeline.runtimes import SamplingParams
-
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                            stop_words=stop_words)
     if url is not None:
-        from trtllm_pipeline import client
-
-        cfg = _load(config) if config else None
-        target = client.resolve_url(url, protocol, cfg, engines_dir)
-        if cfg is None and not raw:
-            click.echo("note: without -c there is no tokenizer here for the chat template; the prompt is sent as is",
-                       err=True)
-        start, responses = time.perf_counter(), 0
-        for piece in client.stream_served(prompt, url=target, protocol=protocol, cfg=cfg, engines_dir=engines_dir,
-                                          raw=raw, system=system, max_tokens=max_tokens,
-                                          stop_words=list(stop_words) or None,
-                                          **client.sampling_inputs(temperature, top_k, top_p, seed)):
-            click.echo(piece, nl=False)
-            sys.stdout.flush()
-            responses += 1
-        click.echo()
-        click.echo(f"[served by {target} ({protocol}); {responses} streamed responses in "
-                   f"{time.perf_counter() - start:.2f} s]", err=True)
+        cfg = load_config(config) if config else None
+        echo_stream(generate_stage.served(prompt, params, url=url, protocol=protocol, cfg=cfg, engines_dir=engines_dir,
+                                          raw=raw, system=system))
         return
     if config is None:
         raise click.UsageError("give -c CONFIG (the engine to run in-process)")
-    cfg = _load(config)
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            stop_words=stop_words)
-    runtime = stage.open_runtime(cfg, engines_dir, device)
-    stats: list = []
-    for piece in stage.stream_text(runtime, prompt, params, raw=raw, system=system, stats=stats):
-        click.echo(piece, nl=False)
-        sys.stdout.flush()
-    click.echo()
-    s = stats[0]
-    where = s.runtime.get("device", "")
-    rate = s.output_tokens / s.seconds if s.seconds > 0 else float("nan")
-    click.echo(f"[{s.runtime['runtime']} runtime, {where}; {s.prompt_tokens} prompt tokens, {s.output_tokens} "
-               f"generated in {s.seconds:.2f} s ({rate:.1f} tokens/s)]", err=True)
+    echo_stream(generate_stage.in_process(load_config(config), prompt, params, engines_dir=engines_dir, raw=raw,
+                                          system=system, device=device))
+
 
 # --------------------------------------------------------------------------- eval
 
@@ -277,7 +213,8 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
 @main.command("eval")
 @config_option
 @engines_dir_option
-@click.option("--tasks", default=None, help="Comma-separated tasks: mmlu,gsm8k (default: the config's evaluation.tasks).")
+@click.option("--tasks", default=None,
+              help=f"Comma-separated tasks: {','.join(TASKS)} (default: the config's evaluation.tasks).")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Items per task: a reproducible stratified subset (default: evaluation.limit, else all).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -298,18 +235,10 @@ def eval_command(config: Path, engines_dir: Path, tasks: str | None, limit: int 
     Writes one JSON results file per task: score, 95% interval, sub-scores and every item, for
     `trtllm-pipeline gate`. Unchanged engine, data and settings are a cache hit.
     """
-    from trtllm_pipeline import eval as stage
-
-    cfg = _load(config)
-    names = tasks.split(",") if tasks else None
-    for r in stage.evaluate(cfg, engines_dir=engines_dir, tasks=names, limit=limit, data_dir=data_dir,
-                            output=output, force=force, url=url, protocol=protocol):
-        res = r.results
-        lo, hi = res["ci95"]
-        state = "cache hit" if r.cache_hit else f"{res['timings']['items_per_s']:.2f} items/s"
-        complete = "" if res["complete"] else f", INCOMPLETE ({res['n']} of {res['n_selected']} scored)"
-        click.echo(f"{r.task}: {100 * res['score']:.2f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}) on {res['n']} items, "
-                   f"{res['runtime']} runtime{complete} [{state}] -> {r.path}")
+    for result in eval_stage.evaluate(load_config(config), engines_dir=engines_dir,
+                                      tasks=tasks.split(",") if tasks else None, limit=limit, data_dir=data_dir,
+                                      output=output, force=force, url=url, protocol=protocol):
+        click.echo(result.summary())
 
 
 # --------------------------------------------------------------------------- gate
@@ -328,7 +257,8 @@ def eval_command(config: Path, engines_dir: Path, tasks: str | None, limit: int 
 @click.option("--gates", "gates_path", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("eval/gates.yaml"), show_default=True, help="Gate definitions and default thresholds.")
 @engines_dir_option
-@click.option("--only", default=None, help="Without --baseline/--candidate: only gates whose baseline config starts so.")
+@click.option("--only", default=None,
+              help="Without --baseline/--candidate: only gates whose baseline config starts so.")
 def gate(baseline: Path | None, candidate: Path | None, max_drop: float | None, min_score: float | None,
          alpha: float | None, gates_path: Path, engines_dir: Path, only: str | None) -> None:
     """Fail CI when a candidate build loses accuracy against a baseline (paired, item by item).
@@ -337,27 +267,12 @@ def gate(baseline: Path | None, candidate: Path | None, max_drop: float | None, 
     on the results under --engines-dir. Exit 0 pass, 1 accuracy gate failed, 2 cannot judge
     (different tasks, settings or items; incomplete or corrupt results).
     """
-    from trtllm_pipeline import gate as stage
-    from trtllm_pipeline.errors import InputError, StageFailed
-
     if (baseline is None) != (candidate is None):
         raise click.UsageError("give both --baseline and --candidate, or neither (to run the gates file)")
-    limits = {"max_drop": max_drop, "min_score": min_score, "alpha": alpha}
-    if baseline is not None:  # with --max-drop, the gates file is optional
-        gates = stage.load_gates(gates_path) if gates_path.is_file() or max_drop is None else None
-        verdicts = [stage.gate_pair(baseline, candidate, gates=gates, **limits)]
-    else:
-        verdicts = stage.gate_all(stage.load_gates(gates_path), engines_dir=engines_dir, only=only, **limits)
-        if not verdicts:
-            raise InputError(f"{gates_path}: no gates" + (f" with a baseline starting {only!r}" if only else "") + ".")
-    click.echo(stage.format_table(verdicts))
-    failed = [v for v in verdicts if v.status == "fail"]
-    unjudged = [v for v in verdicts if v.status == "cannot judge"]
-    if failed:
-        raise StageFailed("accuracy gate failed: " + "; ".join(f"{v.task} {v.candidate}: {v.reason}" for v in failed))
-    if unjudged:
-        raise InputError("cannot judge: " + "; ".join(f"{v.task} {v.candidate}: {v.reason}" for v in unjudged))
-    click.echo("gate passed")
+    verdicts = gate_stage.run(baseline=baseline, candidate=candidate, gates_path=gates_path, engines_dir=engines_dir,
+                              only=only, max_drop=max_drop, min_score=min_score, alpha=alpha)
+    click.echo(gate_stage.format_table(verdicts))
+    click.echo(gate_stage.check(verdicts))
 
 
 # --------------------------------------------------------------------------- deploy
@@ -376,16 +291,10 @@ def deploy(config: Path, engines_dir: Path, runtime: str | None, force: bool) ->
     yet, for --runtime (auto: what can run here). Every parameter comes from the config, the
     engine and the tokenizer.
     """
-    from trtllm_pipeline import deploy as stage
-
-    cfg = _load(config)
-    result = stage.deploy(cfg, engines_dir=engines_dir, runtime=runtime, force=force)
-    status = "cache hit" if result.cache_hit else "deployed"
-    click.echo(f"{status}: {result.repo_dir} ({result.runtime} runtime: {result.reason}; end id "
-               f"{result.manifest['end_id']}, pad id {result.manifest['pad_id']})")
-    if not result.engine_ready:
-        click.echo(f"note: the engine directory {result.engine_dir} is still empty: build it before serving "
-                   f"(trtllm-pipeline build -c {config} --runtime {result.runtime}); serve refuses until then", err=True)
+    result = deploy_stage.deploy(load_config(config), engines_dir=engines_dir, runtime=runtime, force=force)
+    click.echo(result.summary())
+    if note := result.note():
+        click.echo(note, err=True)
 
 
 # --------------------------------------------------------------------------- serve
@@ -410,28 +319,19 @@ def serve(config: Path, engines_dir: Path, host: str | None, http_port: int | No
     tritonserver bundled with nvidia-pytriton. Waits until ready, prints the endpoints and runs
     until Ctrl-C, or with --detach leaves it running for `serve --stop`.
     """
-    from trtllm_pipeline import serve as stage
-
-    cfg = _load(config)
+    cfg = load_config(config)
     ports = dict(host=host, http=http_port, grpc=grpc_port, metrics=metrics_port)
     if stop_server:
-        stopped = stage.stop(cfg, engines_dir=engines_dir)
-        click.echo(f"stopped the {cfg.name} server (pid {stopped.pid})" if stopped else
-                   f"no server is running for {cfg.name}")
+        click.echo(serve_stage.stopped_line(cfg, serve_stage.stop(cfg, engines_dir=engines_dir)))
         return
     if dry_run:
-        for line in stage.plan(cfg, engines_dir=engines_dir, **ports):
-            click.echo(line)
+        echo_lines(serve_stage.plan(cfg, engines_dir=engines_dir, **ports))
         return
-    server = stage.start(cfg, engines_dir=engines_dir, **ports)
-    click.echo(f"serving {cfg.name} ({server.runtime} runtime, pid {server.pid}, log {server.log}):")
-    for line in server.endpoints():
-        click.echo(f"  {line}")
+    server = serve_stage.start(cfg, engines_dir=engines_dir, **ports)
+    echo_lines(serve_stage.started_lines(cfg, server, detach=detach))
     if detach:
-        click.echo(f"stop it with: trtllm-pipeline serve -c {config} --stop")
         return
-    click.echo("Ctrl-C stops it.")
-    stage.run_until_interrupted(server, engines_dir=engines_dir, cfg=cfg)
+    serve_stage.run_until_interrupted(server, engines_dir=engines_dir, cfg=cfg)
     click.echo("stopped")
 
 
@@ -467,7 +367,7 @@ def _number_list(kind: type):
               help="Measured requests per load level.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Unrecorded requests before each load level.")
-@click.option("--dataset", type=click.Choice(["synthetic", "gsm8k"]), default="synthetic", show_default=True,
+@click.option("--dataset", type=click.Choice(DATASETS), default="synthetic", show_default=True,
               help="Prompts: synthetic, or GSM8K test questions (their own lengths).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Local dataset files (gsm8k/test.jsonl); default: the hub.")
@@ -492,41 +392,21 @@ def bench(url, protocol, model, concurrency, request_rate, input_tokens, output_
     Closed loop (--concurrency) and/or open loop (--request-rate); every response is streamed
     and timed, every output length checked. Metric names and definitions follow AIPerf.
     """
-    from trtllm_pipeline import bench as stage
-
-    cfg = _load(config) if config else None
+    cfg = load_config(config) if config else None
     if cfg is None and tokenizer is None:
         raise click.UsageError("give -c CONFIG or --tokenizer: prompts are built to exact lengths with the model's tokenizer")
     if cfg is None and output is None:
         raise click.UsageError("give -o FILE for the results (or -c CONFIG to use its bench/ directory)")
-    if url is None:
-        if cfg is None:
-            raise click.UsageError("give --url HOST:PORT (or -c CONFIG to use its serving address)")
-        from trtllm_pipeline.client import resolve_url
-
-        url = resolve_url("default", "grpc" if protocol == "triton-grpc" else "http", cfg, engines_dir)
-    levels = [stage.LoadLevel(concurrency=c) for c in (concurrency or ([] if request_rate else [1]))]
-    levels += [stage.LoadLevel(request_rate=r) for r in request_rate or []]
-    settings = stage.BenchSettings(protocol=protocol, url=url, levels=tuple(levels), model=model,
-                                   input_tokens=input_tokens, output_tokens=output_tokens, requests=num_requests,
-                                   warmup=warmup, dataset=dataset, data_dir=data_dir, seed=seed, timeout_s=timeout_s)
-    source = tokenizer or stage.config_tokenizer_dir(cfg, engines_dir)
-    result = stage.bench(
-        settings, tokenizer=stage.load_tokenizer(source), tokenizer_source=str(source),
-        output=output or stage.default_output(engines_dir, cfg.name, settings),
-        config_name=cfg.name if cfg else None, engines_dir=engines_dir,
-        gpus=gpus or (cfg.parallelism.world_size if cfg else 1),
-        gpu_hour_usd=gpu_hour_usd, progress=click.echo,
-    )
-    for entry in result.data["summary"]:
-        if entry["cost"]:
-            c = entry["cost"]
-            click.echo(f"cost at {stage.level_label(entry)}: ${c['usd_per_1m_output_tokens']:.2f} per "
-                       f"1M output tokens, ${c['usd_per_request']:.4f} per {c['request_output_tokens']}-token request, "
-                       f"{c['requests_per_day']:,} requests/day on {c['gpus']} GPU(s) at ${c['gpu_hour_usd']}/GPU-hour")
-    errors = sum(entry["errors"] for entry in result.data["summary"])
-    if errors:
-        click.echo(f"warning: {errors} request(s) failed; see `error` in the results file", err=True)
+    if url is None and cfg is None:
+        raise click.UsageError("give --url HOST:PORT (or -c CONFIG to use its serving address)")
+    result = bench_stage.run(
+        cfg=cfg, url=url, protocol=protocol, concurrency=concurrency, request_rate=request_rate, tokenizer=tokenizer,
+        output=output, gpus=gpus, engines_dir=engines_dir, progress=click.echo, model=model, input_tokens=input_tokens,
+        output_tokens=output_tokens, requests=num_requests, warmup=warmup, dataset=dataset, data_dir=data_dir,
+        seed=seed, timeout_s=timeout_s, gpu_hour_usd=gpu_hour_usd)
+    echo_lines(result.cost_lines())
+    if warning := result.warning():
+        click.echo(warning, err=True)
     click.echo(f"results: {result.path}")
 
 
@@ -551,18 +431,13 @@ def report(configs: tuple[Path, ...], engines_dir: Path, out_dir: Path, gpu_hour
 
     CONFIGS default to every build_configs/*.yaml. Missing results show as "not measured".
     """
-    from trtllm_pipeline import cost
-    from trtllm_pipeline import report as stage
-
     paths = list(configs) or sorted(Path("build_configs").glob("*.yaml"))
     if not paths:
         raise click.UsageError("no build configs given and none in build_configs/")
-    result = stage.report([_load(p) for p in paths], engines_dir=engines_dir, out_dir=out_dir,
-                          gates_file=gates_file if gates_file.is_file() else None, gpu_hour_usd=gpu_hour_usd,
-                          request_tokens=request_tokens or cost.REFERENCE_REQUEST_TOKENS)
-    measured = sum(1 for b in result.builds if b.bench or b.evals)
-    click.echo(f"report: {result.path} ({len(result.builds)} builds, {measured} with measurements; plots: "
-               + ", ".join(p.name for p in result.plots) + ")")
+    result = report_stage.report([load_config(p) for p in paths], engines_dir=engines_dir, out_dir=out_dir,
+                                 gates_file=gates_file if gates_file.is_file() else None, gpu_hour_usd=gpu_hour_usd,
+                                 request_tokens=request_tokens or REFERENCE_REQUEST_TOKENS)
+    click.echo(result.summary())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import json
 import queue
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
-from trtllm_pipeline.triton.repository import CLIENT_INPUTS
-
-if TYPE_CHECKING:
-    from trtllm_pipeline.config import BuildConfig
+from trtllm_pipeline.triton.contract import CLIENT_INPUTS
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_MAX_TOKENS = 256
@@ -197,68 +193,6 @@ class TritonClient:
         if not ready:
             raise InputError(f"the server at {self.url} has no ready model {self.model!r}.",
                              fix="deploy and serve a build (trtllm-pipeline serve -c CONFIG)")
-
-
-# --------------------------------------------------------------------------- the CLI's `generate --url`
-
-
-def resolve_url(url: str, protocol: str, cfg: "BuildConfig | None", engines_dir: str | Path = "engines") -> str:
-    """``default`` means where ``serve`` runs ``cfg`` (its recorded server, else the config's ports)."""
-    if url != "default":
-        return url
-    if cfg is None:
-        raise InputError("--url default needs -c CONFIG (whose server to use).", fix="add -c, or give --url HOST:PORT")
-    from trtllm_pipeline.serve import Ports, read_state
-
-    running = read_state(cfg, engines_dir)
-    if running is not None:
-        return f"{running.client_host}:{running.grpc_port if protocol == 'grpc' else running.http_port}"
-    ports = Ports.of(cfg)
-    host = "127.0.0.1" if ports.host in ("0.0.0.0", "::") else ports.host
-    return f"{host}:{ports.grpc if protocol == 'grpc' else ports.http}"
-
-
-def sampling_inputs(temperature: float, top_k: int, top_p: float, seed: int | None) -> dict[str, Any]:
-    """The ensemble inputs for in-process ``generate``'s sampling options: none when greedy, else all
-    of them (the server samples only when ``top_k`` or ``top_p`` is given, as TensorRT-LLM does)."""
-    if temperature <= 0 or top_k == 1:
-        return {}
-    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "random_seed": seed}
-
-
-def served_prompt(tokenizer, prompt: str, system: str | None = None) -> str:
-    """The chat-templated text whose server-side tokenization equals in-process ``generate``'s ids.
-
-    The server tokenizes ``text_input`` with the tokenizer's special tokens (BOS); the template
-    writes BOS as text too, so it is dropped here rather than sent twice.
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        return prompt
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    bos = tokenizer.bos_token
-    if bos and text.startswith(bos) and tokenizer.bos_token_id in tokenizer.encode("", add_special_tokens=True):
-        text = text[len(bos):]
-    return text
-
-
-def stream_served(prompt: str, *, url: str, protocol: str = "grpc", cfg: "BuildConfig | None" = None,
-                  engines_dir: str | Path = "engines", raw: bool = False, system: str | None = None,
-                  **params) -> Iterator[str]:
-    """Text pieces of ``prompt`` from a served model; templated with ``cfg``'s tokenizer unless ``raw``."""
-    text = prompt
-    if not raw and cfg is not None:
-        from transformers import AutoTokenizer
-
-        from trtllm_pipeline.artifacts import artifact_paths
-
-        tokenizer_dir = artifact_paths(engines_dir, cfg.name).checkpoint / "tokenizer"
-        if not tokenizer_dir.is_dir():
-            raise InputError(f"{tokenizer_dir} does not exist, so the chat template cannot be applied here.",
-                             fix="pass --raw to send the prompt as it is, or point --engines-dir at the build")
-        text = served_prompt(AutoTokenizer.from_pretrained(tokenizer_dir), prompt, system)
-    with TritonClient(url, protocol) as client:
-        yield from client.stream(text, **params)
 
 
 def _text(array: np.ndarray) -> str:

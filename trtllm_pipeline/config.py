@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator
 
 from trtllm_pipeline.errors import ConfigError
-from trtllm_pipeline.model_catalog import ModelShape
+from trtllm_pipeline.model.catalog import ModelShape
+from trtllm_pipeline.tasks.registry import TASKS, TaskName
 
 # Formats ModelOpt can produce for TensorRT-LLM (its names, as in TensorRT-LLM's quantize.py
 # --qformat) and the TensorRT-LLM checkpoint's quant_algo for each. Only SUPPORTED_FORMATS run
@@ -32,6 +33,10 @@ MODELOPT_FORMATS = {
 }
 SUPPORTED_FORMATS = ("none", "fp8")
 KV_CACHE_FORMATS = {"none": None, "fp8": "FP8"}
+
+# The runtime backends, as runtime.backend and --runtime name them: runtimes/registry.py registers one
+# backend for each (tests/test_architecture.py checks that the two agree).
+BACKEND_NAMES = ("tensorrt_llm", "torch")
 
 PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "disable"]
 
@@ -166,7 +171,7 @@ class BuildSection(_Section):
 
 
 class RuntimeSection(_Section):
-    backend: Literal["auto", "tensorrt_llm", "torch"] = "auto"
+    backend: Literal[("auto", *BACKEND_NAMES)] = "auto"  # type: ignore[valid-type]
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="torch runtime device")
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto",
@@ -202,7 +207,7 @@ class ServingSection(_Section):
 
 
 class EvaluationSection(_Section):
-    tasks: list[Literal["mmlu", "gsm8k"]] = Field(default_factory=lambda: ["mmlu", "gsm8k"])
+    tasks: list[TaskName] = Field(default_factory=lambda: list(TASKS))
     limit: int | None = Field(None, ge=1, description="items per task, a stratified subset; null: all")
     batch_size: int = Field(
         128, ge=1, description="questions per runtime call (MMLU: sharing one few-shot prefix; GSM8K: in flight)"
@@ -237,6 +242,11 @@ class BuildConfig(_Section):
     @property
     def path(self) -> Path | None:
         return self._path
+
+    @property
+    def file(self) -> str:
+        """The config file as a command line names it (``-c``); a config made in code is named as shipped."""
+        return str(self._path or f"build_configs/{self._name}.yaml")
 
     def section(self, name: str) -> dict[str, Any]:
         return getattr(self, name).model_dump(mode="json")

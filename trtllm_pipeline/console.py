@@ -1,4 +1,5 @@
-"""Logging for the CLI and a guard that keeps third-party chatter out of the user's terminal."""
+"""What the user sees: logging, a guard that keeps third-party chatter out of the terminal, and
+the one mapping from an error to its message and exit code (the CLI's, which the demo shares)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ import logging
 import sys
 import warnings
 from typing import Iterator
+
+import click
+
+from trtllm_pipeline.errors import EXIT_FAILED, PipelineError
+
+EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by Ctrl-C
 
 log = logging.getLogger("trtllm_pipeline")
 
@@ -31,6 +38,24 @@ class _Formatter(logging.Formatter):
         if record.exc_info and log.isEnabledFor(logging.DEBUG):
             msg += "\n" + self.formatException(record.exc_info)
         return msg
+
+
+def exit_status(exc: BaseException) -> int:
+    """Say what stopped a command, in one paragraph on stderr, and return its exit code.
+
+    A ``PipelineError`` is the user's to act on: its message, its fix, its code. Ctrl-C is 130.
+    Anything else is a bug: re-raised with -v (for the traceback), else named in one line, code 1.
+    """
+    if isinstance(exc, PipelineError):
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        return EXIT_INTERRUPTED
+    if log.isEnabledFor(logging.DEBUG):
+        raise exc
+    click.echo(f"internal error: {type(exc).__name__}: {exc}\n(re-run with -v for the traceback)", err=True)
+    return EXIT_FAILED
 
 
 @contextlib.contextmanager

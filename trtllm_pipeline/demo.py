@@ -5,7 +5,10 @@ quantize (BF16 baseline, FP8 at TP 1 and 2) -> build -> eval on a small subset -
 real CLI command, printed before it runs, so the demo doubles as a walkthrough; it runs them
 in this one process (the server is its own process, stopped even when a step fails). A second
 run reuses every cached stage. ``--fast`` (or TRTLLM_PIPELINE_DEMO_FAST=1) shrinks the eval
-subset and the bench for CI.
+subsets (each task's ``demo_limits``) and the bench for CI.
+
+With ``cli``, this is the orchestrator layer above the stages: it drives them through the CLI
+(``cli.main``), as a user would, and is the only module that calls several stages.
 
 Eval data: ``--data-dir`` (the MMLU/GSM8K release files), else the Hugging Face hub; when
 neither can be read, eval and gate are skipped with a notice and everything else still runs.
@@ -20,7 +23,11 @@ from pathlib import Path
 
 import click
 
-from trtllm_pipeline.errors import EXIT_FAILED, EXIT_UNAVAILABLE, StageFailed
+from trtllm_pipeline.artifacts import artifact_paths
+from trtllm_pipeline.cli import main as cli
+from trtllm_pipeline.console import exit_status, setup_logging
+from trtllm_pipeline.errors import EXIT_FAILED, EXIT_UNAVAILABLE, PipelineError, StageFailed
+from trtllm_pipeline.tasks.registry import TASKS
 
 BASELINE = "tiny-qwen2-bf16-tp1"
 CANDIDATES = ("tiny-qwen2-fp8-tp1", "tiny-qwen2-fp8-tp2")
@@ -30,16 +37,18 @@ PROMPT = "Explain in one sentence why FP8 inference is faster than BF16."
 
 @dataclasses.dataclass(frozen=True)
 class Size:
-    mmlu_limit: int
-    gsm8k_limit: int
+    fast: bool  # each task's smaller demo subset (Task.demo_limits)
     concurrency: str
     requests: int
     input_tokens: int
     output_tokens: int
 
+    def eval_limit(self, task: str) -> int:
+        return TASKS[task].demo_limits[self.fast]
 
-FULL = Size(mmlu_limit=20, gsm8k_limit=4, concurrency="1,4", requests=16, input_tokens=128, output_tokens=64)
-FAST = Size(mmlu_limit=4, gsm8k_limit=2, concurrency="1,2", requests=4, input_tokens=64, output_tokens=16)
+
+FULL = Size(fast=False, concurrency="1,4", requests=16, input_tokens=128, output_tokens=64)
+FAST = Size(fast=True, concurrency="1,2", requests=4, input_tokens=64, output_tokens=16)
 
 
 class Demo:
@@ -53,17 +62,15 @@ class Demo:
 
     def run(self, *args: str, allowed: tuple[int, ...] = (0,)) -> int:
         """Run one CLI command in-process; a status outside ``allowed`` stops the demo."""
-        from trtllm_pipeline.cli import main
-
         click.secho(f"\n$ trtllm-pipeline {shlex.join(args)}", bold=True)
-        code = main.main(args=list(args), prog_name="trtllm-pipeline", standalone_mode=False) or 0
+        code = cli.main(args=list(args), prog_name="trtllm-pipeline", standalone_mode=False) or 0
         if code not in allowed:
             raise StageFailed(f"demo: `trtllm-pipeline {shlex.join(args)}` exited with {code}.",
                               fix="see its message above; `make demo` again after fixing it reuses finished stages")
         return code
 
     def results(self, name: str, task: str) -> str:
-        return str(self.engines_dir / name / "eval" / f"{task}.json")
+        return str(artifact_paths(self.engines_dir, name).eval_results(task))
 
     def engines(self) -> tuple[str, ...]:
         return ("--engines-dir", str(self.engines_dir))
@@ -82,9 +89,10 @@ class Demo:
 
     def evaluate(self, names: tuple[str, ...]) -> bool:
         data = ("--data-dir", str(self.data_dir)) if self.data_dir else ()
-        for task, limit in (("mmlu", self.size.mmlu_limit), ("gsm8k", self.size.gsm8k_limit)):
+        for task in TASKS:
             for name in names:
-                code = self.run("eval", "-c", self.config(name), "--tasks", task, "--limit", str(limit), *data,
+                code = self.run("eval", "-c", self.config(name), "--tasks", task, "--limit",
+                                str(self.size.eval_limit(task)), *data,
                                 *self.engines(), allowed=(0, EXIT_UNAVAILABLE))
                 if code == EXIT_UNAVAILABLE:
                     click.secho("notice: no evaluation data here (no --data-dir / DATA_DIR, and the Hugging Face "
@@ -95,7 +103,7 @@ class Demo:
         return True
 
     def gate(self) -> None:
-        for task in ("mmlu", "gsm8k"):
+        for task in TASKS:
             for name in CANDIDATES:
                 code = self.run("gate", "--baseline", self.results(BASELINE, task),
                                 "--candidate", self.results(name, task), allowed=(0, EXIT_FAILED))
@@ -134,9 +142,6 @@ class Demo:
 def main(engines_dir: Path, reports_dir: Path, configs_dir: Path, data_dir: Path | None, fast: bool,
          http_port: int | None, grpc_port: int | None, metrics_port: int | None) -> None:
     """Run the whole pipeline on the built-in tiny model (torch runtime) and write the report."""
-    from trtllm_pipeline.console import setup_logging
-    from trtllm_pipeline.errors import PipelineError
-
     setup_logging(0)
     ports = (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port))
     serve_args = tuple(arg for flag, port in ports if port for arg in (flag, str(port)))
@@ -144,8 +149,7 @@ def main(engines_dir: Path, reports_dir: Path, configs_dir: Path, data_dir: Path
     try:
         path = demo.all()
     except PipelineError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        sys.exit(exit_status(exc))
     click.secho(f"\ndemo done. Report: {path} (plots beside it)", fg="green", bold=True)
 
 

@@ -1,6 +1,7 @@
 """Stage ``deploy``: the Triton model repository of a build, ``engines/<config>/triton_model_repo/``.
 
-TensorRT-LLM's ``inflight_batcher_llm`` layout for either runtime (see ``triton.repository``), every
+TensorRT-LLM's ``inflight_batcher_llm`` layout for either runtime (see ``triton.repository``): the
+models every runtime shares, and the ``tensorrt_llm`` model the runtime's backend supplies, every
 parameter filled from the build config, the engine and the tokenizer. The repository can be
 written before the engine exists (a TensorRT-LLM engine cannot be built on every machine): deploy
 says so, and ``serve`` refuses until the engine is there. Unchanged inputs are a cache hit.
@@ -16,8 +17,9 @@ from typing import Any
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.model_source import known_shape
-from trtllm_pipeline.runtimes import select_runtime
+from trtllm_pipeline.model.source import known_shape
+from trtllm_pipeline.runtimes.backend import Backend
+from trtllm_pipeline.runtimes.registry import backend, select_backend
 from trtllm_pipeline.triton import repository
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,7 @@ DEPLOY_REVISION = 1  # bump when what deploy writes changes without its inputs c
 
 @dataclasses.dataclass
 class DeployResult:
+    cfg: BuildConfig
     repo_dir: Path
     runtime: str
     reason: str
@@ -35,36 +38,47 @@ class DeployResult:
     manifest: dict[str, Any]
     cache_hit: bool
 
+    def summary(self) -> str:
+        status = "cache hit" if self.cache_hit else "deployed"
+        return (f"{status}: {self.repo_dir} ({self.runtime} runtime: {self.reason}; end id "
+                f"{self.manifest['end_id']}, pad id {self.manifest['pad_id']})")
+
+    def note(self) -> str | None:
+        """What still has to happen before ``serve``, if anything."""
+        if self.engine_ready:
+            return None
+        return (f"note: the engine directory {self.engine_dir} is still empty: build it before serving "
+                f"(trtllm-pipeline build -c {self.cfg.file} --runtime {self.runtime}); serve refuses until then")
+
 
 def deploy(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: str | None = None,
            force: bool = False) -> DeployResult:
     """Write (or reuse) the model repository for ``cfg`` and the runtime its engine was built for."""
     paths = artifacts.artifact_paths(Path(engines_dir).resolve(), cfg.name)
     engine_manifest = artifacts.read_manifest(paths.engine)
-    name, reason = deployment_runtime(cfg, engine_manifest, runtime)
-    tokenizer_dir = paths.checkpoint / "tokenizer"
-    end_id, pad_id, ids_source = special_ids(cfg, tokenizer_dir)
+    chosen, reason = deployment_backend(cfg, engine_manifest, runtime)
+    end_id, pad_id, ids_source = special_ids(cfg, paths.tokenizer)
     inputs = {
-        "runtime": name,
+        "runtime": chosen.name,
         "config": {key: cfg.section(key) for key in ("build", "runtime", "serving")} | {"dtype": cfg.dtype},
         "engine": engine_manifest["inputs_hash"] if engine_manifest else None,
         "engine_dir": str(paths.engine),
-        "tokenizer": {"dir": str(tokenizer_dir), "end_id": end_id, "pad_id": pad_id},
+        "tokenizer": {"dir": str(paths.tokenizer), "end_id": end_id, "pad_id": pad_id},
         "models": _python_models_hash(),
         "revision": DEPLOY_REVISION,
     }
     inputs_hash = artifacts.fingerprint(inputs)
     ready = engine_manifest is not None
     if not force and (manifest := artifacts.cached_manifest(paths.triton_repo, inputs_hash)):
-        log.info("deploy: cache hit for %s (%s repository, inputs unchanged)", cfg.name, name)
-        return DeployResult(paths.triton_repo, name, reason, paths.engine, ready, manifest, cache_hit=True)
+        log.info("deploy: cache hit for %s (%s repository, inputs unchanged)", cfg.name, chosen.name)
+        return DeployResult(cfg, paths.triton_repo, chosen.name, reason, paths.engine, ready, manifest, cache_hit=True)
+    engine = chosen.engine_model(cfg, engines_dir=paths.root.parent, engine_dir=paths.engine)
     with artifacts.atomic_dir(paths.triton_repo) as tmp:
-        written = repository.write_repository(cfg, name, tmp, engines_dir=paths.root.parent, engine_dir=paths.engine,
-                                              tokenizer_dir=tokenizer_dir, end_id=end_id, pad_id=pad_id)
+        written = repository.write_repository(cfg, chosen.name, engine, tmp, engine_dir=paths.engine,
+                                              tokenizer_dir=paths.tokenizer, end_id=end_id, pad_id=pad_id)
         manifest = artifacts.write_manifest(tmp, {
-            "stage": "deploy",
-            "config": {"name": cfg.name, "path": str(cfg.path) if cfg.path else None},
-            "runtime": name,
+            **artifacts.stage_header("deploy", cfg),
+            "runtime": chosen.name,
             "runtime_reason": reason,
             "engine_ready": ready,
             "special_ids_from": ids_source,
@@ -73,21 +87,20 @@ def deploy(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: st
             "inputs_hash": inputs_hash,
             "versions": artifacts.package_versions("tritonclient", "nvidia-pytriton", "tensorrt_llm"),
         })
-    log.info("deploy: wrote the %s model repository for %s in %s", name, cfg.name, paths.triton_repo)
-    return DeployResult(paths.triton_repo, name, reason, paths.engine, ready, manifest, cache_hit=False)
+    log.info("deploy: wrote the %s model repository for %s in %s", chosen.name, cfg.name, paths.triton_repo)
+    return DeployResult(cfg, paths.triton_repo, chosen.name, reason, paths.engine, ready, manifest, cache_hit=False)
 
 
-def deployment_runtime(cfg: BuildConfig, engine_manifest: dict | None, requested: str | None) -> tuple[str, str]:
-    """The built engine's runtime when there is one (a repository must serve what was built)."""
+def deployment_backend(cfg: BuildConfig, engine_manifest: dict | None, requested: str | None) -> tuple[Backend, str]:
+    """The built engine's backend when there is one (a repository must serve what was built)."""
     if engine_manifest is None:
-        return select_runtime(cfg, requested)
+        return select_backend(cfg, requested)
     built = engine_manifest["runtime"]
     if requested in (None, "auto", built):
-        return built, "the runtime the engine was built for"
-    where = cfg.path or f"build_configs/{cfg.name}.yaml"
+        return backend(built), "the runtime the engine was built for"
     raise InputError(
         f"the engine of {cfg.name} was built for the {built} runtime; a {requested} repository cannot serve it.",
-        fix=f"build it for {requested} first (`trtllm-pipeline build -c {where} --runtime {requested}`), "
+        fix=f"build it for {requested} first (`trtllm-pipeline build -c {cfg.file} --runtime {requested}`), "
         f"or deploy with --runtime {built}",
     )
 
@@ -108,7 +121,7 @@ def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str]:
     if shape is None:
         raise InputError(
             f"{tokenizer_dir} does not exist yet and the end id of {cfg.model.source} is not known here.",
-            fix=f"quantize first (`trtllm-pipeline quantize -c {cfg.path or cfg.name}`), which writes the tokenizer",
+            fix=f"quantize first (`trtllm-pipeline quantize -c {cfg.file}`), which writes the tokenizer",
         )
     return shape.eos_token_id, shape.eos_token_id, "model catalog (the tokenizer is written by quantize)"
 
@@ -117,12 +130,11 @@ def engine_problem(cfg: BuildConfig, deployment: dict[str, Any]) -> str | None:
     """Why the deployed engine cannot be served yet, or None."""
     engine_dir = Path(deployment["engine_dir"])
     manifest = artifacts.read_manifest(engine_dir)
-    where = cfg.path or f"build_configs/{cfg.name}.yaml"
     if manifest is None:
         return (f"the engine directory {engine_dir} is still empty; build it with "
-                f"`trtllm-pipeline build -c {where} --runtime {deployment['runtime']}`")
+                f"`trtllm-pipeline build -c {cfg.file} --runtime {deployment['runtime']}`")
     if manifest["inputs_hash"] != deployment["inputs"]["engine"]:
-        return f"the engine in {engine_dir} changed since deploy; run `trtllm-pipeline deploy -c {where}` again"
+        return f"the engine in {engine_dir} changed since deploy; run `trtllm-pipeline deploy -c {cfg.file}` again"
     return None
 
 

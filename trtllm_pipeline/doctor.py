@@ -1,85 +1,23 @@
-"""``doctor``: what this machine can do, and which runtimes and shipped configs can run here.
+"""Stage ``doctor``: what this machine can do, and which runtime each shipped config gets here.
 
-The probes here are the single place that decides "is TensorRT-LLM usable", "which GPUs are
-there": runtime selection and the build pre-flight use them too.
+It only presents: the facts come from ``machine`` and the verdicts from the runtime backends'
+own pre-flight checks (``runtimes.registry``), the same ones ``build`` and ``--runtime auto`` use.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
-import importlib.util
+import json
 import platform
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-TRTLLM_RANGE = ((1, 0), (1, 3))  # the engine flow (trtllm-build) exists in 1.0 <= v < 1.3
-TRTLLM_INSTALL_HINT = ("pip install 'trtllm-pipeline[tensorrt-llm]' with NVIDIA's index, or run in the "
-                       "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3 container")
-
-
-@dataclasses.dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    sm: int  # compute capability as 90 for 9.0
-    total_gib: float
-    free_gib: float
-
-
-def gpus() -> list[Gpu]:
-    try:
-        import torch
-    except ImportError:
-        return []
-    if not torch.cuda.is_available():
-        return []
-    out = []
-    for i in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(i)
-        try:
-            free, total = torch.cuda.mem_get_info(i)
-        except RuntimeError:
-            free, total = props.total_memory, props.total_memory
-        out.append(Gpu(i, props.name, props.major * 10 + props.minor, total / 2**30, free / 2**30))
-    return out
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def trtllm_status() -> tuple[str | None, str | None]:
-    """(version, problem): problem is None when TensorRT-LLM is importable and in the supported range."""
-    if importlib.util.find_spec("tensorrt_llm") is None:
-        return None, f"TensorRT-LLM is not installed ({TRTLLM_INSTALL_HINT})"
-    version = package_version("tensorrt_llm") or package_version("tensorrt-llm") or "unknown"
-    try:
-        major_minor = tuple(int(x) for x in version.split(".")[:2])
-    except ValueError:
-        return version, f"cannot parse TensorRT-LLM version {version!r}"
-    low, high = TRTLLM_RANGE
-    if not (low <= major_minor < high):
-        return version, (f"TensorRT-LLM {version} is outside >=1.0,<1.3: the trtllm-build engine flow was "
-                         "removed in 1.3; install tensorrt_llm 1.2.x")
-    return version, None
-
-
-def tritonserver_binaries() -> dict[str, str | None]:
-    """The TensorRT-LLM container's server on PATH, and the CPU-capable one bundled with PyTriton."""
-    bundled = None
-    spec = importlib.util.find_spec("pytriton")
-    if spec and spec.submodule_search_locations:
-        candidate = Path(list(spec.submodule_search_locations)[0]) / "tritonserver" / "bin" / "tritonserver"
-        bundled = str(candidate) if candidate.is_file() else None
-    return {"path": shutil.which("tritonserver") or (
-        "/opt/tritonserver/bin/tritonserver" if Path("/opt/tritonserver/bin/tritonserver").is_file() else None),
-        "pytriton": bundled}
+from trtllm_pipeline.config import BuildConfig, load_config
+from trtllm_pipeline.errors import PipelineError
+from trtllm_pipeline.machine import gpus, package_version, trtllm_status, tritonserver_binaries
+from trtllm_pipeline.runtimes.registry import BACKENDS, select_backend
 
 
 def report() -> dict[str, Any]:
@@ -96,24 +34,64 @@ def report() -> dict[str, Any]:
         "transformers": package_version("transformers"),
         "datasets": package_version("datasets"),
         "tensorrt_llm": trt_version,
-        "tensorrt_llm_problem": trt_problem,
+        "tensorrt_llm_problem": str(trt_problem) if trt_problem else None,
         "tritonserver": tritonserver_binaries(),
         "mpirun": shutil.which("mpirun"),
     }
 
 
-def config_verdict(cfg) -> str:
+def config_verdict(cfg: BuildConfig) -> str:
     """One line: which runtime this config gets here, or why its configured one cannot run."""
-    from trtllm_pipeline.runtimes import select_runtime, trtllm_runtime
-
-    backend = cfg.runtime.backend
-    if backend == "torch":
-        return "torch (set in the config)"
-    if backend == "auto":
-        name, why = select_runtime(cfg, "auto")
-        return f"{name} (auto: {why})"
-    problems = trtllm_runtime.preflight(cfg)
+    backend, why = select_backend(cfg)
+    if cfg.runtime.backend == "auto":
+        return f"{backend.name} (auto: {why})"
+    problems = backend.preflight(cfg)
     if not problems:
-        return "tensorrt_llm: ready"
-    short = "; ".join(p.split(" (")[0].split(". Fix")[0].rstrip(".") for p in problems)
-    return f"tensorrt_llm: cannot run here ({short}); `--runtime torch` runs it in PyTorch instead"
+        return f"{backend.name}: ready"
+    fallback = list(BACKENDS.values())[-1]  # registered last: runs anywhere
+    short = "; ".join(p.problem for p in problems)
+    return f"{backend.name}: cannot run here ({short}); `--runtime {fallback.name}` runs it {fallback.runs} instead"
+
+
+def facts(configs_dir: Path) -> dict[str, Any]:
+    """``report()`` plus the verdict of every config in ``configs_dir`` (``invalid: ...`` for a broken one)."""
+    out = report()
+    verdicts = {}
+    for path in sorted(configs_dir.glob("*.yaml")) if configs_dir.is_dir() else []:
+        try:
+            verdicts[path.stem] = config_verdict(load_config(path))
+        except PipelineError as exc:
+            verdicts[path.stem] = f"invalid: {exc.message}"
+    out["configs"] = verdicts
+    return out
+
+
+def format_facts(facts: dict[str, Any], *, as_json: bool = False) -> list[str]:
+    """The lines ``doctor`` prints: a table of facts and one verdict per config, or the facts as JSON."""
+    if as_json:
+        return [json.dumps(facts, indent=2)]
+    devices = facts["gpus"]
+    rows = [
+        ("python", facts["python"]),
+        ("platform", facts["platform"]),
+        ("torch", facts["torch"]),
+        ("GPUs", "; ".join(f"{g['index']}: {g['name']} SM{g['sm']} {g['total_gib']:.0f} GiB ({g['free_gib']:.0f} free)"
+                           for g in devices) or "none"),
+        ("nvidia-modelopt", facts["nvidia-modelopt"] or "not installed"),
+        ("transformers", facts["transformers"] or "not installed"),
+        ("datasets", facts["datasets"] or "not installed"),
+        ("TensorRT-LLM", facts["tensorrt_llm"] or "not installed"),
+        ("tritonserver (PATH)", facts["tritonserver"]["path"] or "not found"),
+        ("tritonserver (PyTriton)", facts["tritonserver"]["pytriton"] or "not found"),
+        ("mpirun", facts["mpirun"] or "not found"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{key:<{width}}  {value}" for key, value in rows]
+    runtimes = ["torch (CPU" + (", CUDA)" if devices else ")")]
+    runtimes.append("tensorrt_llm" if not facts["tensorrt_llm_problem"] else
+                    f"tensorrt_llm unavailable: {facts['tensorrt_llm_problem']}")
+    lines.append(f"{'runtimes':<{width}}  " + "; ".join(runtimes))
+    if facts["configs"]:
+        lines.append("\nconfigs (the runtime each gets on this machine):")
+        lines += [f"  {name:<34} {verdict}" for name, verdict in facts["configs"].items()]
+    return lines

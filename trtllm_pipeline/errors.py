@@ -8,6 +8,8 @@ Exit codes are part of the interface that CI scripts rely on:
 
 from __future__ import annotations
 
+import dataclasses
+
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -49,3 +51,23 @@ class StageFailed(PipelineError):
     """The stage ran and failed (a subprocess exited non-zero, a server never became ready)."""
 
     exit_code = EXIT_FAILED
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Why something cannot run here and what to do about it: a pre-flight finding, before any error.
+
+    Callers read ``problem`` (a short reason, e.g. why ``--runtime auto`` chose another runtime) and
+    ``fix`` separately; ``str()`` is the full sentence a list of problems shows.
+    """
+
+    problem: str  # without a final period
+    fix: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.problem}. Fix: {self.fix}." if self.fix else f"{self.problem}."
+
+
+def bullets(problems) -> str:
+    """Problems as an indented list under a message's first line."""
+    return "".join(f"\n  - {p}" for p in problems)

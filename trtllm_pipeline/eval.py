@@ -1,4 +1,4 @@
-"""Stage ``eval``: MMLU and GSM8K accuracy of a build, run with its runtime.
+"""Stage ``eval``: the accuracy of a build on the registered tasks (MMLU, GSM8K), run with its runtime.
 
 Results go to ``engines/<config>/eval/<task>.json`` (or ``-o``), one JSON file per task, written
 atomically: the task, config, runtime and model, the settings that make two runs comparable,
@@ -20,15 +20,20 @@ from typing import Any
 
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig
+from trtllm_pipeline.endpoints import resolve_url
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.tasks import TASK_NAMES, Item, TaskData, get_task
+from trtllm_pipeline.results import EVAL_SCHEMA
+from trtllm_pipeline.runtimes.registry import load_runtime
+from trtllm_pipeline.served_model import ServedModel
+from trtllm_pipeline.tasks.base import Item, Task, TaskData
+from trtllm_pipeline.tasks.model import LanguageModel
+from trtllm_pipeline.tasks.registry import get_task, task_names
 from trtllm_pipeline.tasks.stats import wilson_interval
 from trtllm_pipeline.tasks.subset import stratified_subset
 
 log = logging.getLogger(__name__)
 
-RESULTS_SCHEMA = 1
-EVAL_REVISION = 1  # bump when prompts, extraction or scoring change, so cached results are redone
+EVAL_REVISION = 2  # bump when prompts, extraction or scoring change, so cached results are redone
 
 
 @dataclasses.dataclass
@@ -37,6 +42,14 @@ class EvalResult:
     path: Path
     results: dict[str, Any]
     cache_hit: bool
+
+    def summary(self) -> str:
+        res = self.results
+        lo, hi = res["ci95"]
+        state = "cache hit" if self.cache_hit else f"{res['timings']['items_per_s']:.2f} items/s"
+        complete = "" if res["complete"] else f", INCOMPLETE ({res['n']} of {res['n_selected']} scored)"
+        return (f"{self.task}: {100 * res['score']:.2f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}) on {res['n']} items, "
+                f"{res['runtime']} runtime{complete} [{state}] -> {self.path}")
 
 
 def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: list[str] | None = None,
@@ -48,14 +61,10 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
     answers instead; its results go to ``eval/served/<task>.json`` and are never a cache hit (what
     a server runs cannot be known from here).
     """
-    names = _task_names(tasks or cfg.evaluation.tasks)
+    names = task_names(tasks or cfg.evaluation.tasks)
     limit = limit if limit is not None else cfg.evaluation.limit
     paths = artifacts.artifact_paths(engines_dir, cfg.name)
-    engine = artifacts.read_manifest(paths.engine)
-    if engine is None and url is None:
-        raise InputError(f"{paths.engine} holds no built engine for {cfg.name}.",
-                         fix=f"run `trtllm-pipeline build -c {cfg.path or cfg.name}` first")
-    identity = {"served": url} if url else engine["inputs_hash"]
+    identity = {"served": url} if url else artifacts.engine_manifest(engines_dir, cfg)["inputs_hash"]
     default_dir = paths.eval / "served" if url else paths.eval
     outputs = {name: output_path(default_dir, name, output, several=len(names) > 1) for name in names}
     runtime = None
@@ -76,7 +85,7 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
                 continue
             if runtime is None:
                 runtime = open_model(cfg, engines_dir, url, protocol)
-            results = _run(cfg, task, name, runtime, items, task_data, settings, inputs_hash)
+            results = _run(cfg, task, runtime, items, task_data, settings, inputs_hash)
             artifacts.write_json_atomic(path, results)
             done.append(EvalResult(name, path, results, cache_hit=False))
     finally:
@@ -85,21 +94,16 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
     return done
 
 
-def open_model(cfg: BuildConfig, engines_dir: str | Path, url: str | None, protocol: str):
+def open_model(cfg: BuildConfig, engines_dir: str | Path, url: str | None, protocol: str) -> LanguageModel:
     """The built engine in-process, or the model served at ``url`` (with the build's tokenizer)."""
     if url is None:
-        from trtllm_pipeline.runtimes import load_runtime
-
         return load_runtime(cfg, engines_dir)
     from transformers import AutoTokenizer
 
-    from trtllm_pipeline.client import resolve_url
-    from trtllm_pipeline.tasks.served import ServedModel
-
-    tokenizer_dir = artifacts.artifact_paths(engines_dir, cfg.name).checkpoint / "tokenizer"
+    tokenizer_dir = artifacts.artifact_paths(engines_dir, cfg.name).tokenizer
     if not tokenizer_dir.is_dir():
         raise InputError(f"{tokenizer_dir} does not exist; --url needs the build's tokenizer to write the prompts.",
-                         fix=f"run `trtllm-pipeline quantize -c {cfg.path or cfg.name}`, or point --engines-dir at it")
+                         fix=f"run `trtllm-pipeline quantize -c {cfg.file}`, or point --engines-dir at it")
     return ServedModel(resolve_url(url, protocol, cfg, engines_dir), protocol,
                        AutoTokenizer.from_pretrained(tokenizer_dir), max_input_len=cfg.build.max_input_len,
                        max_seq_len=cfg.build.max_seq_len, concurrency=cfg.serving.max_batch_size)
@@ -130,31 +134,23 @@ def cached_results(path: Path, inputs_hash: str) -> dict[str, Any] | None:
     return None
 
 
-def _task_names(tasks: list[str]) -> list[str]:
-    names = [t.strip() for t in tasks if t.strip()]
-    unknown = [t for t in names if t not in TASK_NAMES]
-    if unknown or not names:
-        raise InputError(f"--tasks: unknown task(s) {', '.join(unknown) or '(none given)'}.",
-                         fix=f"use a comma-separated list of {', '.join(TASK_NAMES)}")
-    return list(dict.fromkeys(names))
-
-
 def _data_fingerprint(items: list[Item], task_data: TaskData) -> str:
     """Hash of the selected items and the few-shot pools: same data whether from the hub or files."""
     return artifacts.fingerprint({"items": [(it.id, it.doc) for it in items], "fewshot": task_data.fewshot})
 
 
-def input_limit(cfg: BuildConfig, runtime) -> int:
+def input_limit(cfg: BuildConfig, runtime: LanguageModel) -> int:
     """Longest token sequence the engine takes as input (scoring feeds context + continuation):
     the build's max_input_len, or less where the runtime says so."""
     own = getattr(runtime, "max_input_len", None) or runtime.max_seq_len - 1
     return min(cfg.build.max_input_len, own)
 
 
-def _run(cfg: BuildConfig, task, name: str, runtime, items: list[Item], task_data: TaskData,
+def _run(cfg: BuildConfig, task: Task, runtime: LanguageModel, items: list[Item], task_data: TaskData,
          settings: dict, inputs_hash: str) -> dict[str, Any]:
     from tqdm import tqdm
 
+    name = task.name
     described = runtime.describe()
     log.info("eval %s: %d items of %s with the %s runtime (%s)", name, len(items), task_data.source,
              described["runtime"], described.get("device") or described.get("url", ""))
@@ -166,7 +162,7 @@ def _run(cfg: BuildConfig, task, name: str, runtime, items: list[Item], task_dat
     scored = [r["correct"] for r in records if r.get("correct") is not None]
     n, k = len(scored), sum(scored)
     results = {
-        "schema": RESULTS_SCHEMA,
+        "schema": EVAL_SCHEMA,
         "task": name,
         "config": cfg.name,
         "runtime": described["runtime"],

@@ -1,235 +1,45 @@
 """Stage ``gate``: does a candidate build keep the accuracy of its baseline? A CI check.
 
-Two results files of one task are compared item by item (paired: both runs answered the same
-questions, so only the items where they disagree carry information). The verdict:
-
-* **fail** when the drop (baseline minus candidate accuracy, in points) exceeds ``max_drop``
-  *and* the difference is significant (exact McNemar test, p < ``alpha``), or when the candidate
-  scores below ``min_score``. Requiring both keeps the gate from flaking on noise: on a small
-  subset a few items changing sides can push the observed drop past the threshold, but then the
-  discordant counts are balanced enough that McNemar calls it chance. A real drop beyond the
-  threshold fails once the items show it. When the 95% interval of the drop is wider than
-  ``max_drop``, the table says that the subset is too small to resolve a drop of that size.
-* **cannot judge** (exit code 2) when the files are not comparable or not trustworthy: another
-  task, other settings or data, other item ids or prompts, incomplete runs, a malformed file,
-  non-finite numbers. The gate fails closed: nothing it cannot check passes.
-
-Thresholds come from the command line, else from ``eval/gates.yaml`` (the entry naming the two
-configs, else the file's per-task defaults).
+One pair of results files (``--baseline``/``--candidate``), or every gate of ``eval/gates.yaml`` on
+the results under the engines directory; the rules and the verdicts are ``gating``'s. The table
+shows each verdict; the exit status is 0 when every gate passed, 1 when one failed (a definite
+failure outranks the rest), 2 when one cannot be judged.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import logging
-import math
 from pathlib import Path
-from typing import Any, Literal
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtllm_pipeline import artifacts
-from trtllm_pipeline.errors import ConfigError, InputError
-from trtllm_pipeline.eval import RESULTS_SCHEMA
-from trtllm_pipeline.tasks.stats import PairedComparison, compare_paired
-
-log = logging.getLogger(__name__)
-
-TaskName = Literal["mmlu", "gsm8k"]
-DEFAULT_ALPHA = 0.05
+from trtllm_pipeline.errors import InputError, StageFailed
+from trtllm_pipeline.gating import GatesFile, Verdict, gate_pair, load_gates
 
 
-# --------------------------------------------------------------------------- gates.yaml
+def run(*, baseline: Path | None, candidate: Path | None, gates_path: Path, engines_dir: str | Path,
+        only: str | None, **limits: float | None) -> list[Verdict]:
+    """The verdicts of one pair (with ``baseline`` and ``candidate``) or of the gates file.
+
+    ``limits`` (max_drop, min_score, alpha) override the file's thresholds; with ``max_drop`` given,
+    a pair needs no gates file.
+    """
+    if baseline is not None and candidate is not None:
+        gates = load_gates(gates_path) if gates_path.is_file() or limits.get("max_drop") is None else None
+        return [gate_pair(baseline, candidate, gates=gates, **limits)]
+    verdicts = gate_all(load_gates(gates_path), engines_dir=engines_dir, only=only, **limits)
+    if not verdicts:
+        raise InputError(f"{gates_path}: no gates" + (f" with a baseline starting {only!r}" if only else "") + ".")
+    return verdicts
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class GateEntry(_Strict):
-    baseline: str = Field(description="config name of the reference build")
-    candidates: list[str] = Field(min_length=1, description="config names judged against it")
-    tasks: list[TaskName] = Field(default_factory=lambda: ["mmlu", "gsm8k"])
-    max_drop: dict[TaskName, float] = Field(default_factory=dict, description="points; overrides the defaults")
-    min_score: dict[TaskName, float] = Field(default_factory=dict, description="0..1; overrides the defaults")
-
-
-class GatesFile(_Strict):
-    alpha: float = Field(DEFAULT_ALPHA, gt=0, lt=1, description="significance level of the McNemar test")
-    max_drop: dict[TaskName, float] = Field(default_factory=dict, description="default allowed drop, points")
-    min_score: dict[TaskName, float] = Field(default_factory=dict, description="default absolute floor, 0..1")
-    gates: list[GateEntry] = Field(default_factory=list)
-
-    def entry(self, baseline: str, candidate: str) -> GateEntry | None:
-        return next((g for g in self.gates if g.baseline == baseline and candidate in g.candidates), None)
-
-
-def load_gates(path: Path) -> GatesFile:
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        return GatesFile.model_validate(data)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the gates file ({exc.strerror}).",
-                          fix="pass --gates FILE, or --max-drop on the command line") from None
-    except (yaml.YAMLError, ValidationError) as exc:
-        raise ConfigError(f"{path}: invalid gates file: {str(exc).splitlines()[0]} {_first_error(exc)}",
-                          fix="see the comments at the top of eval/gates.yaml") from None
-
-
-def _first_error(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        return f"({'.'.join(map(str, err['loc']))}: {err['msg']})"
-    return ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Thresholds:
-    max_drop: float  # points
-    min_score: float | None
-    alpha: float
-
-
-def thresholds(task: str, baseline: str, candidate: str, gates: GatesFile | None, *,
-               max_drop: float | None = None, min_score: float | None = None,
-               alpha: float | None = None) -> Thresholds:
-    """Command line first, then the gates file's entry for these configs, then its defaults."""
-    entry = gates.entry(baseline, candidate) if gates else None
-
-    def first(given: float | None, key: str) -> float | None:
-        found = [given] + [getattr(source, key).get(task) for source in (entry, gates) if source is not None]
-        return next((value for value in found if value is not None), None)
-
-    chosen_drop = first(max_drop, "max_drop")
-    if chosen_drop is None:
-        raise InputError(f"no max-drop for {task} ({candidate} vs {baseline}).",
-                         fix="pass --max-drop POINTS, or set it in the gates file (eval/gates.yaml)")
-    chosen_alpha = alpha if alpha is not None else (gates.alpha if gates else DEFAULT_ALPHA)
-    return Thresholds(float(chosen_drop), first(min_score, "min_score"), chosen_alpha)
-
-
-# --------------------------------------------------------------------------- results files
-
-
-def load_results(path: str | Path) -> dict[str, Any]:
-    """A results file that can be judged; InputError (cannot judge) for anything else."""
-    path = Path(path)
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the results file ({exc.strerror}).",
-                         fix="run `trtllm-pipeline eval` for that config first") from None
-    except ValueError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc}); the file is corrupt.", fix="re-run the eval") from None
-    problem = _results_problem(results)
-    if problem:
-        raise InputError(f"{path}: cannot judge these results: {problem}.", fix="re-run the eval for a complete file")
-    return results
-
-
-def _results_problem(r: Any) -> str | None:
-    if not isinstance(r, dict) or r.get("schema") != RESULTS_SCHEMA:
-        return f"not a results file of schema {RESULTS_SCHEMA}"
-    for key, kind in (("task", str), ("config", str), ("settings", dict), ("items", list), ("complete", bool)):
-        if not isinstance(r.get(key), kind):
-            return f"`{key}` is missing or not a {kind.__name__}"
-    score = r.get("score")
-    if not isinstance(score, (int, float)) or not math.isfinite(score) or not 0 <= score <= 1:
-        return f"`score` is {score!r}, not a finite number in 0..1"
-    if r["complete"] is not True:
-        return f"the run is incomplete (`complete: false`; {r.get('n')} of {r.get('n_selected')} items scored)"
-    items = r["items"]
-    if not items:
-        return "no items"
-    ids = set()
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-            return f"item {i} has no string `id`"
-        if not isinstance(item.get("correct"), bool):
-            return f"item {item['id']} has `correct` = {item.get('correct')!r}, not true/false"
-        if item["id"] in ids:
-            return f"item id {item['id']} appears twice"
-        ids.add(item["id"])
-    if r.get("n") != len(items):
-        return f"`n` is {r.get('n')!r} but the file holds {len(items)} items"
-    return None
-
-
-# --------------------------------------------------------------------------- judging
-
-
-@dataclasses.dataclass
-class Verdict:
-    task: str
-    baseline: str  # config names
-    candidate: str
-    comparison: PairedComparison | None
-    limits: Thresholds | None
-    status: Literal["pass", "fail", "cannot judge"]
-    reason: str
-    notes: list[str] = dataclasses.field(default_factory=list)
-
-
-def judge(baseline: dict[str, Any], candidate: dict[str, Any], limits: Thresholds) -> Verdict:
-    """Compare two loaded results files; InputError when they cannot be compared."""
-    b_name, c_name = baseline["config"], candidate["config"]
-    if baseline["task"] != candidate["task"]:
-        raise InputError(f"the baseline is {baseline['task']} and the candidate {candidate['task']}: different tasks.")
-    task = baseline["task"]
-    differ = sorted(k for k in set(baseline["settings"]) | set(candidate["settings"])
-                    if baseline["settings"].get(k) != candidate["settings"].get(k))
-    if differ:
-        shown = "; ".join(f"{k}: {baseline['settings'].get(k)!r} vs {candidate['settings'].get(k)!r}" for k in differ)
-        raise InputError(f"{task}: {c_name} and {b_name} ran with different settings ({shown}).",
-                         fix="re-run both evals with the same --limit, data and evaluation settings")
-    base_items = {it["id"]: it for it in baseline["items"]}
-    cand_items = {it["id"]: it for it in candidate["items"]}
-    if base_items.keys() != cand_items.keys():
-        missing, extra = sorted(base_items.keys() - cand_items.keys()), sorted(cand_items.keys() - base_items.keys())
-        raise InputError(f"{task}: the two runs hold different items: the candidate lacks {len(missing)} of the "
-                         f"baseline's ({', '.join(missing[:3]) or '-'}) and has {len(extra)} others "
-                         f"({', '.join(extra[:3]) or '-'}).", fix="compare runs over the same selection of items")
-    for key in ("target", "prompt_sha256"):
-        changed = [i for i, it in base_items.items() if it.get(key) != cand_items[i].get(key)]
-        if changed:
-            raise InputError(f"{task}: {len(changed)} items differ in `{key}` between the runs (e.g. {changed[0]}); "
-                             "they did not see the same questions or prompts.",
-                             fix="re-run both evals with the same data and engine input limits")
-    notes = [f"{r['config']}: header score {r['score']:.4f} disagrees with its items "
-             f"({sum(it['correct'] for it in r['items']) / len(r['items']):.4f}); judging the items"
-             for r in (baseline, candidate)
-             if abs(r["score"] - sum(it["correct"] for it in r["items"]) / len(r["items"])) > 1e-9]
-    order = list(base_items)
-    cmp = compare_paired([base_items[i]["correct"] for i in order], [cand_items[i]["correct"] for i in order])
-    status, reason = _decide(cmp, limits)
-    half_width = (cmp.drop_ci95[1] - cmp.drop_ci95[0]) / 2
-    if half_width > limits.max_drop:
-        notes.append(f"{task}: the drop's 95% interval is ±{half_width:.1f} points on {cmp.n} items, wider than "
-                     f"max-drop {limits.max_drop:g}: too few items to resolve a drop of that size")
-    if baseline.get("model") != candidate.get("model"):
-        notes.append(f"{task}: different models ({baseline.get('model')} vs {candidate.get('model')})")
-    return Verdict(task, b_name, c_name, cmp, limits, status, reason, notes)
-
-
-def _decide(cmp: PairedComparison, limits: Thresholds) -> tuple[Literal["pass", "fail"], str]:
-    if limits.min_score is not None and cmp.candidate_score < limits.min_score:
-        return "fail", f"score {100 * cmp.candidate_score:.2f} below min-score {100 * limits.min_score:.2f}"
-    if cmp.drop > limits.max_drop:
-        if cmp.p_value < limits.alpha:
-            return "fail", f"drop {cmp.drop:.2f} > {limits.max_drop:g} points, significant (p={cmp.p_value:.2g})"
-        return "pass", f"drop {cmp.drop:.2f} > {limits.max_drop:g} points but within noise (p={cmp.p_value:.2g})"
-    return "pass", f"drop {cmp.drop:.2f} <= {limits.max_drop:g} points"
-
-
-def gate_pair(baseline_path: str | Path, candidate_path: str | Path, *, gates: GatesFile | None,
-              max_drop: float | None = None, min_score: float | None = None,
-              alpha: float | None = None) -> Verdict:
-    baseline, candidate = load_results(baseline_path), load_results(candidate_path)
-    limits = thresholds(baseline["task"], baseline["config"], candidate["config"], gates,
-                        max_drop=max_drop, min_score=min_score, alpha=alpha)
-    return judge(baseline, candidate, limits)
+def check(verdicts: list[Verdict]) -> str:
+    """The closing line when every gate passed; else StageFailed (exit 1) or InputError (exit 2)."""
+    failed = [v for v in verdicts if v.status == "fail"]
+    unjudged = [v for v in verdicts if v.status == "cannot judge"]
+    if failed:
+        raise StageFailed("accuracy gate failed: " + "; ".join(f"{v.task} {v.candidate}: {v.reason}" for v in failed))
+    if unjudged:
+        raise InputError("cannot judge: " + "; ".join(f"{v.task} {v.candidate}: {v.reason}" for v in unjudged))
+    return "gate passed"
 
 
 def gate_all(gates: GatesFile, *, engines_dir: str | Path = "engines", only: str | None = None,
@@ -243,8 +53,8 @@ def gate_all(gates: GatesFile, *, engines_dir: str | Path = "engines", only: str
             continue
         for candidate in entry.candidates:
             for task in entry.tasks:
-                base_path = artifacts.artifact_paths(engines_dir, entry.baseline).eval / f"{task}.json"
-                cand_path = artifacts.artifact_paths(engines_dir, candidate).eval / f"{task}.json"
+                base_path = artifacts.artifact_paths(engines_dir, entry.baseline).eval_results(task)
+                cand_path = artifacts.artifact_paths(engines_dir, candidate).eval_results(task)
                 try:
                     verdicts.append(gate_pair(base_path, cand_path, gates=gates, **limits))
                 except InputError as exc:
@@ -252,7 +62,7 @@ def gate_all(gates: GatesFile, *, engines_dir: str | Path = "engines", only: str
     return verdicts
 
 
-# --------------------------------------------------------------------------- report
+# --------------------------------------------------------------------------- the table
 
 
 COLUMNS = ("task", "candidate", "baseline", "n", "base %", "cand %", "drop", "drop 95% CI", "McNemar p",

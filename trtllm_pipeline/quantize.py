@@ -22,7 +22,8 @@ from trtllm_pipeline import artifacts, calibration, checkpoint
 from trtllm_pipeline.config import BuildConfig, check_against_model
 from trtllm_pipeline.console import quiet
 from trtllm_pipeline.errors import StageFailed
-from trtllm_pipeline.model_source import ResolvedModel, known_shape, resolve_model
+from trtllm_pipeline.machine import package_version
+from trtllm_pipeline.model.source import ResolvedModel, known_shape, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ class QuantizeResult:
     hf_checkpoint_dir: Path | None
     manifest: dict[str, Any]
     cache_hit: bool
+
+    def summary(self) -> str:
+        status = "cache hit" if self.cache_hit else "quantized"
+        return f"{status}: {self.checkpoint_dir}" + (f" (+ {self.hf_checkpoint_dir})" if self.hf_checkpoint_dir else "")
 
 
 def quantize(cfg: BuildConfig, *, engines_dir: str | Path = "engines", force: bool = False) -> QuantizeResult:
@@ -102,7 +107,7 @@ def _inputs(cfg: BuildConfig, model: ResolvedModel, paths: artifacts.ArtifactPat
         "parallelism": cfg.section("parallelism"),
         "calibration_data": calibration.data_fingerprint(cfg.quantization.calibration)
         if cfg.quantization.needs_calibration else None,
-        "export": {"revision": EXPORT_REVISION, "modelopt": artifacts.package_versions("nvidia-modelopt")["nvidia-modelopt"]},
+        "export": {"revision": EXPORT_REVISION, "modelopt": package_version("nvidia-modelopt")},
     }
 
 
@@ -158,8 +163,7 @@ def _run(cfg, model: ResolvedModel, paths, inputs, inputs_hash) -> QuantizeResul
     write_hf = q.format != "none" and q.export_hf_checkpoint
     versions = artifacts.package_versions("torch", "transformers", "nvidia-modelopt", "datasets", "safetensors")
     common = {
-        "stage": "quantize",
-        "config": {"name": cfg.name, "path": str(cfg.path) if cfg.path else None},
+        **artifacts.stage_header("quantize", cfg),
         "inputs": inputs,
         "inputs_hash": inputs_hash,
         "source": {"kind": model.kind, "model_dir": str(model.model_dir)},
@@ -239,7 +243,7 @@ def _export_trtllm(cfg: BuildConfig, model, source: ResolvedModel, out: Path) ->
                                        pp=cfg.parallelism.pp,
                                        kv_cache_quant_algo=cfg.quantization.kv_cache_quant_algo)
     (out / "config.json").write_text(json.dumps(fixed, indent=2) + "\n")
-    _copy_tokenizer(source.model_dir, out / "tokenizer")
+    _copy_tokenizer(source.model_dir, artifacts.checkpoint_tokenizer(out))
     # The export must match what every later stage expects; check it before it is published.
     checkpoint.load_rank_files(out, fixed)
 

@@ -12,26 +12,23 @@ the lowest load, the reference recipe's table; accuracy against inter-token late
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from trtllm_pipeline import artifacts, cost, gate
-from trtllm_pipeline.bench import RESULTS_SCHEMA as BENCH_SCHEMA
-from trtllm_pipeline.bench import level_label
+from trtllm_pipeline import artifacts, cost, gating
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import PipelineError
-from trtllm_pipeline.tasks import TASK_NAMES
+from trtllm_pipeline.results import is_bench, level_label, read_json
+from trtllm_pipeline.tasks.registry import TASKS
 
 log = logging.getLogger(__name__)
 
 NOT_MEASURED = "not measured"
 CPU = "none (CPU)"
 COST_NOT_APPLICABLE = "n/a (CPU)"
-TASK_LABELS = {"mmlu": "MMLU", "gsm8k": "GSM8K"}
 DTYPE_LABELS = {"bfloat16": "BF16", "float16": "FP16"}
+MARKERS = ("o", "s", "^", "D", "v")  # one per task in the accuracy plot, in registry order
 PLOTS = {
     "latency": "latency_vs_concurrency.png",
     "itl": "itl_by_build.png",
@@ -46,7 +43,7 @@ class BuildData:
     cfg: BuildConfig
     engine: dict[str, Any] | None
     evals: dict[str, dict[str, Any]]
-    gate: list[Any]  # gate.Verdict of this build as a candidate, one per task it has results for
+    gate: list[Any]  # gating.Verdict of this build as a candidate, one per task it has results for
     gate_role: str | None  # "baseline", "candidate", or None when no gate names it
     bench: dict[str, Any] | None
     bench_path: Path | None
@@ -81,6 +78,11 @@ class ReportResult:
     plots: list[Path]
     builds: list[BuildData]
 
+    def summary(self) -> str:
+        measured = sum(1 for b in self.builds if b.bench or b.evals)
+        return (f"report: {self.path} ({len(self.builds)} builds, {measured} with measurements; plots: "
+                + ", ".join(p.name for p in self.plots) + ")")
+
 
 def report(configs: Sequence[BuildConfig], *, engines_dir: str | Path = "engines", out_dir: str | Path = "reports",
            gates_file: Path | None = None, gpu_hour_usd: float = cost.DEFAULT_GPU_HOUR_USD,
@@ -93,30 +95,31 @@ def report(configs: Sequence[BuildConfig], *, engines_dir: str | Path = "engines
     cost.estimate(1.0, gpus=1, gpu_hour_usd=gpu_hour_usd, request_output_tokens=request_tokens)  # validate early
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    gates = gate.load_gates(gates_file) if gates_file else None
+    gates = gating.load_gates(gates_file) if gates_file else None
     builds = [gather(cfg, engines_dir, gates) for cfg in configs]
     plots = [plot_latency(builds, out_dir / PLOTS["latency"]), plot_itl(builds, out_dir / PLOTS["itl"]),
              plot_accuracy(builds, out_dir / PLOTS["accuracy"])]
     text = render_markdown(builds, engines_dir=Path(engines_dir), gpu_hour_usd=gpu_hour_usd,
                            request_tokens=request_tokens)
     path = out_dir / "report.md"
-    _replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    with artifacts.atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
     return ReportResult(path, plots, builds)
 
 
 # --------------------------------------------------------------------------- gathering
 
 
-def gather(cfg: BuildConfig, engines_dir: str | Path, gates: gate.GatesFile | None = None) -> BuildData:
+def gather(cfg: BuildConfig, engines_dir: str | Path, gates: gating.GatesFile | None = None) -> BuildData:
     paths = artifacts.artifact_paths(engines_dir, cfg.name)
     evals = {}
-    for task in TASK_NAMES:
-        results = _read_json(paths.eval / f"{task}.json")
+    for task in TASKS:
+        results = read_json(paths.eval_results(task))
         if results and results.get("task") == task and results.get("n"):
             evals[task] = results
     bench_path = latest_bench(paths.bench)
-    bench = _read_json(bench_path) if bench_path else None
-    if bench_path and (bench is None or bench.get("schema") != BENCH_SCHEMA or not isinstance(bench.get("summary"), list)):
+    bench = read_json(bench_path) if bench_path else None
+    if bench_path and not is_bench(bench):
         log.warning("report: %s is not a bench results file this version reads; shown as not measured", bench_path)
         bench = None
     verdicts, role = gate_verdicts(cfg.name, evals, gates, engines_dir)
@@ -132,7 +135,7 @@ def latest_bench(bench_dir: Path) -> Path | None:
     return max(files, key=lambda p: p.stat().st_mtime) if files else None
 
 
-def gate_verdicts(name: str, evals: dict[str, Any], gates: gate.GatesFile | None,
+def gate_verdicts(name: str, evals: dict[str, Any], gates: gating.GatesFile | None,
                   engines_dir: str | Path) -> tuple[list[Any], str | None]:
     """This build's verdicts as a gate candidate (tasks it has results for), and its role."""
     if gates is None:
@@ -145,20 +148,12 @@ def gate_verdicts(name: str, evals: dict[str, Any], gates: gate.GatesFile | None
     verdicts = []
     for entry in entries:
         for task in (t for t in entry.tasks if t in evals):
-            paths = [artifacts.artifact_paths(engines_dir, n).eval / f"{task}.json" for n in (entry.baseline, name)]
+            paths = [artifacts.artifact_paths(engines_dir, n).eval_results(task) for n in (entry.baseline, name)]
             try:
-                verdicts.append(gate.gate_pair(*paths, gates=gates))
+                verdicts.append(gating.gate_pair(*paths, gates=gates))
             except PipelineError as exc:
-                verdicts.append(gate.Verdict(task, entry.baseline, name, None, None, "cannot judge", exc.message))
+                verdicts.append(gating.Verdict(task, entry.baseline, name, None, None, "cannot judge", exc.message))
     return verdicts, "candidate"
-
-
-def _read_json(path: Path | None) -> dict[str, Any] | None:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8")) if path else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 # --------------------------------------------------------------------------- cells
@@ -166,6 +161,10 @@ def _read_json(path: Path | None) -> dict[str, Any] | None:
 
 def fmt(value: float | None, spec: str = ".1f", missing: str = NOT_MEASURED) -> str:
     return missing if value is None else format(value, spec)
+
+
+def _label(task: str) -> str:
+    return TASKS[task].label if task in TASKS else task
 
 
 def runtime_cell(b: BuildData) -> str:
@@ -203,7 +202,7 @@ def gate_cell(b: BuildData, detail: bool = False) -> str:
         return NOT_MEASURED
     parts = []
     for v in b.gate:
-        text = f"{TASK_LABELS.get(v.task, v.task)} {v.status.upper() if v.status == 'fail' else v.status}"
+        text = f"{_label(v.task)} {v.status.upper() if v.status == 'fail' else v.status}"
         parts.append(text + (f" ({v.reason})" if detail or v.status == "cannot judge" else ""))
     return ", ".join(parts) + f" vs {b.gate[0].baseline}"
 
@@ -248,13 +247,13 @@ def render_markdown(builds: Sequence[BuildData], *, engines_dir: Path, gpu_hour_
         est = cost_of(b, peak, gpu_hour_usd, request_tokens)
         rows.append([
             b.name, b.precision, b.cfg.parallelism.tp, runtime_cell(b), device_cell(b),
-            accuracy_cell(b, "mmlu"), accuracy_cell(b, "gsm8k"), gate_cell(b),
+            *(accuracy_cell(b, task) for task in TASKS), gate_cell(b),
             fmt(low["ttft_ms"]["p50"] if low else None), fmt(low["itl_ms"]["p50"] if low else None, ".2f"),
             fmt(peak["output_tokens_per_s"] if peak else None),
             *cost_cells(b, est, (("usd_per_1m_output_tokens", ".2f"), ("usd_per_request", ".4f"))),
         ])
-    lines += _table(["build", "precision", "TP", "runtime", "GPU", "MMLU", "GSM8K", "gate", "TTFT ms", "ITL ms",
-                     "tokens/s", "$/1M tokens", "$/request"], rows)
+    lines += _table(["build", "precision", "TP", "runtime", "GPU", *(t.label for t in TASKS.values()), "gate",
+                     "TTFT ms", "ITL ms", "tokens/s", "$/1M tokens", "$/request"], rows)
     lines += ["", "## Plots", ""]
     lines += [f"![latency against concurrency]({PLOTS['latency']})", "",
               f"![inter-token latency by build]({PLOTS['itl']})", "",
@@ -276,8 +275,7 @@ def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> li
                           f"sequence {cfg.build.max_seq_len} tokens"),
         ("runtime", runtime_cell(b) + (f" ({reason})" if reason else "")),
         ("GPU", device_cell(b)),
-        ("MMLU", accuracy_cell(b, "mmlu", detail=True)),
-        ("GSM8K", accuracy_cell(b, "gsm8k", detail=True)),
+        *((t.label, accuracy_cell(b, t.name, detail=True)) for t in TASKS.values()),
         ("gate", gate_cell(b, detail=True)),
     ]
     if b.bench:
@@ -322,7 +320,8 @@ def _save(plt, fig, path: Path, missing: Sequence[str]) -> Path:
     if missing:
         fig.text(0.01, 0.01, f"{NOT_MEASURED}: " + ", ".join(missing), fontsize=7, color="dimgray", va="bottom")
     fig.tight_layout(rect=(0, 0.04 if missing else 0, 1, 1))
-    _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    with artifacts.atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -379,7 +378,8 @@ def plot_itl(builds: Sequence[BuildData], path: Path) -> Path:
 
 def plot_accuracy(builds: Sequence[BuildData], path: Path) -> Path:
     plt, fig, (ax,) = _figure()
-    missing, markers, labelled = [], {"mmlu": "o", "gsm8k": "s"}, set()
+    missing, labelled = [], set()
+    markers = dict(zip(TASKS, MARKERS))
     for b in builds:
         low = b.lowest_load()
         itl = low["itl_ms"]["p50"] if low else None
@@ -387,10 +387,10 @@ def plot_accuracy(builds: Sequence[BuildData], path: Path) -> Path:
             missing.append(b.name)
             continue
         for task, results in b.evals.items():
-            label = None if task in labelled else TASK_LABELS.get(task, task)
+            label = None if task in labelled else _label(task)
             labelled.add(task)
             ax.scatter(itl, 100 * results["score"], marker=markers.get(task, "^"), color="tab:blue", label=label)
-            ax.annotate(f"{b.name} {TASK_LABELS.get(task, task)}", (itl, 100 * results["score"]), fontsize=7,
+            ax.annotate(f"{b.name} {_label(task)}", (itl, 100 * results["score"]), fontsize=7,
                         xytext=(4, 2), textcoords="offset points")
     ax.set_xlabel("inter-token latency at the lowest concurrency, p50 (ms)")
     ax.set_ylabel("accuracy (%)")
@@ -401,13 +401,3 @@ def plot_accuracy(builds: Sequence[BuildData], path: Path) -> Path:
     if len(missing) == len(builds):
         ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
     return _save(plt, fig, path, missing)
-
-
-def _replace_atomically(path: Path, write) -> None:
-    """Write through a temporary name in the same directory, then rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

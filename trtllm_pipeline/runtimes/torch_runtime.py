@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from trtllm_pipeline import checkpoint
+from trtllm_pipeline import artifacts, checkpoint
 from trtllm_pipeline.errors import InputError, UnavailableError
 from trtllm_pipeline.runtimes import sampling
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
@@ -133,7 +133,7 @@ class TorchRuntime(Runtime):
             dtype = None if resolve_device(device or rt.device).type == "cuda" else "float32"
         if rt.kernel_cache_dir:  # where Triton keeps compiled kernels between processes
             os.environ.setdefault("TRITON_CACHE_DIR", str(Path(rt.kernel_cache_dir).expanduser()))
-        return cls(ckpt, ckpt / "tokenizer", device=device or rt.device,
+        return cls(ckpt, artifacts.checkpoint_tokenizer(ckpt), device=device or rt.device,
                    max_batch_size=cfg.build.max_batch_size, max_seq_len=cfg.build.max_seq_len,
                    max_input_len=cfg.build.max_input_len, dtype=dtype, fast_decode=rt.fast_decode,
                    cuda_graphs=rt.cuda_graphs, graph_batch_sizes=rt.graph_batch_sizes,

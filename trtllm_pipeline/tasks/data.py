@@ -5,7 +5,8 @@ Local layouts accepted, under DIR/<task>/ or DIR itself:
 * MMLU, the original CSV release: ``test/<subject>_test.csv`` and ``dev/<subject>_dev.csv``, no
   header, ``question,A,B,C,D,answer``. Read with Python's csv module: fields hold quoted newlines
   and CRLFs, and a type-guessing reader would turn choices such as ``None`` or ``1.0`` into
-  something else. CRLF inside a field becomes LF, so CSV and hub copies give the same prompts.
+  something else. Field text is kept verbatim, CRLFs included (college_mathematics' dev row 2 has
+  three), as lm-evaluation-harness keeps them: a changed character is a different prompt from lm-eval's.
 * MMLU or GSM8K as parquet/jsonl (a hub snapshot such as ``all/test-*.parquet`` or plain
   ``test.jsonl``; MMLU rows need ``subject, question, choices, answer``), read with ``datasets``.
 
@@ -60,7 +61,7 @@ def _mmlu_csv(root: Path, split: str) -> list[dict]:
                 if len(fields) != 6 or fields[5].strip() not in LETTERS:
                     raise InputError(f"{path}, record {number}: expected 6 fields ending in an answer letter A-D, "
                                      f"got {len(fields)} fields.", fix="use the original MMLU CSV release")
-                question, *choices, answer = (_lf(x) for x in fields)
+                question, *choices, answer = fields
                 rows.append({"subject": subject, "question": question, "choices": choices, "answer": answer.strip()})
     return rows
 
@@ -75,12 +76,8 @@ def _mmlu_row(row: dict[str, Any], where: str) -> dict:
     if letter not in LETTERS or len(row["choices"]) != 4:
         raise InputError(f"{where}: an MMLU row has answer {answer!r} and {len(row['choices'])} choices; "
                          "expected 4 choices and an answer 0-3 or A-D.")
-    return {"subject": row["subject"], "question": _lf(row["question"]), "choices": [_lf(c) for c in row["choices"]],
+    return {"subject": row["subject"], "question": str(row["question"]), "choices": [str(c) for c in row["choices"]],
             "answer": letter}
-
-
-def _lf(text: Any) -> str:
-    return str(text).replace("\r\n", "\n")
 
 
 # --------------------------------------------------------------------------- GSM8K

@@ -29,7 +29,9 @@ from typing import Any, Sequence
 
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.base import SamplingParams
-from trtllm_pipeline.tasks import Item, TaskData, data, prompt_sha256, tokens
+from trtllm_pipeline.tasks import data, tokens
+from trtllm_pipeline.tasks.base import Item, Task, TaskData, prompt_sha256
+from trtllm_pipeline.tasks.model import LanguageModel
 from trtllm_pipeline.tasks.stats import summarize
 
 LM_EVAL_SHOTS = 5
@@ -172,10 +174,10 @@ def extract_reasoning(output: str, opened_think: bool) -> tuple[str | None, str 
 # --------------------------------------------------------------------------- generation
 
 
-def run(runtime, items: Sequence[Item], task_data: TaskData, settings: dict, *, batch_size: int, input_limit: int,
-        progress) -> list[dict]:
+def run(model: LanguageModel, items: Sequence[Item], task_data: TaskData, settings: dict, *, batch_size: int,
+        input_limit: int, progress) -> list[dict]:
     """Generate greedily for every item, ``batch_size`` requests in flight per ``generate`` call."""
-    tok = runtime.tokenizer
+    tok = model.tokenizer
     params = SamplingParams(max_tokens=settings["max_new_tokens"], temperature=0.0,
                             stop_words=tuple(settings["stop"]))
     pool = exemplars(task_data.fewshot["train"], settings["seed"]) if settings["mode"] == "lm-eval" else []
@@ -190,7 +192,7 @@ def run(runtime, items: Sequence[Item], task_data: TaskData, settings: dict, *, 
             ready.append(prepared)
     for start in range(0, len(ready), batch_size):
         chunk = ready[start : start + batch_size]
-        for p, completion in zip(chunk, runtime.generate([p["ids"] for p in chunk], params)):
+        for p, completion in zip(chunk, model.generate([p["ids"] for p in chunk], params)):
             records[p["record"]["id"]] = _record(p, completion, settings["mode"])
         progress.update(len(chunk))
     return [records[item.id] for item in items]
@@ -230,3 +232,7 @@ def subscores(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
     scored = [r for r in records if r.get("correct") is not None]
     return {"filter": {"strict-match": summarize([r["correct"] for r in scored]),
                        "flexible-extract": summarize([r["correct_flexible"] for r in scored])}}
+
+
+TASK = Task(name="gsm8k", label="GSM8K", settings=settings, load=load, run=run, subscores=subscores,
+            max_drop=2.0, demo_limits=(4, 2))

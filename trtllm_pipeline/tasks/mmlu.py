@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.tasks import Item, TaskData, data, prompt_sha256, tokens
+from trtllm_pipeline.tasks import data, tokens
+from trtllm_pipeline.tasks.base import Item, Task, TaskData, prompt_sha256
+from trtllm_pipeline.tasks.model import LanguageModel
 from trtllm_pipeline.tasks.stats import summarize
 
 SHOTS = 5
@@ -99,15 +101,15 @@ def build_prompt(doc: dict, exemplars: Sequence[dict], shots: int = SHOTS) -> st
 # --------------------------------------------------------------------------- scoring
 
 
-def run(runtime, items: Sequence[Item], task_data: TaskData, settings: dict, *, batch_size: int, input_limit: int,
-        progress) -> list[dict]:
-    """Score every item; one ``runtime.score`` call per ``batch_size`` questions of one subject.
+def run(model: LanguageModel, items: Sequence[Item], task_data: TaskData, settings: dict, *, batch_size: int,
+        input_limit: int, progress) -> list[dict]:
+    """Score every item; one ``model.score`` call per ``batch_size`` questions of one subject.
 
     Questions of one subject share the description and few-shot block, so each call's contexts
-    share a long token prefix (the runtime computes it once), and the four letters of one
+    share a long token prefix (an in-process runtime computes it once), and the four letters of one
     question share the whole context.
     """
-    tok = runtime.tokenizer
+    tok = model.tokenizer
     by_subject: dict[str, list[Item]] = {}
     for item in items:
         by_subject.setdefault(item.doc["subject"], []).append(item)
@@ -121,7 +123,7 @@ def run(runtime, items: Sequence[Item], task_data: TaskData, settings: dict, *, 
         ready.sort(key=lambda p: len(p["context"]))  # similar lengths per runtime batch: less padding
         for start in range(0, len(ready), batch_size):
             chunk = ready[start : start + batch_size]
-            scores = runtime.score([p["context"] for p in chunk for _ in LETTERS],
+            scores = model.score([p["context"] for p in chunk for _ in LETTERS],
                                    [c for p in chunk for c in p["letters"]])
             for i, p in enumerate(chunk):
                 logprobs = [lp for lp, _ in scores[4 * i : 4 * i + 4]]
@@ -178,3 +180,5 @@ def subscores(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
             "subject": {s: summarize(v) for s, v in sorted(by_subject.items())}}
 
 
+TASK = Task(name="mmlu", label="MMLU", settings=settings, load=load, run=run, subscores=subscores,
+            max_drop=1.0, demo_limits=(20, 4))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
-from trtllm_pipeline.tasks import Item
+from trtllm_pipeline.tasks.base import Item
 
 
 def item_rank(seed: int, item_id: str) -> str:

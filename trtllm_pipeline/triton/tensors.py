@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.generate import encode_prompt
+from trtllm_pipeline.chat import encode_prompt
 
 
 class RequestError(ValueError):

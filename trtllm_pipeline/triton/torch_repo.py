@@ -3,7 +3,7 @@
 It declares the subset of TensorRT-LLM's ``tensorrt_llm`` inputs that the ensemble feeds, with the
 same names, types and dims, and the same outputs plus ``output_text`` (each response's exact text,
 see ``repository``). The model itself is ``python_models/tensorrt_llm_torch/model.py``; it loads the
-engine with ``runtimes.load_runtime`` from the build config written beside it.
+engine with ``runtimes.registry.load_runtime`` from the build config written beside it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig, config_from_dict
 from trtllm_pipeline.triton import model_config as mc
 from trtllm_pipeline.triton.model_config import tensor
-from trtllm_pipeline.triton.repository import LOGITS_DATATYPE, TRTLLM_INPUTS, dynamic_batching
+from trtllm_pipeline.triton.contract import LOGITS_DATATYPE, TRTLLM_INPUTS, dynamic_batching
 
 BUILD_CONFIG_FILE = "build_config.json"
 HONOURED_INPUTS = ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "stop_words_list",

@@ -16,7 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
-from trtllm_pipeline.triton.repository import CLIENT_INPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
+from trtllm_pipeline.triton.contract import CLIENT_INPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
 from trtllm_pipeline.triton.tensors import per_row, string_parameters, texts
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

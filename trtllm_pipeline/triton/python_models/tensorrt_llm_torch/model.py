@@ -9,7 +9,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from trtllm_pipeline.runtimes import load_runtime
+from trtllm_pipeline.runtimes.registry import load_runtime
 from trtllm_pipeline.triton import torch_repo
 from trtllm_pipeline.triton.tensors import string_parameters
 from trtllm_pipeline.triton.torch_server import TorchModelServer

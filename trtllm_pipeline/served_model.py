@@ -1,4 +1,4 @@
-"""A deployed model (Triton's ``ensemble``, through ``client.TritonClient``) as the tasks see a runtime.
+"""A deployed model (Triton's ``ensemble``, through ``client.TritonClient``) as a ``tasks.model.LanguageModel``.
 
 ``eval --url`` judges what is served, so the gate can compare it with an in-process run: the same
 items, prompts and settings. The tasks hand over token ids; the client speaks text and the server
@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
+from trtllm_pipeline.client import TritonClient
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.base import Completion, SamplingParams
 from trtllm_pipeline.tasks import tokens
@@ -25,8 +26,6 @@ class ServedModel:
 
     def __init__(self, url: str, protocol: str, tokenizer, *, max_input_len: int, max_seq_len: int,
                  concurrency: int):
-        from trtllm_pipeline.client import TritonClient
-
         self.url, self.protocol, self.tokenizer = url, protocol, tokenizer
         self.max_input_len, self.max_seq_len = max_input_len, max_seq_len
         self._local = threading.local()
@@ -71,8 +70,6 @@ class ServedModel:
     def _client(self):
         client = getattr(self._local, "client", None)
         if client is None:
-            from trtllm_pipeline.client import TritonClient
-
             client = self._local.client = TritonClient(self.url, self.protocol)
             with self._lock:
                 self._clients.append(client)

@@ -2,7 +2,7 @@
 
 Three kinds of source, all ending as an ordinary HF directory that later stages treat alike:
 a hub id (downloaded with huggingface_hub into HF_HOME's cache, honouring HF_HUB_OFFLINE),
-a local directory, or ``builtin:<name>`` (generated here, see ``builtin_models``).
+a local directory, or ``builtin:<name>`` (generated here, see ``model.builtin``).
 """
 
 from __future__ import annotations
@@ -11,11 +11,14 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trtllm_pipeline import builtin_models
-from trtllm_pipeline.config import ModelSection
 from trtllm_pipeline.errors import ConfigError, InputError, UnavailableError
-from trtllm_pipeline.model_catalog import KNOWN_MODELS, ModelShape
+from trtllm_pipeline.model import builtin
+from trtllm_pipeline.model.catalog import KNOWN_MODELS, ModelShape
+
+if TYPE_CHECKING:
+    from trtllm_pipeline.config import ModelSection
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +38,16 @@ class ResolvedModel:
         return ModelShape.from_model_dir(self.model_dir)
 
 
-def resolve_model(model: ModelSection) -> ResolvedModel:
+def resolve_model(model: "ModelSection") -> ResolvedModel:
     """Return the model's directory, downloading or generating it when needed."""
     if model.is_builtin:
-        name = model.source.removeprefix(builtin_models.BUILTIN_PREFIX)
-        if name not in builtin_models.BUILTIN_MODELS:
+        name = model.source.removeprefix(builtin.BUILTIN_PREFIX)
+        if name not in builtin.BUILTIN_MODELS:
             raise ConfigError(
                 f"model.source: unknown built-in model {model.source!r}.",
-                fix=f"use one of {', '.join('builtin:' + n for n in builtin_models.BUILTIN_MODELS)}",
+                fix=f"use one of {', '.join('builtin:' + n for n in builtin.BUILTIN_MODELS)}",
             )
-        return ResolvedModel(model.source, "builtin", builtin_models.builtin_model_dir(name))
+        return ResolvedModel(model.source, "builtin", builtin.builtin_model_dir(name))
     if model.is_local:
         path = Path(os.path.expanduser(model.source)).resolve()
         _check_local_dir(path)
@@ -52,7 +55,7 @@ def resolve_model(model: ModelSection) -> ResolvedModel:
     return ResolvedModel(model.source, "hub", _download(model.source, model.revision), model.revision)
 
 
-def known_shape(model: ModelSection) -> ModelShape | None:
+def known_shape(model: "ModelSection") -> ModelShape | None:
     """The model's architecture without downloading anything, when it can be known."""
     if model.is_builtin:
         try:

@@ -21,6 +21,7 @@ import json
 import time
 from typing import Any, Iterator
 
+from trtllm_pipeline.client import TritonClient
 from trtllm_pipeline.errors import InputError, UnavailableError
 
 PROTOCOLS = ("triton-grpc", "triton-http", "openai")
@@ -59,8 +60,6 @@ class TritonStreamClient:
     """The deployment's own client (``client.TritonClient``), timing each streamed response."""
 
     def __init__(self, url: str, protocol: str, model: str, timeout_s: float):
-        from trtllm_pipeline.client import TritonClient
-
         self.client = TritonClient(url, protocol, model, timeout_s)  # checks the model is ready
 
     def generate(self, prompt: str, output_tokens: int) -> Streamed:

@@ -1,0 +1,151 @@
+"""The package's shape (docs/architecture.md), kept from drifting: layers, no cycles, plug-ins that agree.
+
+The import graph is read from the source by ``tools/import_graph.py`` (imports inside functions
+counted too: such an import may save start-up time, never dodge a cycle), and every module is
+imported on its own in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import importlib.util
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("import_graph", REPO / "tools" / "import_graph.py")
+import_graph = sys.modules["import_graph"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_graph)
+
+# Lowest first; a module may import its own layer and the layers below, never one above.
+LAYERS = [
+    ("core", ["errors", "machine", "console", "cost", "chat", "results", "artifacts", "runtimes", "runtimes.base",
+              "model", "model.catalog", "model.builtin", ""]),
+    ("tasks", ["tasks", "tasks.*"]),
+    ("config", ["config"]),
+    ("services", ["checkpoint", "calibration", "model.source", "endpoints", "client", "served_model", "gating",
+                  "triton", "triton.*"]),
+    ("backends", ["runtimes.*"]),
+    ("stages", ["quantize", "build", "generate", "eval", "gate", "deploy", "serve", "bench", "bench.*", "report",
+                "doctor"]),
+    ("orchestrators", ["__main__", "cli", "demo"]),
+]
+# A stage never imports another stage, except the one whose artifact it re-makes when stale.
+UPSTREAM = {"build": {"quantize"}, "serve": {"deploy"}}
+# The stages that must ask the selected backend instead of naming one.
+BACKEND_NEUTRAL = ("build", "deploy", "serve")
+# GPU-only packages a module may import at its top (a CUDA kernel module): missing here, the module is
+# not importable, which is not a fault of the package's shape.
+OPTIONAL_PACKAGES = ("tensorrt_llm", "triton")
+
+EDGES = import_graph.edges()
+MODULES = sorted(import_graph.module_files())
+
+
+def layer(module: str) -> int:
+    for rank, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
+            return rank
+    raise AssertionError(f"{module} has no layer: add it to LAYERS here and to docs/architecture.md")
+
+
+def stage(module: str) -> str | None:
+    """The stage a module belongs to (``bench.load`` is part of ``bench``), or None."""
+    top = module.split(".")[0]
+    return top if LAYERS[layer(module)][0] == "stages" else None
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        layer(module)
+
+
+def test_no_import_cycle_not_even_through_imports_inside_functions():
+    assert import_graph.cycles(import_graph.graph(all_imports=True)) == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [f"{e.source} ({LAYERS[layer(e.source)][0]}) -> {e.target} ({LAYERS[layer(e.target)][0]})"
+              for e in EDGES if layer(e.target) > layer(e.source)]
+    assert upward == []
+
+
+def test_no_stage_imports_a_sibling_stage():
+    sideways = [f"{e.source} -> {e.target}" for e in EDGES
+                if stage(e.source) and stage(e.target) and stage(e.source) != stage(e.target)
+                and stage(e.target) not in UPSTREAM.get(stage(e.source), ())]
+    assert sideways == []
+
+
+def test_no_submodule_imports_its_own_package_init():
+    # The package is still initializing when its __init__ imports the submodule.
+    inward = [f"{e.source} -> {e.target}" for e in EDGES
+              if e.target and e.source.startswith(e.target + ".") and e.target in MODULES]
+    assert inward == []
+
+
+def test_stages_that_build_deploy_and_serve_never_test_a_backend_name():
+    from trtllm_pipeline.config import BACKEND_NAMES
+
+    for name in BACKEND_NEUTRAL:
+        tree = ast.parse((REPO / "trtllm_pipeline" / f"{name}.py").read_text())
+        tested = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Compare)
+                  and any(isinstance(c, ast.Constant) and c.value in BACKEND_NAMES for c in ast.walk(node))]
+        assert tested == [], f"{name}.py branches on a backend's name: ask the backend (runtimes.registry) instead"
+
+
+def _import_alone(module: str) -> tuple[str, int, str]:
+    name = "trtllm_pipeline" + (f".{module}" if module else "")
+    proc = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    return module, proc.returncode, proc.stderr.strip()
+
+
+def _lacks_optional_package(stderr: str) -> bool:
+    last = stderr.splitlines()[-1] if stderr else ""
+    return any(last == f"ModuleNotFoundError: No module named '{p}'" for p in OPTIONAL_PACKAGES)
+
+
+def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
+    # `__main__` would run the CLI; it is the three lines that call cli.main, imported with cli.
+    modules = [m for m in MODULES if m != "__main__"]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failed = [(m, err[-2000:]) for m, code, err in pool.map(_import_alone, modules)
+                  if code != 0 and not _lacks_optional_package(err)]
+    assert failed == []
+
+
+# --------------------------------------------------------------------------- the plug-in points
+
+
+def test_config_names_every_registered_backend():
+    from trtllm_pipeline.config import BACKEND_NAMES
+    from trtllm_pipeline.runtimes.registry import BACKENDS
+
+    assert tuple(BACKENDS) == BACKEND_NAMES
+    assert all(name == b.name for name, b in BACKENDS.items())
+
+
+def test_tasks_register_under_their_own_names():
+    from trtllm_pipeline.config import EvaluationSection
+    from trtllm_pipeline.tasks.registry import TASKS
+
+    assert all(name == task.name for name, task in TASKS.items())
+    assert EvaluationSection().tasks == list(TASKS)
+
+
+def test_runtimes_and_the_served_model_are_what_tasks_need():
+    from trtllm_pipeline.runtimes.base import Runtime
+    from trtllm_pipeline.runtimes.registry import BACKENDS
+    from trtllm_pipeline.served_model import ServedModel
+    from trtllm_pipeline.tasks.model import LanguageModel
+
+    needed = [n for n in dir(LanguageModel) if not n.startswith("_")]
+    assert set(needed) >= {"score", "generate", "describe", "close"}
+    for cls in (Runtime, ServedModel, *(b.runtime_class() for b in BACKENDS.values())):
+        missing = [n for n in needed if n not in ("tokenizer", "max_seq_len") and not callable(getattr(cls, n, None))]
+        assert missing == [], f"{cls.__name__} lacks {missing}"

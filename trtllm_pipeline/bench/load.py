@@ -1,0 +1,124 @@
+"""The load generator: closed loop (a fixed number of requests in flight) or open loop (Poisson arrivals).
+
+Every request is streamed and timed by its protocol's client (``protocols``); each one becomes a
+``metrics.RequestResult``, a failed one included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import random
+import threading
+import time
+from typing import Any, Sequence
+
+from trtllm_pipeline.bench.metrics import RequestResult
+from trtllm_pipeline.bench.protocols import Endpoint, RequestFailed
+from trtllm_pipeline.bench.settings import LoadLevel
+
+log = logging.getLogger(__name__)
+
+MAX_OPEN_LOOP_CLIENTS = 256  # connections kept ready for open-loop arrivals
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    index: int
+    prompt: str
+    input_tokens: int
+
+
+def run_level(endpoint: Endpoint, jobs: Sequence[Job], level: LoadLevel, output_tokens: int, tokenizer,
+              *, seed: int = 0) -> list[RequestResult]:
+    """Send ``jobs`` at one load level; one RequestResult per job, in job order."""
+    if not jobs:
+        return []
+    def execute(client, job: Job) -> RequestResult:
+        return execute_request(client, job, level.key, output_tokens, tokenizer)
+
+    width = level.concurrency if level.concurrency is not None else MAX_OPEN_LOOP_CLIENTS
+    clients = [endpoint.client() for _ in range(min(width, len(jobs)))]  # connected before the clock starts
+    try:
+        if level.concurrency is not None:
+            return _closed_loop(clients, jobs, execute)
+        return _open_loop(clients, jobs, execute, level.request_rate, random.Random(seed))
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _closed_loop(clients, jobs, execute) -> list[RequestResult]:
+    """Each client sends its next request as soon as its previous one has finished."""
+    results: list[RequestResult | None] = [None] * len(jobs)
+    pending = iter(range(len(jobs)))
+    lock = threading.Lock()
+
+    def worker(client) -> None:
+        while True:
+            with lock:
+                i = next(pending, None)
+            if i is None:
+                return
+            results[i] = execute(client, jobs[i])
+
+    _run_threads([threading.Thread(target=worker, args=(c,), daemon=True) for c in clients])
+    return results  # type: ignore[return-value]
+
+
+def _open_loop(clients, jobs, execute, rate: float, rng: random.Random) -> list[RequestResult]:
+    """Requests leave at Poisson arrival times (exponential gaps of mean 1/rate), busy server or not."""
+    results: list[RequestResult | None] = [None] * len(jobs)
+    idle: queue.Queue = queue.Queue()
+    for client in clients:
+        idle.put(client)
+    late = 0
+
+    def send(client, i: int) -> None:
+        try:
+            results[i] = execute(client, jobs[i])
+        finally:
+            idle.put(client)
+
+    threads, clock, due = [], time.perf_counter(), 0.0
+    for i in range(len(jobs)):
+        due += rng.expovariate(rate)
+        time.sleep(max(0.0, clock + due - time.perf_counter()))
+        client = idle.get()  # waits only when every client is busy
+        late += time.perf_counter() - (clock + due) > 0.05
+        thread = threading.Thread(target=send, args=(client, i), daemon=True)
+        thread.start()
+        threads.append(thread)
+    _run_threads(threads, started=True)
+    if late:
+        log.warning("bench: %d of %d open-loop requests left more than 50 ms after their arrival time "
+                    "(the load generator could not keep up)", late, len(jobs))
+    return results  # type: ignore[return-value]
+
+
+def _run_threads(threads: list[threading.Thread], started: bool = False) -> None:
+    if not started:
+        for thread in threads:
+            thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def execute_request(client, job: Job, level: dict[str, Any], output_tokens: int, tokenizer) -> RequestResult:
+    """One timed request; a failure or a wrong output length becomes the record's ``error``."""
+    start = time.perf_counter()
+    try:
+        streamed = client.generate(job.prompt, output_tokens)
+    except Exception as exc:  # any failure of one request is data: recorded, counted, not fatal
+        error = str(exc) if isinstance(exc, RequestFailed) else f"{type(exc).__name__}: {exc}"
+        return RequestResult(level, job.index, start, time.perf_counter(), input_tokens=job.input_tokens, error=error)
+    result = RequestResult(
+        level, job.index, start, streamed.token_times[-1] if streamed.token_times else time.perf_counter(),
+        token_times=streamed.token_times, output_tokens=streamed.output_tokens, input_tokens=job.input_tokens,
+        output_tokens_retokenized=len(tokenizer.encode(streamed.text, add_special_tokens=False)),
+    )
+    if result.output_tokens != output_tokens:
+        result.error = (f"returned {result.output_tokens} tokens, {output_tokens} were requested "
+                        "(min_tokens = max_tokens); the server does not honour the forced length")
+    return result

@@ -1,0 +1,77 @@
+"""The one interface a runtime backend fills in: how a build is made, served and run for that runtime.
+
+A backend is a plug-in: the ``build``, ``deploy`` and ``serve`` stages ask the selected backend
+(``registry.select_backend``, or the backend the engine's manifest names) and never test its name.
+Each backend module fills in this class and registers one instance in ``registry.BACKENDS``:
+
+* ``preflight`` -- why this machine cannot build and run a config: ``Problem(problem, fix)`` pairs.
+* ``build`` -- the engine directory from the validated TensorRT-LLM checkpoint.
+* ``plan`` -- what ``build`` would do, for ``build --dry-run``.
+* ``engine_model`` -- the Triton repository's ``tensorrt_llm`` model (the repository's flavour).
+* ``server_command`` / ``prepare_server`` -- how ``serve`` launches tritonserver on that repository.
+* ``runtime_class`` -- the ``Runtime`` that runs the engine in-process (``generate``, ``eval``).
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trtllm_pipeline.errors import Problem, UnavailableError, bullets
+
+if TYPE_CHECKING:
+    from trtllm_pipeline.artifacts import ArtifactPaths, Stopwatch
+    from trtllm_pipeline.config import BuildConfig
+    from trtllm_pipeline.endpoints import Ports
+    from trtllm_pipeline.runtimes.base import Runtime
+    from trtllm_pipeline.triton.repository import EngineModel
+
+
+class Backend(abc.ABC):
+    name: ClassVar[str]  # as runtime.backend, --runtime and every manifest's "runtime" name it
+    engines: ClassVar[str]  # what it builds, for messages: "TensorRT-LLM engines"
+    runs: ClassVar[str]  # how it runs a build, for messages: "in PyTorch"
+
+    def preflight(self, cfg: "BuildConfig") -> list[Problem]:
+        """Why this machine cannot build and run ``cfg`` with this backend; empty when it can."""
+        return []
+
+    def chosen_because(self, cfg: "BuildConfig") -> str:
+        """Why ``--runtime auto`` takes this backend (asked only when its pre-flight is clean)."""
+        return "its pre-flight finds nothing missing here"
+
+    def unavailable_fix(self, cfg: "BuildConfig") -> str | None:
+        """What to do when the pre-flight finds problems (another runtime, another machine)."""
+        return None
+
+    def require(self, cfg: "BuildConfig") -> None:
+        """UnavailableError (exit 3) listing the pre-flight problems, before any work is spent."""
+        problems = self.preflight(cfg)
+        if problems:
+            raise UnavailableError(f"cannot build {self.engines} for {cfg.name} on this machine:" + bullets(problems),
+                                   fix=self.unavailable_fix(cfg))
+
+    @abc.abstractmethod
+    def build(self, cfg: "BuildConfig", checkpoint_dir: Path, engine_dir: Path, clock: "Stopwatch") -> dict[str, Any]:
+        """Write ``engine_dir`` (atomically, every file but the manifest) and return the manifest fields it adds."""
+
+    @abc.abstractmethod
+    def plan(self, cfg: "BuildConfig", paths: "ArtifactPaths") -> list[str]:
+        """The ``[build]`` lines of ``build --dry-run``: what ``build`` would run, touching nothing."""
+
+    @abc.abstractmethod
+    def engine_model(self, cfg: "BuildConfig", *, engines_dir: Path, engine_dir: Path) -> "EngineModel":
+        """The Triton repository's ``tensorrt_llm`` model that serves this backend's engine."""
+
+    @abc.abstractmethod
+    def server_command(self, cfg: "BuildConfig", repo_dir: Path, ports: "Ports",
+                       state_dir: Path) -> tuple[list[str], dict[str, str]]:
+        """The tritonserver argument list and environment for a repository of this backend."""
+
+    def prepare_server(self, command: list[str], state_dir: Path) -> None:
+        """Set up what the server command needs on disk, just before it starts (not for a dry run)."""
+
+    @abc.abstractmethod
+    def runtime_class(self) -> type["Runtime"]:
+        """The runtime that loads this backend's engine in-process (``from_engine``)."""

@@ -1,0 +1,116 @@
+"""The torch backend: the validated TensorRT-LLM checkpoint is the engine, run in PyTorch on CPU or CUDA.
+
+Building checks every shard (names, shapes, dtypes, finite positive scales) and records it; the
+Triton ``tensorrt_llm`` model is a decoupled Python model running ``TorchRuntime``
+(``triton.torch_repo``), served by the tritonserver bundled with nvidia-pytriton. The runtime
+itself is ``torch_runtime`` and ``torch_model``; this module is only the glue the stages ask.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtllm_pipeline import artifacts, checkpoint
+from trtllm_pipeline.endpoints import SERVER_EXIT_TIMEOUT_S
+from trtllm_pipeline.errors import UnavailableError
+from trtllm_pipeline.machine import gpus, tritonserver_binaries
+from trtllm_pipeline.runtimes.backend import Backend
+from trtllm_pipeline.triton import torch_repo
+from trtllm_pipeline.triton.repository import EngineModel
+
+if TYPE_CHECKING:
+    from trtllm_pipeline.config import BuildConfig
+    from trtllm_pipeline.endpoints import Ports
+    from trtllm_pipeline.runtimes.base import Runtime
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    engines = "torch-runtime engines"
+    runs = "in PyTorch"
+
+    def chosen_because(self, cfg: "BuildConfig") -> str:
+        return "the checkpoint run in PyTorch, which runs on any machine"
+
+    def build(self, cfg: "BuildConfig", checkpoint_dir: Path, engine_dir: Path,
+              clock: artifacts.Stopwatch) -> dict[str, Any]:
+        with clock.time("validate_s"):
+            config = checkpoint.read_config(checkpoint_dir)
+            checkpoint.merge_rank_files(config, checkpoint.load_rank_files(checkpoint_dir, config))
+        layout = checkpoint.CheckpointLayout(config)
+        with artifacts.atomic_dir(engine_dir):
+            pass  # the engine is the checkpoint: the directory holds only the manifest naming it
+        return {"engine": {"kind": "torch runtime: the validated TensorRT-LLM checkpoint, run in PyTorch",
+                           "checkpoint_tp": layout.tp, "dtype": config["dtype"], "quant_algo": layout.quant_algo,
+                           "kv_cache_quant_algo": layout.kv_cache_quant_algo}}
+
+    def plan(self, cfg: "BuildConfig", paths: artifacts.ArtifactPaths) -> list[str]:
+        return [
+            f"validate the checkpoint shards in {paths.checkpoint} (names, shapes, dtypes, scales)",
+            f"engine: {paths.engine}/manifest.json naming the checkpoint; the torch runtime merges the "
+            f"{cfg.parallelism.tp} TP shard(s) and runs them on one device ({cfg.runtime.device})",
+        ]
+
+    def engine_model(self, cfg: "BuildConfig", *, engines_dir: Path, engine_dir: Path) -> EngineModel:
+        return EngineModel(torch_repo.model_config(cfg, engines_dir=engines_dir), python_model="tensorrt_llm_torch",
+                           streams_text=True, write_files=functools.partial(torch_repo.write_build_config, cfg))
+
+    def server_command(self, cfg: "BuildConfig", repo_dir: Path, ports: "Ports",
+                       state_dir: Path) -> tuple[list[str], dict[str, str]]:
+        """The tritonserver bundled with nvidia-pytriton, given a backend directory with the Python-backend
+        stub for this Python, this virtualenv first on PATH (the stub finds its interpreter there) and this
+        interpreter's libpython (the stub would otherwise load the system's)."""
+        binary = tritonserver_binaries()["pytriton"]
+        if binary is None:
+            raise UnavailableError("the torch deployment is served by the tritonserver bundled in nvidia-pytriton, "
+                                   "which is not installed.", fix="pip install 'nvidia-pytriton==0.7.0' (Linux)")
+        env = dict(os.environ)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+        cmd = [binary, f"--model-repository={repo_dir}", f"--backend-directory={state_dir / 'backends'}",
+               f"--http-address={ports.host}", f"--http-port={ports.http}",
+               f"--grpc-address={ports.host}", f"--grpc-port={ports.grpc}",
+               f"--metrics-address={ports.host}", f"--metrics-port={ports.metrics}",
+               f"--exit-timeout-secs={SERVER_EXIT_TIMEOUT_S}", "--pinned-memory-pool-byte-size=0"]
+        if not gpus():
+            cmd.append("--allow-gpu-metrics=false")
+        return cmd, env
+
+    def prepare_server(self, command: list[str], state_dir: Path) -> None:
+        python_backend_dir(command[0], state_dir)
+
+    def runtime_class(self) -> type["Runtime"]:
+        # Imported when an engine is loaded, not when a command starts: it imports torch.
+        from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+
+        return TorchRuntime
+
+
+def python_backend_dir(binary: str, state_dir: Path) -> Path:
+    """``backends/python/`` holding the Python backend and the stub for this Python version.
+
+    The bundled server looks for the stub only at ``<backend-directory>/python/``, while the wheel
+    keeps one stub per Python version under ``python_backend_stubs/<version>/``.
+    """
+    root = Path(binary).resolve().parents[1]
+    stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / \
+        "triton_python_backend_stub"
+    if not stub.is_file():
+        raise UnavailableError(f"nvidia-pytriton has no Python-backend stub for Python "
+                               f"{sys.version_info.major}.{sys.version_info.minor} ({stub}).",
+                               fix="use a Python version the wheel ships a stub for (3.8-3.13)")
+    target = state_dir / "backends" / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for src in (root / "backends" / "python" / "libtriton_python.so",
+                root / "backends" / "python" / "triton_python_backend_utils.py", stub):
+        link = target / src.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src)
+    return target

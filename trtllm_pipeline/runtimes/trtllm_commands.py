@@ -1,0 +1,124 @@
+"""The TensorRT-LLM 1.2.x command lines: trtllm-build, one MPI rank per GPU, tritonserver per rank.
+
+Every flag used here was checked against TensorRT-LLM's own sources of the 1.2 line and is pinned
+in ``tests/fixtures/trtllm_1_2_build_args.json`` (file, commit, type, choices, default):
+``tensorrt_llm/commands/build.py`` (parse_arguments), ``tensorrt_llm/plugin/plugin.py``
+(PluginConfig, cli_plugin_args) and ``triton_backend/scripts/launch_triton_server.py`` (the mpirun
+line). ``trtllm_backend.plan`` prints them all, with the pre-flight verdicts, for ``build --dry-run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from trtllm_pipeline.machine import gpus as machine_gpus
+
+if TYPE_CHECKING:
+    from trtllm_pipeline.config import BuildConfig
+
+TRITON_MODEL = "tensorrt_llm"  # the Triton model that ranks > 0 load (the engine itself)
+# Plugins whose only setting is fp8 (default disable in 1.2); their kernels are Hopper-only.
+FP8_PLUGINS = ("low_latency_gemm_plugin", "low_latency_gemm_swiglu_plugin", "gemm_swiglu_plugin")
+
+
+def read_engine_config(engine_dir: Path) -> dict[str, Any]:
+    """A trtllm-build output's config.json (pretrained_config, build_config)."""
+    return json.loads((Path(engine_dir) / "config.json").read_text(encoding="utf-8"))
+
+
+def _switch(on: bool) -> str:
+    return "enable" if on else "disable"
+
+
+def use_fp8_context_fmha(cfg: "BuildConfig") -> bool:
+    """On exactly when the KV cache is FP8, unless the config says otherwise."""
+    value = cfg.build.use_fp8_context_fmha
+    return cfg.quantization.kv_cache == "fp8" if value is None else value
+
+
+def build_workers(cfg: "BuildConfig", gpu_count: int | None = None) -> int:
+    """min(world size, GPUs); trtllm-build itself caps --workers at the visible GPU count."""
+    if cfg.build.workers is not None:
+        return cfg.build.workers
+    world = cfg.parallelism.world_size
+    gpus = len(machine_gpus()) if gpu_count is None else gpu_count
+    return min(world, gpus) if gpus else world  # planned elsewhere: assume the engine's own GPUs
+
+
+def trtllm_build_command(cfg: "BuildConfig", checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, *,
+                         gpu_count: int | None = None) -> list[str]:
+    """The trtllm-build argument list for ``cfg`` (flags and values as TensorRT-LLM 1.2.x defines them)."""
+    b, p = cfg.build, cfg.build.plugins
+    cmd = ["trtllm-build", "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir),
+           "--gpt_attention_plugin", p.gpt_attention_plugin, "--gemm_plugin", p.gemm_plugin]
+    # FP8-only plugins default to disable in 1.2: name them only when they are on.
+    for name in FP8_PLUGINS:
+        if getattr(p, name) == "fp8":
+            cmd += [f"--{name}", "fp8"]
+    cmd += ["--kv_cache_type", b.kv_cache_type, "--use_paged_context_fmha", _switch(b.use_paged_context_fmha)]
+    # For non-FP8 weights the builder forces FP8 context FMHA off itself; the flag is left out.
+    if cfg.quantization.format == "fp8":
+        cmd += ["--use_fp8_context_fmha", _switch(use_fp8_context_fmha(cfg))]
+    cmd += ["--use_fused_mlp", _switch(b.use_fused_mlp), "--multiple_profiles", _switch(b.multiple_profiles),
+            "--max_batch_size", str(b.max_batch_size), "--max_input_len", str(b.max_input_len),
+            "--max_seq_len", str(b.max_seq_len), "--max_num_tokens", str(b.max_num_tokens),
+            "--max_beam_width", str(b.max_beam_width), "--workers", str(build_workers(cfg, gpu_count))]
+    if b.gather_generation_logits:
+        cmd.append("--gather_generation_logits")
+    return cmd + list(b.extra_args)
+
+
+def engine_world_size(engine_dir: str | os.PathLike, cfg: "BuildConfig") -> int:
+    """The built engine's world size (its config.json), else the config's tp*pp."""
+    try:
+        mapping = read_engine_config(Path(engine_dir))["pretrained_config"]["mapping"]
+        return int(mapping.get("world_size", mapping.get("tp_size", 1) * mapping.get("pp_size", 1)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return cfg.parallelism.world_size
+
+
+def engine_run_command(cfg: "BuildConfig", engine_dir: str | os.PathLike, argv: Sequence[str]) -> list[str]:
+    """``argv`` as it must run for this engine: one MPI process per rank when the world size is above 1."""
+    world = engine_world_size(engine_dir, cfg)
+    return list(argv) if world == 1 else ["mpirun", "-n", str(world), "--allow-run-as-root", *argv]
+
+
+def server_launch_command(cfg: "BuildConfig", repo_dir: str | os.PathLike, tritonserver: str, http_port: int,
+                          grpc_port: int, metrics_port: int, host: str = "127.0.0.1") -> list[str]:
+    """tritonserver for a TensorRT-LLM model repository, as TensorRT-LLM's launch_triton_server.py starts it.
+
+    World size 1: one plain tritonserver. Above 1: one ``mpirun --allow-run-as-root`` with a
+    ``-n 1 tritonserver ...`` segment per rank joined by ``:``; ranks > 0 load only the engine
+    model (``tensorrt_llm``), every segment names the same ports, and each rank gets its own
+    Python-backend shared-memory prefix, as upstream's launcher writes them. Added here: the
+    endpoints bind ``host`` (Triton's default is every interface).
+    """
+    world = cfg.parallelism.world_size
+    segments = []
+    for rank in range(world):
+        seg = [tritonserver, f"--model-repository={repo_dir}",
+               f"--http-address={host}", f"--http-port={http_port}",
+               f"--grpc-address={host}", f"--grpc-port={grpc_port}",
+               f"--metrics-address={host}", f"--metrics-port={metrics_port}"]
+        if rank > 0:
+            seg += ["--model-control-mode=explicit", f"--load-model={TRITON_MODEL}"]
+        seg += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        segments.append(seg)
+    if world == 1:
+        return segments[0]
+    cmd = ["mpirun", "--allow-run-as-root"]
+    for rank, seg in enumerate(segments):
+        cmd += ([":"] if rank else []) + ["-n", "1", *seg]
+    return cmd
+
+
+def generate_argv(cfg: "BuildConfig") -> list[str]:
+    return ["trtllm-pipeline", "generate", "-c", cfg.file, "PROMPT"]
+
+
+def quoted(cmd: Sequence[str]) -> str:
+    return shlex.join(cmd)
