@@ -100,13 +100,13 @@ class TorchRuntime(Runtime):
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
-        from trtllm_pipeline.runtimes import cuda
+        from trtllm_pipeline.runtimes.cuda import support
 
-        if self.device.type != "cuda" and not cuda.interpreting():
+        if self.device.type != "cuda" and not support.interpreting():
             return None, "eager (CPU)"
         if not fast:
             return None, "eager (runtime.fast_decode is off)"
-        usable, why = cuda.available(self.device.type)
+        usable, why = support.available(self.device.type)
         if not usable:
             log.warning("the fast CUDA decode path is off: %s; decoding eagerly", why)
             return None, f"eager ({why})"

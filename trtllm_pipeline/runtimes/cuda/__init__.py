@@ -5,27 +5,8 @@ speed is memory bandwidth minus overheads: kernel launches (removed by CUDA grap
 activations between small ops (removed by fusing norms, rotary, the KV-cache write and the SiLU gate
 into the kernels around them) and GEMMs that cannot keep enough loads in flight at M=1 (replaced by
 split-K weight-streaming kernels). ``decode_step`` composes the kernels; ``graphs`` captures them per
-batch bucket. Everything here needs CUDA and Triton; ``available()`` says whether this process has
-both, and the eager path in ``torch_model`` stays the reference the fast path is checked against.
+batch bucket. Everything here needs CUDA and Triton; ``support.available()`` says whether this
+process has both, and the eager path in ``torch_model`` stays the reference the fast path is checked
+against.
 """
 
-from __future__ import annotations
-
-import importlib.util
-import os
-
-
-def interpreting() -> bool:
-    """Triton's interpreter runs the kernels on the CPU (the CI tests use it; it is slow)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def available(device_type: str = "cuda") -> tuple[bool, str]:
-    """(usable, why not): the fast path needs a CUDA device (or the interpreter) and Triton."""
-    import torch
-
-    if importlib.util.find_spec("triton") is None:
-        return False, "Triton is not installed"
-    if device_type == "cuda" and torch.cuda.is_available() or interpreting():
-        return True, ""
-    return False, "no CUDA device"

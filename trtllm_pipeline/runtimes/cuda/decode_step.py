@@ -20,7 +20,8 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import attention, interpreting, linear, norm
+from trtllm_pipeline.runtimes.cuda import attention, linear, norm
+from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
 @dataclasses.dataclass
