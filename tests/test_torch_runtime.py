@@ -196,3 +196,82 @@ def test_text_stream_equals_decoding_the_whole_output(built, engines_dir):
         stream = TextStream(tok)
         pieces = [stream.push([t]) for t in ids] + [stream.flush()]
         assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------- one request cannot hurt the others
+
+POISON = [
+    ({"temperature": float("nan")}, "temperature"), ({"temperature": float("inf")}, "temperature"),
+    ({"temperature": -0.5}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"top_p": float("nan")}, "top_p"), ({"top_k": -3}, "top_k"), ({"seed": -1}, "seed"),
+    ({"seed": 2**64}, "seed"), ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"), ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": True}, "temperature"), ({"end_id": 10**9}, "end_id"),
+]
+
+
+@pytest.mark.parametrize(("params", "field"), POISON, ids=[",".join(f"{k}={v}" for k, v in p.items()) for p, _ in POISON])
+def test_poison_sampling_params_are_refused_at_submit(built, engines_dir, params, field):
+    from trtllm_pipeline.errors import InputError
+
+    rt = _runtime(built, engines_dir, "tiny-qwen2-fp8-tp1")
+    with pytest.raises(InputError, match=field):
+        rt.submit("poison", PROMPT, SamplingParams(**params))
+    assert not rt.has_work()
+
+
+def test_a_vanishing_temperature_samples_the_greedy_tokens(built, engines_dir):
+    rt = _runtime(built, engines_dir, "tiny-qwen2-fp8-tp1")
+    tiny = rt.generate([PROMPT], SamplingParams(max_tokens=8, temperature=1e-45, top_k=5, seed=1, end_id=-1))[0]
+    assert tiny.token_ids == _greedy(rt, [PROMPT], n=8)[0]
+
+
+def _run_all(rt, prompts, params):
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        rt.submit(i, prompt, p)
+    tokens, finished = {i: [] for i in range(len(prompts))}, {}
+    while rt.has_work():
+        for event in rt.step():
+            tokens[event.request_id] += event.token_ids
+            if event.finish_reason:
+                finished[event.request_id] = (event.finish_reason, event.error)
+    return tokens, finished
+
+
+def test_a_request_that_fails_inside_a_step_fails_alone(built, engines_dir, monkeypatch):
+    from trtllm_pipeline.runtimes import sampling
+    from trtllm_pipeline.runtimes.base import RequestFailed
+
+    rt = _runtime(built, engines_dir, "tiny-qwen2-fp8-tp1")
+    prompts = [PROMPT, list(range(300, 340)), list(range(400, 420))]
+    params = [SamplingParams(max_tokens=10, end_id=-1),
+              SamplingParams(max_tokens=10, temperature=0.9, top_k=20, seed=5, end_id=-1),
+              SamplingParams(max_tokens=10, temperature=0.9, seed=666, end_id=-1)]  # the one that will fail
+    alone = [rt.generate([p], q)[0].token_ids for p, q in zip(prompts[:2], params[:2])]
+    real = sampling.sample
+
+    def sample(logits, rows, greedy=None):  # a sampler that fails on one request's row from its 4th token on
+        if any(r.params.seed == 666 for r in rows):
+            calls.append(1)
+            if len(calls) > 3:
+                raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        return real(logits, rows, greedy)
+
+    calls: list = []
+    monkeypatch.setattr(sampling, "sample", sample)
+    tokens, finished = _run_all(rt, prompts, params)
+    assert [tokens[0], tokens[1]] == alone  # the others: exactly their tokens, seeded sampling included
+    assert finished[0] == finished[1] == ("length", None)
+    assert finished[2][0] == "error" and "probability tensor" in finished[2][1]
+    assert not rt.has_work() and not rt._running
+    # A forward pass that fails for one request's slot: that request alone is dropped.
+    real_forward = rt._forward
+    monkeypatch.setattr(rt, "_forward", lambda inputs, slots, starts: (_ for _ in ()).throw(RuntimeError("boom"))
+                        if 2 in slots else real_forward(inputs, slots, starts))
+    tokens, finished = _run_all(rt, prompts, [SamplingParams(max_tokens=10, end_id=-1)] * 3)
+    assert tokens[0] == alone[0] and finished[2] == ("error", "RuntimeError: boom")
+    # In-process generate: the failure is raised, and the runtime is idle and usable afterwards.
+    with pytest.raises(RequestFailed, match="boom"):
+        rt.generate(prompts, SamplingParams(max_tokens=10, end_id=-1))
+    assert not rt.has_work()
+    monkeypatch.setattr(rt, "_forward", real_forward)
+    assert _greedy(rt, [PROMPT], n=10)[0] == alone[0]

@@ -15,12 +15,23 @@ from __future__ import annotations
 import abc
 import dataclasses
 import itertools
+import math
+import numbers
 from typing import Any, ClassVar, Iterable, Iterator, Sequence
+
+from trtllm_pipeline.errors import InputError, StageFailed
+
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**64 - 1  # TensorRT-LLM's seed is a uint64, as is torch.Generator's
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """Per-request generation settings (the Triton ensemble's optional inputs map onto these)."""
+    """Per-request generation settings (the Triton ensemble's optional inputs map onto these).
+
+    ``check()`` is the one statement of what is valid; every runtime calls it in ``submit`` and the
+    servers when they parse a request, so a value that would poison a step never reaches one.
+    """
 
     max_tokens: int = 64
     min_tokens: int = 0
@@ -36,6 +47,44 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
 
+    def check(self) -> "SamplingParams":
+        """``self`` if every field is usable, else InputError naming the first that is not."""
+        problem = sampling_problem(self)
+        if problem:
+            raise InputError(problem)
+        return self
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def sampling_problem(p: SamplingParams) -> str | None:
+    """What is wrong with ``p``, naming the field, or None."""
+    if not _integer(p.max_tokens) or not 1 <= p.max_tokens <= INT32_MAX:
+        return f"max_tokens must be an integer from 1 to {INT32_MAX}, got {p.max_tokens!r}"
+    if not _integer(p.min_tokens) or not 0 <= p.min_tokens <= p.max_tokens:
+        return f"min_tokens must be an integer from 0 to max_tokens ({p.max_tokens}), got {p.min_tokens!r}"
+    if not _real(p.temperature) or not math.isfinite(p.temperature) or p.temperature < 0:
+        return f"temperature must be a finite number, > 0 to sample or exactly 0 for greedy, got {p.temperature!r}"
+    if not _integer(p.top_k) or not 0 <= p.top_k <= INT32_MAX:
+        return f"top_k must be an integer >= 0 (0: no top-k filter), got {p.top_k!r}"
+    if not _real(p.top_p) or not math.isfinite(p.top_p) or not 0 < p.top_p <= 1:
+        return f"top_p must be a number in (0, 1], got {p.top_p!r}"
+    if p.seed is not None and (not _integer(p.seed) or not 0 <= p.seed <= SEED_MAX):
+        return f"seed must be an integer from 0 to {SEED_MAX}, got {p.seed!r}"
+    if p.end_id is not None and (not _integer(p.end_id) or not -1 <= p.end_id <= INT32_MAX):
+        return f"end_id must be a token id, or -1 to never stop on a token, got {p.end_id!r}"
+    for name in ("stop_words", "bad_words"):
+        words = getattr(p, name)
+        if not isinstance(words, tuple) or not all(isinstance(w, str) for w in words):
+            return f"{name} must be a list of strings, got {words!r}"
+    return None
+
 
 @dataclasses.dataclass
 class TokenEvent:
@@ -43,7 +92,12 @@ class TokenEvent:
 
     request_id: Any
     token_ids: list[int]
-    finish_reason: str | None = None  # "end_id" | "length" | "stop" | "cancelled"
+    finish_reason: str | None = None  # "end_id" | "length" | "stop" | "cancelled" | "error"
+    error: str | None = None  # finish_reason "error": why this request failed (the others went on)
+
+
+class RequestFailed(StageFailed):
+    """A request failed inside the runtime; the runtime dropped it and went on with the others."""
 
 
 @dataclasses.dataclass
@@ -111,6 +165,10 @@ class Runtime(abc.ABC):
             self.submit(i, list(prompt), per_request[i])
         while self.has_work():
             for event in self.step():
+                if event.finish_reason == "error":
+                    self._abandon(range(len(prompts)))
+                    raise RequestFailed(f"request {event.request_id} of {len(prompts)} failed in the {self.name} "
+                                        f"runtime: {event.error}", fix="see the log for its traceback")
                 self.apply_event(event, streams, reasons)
         return [
             Completion(list(prompts[i]), streams[i].token_ids, streams[i].text, reasons.get(i, "length"))
@@ -129,12 +187,23 @@ class Runtime(abc.ABC):
         try:
             while request_id not in reasons and self.has_work():
                 for event in self.step():
+                    if event.finish_reason == "error" and event.request_id == request_id:
+                        reasons[request_id] = "error"
+                        raise RequestFailed(f"the request failed in the {self.name} runtime: {event.error}",
+                                            fix="see the log for its traceback")
+                    if event.request_id not in streams:
+                        continue
                     piece = self.apply_event(event, streams, reasons)
                     if piece:
                         yield piece
         finally:
             if request_id not in reasons:
                 self.cancel(request_id)
+
+    def _abandon(self, request_ids: Iterable[Any]) -> None:
+        """Cancel whatever of these requests is still queued or running (the runtime is idle again)."""
+        for request_id in request_ids:
+            self.cancel(request_id)
 
     def apply_event(self, event: TokenEvent, streams: dict, reasons: dict) -> str:
         """Turn one event into text through its request's TextStream; the text piece to emit.

@@ -16,6 +16,10 @@ import torch
 
 from trtllm_pipeline.runtimes.base import SamplingParams
 
+# Below this a temperature is greedy in all but name; dividing by it would overflow float32 (a
+# temperature of 1e-45 is a float32 denormal, or zero), so it is floored here.
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclasses.dataclass
 class Row:
@@ -59,8 +63,10 @@ def _ban(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
 def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) per row; probabilities [rows, vocab]."""
     device = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
-    logits = logits / temps[:, None]
+    temps = torch.tensor([max(p.temperature, MIN_TEMPERATURE) for p in params], device=device, dtype=logits.dtype)
+    # Scaled relative to each row's largest logit: the best token is exactly 0, so however small the
+    # temperature, the softmax has a finite numerator and a sum of at least 1 (never inf/inf).
+    logits = (logits - logits.amax(-1, keepdim=True)) / temps[:, None]
     ks = [min(p.top_k, logits.shape[-1]) for p in params]
     if any(ks):
         top = torch.topk(logits, max(ks), dim=-1).values

@@ -56,6 +56,32 @@ class _Request:
         return out
 
 
+def _check_cache_fits(config: dict, device: torch.device, slots: int, max_seq_len: int, dtype: torch.dtype) -> None:
+    """The static KV cache must fit in what the device has free; else say which limits to lower
+    (instead of an allocator failure naming exabytes)."""
+    layout = checkpoint.CheckpointLayout(config)
+    need = 2 * layout.layers * slots * layout.kv_heads * max_seq_len * layout.head_size * dtype.itemsize
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = _available_host_memory()
+    if free is not None and need > free:
+        raise UnavailableError(
+            f"the torch runtime's KV cache for build.max_batch_size {slots - 1} x build.max_seq_len {max_seq_len} "
+            f"needs {need / 2**30:.1f} GiB; {device} has {free / 2**30:.1f} GiB free.",
+            fix="lower build.max_batch_size or build.max_seq_len (the cache is allocated whole, at load)")
+
+
+def _available_host_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def resolve_device(requested: str | None) -> torch.device:
     if requested in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -87,6 +113,8 @@ class TorchRuntime(Runtime):
         self.max_seq_len = min(max_seq_len, int(config.get("max_position_embeddings") or max_seq_len))
         self.max_input_len = min(max_input_len or self.max_seq_len - 1, self.max_seq_len - 1)
         self.prefill_chunk_tokens = max(1, prefill_chunk_tokens)
+        compute_dtype = getattr(torch, dtype) if dtype else getattr(torch, config["dtype"])
+        _check_cache_fits(config, self.device, max_batch_size + 1, self.max_seq_len, compute_dtype)
         # One slot more than requests: padding rows of a CUDA-graph batch write there.
         self.engine = Qwen2Engine(config, tensors, device=self.device, max_slots=max_batch_size + 1,
                                   max_seq_len=self.max_seq_len, dtype=getattr(torch, dtype) if dtype else None)
@@ -161,6 +189,7 @@ class TorchRuntime(Runtime):
     # ---- requests -------------------------------------------------------------------------------
 
     def submit(self, request_id: Any, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        params.check()
         prompt = [int(t) for t in prompt_ids]
         if request_id in self._ids:
             raise ValueError(f"request id {request_id!r} is already active")
@@ -169,10 +198,10 @@ class TorchRuntime(Runtime):
         if len(prompt) > self.max_input_len:
             raise InputError(f"the prompt has {len(prompt)} tokens; this engine takes at most {self.max_input_len}.",
                              fix="shorten the prompt or rebuild with a larger build.max_input_len")
-        if params.max_tokens < 1:
-            raise InputError(f"max_tokens must be at least 1, got {params.max_tokens}.")
         if bad := [t for t in prompt if not 0 <= t < self.vocab_size]:
             raise InputError(f"token ids {bad[:5]} are outside the vocabulary (0..{self.vocab_size - 1}).")
+        if params.end_id is not None and params.end_id >= self.vocab_size:
+            raise InputError(f"end_id {params.end_id} is outside the vocabulary (0..{self.vocab_size - 1}, or -1).")
         end_id = self.tokenizer.eos_token_id if params.end_id is None else params.end_id
         gen = None
         if not params.greedy:
@@ -193,16 +222,44 @@ class TorchRuntime(Runtime):
         return bool(self._waiting or self._running)
 
     def step(self) -> list[TokenEvent]:
+        """Admit, prefill and decode; a request whose part of the step fails is dropped with an
+        ``error`` event and the step goes on for the others (``_isolated``)."""
         decoding = [r for r in self._running.values() if r.prefilled == len(r.prompt)]
         free = [s for s in range(self.max_batch_size) if s not in self._running]
         while self._waiting and free:
             req = self._waiting.pop(0)
             req.slot = free.pop(0)
             self._running[req.slot] = req
-        events = self._prefill([r for r in self._running.values() if r.prefilled < len(r.prompt)])
-        if decoding:
-            events += self._decode(decoding)
+        events = self._isolated(self._prefill, [r for r in self._running.values() if r.prefilled < len(r.prompt)])
+        decoding = [r for r in decoding if self._running.get(r.slot) is r]
+        return events + self._isolated(self._decode, decoding)
+
+    def _isolated(self, phase, reqs: list[_Request]) -> list[TokenEvent]:
+        """``phase(reqs)``; when it raises, the same phase once per request, so that only the requests
+        that fail on their own are dropped. Phases change no state until they have succeeded."""
+        if not reqs:
+            return []
+        try:
+            return phase(reqs)
+        except Exception as exc:
+            if len(reqs) == 1:
+                return [self._failed(reqs[0], exc)]
+            log.warning("torch runtime: a %s step of %d requests failed (%s: %s); retrying them one by one",
+                        phase.__name__.strip("_"), len(reqs), type(exc).__name__, exc)
+        events: list[TokenEvent] = []
+        for req in reqs:
+            try:
+                events += phase([req])
+            except Exception as exc:
+                events.append(self._failed(req, exc))
         return events
+
+    def _failed(self, req: _Request, exc: Exception) -> TokenEvent:
+        log.error("torch runtime: request %r failed and was dropped: %s: %s", req.request_id, type(exc).__name__, exc,
+                  exc_info=not isinstance(exc, InputError))
+        self._finish(req)
+        message = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+        return TokenEvent(req.request_id, [], "error", error=message)
 
     def _prefill(self, reqs: list[_Request]) -> list[TokenEvent]:
         """The next chunk of each prefilling request's prompt, in admission order, within the budget."""
@@ -216,16 +273,16 @@ class TorchRuntime(Runtime):
         if not chunks:
             return []
         hidden = self._forward([c for _, c in chunks], [r.slot for r, _ in chunks], [r.prefilled for r, _ in chunks])
-        done = []
-        for row, (req, chunk) in enumerate(chunks):
+        done = [(row, len(chunk) - 1, req) for row, (req, chunk) in enumerate(chunks)
+                if req.prefilled + len(chunk) == len(req.prompt)]
+        tokens = []
+        if done:
+            rows = torch.tensor([row for row, _, _ in done], device=self.device)
+            last = torch.tensor([col for _, col, _ in done], device=self.device)
+            tokens = self._sample([r for _, _, r in done], self.engine.logits(hidden[rows, last]))
+        for req, chunk in chunks:  # the step succeeded: now it counts
             req.prefilled += len(chunk)
-            if req.prefilled == len(req.prompt):
-                done.append((row, len(chunk) - 1, req))
-        if not done:
-            return []
-        rows = torch.tensor([row for row, _, _ in done], device=self.device)
-        last = torch.tensor([col for _, col, _ in done], device=self.device)
-        return self._emit([r for _, _, r in done], self.engine.logits(hidden[rows, last]))
+        return self._record_all([r for _, _, r in done], tokens)
 
     def _decode(self, reqs: list[_Request]) -> list[TokenEvent]:
         tokens, slots, positions = [r.generated[-1] for r in reqs], [r.slot for r in reqs], [r.length - 1 for r in reqs]
@@ -233,13 +290,35 @@ class TorchRuntime(Runtime):
             if max(positions) >= self.max_seq_len:
                 raise InputError(f"a sequence exceeds this engine's max_seq_len {self.max_seq_len}.")
             logits = self.decoder.decode(tokens, slots, positions)
-            return self._emit(reqs, logits, greedy=self.decoder.greedy(len(reqs)))
+            return self._record_all(reqs, self._sample(reqs, logits, greedy=self.decoder.greedy(len(reqs))))
         hidden = self._forward([[t] for t in tokens], slots, positions)
-        return self._emit(reqs, self.engine.logits(hidden[:, -1]))
+        return self._record_all(reqs, self._sample(reqs, self.engine.logits(hidden[:, -1])))
 
-    def _emit(self, reqs: list[_Request], logits: torch.Tensor, greedy: torch.Tensor | None = None) -> list[TokenEvent]:
+    def _sample(self, reqs: list[_Request], logits: torch.Tensor,
+                greedy: torch.Tensor | None = None) -> list[int | Exception]:
+        """One token per request, sampled as one batch; if that raises, row by row (with the seeded rows'
+        generators rewound first), so that only a row that cannot be sampled gets its exception."""
         rows = [sampling.Row(r.params, r.banned(), r.generator) for r in reqs]
-        return [self._record(req, token) for req, token in zip(reqs, sampling.sample(logits, rows, greedy))]
+        seeded = {i: r.generator.get_state() for i, r in enumerate(reqs) if r.generator is not None and
+                  r.params.seed is not None}
+        try:
+            return list(sampling.sample(logits, rows, greedy))
+        except Exception as exc:
+            log.warning("torch runtime: sampling %d rows failed (%s: %s); sampling them one by one",
+                        len(rows), type(exc).__name__, exc)
+        out: list[int | Exception] = []
+        for i, row in enumerate(rows):
+            if i in seeded:
+                row.generator.set_state(seeded[i])
+            try:
+                out.append(sampling.sample(logits[i : i + 1], [row])[0])
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _record_all(self, reqs: list[_Request], tokens: list[int | Exception]) -> list[TokenEvent]:
+        return [self._failed(req, token) if isinstance(token, Exception) else self._record(req, token)
+                for req, token in zip(reqs, tokens)]
 
     def _record(self, req: _Request, token: int) -> TokenEvent:
         p = req.params

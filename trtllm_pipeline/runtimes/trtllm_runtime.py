@@ -96,6 +96,7 @@ class TrtllmRuntime(Runtime):
     # ---- Runtime interface
 
     def submit(self, request_id: Any, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        params.check()
         request = self._request(list(prompt_ids), params.max_tokens, params, streaming=True)
         engine_id = self._executor.enqueue_request(request)
         self._ours[engine_id], self._theirs[request_id] = request_id, engine_id
@@ -106,10 +107,10 @@ class TrtllmRuntime(Runtime):
             ours = self._ours.get(response.request_id)
             if ours is None:
                 continue
-            if response.has_error():
+            if response.has_error():  # that request alone: the executor goes on with the others
                 self._forget(ours)
-                raise StageFailed(f"TensorRT-LLM request {ours!r} failed: {response.error_msg}",
-                                  fix="check the prompt length against build.max_input_len and the server log")
+                events.append(TokenEvent(ours, [], "error", error=f"TensorRT-LLM: {response.error_msg}"))
+                continue
             result = response.result
             reason = _finish_reason(result.finish_reasons[0]) if result.is_final else None
             events.append(TokenEvent(ours, list(result.output_token_ids[0]), reason))
