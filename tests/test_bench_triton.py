@@ -23,7 +23,7 @@ def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, e
     assert proc.returncode == 0, proc.stderr + proc.stdout
     data = json.loads(out.read_text())
     assert data["settings"]["url"] == f"127.0.0.1:{server.grpc_port}"  # found from the running server's state
-    assert data["settings"]["protocol"] == "triton-grpc" and data["settings"]["model"] == "ensemble"
+    assert data["settings"]["protocol"] == "triton-grpc" and data["settings"]["model"] == "tensorrt_llm_bls"
     assert [e["concurrency"] for e in data["summary"]] == [1, 8]
     for entry in data["summary"]:
         assert entry["requests"] == 8 and entry["errors"] == 0

@@ -117,12 +117,14 @@ def test_serve_refuses_until_the_engine_exists_and_dry_run_prints_the_4_rank_lau
     dry = run_cli("serve", "-c", f"build_configs/{SEVEN_B_TP4}.yaml", "--engines-dir", str(engines), "--dry-run",
                   "--http-port", "9100", "--grpc-port", "9101", "--metrics-port", "9102")
     assert dry.returncode == 0, dry.stderr
-    launch = next(line for line in dry.stdout.splitlines() if "mpirun" in line).split()
+    line = next(line for line in dry.stdout.splitlines() if "mpirun" in line).split()
+    front, launch = line[:line.index("--")], line[line.index("--") + 1:]  # the HTTP front runs the server
+    assert "trtllm_pipeline.triton.http_front" in front and "--listen=127.0.0.1:9100" in front
     assert launch[:2] == ["mpirun", "--allow-run-as-root"]
     assert launch.count("-n") == 4 and launch.count(":") == 3
     assert launch.count(f"--model-repository={result.repo_dir}") == 4
     assert launch.count("--load-model=tensorrt_llm") == 3  # ranks > 0 load the engine only
-    assert "--http-port=9100" in launch and "--http-address=127.0.0.1" in launch
+    assert launch.count("--http-address=127.0.0.1") == 4 and "--grpc-port=9101" in launch
     assert "runtime: tensorrt_llm" in dry.stdout
 
 

@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 
 from trtllm_pipeline.model.builtin import builtin_model_dir
 from trtllm_pipeline.chat import encode_prompt
+from trtllm_pipeline.triton.contract import RequestLimits
 from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, decode_rows, word_list, words_from_list
 
 
@@ -18,8 +19,8 @@ def tokenizer():
 
 @pytest.fixture
 def pre(tokenizer):
-    return Preprocessor(tokenizer, end_id=tokenizer.eos_token_id, pad_id=tokenizer.eos_token_id, max_input_len=16,
-                        max_seq_len=24)
+    limits = RequestLimits(max_input_tokens=16, max_seq_len=24, max_text_bytes=16 * 20, max_batch=8)
+    return Preprocessor(tokenizer, end_id=tokenizer.eos_token_id, pad_id=tokenizer.eos_token_id, limits=limits)
 
 
 def batch(*texts):

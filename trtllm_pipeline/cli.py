@@ -182,7 +182,7 @@ def build(config: Path, engines_dir: Path, runtime: str | None, force: bool, dry
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the model's chat template.")
 @click.option("--system", default=None, help="System prompt (chat template only).")
 @click.option("--device", default=None, help="torch runtime device (cpu, cuda, cuda:1); default: the config's.")
-@click.option("--url", default=None, help="HOST:PORT of a served model (Triton ensemble) instead of running "
+@click.option("--url", default=None, help="HOST:PORT of a served model (Triton: tensorrt_llm_bls) instead of running "
               "in-process; `default` with -c: where `serve` runs that config.")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True,
               help="With --url: gRPC streaming or HTTP generate_stream (SSE).")
@@ -224,7 +224,7 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Results file (one task) or directory (DIR/<task>.json); default <engines-dir>/<config>/eval/.")
 @click.option("--force", is_flag=True, help="Evaluate even when the cached results match the inputs.")
-@click.option("--url", default=None, help="HOST:PORT of the served model (Triton ensemble) to evaluate instead of "
+@click.option("--url", default=None, help="HOST:PORT of the served model (Triton: tensorrt_llm_bls) to evaluate instead of "
               "running in-process; `default`: where `serve` runs this config. Results: <config>/eval/served/.")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True,
               help="With --url: Triton gRPC or HTTP.")
@@ -352,9 +352,9 @@ def _number_list(kind: type):
 @main.command()
 @click.option("--url", default=None, help="HOST:PORT of the server; default with -c: where `serve` runs that config.")
 @click.option("--protocol", type=click.Choice(["triton-grpc", "triton-http", "openai"]), default="triton-grpc",
-              show_default=True, help="Triton ensemble over gRPC or HTTP (SSE), or an OpenAI-compatible server "
+              show_default=True, help="Triton (tensorrt_llm_bls, or --model ensemble) over gRPC or HTTP (SSE), or an OpenAI-compatible server "
               "(vLLM, trtllm-serve) on /v1/completions.")
-@click.option("--model", default=None, help="Served model; default: ensemble (Triton), the only one served (OpenAI).")
+@click.option("--model", default=None, help="Served model; default: tensorrt_llm_bls (Triton), the only one served (OpenAI).")
 @click.option("--concurrency", callback=_number_list(int), default=None,
               help="Closed-loop levels: requests kept in flight, comma separated (default 1 without --request-rate).")
 @click.option("--request-rate", callback=_number_list(float), default=None,

@@ -1,8 +1,10 @@
-"""Client of a deployed build: Triton's ``ensemble`` over gRPC (stream API) or HTTP (generate extension).
+"""Client of a deployed build over gRPC (stream API) or HTTP (generate extension).
 
-The ensemble is decoupled (it streams), so over gRPC every request, streamed or not, goes through
+It talks to ``tensorrt_llm_bls`` by default (``contract.FRONT_MODEL``; the ``ensemble`` takes the same
+inputs), the model that stops generating when its client cancels or goes away. Both are decoupled
+(they stream), so over gRPC every request, streamed or not, goes through
 ``start_stream``/``async_stream_infer`` (Triton refuses plain ``infer`` on a decoupled model); over
-HTTP a whole answer is ``POST /v2/models/ensemble/generate`` and a stream ``/generate_stream``
+HTTP a whole answer is ``POST /v2/models/<model>/generate`` and a stream ``/generate_stream``
 (server-sent events). One client per thread: tritonclient's clients are not thread-safe.
 
 Parameters are the ensemble's optional inputs (``max_tokens``, ``min_tokens``, ``temperature``,
@@ -20,7 +22,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
-from trtllm_pipeline.triton.contract import CLIENT_INPUTS
+from trtllm_pipeline.triton.contract import CLIENT_INPUTS, FRONT_MODEL
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_MAX_TOKENS = 256
@@ -36,7 +38,7 @@ class ServerError(StageFailed):
 class TritonClient:
     """``generate(prompt, **params) -> str``, ``stream(prompt, **params)`` and ``score_choices``."""
 
-    def __init__(self, url: str, protocol: str = "grpc", model: str = "ensemble", timeout_s: float = 600.0):
+    def __init__(self, url: str, protocol: str = "grpc", model: str = FRONT_MODEL, timeout_s: float = 600.0):
         if protocol not in PROTOCOLS:
             raise InputError(f"protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}.")
         self.url, self.protocol, self.model, self.timeout_s = url, protocol, model, timeout_s

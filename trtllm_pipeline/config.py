@@ -201,7 +201,13 @@ class ServingSection(_Section):
     metrics_port: int = Field(8002, ge=1, le=65535)
     max_batch_size: int = Field(8, ge=1, description="Triton-side batch limit (triton_max_batch_size)")
     max_queue_delay_microseconds: int = Field(1000, ge=0)
-    instance_count: int = Field(1, ge=1, description="pre/postprocessing model instances")
+    instance_count: int = Field(
+        2, ge=1, le=64, description="preprocessing model instances, tokenizing in parallel (two: one long prompt "
+        "does not hold up the others); postprocessing keeps one, so that a stream's responses stay in order")
+    http_front: bool = Field(
+        True, description="validate HTTP generate requests in front of Triton's HTTP endpoint: 400 naming the "
+        "field for malformed JSON and wrong types, size limits before parsing (Triton 2.51 answers those with "
+        "500, or 200 and an empty stream)")
     exclude_input_in_output: bool = True
     startup_timeout_s: float = Field(180.0, gt=0)
 

@@ -15,16 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_pipeline import artifacts
-from trtllm_pipeline.config import BuildConfig
+from trtllm_pipeline.config import BuildConfig, check_against_model
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.model.source import known_shape
 from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.registry import backend, select_backend
 from trtllm_pipeline.triton import repository
+from trtllm_pipeline.triton.contract import longest_token_bytes, request_limits
 
 log = logging.getLogger(__name__)
 
-DEPLOY_REVISION = 1  # bump when what deploy writes changes without its inputs changing
+DEPLOY_REVISION = 2  # bump when what deploy writes changes without its inputs changing
+# Without the build's tokenizer (a repository written before quantize): a bound on the bytes one token
+# can stand for that no tokenizer here exceeds, so the byte limit refuses nothing the engine would take.
+UNKNOWN_TOKEN_BYTES = 1024
 
 
 @dataclasses.dataclass
@@ -55,15 +59,19 @@ def deploy(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: st
            force: bool = False) -> DeployResult:
     """Write (or reuse) the model repository for ``cfg`` and the runtime its engine was built for."""
     paths = artifacts.artifact_paths(Path(engines_dir).resolve(), cfg.name)
+    artifacts.remove_stale_temporaries(paths.root)
+    if (shape := known_shape(cfg.model)) is not None:  # the checks quantize makes: tp against the heads, ...
+        check_against_model(cfg, shape)
     engine_manifest = artifacts.read_manifest(paths.engine)
     chosen, reason = deployment_backend(cfg, engine_manifest, runtime)
-    end_id, pad_id, ids_source = special_ids(cfg, paths.tokenizer)
+    end_id, pad_id, ids_source, token_bytes = special_ids(cfg, paths.tokenizer)
+    limits = request_limits(cfg, token_bytes)
     inputs = {
         "runtime": chosen.name,
         "config": {key: cfg.section(key) for key in ("build", "runtime", "serving")} | {"dtype": cfg.dtype},
         "engine": engine_manifest["inputs_hash"] if engine_manifest else None,
         "engine_dir": str(paths.engine),
-        "tokenizer": {"dir": str(paths.tokenizer), "end_id": end_id, "pad_id": pad_id},
+        "tokenizer": {"dir": str(paths.tokenizer), "end_id": end_id, "pad_id": pad_id, "token_bytes": token_bytes},
         "models": _python_models_hash(),
         "revision": DEPLOY_REVISION,
     }
@@ -75,7 +83,8 @@ def deploy(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: st
     engine = chosen.engine_model(cfg, engines_dir=paths.root.parent, engine_dir=paths.engine)
     with artifacts.atomic_dir(paths.triton_repo) as tmp:
         written = repository.write_repository(cfg, chosen.name, engine, tmp, engine_dir=paths.engine,
-                                              tokenizer_dir=paths.tokenizer, end_id=end_id, pad_id=pad_id)
+                                              tokenizer_dir=paths.tokenizer, end_id=end_id, pad_id=pad_id,
+                                              limits=limits)
         manifest = artifacts.write_manifest(tmp, {
             **artifacts.stage_header("deploy", cfg),
             "runtime": chosen.name,
@@ -105,8 +114,9 @@ def deployment_backend(cfg: BuildConfig, engine_manifest: dict | None, requested
     )
 
 
-def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str]:
-    """(end id, pad id, where they came from): the tokenizer's, else the model's known EOS.
+def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str, int]:
+    """(end id, pad id, where they came from, the most bytes one token stands for): the tokenizer's,
+    else the model's known EOS.
 
     Like TensorRT-LLM's preprocessing, a tokenizer without a pad token pads with its EOS (the
     R1-distill tokenizers name EOS as their pad token anyway).
@@ -116,14 +126,16 @@ def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str]:
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         end = tokenizer.eos_token_id
-        return end, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end, "tokenizer"
+        return (end, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end, "tokenizer",
+                longest_token_bytes(tokenizer))
     shape = known_shape(cfg.model)
     if shape is None:
         raise InputError(
             f"{tokenizer_dir} does not exist yet and the end id of {cfg.model.source} is not known here.",
             fix=f"quantize first (`trtllm-pipeline quantize -c {cfg.file}`), which writes the tokenizer",
         )
-    return shape.eos_token_id, shape.eos_token_id, "model catalog (the tokenizer is written by quantize)"
+    return (shape.eos_token_id, shape.eos_token_id, "model catalog (the tokenizer is written by quantize)",
+            UNKNOWN_TOKEN_BYTES)
 
 
 def engine_problem(cfg: BuildConfig, deployment: dict[str, Any]) -> str | None:

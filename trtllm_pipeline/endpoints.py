@@ -36,6 +36,15 @@ class Ports:
     http: int
     grpc: int
     metrics: int
+    http_host: str | None = None  # where Triton's HTTP endpoint binds, when not ``host`` (behind the HTTP front)
+
+    @property
+    def http_bind(self) -> str:
+        return self.http_host or self.host
+
+    def behind_front(self, upstream_port: int) -> "Ports":
+        """The ports tritonserver binds when the HTTP front holds ``http``: its HTTP endpoint on loopback."""
+        return dataclasses.replace(self, http=upstream_port, http_host="127.0.0.1")
 
     @classmethod
     def of(cls, cfg: "BuildConfig", host=None, http=None, grpc=None, metrics=None) -> "Ports":
@@ -73,8 +82,9 @@ class Server:
 
     def endpoints(self) -> list[str]:
         h = self.client_host
-        return [f"HTTP     http://{h}:{self.http_port}  (POST /v2/models/ensemble/generate, /generate_stream)",
-                f"gRPC     {h}:{self.grpc_port}  (model ensemble, decoupled: stream API)",
+        return [f"HTTP     http://{h}:{self.http_port}  (POST /v2/models/tensorrt_llm_bls/generate, /generate_stream;"
+                " also ensemble)",
+                f"gRPC     {h}:{self.grpc_port}  (model tensorrt_llm_bls, or ensemble; decoupled: stream API)",
                 f"metrics  http://{h}:{self.metrics_port}/metrics  (Prometheus)"]
 
     def state(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from trtllm_pipeline.endpoints import (SERVER_EXIT_TIMEOUT_S, STATE_FILE, Ports,
                                       serve_state_dir)
 from trtllm_pipeline.errors import InputError, StageFailed
 from trtllm_pipeline.runtimes.registry import backend
+from trtllm_pipeline.triton import http_front
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,15 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) 
     deployed = artifacts.read_manifest(paths.triton_repo)
     chosen, reason = ((backend(deployed["runtime"]), "deployed") if deployed else
                       deployment_backend(cfg, artifacts.read_manifest(paths.engine), None))
-    cmd, _ = chosen.server_command(cfg, paths.triton_repo, ports, paths.serve_state)
+    inner = ports.behind_front(0) if cfg.serving.http_front else ports
+    cmd, _ = chosen.server_command(cfg, paths.triton_repo, inner, paths.serve_state)
+    if cfg.serving.http_front:
+        limits = (deployed or {}).get("limits") or {"from": "the deployment"}
+        cmd = http_front.command(ports.host, ports.http, 0, limits, cmd)
     lines = [f"runtime: {chosen.name} ({reason})", f"model repository: {paths.triton_repo}"]
+    if cfg.serving.http_front:
+        lines.append(f"HTTP front on {ports.host}:{ports.http}: validates generate requests, Triton's HTTP endpoint "
+                     "behind it on a free loopback port (shown as 0 below)")
     if deployed and (problem := engine_problem(cfg, deployed)):
         lines.append(f"not servable yet: {problem}")
     lines += ["launch:", "  " + shlex.join(cmd)]
@@ -73,8 +81,11 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / STOP_FILE).unlink(missing_ok=True)
     served = backend(deployment.runtime)
-    cmd, env = served.server_command(cfg, deployment.repo_dir, ports, state_dir)
+    inner = ports.behind_front(http_front.free_loopback_port()) if cfg.serving.http_front else ports
+    cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
     served.prepare_server(cmd, state_dir)
+    if cfg.serving.http_front:  # the front holds the HTTP port and runs the server as its child
+        cmd = http_front.command(ports.host, ports.http, inner.http, deployment.manifest["limits"], cmd)
     log_path = state_dir / LOG_FILE
     with open(log_path, "wb") as log_file:
         # A session of its own: Ctrl-C in the terminal reaches us, not the server, which we stop in order.

@@ -1,4 +1,4 @@
-"""A deployed model (Triton's ``ensemble``, through ``client.TritonClient``) as a ``tasks.model.LanguageModel``.
+"""A deployed model (Triton's ``tensorrt_llm_bls``, through ``client.TritonClient``) as a ``tasks.model.LanguageModel``.
 
 ``eval --url`` judges what is served, so the gate can compare it with an in-process run: the same
 items, prompts and settings. The tasks hand over token ids; the client speaks text and the server

@@ -5,7 +5,7 @@ the arrival time of each token-bearing response and its text. Lengths are forced
 request generates exactly the tokens asked for and the numbers compare across servers:
 
 * ``triton-grpc`` / ``triton-http``: the deployment's client (``client.TritonClient``: the gRPC
-  stream API of the decoupled ``ensemble``, or ``generate_stream`` with server-sent events);
+  stream API of the decoupled ``tensorrt_llm_bls`` (same contract as the ``ensemble``), or ``generate_stream`` with server-sent events);
   ``min_tokens = max_tokens`` (TensorRT-LLM's ensemble inputs), ``exclude_input_in_output``.
   Every response carries one generated token (TensorRT-LLM streaming; our torch server too), so
   the responses count the tokens.
@@ -22,11 +22,12 @@ import time
 from typing import Any, Iterator
 
 from trtllm_pipeline.client import TritonClient
+from trtllm_pipeline.triton.contract import FRONT_MODEL
 from trtllm_pipeline.errors import InputError, UnavailableError
 
 PROTOCOLS = ("triton-grpc", "triton-http", "openai")
 TRITON_PROTOCOLS = {"triton-grpc": "grpc", "triton-http": "http"}  # -> client.TritonClient's names
-TRITON_MODEL = "ensemble"
+TRITON_MODEL = FRONT_MODEL  # the model clients use: it stops what a gone client asked for
 
 
 @dataclasses.dataclass

@@ -63,7 +63,7 @@ class TrtllmBackend(Backend):
         """The tritonserver on PATH (NGC ``tritonserver:<yy.mm>-trtllm-python-py3``), one per rank under mpirun."""
         binary = tritonserver_binaries()["path"] or NGC_TRITONSERVER
         return server_launch_command(cfg, repo_dir, binary, ports.http, ports.grpc, ports.metrics,
-                                     ports.host), dict(os.environ)
+                                     ports.host, http_host=ports.http_bind), dict(os.environ)
 
     def runtime_class(self) -> type[TrtllmRuntime]:
         return TrtllmRuntime

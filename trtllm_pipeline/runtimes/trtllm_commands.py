@@ -88,20 +88,22 @@ def engine_run_command(cfg: "BuildConfig", engine_dir: str | os.PathLike, argv: 
 
 
 def server_launch_command(cfg: "BuildConfig", repo_dir: str | os.PathLike, tritonserver: str, http_port: int,
-                          grpc_port: int, metrics_port: int, host: str = "127.0.0.1") -> list[str]:
+                          grpc_port: int, metrics_port: int, host: str = "127.0.0.1",
+                          http_host: str | None = None) -> list[str]:
     """tritonserver for a TensorRT-LLM model repository, as TensorRT-LLM's launch_triton_server.py starts it.
 
     World size 1: one plain tritonserver. Above 1: one ``mpirun --allow-run-as-root`` with a
     ``-n 1 tritonserver ...`` segment per rank joined by ``:``; ranks > 0 load only the engine
     model (``tensorrt_llm``), every segment names the same ports, and each rank gets its own
     Python-backend shared-memory prefix, as upstream's launcher writes them. Added here: the
-    endpoints bind ``host`` (Triton's default is every interface).
+    endpoints bind ``host`` (Triton's default is every interface); HTTP binds ``http_host`` when given
+    (loopback, behind ``serve``'s HTTP front).
     """
     world = cfg.parallelism.world_size
     segments = []
     for rank in range(world):
         seg = [tritonserver, f"--model-repository={repo_dir}",
-               f"--http-address={host}", f"--http-port={http_port}",
+               f"--http-address={http_host or host}", f"--http-port={http_port}",
                f"--grpc-address={host}", f"--grpc-port={grpc_port}",
                f"--metrics-address={host}", f"--metrics-port={metrics_port}"]
         if rank > 0:

@@ -9,6 +9,7 @@ them from here, so the contract is stated once.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ CLIENT_INPUTS = [
     ("return_generation_logits", "TYPE_BOOL", [1], "return_generation_logits"),
 ]
 REQUIRED_INPUTS = ("text_input", "max_tokens")
+# The model clients are pointed at: it takes the contract above and, unlike the ensemble in Triton
+# 2.51, stops a request whose client disconnected or cancelled it (docs/serving.md).
+FRONT_MODEL = "tensorrt_llm_bls"
 
 # ensemble input -> preprocessing input, and preprocessing output -> tensorrt_llm input.
 PREPROCESSING_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
@@ -83,3 +87,58 @@ def dynamic_batching(cfg: "BuildConfig") -> dict[str, Any]:
     return {"preferred_batch_size": [cfg.serving.max_batch_size],
             "max_queue_delay_microseconds": cfg.serving.max_queue_delay_microseconds,
             "default_queue_policy": {"max_queue_size": 0}}  # 0: unbounded, TensorRT-LLM's default
+
+
+# --------------------------------------------------------------------------- the front door's limits
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLimits:
+    """What one request may bring, checked where it enters (HTTP front, BLS, preprocessing, OpenAI
+    front) before any expensive work: ``request_limits`` computes them, once, from the config."""
+
+    max_input_tokens: int  # build.max_input_len
+    max_seq_len: int  # build.max_seq_len: prompt and output tokens
+    max_text_bytes: int  # a prompt of more UTF-8 bytes cannot be max_input_tokens long: refused before tokenizing
+    max_batch: int  # prompts per request (serving.max_batch_size)
+    max_words: int = 64  # stop words, and bad words, per request
+    max_word_bytes: int = 1024  # each
+
+    @property
+    def max_body_bytes(self) -> int:
+        """An HTTP generate body that can hold such a request (one prompt): the prompt JSON-escaped (a
+        byte is at most 6 characters, ``\\u0001``), the word lists, and room for the other fields."""
+        words = 2 * self.max_words * 6 * self.max_word_bytes
+        return 6 * self.max_text_bytes + words + 64 * 1024
+
+    def text_problem(self, name: str, size: int) -> str | None:
+        if size > self.max_text_bytes:
+            return (f"{name} is {size} bytes; this engine takes at most {self.max_input_tokens} tokens "
+                    f"(build.max_input_len), which no text of more than {self.max_text_bytes} bytes fits")
+        return None
+
+    def words_problem(self, name: str, words: list) -> str | None:
+        if len(words) > self.max_words:
+            return f"{name} has {len(words)} entries; at most {self.max_words}"
+        if any(len(w) > self.max_word_bytes for w in words):
+            return f"{name}: each entry may be at most {self.max_word_bytes} bytes"
+        return None
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def request_limits(cfg: "BuildConfig", max_token_bytes: int) -> RequestLimits:
+    """The limits of ``cfg``'s engine; ``max_token_bytes``: the longest text one token of the build's
+    tokenizer stands for (``longest_token_bytes``), so that the byte limit never refuses a prompt
+    the engine would take."""
+    b = cfg.build
+    return RequestLimits(max_input_tokens=b.max_input_len, max_seq_len=b.max_seq_len,
+                         max_text_bytes=b.max_input_len * max(1, max_token_bytes),
+                         max_batch=cfg.serving.max_batch_size)
+
+
+def longest_token_bytes(tokenizer) -> int:
+    """UTF-8 bytes of the longest text a single token decodes to (special tokens included: a prompt
+    may spell one out); a partial character decodes to U+FFFD, 3 bytes, over its true 1-3."""
+    return max((len(tokenizer.decode([i]).encode("utf-8")) for i in range(len(tokenizer))), default=1)

@@ -20,6 +20,7 @@ streams as U+FFFD), and ``tensorrt_llm_bls``, which sees the whole stream, is ex
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from trtllm_pipeline.triton import model_config as mc
 from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, LOGITS_DATATYPE, PREPROCESSING_INPUTS,
-                                             PREPROCESSING_OUTPUTS, REQUIRED_INPUTS, dynamic_batching)
+                                             PREPROCESSING_OUTPUTS, REQUIRED_INPUTS, RequestLimits, dynamic_batching)
 from trtllm_pipeline.triton.model_config import tensor
 
 if TYPE_CHECKING:
@@ -86,7 +87,8 @@ def ensemble_config(cfg: "BuildConfig", *, text_from_model: bool) -> dict[str, A
     }
 
 
-def preprocessing_config(cfg: "BuildConfig", *, tokenizer_dir: Path, end_id: int, pad_id: int) -> dict[str, Any]:
+def preprocessing_config(cfg: "BuildConfig", *, tokenizer_dir: Path, end_id: int, pad_id: int,
+                         limits: RequestLimits) -> dict[str, Any]:
     s = cfg.serving
     return {
         "name": "preprocessing", "backend": "python", "max_batch_size": s.max_batch_size,
@@ -111,6 +113,7 @@ def preprocessing_config(cfg: "BuildConfig", *, tokenizer_dir: Path, end_id: int
         "parameters": mc.parameters({
             "tokenizer_dir": tokenizer_dir, "end_id": end_id, "pad_id": pad_id,
             "max_input_len": cfg.build.max_input_len, "max_seq_len": cfg.build.max_seq_len,
+            "limits": json.dumps(limits.to_dict()),
         }),
         "instance_group": [{"count": s.instance_count, "kind": "KIND_CPU"}],
     }
@@ -130,17 +133,20 @@ def postprocessing_config(cfg: "BuildConfig", *, tokenizer_dir: Path, detokenize
         "output": [tensor("OUTPUT", "TYPE_STRING", [-1])],
         "parameters": mc.parameters({"tokenizer_dir": tokenizer_dir, "skip_special_tokens": True,
                                      "detokenize": detokenize}),
-        "instance_group": [{"count": s.instance_count, "kind": "KIND_CPU"}],
+        # One instance: the responses of a stream pass through it one by one, in order (with two, an
+        # ensemble's consecutive responses are processed side by side and can arrive swapped).
+        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
     }
 
 
-def bls_config(cfg: "BuildConfig", *, tokenizer_dir: Path) -> dict[str, Any]:
+def bls_config(cfg: "BuildConfig", *, tokenizer_dir: Path, limits: RequestLimits) -> dict[str, Any]:
     return {
         "name": "tensorrt_llm_bls", "backend": "python", "max_batch_size": cfg.serving.max_batch_size,
         "model_transaction_policy": {"decoupled": True},
         "input": client_inputs(), "output": client_outputs(),
         "parameters": mc.parameters({"tokenizer_dir": tokenizer_dir, "tensorrt_llm_model_name": "tensorrt_llm",
-                                     "preprocessing_model_name": "preprocessing"}),
+                                     "preprocessing_model_name": "preprocessing",
+                                     "limits": json.dumps(limits.to_dict())}),
         "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
     }
 
@@ -154,13 +160,14 @@ def python_model_source(name: str) -> Path:
 
 
 def write_repository(cfg: "BuildConfig", runtime: str, engine: EngineModel, out: Path, *, engine_dir: Path,
-                     tokenizer_dir: Path, end_id: int, pad_id: int) -> dict[str, Any]:
+                     tokenizer_dir: Path, end_id: int, pad_id: int, limits: RequestLimits) -> dict[str, Any]:
     """Write the five models into ``out``; returns what was written, for the deploy manifest."""
     configs = {
         "ensemble": ensemble_config(cfg, text_from_model=engine.streams_text),
-        "preprocessing": preprocessing_config(cfg, tokenizer_dir=tokenizer_dir, end_id=end_id, pad_id=pad_id),
+        "preprocessing": preprocessing_config(cfg, tokenizer_dir=tokenizer_dir, end_id=end_id, pad_id=pad_id,
+                                              limits=limits),
         "postprocessing": postprocessing_config(cfg, tokenizer_dir=tokenizer_dir, detokenize=not engine.streams_text),
-        "tensorrt_llm_bls": bls_config(cfg, tokenizer_dir=tokenizer_dir),
+        "tensorrt_llm_bls": bls_config(cfg, tokenizer_dir=tokenizer_dir, limits=limits),
         "tensorrt_llm": engine.config,
     }
     sources = {name: name for name in MODELS if name not in ("ensemble", "tensorrt_llm")}
@@ -175,4 +182,4 @@ def write_repository(cfg: "BuildConfig", runtime: str, engine: EngineModel, out:
     if engine.write_files:
         engine.write_files(out / "tensorrt_llm")
     return {"models": list(MODELS), "runtime": runtime, "end_id": end_id, "pad_id": pad_id,
-            "tokenizer_dir": str(tokenizer_dir), "engine_dir": str(engine_dir)}
+            "tokenizer_dir": str(tokenizer_dir), "engine_dir": str(engine_dir), "limits": limits.to_dict()}

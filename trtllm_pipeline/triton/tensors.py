@@ -13,6 +13,7 @@ import numpy as np
 
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.chat import encode_prompt
+from trtllm_pipeline.triton.contract import RequestLimits
 
 
 class RequestError(ValueError):
@@ -24,10 +25,15 @@ def string_parameters(model_config: dict[str, Any]) -> dict[str, str]:
     return {key: value["string_value"] for key, value in model_config.get("parameters", {}).items()}
 
 
-def texts(array: np.ndarray, what: str) -> list[str]:
-    """One string per batch row of a ``[batch, 1]`` BYTES tensor."""
+def texts(array: np.ndarray, what: str, limits: RequestLimits | None = None) -> list[str]:
+    """One string per batch row of a ``[batch, 1]`` BYTES tensor; with ``limits``, each row's size is
+    checked before it is decoded (a prompt too long for the engine is refused before any work)."""
+    firsts = array.reshape(array.shape[0], -1)[:, 0]
+    if limits is not None:
+        for v in firsts:
+            if problem := limits.text_problem(what, len(v) if isinstance(v, (bytes, str)) else 0):
+                raise RequestError(problem)
     try:
-        firsts = array.reshape(array.shape[0], -1)[:, 0]
         return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in firsts]
     except UnicodeDecodeError:
         raise RequestError(f"{what} is not valid UTF-8") from None
@@ -77,15 +83,22 @@ class Preprocessor:
     tokens, no chat template), so served and in-process runs see the same ids.
     """
 
-    def __init__(self, tokenizer, *, end_id: int, pad_id: int, max_input_len: int, max_seq_len: int):
+    def __init__(self, tokenizer, *, end_id: int, pad_id: int, limits: RequestLimits):
         self.tokenizer = tokenizer
         self.end_id, self.pad_id = end_id, pad_id
-        self.max_input_len, self.max_seq_len = max_input_len, max_seq_len
+        self.limits = limits
+        self.max_input_len, self.max_seq_len = limits.max_input_tokens, limits.max_seq_len
 
-    def __call__(self, queries: np.ndarray, max_tokens: np.ndarray, *, stop_words: np.ndarray | None = None,
-                 bad_words: np.ndarray | None = None, end_id: np.ndarray | None = None,
-                 pad_id: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        prompts = texts(queries, "text_input")
+    def __call__(self, queries: np.ndarray | None, max_tokens: np.ndarray | None, *,
+                 stop_words: np.ndarray | None = None, bad_words: np.ndarray | None = None,
+                 end_id: np.ndarray | None = None, pad_id: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        # Required inputs are checked here too: Triton 2.51 lets a request that lacks one through when
+        # it brings as many inputs as the model requires (e.g. `max_tokens` and `stream`).
+        if queries is None:
+            raise RequestError("text_input is missing; it is required")
+        if max_tokens is None:
+            raise RequestError("max_tokens is missing; it is required")
+        prompts = texts(queries, "text_input", self.limits)
         batch = len(prompts)
         lengths = per_row(max_tokens, batch, None)
         ids = [self._encode(p, n) for p, n in zip(prompts, lengths)]
@@ -119,6 +132,9 @@ class Preprocessor:
     def _word_lists(self, words: np.ndarray | None, batch: int) -> np.ndarray:
         rows = [[] for _ in range(batch)] if words is None else [
             texts(np.asarray(row).reshape(-1, 1), "stop_words/bad_words") for row in words.reshape(batch, -1)]
+        for row in rows:
+            if problem := self.limits.words_problem("stop_words/bad_words", [w.encode() for w in row if w]):
+                raise RequestError(problem)
         lists = [word_list(self.tokenizer, r) for r in rows]
         width = max(x.shape[1] for x in lists)
         return np.stack([_pad_word_list(x, width) for x in lists])

@@ -21,7 +21,7 @@ from trtllm_pipeline.triton.contract import LOGITS_DATATYPE, TRTLLM_INPUTS, dyna
 BUILD_CONFIG_FILE = "build_config.json"
 HONOURED_INPUTS = ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "stop_words_list",
                    "bad_words_list", "streaming", "temperature", "runtime_top_k", "runtime_top_p", "seed",
-                   "min_tokens", "exclude_input_in_output", "return_generation_logits")
+                   "min_tokens", "exclude_input_in_output", "return_generation_logits", "stop")
 
 
 def model_config(cfg: BuildConfig, *, engines_dir: Path) -> dict[str, Any]:

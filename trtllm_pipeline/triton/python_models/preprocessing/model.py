@@ -9,6 +9,7 @@ import json
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
+from trtllm_pipeline.triton.contract import RequestLimits
 from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, string_parameters
 
 OPTIONAL = {"stop_words": "STOP_WORDS_DICT", "bad_words": "BAD_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
@@ -19,8 +20,7 @@ class TritonPythonModel:
         params = string_parameters(json.loads(args["model_config"]))
         self.preprocess = Preprocessor(
             AutoTokenizer.from_pretrained(params["tokenizer_dir"]), end_id=int(params["end_id"]),
-            pad_id=int(params["pad_id"]), max_input_len=int(params["max_input_len"]),
-            max_seq_len=int(params["max_seq_len"]))
+            pad_id=int(params["pad_id"]), limits=RequestLimits(**json.loads(params["limits"])))
 
     def execute(self, requests):
         responses = []
@@ -32,8 +32,13 @@ class TritonPythonModel:
             try:
                 outputs = self.preprocess(value("QUERY"), value("REQUEST_OUTPUT_LEN"),
                                           **{arg: value(name) for arg, name in OPTIONAL.items()})
-            except RequestError as exc:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
+            except RequestError as exc:  # the request's fault
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                    str(exc), pb_utils.TritonError.INVALID_ARG)))
+                continue
+            except Exception as exc:  # a malformed tensor this code did not foresee: still this request's error
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                    f"preprocessing failed: {type(exc).__name__}: {exc}")))
                 continue
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]))
         return responses

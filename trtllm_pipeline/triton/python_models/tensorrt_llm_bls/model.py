@@ -6,21 +6,37 @@ either runtime (TensorRT-LLM's C++ backend included), stop strings are cut as te
 per request; each request runs in its own thread so that requests overlap. The tokenizer (and
 with it transformers and torch) loads on the first request: a deployment used through the
 ensemble does not pay for it at startup.
+
+This is the model clients are pointed at (``contract.FRONT_MODEL``), because it stops what its
+client no longer wants. In Triton 2.51 a client that disconnects or cancels shows as
+``is_cancelled()`` on this model's request, but not on the requests it made (a BLS response
+iterator cannot be cancelled in this version), and the ensemble propagates nothing at all. So the
+engine request always streams (one response per token, whatever the client asked), this model
+checks its own request after each response, and when the client is gone it sends TensorRT-LLM's
+stop request (``stop`` true, the same request id) to the engine model: generation ends within a
+step or two and the engine's slot is free. Required inputs and the front door's size limits are
+checked first (``contract.RequestLimits``), before preprocessing tokenizes anything.
 """
 
 import functools
 import json
 import threading
+import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
-from trtllm_pipeline.triton.contract import CLIENT_INPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
-from trtllm_pipeline.triton.tensors import per_row, string_parameters, texts
+from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
+                                             REQUIRED_INPUTS, RequestLimits)
+from trtllm_pipeline.triton.tensors import RequestError, per_row, string_parameters, texts
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "generation_logits"]
+
+
+class Cancelled(Exception):
+    """The client went away or cancelled the request."""
 
 
 class TritonPythonModel:
@@ -29,6 +45,7 @@ class TritonPythonModel:
         self.tokenizer_dir = params["tokenizer_dir"]
         self.engine_model = params["tensorrt_llm_model_name"]
         self.preprocessing_model = params["preprocessing_model_name"]
+        self.limits = RequestLimits(**json.loads(params["limits"]))
 
     @functools.cached_property
     def tokenizer(self):
@@ -40,27 +57,42 @@ class TritonPythonModel:
         for request in requests:
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             sender = request.get_response_sender()
-            threading.Thread(target=self.run, args=(inputs, sender), daemon=True).start()
+            threading.Thread(target=self.run, args=(request, inputs, sender), daemon=True).start()
         return None
 
-    def run(self, inputs, sender):
+    def run(self, request, inputs, sender):
         try:
-            self.generate(inputs, sender)
+            self.generate(request, inputs, sender)
+        except Cancelled:
+            try:
+                sender.send(flags=FINAL)
+            except Exception:  # the client is gone: nobody to tell
+                pass
         except Exception as exc:  # an answer for the client, whatever failed
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
-                        flags=FINAL)
+            code = pb_utils.TritonError.INVALID_ARG if isinstance(exc, RequestError) else pb_utils.TritonError.INTERNAL
+            try:
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc), code)),
+                            flags=FINAL)
+            except Exception:
+                pass
 
-    def generate(self, inputs, sender):
+    def generate(self, request, inputs, sender):
+        for name in REQUIRED_INPUTS:  # Triton 2.51 lets a request lacking one through in some cases
+            if name not in inputs:
+                raise RequestError(f"{name} is missing; it is required")
         if inputs["text_input"].shape[0] != 1:
-            raise ValueError("tensorrt_llm_bls takes one prompt per request")
+            raise RequestError(f"tensorrt_llm_bls takes one prompt per request; this one has "
+                               f"{inputs['text_input'].shape[0]}")
+        texts(inputs["text_input"], "text_input", self.limits)  # its size, before anything else
         pre_inputs = {PREPROCESSING_INPUTS[k]: v for k, v in inputs.items() if k in PREPROCESSING_INPUTS}
         response = self.request(self.preprocessing_model, list(PREPROCESSING_OUTPUTS), pre_inputs).exec()
         if response.has_error():
-            raise ValueError(response.error().message())
+            raise RequestError(response.error().message())
         engine = {PREPROCESSING_OUTPUTS[name]: pb_utils.get_output_tensor_by_name(response, name).as_numpy()
                   for name in PREPROCESSING_OUTPUTS}
         engine.update({trt: inputs[name] for name, _, _, trt in CLIENT_INPUTS if trt and name in inputs})
         engine["exclude_input_in_output"] = np.array([[True]])  # the prompt's text is added here, if asked
+        engine["streaming"] = np.array([[True]])  # a response per token: a point to notice a cancellation
         streaming = per_row(inputs.get("stream"), 1, False)[0]
         exclude = per_row(inputs.get("exclude_input_in_output"), 1, True)[0]
         stop_words = texts(inputs["stop_words"].reshape(-1, 1), "stop_words") if "stop_words" in inputs else []
@@ -68,7 +100,12 @@ class TritonPythonModel:
         prompt = engine["input_ids"][0, : int(engine["input_lengths"].reshape(-1)[0])].tolist()
         prefix = "" if exclude else self.tokenizer.decode(prompt, skip_special_tokens=True)
         logits = None
-        for response in self.request(self.engine_model, ENGINE_OUTPUTS, engine).exec(decoupled=True):
+        request_id = f"bls-{uuid.uuid4().hex}"
+        responses = self.request(self.engine_model, ENGINE_OUTPUTS, engine, request_id=request_id).exec(decoupled=True)
+        for response in responses:
+            if request.is_cancelled():
+                self.stop(request_id, responses)
+                raise Cancelled
             if response.has_error():
                 raise ValueError(response.error().message())
             ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
@@ -81,6 +118,8 @@ class TritonPythonModel:
             if streaming:
                 self.send(sender, prefix + piece, logits if found is not None else None)
                 prefix = ""
+            if text.stopped:  # a stop string matched: the engine need not go on
+                self.stop(request_id, responses)
         tail = text.flush()
         if not streaming:
             self.send(sender, prefix + text.text, logits, final=True)
@@ -89,8 +128,18 @@ class TritonPythonModel:
         else:
             sender.send(flags=FINAL)
 
-    def request(self, model, outputs, tensors):
-        return pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs,
+    def stop(self, request_id, responses):
+        """TensorRT-LLM's stop request for ``request_id``, then the rest of its responses (it ends
+        with a final one)."""
+        stop = {"input_ids": np.zeros((1, 1), np.int32), "input_lengths": np.ones((1, 1), np.int32),
+                "request_output_len": np.ones((1, 1), np.int32), "stop": np.array([[True]])}
+        for _ in self.request(self.engine_model, ["output_ids"], stop, request_id=request_id).exec(decoupled=True):
+            pass
+        for _ in responses:
+            pass
+
+    def request(self, model, outputs, tensors, request_id=""):
+        return pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, request_id=request_id,
                                          inputs=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
 
     def send(self, sender, piece, logits, final=False):

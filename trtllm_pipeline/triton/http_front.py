@@ -1,0 +1,323 @@
+"""The HTTP front door: Triton's HTTP endpoint behind a validating proxy, and the server under it.
+
+Triton 2.51 turns a generate request's JSON into tensors itself, and answers a value of the wrong
+type (``"max_tokens": "ten"``, ``1.5``, an integer stop word), truncated JSON or a body that is not
+an object with HTTP 500, and its required-input check misses a lacking ``text_input`` when the
+request brings as many other inputs (a streamed request then gets 200 and an empty stream). So
+``serve`` puts this front on the configured HTTP port and Triton's HTTP endpoint on a loopback port
+behind it. The front checks ``generate`` and ``generate_stream`` bodies against the client contract
+(``contract.CLIENT_INPUTS``: every field's type, the required ones, the sizes of
+``contract.RequestLimits``, a body larger than any valid request refused unread) and answers a bad
+one with 400 and a message naming the field; everything else, and every valid request, passes
+through unchanged, streamed as it comes. A client that disconnects is noticed at once (its socket's
+end of file) and the upstream connection closed, which Triton reports to the model as a cancelled
+request. gRPC clients reach Triton directly: Triton checks their data types itself.
+
+Run as ``python -m trtllm_pipeline.triton.http_front --listen HOST:PORT --upstream 127.0.0.1:PORT
+--limits JSON -- tritonserver ...``: it binds its port first, starts the server command as its
+child, forwards SIGTERM/SIGINT to it and exits with its exit status, so ``serve`` manages the two as
+one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import http.server
+import json
+import math
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from trtllm_pipeline.triton.contract import CLIENT_INPUTS, FRONT_MODEL, REQUIRED_INPUTS, RequestLimits
+
+# The generate endpoints of the models that take the client contract (the others pass through as they are).
+CONTRACT_MODELS = ("ensemble", FRONT_MODEL)
+GENERATE_PATH = re.compile(rf"^/v2/models/(?:{'|'.join(CONTRACT_MODELS)})(?:/versions/[^/?]+)?/(generate|generate_stream)"
+                           r"(?:\?.*)?$")
+OTHER_BODY_LIMIT = 64 * 2**20  # other endpoints (infer, repository, ...) pass through up to this
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+              "transfer-encoding", "upgrade", "content-length"}
+TRITON_GENERATE_KEYS = {"id": str, "parameters": dict}  # the generate extension's own fields
+INT32 = (-(2**31), 2**31 - 1)
+UINT64 = (0, 2**64 - 1)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+# --------------------------------------------------------------------------- the check
+
+
+def _reject_constant(name: str):
+    raise BadRequest(f"the body is not valid JSON: {name} is not a JSON number")
+
+
+def check_generate(body: bytes, limits: RequestLimits) -> dict[str, Any]:
+    """The request object of a valid generate body; BadRequest naming the first problem otherwise."""
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 JSON") from None
+    except ValueError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the body must be a JSON object of inputs, got a {type(data).__name__}")
+    types = {name: (dtype, dims) for name, dtype, dims, _ in CLIENT_INPUTS}
+    unknown = sorted(set(data) - set(types) - set(TRITON_GENERATE_KEYS))
+    if unknown:
+        raise BadRequest(f"unknown input(s) {', '.join(unknown)}; this model takes {', '.join(types)}")
+    for name in REQUIRED_INPUTS:
+        if name not in data:
+            raise BadRequest(f"{name} is missing; it is required")
+    for key, kind in TRITON_GENERATE_KEYS.items():
+        if key in data and not isinstance(data[key], kind):
+            raise BadRequest(f"{key} must be a JSON {'string' if kind is str else 'object'}")
+    for name, value in data.items():
+        if name in types:
+            _check_value(name, value, *types[name], limits)
+    return data
+
+
+def _check_value(name: str, value: Any, dtype: str, dims: list[int], limits: RequestLimits) -> None:
+    if dtype == "TYPE_STRING":
+        if dims == [-1]:  # a list of strings (stop_words, bad_words); one string is a list of one
+            words = [value] if isinstance(value, str) else value
+            if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+                raise BadRequest(f"{name} must be a string or a list of strings, got {_shown(value)}")
+            if problem := limits.words_problem(name, [w.encode() for w in words]):
+                raise BadRequest(problem)
+            return
+        if not isinstance(value, str):
+            raise BadRequest(f"{name} must be a string, got {_shown(value)}")
+        if problem := limits.text_problem(name, len(value.encode("utf-8", "surrogatepass"))):
+            raise BadRequest(problem)
+        return
+    if isinstance(value, list) and len(value) == 1:  # Triton takes [x] for a [1] input
+        value = value[0]
+    if dtype == "TYPE_BOOL":
+        if not isinstance(value, bool):
+            raise BadRequest(f"{name} must be true or false, got {_shown(value)}")
+    elif dtype in ("TYPE_INT32", "TYPE_UINT64"):
+        low, high = INT32 if dtype == "TYPE_INT32" else UINT64
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise BadRequest(f"{name} must be an integer, got {_shown(value)}")
+        if not low <= value <= high:
+            raise BadRequest(f"{name} must be from {low} to {high}, got {value}")
+    elif dtype == "TYPE_FP32":
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise BadRequest(f"{name} must be a finite number, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return f"{text[:40]}..." if len(text) > 43 else text
+
+
+# --------------------------------------------------------------------------- the proxy
+
+
+class Front(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], limits: RequestLimits):
+        self.address_family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
+        super().__init__(listen, Handler)
+        self.upstream, self.limits = upstream, limits
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Front
+
+    def log_message(self, format, *args):  # Triton logs requests itself; keep the log to errors
+        pass
+
+    def do_GET(self):
+        self._proxy()
+
+    do_HEAD = do_PUT = do_DELETE = do_OPTIONS = do_GET
+
+    def do_POST(self):
+        match = GENERATE_PATH.match(self.path)
+        self._proxy(generate=match.group(1) if match else None)
+
+    def _proxy(self, generate: str | None = None) -> None:
+        limit = self.server.limits.max_body_bytes if generate else OTHER_BODY_LIMIT
+        try:
+            body = self._body(limit)
+            if generate:
+                check_generate(body, self.server.limits)
+        except BadRequest as exc:
+            self._error(exc.status, str(exc), stream=generate == "generate_stream")
+            return
+        try:
+            upstream = http.client.HTTPConnection(*self.server.upstream)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
+            upstream.request(self.command, self.path, body=body if body or self.command == "POST" else None,
+                             headers=headers)
+            response = upstream.getresponse()
+        except OSError:
+            self._error(503, "the server is not ready (its HTTP endpoint is not listening yet)")
+            return
+        watcher = _ClientWatcher(self.connection, upstream)
+        try:
+            self._relay(response)
+        except (OSError, http.client.HTTPException):  # the client went away mid-response
+            self.close_connection = True
+        finally:
+            watcher.done()
+            upstream.close()
+
+    def _body(self, limit: int) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raise BadRequest("send the body with a Content-Length (chunked request bodies are not taken)", 411)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number") from None
+        if length < 0:
+            raise BadRequest("Content-Length is negative")
+        if length > limit:
+            self.close_connection = True  # the body stays unread
+            raise BadRequest(f"the body is {length} bytes; requests to this server are at most {limit} bytes "
+                             "(build.max_input_len allows no longer prompt)", 413)
+        return self.rfile.read(length) if length else b""
+
+    def _relay(self, response: http.client.HTTPResponse) -> None:
+        self.send_response_only(response.status, response.reason)
+        for key, value in response.getheaders():
+            if key.lower() not in HOP_BY_HOP:
+                self.send_header(key, value)
+        length = response.getheader("Content-Length")
+        if self.command == "HEAD" or response.status in (204, 304):
+            self.end_headers()
+            return
+        if length is not None:
+            self.send_header("Content-Length", length)
+            self.end_headers()
+            remaining = int(length)
+            while remaining > 0:
+                chunk = response.read(min(remaining, 1 << 16))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                remaining -= len(chunk)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        while chunk := response.read1(1 << 16):  # as it arrives: one server-sent event per token
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _error(self, status: int, message: str, stream: bool = False) -> None:
+        body = json.dumps({"error": message}).encode()
+        if stream:  # as Triton answers generate_stream: one server-sent event
+            body = b"data: " + body + b"\n\n"
+        self.send_response(status)
+        self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _ClientWatcher:
+    """Closes the upstream connection as soon as the client's socket reaches end of file, so that
+    a request whose client went away is cancelled even while no response is being written."""
+
+    def __init__(self, client: socket.socket, upstream: http.client.HTTPConnection):
+        self.client, self.upstream = client, upstream
+        self._stop_r, self._stop_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            readable, _, _ = select.select([self.client, self._stop_r], [], [])
+            if self.client in readable and self._stop_r not in readable:
+                if self.client.recv(1, socket.MSG_PEEK) == b"":  # end of file: the client is gone
+                    if self.upstream.sock is not None:
+                        self.upstream.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # either socket closed meanwhile
+            pass
+
+    def done(self) -> None:
+        try:
+            self._stop_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+        self._stop_r.close()
+        self._stop_w.close()
+
+
+# --------------------------------------------------------------------------- the process
+
+
+def command(listen_host: str, listen_port: int, upstream_port: int, limits: dict[str, int],
+            server_command: list[str]) -> list[str]:
+    """The command that runs ``server_command`` behind the front (``serve`` launches this)."""
+    host = f"[{listen_host}]" if ":" in listen_host else listen_host
+    return [sys.executable, "-m", "trtllm_pipeline.triton.http_front", f"--listen={host}:{listen_port}",
+            f"--upstream=127.0.0.1:{upstream_port}", f"--limits={json.dumps(limits, sort_keys=True)}", "--",
+            *server_command]
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it), for Triton's HTTP endpoint behind the front."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trtllm_pipeline.triton.http_front")
+    parser.add_argument("--listen", required=True, help="HOST:PORT clients connect to")
+    parser.add_argument("--upstream", required=True, help="HOST:PORT of Triton's own HTTP endpoint")
+    parser.add_argument("--limits", required=True, help="contract.RequestLimits as JSON")
+    parser.add_argument("command", nargs="+", help="the server command (after --)")
+    args = parser.parse_args(argv)
+    limits = RequestLimits(**json.loads(args.limits))
+    try:
+        front = Front(_address(args.listen), _address(args.upstream), limits)
+    except OSError as exc:
+        print(f"http front: cannot listen on {args.listen}: {exc.strerror} (address already in use?)",
+              file=sys.stderr, flush=True)
+        return 1
+    child = subprocess.Popen(args.command)
+
+    def forward(signum, frame):
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    threading.Thread(target=front.serve_forever, name="http-front", daemon=True).start()
+    print(f"http front: {args.listen} -> Triton HTTP at {args.upstream}", file=sys.stderr, flush=True)
+    code = child.wait()
+    front.shutdown()
+    front.server_close()
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
