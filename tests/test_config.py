@@ -121,3 +121,81 @@ def test_cli_config_error_exits_2_without_traceback_or_output(tmp_path):
 def test_cli_missing_config_suggests_nearby(tmp_path):
     proc = run_cli("quantize", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp3.yaml"))
     assert proc.returncode == 2 and "did you mean" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- hostile but fair inputs
+
+
+def _load_text(tmp_path, text: str | bytes) -> ConfigError:
+    path = tmp_path / "probe.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    return exc.value
+
+
+BASE_YAML = (CONFIGS / "tiny-qwen2-fp8-tp1.yaml").read_text()
+
+
+def test_a_duplicate_key_is_an_error_not_a_silent_override(tmp_path):
+    err = _load_text(tmp_path, BASE_YAML.replace("  tp: 1\n", "  tp: 1\n  tp: 4\n"))
+    assert "duplicate key 'tp'" in err.message and "line" in err.message
+
+
+@pytest.mark.parametrize("data, where", [
+    ("model: {source: café}\n".encode("latin-1"), "not UTF-8 text (byte 19, line 1"),
+    (b"\x00\x01\x02\xff\xfe binary", "not UTF-8 text"),
+    (b"\x00\x00\x00model: x", "not valid YAML"),
+], ids=["latin-1", "binary", "nul-bytes"])
+def test_non_utf8_and_binary_files_are_named_config_errors(tmp_path, data, where):
+    assert where in _load_text(tmp_path, data).message
+
+
+def test_an_anchor_bomb_is_refused_with_a_short_message(tmp_path):
+    bomb = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    bomb += [f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},"
+             f"*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)}]" for i in range(8)]
+    text = "\n".join(bomb) + "\nmodel: {source: builtin:tiny-qwen2}\nbuild: {extra_args: *i}\n"
+    assert len(text) < 1000
+    err = _load_text(tmp_path, text)
+    assert "expands to more than" in err.message and len(str(err)) < 500
+
+
+def test_error_messages_stay_short_whatever_the_value(tmp_path):
+    err = _load_text(tmp_path, BASE_YAML + "bogus: " + "x" * 100_000 + "\n")
+    assert len(str(err)) < 2000
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("build", "max_batch_size", 10**12, "less than or equal to 4096"),
+    ("build", "max_seq_len", 10**9, "less than or equal to"),
+    ("serving", "startup_timeout_s", float("inf"), "finite number"),
+    ("serving", "startup_timeout_s", float("nan"), "finite number"),
+    ("evaluation", "seed", 10**30, "less than or equal to 4294967295"),
+    ("evaluation", "seed", -1, "greater than or equal to 0"),
+    ("runtime", "kv_cache_free_gpu_mem_fraction", float("nan"), "finite number"),
+])
+def test_numbers_are_bounded_to_what_can_run(section, key, value, message):
+    data = _base()
+    data.setdefault(section, {})[key] = value
+    assert message in _error(data)
+
+
+@pytest.mark.parametrize("key, value", [("seed", 10**30), ("max_seq_len", 10**9), ("num_samples", 10**9)])
+def test_calibration_numbers_are_bounded(key, value):
+    data = _base()
+    data["quantization"]["calibration"][key] = value
+    assert f"quantization.calibration.{key}" in _error(data)
+
+
+@pytest.mark.parametrize("source", ["foo/bar;touch /tmp/x", "a b", "$(id)", "org/name/extra"])
+def test_a_model_source_must_be_a_hub_id_a_directory_or_builtin(source):
+    data = _base()
+    data["model"]["source"] = source
+    assert "is not a hub id" in _error(data)
+
+
+def test_a_calibration_dataset_must_be_a_hub_id_or_a_path():
+    data = _base()
+    data["quantization"]["calibration"]["dataset"] = "x; rm -rf ~"
+    assert "is not a hub dataset id" in _error(data)

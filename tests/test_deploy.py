@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import load, run_cli
+from conftest import REPO, load, run_cli
 from google.protobuf import json_format
 from transformers import AutoTokenizer
 
@@ -160,3 +160,30 @@ def test_a_repository_must_match_the_built_engine(built, engines_dir):
     built(cfg.name)
     with pytest.raises(InputError, match="built for the torch runtime"):
         stage.deploy(cfg, engines_dir=engines_dir, runtime="tensorrt_llm")
+
+
+def test_deploy_runs_the_model_checks_quantize_runs(tmp_path):
+    config = tmp_path / "tiny-qwen2-fp8-tp3.yaml"
+    config.write_text((REPO / "build_configs" / "tiny-qwen2-fp8-tp1.yaml").read_text().replace("tp: 1", "tp: 3"))
+    out = run_cli("deploy", "-c", str(config), "--engines-dir", str(tmp_path / "engines"), "--runtime", "torch")
+    assert out.returncode == 2 and "parallelism.tp: 3 does not divide" in out.stderr, out.stderr
+    assert not (tmp_path / "engines" / "tiny-qwen2-fp8-tp3" / "triton_model_repo").exists()
+
+
+def test_binding_every_interface_is_warned_about(tmp_path):
+    out = run_cli("serve", "-c", str(REPO / "build_configs" / "tiny-qwen2-fp8-tp1.yaml"), "--engines-dir",
+                  str(tmp_path), "--dry-run", "--host", "0.0.0.0")
+    assert out.returncode == 0, out.stderr
+    assert "warning: serving on every network interface" in out.stdout
+    loopback = run_cli("serve", "-c", str(REPO / "build_configs" / "tiny-qwen2-fp8-tp1.yaml"), "--engines-dir",
+                       str(tmp_path), "--dry-run")
+    assert "warning" not in loopback.stdout
+
+
+def test_printed_commands_quote_what_they_name(tmp_path):
+    odd = tmp_path / "my configs; rm -rf ~" / "tiny.yaml"
+    odd.parent.mkdir()
+    odd.write_text((REPO / "build_configs" / "tiny-qwen2-fp8-tp1.yaml").read_text())
+    out = run_cli("eval", "-c", str(odd), "--engines-dir", str(tmp_path / "engines"))
+    assert out.returncode == 2
+    assert f"-c '{odd}'" in out.stderr, out.stderr  # safe to paste

@@ -216,3 +216,84 @@ def test_7b_dry_run_and_offline_failure(tmp_path):
     assert real.returncode == 3 and "Traceback" not in real.stderr
     assert "not in the local Hugging Face cache" in real.stderr and "Fix:" in real.stderr
     assert not (tmp_path / "r1-distill-qwen-7b-fp8-tp4").exists()
+
+
+# --------------------------------------------------------------------------- what is loaded, what is left behind
+
+
+class _Payload:
+    """Unpickling this creates ``path``: proof that a pickle was loaded."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _local_model(tmp_path, weights_as: str | None, pickle_marker=None):
+    import pickle
+    import shutil
+
+    from trtllm_pipeline.model.builtin import builtin_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(builtin_model_dir("tiny-qwen2"), model)
+    if weights_as is None:
+        (model / "model.safetensors").unlink()
+    elif weights_as != "model.safetensors":
+        (model / "model.safetensors").rename(model / weights_as)
+    if pickle_marker is not None:
+        (model / "pytorch_model.bin").write_bytes(pickle.dumps(_Payload(pickle_marker)))
+    data = yaml.safe_load((CONFIGS / "tiny-qwen2-bf16-tp1.yaml").read_text())
+    data["model"]["source"] = str(model)
+    return config_from_dict(data, name="local")
+
+
+@pytest.mark.parametrize("weights_as, message", [
+    ("unrelated.safetensors", "are not the model's weights"),  # the issue's probe: safetensors beside a pickle
+    (None, "only pickled weights (pytorch_model.bin), which are never loaded"),
+])
+def test_pickled_weights_are_refused_with_the_fix(tmp_path, weights_as, message):
+    marker = tmp_path / "unpickled"
+    cfg = _local_model(tmp_path, weights_as, pickle_marker=marker)
+    with pytest.raises(InputError, match="no model.safetensors") as exc:
+        quantize(cfg, engines_dir=tmp_path / "engines")
+    assert message in exc.value.message and "safe_serialization=True" in exc.value.fix
+    assert not marker.exists()
+
+
+def test_pickles_beside_safetensors_weights_are_ignored_and_reported(tmp_path, caplog):
+    marker = tmp_path / "unpickled"
+    cfg = _local_model(tmp_path, "model.safetensors", pickle_marker=marker)
+    with caplog.at_level("WARNING"):
+        result = quantize(cfg, engines_dir=tmp_path / "engines")
+    assert not result.cache_hit and not marker.exists()
+    assert any("ignoring pickled files" in r.message and "pytorch_model.bin" in r.message for r in caplog.records)
+    assert "pytorch_model.bin" not in result.manifest["inputs"]["model"]["files"]
+
+
+def test_temporaries_of_killed_runs_go_on_the_next_run_cache_hit_or_not(quantized, engines_dir):
+    root = quantized("tiny-qwen2-fp8-tp1").checkpoint_dir.parent
+    dead = root / ".checkpoint.tmp-999999999-1"  # its process is gone
+    reused = root / f".checkpoint.tmp-{os.getpid()}-2"  # its PID now belongs to a process started after it
+    ours = root / f".checkpoint.tmp-{os.getpid()}-3"  # a live run's, written now: kept
+    partial_eval = root / "eval" / ".mmlu.json.tmp-999999999"
+    for path in (dead, reused, ours):
+        path.mkdir()
+    partial_eval.parent.mkdir(exist_ok=True)
+    partial_eval.write_text("{")
+    os.utime(reused, (1_000_000, 1_000_000))
+    try:
+        assert quantize(load("tiny-qwen2-fp8-tp1"), engines_dir=engines_dir).cache_hit
+        assert not dead.exists() and not reused.exists() and not partial_eval.exists()
+        assert ours.exists()
+    finally:
+        ours.rmdir()
+
+
+def test_a_missing_local_calibration_file_is_not_tried_on_the_hub(tmp_path):
+    data = yaml.safe_load((CONFIGS / "tiny-qwen2-fp8-tp1.yaml").read_text())
+    data["quantization"]["calibration"]["dataset"] = "./no/such/calibration.jsonl"
+    with pytest.raises(InputError, match="does not exist .a local path, so it is not looked up on the hub"):
+        quantize(config_from_dict(data, name="t"), engines_dir=tmp_path)

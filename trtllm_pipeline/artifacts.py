@@ -163,8 +163,20 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def process_start_time(pid: int) -> float | None:
+    """When process ``pid`` started (epoch seconds), from /proc; None where that cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def remove_stale_temporaries(parent: Path) -> None:
-    """Delete temporary directories left behind by runs whose process is gone."""
+    """Delete temporary files and directories left behind by runs that were killed: their process is
+    gone, or its PID now belongs to a process that started after the temporary was last written."""
     if not parent.is_dir():
         return
     for entry in parent.iterdir():
@@ -173,10 +185,23 @@ def remove_stale_temporaries(parent: Path) -> None:
             continue
         try:
             pid = int(name.rsplit(_TMP_MARK, 1)[1].split("-")[0])
-        except ValueError:
+            written = entry.lstat().st_mtime
+        except (ValueError, OSError):
             continue
-        if not pid_alive(pid):
+        started = process_start_time(pid) if pid_alive(pid) else None
+        if not pid_alive(pid) or (started is not None and started > written + 2):
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+
+
+def remove_stale_in(root: Path) -> None:
+    """Stale temporaries of killed runs in a build's directory and its stages' directories (a stage
+    calls this when it starts, so a killed run's leftovers go on the next run, cache hit or not)."""
+    root = Path(root)
+    if root.is_dir():
+        remove_stale_temporaries(root)
+        for child in root.iterdir():
+            if child.is_dir() and not child.name.startswith("."):
+                remove_stale_temporaries(child)
 
 
 @contextlib.contextmanager
@@ -269,7 +294,7 @@ def engine_manifest(engines_dir: str | os.PathLike, cfg: "BuildConfig") -> dict[
     manifest = read_manifest(directory)
     if manifest is None:
         raise InputError(f"{directory} holds no built engine for {cfg.name}.",
-                         fix=f"run `trtllm-pipeline build -c {cfg.file}` first")
+                         fix=f"run `trtllm-pipeline build -c {cfg.file_arg}` first")
     return manifest
 
 

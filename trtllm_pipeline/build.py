@@ -45,6 +45,7 @@ def build(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: str
     backend.require(cfg)
     ckpt = quantize.quantize(cfg, engines_dir=engines_dir)
     paths = artifacts.artifact_paths(engines_dir, cfg.name)
+    artifacts.remove_stale_in(paths.root)
     inputs = {
         "runtime": backend.name,
         "checkpoint": {"inputs_hash": ckpt.manifest["inputs_hash"],

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_pipeline.artifacts import file_sha256, fingerprint
-from trtllm_pipeline.config import CalibrationSection
+from trtllm_pipeline.config import CalibrationSection, looks_like_a_path
 from trtllm_pipeline.errors import InputError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,15 @@ _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".c
 
 
 def is_local(cal: CalibrationSection) -> bool:
-    return not cal.dataset.startswith("builtin:") and Path(os.path.expanduser(cal.dataset)).exists()
+    """A local file or directory; one that only looks like a path is an error, never a hub id to try."""
+    if cal.dataset.startswith("builtin:"):
+        return False
+    if Path(os.path.expanduser(cal.dataset)).exists():
+        return True
+    if looks_like_a_path(cal.dataset):
+        raise InputError(f"quantization.calibration.dataset: {cal.dataset} does not exist (a local path, so it is "
+                         "not looked up on the hub).", fix="correct the path, or give a hub dataset id (org/name)")
+    return False
 
 
 def data_fingerprint(cal: CalibrationSection) -> dict[str, Any]:

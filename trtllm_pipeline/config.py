@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import reprlib
+import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from trtllm_pipeline.errors import ConfigError
 from trtllm_pipeline.model.catalog import ModelShape
@@ -40,15 +43,51 @@ BACKEND_NAMES = ("tensorrt_llm", "torch")
 
 PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "disable"]
 
+# Bounds on what can run, so that a typo (1e12) is refused here rather than as an allocator failure
+# minutes later. Generous: far beyond any engine this pipeline builds.
+MAX_BATCH = 4096
+MAX_TOKENS = 1 << 20  # a sequence: prompt and output
+SEED_MAX = 2**32 - 1  # every generator here (torch, numpy, random) takes these
+HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")  # [org/]name, as the hub spells ids
+REVISION = re.compile(r"^[\w./-]{1,200}$")
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+
+
+LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".txt")
+
+
+def looks_like_a_path(value: str) -> bool:
+    """Whether a source names a local file or directory (which must then exist), not a hub id."""
+    return (value.startswith((".", "/", "~")) or Path(value).suffix.lower() in LOCAL_DATA_SUFFIXES
+            or Path(os.path.expanduser(value)).exists())
+
 
 class _Section(BaseModel):
-    # strict: YAML `"8"` is not an integer; forbid: a misspelt key is an error, not a silent default.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # strict: YAML `"8"` is not an integer; forbid: a misspelt key is an error, not a silent default;
+    # no NaN or infinity for any number.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):
     source: str = Field(description="hub id (org/name), local HF model directory, or builtin:tiny-qwen2")
     revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
+
+    @field_validator("source")
+    @classmethod
+    def _source_kind(cls, value: str) -> str:
+        local = value.startswith((".", "/", "~")) or Path(os.path.expanduser(value)).exists()
+        if not (value.startswith("builtin:") or local or HUB_ID.match(value)):
+            raise ValueError(f"{value[:100]!r} is not a hub id (org/name), a local directory (./..., /..., ~/...) "
+                             "or builtin:<name>")
+        return value
+
+    @field_validator("revision")
+    @classmethod
+    def _revision_syntax(cls, value: str | None) -> str | None:
+        if value is not None and not REVISION.match(value):
+            raise ValueError(f"{value[:100]!r} is not a branch, tag or commit name")
+        return value
 
     @property
     def is_builtin(self) -> bool:
@@ -71,10 +110,18 @@ class CalibrationSection(_Section):
     subset: str | None = Field(None, description="dataset configuration; default 3.0.0 for cnn_dailymail")
     split: str = "train"
     text_column: str | None = Field(None, description="default: article for cnn_dailymail, else text")
-    num_samples: int = Field(512, gt=0)
-    max_seq_len: int = Field(512, gt=0)
-    batch_size: int = Field(1, gt=0)
-    seed: int = 1234
+    num_samples: int = Field(512, gt=0, le=100_000)
+    max_seq_len: int = Field(512, gt=0, le=131_072)
+    batch_size: BatchSize = 1
+    seed: Seed = 1234
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_kind(cls, value: str) -> str:
+        if not (value.startswith("builtin:") or looks_like_a_path(value) or HUB_ID.match(value)):
+            raise ValueError(f"{value[:100]!r} is not a hub dataset id (org/name), a local file or directory "
+                             "(./..., /..., or a .json/.jsonl/.parquet/.csv/.txt file) or builtin:random-tokens")
+        return value
 
     @property
     def is_cnn_dailymail(self) -> bool:
@@ -130,8 +177,8 @@ class QuantizationSection(_Section):
 
 
 class ParallelismSection(_Section):
-    tp: int = Field(1, ge=1, description="tensor parallel size")
-    pp: int = Field(1, ge=1, description="pipeline parallel size (only 1 is supported)")
+    tp: int = Field(1, ge=1, le=64, description="tensor parallel size")
+    pp: int = Field(1, ge=1, le=64, description="pipeline parallel size (only 1 is supported)")
 
     @property
     def world_size(self) -> int:
@@ -152,17 +199,17 @@ class BuildSection(_Section):
     """Engine limits and trtllm-build options. TensorRT-LLM's own max_seq_len default is the
     model's 131072 positions, which sizes the KV cache for contexts nobody sends: set it."""
 
-    max_batch_size: int = Field(8, ge=1)
-    max_input_len: int = Field(2048, ge=1)
-    max_seq_len: int = Field(4096, ge=2)
-    max_num_tokens: int = Field(8192, ge=1)
-    max_beam_width: int = Field(1, ge=1)
+    max_batch_size: BatchSize = 8
+    max_input_len: int = Field(2048, ge=1, le=MAX_TOKENS)
+    max_seq_len: int = Field(4096, ge=2, le=MAX_TOKENS)
+    max_num_tokens: int = Field(8192, ge=1, le=16 * MAX_TOKENS)
+    max_beam_width: int = Field(1, ge=1, le=64)
     kv_cache_type: Literal["paged", "continuous"] = "paged"
     use_paged_context_fmha: bool = True
     use_fp8_context_fmha: bool | None = Field(None, description="null: on exactly when the KV cache is FP8")
     use_fused_mlp: bool = True
     multiple_profiles: bool = True
-    workers: int | None = Field(None, ge=1, description="parallel build workers; default min(world size, GPUs)")
+    workers: int | None = Field(None, ge=1, le=64, description="parallel build workers; default min(world size, GPUs)")
     gather_generation_logits: bool = Field(
         False, description="keep generation logits in the engine (--gather_generation_logits): lets `eval --url` "
         "score MMLU against a TensorRT-LLM deployment")
@@ -184,7 +231,7 @@ class RuntimeSection(_Section):
         True, description="torch runtime on CUDA: decode with fused Triton kernels (off: eager PyTorch ops)")
     cuda_graphs: bool = Field(
         True, description="torch runtime on CUDA: replay the fast decode step from CUDA graphs, one per batch bucket")
-    graph_batch_sizes: list[PositiveInt] | None = Field(
+    graph_batch_sizes: list[BatchSize] | None = Field(
         None, description="batch buckets captured as CUDA graphs; default: powers of two up to build.max_batch_size")
     prefill_chunk_tokens: int = Field(
         2048, ge=16, le=1_048_576,
@@ -199,8 +246,8 @@ class ServingSection(_Section):
     http_port: int = Field(8000, ge=1, le=65535)
     grpc_port: int = Field(8001, ge=1, le=65535)
     metrics_port: int = Field(8002, ge=1, le=65535)
-    max_batch_size: int = Field(8, ge=1, description="Triton-side batch limit (triton_max_batch_size)")
-    max_queue_delay_microseconds: int = Field(1000, ge=0)
+    max_batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="Triton-side batch limit (triton_max_batch_size)")
+    max_queue_delay_microseconds: int = Field(1000, ge=0, le=10_000_000)
     instance_count: int = Field(
         2, ge=1, le=64, description="preprocessing model instances, tokenizing in parallel (two: one long prompt "
         "does not hold up the others); postprocessing keeps one, so that a stream's responses stay in order")
@@ -209,20 +256,22 @@ class ServingSection(_Section):
         "field for malformed JSON and wrong types, size limits before parsing (Triton 2.51 answers those with "
         "500, or 200 and an empty stream)")
     exclude_input_in_output: bool = True
-    startup_timeout_s: float = Field(180.0, gt=0)
+    startup_timeout_s: float = Field(180.0, gt=0, le=86_400)
 
 
 class EvaluationSection(_Section):
     tasks: list[TaskName] = Field(default_factory=lambda: list(TASKS))
-    limit: int | None = Field(None, ge=1, description="items per task, a stratified subset; null: all")
+    limit: int | None = Field(None, ge=1, le=10_000_000, description="items per task, a stratified subset; null: all")
     batch_size: int = Field(
-        128, ge=1, description="questions per runtime call (MMLU: sharing one few-shot prefix; GSM8K: in flight)"
+        128, ge=1, le=MAX_BATCH,
+        description="questions per runtime call (MMLU: sharing one few-shot prefix; GSM8K: in flight)"
     )
-    seed: int = Field(1234, description="seeds the --limit subset and GSM8K's few-shot exemplars")
+    seed: Seed = Field(1234, description="seeds the --limit subset and GSM8K's few-shot exemplars")
     gsm8k_mode: Literal["lm-eval", "reasoning"] = Field(
         "lm-eval", description="lm-eval: 5-shot Question/Answer; reasoning: chat template, zero-shot, \\boxed{}"
     )
-    gsm8k_max_new_tokens: int | None = Field(None, ge=1, description="default: 256 (lm-eval), 4096 (reasoning)")
+    gsm8k_max_new_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                             description="default: 256 (lm-eval), 4096 (reasoning)")
 
 
 class BuildConfig(_Section):
@@ -254,6 +303,11 @@ class BuildConfig(_Section):
         """The config file as a command line names it (``-c``); a config made in code is named as shipped."""
         return str(self._path or f"build_configs/{self._name}.yaml")
 
+    @property
+    def file_arg(self) -> str:
+        """``file`` quoted for a shell: what a printed command line says, safe to paste."""
+        return shlex.quote(self.file)
+
     def section(self, name: str) -> dict[str, Any]:
         return getattr(self, name).model_dump(mode="json")
 
@@ -264,20 +318,80 @@ class BuildConfig(_Section):
 # --------------------------------------------------------------------------- loading
 
 
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_VALUES = 100_000  # after anchors and aliases are expanded
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hashable = key in seen
+            except TypeError:  # an unhashable key: construct_mapping says so itself
+                break
+            if hashable:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {reprlib.repr(key)} (first on line {seen[key].line + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(path: str | os.PathLike, what: str = "config") -> Any:
+    """A YAML file's data: UTF-8, at most 1 MiB, no duplicate keys, and no anchor/alias expansion
+    to more than 100000 values; ConfigError naming the file and the place otherwise."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} file ({exc.strerror}).") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: {len(raw)} bytes is too large for a {what} file (at most {MAX_YAML_BYTES}).")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}, line {line}: {raw[exc.start:exc.start + 1]!r}); "
+                          f"a {what} file is UTF-8 YAML.", fix="save the file as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: not valid YAML{where}: {reprlib.repr(problem)[1:-1] if len(problem) > 200 else problem}.",
+                          fix="correct the YAML syntax") from None
+    if _count_values(data, MAX_YAML_VALUES) > MAX_YAML_VALUES:
+        raise ConfigError(f"{path}: the YAML expands to more than {MAX_YAML_VALUES} values (anchors and aliases); "
+                          f"a {what} file is far smaller.", fix="write the values out instead of nesting aliases")
+    return data
+
+
+def _count_values(data: Any, limit: int) -> int:
+    """Values in ``data`` with aliases counted each time they appear; stops counting past ``limit``."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return count
+
+
 def load_config(path: str | os.PathLike) -> BuildConfig:
     """Read, validate and cross-check a build config file."""
     path = Path(path)
     if not path.is_file():
         hint = _nearby_configs(path)
         raise ConfigError(f"{path}: no such config file.", fix=hint or "pass an existing build_configs/*.yaml file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}.",
-                          fix="correct the YAML syntax") from None
-    return config_from_dict(data, name=path.stem, path=path)
+    return config_from_dict(load_yaml(path), name=path.stem, path=path)
 
 
 def config_from_dict(data: Any, *, name: str, path: Path | None = None) -> BuildConfig:
@@ -363,9 +477,18 @@ def check_against_model(cfg: BuildConfig, shape: ModelShape) -> None:
 # --------------------------------------------------------------------------- messages
 
 
+_shown = reprlib.Repr()
+_shown.maxstring = _shown.maxother = 60
+_shown.maxlist = _shown.maxdict = 4
+_shown.maxlevel = 2
+MAX_ERRORS_SHOWN = 10
+
+
 def _format_validation_error(where: str, exc: ValidationError) -> str:
     lines = []
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors[:MAX_ERRORS_SHOWN]:
+        err = dict(err, input=_Shown(err.get("input")))
         loc = ".".join(str(p) for p in err["loc"])
         kind = err["type"]
         if kind == "extra_forbidden":
@@ -381,11 +504,23 @@ def _format_validation_error(where: str, exc: ValidationError) -> str:
         elif kind == "value_error":
             lines.append(f"{loc}: {err['ctx']['error']}.")
         elif kind.endswith("_type") or kind.endswith("_parsing"):
-            got = type(err["input"]).__name__
+            got = type(err["input"].value).__name__
             lines.append(f"{loc}: {err['msg'].lower()}, got {err['input']!r} ({got}).")
         else:
             lines.append(f"{loc}: {err['msg']} (got {err['input']!r}).")
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"(and {len(errors) - MAX_ERRORS_SHOWN} more)")
     return f"{where}: invalid config. " + " ".join(lines)
+
+
+class _Shown:
+    """A value in an error message, its repr bounded (a value may be huge: YAML aliases)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return _shown.repr(self.value)
 
 
 def _known_keys(loc: tuple) -> list[str]:

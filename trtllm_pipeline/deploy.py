@@ -52,14 +52,14 @@ class DeployResult:
         if self.engine_ready:
             return None
         return (f"note: the engine directory {self.engine_dir} is still empty: build it before serving "
-                f"(trtllm-pipeline build -c {self.cfg.file} --runtime {self.runtime}); serve refuses until then")
+                f"(trtllm-pipeline build -c {self.cfg.file_arg} --runtime {self.runtime}); serve refuses until then")
 
 
 def deploy(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: str | None = None,
            force: bool = False) -> DeployResult:
     """Write (or reuse) the model repository for ``cfg`` and the runtime its engine was built for."""
     paths = artifacts.artifact_paths(Path(engines_dir).resolve(), cfg.name)
-    artifacts.remove_stale_temporaries(paths.root)
+    artifacts.remove_stale_in(paths.root)
     if (shape := known_shape(cfg.model)) is not None:  # the checks quantize makes: tp against the heads, ...
         check_against_model(cfg, shape)
     engine_manifest = artifacts.read_manifest(paths.engine)
@@ -109,7 +109,7 @@ def deployment_backend(cfg: BuildConfig, engine_manifest: dict | None, requested
         return backend(built), "the runtime the engine was built for"
     raise InputError(
         f"the engine of {cfg.name} was built for the {built} runtime; a {requested} repository cannot serve it.",
-        fix=f"build it for {requested} first (`trtllm-pipeline build -c {cfg.file} --runtime {requested}`), "
+        fix=f"build it for {requested} first (`trtllm-pipeline build -c {cfg.file_arg} --runtime {requested}`), "
         f"or deploy with --runtime {built}",
     )
 
@@ -132,7 +132,7 @@ def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str, i
     if shape is None:
         raise InputError(
             f"{tokenizer_dir} does not exist yet and the end id of {cfg.model.source} is not known here.",
-            fix=f"quantize first (`trtllm-pipeline quantize -c {cfg.file}`), which writes the tokenizer",
+            fix=f"quantize first (`trtllm-pipeline quantize -c {cfg.file_arg}`), which writes the tokenizer",
         )
     return (shape.eos_token_id, shape.eos_token_id, "model catalog (the tokenizer is written by quantize)",
             UNKNOWN_TOKEN_BYTES)
@@ -144,9 +144,9 @@ def engine_problem(cfg: BuildConfig, deployment: dict[str, Any]) -> str | None:
     manifest = artifacts.read_manifest(engine_dir)
     if manifest is None:
         return (f"the engine directory {engine_dir} is still empty; build it with "
-                f"`trtllm-pipeline build -c {cfg.file} --runtime {deployment['runtime']}`")
+                f"`trtllm-pipeline build -c {cfg.file_arg} --runtime {deployment['runtime']}`")
     if manifest["inputs_hash"] != deployment["inputs"]["engine"]:
-        return f"the engine in {engine_dir} changed since deploy; run `trtllm-pipeline deploy -c {cfg.file}` again"
+        return f"the engine in {engine_dir} changed since deploy; run `trtllm-pipeline deploy -c {cfg.file_arg}` again"
     return None
 
 

@@ -64,6 +64,7 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
     names = task_names(tasks or cfg.evaluation.tasks)
     limit = limit if limit is not None else cfg.evaluation.limit
     paths = artifacts.artifact_paths(engines_dir, cfg.name)
+    artifacts.remove_stale_in(paths.root)
     identity = {"served": url} if url else artifacts.engine_manifest(engines_dir, cfg)["inputs_hash"]
     default_dir = paths.eval / "served" if url else paths.eval
     outputs = {name: output_path(default_dir, name, output, several=len(names) > 1) for name in names}
@@ -103,7 +104,7 @@ def open_model(cfg: BuildConfig, engines_dir: str | Path, url: str | None, proto
     tokenizer_dir = artifacts.artifact_paths(engines_dir, cfg.name).tokenizer
     if not tokenizer_dir.is_dir():
         raise InputError(f"{tokenizer_dir} does not exist; --url needs the build's tokenizer to write the prompts.",
-                         fix=f"run `trtllm-pipeline quantize -c {cfg.file}`, or point --engines-dir at it")
+                         fix=f"run `trtllm-pipeline quantize -c {cfg.file_arg}`, or point --engines-dir at it")
     return ServedModel(resolve_url(url, protocol, cfg, engines_dir), protocol,
                        AutoTokenizer.from_pretrained(tokenizer_dir), max_input_len=cfg.build.max_input_len,
                        max_seq_len=cfg.build.max_seq_len, concurrency=cfg.serving.max_batch_size)

@@ -48,6 +48,7 @@ class QuantizeResult:
 def quantize(cfg: BuildConfig, *, engines_dir: str | Path = "engines", force: bool = False) -> QuantizeResult:
     """Quantize (or just convert) the config's model and export its TensorRT-LLM checkpoint."""
     paths = artifacts.artifact_paths(engines_dir, cfg.name)
+    artifacts.remove_stale_in(paths.root)
     model = resolve_model(cfg.model)
     check_against_model(cfg, model.shape)
     inputs = _inputs(cfg, model, paths)
@@ -195,7 +196,9 @@ def _load(model_dir: Path, dtype: str, device: str):
 
     with quiet():
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), low_cpu_mem_usage=True)
+        # use_safetensors: never unpickle weights, whatever else the directory holds (model.source checks it has them)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), low_cpu_mem_usage=True,
+                                                     use_safetensors=True)
     return model.to(device).eval(), tokenizer
 
 

@@ -12,6 +12,7 @@ reported with the tail of its log.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -59,6 +60,8 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) 
                      "behind it on a free loopback port (shown as 0 below)")
     if deployed and (problem := engine_problem(cfg, deployed)):
         lines.append(f"not servable yet: {problem}")
+    if warning := exposure_warning(ports.host):
+        lines.append(f"warning: {warning}")
     lines += ["launch:", "  " + shlex.join(cmd)]
     server = Server(0, chosen.name, ports.host, ports.http, ports.grpc, ports.metrics, "", cmd)
     return lines + ["endpoints:"] + [f"  {e}" for e in server.endpoints()]
@@ -70,8 +73,10 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
     running = read_state(cfg, engines_dir)
     if running is not None:
         raise InputError(f"a server for {cfg.name} is already running (pid {running.pid}, HTTP port "
-                         f"{running.http_port}).", fix=f"stop it first: trtllm-pipeline serve -c {cfg.file} --stop")
+                         f"{running.http_port}).", fix=f"stop it first: trtllm-pipeline serve -c {cfg.file_arg} --stop")
     ports = Ports.of(cfg, **port_args)
+    if warning := exposure_warning(ports.host):
+        log.warning("serve: %s", warning)
     previous = artifacts.read_manifest(paths.triton_repo)
     deployment = deploy(cfg, engines_dir=engines_dir, runtime=previous["runtime"] if previous else None)
     if problem := engine_problem(cfg, deployment.manifest):
@@ -102,6 +107,19 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
         stop_server(server, state_dir)
         raise
     return server
+
+
+def exposure_warning(host: str) -> str | None:
+    """What binding ``host`` exposes, when it is not loopback (Triton has no authentication)."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it resolves to whatever it resolves to
+        loopback = False
+    if loopback:
+        return None
+    where = "every network interface" if host in ("0.0.0.0", "::", "") else host
+    return (f"serving on {where}: anyone who can reach this machine can use the model, and Triton has no "
+            "authentication; bind 127.0.0.1 (serving.host, --host) unless that is intended")
 
 
 def wait_ready(server: Server, *, timeout_s: float) -> None:
@@ -268,7 +286,7 @@ def _log_fix(server: Server) -> str:
 def started_lines(cfg: BuildConfig, server: Server, *, detach: bool) -> list[str]:
     lines = [f"serving {cfg.name} ({server.runtime} runtime, pid {server.pid}, log {server.log}):"]
     lines += [f"  {line}" for line in server.endpoints()]
-    return lines + [f"stop it with: trtllm-pipeline serve -c {cfg.file} --stop" if detach else "Ctrl-C stops it."]
+    return lines + [f"stop it with: trtllm-pipeline serve -c {cfg.file_arg} --stop" if detach else "Ctrl-C stops it."]
 
 
 def stopped_line(cfg: BuildConfig, stopped: Server | None) -> str:

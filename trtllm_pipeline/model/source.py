@@ -8,8 +8,10 @@ a local directory, or ``builtin:<name>`` (generated here, see ``model.builtin``)
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +26,10 @@ log = logging.getLogger(__name__)
 
 # What a causal-LM checkpoint needs; never *.bin (pickle) nor *.py (remote code).
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+# Where transformers looks for safetensors weights (from_pretrained(..., use_safetensors=True)).
+SAFETENSORS_WEIGHTS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,16 +78,36 @@ def known_shape(model: "ModelSection") -> ModelShape | None:
 
 
 def _check_local_dir(path: Path) -> None:
+    """An HF model directory whose weights are safetensors, the only weights ever loaded: its
+    model.safetensors, or the shards its model.safetensors.index.json names. Pickled weights beside
+    them are ignored (and said so); a directory with only pickles is refused."""
     if not path.is_dir():
         raise InputError(f"model.source: {path} is not a directory.", fix="point it at an HF model directory")
     if not (path / "config.json").is_file():
         raise InputError(f"model.source: {path} has no config.json; it is not an HF model directory.",
                          fix="point it at the directory holding config.json and *.safetensors")
-    if not any(path.glob("*.safetensors")):
-        raise InputError(
-            f"model.source: {path} has no *.safetensors weights (pickled *.bin weights are not loaded).",
-            fix="convert the weights to safetensors, e.g. save_pretrained(..., safe_serialization=True)",
-        )
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    fix = "convert the weights to safetensors, e.g. save_pretrained(..., safe_serialization=True)"
+    index = path / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise InputError(f"model.source: {index} is not a safetensors index (a JSON weight_map).", fix=fix) from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise InputError(f"model.source: {path} lacks the safetensors shards {missing[:3]} its index names.",
+                             fix="copy the whole model directory") from None
+    elif not (path / SAFETENSORS_WEIGHTS).is_file():
+        others = sorted(p.name for p in path.glob("*.safetensors"))
+        found = [f"its *.safetensors ({', '.join(others[:3])}) are not the model's weights"] if others else []
+        if pickles:
+            found.append(f"it has only pickled weights ({', '.join(pickles[:3])}), which are never loaded")
+        found = "; ".join(found) or "it has no weights"
+        raise InputError(f"model.source: {path} has no {SAFETENSORS_WEIGHTS} nor {SAFETENSORS_INDEX}: {found}.", fix=fix)
+    if pickles:
+        log.warning("model.source: ignoring pickled files in %s (%s): only safetensors weights are loaded",
+                    path, ", ".join(pickles))
 
 
 def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
@@ -103,7 +129,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise UnavailableError(
             f"model.source: {repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.",
-            fix=f"download it where the hub is reachable (`hf download {repo_id}`) with the same HF_HOME, "
+            fix=f"download it where the hub is reachable (`hf download {shlex.quote(repo_id)}`) with the same HF_HOME, "
             "or set model.source to a local model directory",
         )
     log.info("downloading %s from the Hugging Face hub into %s", repo_id, _hf_home())

@@ -45,7 +45,7 @@ class TrtllmBackend(Backend):
 
     def unavailable_fix(self, cfg: "BuildConfig") -> str:
         return (f"run on a machine that has them, or build for the torch runtime instead (the FP8 checkpoint run "
-                f"in PyTorch, CPU or CUDA): `trtllm-pipeline build -c {cfg.file} --runtime torch` (with make: "
+                f"in PyTorch, CPU or CUDA): `trtllm-pipeline build -c {cfg.file_arg} --runtime torch` (with make: "
                 "RUNTIME=torch; MODEL=tiny-qwen2 runs the whole pipeline on any machine)")
 
     def build(self, cfg: "BuildConfig", checkpoint_dir: Path, engine_dir: Path, clock: "Stopwatch") -> dict[str, Any]:

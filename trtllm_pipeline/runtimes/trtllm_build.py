@@ -56,7 +56,7 @@ def build_engine(cfg: "BuildConfig", checkpoint_dir: str | os.PathLike, engine_d
     if problems:
         raise UnavailableError(
             f"cannot build TensorRT-LLM engines for {cfg.name} here:" + bullets(problems),
-            fix=f"run `trtllm-pipeline build -c {cfg.file} --dry-run` to see the plan, "
+            fix=f"run `trtllm-pipeline build -c {cfg.file_arg} --dry-run` to see the plan, "
             "or use the torch runtime (`--runtime torch`)")
     engine_dir = Path(engine_dir)
     world = cfg.parallelism.world_size
