@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from conftest import CONFIGS, REPO
 from trtllm_pipeline.cli import main
 from trtllm_pipeline.errors import InputError
+from trtllm_pipeline import gating
 from trtllm_pipeline.gating import Thresholds, judge, load_gates
 from trtllm_pipeline.results import EVAL_SCHEMA
 from trtllm_pipeline.tasks.stats import (binomial_cdf_half, compare_paired, mcnemar_exact_p, summarize,
@@ -229,3 +230,67 @@ def test_shipped_gates_file_names_shipped_configs():
     shipped = {p.stem for p in CONFIGS.glob("*.yaml")}
     for entry in gates.gates:
         assert {entry.baseline, *entry.candidates} <= shipped
+
+
+# --------------------------------------------------------------------------- the gate fails closed
+
+
+@pytest.fixture()
+def big_drop(tmp_path):
+    """25 points lost (10 of 40 items, none gained, p = 0.002): a gate must never pass this."""
+    base, cand = flags(40, 20, lose=10)
+    return (write(tmp_path / "base.json", results("tiny-bf16", base)),
+            write(tmp_path / "cand.json", results("tiny-fp8", cand)))
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--max-drop", "nan"], "--max-drop"), (["--max-drop", "inf"], "--max-drop"),
+    (["--max-drop", "1", "--alpha", "nan"], "--alpha"), (["--max-drop", "1", "--min-score", "nan"], "--min-score"),
+])
+def test_non_finite_thresholds_on_the_command_line_exit_2(big_drop, args, named):
+    out = CliRunner().invoke(main, ["gate", "--baseline", str(big_drop[0]), "--candidate", str(big_drop[1]), *args])
+    assert out.exit_code == 2 and named in out.output and "Invalid value" in out.output, out.output
+
+
+@pytest.mark.parametrize("text, named", [
+    ("max_drop: {mmlu: .nan}\n", "max_drop.mmlu"), ("max_drop: {mmlu: .inf}\n", "max_drop.mmlu"),
+    ("alpha: .nan\nmax_drop: {mmlu: 1.0}\n", "alpha"), ("max_drop: {mmlu: '1.0'}\n", "max_drop.mmlu"),
+    ("max_drop: {mmlu: true}\n", "max_drop.mmlu"), ("max_drop: {mmlu: -3}\n", "max_drop.mmlu"),
+    ("max_drop: {mmlu: 1.0}\nmin_score: {mmlu: .nan}\n", "min_score.mmlu"),
+    ("max_drop: {mmlu: 1.0}\nmax_drop: {mmlu: 50.0}\n", "duplicate key 'max_drop'"),
+    ("gates:\n  - {baseline: tiny-bf16, candidates: [tiny-fp8], max_drop: {mmlu: .nan}}\n", "max_drop.mmlu"),
+])
+def test_non_finite_or_ill_typed_thresholds_in_the_gates_file_exit_2(big_drop, tmp_path, text, named):
+    gates = write(tmp_path / "gates.yaml", text)
+    out = gate_cli("--baseline", str(big_drop[0]), "--candidate", str(big_drop[1]), "--gates", str(gates))
+    assert out.exit_code == 2 and named in out.output, out.output
+
+
+def test_thresholds_in_code_fail_closed_too():
+    with pytest.raises(InputError, match="max-drop is nan"):
+        gating.thresholds("mmlu", "b", "c", None, max_drop=math.nan)
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda r: r.update(score=True), "`score` is True"),
+    (lambda r: r.update(ci95=[math.nan, 0.5]), "`ci95`"),
+    (lambda r: r["items"][0].update(logprobs=[-1.0, math.nan, -2.0, -3.0]), "`items.0.logprobs.1`"),
+    (lambda r: r.update(n=True), "`n` is True"),
+    (lambda r: r["settings"].update(limit=math.inf), "`settings.limit`"),
+])
+def test_ill_typed_or_non_finite_results_exit_2(big_drop, change, named):
+    candidate = json.loads(big_drop[1].read_text())
+    change(candidate)
+    big_drop[1].write_text(json.dumps(candidate))  # Python writes NaN/Infinity literals, as a careless tool would
+    out = gate_cli("--baseline", str(big_drop[0]), "--candidate", str(big_drop[1]), "--max-drop", "1.0")
+    assert out.exit_code == 2 and "cannot judge" in out.output, out.output
+    assert named in out.output or "not a finite number" in out.output, out.output
+
+
+def test_non_finite_results_made_in_code_cannot_be_judged():
+    from trtllm_pipeline.results import eval_problem
+
+    base, _ = flags(40, 20)
+    r = results("b", base)
+    r["items"][3]["logprobs"] = [0.0, math.nan, 0.0, 0.0]
+    assert eval_problem(r) == "`items.3.logprobs.1` is not a finite number"

@@ -67,6 +67,16 @@ def measured_engines(built, engines_dir, data_dir, tmp_path_factory):
     return root
 
 
+def test_a_bad_gates_file_leaves_no_output_directory(tmp_path):
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("max_drop: {mmlu: .nan}\n")
+    out = tmp_path / "reports"
+    proc = run_cli("report", str(CONFIGS / f"{SEVEN_B[0]}.yaml"), "--engines-dir", str(tmp_path / "e"), "-o", str(out),
+                   "--gates", str(gates))
+    assert proc.returncode == 2 and "max_drop.mmlu" in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
 def test_report_of_measured_builds(measured_engines, tmp_path):
     configs = [load(n) for n in ("tiny-qwen2-bf16-tp1", "tiny-qwen2-fp8-tp1", "tiny-qwen2-fp8-tp2")]
     result = report.report(configs, engines_dir=measured_engines, out_dir=tmp_path, gates_file=REPO / "eval/gates.yaml",

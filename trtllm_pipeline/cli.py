@@ -8,6 +8,7 @@ with their code, never as a traceback (``-v`` shows tracebacks of unexpected fai
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Iterable
@@ -62,6 +63,18 @@ class _Group(click.Group):
             raise
         except (Exception, KeyboardInterrupt) as exc:
             ctx.exit(exit_status(exc))
+
+
+class FiniteFloat(click.FloatRange):
+    """A float range that also refuses nan and inf (``FloatRange`` lets nan through: it compares false)."""
+
+    name = "finite float"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number is not None and not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def config_option(f):
@@ -174,9 +187,9 @@ def build(config: Path, engines_dir: Path, runtime: str | None, force: bool, dry
 @click.option("-c", "--config", "config", type=click.Path(path_type=Path), help="Build config of the engine to run in-process.")
 @engines_dir_option
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--temperature", type=FiniteFloat(min=0.0), default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0: no top-k filter.")
-@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0), default=1.0, show_default=True)
+@click.option("--top-p", type=FiniteFloat(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Sampling seed (reproducible sampled output).")
 @click.option("--stop", "stop_words", multiple=True, help="Stop string (repeatable).")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the model's chat template.")
@@ -195,7 +208,7 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
     tokenizer, unless --raw). Statistics go to stderr, so stdout holds only the text.
     """
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            stop_words=stop_words)
+                            stop_words=stop_words).check()
     if url is not None:
         cfg = load_config(config) if config else None
         echo_stream(generate_stage.served(prompt, params, url=url, protocol=protocol, cfg=cfg, engines_dir=engines_dir,
@@ -249,10 +262,10 @@ def eval_command(config: Path, engines_dir: Path, tasks: str | None, limit: int 
               help="Results file of the reference build (engines/<config>/eval/<task>.json).")
 @click.option("--candidate", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Results file of the build under test, same task and settings.")
-@click.option("--max-drop", type=click.FloatRange(min=0), default=None,
+@click.option("--max-drop", type=FiniteFloat(min=0, max=100), default=None,
               help="Largest allowed accuracy drop, in points (default: from the gates file).")
-@click.option("--min-score", type=click.FloatRange(0, 1), default=None, help="Absolute floor for the candidate, 0..1.")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+@click.option("--min-score", type=FiniteFloat(0, 1), default=None, help="Absolute floor for the candidate, 0..1.")
+@click.option("--alpha", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=None,
               help="Significance level of the McNemar test (default: the gates file's, else 0.05).")
 @click.option("--gates", "gates_path", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("eval/gates.yaml"), show_default=True, help="Gate definitions and default thresholds.")
@@ -378,11 +391,11 @@ def _number_list(kind: type):
               help="Results JSON; default with -c: <engines-dir>/<config>/bench/<protocol>-in<N>-out<M>.json.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="GPUs of the deployment, for the cost estimate; default: the config's tp*pp, else 1.")
-@click.option("--gpu-hour-usd", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_GPU_HOUR_USD,
+@click.option("--gpu-hour-usd", type=FiniteFloat(min=0, min_open=True), default=DEFAULT_GPU_HOUR_USD,
               show_default=True, help="Price of one GPU-hour in USD for the cost estimate; the default is an "
               "assumption (hyperscaler on-demand H200 list price), not a measurement.")
 @click.option("--seed", type=int, default=1234, show_default=True, help="Prompts and open-loop arrivals.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloat(min=1), default=600, show_default=True,
               help="Seconds to wait for any one response.")
 @engines_dir_option
 def bench(url, protocol, model, concurrency, request_rate, input_tokens, output_tokens, num_requests, warmup,
@@ -418,7 +431,7 @@ def bench(url, protocol, model, concurrency, request_rate, input_tokens, output_
 @engines_dir_option
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Directory for report.md and its PNG plots.")
-@click.option("--gpu-hour-usd", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_GPU_HOUR_USD,
+@click.option("--gpu-hour-usd", type=FiniteFloat(min=0, min_open=True), default=DEFAULT_GPU_HOUR_USD,
               show_default=True, help="Price of one GPU-hour in USD (an assumption, not a measurement).")
 @click.option("--request-tokens", type=click.IntRange(min=1), default=None,
               help="Output tokens of the request priced in the cost columns (default 1700, the reference "

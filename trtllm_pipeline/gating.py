@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trtllm_pipeline.config import load_yaml
 from trtllm_pipeline.errors import ConfigError, InputError
 from trtllm_pipeline.results import load_eval
 from trtllm_pipeline.tasks.registry import TASKS, TaskName
@@ -43,21 +44,26 @@ DEFAULT_ALPHA = 0.05
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Fails closed: a threshold that is NaN, infinite, a string or a boolean is an error, never a pass.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+MaxDrop = Annotated[float, Field(ge=0, le=100)]  # points
+Score = Annotated[float, Field(ge=0, le=1)]
 
 
 class GateEntry(_Strict):
     baseline: str = Field(description="config name of the reference build")
     candidates: list[str] = Field(min_length=1, description="config names judged against it")
     tasks: list[TaskName] = Field(default_factory=lambda: list(TASKS))
-    max_drop: dict[TaskName, float] = Field(default_factory=dict, description="points; overrides the defaults")
-    min_score: dict[TaskName, float] = Field(default_factory=dict, description="0..1; overrides the defaults")
+    max_drop: dict[TaskName, MaxDrop] = Field(default_factory=dict, description="points; overrides the defaults")
+    min_score: dict[TaskName, Score] = Field(default_factory=dict, description="0..1; overrides the defaults")
 
 
 class GatesFile(_Strict):
     alpha: float = Field(DEFAULT_ALPHA, gt=0, lt=1, description="significance level of the McNemar test")
-    max_drop: dict[TaskName, float] = Field(default_factory=dict, description="default allowed drop, points")
-    min_score: dict[TaskName, float] = Field(default_factory=dict, description="default absolute floor, 0..1")
+    max_drop: dict[TaskName, MaxDrop] = Field(default_factory=dict, description="default allowed drop, points")
+    min_score: dict[TaskName, Score] = Field(default_factory=dict, description="default absolute floor, 0..1")
     gates: list[GateEntry] = Field(default_factory=list)
 
     def entry(self, baseline: str, candidate: str) -> GateEntry | None:
@@ -65,22 +71,24 @@ class GatesFile(_Strict):
 
 
 def load_gates(path: Path) -> GatesFile:
+    if not Path(path).is_file():
+        raise ConfigError(f"{path}: cannot read the gates file (no such file).",
+                          fix="pass --gates FILE, or --max-drop on the command line")
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        data = load_yaml(path, "gates") or {}
+    except ConfigError as exc:
+        raise ConfigError(exc.message, fix="see the comments at the top of eval/gates.yaml") from None
+    try:
         return GatesFile.model_validate(data)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the gates file ({exc.strerror}).",
-                          fix="pass --gates FILE, or --max-drop on the command line") from None
-    except (yaml.YAMLError, ValidationError) as exc:
-        raise ConfigError(f"{path}: invalid gates file: {str(exc).splitlines()[0]} {_first_error(exc)}",
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: invalid gates file: {_first_error(exc)}",
                           fix="see the comments at the top of eval/gates.yaml") from None
 
 
-def _first_error(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        return f"({'.'.join(map(str, err['loc']))}: {err['msg']})"
-    return ""
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    value = repr(err.get("input"))
+    return f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {value[:60]})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +115,22 @@ def thresholds(task: str, baseline: str, candidate: str, gates: GatesFile | None
         raise InputError(f"no max-drop for {task} ({candidate} vs {baseline}).",
                          fix="pass --max-drop POINTS, or set it in the gates file (eval/gates.yaml)")
     chosen_alpha = alpha if alpha is not None else (gates.alpha if gates else DEFAULT_ALPHA)
-    return Thresholds(float(chosen_drop), first(min_score, "min_score"), chosen_alpha)
+    limits = Thresholds(chosen_drop, first(min_score, "min_score"), chosen_alpha)
+    check_thresholds(limits)
+    return limits
+
+
+def check_thresholds(limits: Thresholds) -> None:
+    """Fail closed on a threshold no comparison can honestly be made against (NaN compares false)."""
+    for name, value, low, high in (("max-drop", limits.max_drop, 0.0, 100.0), ("min-score", limits.min_score, 0.0, 1.0),
+                                   ("alpha", limits.alpha, 0.0, 1.0)):
+        if value is None and name == "min-score":
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                or not low <= value <= high or (name == "alpha" and value in (0.0, 1.0)):
+            raise InputError(f"{name} is {value!r}: a threshold must be a finite number in "
+                             f"{'(0, 1)' if name == 'alpha' else f'{low:g}..{high:g}'}.",
+                             fix=f"pass a number (--{name}) or correct it in the gates file")
 
 
 # --------------------------------------------------------------------------- verdicts

@@ -94,9 +94,9 @@ def report(configs: Sequence[BuildConfig], *, engines_dir: str | Path = "engines
     """
     cost.estimate(1.0, gpus=1, gpu_hour_usd=gpu_hour_usd, request_output_tokens=request_tokens)  # validate early
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     gates = gating.load_gates(gates_file) if gates_file else None
     builds = [gather(cfg, engines_dir, gates) for cfg in configs]
+    out_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good: a failure leaves nothing
     plots = [plot_latency(builds, out_dir / PLOTS["latency"]), plot_itl(builds, out_dir / PLOTS["itl"]),
              plot_accuracy(builds, out_dir / PLOTS["accuracy"])]
     text = render_markdown(builds, engines_dir=Path(engines_dir), gpu_hour_usd=gpu_hour_usd,

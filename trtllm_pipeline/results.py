@@ -22,16 +22,46 @@ def load_eval(path: str | Path) -> dict[str, Any]:
     """An eval results file that can be judged; InputError (cannot judge) for anything else."""
     path = Path(path)
     try:
-        results = json.loads(path.read_text(encoding="utf-8"))
+        results = json.loads(path.read_text(encoding="utf-8"), parse_constant=_non_finite)
     except OSError as exc:
         raise InputError(f"{path}: cannot read the results file ({exc.strerror}).",
                          fix="run `trtllm-pipeline eval` for that config first") from None
+    except _NonFinite as exc:
+        raise InputError(f"{path}: cannot judge these results: the file holds {exc} (not a finite number).",
+                         fix="re-run the eval") from None
     except ValueError as exc:
         raise InputError(f"{path}: not valid JSON ({exc}); the file is corrupt.", fix="re-run the eval") from None
     problem = eval_problem(results)
     if problem:
         raise InputError(f"{path}: cannot judge these results: {problem}.", fix="re-run the eval for a complete file")
     return results
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _non_finite(name: str):
+    raise _NonFinite(name)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fraction(value: Any) -> bool:
+    return _number(value) and 0 <= value <= 1
+
+
+def _non_finite_at(value: Any, where: str) -> str | None:
+    """Where in ``value`` a number is NaN or infinite (results made in code, not read from JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if found := _non_finite_at(item, f"{where}.{key}" if where else str(key)):
+            return found
+    return None
 
 
 def eval_problem(r: Any) -> str | None:
@@ -42,8 +72,17 @@ def eval_problem(r: Any) -> str | None:
         if not isinstance(r.get(key), kind):
             return f"`{key}` is missing or not a {kind.__name__}"
     score = r.get("score")
-    if not isinstance(score, (int, float)) or not math.isfinite(score) or not 0 <= score <= 1:
+    if not _fraction(score):
         return f"`score` is {score!r}, not a finite number in 0..1"
+    ci95 = r.get("ci95")
+    if ci95 is not None and not (isinstance(ci95, list) and len(ci95) == 2 and all(map(_fraction, ci95))
+                                 and ci95[0] <= ci95[1]):
+        return f"`ci95` is {ci95!r}, not an interval [low, high] of finite numbers in 0..1"
+    for key in ("n", "n_selected"):
+        if key in r and (not isinstance(r[key], int) or isinstance(r[key], bool) or r[key] < 0):
+            return f"`{key}` is {r[key]!r}, not a count"
+    if where := _non_finite_at(r, ""):
+        return f"`{where}` is not a finite number"
     if r["complete"] is not True:
         return f"the run is incomplete (`complete: false`; {r.get('n')} of {r.get('n_selected')} items scored)"
     items = r["items"]
@@ -55,6 +94,9 @@ def eval_problem(r: Any) -> str | None:
             return f"item {i} has no string `id`"
         if not isinstance(item.get("correct"), bool):
             return f"item {item['id']} has `correct` = {item.get('correct')!r}, not true/false"
+        logprobs = item.get("logprobs")
+        if logprobs is not None and not (isinstance(logprobs, list) and all(_number(x) for x in logprobs)):
+            return f"item {item['id']} has `logprobs` = {logprobs!r}, not a list of finite numbers"
         if item["id"] in ids:
             return f"item id {item['id']} appears twice"
         ids.add(item["id"])
