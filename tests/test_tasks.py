@@ -7,8 +7,10 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from conftest import CONFIGS, run_cli
 
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.tasks import gsm8k, mmlu, tokens
@@ -282,3 +284,61 @@ def test_gsm8k_subset_follows_solution_length(gsm8k_data):
 def test_no_limit_or_a_large_one_keeps_everything():
     items = [Item(f"x/{i}", "x", {}) for i in range(5)]
     assert stratified_subset(items, None, 1) == items and stratified_subset(items, 99, 1) == items
+
+
+# --------------------------------------------------------------------------- damaged data names its file and row
+
+
+def _mmlu_dir(tmp_path, data_dir, subject_text: bytes | None = None) -> Path:
+    """A copy of two real subjects of the MMLU release, with ``astronomy_test.csv`` replaced."""
+    import shutil
+
+    root = tmp_path / "mmlu"
+    for split in ("test", "dev"):
+        (root / split).mkdir(parents=True)
+        for subject in ("anatomy", "astronomy"):
+            shutil.copy(data_dir / "mmlu" / split / f"{subject}_{split}.csv", root / split)
+    if subject_text is not None:
+        (root / "test" / "astronomy_test.csv").write_bytes(subject_text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text, message", [
+    (b"", "astronomy_test.csv: no records (an empty subject file)"),
+    (b"q,a,b,c,d,A\nWhat?,1,2,3,4,E\n", "astronomy_test.csv, record 2: the answer is 'E', not a letter A-D"),
+    (b"q,a,b,c,d,A\nWh\x00at?,1,2,3,4,B\n", "astronomy_test.csv, record 2: a field holds a NUL byte"),
+    (b"q,a,b,c,d\n", "astronomy_test.csv, record 1: expected 6 fields (question, 4 choices, answer), got 5"),
+    (bytes(range(256)) * 4, "astronomy_test.csv: not UTF-8 text (byte 128)"),
+], ids=["empty", "answer-E", "nul", "five-fields", "binary"])
+def test_a_damaged_mmlu_csv_is_named_with_its_record(tmp_path, data_dir, text, message):
+    root = _mmlu_dir(tmp_path, data_dir, text)
+    with pytest.raises(InputError) as err:
+        mmlu.load(root)
+    assert message in err.value.message
+
+
+def test_damaged_mmlu_and_gsm8k_tables_name_file_and_row(tmp_path):
+    import json as _json
+
+    (tmp_path / "mmlu").mkdir()
+    good = {"subject": "anatomy", "question": "What?", "choices": ["1", "2", "3", "4"], "answer": 0}
+    rows = [good, {**good, "question": 42}]
+    (tmp_path / "mmlu" / "test.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "mmlu" / "dev.jsonl").write_text(_json.dumps(good) + "\n")
+    with pytest.raises(InputError, match=r"test.jsonl, row 2: `question` is 42, not text"):
+        mmlu.load(tmp_path)
+    (tmp_path / "gsm8k").mkdir()
+    ok = {"question": "1+1?", "answer": "It is 2.\n#### 2"}
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(_json.dumps(ok) + "\n" + _json.dumps({**ok, "answer": "2"}) + "\n")
+    (tmp_path / "gsm8k" / "train.jsonl").write_text(_json.dumps(ok) + "\n")
+    with pytest.raises(InputError, match=r"test.jsonl, row 2: the `answer` does not end in '#### N'"):
+        gsm8k.load(tmp_path)
+
+
+def test_damaged_data_exits_2_from_the_cli(tmp_path, data_dir, built, engines_dir):
+    built("tiny-qwen2-fp8-tp1")
+    root = _mmlu_dir(tmp_path, data_dir, bytes(range(256)) * 4)
+    out = run_cli("eval", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"), "--engines-dir", str(engines_dir),
+                  "--tasks", "mmlu", "--limit", "4", "--data-dir", str(root), "-o", str(tmp_path / "out"))
+    assert out.returncode == 2 and "astronomy_test.csv: not UTF-8 text" in out.stderr, out.stderr
+    assert "internal error" not in out.stderr

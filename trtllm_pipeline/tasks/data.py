@@ -10,7 +10,9 @@ Local layouts accepted, under DIR/<task>/ or DIR itself:
 * MMLU or GSM8K as parquet/jsonl (a hub snapshot such as ``all/test-*.parquet`` or plain
   ``test.jsonl``; MMLU rows need ``subject, question, choices, answer``), read with ``datasets``.
 
-Rows come back as plain dicts in the release's order.
+Rows come back as plain dicts in the release's order. A file that is not what it should be (not
+UTF-8, no records, a NUL byte, a wrong field count or answer, a question that is not text) is an
+InputError naming the file and the record, never a silently different benchmark.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ def mmlu_rows(data_dir: Path | None) -> tuple[list[dict], list[dict], str]:
     root = _task_root(Path(data_dir), "mmlu", lambda d: (d / "test").is_dir() or _table_files(d, "test", "all"))
     if (root / "test").is_dir() and any((root / "test").glob("*_test.csv")):
         return _mmlu_csv(root, "test"), _mmlu_csv(root, "dev"), str(root)
-    test = [_mmlu_row(r, str(root)) for r in _read_tables(root, "test", "all")]
-    dev = [_mmlu_row(r, str(root)) for r in _read_tables(root, "dev", "all")]
+    test = [_mmlu_row(r, f"{where}, row {i}") for where, i, r in _read_rows(root, "test", "all")]
+    dev = [_mmlu_row(r, f"{where}, row {i}") for where, i, r in _read_rows(root, "dev", "all")]
     return test, dev, str(root)
 
 
@@ -56,28 +58,52 @@ def _mmlu_csv(root: Path, split: str) -> list[dict]:
     rows = []
     for path in files:
         subject = path.name[: -len(f"_{split}.csv")]
-        with open(path, newline="", encoding="utf-8") as f:
-            for number, fields in enumerate(csv.reader(f), start=1):
-                if len(fields) != 6 or fields[5].strip() not in LETTERS:
-                    raise InputError(f"{path}, record {number}: expected 6 fields ending in an answer letter A-D, "
-                                     f"got {len(fields)} fields.", fix="use the original MMLU CSV release")
-                question, *choices, answer = fields
-                rows.append({"subject": subject, "question": question, "choices": choices, "answer": answer.strip()})
+        fix = "use the original MMLU CSV release (question,A,B,C,D,answer per record, UTF-8)"
+        count = 0
+        try:
+            with open(path, newline="", encoding="utf-8") as f:
+                for number, fields in enumerate(csv.reader(f), start=1):
+                    count = number
+                    if len(fields) != 6:
+                        raise InputError(f"{path}, record {number}: expected 6 fields (question, 4 choices, answer), "
+                                         f"got {len(fields)}.", fix=fix)
+                    if fields[5].strip() not in LETTERS:
+                        raise InputError(f"{path}, record {number}: the answer is {fields[5][:20]!r}, not a letter "
+                                         "A-D.", fix=fix)
+                    if any("\x00" in field for field in fields):
+                        raise InputError(f"{path}, record {number}: a field holds a NUL byte; the file is damaged.",
+                                         fix=fix)
+                    question, *choices, answer = fields
+                    rows.append({"subject": subject, "question": question, "choices": choices,
+                                 "answer": answer.strip()})
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); the file is damaged or not an MMLU CSV.",
+                             fix=fix) from None
+        except csv.Error as exc:
+            raise InputError(f"{path}, record {count + 1}: not CSV ({exc}).", fix=fix) from None
+        if count == 0:
+            raise InputError(f"{path}: no records (an empty subject file).", fix=fix)
     return rows
 
 
 def _mmlu_row(row: dict[str, Any], where: str) -> dict:
+    fix = "use cais/mmlu's 'all' configuration or the original CSV release"
     missing = {"subject", "question", "choices", "answer"} - set(row)
     if missing:
-        raise InputError(f"{where}: MMLU rows lack the columns {sorted(missing)}.",
-                         fix="use cais/mmlu's 'all' configuration or the original CSV release")
-    answer = row["answer"]
-    letter = LETTERS[answer] if isinstance(answer, int) and 0 <= answer < 4 else str(answer).strip()
-    if letter not in LETTERS or len(row["choices"]) != 4:
-        raise InputError(f"{where}: an MMLU row has answer {answer!r} and {len(row['choices'])} choices; "
-                         "expected 4 choices and an answer 0-3 or A-D.")
-    return {"subject": row["subject"], "question": str(row["question"]), "choices": [str(c) for c in row["choices"]],
-            "answer": letter}
+        raise InputError(f"{where}: MMLU rows lack the columns {sorted(missing)}.", fix=fix)
+    answer, choices = row["answer"], row["choices"]
+    letter = (LETTERS[answer] if isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < 4
+              else answer.strip() if isinstance(answer, str) else None)
+    if not isinstance(choices, list) or len(choices) != 4 or not all(isinstance(c, str) for c in choices):
+        raise InputError(f"{where}: `choices` is {str(choices)[:60]}; expected a list of 4 strings.", fix=fix)
+    if letter not in LETTERS:
+        raise InputError(f"{where}: `answer` is {answer!r}; expected 0-3 or A-D.", fix=fix)
+    for key in ("subject", "question"):
+        if not isinstance(row[key], str):
+            raise InputError(f"{where}: `{key}` is {row[key]!r}, not text.", fix=fix)
+    if any("\x00" in text for text in (row["question"], *choices)):
+        raise InputError(f"{where}: a field holds a NUL byte; the data is damaged.", fix=fix)
+    return {"subject": row["subject"], "question": row["question"], "choices": list(choices), "answer": letter}
 
 
 # --------------------------------------------------------------------------- GSM8K
@@ -90,16 +116,23 @@ def gsm8k_rows(data_dir: Path | None) -> tuple[list[dict], list[dict], str]:
         train = [_gsm8k_row(r, "openai/gsm8k") for r in _hub("openai/gsm8k", "main", "train")]
         return test, train, "hub:openai/gsm8k"
     root = _task_root(Path(data_dir), "gsm8k", lambda d: bool(_table_files(d, "test", "main")))
-    test = [_gsm8k_row(r, str(root)) for r in _read_tables(root, "test", "main")]
-    train = [_gsm8k_row(r, str(root)) for r in _read_tables(root, "train", "main")]
+    test = [_gsm8k_row(r, f"{where}, row {i}") for where, i, r in _read_rows(root, "test", "main")]
+    train = [_gsm8k_row(r, f"{where}, row {i}") for where, i, r in _read_rows(root, "train", "main")]
     return test, train, str(root)
 
 
 def _gsm8k_row(row: dict[str, Any], where: str) -> dict:
-    if not {"question", "answer"} <= set(row) or "####" not in str(row["answer"]):
-        raise InputError(f"{where}: GSM8K rows need `question` and an `answer` ending in '#### N'.",
-                         fix="use openai/gsm8k (main) or the grade-school-math jsonl files")
-    return {"question": str(row["question"]), "answer": str(row["answer"])}
+    fix = "use openai/gsm8k (main) or the grade-school-math jsonl files"
+    if not {"question", "answer"} <= set(row):
+        raise InputError(f"{where}: GSM8K rows need `question` and `answer`; this one has {sorted(row)[:6]}.", fix=fix)
+    for key in ("question", "answer"):
+        if not isinstance(row[key], str):
+            raise InputError(f"{where}: `{key}` is {row[key]!r}, not text.", fix=fix)
+        if "\x00" in row[key]:
+            raise InputError(f"{where}: `{key}` holds a NUL byte; the data is damaged.", fix=fix)
+    if "####" not in row["answer"]:
+        raise InputError(f"{where}: the `answer` does not end in '#### N' (the final number).", fix=fix)
+    return {"question": row["question"], "answer": row["answer"]}
 
 
 # --------------------------------------------------------------------------- files and hub
@@ -124,8 +157,19 @@ def _table_files(root: Path, split: str, config_dir: str) -> list[Path]:
     return []
 
 
-def _read_tables(root: Path, split: str, config_dir: str) -> list[dict]:
-    files = _table_files(root, split, config_dir)
+def _read_rows(root: Path, split: str, config_dir: str) -> list[tuple[str, int, dict]]:
+    """(file, row number from 1, row) of every row of one split."""
+    out = []
+    for path in _table_files(root, split, config_dir) or [None]:
+        rows = _read_tables(root, split, config_dir, only=path)
+        if not rows:
+            raise InputError(f"{path}: no rows.", fix=DATA_DIR_HINT)
+        out += [(str(path), i, row) for i, row in enumerate(rows, start=1)]
+    return out
+
+
+def _read_tables(root: Path, split: str, config_dir: str, only: Path | None = None) -> list[dict]:
+    files = [only] if only is not None else _table_files(root, split, config_dir)
     if not files:
         raise InputError(f"{root}: no {split} split ({split}.jsonl, {split}-*.parquet, {config_dir}/{split}-*).",
                          fix=DATA_DIR_HINT)
