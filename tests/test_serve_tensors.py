@@ -83,3 +83,36 @@ def test_postprocessing_decodes_each_row_to_its_length(tokenizer):
     assert out.shape == (2, 1)
     assert out[0, 0].decode() == "the answer is 42"
     assert out[1, 0].decode() == tokenizer.decode(ids[:2])
+
+
+def test_a_prompt_too_large_for_the_engine_is_refused_before_it_is_tokenized(pre, tokenizer, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tokenizer, "encode", lambda *a, **k: calls.append(a) or [1])
+    with pytest.raises(RequestError, match=r"text_input is 400000 bytes; this engine takes at most 16 tokens"):
+        pre(batch("x" * 400_000), np.array([[2]], dtype=np.int32))
+    assert not calls
+
+
+@pytest.mark.parametrize("missing", ["text_input", "max_tokens"])
+def test_missing_required_inputs_are_named(pre, missing):
+    text, length = batch("hi"), np.array([[2]], dtype=np.int32)
+    with pytest.raises(RequestError, match=f"{missing} is missing"):
+        pre(None if missing == "text_input" else text, None if missing == "max_tokens" else length)
+
+
+def test_too_many_stop_words_are_refused(pre):
+    words = np.array([[f"w{i}".encode() for i in range(65)]], dtype=object)
+    with pytest.raises(RequestError, match="65 entries; at most 64"):
+        pre(batch("hi"), np.array([[2]], dtype=np.int32), stop_words=words)
+
+
+def test_request_limits_follow_the_config():
+    from conftest import load
+
+    from trtllm_pipeline.triton.contract import request_limits
+
+    limits = request_limits(load("tiny-qwen2-fp8-tp1"), max_token_bytes=95)
+    assert (limits.max_input_tokens, limits.max_seq_len, limits.max_text_bytes) == (6144, 8192, 6144 * 95)
+    assert limits.text_problem("text_input", 6144 * 95) is None
+    assert "no text of more than" in limits.text_problem("text_input", 6144 * 95 + 1)
+    assert limits.max_body_bytes > 6 * limits.max_text_bytes

@@ -275,3 +275,15 @@ def test_a_request_that_fails_inside_a_step_fails_alone(built, engines_dir, monk
     assert not rt.has_work()
     monkeypatch.setattr(rt, "_forward", real_forward)
     assert _greedy(rt, [PROMPT], n=10)[0] == alone[0]
+
+
+def test_a_kv_cache_that_cannot_fit_is_refused_before_it_is_allocated(built, engines_dir, monkeypatch):
+    from trtllm_pipeline.errors import UnavailableError
+    from trtllm_pipeline.runtimes import torch_runtime
+
+    monkeypatch.setattr(torch_runtime, "_available_host_memory", lambda: 2**30)  # whatever this machine has
+    ckpt = built("tiny-qwen2-fp8-tp1").engine_dir.parent / "checkpoint"
+    with pytest.raises(UnavailableError, match=r"KV cache for build.max_batch_size 4096 x build.max_seq_len 8192 "
+                                               r"needs [\d.]+ GiB") as exc:
+        TorchRuntime(ckpt, ckpt / "tokenizer", max_batch_size=4096, max_seq_len=8192, dtype="float32")
+    assert "lower build.max_batch_size" in exc.value.fix
