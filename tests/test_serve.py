@@ -236,7 +236,7 @@ def test_bad_grpc_requests_get_an_error_and_the_server_stays_ready(server):
     assert ready(server)
 
 
-def test_a_huge_prompt_is_refused_unread_and_a_long_one_stalls_nobody(server, runtime):
+def test_a_huge_prompt_is_refused_unparsed_and_a_long_one_stalls_nobody(server, runtime):
     start = time.monotonic()
     huge = post(server, "tensorrt_llm_bls", "generate", {"text_input": "a" * 5_000_000, "max_tokens": 4})
     assert huge.status_code == 413 and "at most" in error_of(huge) and time.monotonic() - start < 2
@@ -349,13 +349,14 @@ def grpc_stream_then(server, model: str, how: str):
         client._channel.close()
 
 
-@pytest.mark.parametrize("how", ["http-close", "grpc-cancel", "grpc-abrupt"])
-def test_a_client_that_goes_away_frees_its_slot_within_a_few_steps(server, runtime, how):
+@pytest.mark.parametrize(("how", "model"), [("http-close", "tensorrt_llm_bls"), ("grpc-cancel", "tensorrt_llm_bls"),
+                                           ("grpc-abrupt", "tensorrt_llm_bls"), ("http-close", "ensemble")])
+def test_a_client_that_goes_away_frees_its_slot_within_a_few_steps(server, runtime, how, model):
     before = wait_idle(server)
     if how == "http-close":
-        http_stream_then_close(server, "tensorrt_llm_bls")
+        http_stream_then_close(server, model)
     else:
-        grpc_stream_then(server, "tensorrt_llm_bls", how.removeprefix("grpc-"))
+        grpc_stream_then(server, model, how.removeprefix("grpc-"))
     gone = time.monotonic()
     after = wait_idle(server, timeout=10)
     assert after["requests_active"] == 0, "the request of a client that went away is still running"
@@ -366,32 +367,62 @@ def test_a_client_that_goes_away_frees_its_slot_within_a_few_steps(server, runti
         assert client.generate(PROMPTS[1], max_tokens=24) == in_process(runtime, PROMPTS[1], max_tokens=24).text
 
 
-def test_cancellation_in_triton_2_51_reaches_direct_calls_but_not_ensemble_steps(server):
-    """What this Triton version propagates (docs/serving.md): a direct call to the decoupled model is
-    cancelled; a request through the ensemble runs to its end (here 200 tokens)."""
+def direct_request(server, request_id: str = ""):
+    """A 2000-token streamed request made directly to the engine model, over gRPC, once its first token is in."""
     import tritonclient.grpc as grpcclient
 
-    before = wait_idle(server)
     client = grpcclient.InferenceServerClient(url(server, "grpc"))
     got: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: got.put(error))
     client.async_stream_infer("tensorrt_llm", grpc_tensors({
         "input_ids": (np.array([[100, 200, 300]], np.int32), "INT32"), "input_lengths": (np.array([[3]], np.int32), "INT32"),
         "request_output_len": (np.array([[2000]], np.int32), "INT32"),
-        "min_tokens": (np.array([[2000]], np.int32), "INT32"), "streaming": (np.array([[True]]), "BOOL")}))
-    got.get(timeout=60)
+        "min_tokens": (np.array([[2000]], np.int32), "INT32"), "streaming": (np.array([[True]]), "BOOL")}),
+        request_id=request_id)
+    assert got.get(timeout=60) is None
+    return client
+
+
+def test_cancellation_in_triton_2_51_reaches_direct_calls_but_not_ensemble_steps(server):
+    """What this Triton version propagates (docs/serving.md): a direct call to the decoupled model is
+    cancelled; a gRPC request through the ensemble runs to its end (here 200 tokens)."""
+    before = wait_idle(server)
+    client = direct_request(server)
     client.stop_stream(cancel_requests=True)
     client.close()
     direct = wait_idle(server, timeout=10)
     assert direct["requests_cancelled_total"] == before["requests_cancelled_total"] + 1
     assert direct["generated_tokens_total"] - before["generated_tokens_total"] < 200
-    ensemble = dict(LONG, max_tokens=200, min_tokens=200)
-    response = post(server, "ensemble", "generate_stream", ensemble, stream=True)
-    next(response.iter_lines())
-    response.close()
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url(server, "grpc"))
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put(error))
+    client.async_stream_infer("ensemble", grpc_tensors({
+        "text_input": (np.array([[PROMPTS[1].encode()]], dtype=object), "BYTES"),
+        "max_tokens": (np.array([[200]], np.int32), "INT32"), "min_tokens": (np.array([[200]], np.int32), "INT32"),
+        "stream": (np.array([[True]]), "BOOL")}))
+    assert got.get(timeout=60) is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
     after = wait_idle(server)
     assert after["requests_cancelled_total"] == direct["requests_cancelled_total"]  # nothing arrived
     assert after["generated_tokens_total"] - direct["generated_tokens_total"] == 200  # it ran to its end
+
+
+def test_tensorrt_llms_stop_request_through_triton_stops_the_request_with_that_id(server):
+    """The stop request as TensorRT-LLM's contract has it (what the BLS and the front fall back to where
+    the engine model has no side channel): `stop` true and the request's id."""
+    before = wait_idle(server)
+    client = direct_request(server, request_id="probe-stop-1")
+    stop = post(server, "tensorrt_llm", "generate", {"id": "probe-stop-1", "stop": True, "input_ids": [0],
+                                                     "input_lengths": [1], "request_output_len": [1]})
+    assert stop.status_code < 500, stop.text
+    after = wait_idle(server, timeout=10)
+    client.stop_stream()
+    client.close()
+    assert after["requests_cancelled_total"] == before["requests_cancelled_total"] + 1
+    assert after["generated_tokens_total"] - before["generated_tokens_total"] < 200
 
 
 def test_score_choices_uses_generation_logits_like_runtime_score(server, runtime):

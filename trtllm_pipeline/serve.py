@@ -53,7 +53,7 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) 
     cmd, _ = chosen.server_command(cfg, paths.triton_repo, inner, paths.serve_state)
     if cfg.serving.http_front:
         limits = (deployed or {}).get("limits") or {"from": "the deployment"}
-        cmd = http_front.command(ports.host, ports.http, 0, limits, cmd)
+        cmd = http_front.command(ports.host, ports.http, 0, limits, paths.triton_repo, cmd)
     lines = [f"runtime: {chosen.name} ({reason})", f"model repository: {paths.triton_repo}"]
     if cfg.serving.http_front:
         lines.append(f"HTTP front on {ports.host}:{ports.http}: validates generate requests, Triton's HTTP endpoint "
@@ -90,7 +90,8 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
     served.prepare_server(cmd, state_dir)
     if cfg.serving.http_front:  # the front holds the HTTP port and runs the server as its child
-        cmd = http_front.command(ports.host, ports.http, inner.http, deployment.manifest["limits"], cmd)
+        cmd = http_front.command(ports.host, ports.http, inner.http, deployment.manifest["limits"],
+                                 deployment.repo_dir, cmd)
     log_path = state_dir / LOG_FILE
     with open(log_path, "wb") as log_file:
         # A session of its own: Ctrl-C in the terminal reaches us, not the server, which we stop in order.

@@ -39,6 +39,10 @@ REQUIRED_INPUTS = ("text_input", "max_tokens")
 # The model clients are pointed at: it takes the contract above and, unlike the ensemble in Triton
 # 2.51, stops a request whose client disconnected or cancelled it (docs/serving.md).
 FRONT_MODEL = "tensorrt_llm_bls"
+# Request ids given by the HTTP front (and passed on by the BLS to its engine request): a request with
+# one is stopped by a stop request with the same id, so the engine model need not poll it.
+STOP_ID_PREFIX = "front-"
+BLS_ID_PREFIX = "bls-"
 
 # ensemble input -> preprocessing input, and preprocessing output -> tensorrt_llm input.
 PREPROCESSING_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",

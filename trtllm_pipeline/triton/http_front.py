@@ -7,7 +7,7 @@ request brings as many other inputs (a streamed request then gets 200 and an emp
 ``serve`` puts this front on the configured HTTP port and Triton's HTTP endpoint on a loopback port
 behind it. The front checks ``generate`` and ``generate_stream`` bodies against the client contract
 (``contract.CLIENT_INPUTS``: every field's type, the required ones, the sizes of
-``contract.RequestLimits``, a body larger than any valid request refused unread) and answers a bad
+``contract.RequestLimits``, a body larger than any valid request refused unparsed) and answers a bad
 one with 400 and a message naming the field; everything else, and every valid request, passes
 through unchanged, streamed as it comes. A client that disconnects is noticed at once (its socket's
 end of file) and the upstream connection closed, which Triton reports to the model as a cancelled
@@ -33,15 +33,21 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
+from pathlib import Path
 from typing import Any
 
-from trtllm_pipeline.triton.contract import CLIENT_INPUTS, FRONT_MODEL, REQUIRED_INPUTS, RequestLimits
+from trtllm_pipeline.triton import stops
+from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, FRONT_MODEL, REQUIRED_INPUTS, STOP_ID_PREFIX,
+                                             RequestLimits)
 
 # The generate endpoints of the models that take the client contract (the others pass through as they are).
 CONTRACT_MODELS = ("ensemble", FRONT_MODEL)
+ENGINE_MODEL = "tensorrt_llm"
 GENERATE_PATH = re.compile(rf"^/v2/models/(?:{'|'.join(CONTRACT_MODELS)})(?:/versions/[^/?]+)?/(generate|generate_stream)"
                            r"(?:\?.*)?$")
 OTHER_BODY_LIMIT = 64 * 2**20  # other endpoints (infer, repository, ...) pass through up to this
+DRAIN_LIMIT = 256 * 2**20  # a body over the limit is read and dropped up to this, so the 413 reaches its client
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length"}
 TRITON_GENERATE_KEYS = {"id": str, "parameters": dict}  # the generate extension's own fields
@@ -129,11 +135,13 @@ def _shown(value: Any) -> str:
 class Front(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # the listen backlog: a burst of clients connecting at once is not reset
 
-    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], limits: RequestLimits):
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], limits: RequestLimits,
+                 stop_address: str | None = None):
         self.address_family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
         super().__init__(listen, Handler)
-        self.upstream, self.limits = upstream, limits
+        self.upstream, self.limits, self.stop_address = upstream, limits, stop_address
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -154,10 +162,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _proxy(self, generate: str | None = None) -> None:
         limit = self.server.limits.max_body_bytes if generate else OTHER_BODY_LIMIT
+        request_id = None
         try:
             body = self._body(limit)
             if generate:
-                check_generate(body, self.server.limits)
+                data = check_generate(body, self.server.limits)
+                if "id" not in data:  # an id of the front's own, to stop the request by if its client goes away
+                    request_id = data["id"] = f"{STOP_ID_PREFIX}{uuid.uuid4().hex}"
+                    body = json.dumps(data).encode()
         except BadRequest as exc:
             self._error(exc.status, str(exc), stream=generate == "generate_stream")
             return
@@ -170,11 +182,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except OSError:
             self._error(503, "the server is not ready (its HTTP endpoint is not listening yet)")
             return
-        watcher = _ClientWatcher(self.connection, upstream)
+        gone = _Gone(self.server.upstream, upstream, request_id, self.server.stop_address)
+        watcher = _ClientWatcher(self.connection, gone)
         try:
             self._relay(response)
         except (OSError, http.client.HTTPException):  # the client went away mid-response
             self.close_connection = True
+            gone()
         finally:
             watcher.done()
             upstream.close()
@@ -189,7 +203,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if length < 0:
             raise BadRequest("Content-Length is negative")
         if length > limit:
-            self.close_connection = True  # the body stays unread
+            remaining = length if length <= DRAIN_LIMIT else 0
+            while remaining > 0:  # read and dropped, unparsed, so that the client gets to read the answer
+                chunk = self.rfile.read(min(1 << 20, remaining))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+            if length > DRAIN_LIMIT:
+                self.close_connection = True
             raise BadRequest(f"the body is {length} bytes; requests to this server are at most {limit} bytes "
                              "(build.max_input_len allows no longer prompt)", 413)
         return self.rfile.read(length) if length else b""
@@ -235,12 +256,49 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class _ClientWatcher:
-    """Closes the upstream connection as soon as the client's socket reaches end of file, so that
-    a request whose client went away is cancelled even while no response is being written."""
+class _Gone:
+    """What the front does, once, when a client goes away mid-request: close the upstream connection
+    (Triton then flags the request cancelled) and, for a request carrying the front's id, send the
+    engine model TensorRT-LLM's stop request for it, which ends it at the runtime's next step whether
+    it came through the BLS (whose own notice can lag under load) or the ensemble (which in Triton
+    2.51 passes no cancellation on at all; its steps carry the request's id)."""
 
-    def __init__(self, client: socket.socket, upstream: http.client.HTTPConnection):
-        self.client, self.upstream = client, upstream
+    def __init__(self, address: tuple[str, int], upstream: http.client.HTTPConnection, request_id: str | None,
+                 stop_address: str | None):
+        self.address, self.upstream, self.request_id = address, upstream, request_id
+        self.stop_address = stop_address
+        self._done = threading.Event()
+
+    def __call__(self) -> None:
+        if self._done.is_set():
+            return
+        self._done.set()
+        if self.request_id is not None and not (self.stop_address and stops.send(self.stop_address, self.request_id)):
+            threading.Thread(target=self._stop, daemon=True).start()  # no side channel: through Triton
+        try:
+            if self.upstream.sock is not None:
+                self.upstream.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _stop(self) -> None:
+        body = {"id": self.request_id, "stop": True, "input_ids": [0], "input_lengths": [1], "request_output_len": [1]}
+        try:
+            connection = http.client.HTTPConnection(*self.address, timeout=30)
+            connection.request("POST", f"/v2/models/{ENGINE_MODEL}/generate", body=json.dumps(body),
+                               headers={"Content-Type": "application/json"})
+            connection.getresponse().read()
+            connection.close()
+        except (OSError, http.client.HTTPException):  # the server is going away too
+            pass
+
+
+class _ClientWatcher:
+    """Calls ``gone`` as soon as the client's socket reaches end of file, so that a request whose
+    client went away is stopped even while no response is being written."""
+
+    def __init__(self, client: socket.socket, gone: _Gone):
+        self.client, self.gone = client, gone
         self._stop_r, self._stop_w = socket.socketpair()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -250,8 +308,7 @@ class _ClientWatcher:
             readable, _, _ = select.select([self.client, self._stop_r], [], [])
             if self.client in readable and self._stop_r not in readable:
                 if self.client.recv(1, socket.MSG_PEEK) == b"":  # end of file: the client is gone
-                    if self.upstream.sock is not None:
-                        self.upstream.sock.shutdown(socket.SHUT_RDWR)
+                    self.gone()
         except OSError:  # either socket closed meanwhile
             pass
 
@@ -268,13 +325,13 @@ class _ClientWatcher:
 # --------------------------------------------------------------------------- the process
 
 
-def command(listen_host: str, listen_port: int, upstream_port: int, limits: dict[str, int],
+def command(listen_host: str, listen_port: int, upstream_port: int, limits: dict[str, int], repository: str | Path,
             server_command: list[str]) -> list[str]:
     """The command that runs ``server_command`` behind the front (``serve`` launches this)."""
     host = f"[{listen_host}]" if ":" in listen_host else listen_host
     return [sys.executable, "-m", "trtllm_pipeline.triton.http_front", f"--listen={host}:{listen_port}",
-            f"--upstream=127.0.0.1:{upstream_port}", f"--limits={json.dumps(limits, sort_keys=True)}", "--",
-            *server_command]
+            f"--upstream=127.0.0.1:{upstream_port}", f"--limits={json.dumps(limits, sort_keys=True)}",
+            f"--repository={repository}", "--", *server_command]
 
 
 def free_loopback_port() -> int:
@@ -294,11 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, help="HOST:PORT clients connect to")
     parser.add_argument("--upstream", required=True, help="HOST:PORT of Triton's own HTTP endpoint")
     parser.add_argument("--limits", required=True, help="contract.RequestLimits as JSON")
+    parser.add_argument("--repository", default=None, help="the model repository (its stop side channel)")
     parser.add_argument("command", nargs="+", help="the server command (after --)")
     args = parser.parse_args(argv)
     limits = RequestLimits(**json.loads(args.limits))
     try:
-        front = Front(_address(args.listen), _address(args.upstream), limits)
+        front = Front(_address(args.listen), _address(args.upstream), limits,
+                      stops.address(args.repository) if args.repository else None)
     except OSError as exc:
         print(f"http front: cannot listen on {args.listen}: {exc.strerror} (address already in use?)",
               file=sys.stderr, flush=True)

@@ -21,10 +21,11 @@ step comes back as an ``error`` event for it alone (the runtime retries the step
 the loop's catch-all is only the last resort.
 
 Cancellation, as Triton 2.51 delivers it (see docs/serving.md): a client that disconnects or
-cancels a request made *directly* to this model shows as ``request.is_cancelled()``, polled once
-per step; a request made through ``tensorrt_llm_bls`` is stopped by the BLS, which sends this model
-TensorRT-LLM's stop request (``stop`` true, the same request id); through the ``ensemble``
-nothing arrives here (Triton does not propagate it), so such a request runs to its end.
+cancels a request made *directly* to this model shows as ``request.is_cancelled()``, polled about
+once per step; a request made through ``tensorrt_llm_bls`` is stopped by TensorRT-LLM's stop request
+(``stop`` true, the same request id), which the BLS sends when its client is gone, and the HTTP
+front too for the requests it gave an id. Through the ``ensemble`` Triton passes nothing on; only
+the HTTP front's stop request reaches such a request (gRPC clients of the ensemble: nothing).
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from trtllm_pipeline.errors import InputError, PipelineError
 from trtllm_pipeline.runtimes import Runtime, SamplingParams, TextStream
+from trtllm_pipeline.triton import stops
+from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, STOP_ID_PREFIX
 from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_list
 
 log = logging.getLogger(__name__)
@@ -71,7 +75,7 @@ class _Job:
 class _Stop:
     """TensorRT-LLM's stop request: cancel the requests with this request id."""
 
-    sender: Any
+    sender: Any  # None: a datagram (triton/stops.py), answered by nobody
     request_id: str
 
 
@@ -116,7 +120,7 @@ class _NoMetrics:
 
 
 class TorchModelServer:
-    def __init__(self, runtime: Runtime, pb_utils, *, exclude_input_in_output: bool):
+    def __init__(self, runtime: Runtime, pb_utils, *, exclude_input_in_output: bool, stop_address: str | None = None):
         self.runtime = runtime
         self.pb = pb_utils
         try:
@@ -129,9 +133,16 @@ class TorchModelServer:
         self._waiting: list[_Job] = []  # parsed, not yet submitted (a logits job waits for an idle runtime)
         self._jobs: dict[int, _Job] = {}  # submitted, by job number
         self._numbers = itertools.count()
+        self._polled = self._polled_queue = 0.0
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torch-runtime-loop", daemon=True)
         self._thread.start()
+        self._stops = None
+        if stop_address is not None:  # stop requests by datagram (triton/stops.py), besides Triton's own
+            try:
+                self._stops = stops.Listener(stop_address, lambda rid: self._incoming.put(_Stop(None, rid)))
+            except OSError as exc:
+                log.warning("no stop side channel (%s): stop requests come through Triton only", exc)
 
     # ---- called by Triton's thread ---------------------------------------------------------------
 
@@ -146,6 +157,8 @@ class TorchModelServer:
             self._fail(sender, f"cannot parse the request: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
+        if self._stops is not None:
+            self._stops.close()
         self._closing.set()
         self._incoming.put(None)
         self._thread.join(timeout=30)
@@ -261,6 +274,8 @@ class TorchModelServer:
         for number, job in list(self._jobs.items()):
             if job.request_id == stop.request_id:
                 self._end(number, job)
+        if stop.sender is None:  # by datagram: nobody to answer
+            return
         try:
             stop.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:  # the stopping client went away too
@@ -302,18 +317,25 @@ class TorchModelServer:
         return np.array(self.runtime.next_token_logprobs(prompt), dtype=np.float32).reshape(1, 1, 1, -1)
 
     def _drop_cancelled(self) -> None:
-        """Requests whose client went away or cancelled them (direct calls to this model): once per step."""
+        """Requests whose client went away or cancelled them (direct calls to this model): each running one
+        polled at most every POLL_S (a step, on CPU; is_cancelled() is an IPC round trip), queued ones
+        every QUEUED_POLL_S. Requests of the BLS and the HTTP front are stopped by stop requests instead:
+        Triton never flags them, so they are not polled."""
+        now = time.monotonic()
+        if now - self._polled < POLL_S:
+            return
+        queued = now - self._polled_queue >= QUEUED_POLL_S
+        self._polled = now
+        if queued:
+            self._polled_queue = now
         for number, job in list(self._jobs.items()):
-            try:
-                cancelled = job.request.is_cancelled() if job.request is not None else job.sender.is_cancelled()
-            except Exception:  # already answered: nothing left to cancel
-                continue
-            if cancelled:
+            if _polled(job) and _cancelled(job):
                 self._end(number, job)
-        for job in [j for j in self._waiting if j.request is not None and j.request.is_cancelled()]:
-            self._waiting.remove(job)
-            self.metrics.add("cancelled")
-            self._send(job, None, final=True)
+        if queued:
+            for job in [j for j in self._waiting if _polled(j) and _cancelled(j)]:
+                self._waiting.remove(job)
+                self.metrics.add("cancelled")
+                self._send(job, None, final=True)
 
     def _on_event(self, event) -> None:
         number, index = event.request_id
@@ -408,6 +430,21 @@ class TorchModelServer:
                 pass
         self._jobs.clear()
         self._waiting.clear()
+
+
+POLL_S = 0.01
+QUEUED_POLL_S = 0.25
+
+
+def _polled(job: _Job) -> bool:
+    return job.request is not None and not job.request_id.startswith((STOP_ID_PREFIX, BLS_ID_PREFIX))
+
+
+def _cancelled(job: _Job) -> bool:
+    try:
+        return bool(job.request.is_cancelled())
+    except Exception:  # already answered: nothing left to cancel
+        return False
 
 
 # SamplingParams' field names, as a client of the ensemble names them.

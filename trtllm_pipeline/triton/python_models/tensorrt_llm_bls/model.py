@@ -26,9 +26,12 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from pathlib import Path
+
 from trtllm_pipeline.runtimes import TextStream
-from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
-                                             REQUIRED_INPUTS, RequestLimits)
+from trtllm_pipeline.triton import stops
+from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, CLIENT_INPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
+                                             REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
 from trtllm_pipeline.triton.tensors import RequestError, per_row, string_parameters, texts
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -46,6 +49,7 @@ class TritonPythonModel:
         self.engine_model = params["tensorrt_llm_model_name"]
         self.preprocessing_model = params["preprocessing_model_name"]
         self.limits = RequestLimits(**json.loads(params["limits"]))
+        self.stop_address = stops.address(Path(args["model_repository"]).parent)
 
     @functools.cached_property
     def tokenizer(self):
@@ -100,7 +104,11 @@ class TritonPythonModel:
         prompt = engine["input_ids"][0, : int(engine["input_lengths"].reshape(-1)[0])].tolist()
         prefix = "" if exclude else self.tokenizer.decode(prompt, skip_special_tokens=True)
         logits = None
-        request_id = f"bls-{uuid.uuid4().hex}"
+        max_tokens = int(engine["request_output_len"].reshape(-1)[0])
+        flushed = False
+        # The HTTP front's id when it gave one (it stops the request by it when its client goes away), else ours.
+        given = request.request_id() or ""
+        request_id = given if given.startswith(STOP_ID_PREFIX) else f"{BLS_ID_PREFIX}{uuid.uuid4().hex}"
         responses = self.request(self.engine_model, ENGINE_OUTPUTS, engine, request_id=request_id).exec(decoupled=True)
         for response in responses:
             if request.is_cancelled():
@@ -113,6 +121,9 @@ class TritonPythonModel:
                 continue
             n = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
             piece = text.push(ids.as_numpy().reshape(-1)[:n].tolist())
+            if len(text.token_ids) >= max_tokens and not flushed:  # the last token: its response takes the tail
+                piece += text.flush()
+                flushed = True
             found = pb_utils.get_output_tensor_by_name(response, "generation_logits")
             logits = found.as_numpy() if found is not None else logits
             if streaming:
@@ -120,7 +131,7 @@ class TritonPythonModel:
                 prefix = ""
             if text.stopped:  # a stop string matched: the engine need not go on
                 self.stop(request_id, responses)
-        tail = text.flush()
+        tail = "" if flushed else text.flush()
         if not streaming:
             self.send(sender, prefix + text.text, logits, final=True)
         elif tail:
@@ -129,12 +140,13 @@ class TritonPythonModel:
             sender.send(flags=FINAL)
 
     def stop(self, request_id, responses):
-        """TensorRT-LLM's stop request for ``request_id``, then the rest of its responses (it ends
-        with a final one)."""
-        stop = {"input_ids": np.zeros((1, 1), np.int32), "input_lengths": np.ones((1, 1), np.int32),
-                "request_output_len": np.ones((1, 1), np.int32), "stop": np.array([[True]])}
-        for _ in self.request(self.engine_model, ["output_ids"], stop, request_id=request_id).exec(decoupled=True):
-            pass
+        """Stop ``request_id`` (by datagram where the torch engine model listens, else TensorRT-LLM's
+        stop request through Triton), then read the rest of its responses (it ends with a final one)."""
+        if not stops.send(self.stop_address, request_id):
+            stop = {"input_ids": np.zeros((1, 1), np.int32), "input_lengths": np.ones((1, 1), np.int32),
+                    "request_output_len": np.ones((1, 1), np.int32), "stop": np.array([[True]])}
+            for _ in self.request(self.engine_model, ["output_ids"], stop, request_id=request_id).exec(decoupled=True):
+                pass
         for _ in responses:
             pass
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes.registry import load_runtime
-from trtllm_pipeline.triton import torch_repo
+from trtllm_pipeline.triton import stops, torch_repo
 from trtllm_pipeline.triton.tensors import string_parameters
 from trtllm_pipeline.triton.torch_server import TorchModelServer
 
@@ -20,7 +20,8 @@ class TritonPythonModel:
         params = string_parameters(json.loads(args["model_config"]))
         cfg = torch_repo.read_build_config(Path(args["model_repository"]))
         self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"]), pb_utils,
-                                       exclude_input_in_output=params["exclude_input_in_output"] == "true")
+                                       exclude_input_in_output=params["exclude_input_in_output"] == "true",
+                                       stop_address=stops.address(Path(args["model_repository"]).parent))
 
     def execute(self, requests):
         for request in requests:
