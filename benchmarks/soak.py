@@ -125,10 +125,9 @@ class Refusal:
 class Disconnect:
     how: str
     freed: bool
-    steps: float | None
-    seconds: float | None
-    tokens_after: float | None  # tokens the runtime generated for everyone meanwhile (context)
-
+    steps: float | None  # runtime steps from the last count read before the client left to its slot's release
+    seconds: float | None  # from the client leaving to the release, by the runtime's own clock (same host)
+    step_seconds: float | None  # the runtime's mean step time around it
 
 def runtime_metrics(target: Target) -> dict[str, float]:
     text = requests.get(f"http://{target.host}:{target.metrics_port}/metrics", timeout=10).text
@@ -299,16 +298,19 @@ def _open_and_leave(target: Target, how: str) -> tuple[callable, str]:
 
 
 def disconnect_once(target: Target, how: str, timeout: float = 10.0) -> Disconnect:
+    """One client that goes away; the runtime's counters say when its slot was freed: the step count
+    and the time it recorded then (``last_cancel_step``, ``last_cancel_unix_seconds``)."""
     leave, _ = _open_and_leave(target, how)
     before = runtime_metrics(target)
-    gone = time.perf_counter()
+    read_at = time.time()
+    gone = time.time()
     leave()
-    while time.perf_counter() - gone < timeout:
+    while time.time() - gone < timeout:
         now = runtime_metrics(target)
         if now.get("requests_cancelled_total", 0) > before.get("requests_cancelled_total", 0):
-            return Disconnect(how, True, now["runtime_steps_total"] - before["runtime_steps_total"],
-                              time.perf_counter() - gone,
-                              now["generated_tokens_total"] - before["generated_tokens_total"])
+            rate = (now["runtime_steps_total"] - before["runtime_steps_total"]) / max(1e-9, time.time() - read_at)
+            return Disconnect(how, True, now["last_cancel_step"] - before["runtime_steps_total"],
+                              now["last_cancel_unix_seconds"] - gone, 1 / rate if rate else None)
         time.sleep(0.002)
     return Disconnect(how, False, None, None, None)
 
@@ -433,6 +435,8 @@ class Soak:
             "count": len(self.disconnects), "freed": len(freed),
             "steps_to_free": _percentiles([d.steps for d in freed]) | {"max": max((d.steps for d in freed), default=None)},
             "seconds_to_free": _percentiles([d.seconds for d in freed]),
+            "steps_to_free_by_time": _percentiles([d.seconds / d.step_seconds for d in freed if d.step_seconds]),
+            "step_seconds": _percentiles([d.step_seconds for d in freed]),
             "by_kind": {how: [d.steps for d in freed if d.how == how] for how in sorted({d.how for d in self.disconnects})},
         }
         out["errors"] = self.errors

@@ -91,6 +91,10 @@ class _Metrics:
                       "requests dropped because their client cancelled or went away"),
         "failed": ("COUNTER", "trtllm_pipeline_requests_failed_total",
                    "requests that failed inside a step, alone (the others went on)"),
+        "cancel_step": ("GAUGE", "trtllm_pipeline_last_cancel_step",
+                        "the steps count when the last cancelled request was dropped (its slot freed)"),
+        "cancel_time": ("GAUGE", "trtllm_pipeline_last_cancel_unix_seconds",
+                        "when the last cancelled request was dropped, in seconds since the epoch"),
     }
 
     def __init__(self, pb_utils):
@@ -100,8 +104,14 @@ class _Metrics:
             self._families[key] = family
             self._metrics[key] = family.Metric(labels={"model": "tensorrt_llm"})
         self._active = -1
+        self.steps = 0
 
     def add(self, key: str, value: int = 1) -> None:
+        if key == "steps":
+            self.steps += value
+        elif key == "cancelled":  # the slot is free now: when, in steps and in time (set before the count moves)
+            self._metrics["cancel_step"].set(self.steps)
+            self._metrics["cancel_time"].set(time.time())
         if value:
             self._metrics[key].increment(value)
 
