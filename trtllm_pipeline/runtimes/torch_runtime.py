@@ -141,12 +141,13 @@ class TorchRuntime(Runtime):
 
     def describe(self) -> dict[str, Any]:
         layout = checkpoint.CheckpointLayout(self.config)
-        fp8 = layout.quant_algo == "FP8"
+        first = self.engine.layers[0]["dense"]
         gemm = None
-        if fp8:
-            first = self.engine.layers[0]["dense"]
+        if first.fp8:
             gemm = "torch._scaled_mm (FP8 tensor cores)" if first.scaled_mm else "emulated (FP8 values, compute-dtype matmul)"
         return {
+            "weight_format": self.engine.format,
+            "linear": first.describe(),
             "runtime": self.name,
             "device": str(self.device) + (f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""),
             "dtype": str(self.engine.dtype).removeprefix("torch."),

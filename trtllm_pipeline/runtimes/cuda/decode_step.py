@@ -184,6 +184,8 @@ class DecodeStep:
 
 def _linear(module) -> _Linear:
     """The fast path's view of a ``torch_model.Linear`` (whose FP8 weights are FP8 values)."""
+    if getattr(module, "format", "none") not in ("none", "fp8"):
+        raise Unsupported(f"{module.format} weights (no fast kernels for them yet)")
     if not module.fp8:
         return _Linear(module.weight, None, None, module.bias)
     return _Linear(module.weight, (module.a_scale * module.w_scale).reshape(1), module.a_inv.reshape(1), module.bias)
