@@ -251,6 +251,28 @@ class CheckpointLayout:
         return shapes
 
 
+# Bytes per linear-layer parameter as the engine holds them, and bytes per scale: INT4 packs two values a
+# byte with a 16-bit scale per group (TensorRT-LLM casts AWQ scales to the model dtype); NVFP4 two values
+# a byte with an FP8 scale per 16; INT8 and FP8 one byte with per-channel / per-tensor scales.
+WEIGHT_BYTES = {"FP8": 1.0, "W4A16_AWQ": 0.5, "W4A8_AWQ": 0.5, "W8A8_SQ_PER_CHANNEL": 1.0, "W8A16": 1.0,
+                "NVFP4": 0.5}
+
+
+def linear_weight_bytes(quant_algo: str | None, params: int, dtype_bytes: int, group_size: int | None,
+                        out_features: int = 0) -> float:
+    """Bytes of ``params`` linear-layer weights in ``quant_algo`` (None: the compute dtype), scales included."""
+    if quant_algo is None:
+        return params * dtype_bytes
+    scales = 0.0
+    if quant_algo in ("W4A16_AWQ", "W4A8_AWQ"):
+        scales = params / group_size * dtype_bytes
+    elif quant_algo == "NVFP4":
+        scales = params / group_size
+    elif quant_algo in ("W8A8_SQ_PER_CHANNEL", "W8A16"):
+        scales = out_features * 4
+    return params * WEIGHT_BYTES[quant_algo] + scales
+
+
 # --------------------------------------------------------------------------- config.json
 
 

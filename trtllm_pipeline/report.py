@@ -6,7 +6,13 @@ results, and the config itself (precision, TP). Whatever is missing is shown as 
 built", "not measured"): a build that could not run here still has its row, never a zero.
 
 Plots (matplotlib, PNG): latency against concurrency per build; inter-token latency by build at
-the lowest load, the reference recipe's table; accuracy against inter-token latency.
+the lowest load, the reference recipe's table; accuracy against inter-token latency; accuracy against
+in-process ms/token per weight format.
+
+The formats table is the one users choose a format from: per build its weight format, the bytes of
+its weights as the engine holds them (the format's rules over the model's shape), MMLU/GSM8K and the
+gate verdict against the BF16 baseline, and the in-process decode speed `bench --in-process` measured
+(ms/token at batch 1, tokens/s at batch 32) with the machine it ran on.
 """
 
 from __future__ import annotations
@@ -33,7 +39,11 @@ PLOTS = {
     "latency": "latency_vs_concurrency.png",
     "itl": "itl_by_build.png",
     "accuracy": "accuracy_vs_latency.png",
+    "formats": "accuracy_vs_ms_per_token.png",
 }
+FORMAT_LABELS = {"fp8": "FP8", "int4_awq": "INT4-AWQ", "w4a8_awq": "W4A8-AWQ", "int8_sq": "INT8-SQ",
+                 "int8_wo": "INT8-WO", "nvfp4": "NVFP4"}
+LATENCY_BATCH, THROUGHPUT_BATCH = 1, 32  # the formats table's in-process columns
 
 
 @dataclasses.dataclass
@@ -47,6 +57,7 @@ class BuildData:
     gate_role: str | None  # "baseline", "candidate", or None when no gate names it
     bench: dict[str, Any] | None
     bench_path: Path | None
+    in_process: dict[str, Any] | None = None  # `bench --in-process` results
 
     @property
     def name(self) -> str:
@@ -55,8 +66,14 @@ class BuildData:
     @property
     def precision(self) -> str:
         q = self.cfg.quantization
-        weights = DTYPE_LABELS[self.cfg.dtype] if q.format == "none" else q.format.upper()
+        weights = DTYPE_LABELS[self.cfg.dtype] if q.format == "none" else FORMAT_LABELS.get(q.format, q.format.upper())
+        if q.group_size and q.format != "nvfp4":
+            weights += f" g{q.group_size}"
         return weights + (" + FP8 KV cache" if q.kv_cache == "fp8" else "")
+
+    def in_process_level(self, batch: int) -> dict[str, Any] | None:
+        levels = (self.in_process or {}).get("levels") or []
+        return next((e for e in levels if e.get("batch") == batch), None)
 
     @property
     def levels(self) -> list[dict[str, Any]]:
@@ -98,7 +115,7 @@ def report(configs: Sequence[BuildConfig], *, engines_dir: str | Path = "engines
     gates = gating.load_gates(gates_file) if gates_file else None
     builds = [gather(cfg, engines_dir, gates) for cfg in configs]
     plots = [plot_latency(builds, out_dir / PLOTS["latency"]), plot_itl(builds, out_dir / PLOTS["itl"]),
-             plot_accuracy(builds, out_dir / PLOTS["accuracy"])]
+             plot_accuracy(builds, out_dir / PLOTS["accuracy"]), plot_formats(builds, out_dir / PLOTS["formats"])]
     text = render_markdown(builds, engines_dir=Path(engines_dir), gpu_hour_usd=gpu_hour_usd,
                            request_tokens=request_tokens)
     path = out_dir / "report.md"
@@ -123,7 +140,26 @@ def gather(cfg: BuildConfig, engines_dir: str | Path, gates: gating.GatesFile | 
         log.warning("report: %s is not a bench results file this version reads; shown as not measured", bench_path)
         bench = None
     verdicts, role = gate_verdicts(cfg.name, evals, gates, engines_dir)
-    return BuildData(cfg, artifacts.read_manifest(paths.engine), evals, verdicts, role, bench, bench_path)
+    return BuildData(cfg, artifacts.read_manifest(paths.engine), evals, verdicts, role, bench, bench_path,
+                     in_process_results(paths.in_process_bench))
+
+
+def in_process_results(path: Path) -> dict[str, Any] | None:
+    data = read_json(path) if path.is_file() else None
+    ok = data and data.get("kind") == "in_process" and isinstance(data.get("levels"), list)
+    return data if ok else None
+
+
+def weight_bytes(cfg: BuildConfig) -> int | None:
+    """Bytes of the model's weights as the engine holds them in the config's format (None: shape unknown)."""
+    from trtllm_pipeline.model.source import known_shape
+    from trtllm_pipeline.runtimes.trtllm_preflight import estimate_memory
+
+    shape = known_shape(cfg.model)
+    if shape is None:
+        return None
+    single = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(update={"tp": 1})})
+    return int(estimate_memory(single, shape)["weights_bytes"])
 
 
 def latest_bench(bench_dir: Path) -> Path | None:
@@ -254,13 +290,39 @@ def render_markdown(builds: Sequence[BuildData], *, engines_dir: Path, gpu_hour_
         ])
     lines += _table(["build", "precision", "TP", "runtime", "GPU", *(t.label for t in TASKS.values()), "gate",
                      "TTFT ms", "ITL ms", "tokens/s", "$/1M tokens", "$/request"], rows)
+    lines += ["", "## Formats", "",
+              "Weight formats side by side: bytes of weights as the engine holds them (INT4 and NVFP4 pack two "
+              "values a byte, plus their scales; embeddings and lm_head stay in the model dtype), accuracy and "
+              "the gate against the BF16 baseline, and the decode speed `trtllm-pipeline bench -c CONFIG "
+              f"--in-process` measured in-process (ms/token at batch {LATENCY_BATCH}, tokens/s at batch "
+              f"{THROUGHPUT_BATCH}) on the machine named. Emulated formats (the torch runtime on a CPU, NVFP4 "
+              "without FP4 tensor cores) run slower than their kernels would: compare them on one machine.", ""]
+    lines += _table(["build", "format", "TP", "weights", *(t.label for t in TASKS.values()), "gate",
+                     f"ms/token (batch {LATENCY_BATCH})", f"tokens/s (batch {THROUGHPUT_BATCH})", "measured on"],
+                    [format_row(b) for b in builds])
     lines += ["", "## Plots", ""]
     lines += [f"![latency against concurrency]({PLOTS['latency']})", "",
               f"![inter-token latency by build]({PLOTS['itl']})", "",
-              f"![accuracy against inter-token latency]({PLOTS['accuracy']})", ""]
+              f"![accuracy against inter-token latency]({PLOTS['accuracy']})", "",
+              f"![accuracy against in-process ms/token per format]({PLOTS['formats']})", ""]
     for b in builds:
         lines += _build_section(b, gpu_hour_usd, request_tokens)
     return "\n".join(lines) + "\n"
+
+
+def bytes_cell(n: int | None) -> str:
+    if n is None:
+        return "unknown shape"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def format_row(b: BuildData) -> list[str]:
+    low, high = b.in_process_level(LATENCY_BATCH), b.in_process_level(THROUGHPUT_BATCH)
+    machine = (b.in_process or {}).get("machine") or NOT_MEASURED
+    return [b.name, b.precision, str(b.cfg.parallelism.tp), bytes_cell(weight_bytes(b.cfg)),
+            *(accuracy_cell(b, task) for task in TASKS), gate_cell(b),
+            fmt(low["ms_per_token"] if low else None, ".2f"), fmt(high["tokens_per_s"] if high else None),
+            machine]
 
 
 def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> list[str]:
@@ -399,5 +461,33 @@ def plot_accuracy(builds: Sequence[BuildData], path: Path) -> Path:
     if labelled:
         ax.legend(fontsize=8)
     if len(missing) == len(builds):
+        ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
+    return _save(plt, fig, path, missing)
+
+
+def plot_formats(builds: Sequence[BuildData], path: Path) -> Path:
+    """Accuracy against in-process ms/token (batch 1), one point per build and task, labelled by format."""
+    plt, fig, (ax,) = _figure()
+    missing, labelled = [], set()
+    markers = dict(zip(TASKS, MARKERS))
+    for b in builds:
+        low = b.in_process_level(LATENCY_BATCH)
+        if low is None or not b.evals:
+            missing.append(b.name)
+            continue
+        ms = low["ms_per_token"]
+        for task, results in b.evals.items():
+            label = None if task in labelled else _label(task)
+            labelled.add(task)
+            ax.scatter(ms, 100 * results["score"], marker=markers.get(task, "^"), color="tab:purple", label=label)
+            ax.annotate(f"{b.precision} ({b.name})", (ms, 100 * results["score"]), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
+    ax.set_xlabel(f"in-process decode, batch {LATENCY_BATCH} (ms/token)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("accuracy against ms/token, per weight format")
+    ax.grid(alpha=0.3)
+    if labelled:
+        ax.legend(fontsize=8)
+    else:
         ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
     return _save(plt, fig, path, missing)
