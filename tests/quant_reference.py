@@ -42,9 +42,13 @@ def use_cpu_nvfp4(model) -> None:
 
 
 def fake_quantized_model(cfg, dtype: str = "float32"):
-    """(model, tp=1 export dir): ModelOpt's calibrated, exported, fake-quantized model of ``cfg``."""
+    """(model, tp=1 export dir): ModelOpt's calibrated, exported, fake-quantized model of ``cfg``.
+
+    Calibrated and exported in the config's dtype, as the quantize stage does (the export is the
+    stage's tp=1 checkpoint, bit for bit), then run in ``dtype``: float32 isolates the formats' math.
+    """
     model_dir = resolve_model(cfg.model).model_dir
-    model, tokenizer = quantize._load(model_dir, dtype, "cpu")
+    model, tokenizer = quantize._load(model_dir, cfg.dtype, "cpu")
     model = quantize._calibrate(cfg, model, tokenizer, "cpu")
     out = Path(tempfile.mkdtemp(prefix="fake-quant-export-"))
     single = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(update={"tp": 1})})
@@ -57,6 +61,7 @@ def fake_quantized_model(cfg, dtype: str = "float32"):
             pqs = getattr(module, "_pre_quant_scale", None)
             if isinstance(pqs, torch.Tensor):
                 pqs.copy_(pqs.to(checkpoint_dtype).to(pqs.dtype))
+    model = model.to(getattr(torch, dtype))
     if cfg.quantization.format == "nvfp4":
         use_cpu_nvfp4(model)
     return model.eval(), out
@@ -66,3 +71,36 @@ def fake_quantized_weight(module) -> torch.Tensor:
     """What the module's forward multiplies with: its weight through its weight quantizer, float32."""
     with torch.no_grad():
         return module.weight_quantizer(module.weight).float()
+
+
+HF_TO_TRTLLM_LINEARS = {"self_attn.o_proj": "attention.dense", "mlp.gate_proj": "mlp.fc", "mlp.up_proj": "mlp.gate",
+                        "mlp.down_proj": "mlp.proj"}
+
+
+def carry_exported_weights(model, export_dir: Path) -> None:
+    """Give the reference the exported checkpoint's weights, de-quantized, with its weight quantizers off.
+
+    ModelOpt's exporter rounds ``w / scale`` where its fake quantizer rounds ``w * (1 / scale)``: on exact
+    ties (a few in ten thousand bf16 weights) they pick neighbouring steps. The checkpoint is what runs,
+    so the reference carries it (as the FP8 test gives its reference the exported FP8 weights); the
+    weights themselves are checked against the fake quantizer in test_formats, ties counted.
+    """
+    from trtllm_pipeline import checkpoint
+    from trtllm_pipeline.runtimes.torch_model import Linear
+
+    config, tensors = checkpoint.load_checkpoint(export_dir)
+    layout = checkpoint.CheckpointLayout(config)
+    fmt = checkpoint.FORMAT_NAMES[layout.quant_algo]
+    q_rows, kv_rows = layout.heads * layout.head_size, layout.kv_heads * layout.head_size
+    rows = {"q_proj": slice(0, q_rows), "k_proj": slice(q_rows, q_rows + kv_rows),
+            "v_proj": slice(q_rows + kv_rows, q_rows + 2 * kv_rows)}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            targets = {f"self_attn.{x}": ("attention.qkv", rows[x]) for x in rows}
+            targets.update({src: (trt, slice(None)) for src, trt in HF_TO_TRTLLM_LINEARS.items()})
+            for src, (trt, sl) in targets.items():
+                module = layer.get_submodule(src)
+                weight = Linear(tensors, f"transformer.layers.{i}.{trt}", torch.float32, torch.device("cpu"), fmt,
+                                layout.group_size).dequantized[sl]
+                module.weight.copy_(weight.to(module.weight.dtype))
+                module.weight_quantizer.disable()
