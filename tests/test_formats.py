@@ -50,12 +50,14 @@ def shipped(fmt: str) -> str:
     return f"tiny-qwen2-{fmt.replace('_', '-')}-tp1"
 
 
-def config(fmt: str, tp: int = 1, **quantization):
+def config(fmt: str, tp: int = 1, build: dict | None = None, **quantization):
     """The shipped tiny config of ``fmt`` at ``tp`` (tp 2 and 4 are not shipped: made here)."""
     data = yaml.safe_load((CONFIGS / f"{shipped(fmt)}.yaml").read_text())
     data["parallelism"]["tp"] = tp
     data["quantization"].update(quantization)
-    return config_from_dict(data, name=f"{shipped(fmt).removesuffix('-tp1')}-tp{tp}")
+    data["build"].update(build or {})
+    kv = "-fp8kv" if quantization.get("kv_cache") == "fp8" else ""
+    return config_from_dict(data, name=f"{shipped(fmt).removesuffix('-tp1')}{kv}-tp{tp}")
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +149,21 @@ def test_export_is_what_trtllm_reads(exported, fmt, tp):
     assert (result.hf_checkpoint_dir / "hf_quant_config.json").is_file()  # the unified HF checkpoint
     hf_quant = json.loads((result.hf_checkpoint_dir / "hf_quant_config.json").read_text())["quantization"]
     assert hf_quant["quant_algo"] == want
+
+
+@pytest.mark.parametrize("fmt,tp,build", [("w4a8_awq", 2, {}), ("nvfp4", 4, {}),
+                                          ("int4_awq", 1, {"use_paged_context_fmha": False})])
+def test_fp8_kv_cache_combines_where_trtllm_allows(engines_dir, fmt, tp, build):
+    cfg = config(fmt, tp, build=build, kv_cache="fp8")
+    result = quantize(cfg, engines_dir=engines_dir)
+    config_json, merged = checkpoint.load_checkpoint(result.checkpoint_dir)
+    assert config_json["quantization"]["kv_cache_quant_algo"] == "FP8"
+    assert merged["transformer.layers.0.attention.kv_cache_scaling_factor"].dtype == torch.float32
+    rt = _runtime(result.checkpoint_dir)
+    assert rt.generate([PROMPT], SamplingParams(max_tokens=4, end_id=-1))[0].token_ids
+    flags = " ".join(__import__("trtllm_pipeline.runtimes.trtllm_commands", fromlist=["x"]).trtllm_build_command(
+        cfg, "c", "o", gpu_count=tp))
+    assert ("--use_fp8_context_fmha enable" in flags) == (fmt != "int4_awq")
 
 
 def test_int4_and_fp4_packing_is_modelopts():

@@ -59,7 +59,7 @@ R1_DISTILL_CHAT_TEMPLATE = (
 
 TINY_QWEN2_ARCH = dict(
     hidden_size=128,
-    intermediate_size=384,  # v2: 384 = 3 x 128, so 4-bit groups fit whole at tp 1, 2, 4 (v1: 352)
+    intermediate_size=512,  # v2: 512 = 4 x 128, so 4-bit groups of up to 128 fit mlp.proj at tp 1, 2, 4 (v1: 352)
     num_hidden_layers=4,
     num_attention_heads=8,
     num_key_value_heads=2,

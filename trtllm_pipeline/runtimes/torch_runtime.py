@@ -148,6 +148,7 @@ class TorchRuntime(Runtime):
         return {
             "weight_format": self.engine.format,
             "linear": first.describe(),
+            "emulated": first.format != "none" and not first.scaled_mm,
             "runtime": self.name,
             "device": str(self.device) + (f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""),
             "dtype": str(self.engine.dtype).removeprefix("torch."),
