@@ -25,7 +25,7 @@ help:
 	@echo "make demo                 the whole pipeline on the built-in tiny model (torch runtime)"
 	@echo "make test                 the test suite"
 	@echo "make build-fp8-tp4        build build_configs/\$$(MODEL)-fp8-tp4.yaml (MODEL=$(MODEL))"
-	@echo "make quantize-<variant>   quantize only; variants: bf16-tp1 fp8-tp1 fp8-tp2 fp8-tp4"
+	@echo "make quantize-<variant>   quantize only; variants: bf16-tp1 fp8-tp1 fp8-tp2 fp8-tp4 int4-awq-tp1 w4a8-awq-tp1 int8-sq-tp1"
 	@echo "make eval-fp8-tp1         MMLU + GSM8K accuracy of one variant (TASKS=, LIMIT=; data: DATA_DIR or the hub)"
 	@echo "make gate                 the accuracy gates of eval/gates.yaml for MODEL's builds (exit 1 fail, 2 cannot judge)"
 	@echo "make deploy-fp8-tp1       the Triton model repository of one variant (RUNTIME= to choose before a build)"

@@ -7,14 +7,14 @@ fake-quantized weights; the torch runtime computes ModelOpt's fake-quantized mod
 the reference's own inputs, and the logits end to end); greedy tokens agree across TP.
 
 Tolerances (float32 compute, which isolates the format's math):
-  * dequantized weights vs ModelOpt's fake-quantized weights: within 1e-6 of the weight's magnitude
-    (float32 rounding of scale x value; INT8 rounding is ModelOpt's own, ties included);
-  * every linear on the reference's captured input: relative error below 1e-5;
-  * logits end to end: below 1e-5 for the weight-only formats and NVFP4 (whose block scales follow the
-    data); below 5e-2 with top-1 agreement on at least 90% of positions for the formats with static
-    per-tensor activation scales (FP8-activation W4A8, INT8 SmoothQuant): a float32 ulp of difference in
-    attention or a norm moves an activation across a rounding boundary now and then, and on this random
-    model one such flip moves the logits by up to a percent (measured: W4A8 1.2e-2, INT8-SQ 1.5e-2).
+  * dequantized weights vs ModelOpt's fake-quantized weights: within 1e-6 of the weight's magnitude,
+    except exact rounding ties where ModelOpt's exporter (``w / scale``) and its fake quantizer
+    (``w * (1 / scale)``) pick neighbouring steps: at most 0.2% of a layer's weights, one step each
+    (measured: 0.07% for int4_awq and w4a8_awq, 0.06% for int8_sq, none for int8_wo and nvfp4);
+  * every linear on the reference's captured input, and the logits end to end: relative error below
+    1e-5 and the same argmax everywhere (measured: 0 on every linear; logits 0 for w4a8_awq, int8_sq
+    and nvfp4, 5e-7 for int4_awq and int8_wo). The runtime quantizes activations with ModelOpt's own
+    operations (``x * (448 / amax)``, ``round(x * (127 / amax))``), so exact ties round alike.
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ from trtllm_pipeline.runtimes.torch_model import Linear, unpack_fp4_cols, unpack
 from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
 
 FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "nvfp4")
-STATIC_ACTIVATIONS = ("w4a8_awq", "int8_sq")
+# NVFP4's blocks of 16 do not fit the tiny model's 88 mlp.proj inputs per rank at tp=4 (352 / 4): that
+# one is a validation error (test_validation_names_what_trtllm_does_not_build); the 7B's fit everywhere.
+TPS = {fmt: (1, 2, 4) for fmt in FORMATS} | {"nvfp4": (1, 2)}
+FORMAT_TP = [(fmt, tp) for fmt in FORMATS for tp in TPS[fmt]]
+FORMAT_TP_SHARDED = [(fmt, tp) for fmt, tp in FORMAT_TP if tp > 1]
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "trtllm_1_2_quant_formats.json").read_text())
 PROMPT = list(range(100, 164))
 # HF Qwen2 module -> (TensorRT-LLM linear, rows of it) for the reference's fake-quantized weights
@@ -115,8 +119,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 # --------------------------------------------------------------------------- the export
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt,tp", FORMAT_TP)
 def test_export_is_what_trtllm_reads(exported, fmt, tp):
     result = exported(fmt, tp)
     config_json = json.loads((result.checkpoint_dir / "config.json").read_text())
@@ -151,7 +154,7 @@ def test_export_is_what_trtllm_reads(exported, fmt, tp):
     assert hf_quant["quant_algo"] == want
 
 
-@pytest.mark.parametrize("fmt,tp,build", [("w4a8_awq", 2, {}), ("nvfp4", 4, {}),
+@pytest.mark.parametrize("fmt,tp,build", [("w4a8_awq", 4, {}), ("nvfp4", 2, {}),
                                           ("int4_awq", 1, {"use_paged_context_fmha": False})])
 def test_fp8_kv_cache_combines_where_trtllm_allows(engines_dir, fmt, tp, build):
     cfg = config(fmt, tp, build=build, kv_cache="fp8")
@@ -181,8 +184,7 @@ def test_int4_and_fp4_packing_is_modelopts():
     assert torch.equal(unpack_fp4_cols(fp4._quantized_data), x)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt,tp", FORMAT_TP_SHARDED)
 def test_shards_reassemble_to_the_tp1_export_and_split_back(exported, fmt, tp):
     """Merged, ModelOpt's tp shards are its tp=1 export, bit for bit; split by checkpoint.shard_tensors,
     the tp=1 export is those shards again (int8_sq at tp=4 is split here: ModelOpt cannot)."""
@@ -208,6 +210,11 @@ def _reference_weights(fake: _FakeWeights, layer: int) -> dict[str, torch.Tensor
     return out
 
 
+# Most weights ModelOpt's exporter and its fake quantizer may round to neighbouring steps, per layer: exact
+# ties of bf16 weights (measured maxima: int4_awq and w4a8_awq 0.07%, int8_sq 0.06%; int8_wo and nvfp4 none).
+TIES = {"int4_awq": 2e-3, "w4a8_awq": 2e-3, "int8_sq": 2e-3, "int8_wo": 0.0, "nvfp4": 0.0}
+
+
 def _step(lin: Linear) -> torch.Tensor | None:
     """Each weight's quantization step (one INT4 / INT8 level), broadcastable to the weight; None for NVFP4."""
     if lin.format in ("int4_awq", "w4a8_awq", "int8_wo"):
@@ -217,8 +224,7 @@ def _step(lin: Linear) -> torch.Tensor | None:
     return None
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt,tp", FORMAT_TP)
 def test_shards_dequantize_to_the_fake_quantized_weights(exported, reference, fmt, tp):
     """Equal, except at exact rounding ties: ModelOpt's exporter rounds ``w / scale`` where its fake quantizer
     rounds ``w * (1 / scale)``, so on a weight exactly half-way between two steps (a few in ten thousand of
@@ -248,7 +254,7 @@ def test_shards_dequantize_to_the_fake_quantized_weights(exported, reference, fm
                 assert not off.any(), (p, float((got - ref).abs().max()))
                 continue
             ties = float(off.float().mean())
-            assert ties < 5e-3, (p, ties)  # measured: at most 2.7 in a thousand (W4A8), a few in ten thousand else
+            assert ties < TIES[fmt], (p, ties)
             one_step = (got - ref).abs() <= 1.05 * step.expand_as(got) + (ref.abs() / 8 if fmt == "w4a8_awq" else 0)
             assert bool(one_step[off].all()), p
 
@@ -273,6 +279,7 @@ def test_runtime_matches_modelopt_fake_quantized_model(exported, reference, fmt)
     model, _ = reference(fmt)
     rt = _runtime(exported(fmt, 1).checkpoint_dir)
     caps, ref_logits = _captured_linear_inputs(model, PROMPT)
+    per_linear = 1e-5
     rows = {"q_proj": slice(0, 128), "k_proj": slice(128, 160), "v_proj": slice(160, 192)}
     for i, layer in enumerate(rt.engine.layers):
         for src, (ours, sl) in {"self_attn.q_proj": (layer["qkv"], rows["q_proj"]),
@@ -281,28 +288,41 @@ def test_runtime_matches_modelopt_fake_quantized_model(exported, reference, fmt)
                                 "self_attn.o_proj": (layer["dense"], slice(None)),
                                 "mlp.down_proj": (layer["proj"], slice(None))}.items():
             x, want = caps[f"model.layers.{i}.{src}"]
-            assert _rel(ours(x)[..., sl], want) < 1e-5, (i, src)
+            assert _rel(ours(x)[..., sl], want) < per_linear, (i, src)
         x, gate_out = caps[f"model.layers.{i}.mlp.gate_proj"]
         fc_gate = layer["fc_gate"](x)  # [fc (gate_proj) | gate (up_proj)]
-        assert _rel(fc_gate[..., : gate_out.shape[-1]], gate_out) < 1e-5
-        assert _rel(fc_gate[..., gate_out.shape[-1]:], caps[f"model.layers.{i}.mlp.up_proj"][1]) < 1e-5
+        assert _rel(fc_gate[..., : gate_out.shape[-1]], gate_out) < per_linear
+        assert _rel(fc_gate[..., gate_out.shape[-1]:], caps[f"model.layers.{i}.mlp.up_proj"][1]) < per_linear
     logits = rt.engine.logits(rt._forward([PROMPT], [0], [0])[0])
     agree = float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean())
-    if fmt in STATIC_ACTIVATIONS:
-        assert _rel(logits, ref_logits) < 5e-2 and agree >= 0.9, (_rel(logits, ref_logits), agree)
-    else:
-        assert _rel(logits, ref_logits) < 1e-5 and agree == 1.0, (_rel(logits, ref_logits), agree)
+    assert _rel(logits, ref_logits) < 1e-5 and agree == 1.0, (_rel(logits, ref_logits), agree)
     described = rt.describe()
     assert described["weight_format"] == fmt and described["linear"].startswith(f"emulated ({fmt}")
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "int8_wo"])
 def test_greedy_tokens_identical_across_tp(exported, fmt):
     prompts = [PROMPT, list(range(300, 340))]
     params = SamplingParams(max_tokens=16, end_id=-1)
     outs = [[c.token_ids for c in _runtime(exported(fmt, tp).checkpoint_dir).generate(prompts, params)]
-            for tp in (1, 2, 4)]
-    assert outs[0] == outs[1] == outs[2] and all(len(t) == 16 for t in outs[0])
+            for tp in TPS[fmt]]
+    assert all(out == outs[0] for out in outs) and all(len(t) == 16 for t in outs[0])
+
+
+def test_int8_weight_only_is_quantized_per_rank_as_trtllm_build_does(exported):
+    """W8A16 is the one format TensorRT-LLM quantizes itself, per rank: at tp 2 and 4 the row-parallel
+    layers (attention.dense, mlp.proj) get one scale per output channel and rank slice, finer than tp=1's,
+    so TP 2 and 4 are other (slightly better) quantizations of the same weights, not the same numbers;
+    their logits stay within INT8 rounding of tp=1's."""
+    logits = {}
+    for tp in (1, 2, 4):
+        rt = _runtime(exported("int8_wo", tp).checkpoint_dir)
+        logits[tp] = rt.engine.logits(rt._forward([PROMPT], [0], [0])[0])
+        dense = rt.engine.layers[0]["dense"]
+        assert tuple(dense.scales.shape) == (dense.dequantized.shape[0], tp)  # a scale per rank slice
+        assert tuple(rt.engine.layers[0]["qkv"].scales.shape[1:]) == (1,)  # column-parallel: the whole row
+    for tp in (2, 4):
+        assert 0 < _rel(logits[tp], logits[1]) < 2e-2, _rel(logits[tp], logits[1])
 
 
 def test_the_fast_cuda_path_refuses_formats_it_has_no_kernels_for(exported):
@@ -349,7 +369,7 @@ def test_each_format_is_gated_against_bf16(built, engines_dir, data_dir, tmp_pat
     table = text.split("## Formats")[1].split("## Plots")[0]
     row = next(line for line in table.splitlines() if line.startswith(f"| {shipped('int4_awq')} |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] == "INT4-AWQ g32" and cells[3].endswith("MB") and cells[4].endswith("%")
+    assert cells[1] == "INT4-AWQ g8" and cells[3].endswith("MB") and cells[4].endswith("%")
     assert cells[6].startswith("MMLU") and "vs tiny-qwen2-bf16-tp1" in cells[6]
     assert cells[7] == f"{levels[1]['ms_per_token']:.2f}" and cells[8] == f"{levels[32]['tokens_per_s']:.1f}"
     assert cells[9].startswith("CPU")
@@ -384,9 +404,11 @@ def test_validation_names_what_trtllm_does_not_build():
     assert "smoothquant_alpha applies to int8_sq only" in _error("int4_awq", quantization={"smoothquant_alpha": 0.5})
     assert "power of two" in _error("int4_awq", quantization={"awq_block_size": 48})
     assert "gemm_plugin: nvfp4" in _error("nvfp4", build={"plugins": {"gemm_plugin": "disable"}})
-    # groups must fit every rank's inputs: tiny's 32 inputs of attention.dense per rank at tp=4
-    msg = _error("int4_awq", tp=4, quantization={"awq_block_size": 64})
-    assert "attention.dense's heads x head_dim / tp is 32" in msg and "awq_block_size to one of [32, 16, 8]" in msg
+    # groups must fit every rank's inputs: tiny's 32 inputs of attention.dense and 88 of mlp.proj at tp=4
+    msg = _error("int4_awq", tp=4, quantization={"awq_block_size": 32})
+    assert "mlp.proj's intermediate_size / tp is 88, not a multiple of 32" in msg and "awq_block_size to one of [8]" in msg
+    msg = _error("nvfp4", tp=4)
+    assert "quantization.format: nvfp4 quantizes weights in groups of 16" in msg and "Fix: use a smaller tp" in msg
 
 
 def test_1_5b_int4_awq_tp4_needs_block_64(tmp_path):
@@ -419,7 +441,7 @@ def test_preflight_knows_which_gpus_build_each_format(fmt, sm, problem):
 
     cfg = config(fmt)
     found = [str(p) for p in preflight(cfg, gpus=[machine.Gpu(0, "test GPU", sm, 139.0, 139.0)])
-             if "TensorRT-LLM is not installed" not in p.problem]
+             if "TensorRT-LLM is not installed" not in p.problem and "awq_block_size" not in p.problem]
     if problem is None:
         assert found == []
     else:

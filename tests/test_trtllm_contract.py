@@ -617,3 +617,14 @@ def test_memory_per_format():
     assert int4["linear"] * 4 == bf16["linear"] and int8["linear"] * 2 == bf16["linear"]
     # INT4 groups of 128 carry one 16-bit scale each: 2/128 bytes per weight
     assert int4["scales"] == pytest.approx(bf16["linear"] / 128)
+
+
+def test_trtllm_takes_only_its_kernels_group_sizes():
+    from trtllm_pipeline.runtimes.trtllm_preflight import GROUP_SIZES
+
+    kernels = QUANT["groupwise_kernels"]
+    assert list(GROUP_SIZES["int4_awq"]) == kernels["group_sizes"]
+    assert list(GROUP_SIZES["w4a8_awq"]) == kernels["w4a8_group_sizes"]
+    tiny = [str(p) for p in preflight(load("tiny-qwen2-int4-awq-tp1"), gpus=[gpu(90)])]
+    assert any("awq_block_size 8" in p and "64 or 128" in p and "--runtime torch" in p for p in tiny)
+    assert not any("awq_block_size" in str(p) for p in preflight(load("r1-distill-qwen-7b-w4a8-awq-tp1"), gpus=[gpu(90)]))

@@ -24,7 +24,7 @@ from trtllm_pipeline.artifacts import atomic_dir
 
 BUILTIN_PREFIX = "builtin:"
 TINY_QWEN2 = "tiny-qwen2"
-TINY_QWEN2_REVISION = "v2"  # bump when the generator changes, so caches regenerate
+TINY_QWEN2_REVISION = "v1"  # bump when the generator changes, so caches regenerate
 TINY_QWEN2_SEED = 20250120
 TINY_QWEN2_VOCAB_SIZE = 8192
 # (token, special). Order and specialness follow DeepSeek-R1-Distill-Qwen's added tokens; the
@@ -59,7 +59,7 @@ R1_DISTILL_CHAT_TEMPLATE = (
 
 TINY_QWEN2_ARCH = dict(
     hidden_size=128,
-    intermediate_size=512,  # v2: 512 = 4 x 128, so 4-bit groups of up to 128 fit mlp.proj at tp 1, 2, 4 (v1: 352)
+    intermediate_size=352,
     num_hidden_layers=4,
     num_attention_heads=8,
     num_key_value_heads=2,

@@ -41,9 +41,19 @@ def quantize_fp8(x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
     return (x.float() * inv_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
-def fake_int8(x: torch.Tensor, scale: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
-    """Static per-tensor INT8 (SmoothQuant activations): round half to even, [-128, 127], float32."""
-    return (x.float() * inv_scale).round().clamp(INT8_MIN, INT8_MAX) * scale
+def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per-tensor E4M3 fake quantization with the checkpoint's ``scale`` (amax / 448), float32, computed
+    with ModelOpt's own operations (``x * (448 / amax)``, then ``* (1 / that)``) so exact ties round alike."""
+    amax = scale.float() * FP8_MAX
+    q_scale = FP8_MAX / amax
+    return (x.float() * q_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * (1 / q_scale)
+
+
+def fake_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static per-tensor INT8 (SmoothQuant activations) with the checkpoint's ``scale`` (amax / 127):
+    ``round(x * (127 / amax))`` half to even, [-128, 127], then ``/ (127 / amax)``, as ModelOpt computes it."""
+    q_scale = torch.tensor(float(INT8_MAX), device=x.device) / (scale.float() * INT8_MAX)
+    return (x.float() * q_scale).round().clamp(INT8_MIN, INT8_MAX) / q_scale
 
 
 def round_e2m1(x: torch.Tensor) -> torch.Tensor:
@@ -161,9 +171,11 @@ class Linear(torch.nn.Module):
         w, s = self.weight, self.scales
         if self.format in ("int4_awq", "w4a8_awq"):
             values = unpack_int4_rows(w).float()
-            deq = values * _per_group(s, values.shape[1])
+            # q / (7 / amax), as ModelOpt's fake quantizer computes it (the checkpoint stores amax / 7)
+            q_scale = torch.tensor(7.0, device=w.device) / (_per_group(s, values.shape[1]) * 7.0)
+            deq = values / q_scale
             if self.format == "w4a8_awq":  # the INT4 values are stepped in FP8 with the second-level scale
-                deq = quantize_fp8(deq, 1.0 / self.scale_2).float() * self.scale_2
+                deq = fake_fp8(deq, self.scale_2)
             return deq
         if self.format == "int8_sq":
             return w.float() * s.float()[:, None]
@@ -178,10 +190,12 @@ class Linear(torch.nn.Module):
         """The input as the layer's activation quantizer leaves it (pre-quant scale first), compute dtype."""
         if self.pre_quant_scale is not None:
             x = x * self.pre_quant_scale
-        if self.format in ("fp8", "w4a8_awq"):
+        if self.format == "fp8":
             return (quantize_fp8(x, self.a_inv).float() * self.a_scale).to(self.dtype)
+        if self.format == "w4a8_awq":
+            return fake_fp8(x, self.a_scale).to(self.dtype)
         if self.format == "int8_sq":
-            return fake_int8(x, self.a_scale, self.a_inv).to(self.dtype)
+            return fake_int8(x, self.a_scale).to(self.dtype)
         if self.format == "nvfp4":
             return fake_nvfp4(x, self.a_scale).to(self.dtype)
         return x

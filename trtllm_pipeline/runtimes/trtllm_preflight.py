@@ -45,6 +45,23 @@ NO_INT_SM = range(100, 120)  # builder.py: no INT8/INT4 weights, no SmoothQuant 
 INT_FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo")
 
 
+# The CUTLASS fpA_intB kernels behind the groupwise plugin take these group sizes only
+# (fpA_intB_gemm_template.h: "Only group size 64 and 128 supported for fine grained kernels", 128 for W4A(fp)8).
+GROUP_SIZES = {"int4_awq": (64, 128), "w4a8_awq": (128,)}
+
+
+def format_problems(cfg: "BuildConfig") -> list[Problem]:
+    """Settings TensorRT-LLM's kernels cannot run (the torch runtime can): the INT4 group size."""
+    q = cfg.quantization
+    sizes = GROUP_SIZES.get(q.format)
+    if sizes and q.group_size not in sizes:
+        return [Problem(f"quantization.awq_block_size {q.group_size}: TensorRT-LLM's {q.format} kernels take group "
+                        f"size {' or '.join(map(str, sizes))} only",
+                        f"set awq_block_size: {sizes[-1]} where the model's dimensions allow it, or use the torch "
+                        "runtime (`--runtime torch`)")]
+    return []
+
+
 def format_gpu_problem(fmt: str, sm: int, gpu_name: str) -> Problem | None:
     """Why TensorRT-LLM 1.2 cannot build ``fmt`` for a GPU of compute capability ``sm``, or None."""
     if fmt not in FORMAT_MIN_SM:
@@ -131,7 +148,7 @@ def preflight(cfg: "BuildConfig", *, gpus: list[Gpu] | None = None) -> list[Prob
 
     ``gpus`` defaults to the GPUs visible here (tests pass made-up ones).
     """
-    problems = []
+    problems = format_problems(cfg)
     _, trt_problem = trtllm_status()
     if trt_problem:
         problems.append(trt_problem)
