@@ -627,7 +627,46 @@ def runtime_part() -> dict:
     return out
 
 
-PARTS = {"runtime": runtime_part, "kernels": kernels_part, "attention": attention_part, "step": step_part, "prefill": prefill_part,
+def tiny_part() -> dict:
+    """The tiny pipeline checkpoints on CUDA: fast and eager BF16 against eager float32, logits and tokens."""
+    from trtllm_pipeline.runtimes.base import SamplingParams
+    from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+
+    root = Path(__file__).resolve().parents[1] / "engines"
+    out = []
+    for name in ("tiny-qwen2-bf16-tp1", "tiny-qwen2-fp8-tp1"):
+        ckpt = root / name / "checkpoint"
+        rts = {label: TorchRuntime(ckpt, ckpt / "tokenizer", device="cuda", max_batch_size=8, max_seq_len=1024,
+                                   dtype=dtype, fast_decode=fast)
+               for label, dtype, fast in (("fast", None, True), ("eager", None, False), ("fp32", "float32", False))}
+        gen = torch.Generator().manual_seed(3)
+        prompts = [torch.randint(100, 2000, (n,), generator=gen).tolist() for n in (5, 40, 77, 130, 9, 300)]
+        logits = {}
+        for label, rt in rts.items():
+            for slot, p in enumerate(prompts):
+                rt._forward([p], [slot], [0])
+            slots, pos = list(range(len(prompts))), [len(p) for p in prompts]
+            if rt.decoder is not None:
+                logits[label] = rt.decoder.decode([7] * len(prompts), slots, pos).float().clone()
+            else:
+                logits[label] = rt.engine.logits(rt._forward([[7]] * len(prompts), slots, pos)[:, -1]).float()
+        tokens = {label: [c.token_ids for c in rt.generate(prompts, SamplingParams(max_tokens=48, end_id=-1))]
+                  for label, rt in rts.items()}
+
+        def agree(a, b):
+            return f"{sum(x == y for ta, tb in zip(tokens[a], tokens[b]) for x, y in zip(ta, tb))}/{48 * len(prompts)}"
+        row = {"checkpoint": name,
+               "logits_rel_err_fast_vs_fp32": rel(logits["fast"], logits["fp32"]),
+               "logits_rel_err_eager_vs_fp32": rel(logits["eager"], logits["fp32"]),
+               "tokens_fast_vs_fp32": agree("fast", "fp32"), "tokens_eager_vs_fp32": agree("eager", "fp32"),
+               "tokens_fast_vs_eager": agree("fast", "eager")}
+        out.append(row)
+        print(f"tiny: {row}", flush=True)
+        del rts
+    return {"tiny": out}
+
+
+PARTS = {"tiny": tiny_part, "runtime": runtime_part, "kernels": kernels_part, "attention": attention_part, "step": step_part, "prefill": prefill_part,
          "hf": hf_part}
 
 
