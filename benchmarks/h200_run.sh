@@ -33,9 +33,11 @@ case "$part" in
     tp serve -c "$c" --engines-dir "$engines" --detach
     status=0
     tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1,8,32,64 --input-tokens 128 \
-      --output-tokens 256 --requests 64 --warmup 4 -o "$out/served-fp8.json" || status=$?
-    tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
-      -o "$out/inprocess-fp8-c128.json" || status=$?
+      --output-tokens 256 --requests "${REQUESTS:-64}" --warmup 4 -o "$out/served-fp8.json" || status=$?
+    if [ -z "${SKIP_INPROCESS:-}" ]; then
+      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
+        -o "$out/inprocess-fp8-c128.json" || status=$?
+    fi
     tp serve -c "$c" --engines-dir "$engines" --stop || true
     exit $status ;;
   kernels)
