@@ -70,10 +70,6 @@ class ArtifactPaths:
         return self.root / "bench"
 
     @property
-    def in_process_bench(self) -> Path:  # `bench --in-process`: ms/token and tokens/s of the engine in-process
-        return self.bench / "in_process" / "results.json"
-
-    @property
     def serve_state(self) -> Path:  # pid file and server log of `serve --detach`
         return self.root / "serve"
 

@@ -1,117 +1,196 @@
-"""``bench --in-process``: the engine's own decode speed, loaded in this process, at a few batch sizes.
+"""``bench --in-process``: the build's own runtime in this process, its decode timed step by step.
 
-No server, no client: ``batch`` requests of ``input_tokens`` synthetic token ids are submitted at
-once to the runtime the build manifest names and decoded greedily for ``output_tokens`` tokens each
-(the end id disabled, so every request runs to its length). Timing starts once every request has its
-first token (the prefill is excluded) and ends with the last token: ms/token is the decode time per
-step, tokens/s the decoded tokens over the decode time. One short warm-up run per batch size comes
-first. The torch runtime is given ``batch`` cache slots; a TensorRT-LLM engine keeps its own
-``max_batch_size`` (requests beyond it wait, which the numbers then include).
+No server and no network between the engine and the clock: what one decode step costs at a given
+batch and context, the figure the served benchmark is compared with. For each batch x context,
+``batch`` requests with prompts of exactly ``context`` random tokens, each forced to
+``output_tokens`` (min = max tokens, no end id); one prompt's prefill is timed on its own first.
+Every step in which all rows decode is timed, the first ``warmup_steps`` dropped, the median kept.
+The bytes a step must read (weights, and the KV cache up to its length) over its time give the
+achieved bandwidth; over the device's copy bandwidth, measured here at the start, the fraction of
+the bandwidth floor (100% would be a step that only reads its bytes once at copy speed).
 
-Results file (JSON, ``schema`` 1, ``kind: in_process``): ``config``, ``runtime`` (the runtime's
-``describe()``: device, weight format, how the linears run), ``machine``, ``settings`` and
-``levels``: one entry per batch size with ``batch``, ``ms_per_token``, ``tokens_per_s``, ``steps``.
+Results file (JSON, ``schema`` ``inprocess-1``): ``settings``, ``runtime`` (its ``describe()``),
+``copy_gbps``, and ``runs``, one per batch x context: ``decode_ms`` (median wall time per step,
+the host's part included), ``decode_ms_p90``, ``tokens_per_s``, ``prefill_ms``, ``bytes_per_step``,
+``achieved_gbps``, ``floor_ms``, ``fraction_of_floor``, ``peak_memory_gib``, ``steps_timed``.
+Numbers are the named runtime's on the named device, never another's.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import platform
+import dataclasses
+import random
+import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.results import INPROCESS_PREFIX, INPROCESS_SCHEMA
+from trtllm_pipeline.runtimes.base import Runtime, SamplingParams
 from trtllm_pipeline.runtimes.registry import load_runtime
 
-log = logging.getLogger(__name__)
 
-IN_PROCESS_SCHEMA = 1
-DEFAULT_BATCHES = (1, 32)
+@dataclasses.dataclass(frozen=True)
+class InProcessSettings:
+    batches: tuple[int, ...] = (1, 8, 32, 64)
+    contexts: tuple[int, ...] = (128, 2048, 8192)
+    output_tokens: int = 256
+    warmup_steps: int = 16
+    seed: int = 1234
+
+    def check(self, rt: Runtime, max_input_len: int) -> None:
+        """Every run fits the engine, or the error says which limit to raise."""
+        if not self.batches or not self.contexts:
+            raise InputError("no batch size or context length given.", fix="pass --batch 1,8 --context 128,2048")
+        if min(self.batches) < 1 or min(self.contexts) < 1:
+            raise InputError("--batch and --context values must be at least 1.")
+        if self.output_tokens <= self.warmup_steps + 1:
+            raise InputError(f"--output-tokens {self.output_tokens} leaves no timed step after "
+                             f"{self.warmup_steps} warm-up steps.", fix=f"use --output-tokens {self.warmup_steps + 129} "
+                             "or more (the median is then over at least 128 steps)")
+        if max(self.batches) > rt.max_batch_size:
+            raise InputError(f"batch {max(self.batches)} exceeds this build's build.max_batch_size {rt.max_batch_size}.",
+                             fix="drop that batch, or rebuild with a larger build.max_batch_size")
+        if max(self.contexts) > max_input_len:
+            raise InputError(f"context {max(self.contexts)} exceeds this build's build.max_input_len {max_input_len}.",
+                             fix="drop that context, or rebuild with a larger build.max_input_len")
+        if max(self.contexts) + self.output_tokens > rt.max_seq_len:
+            raise InputError(f"context {max(self.contexts)} + {self.output_tokens} output tokens exceeds this build's "
+                             f"max_seq_len {rt.max_seq_len}.",
+                             fix="use fewer --output-tokens or a shorter --context, or rebuild with a larger "
+                                 "build.max_seq_len")
 
 
-def run(cfg: BuildConfig, *, engines_dir: Path, batches: Sequence[int] = DEFAULT_BATCHES, input_tokens: int = 128,
-        output_tokens: int = 64, progress: Callable[[str], None] = log.info) -> tuple[Path, dict[str, Any]]:
-    """Measure each batch size and write ``<config>/bench/in_process/results.json``; returns (path, results)."""
-    if output_tokens < 2:
-        raise InputError("bench --in-process needs at least 2 output tokens (the first one is the prefill's).",
-                         fix="raise --output-tokens")
-    if not batches or min(batches) < 1:
-        raise InputError(f"batch sizes must be positive, got {list(batches)}.", fix="e.g. --batch-sizes 1,32")
-    # Cache slots for the largest batch, and no longer sequences than measured (the torch runtime's cache).
-    limits = {"max_batch_size": max(max(batches), cfg.build.max_batch_size),
-              "max_seq_len": min(cfg.build.max_seq_len, -(-(input_tokens + output_tokens) // 256) * 256)}
-    sized = cfg.model_copy(update={"build": cfg.build.model_copy(update=limits)})
-    sized._name, sized._path = cfg.name, cfg.path
-    rt = load_runtime(sized, engines_dir)
+@dataclasses.dataclass
+class InProcessResult:
+    path: Path
+    data: dict[str, Any]
+
+    def table(self) -> list[str]:
+        """The runs as a fixed-width table for the terminal."""
+        def cell(value, spec):
+            return "n/a" if value is None else format(value, spec)
+
+        lines = [f"{'batch':>5} {'context':>7} {'ms/step':>8} {'p90':>7} {'tokens/s':>9} {'GB/s':>6} "
+                 f"{'of floor':>8} {'prefill ms':>10} {'peak GiB':>8}"]
+        for r in self.data["runs"]:
+            floor = None if r["fraction_of_floor"] is None else f"{100 * r['fraction_of_floor']:.0f}%"
+            lines.append(f"{r['batch']:>5} {r['context']:>7} {r['decode_ms']:>8.3f} {r['decode_ms_p90']:>7.3f} "
+                         f"{r['tokens_per_s']:>9.0f} {cell(r['achieved_gbps'], '6.0f'):>6} {floor or 'n/a':>8} "
+                         f"{r['prefill_ms']:>10.1f} {cell(r['peak_memory_gib'], '8.2f'):>8}")
+        rt = self.data["runtime"]
+        lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}; "
+                     f"decode: {rt.get('decode_path', 'n/a')}")
+        return lines
+
+
+def run_inprocess(cfg: BuildConfig, *, engines_dir: Path, settings: InProcessSettings, output: Path | None = None,
+                  progress: Callable[[str], None] = print) -> InProcessResult:
+    """Load the build's runtime here and time every batch x context of ``settings``; write the results."""
+    rt = load_runtime(cfg, engines_dir)
     try:
-        if input_tokens + output_tokens > getattr(rt, "max_seq_len", input_tokens + output_tokens):
-            raise InputError(f"{input_tokens} + {output_tokens} tokens exceed the engine's max_seq_len.",
-                             fix="lower --input-tokens or --output-tokens")
-        prompt = [100 + (7 * i) % 1000 for i in range(input_tokens)]
-        levels = []
-        for batch in batches:
-            _decode(rt, batch, prompt, min(4, output_tokens))  # warm-up (kernels, caches, allocator)
-            seconds, steps = _decode(rt, batch, prompt, output_tokens)
-            entry = {"batch": batch, "steps": steps, "decode_s": round(seconds, 6),
-                     "ms_per_token": round(1000 * seconds / steps, 4),
-                     "tokens_per_s": round(batch * steps / seconds, 2)}
-            levels.append(entry)
-            progress(f"bench --in-process: batch {batch}: {entry['ms_per_token']:.2f} ms/token, "
-                     f"{entry['tokens_per_s']:.1f} tokens/s")
-        described = rt.describe()
+        settings.check(rt, getattr(rt, "max_input_len", cfg.build.max_input_len))
+        device = getattr(rt, "device", None)
+        info = rt.describe()
+        copy_gbps = copy_bandwidth_gbps(device)
+        started = artifacts.now_iso()
+        # One short request first, so one-time costs (allocator, kernel selection) time nothing.
+        list(rt.stream([1] * 8, SamplingParams(max_tokens=4, end_id=-1), request_id="warm-up"))
+        runs = []
+        for context in settings.contexts:
+            for batch in settings.batches:
+                progress(f"bench --in-process: batch {batch}, context {context}, {settings.output_tokens} tokens")
+                run = _run(rt, device, batch, context, settings, info, copy_gbps)
+                runs.append(run)
+                progress(f"  {run['decode_ms']:.3f} ms/step, {run['tokens_per_s']:.0f} tokens/s, "
+                         f"prefill {run['prefill_ms']:.1f} ms")
     finally:
         rt.close()
-    data = {
-        "schema": IN_PROCESS_SCHEMA, "kind": "in_process", "config": cfg.name, "created_at": artifacts.now_iso(),
-        "runtime": described, "machine": machine_description(described),
-        "settings": {"batches": list(batches), "input_tokens": input_tokens, "output_tokens": output_tokens},
-        "levels": levels,
-    }
-    path = artifacts.artifact_paths(engines_dir, cfg.name).in_process_bench
-    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"schema": INPROCESS_SCHEMA,
+            "settings": {**dataclasses.asdict(settings), "config": cfg.name, "started_at": started,
+                         "finished_at": artifacts.now_iso()},
+            "runtime": info, "copy_gbps": copy_gbps, "runs": runs}
+    path = output or (artifacts.artifact_paths(engines_dir, cfg.name).bench
+                      / f"{INPROCESS_PREFIX}out{settings.output_tokens}.json")
     artifacts.write_json_atomic(path, data)
-    return path, data
+    return InProcessResult(path, data)
 
 
-def _decode(rt, batch: int, prompt: list[int], output_tokens: int) -> tuple[float, int]:
-    params = SamplingParams(max_tokens=output_tokens, min_tokens=output_tokens, end_id=-1)
-    ids = [f"in-process-{time.monotonic_ns()}-{i}" for i in range(batch)]
-    for rid in ids:
-        rt.submit(rid, prompt, params)
-    counts = dict.fromkeys(ids, 0)
-    started = None
+def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSettings, info: dict,
+         copy_gbps: float | None) -> dict[str, Any]:
+    import torch
+
+    rng = random.Random(settings.seed * 1_000_003 + batch * 1009 + context)
+    vocab = min(len(rt.tokenizer), getattr(rt, "vocab_size", None) or len(rt.tokenizer))
+    special = set(getattr(rt.tokenizer, "all_special_ids", []))
+    ids = [i for i in range(min(vocab, 50_000)) if i not in special]
+
+    def prompt() -> list[int]:
+        return [rng.choice(ids) for _ in range(context)]
+
+    cuda = device is not None and getattr(device, "type", None) == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    # Prefill of one prompt alone: its first token, as time to first token in-process.
+    start = _now(cuda)
+    list(rt.stream(prompt(), SamplingParams(max_tokens=1, end_id=-1), request_id=("prefill", batch, context)))
+    prefill_ms = (_now(cuda) - start) * 1000
+    params = SamplingParams(max_tokens=settings.output_tokens, min_tokens=settings.output_tokens, end_id=-1)
+    for i in range(batch):
+        rt.submit(("decode", i), prompt(), params)
+    decoding, times = set(), []
     while rt.has_work():
-        for event in rt.step():
-            counts[event.request_id] += len(event.token_ids)
-        if started is None and all(counts.values()):
-            started = time.perf_counter()
-    ended = time.perf_counter()
-    if started is None:
-        raise InputError("bench --in-process: a request produced no token.", fix="check the engine with `generate`")
-    return ended - started, output_tokens - 1
+        all_decoding = len(decoding) == batch
+        start = _now(cuda)
+        events = rt.step()
+        elapsed = _now(cuda) - start
+        if all_decoding:
+            times.append(elapsed)
+        decoding.update(e.request_id for e in events)
+    timed = times[settings.warmup_steps:] or times
+    decode_ms = statistics.median(timed) * 1000
+    p90 = sorted(timed)[int(0.9 * (len(timed) - 1))] * 1000
+    # Bytes one step reads: every weight once, plus each row's KV cache at the median step's length.
+    weights = info.get("weight_bytes")
+    kv_token = info.get("kv_bytes_per_token")
+    mid = context + settings.warmup_steps + len(timed) // 2
+    step_bytes = weights + batch * mid * kv_token if weights and kv_token else None
+    achieved = step_bytes / (decode_ms / 1000) / 1e9 if step_bytes else None
+    floor_ms = step_bytes / (copy_gbps * 1e9) * 1000 if step_bytes and copy_gbps else None
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+    return {"batch": batch, "context": context, "output_tokens": settings.output_tokens, "steps_timed": len(timed),
+            "decode_ms": decode_ms, "decode_ms_p90": p90, "tokens_per_s": batch * 1000 / decode_ms,
+            "prefill_ms": prefill_ms, "bytes_per_step": step_bytes, "achieved_gbps": achieved, "floor_ms": floor_ms,
+            "fraction_of_floor": floor_ms / decode_ms if floor_ms else None, "peak_memory_gib": peak}
 
 
-def machine_description(described: dict[str, Any]) -> str:
-    device = str(described.get("device", "?"))
-    if device.startswith("cpu"):
+def _now(cuda: bool) -> float:
+    """A host clock reading after the device has finished what was queued (steps sync anyway)."""
+    if cuda:
         import torch
 
-        return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads of " \
-               f"{os.cpu_count()} cores)"
-    return device
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
-def read(path: Path) -> dict[str, Any] | None:
-    """An in-process results file this version reads, else None."""
-    from trtllm_pipeline.results import read_json
+def copy_bandwidth_gbps(device, size_bytes: int = 1 << 30, repeats: int = 10) -> float | None:
+    """A device-to-device copy's speed (bytes read + written per second, in GB/s); None off CUDA."""
+    if device is None or getattr(device, "type", None) != "cuda":
+        return None
+    import torch
 
-    data = read_json(path)
-    if data and data.get("schema") == IN_PROCESS_SCHEMA and data.get("kind") == "in_process" \
-            and isinstance(data.get("levels"), list):
-        return data
-    return None
+    src = torch.empty(size_bytes // 2, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = begin.elapsed_time(end) / 1000 / repeats
+    del src, dst
+    return size_bytes / seconds / 1e9

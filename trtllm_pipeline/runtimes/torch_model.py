@@ -359,6 +359,23 @@ class Qwen2Engine(torch.nn.Module):
         return F.linear(hidden.float(), self.lm_head.float()) if hidden.device.type == "cpu" else \
             F.linear(hidden, self.lm_head).float()
 
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (the embedding is gathered, not read whole)."""
+        tensors = [self.final_norm, self.lm_head]
+        for layer in self.layers:
+            tensors += [layer["input_norm"], layer["post_norm"]]
+            for key in ("qkv", "dense", "fc_gate", "proj"):
+                module = layer[key]
+                parts = [module.first, module.second] if isinstance(module, _Pair) else [module]
+                # Emulated formats multiply with their dequantized copy: that is what a step reads here.
+                tensors += [t for m in parts for t in (m.dequantized if m.format not in ("none", "fp8") else m.weight,
+                                                       m.bias) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one request's token occupies, over all layers (read once per decode step)."""
+        return 2 * len(self.layers) * self.kv_heads * self.head_dim * self.cache_k.element_size()
+
     def copy_prefix(self, src_slot: int, dst_slots: torch.Tensor, length: int) -> None:
         """Share a computed prefix (e.g. MMLU's few-shot block) with other slots."""
         self.cache_k[:, dst_slots, :, :length] = self.cache_k[:, src_slot : src_slot + 1, :, :length]

@@ -157,6 +157,8 @@ class TorchRuntime(Runtime):
             "fp8_gemm": gemm,
             "checkpoint_tp": layout.tp,
             "decode_path": self.decode_path,
+            "weight_bytes": self.engine.weight_bytes(),
+            "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
             "torch": torch.__version__,
         }
 

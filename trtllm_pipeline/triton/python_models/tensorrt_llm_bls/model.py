@@ -8,6 +8,11 @@ with it transformers and torch) loads on the first request: a deployment used th
 ensemble does not pay for it at startup.
 """
 
+try:  # the serving process's module path, before any package import (runtimes/torch_backend.py)
+    import serving_sys_path  # noqa: F401
+except ImportError:  # a server this project did not start (TensorRT-LLM's container)
+    pass
+
 import functools
 import json
 import threading
