@@ -19,19 +19,20 @@ BIN := $(VENV)/bin
 CLI := $(BIN)/trtllm-pipeline
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup test test-fast demo doctor clean quantize-% build-% eval-% gate deploy-% serve stop bench-% report
+.PHONY: help setup test test-fast demo doctor clean quantize-% build-% eval-% gate deploy-% serve stop bench-% bench-inprocess-% report
 
 help:
 	@echo "make demo                 the whole pipeline on the built-in tiny model (torch runtime)"
 	@echo "make test                 the test suite"
 	@echo "make build-fp8-tp4        build build_configs/\$$(MODEL)-fp8-tp4.yaml (MODEL=$(MODEL))"
-	@echo "make quantize-<variant>   quantize only; variants: bf16-tp1 fp8-tp1 fp8-tp2 fp8-tp4"
+	@echo "make quantize-<variant>   quantize only; variants: bf16-tp1 fp8-tp1 fp8-tp2 fp8-tp4 int4-awq-tp1 w4a8-awq-tp1 int8-sq-tp1"
 	@echo "make eval-fp8-tp1         MMLU + GSM8K accuracy of one variant (TASKS=, LIMIT=; data: DATA_DIR or the hub)"
 	@echo "make gate                 the accuracy gates of eval/gates.yaml for MODEL's builds (exit 1 fail, 2 cannot judge)"
 	@echo "make deploy-fp8-tp1       the Triton model repository of one variant (RUNTIME= to choose before a build)"
 	@echo "make serve VARIANT=fp8-tp1 build (cached), deploy and serve one variant until Ctrl-C (ARGS=--detach: in the background)"
 	@echo "make stop VARIANT=fp8-tp1  stop that variant's server"
 	@echo "make bench-fp8-tp1        build, serve, benchmark and stop one variant (MODEL=tiny-qwen2 runs here)"
+	@echo "make bench-inprocess-fp8-tp1  the build's runtime timed in-process by batch x context (a GPU: MODEL=r1-distill-qwen-7b-random)"
 	@echo "make report               reports/report.md: accuracy, latency, throughput and cost per build"
 	@echo "make doctor               what this machine can run"
 
@@ -100,6 +101,12 @@ bench-%: setup
 	  $(CLI) bench -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(BENCH_ARGS) $(ARGS) || status=$$?; \
 	$(CLI) serve -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) --stop || true; \
 	exit $$status
+
+# The build's runtime timed in-process: make bench-inprocess-fp8-tp1 MODEL=r1-distill-qwen-7b-random (a GPU).
+INPROCESS_ARGS ?= --batch 1,8,32,64 --context 128,2048,8192 --output-tokens 256
+bench-inprocess-%: setup
+	$(CLI) build -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(if $(RUNTIME),--runtime $(RUNTIME))
+	$(CLI) bench --in-process -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(INPROCESS_ARGS) $(ARGS)
 
 # reports/report.md over every shipped config (what was not measured here shows as such).
 report: setup

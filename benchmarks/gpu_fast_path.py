@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -48,6 +49,7 @@ SHAPE = KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"]
 DEV = torch.device("cuda")
 L2_BYTES = 60 * 2**20
 SM = torch.cuda.get_device_properties(0).multi_processor_count
+COMPILE_HF = os.environ.get("HF_COMPILE", "1") == "1"  # transformers' static cache + torch.compile beside eager
 
 
 def rel(a, b) -> float:
@@ -486,6 +488,24 @@ def hf_part(new_tokens=64, ctx=512) -> dict:
         ids = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
         torch.cuda.synchronize()
         res["hf_eager_ms_per_token"] = (time.perf_counter() - t) * 1000 / new_tokens
+        if COMPILE_HF:
+            # transformers' own fast mode: a static KV cache and the decode step under torch.compile
+            # ("reduce-overhead": CUDA graphs); timed after two warm-up generations that compile it.
+            try:
+                model.generation_config.cache_implementation = "static"
+                model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+                t0 = time.perf_counter()
+                for _ in range(2):
+                    model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+                res["hf_compile_warmup_s"] = time.perf_counter() - t0
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+                torch.cuda.synchronize()
+                res["hf_static_compile_ms_per_token"] = (time.perf_counter() - t) * 1000 / new_tokens
+            except Exception as exc:  # a failure of HF's compile mode is a finding, not a stop
+                res["hf_static_compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            model.forward = model.__class__.forward.__get__(model)
     hf_tokens = ids[0, ctx:].tolist()
     # the same weights in the checkpoint's layout, through our fast path
     sd = model.state_dict()
@@ -521,6 +541,8 @@ def hf_part(new_tokens=64, ctx=512) -> dict:
     torch.cuda.synchronize()
     res["ours_bf16_ms_per_token"] = (time.perf_counter() - t0) * 1000 / (new_tokens - 1)
     res["speedup"] = res["hf_eager_ms_per_token"] / res["ours_bf16_ms_per_token"]
+    if "hf_static_compile_ms_per_token" in res:
+        res["speedup_vs_hf_compile"] = res["hf_static_compile_ms_per_token"] / res["ours_bf16_ms_per_token"]
     res["greedy_tokens_equal_hf"] = f"{sum(a == b for a, b in zip(tokens, hf_tokens))}/{len(tokens)}"
     res["first_divergence"] = next((i for i, (a, b) in enumerate(zip(tokens, hf_tokens)) if a != b), len(tokens))
     print(f"hf: {res}", flush=True)
@@ -627,7 +649,46 @@ def runtime_part() -> dict:
     return out
 
 
-PARTS = {"runtime": runtime_part, "kernels": kernels_part, "attention": attention_part, "step": step_part, "prefill": prefill_part,
+def tiny_part() -> dict:
+    """The tiny pipeline checkpoints on CUDA: fast and eager BF16 against eager float32, logits and tokens."""
+    from trtllm_pipeline.runtimes.base import SamplingParams
+    from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+
+    root = Path(__file__).resolve().parents[1] / "engines"
+    out = []
+    for name in ("tiny-qwen2-bf16-tp1", "tiny-qwen2-fp8-tp1"):
+        ckpt = root / name / "checkpoint"
+        rts = {label: TorchRuntime(ckpt, ckpt / "tokenizer", device="cuda", max_batch_size=8, max_seq_len=1024,
+                                   dtype=dtype, fast_decode=fast)
+               for label, dtype, fast in (("fast", None, True), ("eager", None, False), ("fp32", "float32", False))}
+        gen = torch.Generator().manual_seed(3)
+        prompts = [torch.randint(100, 2000, (n,), generator=gen).tolist() for n in (5, 40, 77, 130, 9, 300)]
+        logits = {}
+        for label, rt in rts.items():
+            for slot, p in enumerate(prompts):
+                rt._forward([p], [slot], [0])
+            slots, pos = list(range(len(prompts))), [len(p) for p in prompts]
+            if rt.decoder is not None:
+                logits[label] = rt.decoder.decode([7] * len(prompts), slots, pos).float().clone()
+            else:
+                logits[label] = rt.engine.logits(rt._forward([[7]] * len(prompts), slots, pos)[:, -1]).float()
+        tokens = {label: [c.token_ids for c in rt.generate(prompts, SamplingParams(max_tokens=48, end_id=-1))]
+                  for label, rt in rts.items()}
+
+        def agree(a, b):
+            return f"{sum(x == y for ta, tb in zip(tokens[a], tokens[b]) for x, y in zip(ta, tb))}/{48 * len(prompts)}"
+        row = {"checkpoint": name,
+               "logits_rel_err_fast_vs_fp32": rel(logits["fast"], logits["fp32"]),
+               "logits_rel_err_eager_vs_fp32": rel(logits["eager"], logits["fp32"]),
+               "tokens_fast_vs_fp32": agree("fast", "fp32"), "tokens_eager_vs_fp32": agree("eager", "fp32"),
+               "tokens_fast_vs_eager": agree("fast", "eager")}
+        out.append(row)
+        print(f"tiny: {row}", flush=True)
+        del rts
+    return {"tiny": out}
+
+
+PARTS = {"tiny": tiny_part, "runtime": runtime_part, "kernels": kernels_part, "attention": attention_part, "step": step_part, "prefill": prefill_part,
          "hf": hf_part}
 
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from bench_stub import FIRST_S, GAP_S, StubHandler, stub_server
-from conftest import run_cli
+from conftest import CONFIGS, run_cli
 from trtllm_pipeline import bench
 from trtllm_pipeline.bench.protocols import connect
 from trtllm_pipeline.model.builtin import builtin_model_dir
@@ -151,3 +151,26 @@ def test_cli_bench_usage_errors_exit_2(tmp_path):
     assert proc.returncode == 2 and "--tokenizer" in proc.stderr
     proc = run_cli("bench", "--concurrency", "1,x", "--tokenizer", "t", "-o", "x.json")
     assert proc.returncode == 2 and "comma-separated" in proc.stderr
+
+
+def test_in_process_bench_times_decode_steps_by_batch_and_context(built, engines_dir, tmp_path):
+    built("tiny-qwen2-fp8-tp1")
+    out = tmp_path / "inprocess.json"
+    proc = run_cli("bench", "--in-process", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"), "--engines-dir",
+                   str(engines_dir), "--batch", "1,3", "--context", "16,100", "--output-tokens", "30", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["schema"] == "inprocess-1" and data["runtime"]["runtime"] == "torch"
+    assert [(r["batch"], r["context"]) for r in data["runs"]] == [(1, 16), (3, 16), (1, 100), (3, 100)]
+    for r in data["runs"]:
+        assert r["steps_timed"] == 30 - 1 - 16  # every all-rows decode step after the 16 warm-up ones
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * 1000 / r["decode_ms"])
+        assert 0 < r["decode_ms"] <= r["decode_ms_p90"] and r["prefill_ms"] > 0
+        assert r["bytes_per_step"] == data["runtime"]["weight_bytes"] + r["batch"] * (
+            r["context"] + 16 + r["steps_timed"] // 2) * data["runtime"]["kv_bytes_per_token"]
+        assert r["fraction_of_floor"] is None and r["peak_memory_gib"] is None  # CPU: no copy-bandwidth floor
+    assert "ms/step" in proc.stdout and "runtime torch on cpu" in proc.stdout
+
+    too_big = run_cli("bench", "--in-process", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"), "--engines-dir",
+                      str(engines_dir), "--batch", "64", "--context", "16", "--output-tokens", "30", "-o", str(out))
+    assert too_big.returncode == 2 and "build.max_batch_size" in too_big.stderr

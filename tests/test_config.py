@@ -72,10 +72,10 @@ def test_unknown_quantization_format():
     assert "not a ModelOpt quantization format" in _error(data)
 
 
-def test_modelopt_format_not_supported_yet():
-    data = _base()
-    data["quantization"]["format"] = "int4_awq"
-    assert "does not support yet" in _error(data)
+def test_awq_block_size_only_with_awq():
+    data = _base()  # fp8: no INT4 blocks (every format and its checks: test_formats.py)
+    data["quantization"]["awq_block_size"] = 64
+    assert "awq_block_size applies to int4_awq and w4a8_awq only" in _error(data)
 
 
 def test_low_latency_gemm_without_fp8():

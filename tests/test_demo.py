@@ -16,8 +16,8 @@ from trtllm_pipeline import demo, report, serve
 
 pytestmark = pytest.mark.slow
 NAMES = (demo.BASELINE, *demo.CANDIDATES)
-STEPS = ["quantize"] * 3 + ["build"] * 3 + ["eval"] * 6 + ["gate"] * 4 + ["deploy", "serve", "generate", "bench",
-                                                                        "serve", "report"]
+STEPS = (["quantize"] * 4 + ["build"] * 4 + ["eval"] * 8 + ["gate"] * 6 + ["bench"] * 4
+         + ["deploy", "serve", "generate", "bench", "serve", "report"])
 
 
 @pytest.fixture
@@ -58,7 +58,11 @@ def test_demo_runs_every_stage_writes_the_report_and_reuses_its_cache(demo_engin
 
     text = (reports / "report.md").read_text()
     for name in NAMES:
-        (row,) = [line for line in text.splitlines() if line.startswith(f"| {name} |")]
+        row = [line for line in text.splitlines() if line.startswith(f"| {name} |")][0]  # the overview's
+        formats = [line for line in text.split("## Formats")[1].splitlines() if line.startswith(f"| {name} |")][0]
+        ms, batch32, device = (c.strip() for c in formats.split("|")[8:11])
+        assert ms != "not measured" and device == "none (CPU)", formats  # in-process at batch 1
+        assert batch32 == "not measured"  # the tiny builds take batches up to 8
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[3] == "torch" and re.fullmatch(r"\d+\.\d%", cells[5]) and re.fullmatch(r"\d+\.\d%", cells[6])
         assert cells[7] == "baseline" if name == demo.BASELINE else cells[7].endswith(f"vs {demo.BASELINE}")

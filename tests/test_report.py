@@ -18,7 +18,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def rows(markdown: str, name: str) -> list[str]:
-    return [line for line in markdown.splitlines() if line.startswith(f"| {name} |")]
+    """The build's rows of the overview table (the formats table below it has its own)."""
+    overview = markdown.split("## Formats")[0]
+    return [line for line in overview.splitlines() if line.startswith(f"| {name} |")]
 
 
 def test_unmeasured_7b_builds_are_shown_with_settings_and_not_measured_cells(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import shutil
@@ -531,3 +532,23 @@ def processes_mentioning(text: str) -> list[int]:
         except OSError:  # gone meanwhile
             continue
     return found
+
+
+def test_python_models_see_the_serving_module_path_that_the_stub_ignores(tmp_path):
+    # The Python backend's stub ignores PYTHONPATH, as `python -I` does: packages only on it (a GPU
+    # machine with unpacked wheels) reach the models through the module serve writes beside the stub.
+    only_here = tmp_path / "on-pythonpath-only"
+    only_here.mkdir()
+    (only_here / "marker_package_xyz.py").write_text("VALUE = 42\n")
+    backend = tmp_path / "backends" / "python"
+    backend.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(only_here), os.environ.get("PYTHONPATH", "")])}
+    write = ("from pathlib import Path; from trtllm_pipeline.runtimes.torch_backend import write_sys_path_module; "
+             f"write_sys_path_module(Path({str(backend)!r}))")
+    assert subprocess.run([sys.executable, "-c", write], env=env).returncode == 0
+    stub_like = f"import sys; sys.path.insert(0, {str(backend)!r}); import serving_sys_path, marker_package_xyz; " \
+                "print(marker_package_xyz.VALUE)"
+    isolated = subprocess.run([sys.executable, "-I", "-c", stub_like], env=env, capture_output=True, text=True)
+    assert isolated.returncode == 0 and isolated.stdout.strip() == "42", isolated.stderr
+    without = subprocess.run([sys.executable, "-I", "-c", "import marker_package_xyz"], env=env, capture_output=True)
+    assert without.returncode != 0  # isolated, as the stub is, it would not be found

@@ -548,3 +548,83 @@ def test_runtime_streams_tokens_and_maps_finish_reasons():
     rt.submit("c", [1], SamplingParams(max_tokens=50))
     rt.cancel("c")
     assert not rt.has_work() and rt._executor.cancelled == [3]
+
+
+# --------------------------------------------------------------------------- weight formats beyond FP8
+
+QUANT = json.loads((FIXTURES / "trtllm_1_2_quant_formats.json").read_text())
+FORMAT_CONFIGS = ["r1-distill-qwen-7b-int4-awq-tp1", "r1-distill-qwen-7b-w4a8-awq-tp1", "r1-distill-qwen-7b-int8-sq-tp1",
+                  "tiny-qwen2-int4-awq-tp1", "tiny-qwen2-w4a8-awq-tp1", "tiny-qwen2-int8-sq-tp1",
+                  "tiny-qwen2-int8-wo-tp1", "tiny-qwen2-nvfp4-tp1"]
+
+
+def test_quant_fixture_pins_its_sources():
+    for source in QUANT["provenance"].values():
+        if "repo" in source and source["repo"] == "NVIDIA/TensorRT-LLM" and source.get("commit"):
+            assert len(source["commit"].split()[0]) in (8, 40)
+    assert QUANT["provenance"]["plugin"]["commit"] == BUILD_ARGS["provenance"]["sources"]["plugin"]["commit"]
+    assert QUANT["provenance"]["build"]["commit"] == BUILD_ARGS["provenance"]["sources"]["build"]["commit"]
+
+
+@pytest.mark.parametrize("name", FORMAT_CONFIGS)
+def test_format_configs_emit_what_trtllm_build_does_for_them(name):
+    from trtllm_pipeline.config import MODELOPT_CONFIGS
+
+    cfg = load(name)
+    q = cfg.quantization
+    facts = QUANT["quant_algo"]["formats"][q.format]
+    assert q.quant_algo == facts["quant_algo"] and q.quant_algo in QUANT["quant_algo"]["quant_algo_list"]
+    if q.format != "int8_wo":  # TensorRT-LLM's quantize.py leaves int8_wo to trtllm-build; ModelOpt's own config here
+        assert MODELOPT_CONFIGS[q.format] == facts["modelopt_config"]
+    flags = parse_command(trt.trtllm_build_command(cfg, "ckpt", "out", gpu_count=1))
+    build = QUANT["build"]
+    # use_fused_mlp: trtllm-build turns it off for anything but FP8; the command says what will happen
+    assert flags["--use_fused_mlp"] == ("enable" if q.quant_algo in build["use_fused_mlp"]["forced_off_unless"]
+                                        else "disable")
+    # FP8 context FMHA: named only for the formats the builder keeps it for
+    assert ("--use_fp8_context_fmha" in flags) == (q.quant_algo in build["fp8_context_fmha_kept_for"])
+    # NVFP4 GEMMs: the plugin, never an explicit disable (which would override the builder's NVFP4 default)
+    if q.format == "nvfp4":
+        assert flags["--gemm_plugin"] == "nvfp4"
+    else:
+        assert flags["--gemm_plugin"] != "nvfp4"
+    # no FP8-only plugin for non-FP8 weights; weight-only plugins are the builder's own (no CLI flag exists)
+    assert not any(f in flags for f in trt.FP8_PLUGINS)
+    assert not any("weight_only" in f for f in flags)
+    notes = "\n".join(trt.build_notes(cfg))
+    if q.format in ("int4_awq", "w4a8_awq"):
+        assert "weight_only_groupwise_quant_matmul_plugin" in notes and "modeling_utils.py@01ea6d79" in notes
+    if q.format == "int8_wo":
+        assert "weight_only_quantize_dict" in notes
+
+
+def test_7b_int4_awq_dry_run_traces_its_flags(tmp_path):
+    done = run_cli("build", "-c", str(CONFIGS / "r1-distill-qwen-7b-int4-awq-tp1.yaml"), "--runtime", "tensorrt_llm",
+                   "--dry-run", "--engines-dir", str(tmp_path), env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "ModelOpt INT4_AWQ_CFG" in out and "block size 128" in out and "quant_algo W4A16_AWQ" in out
+    assert "--gemm_plugin auto" in out and "--use_fused_mlp disable" in out and "--use_fp8_context_fmha" not in out.split("\n  int4_awq")[0]
+    assert "builder.py build()" in out and "commands/build.py@65f1d153" in out and "plugin/plugin.py@c20322ff" in out
+    assert "weights 5.55 GB (int4_awq linears" in out
+    assert not any(tmp_path.iterdir())
+
+
+def test_memory_per_format():
+    bf16 = estimate_memory(load("r1-distill-qwen-7b-bf16-tp1"), R1_7B)["weights_breakdown"]
+    int4 = estimate_memory(load("r1-distill-qwen-7b-int4-awq-tp1"), R1_7B)["weights_breakdown"]
+    int8 = estimate_memory(load("r1-distill-qwen-7b-int8-sq-tp1"), R1_7B)["weights_breakdown"]
+    assert int4["linear"] * 4 == bf16["linear"] and int8["linear"] * 2 == bf16["linear"]
+    # INT4 groups of 128 carry one 16-bit scale each: 2/128 bytes per weight
+    assert int4["scales"] == pytest.approx(bf16["linear"] / 128)
+
+
+def test_trtllm_takes_only_its_kernels_group_sizes():
+    from trtllm_pipeline.runtimes.trtllm_preflight import GROUP_SIZES
+
+    kernels = QUANT["groupwise_kernels"]
+    assert list(GROUP_SIZES["int4_awq"]) == kernels["group_sizes"]
+    assert list(GROUP_SIZES["w4a8_awq"]) == kernels["w4a8_group_sizes"]
+    tiny = [str(p) for p in preflight(load("tiny-qwen2-int4-awq-tp1"), gpus=[gpu(90)])]
+    assert any("awq_block_size 8" in p and "64 or 128" in p and "--runtime torch" in p for p in tiny)
+    assert not any("awq_block_size" in str(p) for p in preflight(load("r1-distill-qwen-7b-w4a8-awq-tp1"), gpus=[gpu(90)]))

@@ -26,6 +26,7 @@ from trtllm_pipeline import generate as generate_stage
 from trtllm_pipeline import quantize as quantize_stage
 from trtllm_pipeline import report as report_stage
 from trtllm_pipeline import serve as serve_stage
+from trtllm_pipeline.bench import inprocess
 from trtllm_pipeline.bench.settings import DATASETS
 from trtllm_pipeline.config import BACKEND_NAMES, load_config
 from trtllm_pipeline.console import exit_status, setup_logging
@@ -363,6 +364,13 @@ def _number_list(kind: type):
 
 
 @main.command()
+@click.option("--in-process", "in_process", is_flag=True,
+              help="No server: load the build's runtime in this process and time its decode steps by batch and "
+              "context (--batch, --context, --output-tokens; needs -c).")
+@click.option("--batch", "batches", callback=_number_list(int), default=None,
+              help="--in-process: batch sizes, comma separated [default: 1,8,32,64].")
+@click.option("--context", "contexts", callback=_number_list(int), default=None,
+              help="--in-process: prompt lengths in tokens, comma separated [default: 128,2048,8192].")
 @click.option("--url", default=None, help="HOST:PORT of the server; default with -c: where `serve` runs that config.")
 @click.option("--protocol", type=click.Choice(["triton-grpc", "triton-http", "openai"]), default="triton-grpc",
               show_default=True, help="Triton (tensorrt_llm_bls, or --model ensemble) over gRPC or HTTP (SSE), or an OpenAI-compatible server "
@@ -398,13 +406,31 @@ def _number_list(kind: type):
 @click.option("--timeout", "timeout_s", type=FiniteFloat(min=1), default=600, show_default=True,
               help="Seconds to wait for any one response.")
 @engines_dir_option
-def bench(url, protocol, model, concurrency, request_rate, input_tokens, output_tokens, num_requests, warmup,
-          dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed, timeout_s, engines_dir) -> None:
+def bench(in_process, batches, contexts, url, protocol, model, concurrency, request_rate, input_tokens,
+          output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
+          timeout_s, engines_dir) -> None:
     """Measure TTFT, inter-token latency, throughput and cost of a served model.
 
     Closed loop (--concurrency) and/or open loop (--request-rate); every response is streamed
     and timed, every output length checked. Metric names and definitions follow AIPerf.
+
+    With --in-process, no server: the build's runtime runs in this process and each decode step is
+    timed (median ms/step, tokens/s, achieved GB/s and the fraction of the bandwidth floor, prefill
+    ms, peak GPU memory) for every --batch x --context.
     """
+    if in_process:
+        if config is None:
+            raise click.UsageError("--in-process needs -c CONFIG: it loads that build's engine")
+        settings = inprocess.InProcessSettings(batches=tuple(batches or (1, 8, 32, 64)),
+                                               contexts=tuple(contexts or (128, 2048, 8192)),
+                                               output_tokens=output_tokens, seed=seed)
+        result = inprocess.run_inprocess(load_config(config), engines_dir=engines_dir, settings=settings,
+                                         output=output, progress=click.echo)
+        echo_lines(result.table())
+        click.echo(f"results: {result.path}")
+        return
+    if batches or contexts:
+        raise click.UsageError("--batch and --context go with --in-process; a served bench takes --concurrency")
     cfg = load_config(config) if config else None
     if cfg is None and tokenizer is None:
         raise click.UsageError("give -c CONFIG or --tokenizer: prompts are built to exact lengths with the model's tokenizer")

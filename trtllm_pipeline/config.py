@@ -24,24 +24,39 @@ from trtllm_pipeline.model.catalog import ModelShape
 from trtllm_pipeline.tasks.registry import TASKS, TaskName
 
 # Formats ModelOpt can produce for TensorRT-LLM (its names, as in TensorRT-LLM's quantize.py
-# --qformat) and the TensorRT-LLM checkpoint's quant_algo for each. Only SUPPORTED_FORMATS run
-# end to end here; the others are recognised so that the error says "not yet" rather than "no".
+# --qformat) and the TensorRT-LLM checkpoint's quant_algo for each (quantize_by_modelopt.py).
 MODELOPT_FORMATS = {
     "none": None,
     "fp8": "FP8",
     "int4_awq": "W4A16_AWQ",
     "w4a8_awq": "W4A8_AWQ",
     "int8_sq": "W8A8_SQ_PER_CHANNEL",
+    "int8_wo": "W8A16",
     "nvfp4": "NVFP4",
 }
-SUPPORTED_FORMATS = ("none", "fp8")
+SUPPORTED_FORMATS = tuple(MODELOPT_FORMATS)
+# The ModelOpt 0.47 config (an attribute of modelopt.torch.quantization) each format calibrates with.
+MODELOPT_CONFIGS = {
+    "fp8": "FP8_DEFAULT_CFG",
+    "int4_awq": "INT4_AWQ_CFG",
+    "w4a8_awq": "W4A8_AWQ_BETA_CFG",
+    "int8_sq": "INT8_SMOOTHQUANT_CFG",
+    "int8_wo": "INT8_WEIGHT_ONLY_CFG",
+    "nvfp4": "NVFP4_DEFAULT_CFG",
+}
+AWQ_FORMATS = ("int4_awq", "w4a8_awq")
+DEFAULT_AWQ_BLOCK_SIZE = 128  # ModelOpt's INT4_AWQ_CFG and TensorRT-LLM's quantize.py --awq_block_size
+NVFP4_BLOCK_SIZE = 16  # NVFP4_DEFAULT_CFG's block, fixed by the format (E2M1 values, one E4M3 scale per 16)
+# Weight formats whose FP8 context FMHA (and so paged context FMHA with an FP8 KV cache) TensorRT-LLM
+# 1.2's builder keeps on; for any other it turns both off (builder.py build()).
+FP8_CONTEXT_FMHA_FORMATS = ("fp8", "w4a8_awq", "nvfp4")
 KV_CACHE_FORMATS = {"none": None, "fp8": "FP8"}
 
 # The runtime backends, as runtime.backend and --runtime name them: runtimes/registry.py registers one
 # backend for each (tests/test_architecture.py checks that the two agree).
 BACKEND_NAMES = ("tensorrt_llm", "torch")
 
-PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "disable"]
+PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "nvfp4", "disable"]
 
 # Bounds on what can run, so that a typo (1e12) is refused here rather than as an allocator failure
 # minutes later. Generous: far beyond any engine this pipeline builds.
@@ -137,8 +152,13 @@ class CalibrationSection(_Section):
 
 
 class QuantizationSection(_Section):
-    format: str = Field("none", description="none | fp8 (int4_awq, w4a8_awq, int8_sq, nvfp4: not yet)")
+    format: str = Field("none", description="none | fp8 | int4_awq | w4a8_awq | int8_sq | int8_wo | nvfp4")
     kv_cache: str = Field("none", description="none | fp8")
+    awq_block_size: int | None = Field(
+        None, description=f"int4_awq, w4a8_awq: input features per INT4 scale; default {DEFAULT_AWQ_BLOCK_SIZE} "
+        "(TensorRT-LLM's kernels take 64 or 128)")
+    smoothquant_alpha: float | None = Field(
+        None, ge=0, le=1, description="int8_sq: SmoothQuant's migration strength alpha; default ModelOpt's (1.0)")
     calibration: CalibrationSection = CalibrationSection()
     export_hf_checkpoint: bool = Field(True, description="also write ModelOpt's unified HF checkpoint")
 
@@ -149,11 +169,6 @@ class QuantizationSection(_Section):
             raise ValueError(
                 f"{value!r} is not a ModelOpt quantization format; use one of {', '.join(SUPPORTED_FORMATS)}"
             )
-        if value not in SUPPORTED_FORMATS:
-            raise ValueError(
-                f"{value!r} is a ModelOpt format this pipeline does not support yet; "
-                f"use one of {', '.join(SUPPORTED_FORMATS)}"
-            )
         return value
 
     @field_validator("kv_cache")
@@ -161,6 +176,13 @@ class QuantizationSection(_Section):
     def _known_kv(cls, value: str) -> str:
         if value not in KV_CACHE_FORMATS:
             raise ValueError(f"{value!r} is not a KV-cache format; use one of {', '.join(KV_CACHE_FORMATS)}")
+        return value
+
+    @field_validator("awq_block_size")
+    @classmethod
+    def _block_size(cls, value: int | None) -> int | None:
+        if value is not None and (value < 8 or value & (value - 1)):
+            raise ValueError(f"{value} is not a power of two of at least 8 (TensorRT-LLM uses 64 or 128)")
         return value
 
     @property
@@ -174,6 +196,48 @@ class QuantizationSection(_Section):
     @property
     def needs_calibration(self) -> bool:
         return self.format != "none" or self.kv_cache != "none"
+
+    @property
+    def modelopt_config(self) -> str | None:
+        """The name of the ModelOpt config the format calibrates with (None: no weight quantization)."""
+        return MODELOPT_CONFIGS.get(self.format)
+
+    @property
+    def group_size(self) -> int | None:
+        """Input features per weight scale for the group-quantized formats (AWQ block, NVFP4 block)."""
+        if self.format in AWQ_FORMATS:
+            return self.awq_block_size or DEFAULT_AWQ_BLOCK_SIZE
+        return NVFP4_BLOCK_SIZE if self.format == "nvfp4" else None
+
+    @property
+    def effective_smoothquant_alpha(self) -> float | None:
+        return (1.0 if self.smoothquant_alpha is None else self.smoothquant_alpha) if self.format == "int8_sq" else None
+
+
+def quantization_problems(cfg: "BuildConfig") -> list[str]:
+    """Combinations of quantization settings that ModelOpt or TensorRT-LLM 1.2 do not build."""
+    q, b, p = cfg.quantization, cfg.build, cfg.build.plugins
+    out = []
+    if q.awq_block_size is not None and q.format not in AWQ_FORMATS:
+        out.append(f"quantization.awq_block_size applies to int4_awq and w4a8_awq only, not {q.format!r}. "
+                   "Fix: remove it.")
+    if q.smoothquant_alpha is not None and q.format != "int8_sq":
+        out.append(f"quantization.smoothquant_alpha applies to int8_sq only, not {q.format!r}. Fix: remove it.")
+    if q.kv_cache == "fp8" and q.format not in FP8_CONTEXT_FMHA_FORMATS and b.use_paged_context_fmha:
+        out.append(
+            f"quantization.kv_cache: fp8 with format {q.format!r}: TensorRT-LLM 1.2 keeps FP8 context FMHA only for "
+            f"{', '.join(FP8_CONTEXT_FMHA_FORMATS)} weights and turns paged context FMHA off otherwise (builder.py). "
+            "Fix: set build.use_paged_context_fmha: false, or kv_cache: none, or a format among "
+            f"{', '.join(FP8_CONTEXT_FMHA_FORMATS)}.")
+    if b.use_fp8_context_fmha and q.format not in FP8_CONTEXT_FMHA_FORMATS:
+        out.append(f"build.use_fp8_context_fmha: TensorRT-LLM 1.2 turns it off for {q.format!r} weights (FP8 context "
+                   f"FMHA needs {', '.join(FP8_CONTEXT_FMHA_FORMATS)}). Fix: leave it null.")
+    if p.gemm_plugin == "nvfp4" and q.format != "nvfp4":
+        out.append("build.plugins.gemm_plugin: `nvfp4` needs quantization.format: nvfp4. Fix: use auto or disable.")
+    if q.format == "nvfp4" and p.gemm_plugin == "disable":
+        out.append("build.plugins.gemm_plugin: `disable` makes TensorRT-LLM 1.2 run NVFP4 GEMMs without its NVFP4 "
+                   "GEMM plugin (an explicit disable overrides its NVFP4 default). Fix: set gemm_plugin: nvfp4.")
+    return out
 
 
 class ParallelismSection(_Section):
@@ -413,7 +477,7 @@ def config_from_dict(data: Any, *, name: str, path: Path | None = None) -> Build
 def static_problems(cfg: BuildConfig) -> list[str]:
     """Checks that need only the config itself."""
     q, b, p = cfg.quantization, cfg.build, cfg.build.plugins
-    out = []
+    out = quantization_problems(cfg)
     for flag in ("low_latency_gemm_plugin", "gemm_swiglu_plugin", "low_latency_gemm_swiglu_plugin"):
         if getattr(p, flag) == "fp8" and q.format != "fp8":
             out.append(
@@ -460,12 +524,38 @@ def model_problems(cfg: BuildConfig, shape: ModelShape) -> list[str]:
             f"parallelism.tp: the model's {kv} KV heads cannot be spread over {tp} ranks (TensorRT-LLM "
             f"needs tp to divide them or to be a multiple of them, to replicate them). Fix: use tp in {divisors}."
         )
+    out += group_problems(cfg, shape)
     if cfg.build.max_seq_len > shape.max_position_embeddings:
         out.append(
             f"build.max_seq_len ({cfg.build.max_seq_len}) exceeds the model's "
             f"{shape.max_position_embeddings} positions. Fix: lower it."
         )
     return out
+
+
+def group_problems(cfg: BuildConfig, shape: ModelShape) -> list[str]:
+    """Group-quantized formats need every rank's input features of every linear in whole groups.
+
+    The inputs per rank (TensorRT-LLM's sharding): hidden_size for attention.qkv, mlp.fc and mlp.gate
+    (column-parallel), heads x head_dim / tp for attention.dense and intermediate_size / tp for mlp.proj
+    (row-parallel). ModelOpt's INT4 packing refuses partial blocks; TensorRT-LLM's kernels need whole ones.
+    """
+    q, tp = cfg.quantization, cfg.parallelism.tp
+    group = q.group_size
+    if not group or shape.num_attention_heads % tp:
+        return []
+    inputs = {"hidden_size": shape.hidden_size,
+              "attention.dense's heads x head_dim / tp": shape.num_attention_heads * shape.head_dim // tp,
+              "mlp.proj's intermediate_size / tp": shape.intermediate_size // tp}
+    bad = {name: n for name, n in inputs.items() if n % group}
+    if not bad:
+        return []
+    key = "quantization.awq_block_size" if q.format in AWQ_FORMATS else "quantization.format"
+    fits = [g for g in (128, 64, 32, 16, 8) if all(n % g == 0 for n in inputs.values())]
+    fix = (f"set awq_block_size to one of {fits}" if fits and q.format in AWQ_FORMATS
+           else "use a smaller tp" if tp > 1 else "use a per-channel format (int8_sq, int8_wo) or fp8")
+    return [f"{key}: {q.format} quantizes weights in groups of {group} input features, but at tp={tp} "
+            + ", ".join(f"{name} is {n}" for name, n in bad.items()) + f", not a multiple of {group}. Fix: {fix}."]
 
 
 def check_against_model(cfg: BuildConfig, shape: ModelShape) -> None:

@@ -1,7 +1,8 @@
 """``make demo``: the whole pipeline on the built-in tiny model with the torch runtime, end to end.
 
-quantize (BF16 baseline, FP8 at TP 1 and 2) -> build -> eval on a small subset -> gate -> deploy
--> serve -> a streamed generate -> a short bench -> stop the server -> report. Each step is the
+quantize (BF16 baseline, FP8 at TP 1 and 2, INT4-AWQ) -> build -> eval on a small subset -> gate
+-> each build's in-process decode speed -> deploy -> serve -> a streamed generate -> a short bench ->
+stop the server -> report (with the formats table). Each step is the
 real CLI command, printed before it runs, so the demo doubles as a walkthrough; it runs them
 in this one process (the server is its own process, stopped even when a step fails). A second
 run reuses every cached stage. ``--fast`` (or TRTLLM_PIPELINE_DEMO_FAST=1) shrinks the eval
@@ -30,7 +31,7 @@ from trtllm_pipeline.errors import EXIT_FAILED, EXIT_UNAVAILABLE, PipelineError,
 from trtllm_pipeline.tasks.registry import TASKS
 
 BASELINE = "tiny-qwen2-bf16-tp1"
-CANDIDATES = ("tiny-qwen2-fp8-tp1", "tiny-qwen2-fp8-tp2")
+CANDIDATES = ("tiny-qwen2-fp8-tp1", "tiny-qwen2-fp8-tp2", "tiny-qwen2-int4-awq-tp1")
 SERVED = "tiny-qwen2-fp8-tp1"
 PROMPT = "Explain in one sentence why FP8 inference is faster than BF16."
 
@@ -42,13 +43,14 @@ class Size:
     requests: int
     input_tokens: int
     output_tokens: int
+    in_process_tokens: int  # decoded per request by `bench --in-process` (16 warm-up steps, then timed)
 
     def eval_limit(self, task: str) -> int:
         return TASKS[task].demo_limits[self.fast]
 
 
-FULL = Size(fast=False, concurrency="1,4", requests=16, input_tokens=128, output_tokens=64)
-FAST = Size(fast=True, concurrency="1,2", requests=4, input_tokens=64, output_tokens=16)
+FULL = Size(fast=False, concurrency="1,4", requests=16, input_tokens=128, output_tokens=64, in_process_tokens=64)
+FAST = Size(fast=True, concurrency="1,2", requests=4, input_tokens=64, output_tokens=16, in_process_tokens=24)
 
 
 class Demo:
@@ -83,6 +85,9 @@ class Demo:
             self.run("build", "-c", self.config(name), "--runtime", "torch", *self.engines())
         if self.evaluate(names):
             self.gate()
+        for name in names:  # the formats table's ms/token (the tiny builds take batches up to 8)
+            self.run("bench", "-c", self.config(name), "--in-process", "--batch", "1", "--context", "32",
+                     "--output-tokens", str(self.size.in_process_tokens), *self.engines())
         self.serve_and_bench()
         self.run("report", *(self.config(n) for n in names), *self.engines(), "-o", str(self.reports_dir))
         return self.reports_dir / "report.md"

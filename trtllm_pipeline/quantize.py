@@ -10,6 +10,7 @@ any of them re-quantizes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_pipeline import artifacts, calibration, checkpoint
-from trtllm_pipeline.config import BuildConfig, check_against_model
+from trtllm_pipeline.config import AWQ_FORMATS, BuildConfig, QuantizationSection, check_against_model
 from trtllm_pipeline.console import quiet
 from trtllm_pipeline.errors import StageFailed
 from trtllm_pipeline.machine import package_version
@@ -28,7 +29,24 @@ from trtllm_pipeline.model.source import ResolvedModel, known_shape, resolve_mod
 log = logging.getLogger(__name__)
 
 # Bump when the export or its patches change, so existing checkpoints are rebuilt.
-EXPORT_REVISION = 1
+EXPORT_REVISION = 2
+FORMAT_SUMMARY = {
+    "none": "no weight quantization",
+    "fp8": "per-tensor E4M3 weights and activations, max calibration",
+    "int4_awq": "INT4 weights per group, AWQ-lite pre-quant scales, activations in the compute dtype",
+    "w4a8_awq": "INT4 weights per group with an FP8 step, AWQ-lite pre-quant scales, per-tensor FP8 activations",
+    "int8_sq": "INT8 weights per channel, SmoothQuant pre-quant scales, per-tensor INT8 activations",
+    "int8_wo": "INT8 weights per channel, activations in the compute dtype",
+    "nvfp4": "E2M1 weights and activations in blocks of 16 with E4M3 block scales and a global scale",
+}
+
+
+def _settings(q: QuantizationSection) -> str:
+    if q.format in AWQ_FORMATS:
+        return f"; block size {q.group_size}"
+    if q.format == "int8_sq":
+        return f"; SmoothQuant alpha {q.effective_smoothquant_alpha:g}"
+    return ""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json")
 
@@ -75,9 +93,9 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines") -> list[str]:
             f"{shape.num_key_value_heads} KV heads, {shape.num_params / 1e9:.2f}B parameters"
         )
     if q.needs_calibration:
-        algo = "FP8_DEFAULT_CFG" if q.format == "fp8" else "no weight quantization"
+        algo = q.modelopt_config or "no weight quantization"
         kv = " + FP8_KV_CFG" if q.kv_cache == "fp8" else ""
-        lines.append(f"quantize: ModelOpt {algo}{kv} (per-tensor E4M3, max calibration), dtype {cfg.dtype}")
+        lines.append(f"quantize: ModelOpt {algo}{kv} ({FORMAT_SUMMARY[q.format]}{_settings(q)}), dtype {cfg.dtype}")
         lines.append(
             f"  calibration: {cal.dataset}" + (f" ({cal.resolved_subset})" if cal.resolved_subset else "")
             + f", split {cal.split}, column {cal.resolved_text_column}, {cal.num_samples} samples x "
@@ -85,7 +103,14 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines") -> list[str]:
         )
     else:
         lines.append(f"quantize: none (export the {cfg.dtype} weights unchanged)")
-    lines.append(f"export: TensorRT-LLM checkpoint, tp={cfg.parallelism.tp} pp={cfg.parallelism.pp} -> {paths.checkpoint}")
+    lines.append(f"export: TensorRT-LLM checkpoint (quant_algo {q.quant_algo}), tp={cfg.parallelism.tp} "
+                 f"pp={cfg.parallelism.pp} -> {paths.checkpoint}")
+    if q.format == "int8_wo":
+        lines.append("  weights stay in the checkpoint dtype: trtllm-build quantizes W8A16 per channel itself "
+                     "(as TensorRT-LLM's own quantize.py exports int8_wo)")
+    if shape is not None and _reshards(cfg, shape.num_key_value_heads):
+        lines.append(f"  exported at tp=1 and split here: ModelOpt cannot replicate KV heads with per-channel scales "
+                     f"({shape.num_key_value_heads} KV heads, tp={cfg.parallelism.tp})")
     if q.format != "none" and q.export_hf_checkpoint:
         lines.append(f"export: unified HF checkpoint -> {paths.hf_checkpoint}")
     existing = artifacts.read_manifest(paths.checkpoint)
@@ -202,6 +227,26 @@ def _load(model_dir: Path, dtype: str, device: str):
     return model.to(device).eval(), tokenizer
 
 
+def modelopt_quant_cfg(q: QuantizationSection, mtq) -> dict[str, Any]:
+    """ModelOpt's own config for the format, with the config's block size, SmoothQuant alpha and KV cache."""
+    if q.modelopt_config is None:  # KV-cache-only quantization: keep every weight and activation in full precision
+        quant_cfg: dict[str, Any] = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
+    else:
+        quant_cfg = copy.deepcopy(getattr(mtq, q.modelopt_config))
+    if q.format in AWQ_FORMATS:
+        for entry in quant_cfg["quant_cfg"]:
+            if entry.get("quantizer_name") == "*weight_quantizer":
+                stages = entry["cfg"] if isinstance(entry["cfg"], list) else [entry["cfg"]]
+                for stage in stages:  # W4A8: the INT4 block stage (the FP8 stage is per tensor)
+                    if "block_sizes" in stage:
+                        stage["block_sizes"][-1] = q.group_size
+    if q.format == "int8_sq" and q.smoothquant_alpha is not None:
+        quant_cfg["algorithm"] = {"method": "smoothquant", "alpha": q.smoothquant_alpha}
+    if q.kv_cache == "fp8":
+        quant_cfg["quant_cfg"] = list(quant_cfg["quant_cfg"]) + copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
+    return quant_cfg
+
+
 def _calibrate(cfg: BuildConfig, model, tokenizer, device: str):
     import torch
     from tqdm.auto import tqdm
@@ -209,12 +254,7 @@ def _calibrate(cfg: BuildConfig, model, tokenizer, device: str):
     with quiet():  # ModelOpt warns about optional plugins at import time
         import modelopt.torch.quantization as mtq
     q = cfg.quantization
-    if q.format == "fp8":
-        quant_cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
-    else:  # KV-cache-only quantization: keep every weight and activation in full precision
-        quant_cfg = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
-    if q.kv_cache == "fp8":
-        quant_cfg["quant_cfg"] = list(quant_cfg["quant_cfg"]) + copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
+    quant_cfg = modelopt_quant_cfg(q, mtq)
     specials = set(tokenizer.all_special_ids)
     batches = calibration.calibration_batches(q.calibration, tokenizer, model.config.vocab_size, specials)
 
@@ -231,24 +271,58 @@ def _export_trtllm(cfg: BuildConfig, model, source: ResolvedModel, out: Path) ->
 
     with quiet():
         from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    q, tp = cfg.quantization, cfg.parallelism.tp
     hf_config = json.loads((source.model_dir / "config.json").read_text())
     _ensure_architectures(model, hf_config)
+    reshard = _reshards(cfg, source.shape.num_key_value_heads)
     try:
-        with quiet():
+        with quiet(), _weight_quantizers_off(model, q.format == "int8_wo"):
             export_tensorrt_llm_checkpoint(model, decoder_type="qwen", dtype=getattr(torch, cfg.dtype),
-                                           export_dir=out, inference_tensor_parallel=cfg.parallelism.tp,
+                                           export_dir=out, inference_tensor_parallel=1 if reshard else tp,
                                            inference_pipeline_parallel=cfg.parallelism.pp)
     except Exception as exc:
         raise StageFailed(f"quantize: ModelOpt's TensorRT-LLM export failed: {type(exc).__name__}: {exc}",
                           fix="re-run with -v for the full trace; check the model is a supported Qwen2 model") from exc
     written = json.loads((out / "config.json").read_text())
-    fixed = checkpoint.complete_config(written, hf_config, dtype=cfg.dtype, tp=cfg.parallelism.tp,
-                                       pp=cfg.parallelism.pp,
-                                       kv_cache_quant_algo=cfg.quantization.kv_cache_quant_algo)
+    fixed = checkpoint.complete_config(written, hf_config, dtype=cfg.dtype, tp=tp, pp=cfg.parallelism.pp,
+                                       kv_cache_quant_algo=q.kv_cache_quant_algo, quant_algo=q.quant_algo)
     (out / "config.json").write_text(json.dumps(fixed, indent=2) + "\n")
+    if reshard:
+        _reshard(out, fixed, tp)
     _copy_tokenizer(source.model_dir, artifacts.checkpoint_tokenizer(out))
     # The export must match what every later stage expects; check it before it is published.
     checkpoint.load_rank_files(out, fixed)
+
+
+def _reshards(cfg: BuildConfig, kv_heads: int) -> bool:
+    """ModelOpt 0.47 cannot replicate KV heads whose weights carry per-channel scales (layer_utils.build_qkv
+    raises NotImplementedError): int8_sq at tp above the KV heads is exported at tp=1 and split here."""
+    return cfg.quantization.format == "int8_sq" and cfg.parallelism.tp > kv_heads
+
+
+def _reshard(out: Path, config: dict[str, Any], tp: int) -> None:
+    from safetensors.torch import load_file, save_file
+
+    full = load_file(out / "rank0.safetensors")
+    for rank, tensors in enumerate(checkpoint.shard_tensors(config, full, tp)):
+        save_file(tensors, out / f"rank{rank}.safetensors")
+
+
+@contextlib.contextmanager
+def _weight_quantizers_off(model, off: bool):
+    """int8_wo: TensorRT-LLM 1.2 quantizes W8A16 weights itself at build time and loads only unquantized
+    ones (``weight_only_quantize_dict`` skips int8 tensors), so the TensorRT-LLM checkpoint carries the
+    weights in the checkpoint dtype, as TensorRT-LLM's quantize.py writes it; the unified HF checkpoint
+    keeps ModelOpt's INT8 weights."""
+    quantizers = [m for name, m in model.named_modules()
+                  if off and name.endswith("weight_quantizer") and getattr(m, "is_enabled", False)]
+    for m in quantizers:
+        m.disable()
+    try:
+        yield
+    finally:
+        for m in quantizers:
+            m.enable()
 
 
 def _export_hf(cfg: BuildConfig, model, source: ResolvedModel, out: Path) -> None:

@@ -1,4 +1,4 @@
-"""Stage ``report``: one Markdown page and three plots over the builds of several configs.
+"""Stage ``report``: one Markdown page and its plots over the builds of several configs.
 
 For each config it reads what the other stages left under ``engines/<config>/``: the build
 manifest (runtime), the eval results (MMLU, GSM8K), the gate verdict and the latest bench
@@ -6,7 +6,13 @@ results, and the config itself (precision, TP). Whatever is missing is shown as 
 built", "not measured"): a build that could not run here still has its row, never a zero.
 
 Plots (matplotlib, PNG): latency against concurrency per build; inter-token latency by build at
-the lowest load, the reference recipe's table; accuracy against inter-token latency.
+the lowest load, the reference recipe's table; accuracy against inter-token latency; accuracy against
+in-process ms/token per weight format.
+
+The formats table is the one users choose a format from: per build its weight format, the bytes of
+its weights as the engine holds them (the format's rules over the model's shape), MMLU/GSM8K and the
+gate verdict against the BF16 baseline, and the in-process decode speed `bench --in-process` measured
+(ms/token at batch 1, tokens/s at batch 32) with the machine it ran on.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from typing import Any, Sequence
 from trtllm_pipeline import artifacts, cost, gating
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import PipelineError
-from trtllm_pipeline.results import is_bench, level_label, read_json
+from trtllm_pipeline.model.catalog import REFERENCE_RECIPE_MS_PER_TOKEN
+from trtllm_pipeline.results import INPROCESS_PREFIX, is_bench, is_inprocess, level_label, read_json
 from trtllm_pipeline.tasks.registry import TASKS
 
 log = logging.getLogger(__name__)
@@ -33,7 +40,11 @@ PLOTS = {
     "latency": "latency_vs_concurrency.png",
     "itl": "itl_by_build.png",
     "accuracy": "accuracy_vs_latency.png",
+    "formats": "accuracy_vs_ms_per_token.png",
 }
+FORMAT_LABELS = {"fp8": "FP8", "int4_awq": "INT4-AWQ", "w4a8_awq": "W4A8-AWQ", "int8_sq": "INT8-SQ",
+                 "int8_wo": "INT8-WO", "nvfp4": "NVFP4"}
+LATENCY_BATCH, THROUGHPUT_BATCH = 1, 32  # the formats table's in-process columns
 
 
 @dataclasses.dataclass
@@ -47,6 +58,8 @@ class BuildData:
     gate_role: str | None  # "baseline", "candidate", or None when no gate names it
     bench: dict[str, Any] | None
     bench_path: Path | None
+    inprocess: dict[str, Any] | None = None  # the latest `bench --in-process` results
+    inprocess_path: Path | None = None
 
     @property
     def name(self) -> str:
@@ -55,8 +68,15 @@ class BuildData:
     @property
     def precision(self) -> str:
         q = self.cfg.quantization
-        weights = DTYPE_LABELS[self.cfg.dtype] if q.format == "none" else q.format.upper()
+        weights = DTYPE_LABELS[self.cfg.dtype] if q.format == "none" else FORMAT_LABELS.get(q.format, q.format.upper())
+        if q.group_size and q.format != "nvfp4":
+            weights += f" g{q.group_size}"
         return weights + (" + FP8 KV cache" if q.kv_cache == "fp8" else "")
+
+    def inprocess_at(self, batch: int) -> dict[str, Any] | None:
+        """The in-process run at ``batch`` and the shortest context measured, or None."""
+        runs = [r for r in (self.inprocess or {}).get("runs", []) if r["batch"] == batch]
+        return min(runs, key=lambda r: r["context"]) if runs else None
 
     @property
     def levels(self) -> list[dict[str, Any]]:
@@ -70,6 +90,10 @@ class BuildData:
     def peak(self) -> dict[str, Any] | None:
         measured = [e for e in self.levels if e.get("output_tokens_per_s")]
         return max(measured, key=lambda e: e["output_tokens_per_s"]) if measured else None
+
+    def inprocess_single(self) -> dict[str, Any] | None:
+        """The in-process run at batch 1 and the shortest context: the engine's own ms per token."""
+        return self.inprocess_at(1)
 
 
 @dataclasses.dataclass
@@ -98,7 +122,7 @@ def report(configs: Sequence[BuildConfig], *, engines_dir: str | Path = "engines
     builds = [gather(cfg, engines_dir, gates) for cfg in configs]
     out_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good: a failure leaves nothing
     plots = [plot_latency(builds, out_dir / PLOTS["latency"]), plot_itl(builds, out_dir / PLOTS["itl"]),
-             plot_accuracy(builds, out_dir / PLOTS["accuracy"])]
+             plot_accuracy(builds, out_dir / PLOTS["accuracy"]), plot_formats(builds, out_dir / PLOTS["formats"])]
     text = render_markdown(builds, engines_dir=Path(engines_dir), gpu_hour_usd=gpu_hour_usd,
                            request_tokens=request_tokens)
     path = out_dir / "report.md"
@@ -123,15 +147,39 @@ def gather(cfg: BuildConfig, engines_dir: str | Path, gates: gating.GatesFile | 
         log.warning("report: %s is not a bench results file this version reads; shown as not measured", bench_path)
         bench = None
     verdicts, role = gate_verdicts(cfg.name, evals, gates, engines_dir)
-    return BuildData(cfg, artifacts.read_manifest(paths.engine), evals, verdicts, role, bench, bench_path)
+    inprocess_path = _newest(paths.bench, f"{INPROCESS_PREFIX}*.json")
+    inprocess = read_json(inprocess_path)
+    if inprocess_path and not is_inprocess(inprocess):
+        log.warning("report: %s is not an in-process results file this version reads; shown as not measured",
+                    inprocess_path)
+        inprocess = None
+    return BuildData(cfg, artifacts.read_manifest(paths.engine), evals, verdicts, role, bench, bench_path,
+                     inprocess, inprocess_path if inprocess else None)
+
+
+def weight_bytes(cfg: BuildConfig) -> int | None:
+    """Bytes of the model's weights as the engine holds them in the config's format (None: shape unknown)."""
+    from trtllm_pipeline.model.source import known_shape
+    from trtllm_pipeline.runtimes.trtllm_preflight import estimate_memory
+
+    shape = known_shape(cfg.model)
+    if shape is None:
+        return None
+    single = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(update={"tp": 1})})
+    return int(estimate_memory(single, shape)["weights_bytes"])
 
 
 def latest_bench(bench_dir: Path) -> Path | None:
-    """The results the bench manifest names as latest, else the newest results file there."""
+    """The served results the bench manifest names as latest, else the newest served results file there."""
     manifest = artifacts.read_manifest(bench_dir)
     if manifest and (bench_dir / str(manifest.get("latest", ""))).is_file():
         return bench_dir / manifest["latest"]
-    files = [p for p in bench_dir.glob("*.json") if p.name != artifacts.MANIFEST] if bench_dir.is_dir() else []
+    return _newest(bench_dir, "*.json", skip=(artifacts.MANIFEST,), skip_prefix=INPROCESS_PREFIX)
+
+
+def _newest(directory: Path, pattern: str, skip: Sequence[str] = (), skip_prefix: str | None = None) -> Path | None:
+    files = [p for p in directory.glob(pattern) if p.name not in skip and not (skip_prefix and p.name.startswith(
+        skip_prefix))] if directory.is_dir() else []
     return max(files, key=lambda p: p.stat().st_mtime) if files else None
 
 
@@ -254,13 +302,47 @@ def render_markdown(builds: Sequence[BuildData], *, engines_dir: Path, gpu_hour_
         ])
     lines += _table(["build", "precision", "TP", "runtime", "GPU", *(t.label for t in TASKS.values()), "gate",
                      "TTFT ms", "ITL ms", "tokens/s", "$/1M tokens", "$/request"], rows)
+    lines += ["", "## Formats", "",
+              "Weight formats side by side: bytes of weights as the engine holds them (INT4 and NVFP4 pack two "
+              "values a byte, plus their scales; embeddings and lm_head stay in the model dtype), accuracy and "
+              "the gate against the BF16 baseline, and the decode speed `trtllm-pipeline bench -c CONFIG "
+              f"--in-process` measured in-process (ms/token at batch {LATENCY_BATCH}, tokens/s at batch "
+              f"{THROUGHPUT_BATCH}, each at the shortest context measured) on the device named. Emulated formats (the torch runtime on a CPU, NVFP4 "
+              "without FP4 tensor cores) run slower than their kernels would: compare them on one machine.", ""]
+    lines += _table(["build", "format", "TP", "weights", *(t.label for t in TASKS.values()), "gate",
+                     f"ms/token (batch {LATENCY_BATCH})", f"tokens/s (batch {THROUGHPUT_BATCH})", "measured on"],
+                    [format_row(b) for b in builds])
     lines += ["", "## Plots", ""]
     lines += [f"![latency against concurrency]({PLOTS['latency']})", "",
               f"![inter-token latency by build]({PLOTS['itl']})", "",
-              f"![accuracy against inter-token latency]({PLOTS['accuracy']})", ""]
+              f"![accuracy against inter-token latency]({PLOTS['accuracy']})", "",
+              f"![accuracy against in-process ms/token per format]({PLOTS['formats']})", ""]
     for b in builds:
         lines += _build_section(b, gpu_hour_usd, request_tokens)
     return "\n".join(lines) + "\n"
+
+
+def bytes_cell(n: int | None) -> str:
+    if n is None:
+        return "unknown shape"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def machine_cell(b: BuildData) -> str:
+    """The device the in-process runs ran on, as the runtime named it."""
+    device = str(((b.inprocess or {}).get("runtime") or {}).get("device") or "")
+    if not device:
+        return NOT_MEASURED
+    return CPU if device.startswith("cpu") else device
+
+
+def format_row(b: BuildData) -> list[str]:
+    low, high = b.inprocess_at(LATENCY_BATCH), b.inprocess_at(THROUGHPUT_BATCH)
+    machine = machine_cell(b)
+    return [b.name, b.precision, str(b.cfg.parallelism.tp), bytes_cell(weight_bytes(b.cfg)),
+            *(accuracy_cell(b, task) for task in TASKS), gate_cell(b),
+            fmt(low["decode_ms"] if low else None, ".2f"), fmt(high["tokens_per_s"] if high else None, ".0f"),
+            machine]
 
 
 def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> list[str]:
@@ -285,7 +367,7 @@ def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> li
                                f"{s['output_tokens']} output tokens, {s['requests']} requests per level"))
     else:
         facts.append(("bench", NOT_MEASURED))
-    lines = [f"## {b.name}", ""] + _table(["", ""], facts) + [""]
+    lines = [f"## {b.name}", ""] + _table(["", ""], facts) + [""] + _inprocess_section(b)
     if not b.levels:
         return lines + [f"Latency and throughput: {NOT_MEASURED}.", ""]
     rows = []
@@ -303,16 +385,30 @@ def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> li
                           rows) + [""]
 
 
+def _inprocess_section(b: BuildData) -> list[str]:
+    """The engine timed in-process (`bench --in-process`), by batch and context."""
+    if not b.inprocess:
+        return []
+    rt = b.inprocess["runtime"]
+    lines = [f"In-process decode (`{b.inprocess_path.name}`): {rt.get('runtime')} runtime on {rt.get('device')}, "
+             f"decode {rt.get('decode_path', 'n/a')}.", ""]
+    rows = [[r["batch"], r["context"], fmt(r["decode_ms"], ".3f"), fmt(r["tokens_per_s"], ".0f"),
+             fmt(r["achieved_gbps"], ".0f"), fmt(r["fraction_of_floor"] and 100 * r["fraction_of_floor"], ".0f"),
+             fmt(r["prefill_ms"]), fmt(r["peak_memory_gib"], ".2f")] for r in b.inprocess["runs"]]
+    return lines + _table(["batch", "context", "ms/token", "tokens/s", "GB/s", "% of floor", "prefill ms",
+                           "peak GiB"], rows) + [""]
+
+
 # --------------------------------------------------------------------------- plots
 
 
-def _figure(ncols: int = 1, height: float = 4.4):
+def _figure(ncols: int = 1, height: float = 4.4, width: float = 6.4):
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, ncols, figsize=(6.4 * ncols, height), squeeze=False)
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return plt, fig, list(axes[0])
 
 
@@ -354,25 +450,36 @@ def plot_latency(builds: Sequence[BuildData], path: Path) -> Path:
 
 
 def plot_itl(builds: Sequence[BuildData], path: Path) -> Path:
-    """Horizontal bars of ITL at the lowest load; unmeasured builds keep their row, without a bar."""
-    plt, fig, (ax,) = _figure(height=1.2 + 0.4 * len(builds))
-    names, measured = [b.name for b in builds], 0
+    """Horizontal bars of ITL per build (served at the lowest load; in-process at batch 1), then the
+    reference recipe's published figures; unmeasured builds keep their row, without a bar."""
+    rows = len(builds) + len(REFERENCE_RECIPE_MS_PER_TOKEN)
+    plt, fig, (ax,) = _figure(height=1.4 + 0.45 * rows, width=9.0)
+    names, longest = [b.name for b in builds], max(v for _, v in REFERENCE_RECIPE_MS_PER_TOKEN)
     for i, b in enumerate(builds):
-        low = b.lowest_load()
-        if low is None or low["itl_ms"]["p50"] is None:
+        low, single = b.lowest_load(), b.inprocess_single()
+        served = low["itl_ms"]["p50"] if low else None
+        bars = [(served, "tab:green", f"served, c={low['concurrency']}" if low else ""),
+                (single["decode_ms"] if single else None, "tab:blue", "in-process, batch 1")]
+        bars = [bar for bar in bars if bar[0] is not None]
+        if not bars:
             ax.text(0, i, f"  {NOT_MEASURED}", va="center", fontsize=8, color="dimgray")
             continue
-        value, measured = low["itl_ms"]["p50"], measured + 1
-        ax.barh(i, value, color="tab:green")
-        ax.text(value, i, f" {value:.2f} ms (c={low['concurrency']})", va="center", fontsize=8)
+        longest = max(longest, *(value for value, _, _ in bars))
+        for j, (value, color, label) in enumerate(bars):
+            y = i + (j - (len(bars) - 1) / 2) * 0.36
+            ax.barh(y, value, height=0.34 if len(bars) > 1 else 0.7, color=color)
+            ax.text(value, y, f" {value:.2f} ms ({label})", va="center", fontsize=7)
+    for k, (label, value) in enumerate(REFERENCE_RECIPE_MS_PER_TOKEN):
+        y = len(builds) + k
+        ax.barh(y, value, color="lightgray", hatch="//", edgecolor="gray")
+        ax.text(value, y, f" {value:.2f} ms (published)", va="center", fontsize=7, color="dimgray")
+        names.append(f"reference: TensorRT-LLM {label}")
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_ylim(len(names) - 0.5, -0.5)  # first build on top, every row fully inside
-    ax.set_xlabel("inter-token latency at the lowest concurrency, p50 (ms per token)")
-    ax.set_title("ITL by build")
-    ax.margins(x=0.35)
-    ax.set_xlim(left=0)
-    if not measured:
-        ax.set_xticks([])
+    ax.axhline(len(builds) - 0.5, color="gray", linewidth=0.6)
+    ax.set_xlabel("ms per token (served: p50 ITL at the lowest concurrency; in-process: batch 1)")
+    ax.set_title("ITL by build, with TensorRT-LLM's published H200 recipe (DeepSeek-R1-Distill-Qwen-7B)", fontsize=9)
+    ax.set_xlim(0, longest * 1.5)
     return _save(plt, fig, path, [])
 
 
@@ -399,5 +506,33 @@ def plot_accuracy(builds: Sequence[BuildData], path: Path) -> Path:
     if labelled:
         ax.legend(fontsize=8)
     if len(missing) == len(builds):
+        ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
+    return _save(plt, fig, path, missing)
+
+
+def plot_formats(builds: Sequence[BuildData], path: Path) -> Path:
+    """Accuracy against in-process ms/token (batch 1), one point per build and task, labelled by format."""
+    plt, fig, (ax,) = _figure()
+    missing, labelled = [], set()
+    markers = dict(zip(TASKS, MARKERS))
+    for b in builds:
+        low = b.inprocess_at(LATENCY_BATCH)
+        if low is None or not b.evals:
+            missing.append(b.name)
+            continue
+        ms = low["decode_ms"]
+        for task, results in b.evals.items():
+            label = None if task in labelled else _label(task)
+            labelled.add(task)
+            ax.scatter(ms, 100 * results["score"], marker=markers.get(task, "^"), color="tab:purple", label=label)
+            ax.annotate(f"{b.precision} ({b.name})", (ms, 100 * results["score"]), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
+    ax.set_xlabel(f"in-process decode, batch {LATENCY_BATCH} (ms/token)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("accuracy against ms/token, per weight format")
+    ax.grid(alpha=0.3)
+    if labelled:
+        ax.legend(fontsize=8)
+    else:
         ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
     return _save(plt, fig, path, missing)

@@ -16,6 +16,8 @@ from trtllm_pipeline.errors import InputError
 
 EVAL_SCHEMA = 1
 BENCH_SCHEMA = 1
+INPROCESS_SCHEMA = "inprocess-1"  # bench --in-process: the runtime timed in this process
+INPROCESS_PREFIX = "inprocess-"  # its files in a build's bench/ directory
 
 
 def load_eval(path: str | Path) -> dict[str, Any]:
@@ -117,6 +119,11 @@ def read_json(path: Path | None) -> dict[str, Any] | None:
 def is_bench(data: dict[str, Any] | None) -> bool:
     """Whether ``data`` is a bench results file this version reads."""
     return data is not None and data.get("schema") == BENCH_SCHEMA and isinstance(data.get("summary"), list)
+
+
+def is_inprocess(data: dict[str, Any] | None) -> bool:
+    """Whether ``data`` is a ``bench --in-process`` results file this version reads."""
+    return data is not None and data.get("schema") == INPROCESS_SCHEMA and isinstance(data.get("runs"), list)
 
 
 def level_label(entry: dict[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""``builtin:tiny-qwen2``: a Qwen2ForCausalLM generated on this machine from a fixed seed.
+"""Built-in models generated on this machine from fixed seeds: ``builtin:tiny-qwen2``, and the
+random-weight ``builtin:random-r1-distill-qwen-7b`` / ``-1.5b`` for GPU speed work.
 
 No model hub is reachable where this project is developed and tested, so the demo and the tests
 run on a model made locally: the Qwen2 architecture of DeepSeek-R1-Distill-Qwen at a few MB, with
@@ -9,6 +10,13 @@ ordinary HF model directory. Every stage treats it exactly like a downloaded che
 Weights are random (no training happens here). They are drawn with a larger spread than HF's
 default init so that logits are peaked rather than flat: greedy decoding is then stable under the
 small numeric differences between runtimes, as it is for a trained model.
+
+The ``random-r1-distill-qwen-*`` models have DeepSeek-R1-Distill-Qwen-7B's and -1.5B's exact
+configurations (from ``model.catalog``) and weights drawn by the same rule, written tensor by tensor
+into sharded safetensors (15 GB for the 7B) without building the model in memory: the checkpoints
+users would quantize and build, for measuring speed where no real weights can be downloaded. Their
+tokenizer is the tiny model's (8,192 tokens; the embedding still covers the real vocabulary), so
+their text is meaningless and only their speed and numerics are of use.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from trtllm_pipeline.artifacts import atomic_dir
+from trtllm_pipeline.model.catalog import KNOWN_MODELS, ModelShape
 
 BUILTIN_PREFIX = "builtin:"
 TINY_QWEN2 = "tiny-qwen2"
@@ -69,7 +78,16 @@ TINY_QWEN2_ARCH = dict(
     tie_word_embeddings=False,
 )
 
-BUILTIN_MODELS = {TINY_QWEN2: TINY_QWEN2_REVISION}
+# Random-weight models with a real model's exact configuration, for speed measurements.
+RANDOM_MODELS = {
+    "random-r1-distill-qwen-7b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+    "random-r1-distill-qwen-1.5b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+}
+RANDOM_REVISION = "v1"
+RANDOM_SEED = 20261201
+SHARD_BYTES = 4 << 30  # safetensors shards of at most 4 GiB, as the hub's checkpoints are split
+
+BUILTIN_MODELS = {TINY_QWEN2: TINY_QWEN2_REVISION, **{name: RANDOM_REVISION for name in RANDOM_MODELS}}
 
 
 def cache_root() -> Path:
@@ -86,19 +104,30 @@ def tokenizer_asset() -> Path:
 
 
 def builtin_model_dir(name: str) -> Path:
-    """The generated model's directory, creating it on first use (atomically, about a second)."""
+    """The generated model's directory, creating it on first use (atomically: about a second for the
+    tiny model, a minute or two and 15 GB of disk for the random 7B)."""
     if name not in BUILTIN_MODELS:
         raise KeyError(name)
     target = cache_root() / "models" / f"{name}-{BUILTIN_MODELS[name]}"
     if not (target / "config.json").is_file():
         with atomic_dir(target) as tmp:
-            _generate_tiny_qwen2(tmp)
+            if name == TINY_QWEN2:
+                _generate_tiny_qwen2(tmp)
+            else:
+                write_random_qwen2(tmp, KNOWN_MODELS[RANDOM_MODELS[name]], RANDOM_SEED)
     return target
 
 
-def _generate_tiny_qwen2(out: Path) -> None:
-    import torch
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+def builtin_shape(name: str) -> ModelShape:
+    """A built-in model's architecture without generating its weights (the random 7B is 15 GB)."""
+    if name in RANDOM_MODELS:
+        return KNOWN_MODELS[RANDOM_MODELS[name]]
+    return ModelShape.from_model_dir(builtin_model_dir(name))
+
+
+def _write_tokenizer(out: Path, max_len: int) -> tuple[int, int]:
+    """The tiny byte-level BPE tokenizer with the R1-distill chat template; (bos id, eos id)."""
+    from transformers import PreTrainedTokenizerFast
 
     shutil.copyfile(tokenizer_asset(), out / "tokenizer.json")
     # Written by hand rather than by save_pretrained: transformers 5 would record its own
@@ -109,14 +138,36 @@ def _generate_tiny_qwen2(out: Path) -> None:
         "bos_token": BOS,
         "eos_token": EOS,
         "pad_token": EOS,
-        "model_max_length": TINY_QWEN2_ARCH["max_position_embeddings"],
+        "model_max_length": max_len,
         "clean_up_tokenization_spaces": False,
         "chat_template": R1_DISTILL_CHAT_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
-
     bos_id, eos_id = tokenizer.convert_tokens_to_ids([BOS, EOS])
+    return bos_id, eos_id
+
+
+def _init_param(name: str, shape, seed: int):
+    """One parameter's random values (float32), seeded by its name: the same on every machine."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + _stable_hash(name))
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+    if name.endswith(".bias"):
+        return 0.1 * torch.randn(shape, generator=gen)
+    if "embed_tokens" in name:
+        return torch.randn(shape, generator=gen)
+    gain = 2.5 if name.startswith("lm_head") else 1.0
+    return gain / math.sqrt(shape[1]) * torch.randn(shape, generator=gen)
+
+
+def _generate_tiny_qwen2(out: Path) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    bos_id, eos_id = _write_tokenizer(out, TINY_QWEN2_ARCH["max_position_embeddings"])
     config = Qwen2Config(
         vocab_size=TINY_QWEN2_VOCAB_SIZE,
         bos_token_id=bos_id,
@@ -128,16 +179,7 @@ def _generate_tiny_qwen2(out: Path) -> None:
     # Explicit, name-seeded init: independent of HF's init order and of transformers' version.
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
-            gen = torch.Generator().manual_seed(TINY_QWEN2_SEED + _stable_hash(name))
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
-            elif name.endswith(".bias"):
-                param.copy_(0.1 * torch.randn(param.shape, generator=gen))
-            elif "embed_tokens" in name:
-                param.copy_(torch.randn(param.shape, generator=gen))
-            else:
-                gain = 2.5 if name.startswith("lm_head") else 1.0
-                param.copy_(gain / math.sqrt(param.shape[1]) * torch.randn(param.shape, generator=gen))
+            param.copy_(_init_param(name, param.shape, TINY_QWEN2_SEED))
     model = model.to(torch.bfloat16)
     model.generation_config.bos_token_id = bos_id
     model.generation_config.eos_token_id = eos_id
@@ -147,6 +189,69 @@ def _generate_tiny_qwen2(out: Path) -> None:
     cfg = json.loads((out / "config.json").read_text())
     cfg["torch_dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def qwen2_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Hugging Face Qwen2ForCausalLM checkpoint, by name, in file order."""
+    h, inter, kv = shape.hidden_size, shape.intermediate_size, shape.num_key_value_heads * shape.head_dim
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, h)}
+    for i in range(shape.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (h, h), p + "self_attn.q_proj.bias": (h,),
+            p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.k_proj.bias": (kv,),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.v_proj.bias": (kv,),
+            p + "self_attn.o_proj.weight": (h, h),
+            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+    out["model.norm.weight"] = (h,)
+    if not shape.tie_word_embeddings:
+        out["lm_head.weight"] = (shape.vocab_size, h)
+    return out
+
+
+def write_random_qwen2(out: Path, shape: ModelShape, seed: int) -> None:
+    """A Hugging Face Qwen2 checkpoint of ``shape`` with random weights, written shard by shard."""
+    import torch
+    from safetensors.torch import save_file
+
+    bos_id, eos_id = _write_tokenizer(out, shape.max_position_embeddings)
+    # Plan the shards first (file names carry their count), then draw and write one at a time.
+    plan: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, dims in qwen2_tensor_shapes(shape).items():
+        nbytes = math.prod(dims) * 2
+        if plan[-1] and size + nbytes > SHARD_BYTES:
+            plan.append([])
+            size = 0
+        plan[-1].append((name, dims))
+        size += nbytes
+    weight_map, total = {}, 0
+    for k, names in enumerate(plan, start=1):
+        file = f"model-{k:05d}-of-{len(plan):05d}.safetensors"
+        tensors = {name: _init_param(name, dims, seed).to(torch.bfloat16) for name, dims in names}
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in tensors})
+        total += sum(t.numel() * 2 for t in tensors.values())
+        del tensors
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    config = {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+        "hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_hidden_layers, "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads, "vocab_size": shape.vocab_size,
+        "max_position_embeddings": shape.max_position_embeddings, "rope_theta": shape.rope_theta,
+        "rms_norm_eps": shape.rms_norm_eps, "tie_word_embeddings": shape.tie_word_embeddings,
+        "bos_token_id": bos_id, "eos_token_id": eos_id, "torch_dtype": "bfloat16", "use_cache": True,
+        "use_sliding_window": False, "sliding_window": None, "max_window_layers": shape.num_hidden_layers,
+        "attention_dropout": 0.0, "initializer_range": 0.02,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "do_sample": False}, indent=2) + "\n")
 
 
 def _stable_hash(name: str) -> int:

@@ -100,3 +100,14 @@ KNOWN_MODELS: dict[str, ModelShape] = {
         bos_token_id=151646,
     ),
 }
+
+
+# The published TensorRT-LLM recipe for DeepSeek-R1-Distill-Qwen-7B on one H200 (four for TP=4):
+# decode ms per output token at batch 1. The figures this project's builds are compared with in the
+# report; published by NVIDIA, never measured here.
+REFERENCE_RECIPE_MS_PER_TOKEN: tuple[tuple[str, float], ...] = (
+    ("BF16", 11.35),
+    ("FP8", 6.68),
+    ("FP8 + low-latency GEMM plugin", 5.05),
+    ("FP8, TP=4", 3.15),
+)

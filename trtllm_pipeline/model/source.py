@@ -64,10 +64,8 @@ def resolve_model(model: "ModelSection") -> ResolvedModel:
 def known_shape(model: "ModelSection") -> ModelShape | None:
     """The model's architecture without downloading anything, when it can be known."""
     if model.is_builtin:
-        try:
-            return resolve_model(model).shape
-        except ConfigError:
-            return None
+        name = model.source.removeprefix(builtin.BUILTIN_PREFIX)
+        return builtin.builtin_shape(name) if name in builtin.BUILTIN_MODELS else None
     if model.is_local:
         path = Path(os.path.expanduser(model.source))
         return ModelShape.from_model_dir(path) if (path / "config.json").is_file() else None

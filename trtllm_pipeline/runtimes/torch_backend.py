@@ -113,4 +113,28 @@ def python_backend_dir(binary: str, state_dir: Path) -> Path:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(src)
+    write_sys_path_module(target)
     return target
+
+
+SYS_PATH_MODULE = "serving_sys_path"
+
+
+def write_sys_path_module(backend_dir: Path) -> Path:
+    """A module that gives the Python models this process's module search path.
+
+    The Python backend's stub configures its interpreter in isolation: it ignores PYTHONPATH (seen
+    with the tritonserver 2.51 of nvidia-pytriton 0.7.0), so packages found only through it, as on a
+    machine where the wheels were unpacked instead of installed, would not import in the models. The
+    backend directory is on the stub's path; each model imports this module before anything else.
+    """
+    entries = [entry for entry in sys.path if entry]
+    path = backend_dir / f"{SYS_PATH_MODULE}.py"
+    with artifacts.atomic_file(path) as tmp:
+        tmp.write_text(
+            '"""Written by `trtllm-pipeline serve`: the module search path of the process that started '
+            'this server."""\n\nimport sys\n\n'
+            f"for _entry in reversed({entries!r}):\n"
+            "    if _entry not in sys.path:\n"
+            "        sys.path.insert(0, _entry)\n", encoding="utf-8")
+    return path

@@ -3,10 +3,13 @@
 The math follows the engine TensorRT-LLM builds from the same checkpoint: fused QKV with bias,
 GPT-NeoX rotary embedding, grouped-query attention over a KV cache, gated SiLU MLP with
 TensorRT-LLM's naming (``fc`` is the activated gate branch, ``gate`` the up projection), RMSNorm.
-FP8 layers quantize their input with the calibrated per-tensor activation scale and multiply by
-the FP8 weight and its per-tensor scale: on SM89+ GPUs with ``torch._scaled_mm`` (a real FP8
-GEMM), elsewhere by emulation (FP8 values dequantized to the compute dtype, then a matmul), which
-gives the same numbers up to accumulation order.
+Quantized layers (``Linear``) follow their format: FP8 quantizes the input with the calibrated
+per-tensor activation scale and multiplies by the FP8 weight and its per-tensor scale, on SM89+ GPUs
+with ``torch._scaled_mm`` (a real FP8 GEMM); every other quantized format, and FP8 elsewhere, runs by
+emulation: the stored weights dequantized as the format defines them (INT4 groups with their scales,
+SmoothQuant and INT8 per-channel scales, NVFP4's two-level scales), the input multiplied by its
+pre-quant scale and quantized as the format's activation quantizer does, then a compute-dtype matmul.
+That gives the numbers of ModelOpt's fake-quantized model, up to accumulation order.
 
 The KV cache is static ([slots, kv_heads, max_seq_len, head_dim] per layer) and every call is
 ``forward(tokens, slots, start_pos)``: prefill, decode and scoring are the same code path, and
@@ -21,9 +24,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trtllm_pipeline.checkpoint import CheckpointLayout
+from trtllm_pipeline.checkpoint import FORMAT_NAMES, CheckpointLayout
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+INT8_MIN, INT8_MAX = -128, 127
+NVFP4_BLOCK = 16
+# E2M1 (FP4) magnitudes by the low three bits of a nibble (bit 3 is the sign), and the midpoints between
+# them: a value on a midpoint rounds to the neighbour with an even mantissa (0.75 -> 1, 1.25 -> 1, ...).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+E2M1_ROUND_UP = (0.75, 1.75, 3.5)
 
 
 def quantize_fp8(x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
@@ -31,62 +41,206 @@ def quantize_fp8(x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
     return (x.float() * inv_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
-class Linear(torch.nn.Module):
-    """y = x W^T + b, with W either in the compute dtype or FP8 plus per-tensor scales.
+def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per-tensor E4M3 fake quantization with the checkpoint's ``scale`` (amax / 448), float32, computed
+    with ModelOpt's own operations (``x * (448 / amax)``, then ``* (1 / that)``) so exact ties round alike."""
+    amax = scale.float() * FP8_MAX
+    q_scale = FP8_MAX / amax
+    return (x.float() * q_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * (1 / q_scale)
 
-    Several prefixes are fused into one GEMM along the output dimension (as TensorRT-LLM fuses
-    the MLP's fc and gate) when they share their input and their scales.
+
+def fake_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static per-tensor INT8 (SmoothQuant activations) with the checkpoint's ``scale`` (amax / 127):
+    ``round(x * (127 / amax))`` half to even, [-128, 127], then ``/ (127 / amax)``, as ModelOpt computes it."""
+    q_scale = torch.tensor(float(INT8_MAX), device=x.device) / (scale.float() * INT8_MAX)
+    return (x.float() * q_scale).round().clamp(INT8_MIN, INT8_MAX) / q_scale
+
+
+def round_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 values to the nearest E2M1 value (saturating at +-6), ties to even, as ModelOpt's NVFP4QTensor."""
+    a = x.abs()
+    bounds = torch.tensor(E2M1_BOUNDS, device=x.device)
+    idx = torch.bucketize(a, bounds)  # bounds[i-1] < a <= bounds[i] -> i
+    for tie in E2M1_ROUND_UP:
+        idx = idx + (a == tie)
+    return torch.tensor(E2M1_VALUES, device=x.device)[idx] * torch.where(x < 0, -1.0, 1.0)
+
+
+def fake_nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4 activations: per 16 inputs an E4M3 scale (block amax / 6, in units of the calibrated global
+    scale), the values rounded to E2M1. float32 in, float32 out (NVFP4QTensor.quantize + dequantize)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, NVFP4_BLOCK)
+    scale = blocks.abs().amax(-1, keepdim=True) / (6.0 * global_scale)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    scale = scale.clamp(2.0**-9, FP8_MAX).to(torch.float8_e4m3fn).float() * global_scale
+    return (round_e2m1(blocks / scale) * scale).reshape(x.shape)
+
+
+def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
+    """(N/2, K) int8, row 2j in the low nibble and row 2j+1 in the high one (two's complement) -> (N, K) int8."""
+    p = packed.view(torch.uint8).to(torch.int16)
+    low, high = p & 0xF, p >> 4
+    rows = torch.stack([low, high], dim=1).reshape(-1, packed.shape[1])
+    return torch.where(rows > 7, rows - 16, rows).to(torch.int8)
+
+
+def unpack_fp4_cols(packed: torch.Tensor) -> torch.Tensor:
+    """(N, K/2) uint8, column 2k in the low nibble -> (N, K) float32 E2M1 values."""
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()
+    values = torch.tensor(E2M1_VALUES, device=packed.device)[codes & 7]
+    return torch.where(codes >= 8, -values, values)
+
+
+def _per_group(scales: torch.Tensor, in_features: int) -> torch.Tensor:
+    """(N, G) scales -> (N, K): each applies to its K / G consecutive input features."""
+    return scales.float().repeat_interleave(in_features // scales.shape[1], dim=1)
+
+
+class Linear(torch.nn.Module):
+    """y = x W^T + b for every weight format a TensorRT-LLM checkpoint holds.
+
+    The seam for fast kernels: a quantized layer keeps its weights and scales exactly as the
+    checkpoint stores them (TP shards merged), next to a ``dequantized`` (out, in) copy in the compute
+    dtype that the CPU path multiplies with (emulation: dequantized once in float32, rounded once).
+
+    ``format``      none | fp8 | int4_awq | w4a8_awq | int8_sq | int8_wo | nvfp4
+    ``weight``      as stored: compute dtype (none); float8_e4m3fn (out, in) (fp8); int8 (out/2, in), two
+                    INT4 per byte, row 2j in the low nibble (int4_awq, w4a8_awq); int8 (out, in) (int8_sq,
+                    int8_wo: the int8 values trtllm-build computes from the checkpoint); uint8 (out, in/2),
+                    two E2M1 per byte, column 2k in the low nibble (nvfp4). ``qweight`` is the same tensor.
+    ``scales``      float32 (out, in/group) per-group (AWQ); float32 (out,) per output channel (int8_sq);
+                    float32 (out, slices) per output channel and rank slice of the input (int8_wo);
+                    float8_e4m3fn (out, in/16) per block (nvfp4). FP8 keeps ``w_scale`` (per tensor).
+    ``scale_2``     float32 per-tensor second-level weight scale (w4a8_awq: the FP8 step of the INT4
+                    values; nvfp4: the global scale the block scales are in units of), else None.
+    ``a_scale``     float32 per-tensor activation scale (fp8, w4a8_awq, int8_sq; nvfp4: the global scale
+                    of the dynamic per-block activation scales), ``a_inv`` its reciprocal, else None.
+    ``pre_quant_scale``  (in,) compute dtype, multiplies the input first (AWQ, SmoothQuant), else None.
+    ``group_size``  input features per weight scale (AWQ block, 16 for nvfp4), else None.
+
+    Several prefixes are fused into one GEMM along the output dimension (as TensorRT-LLM fuses the
+    MLP's fc and gate) when they share their input: their per-tensor and per-input tensors must agree.
     """
 
     def __init__(self, tensors: dict[str, Any], prefix: str | tuple[str, ...], dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, fmt: str = "none", group_size: int | None = None):
         super().__init__()
         if isinstance(prefix, tuple):
             tensors = _fused(tensors, prefix)
             prefix = prefix[0]
-        weight = tensors[prefix + ".weight"]
-        bias = tensors.get(prefix + ".bias")
+        get = lambda name: tensors.get(f"{prefix}.{name}")  # noqa: E731
+        weight = get("weight")
+        bias = get("bias")
+        self.format = fmt if weight.dtype != torch.float8_e4m3fn else "fp8"
         self.bias = bias.to(device=device, dtype=dtype) if bias is not None else None
-        self.fp8 = weight.dtype == torch.float8_e4m3fn
+        self.fp8 = self.format == "fp8"
         self.dtype = dtype
-        if not self.fp8:
+        self.group_size = group_size if self.format in ("int4_awq", "w4a8_awq", "nvfp4") else None
+        self.scaled_mm = False
+        self.scales = self.scale_2 = self.a_scale = self.a_inv = self.pre_quant_scale = self.dequantized = None
+        if self.format == "none":
             self.weight = weight.to(device=device, dtype=dtype)
             return
-        self.w_scale = tensors[prefix + ".weights_scaling_factor"].to(device=device, dtype=torch.float32).reshape(())
-        self.a_scale = tensors[prefix + ".activation_scaling_factor"].to(device=device, dtype=torch.float32).reshape(())
-        self.a_inv = 1.0 / self.a_scale
-        # A real FP8 GEMM needs FP8 tensor cores (SM89+), dims in multiples of 16 and a 16-bit output.
-        self.scaled_mm = (
-            device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-            and all(d % 16 == 0 for d in weight.shape) and dtype in (torch.bfloat16, torch.float16)
-        )
-        self.weight = weight.to(device)  # FP8 (out, in), as the fast CUDA kernels and _scaled_mm read it
-        # Emulation: dequantized once in float32 and rounded once, as the fake-quantized model does.
-        self.dequantized = None if self.scaled_mm else (self.weight.float() * self.w_scale).to(dtype)
+        f32 = lambda t: None if t is None else t.to(device=device, dtype=torch.float32)  # noqa: E731
+        self.weight = self.qweight = weight.to(device)
+        pre = get("prequant_scaling_factor")
+        self.pre_quant_scale = pre.to(device=device, dtype=dtype) if pre is not None else None
+        if self.fp8:
+            self.w_scale = f32(get("weights_scaling_factor")).reshape(())
+            self.a_scale = f32(get("activation_scaling_factor")).reshape(())
+            self.a_inv = 1.0 / self.a_scale
+            # A real FP8 GEMM needs FP8 tensor cores (SM89+), dims in multiples of 16 and a 16-bit output.
+            self.scaled_mm = (
+                device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+                and all(d % 16 == 0 for d in weight.shape) and dtype in (torch.bfloat16, torch.float16)
+            )
+            # Emulation: dequantized once in float32 and rounded once, as the fake-quantized model does.
+            self.dequantized = None if self.scaled_mm else (self.weight.float() * self.w_scale).to(dtype)
+            return
+        self.scales = get("per_channel_scale") if self.format == "int8_wo" else get("weights_scaling_factor")
+        self.scales = self.scales.to(device)
+        if get("weights_scaling_factor_2") is not None:
+            self.scale_2 = f32(get("weights_scaling_factor_2")).reshape(())
+        if get("activation_scaling_factor") is not None:
+            self.a_scale = f32(get("activation_scaling_factor")).reshape(())
+            self.a_inv = 1.0 / self.a_scale
+        self.dequantized = self._dequantize().to(dtype)
+
+    def _dequantize(self) -> torch.Tensor:
+        """The weight as the format defines it, in float32."""
+        w, s = self.weight, self.scales
+        if self.format in ("int4_awq", "w4a8_awq"):
+            values = unpack_int4_rows(w).float()
+            # q / (7 / amax), as ModelOpt's fake quantizer computes it (the checkpoint stores amax / 7)
+            q_scale = torch.tensor(7.0, device=w.device) / (_per_group(s, values.shape[1]) * 7.0)
+            deq = values / q_scale
+            if self.format == "w4a8_awq":  # the INT4 values are stepped in FP8 with the second-level scale
+                deq = fake_fp8(deq, self.scale_2)
+            return deq
+        if self.format == "int8_sq":
+            return w.float() * s.float()[:, None]
+        if self.format == "int8_wo":
+            return w.float() * _per_group(s, w.shape[1])
+        if self.format == "nvfp4":
+            values = unpack_fp4_cols(w)
+            return values * _per_group(s, values.shape[1]) * self.scale_2
+        raise ValueError(f"no emulation for weight format {self.format!r}")
+
+    def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The input as the layer's activation quantizer leaves it (pre-quant scale first), compute dtype."""
+        if self.pre_quant_scale is not None:
+            x = x * self.pre_quant_scale
+        if self.format == "fp8":
+            return (quantize_fp8(x, self.a_inv).float() * self.a_scale).to(self.dtype)
+        if self.format == "w4a8_awq":
+            return fake_fp8(x, self.a_scale).to(self.dtype)
+        if self.format == "int8_sq":
+            return fake_int8(x, self.a_scale).to(self.dtype)
+        if self.format == "nvfp4":
+            return fake_nvfp4(x, self.a_scale).to(self.dtype)
+        return x
+
+    def describe(self) -> str:
+        if self.format == "none":
+            return "dense matmul"
+        if self.scaled_mm:
+            return "torch._scaled_mm (FP8 tensor cores)"
+        return f"emulated ({self.format}: dequantized weights, quantized inputs where the format has them, " \
+               "compute-dtype matmul)"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fp8:
+        if self.format == "none":
             return F.linear(x, self.weight, self.bias)
-        xq = quantize_fp8(x, self.a_inv)
         if self.scaled_mm:
+            xq = quantize_fp8(x, self.a_inv)
             flat = xq.reshape(-1, xq.shape[-1])
             out = torch._scaled_mm(flat, self.weight.t(), scale_a=self.a_scale, scale_b=self.w_scale,
                                    bias=self.bias, out_dtype=self.dtype)
             return out.reshape(*x.shape[:-1], -1)
-        return F.linear((xq.float() * self.a_scale).to(self.dtype), self.dequantized, self.bias)
+        return F.linear(self.quantize_input(x), self.dequantized, self.bias)
+
+
+# Tensors of a linear layer indexed by output features: concatenated when layers are fused.
+_PER_OUTPUT = ("weight", "weights_scaling_factor", "per_channel_scale", "bias")
 
 
 def _fused(tensors: dict[str, Any], prefixes: tuple[str, ...]) -> dict[str, Any]:
     first = prefixes[0]
-    for p in prefixes[1:]:
-        for scale in ("weights_scaling_factor", "activation_scaling_factor"):
-            a, b = tensors.get(f"{first}.{scale}"), tensors.get(f"{p}.{scale}")
-            if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
-                raise ValueError(f"{first} and {p} have different {scale}; they cannot share one GEMM")
-    weights = [tensors[p + ".weight"] for p in prefixes]
-    fused = {k: v for k, v in tensors.items() if k.startswith(first + ".") and "scaling_factor" in k}
-    raw = [w.view(torch.uint8) if w.dtype == torch.float8_e4m3fn else w for w in weights]
-    fused[first + ".weight"] = torch.cat(raw).view(weights[0].dtype)
+    suffixes = {k[len(first) + 1:] for k in tensors if k.startswith(first + ".")}
+    fused = {}
+    for suffix in sorted(suffixes):
+        parts = [tensors.get(f"{p}.{suffix}") for p in prefixes]
+        if any(t is None for t in parts):
+            raise ValueError(f"{first} and {prefixes[1:]} do not all have {suffix}; they cannot share one GEMM")
+        per_output = suffix in _PER_OUTPUT and not (suffix == "weights_scaling_factor" and parts[0].numel() == 1)
+        if per_output:
+            raw = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in parts]
+            fused[f"{first}.{suffix}"] = torch.cat(raw).view(parts[0].dtype)
+            continue
+        for p, t in zip(prefixes[1:], parts[1:]):
+            if not torch.equal(t, parts[0]):
+                raise ValueError(f"{first} and {p} have different {suffix}; they cannot share one GEMM")
+        fused[f"{first}.{suffix}"] = parts[0]
     return fused
 
 
@@ -111,12 +265,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (xf * cos[:, :, None] + rotated.float() * sin[:, :, None]).to(x.dtype)
 
 
-def _mlp_input_linear(tensors, prefix: str, dtype, device) -> "Linear | _Pair":
+def _mlp_input_linear(tensors, prefix: str, dtype, device, fmt: str, group: int | None) -> "Linear | _Pair":
     """fc and gate as one GEMM when their scales agree (ModelOpt's export makes them agree)."""
     try:
-        return Linear(tensors, (prefix + "mlp.fc", prefix + "mlp.gate"), dtype, device)
+        return Linear(tensors, (prefix + "mlp.fc", prefix + "mlp.gate"), dtype, device, fmt, group)
     except ValueError:
-        return _Pair(Linear(tensors, prefix + "mlp.fc", dtype, device), Linear(tensors, prefix + "mlp.gate", dtype, device))
+        return _Pair(Linear(tensors, prefix + "mlp.fc", dtype, device, fmt, group),
+                     Linear(tensors, prefix + "mlp.gate", dtype, device, fmt, group))
 
 
 class _Pair(torch.nn.Module):
@@ -143,16 +298,18 @@ class Qwen2Engine(torch.nn.Module):
         self.embedding = tensors["transformer.vocab_embedding.weight"].to(device=device, dtype=dt)
         self.final_norm = tensors["transformer.ln_f.weight"].to(device=device, dtype=dt)
         self.lm_head = tensors["lm_head.weight"].to(device=device, dtype=dt)
+        self.format = FORMAT_NAMES.get(layout.quant_algo, str(layout.quant_algo))
+        fmt, group = self.format, layout.group_size
         self.layers = []
         for i in range(layout.layers):
             p = f"transformer.layers.{i}."
             self.layers.append({
                 "input_norm": tensors[p + "input_layernorm.weight"].to(device=device, dtype=dt),
                 "post_norm": tensors[p + "post_layernorm.weight"].to(device=device, dtype=dt),
-                "qkv": Linear(tensors, p + "attention.qkv", dt, device),
-                "dense": Linear(tensors, p + "attention.dense", dt, device),
-                "fc_gate": _mlp_input_linear(tensors, p, dt, device),
-                "proj": Linear(tensors, p + "mlp.proj", dt, device),
+                "qkv": Linear(tensors, p + "attention.qkv", dt, device, fmt, group),
+                "dense": Linear(tensors, p + "attention.dense", dt, device, fmt, group),
+                "fc_gate": _mlp_input_linear(tensors, p, dt, device, fmt, group),
+                "proj": Linear(tensors, p + "mlp.proj", dt, device, fmt, group),
             })
         base = float(config.get("rotary_base") or 10000.0)
         self.cos, self.sin = rotary_tables(max_seq_len, self.head_dim, base, device)
@@ -201,6 +358,23 @@ class Qwen2Engine(torch.nn.Module):
         """Float32 logits (TensorRT-LLM's default logits dtype): bf16 logits tie too often."""
         return F.linear(hidden.float(), self.lm_head.float()) if hidden.device.type == "cpu" else \
             F.linear(hidden, self.lm_head).float()
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (the embedding is gathered, not read whole)."""
+        tensors = [self.final_norm, self.lm_head]
+        for layer in self.layers:
+            tensors += [layer["input_norm"], layer["post_norm"]]
+            for key in ("qkv", "dense", "fc_gate", "proj"):
+                module = layer[key]
+                parts = [module.first, module.second] if isinstance(module, _Pair) else [module]
+                # Emulated formats multiply with their dequantized copy: that is what a step reads here.
+                tensors += [t for m in parts for t in (m.dequantized if m.format not in ("none", "fp8") else m.weight,
+                                                       m.bias) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one request's token occupies, over all layers (read once per decode step)."""
+        return 2 * len(self.layers) * self.kv_heads * self.head_dim * self.cache_k.element_size()
 
     def copy_prefix(self, src_slot: int, dst_slots: torch.Tensor, length: int) -> None:
         """Share a computed prefix (e.g. MMLU's few-shot block) with other slots."""

@@ -169,12 +169,14 @@ class TorchRuntime(Runtime):
 
     def describe(self) -> dict[str, Any]:
         layout = checkpoint.CheckpointLayout(self.config)
-        fp8 = layout.quant_algo == "FP8"
+        first = self.engine.layers[0]["dense"]
         gemm = None
-        if fp8:
-            first = self.engine.layers[0]["dense"]
+        if first.fp8:
             gemm = "torch._scaled_mm (FP8 tensor cores)" if first.scaled_mm else "emulated (FP8 values, compute-dtype matmul)"
         return {
+            "weight_format": self.engine.format,
+            "linear": first.describe(),
+            "emulated": first.format != "none" and not first.scaled_mm,
             "runtime": self.name,
             "device": str(self.device) + (f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""),
             "dtype": str(self.engine.dtype).removeprefix("torch."),
@@ -183,6 +185,8 @@ class TorchRuntime(Runtime):
             "fp8_gemm": gemm,
             "checkpoint_tp": layout.tp,
             "decode_path": self.decode_path,
+            "weight_bytes": self.engine.weight_bytes(),
+            "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
             "torch": torch.__version__,
         }
 

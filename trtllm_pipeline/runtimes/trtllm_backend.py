@@ -18,7 +18,7 @@ from trtllm_pipeline.machine import NGC_TRITONSERVER, gpus, trtllm_status, trito
 from trtllm_pipeline.model.source import known_shape
 from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.trtllm_build import build_engine
-from trtllm_pipeline.runtimes.trtllm_commands import (engine_run_command, generate_argv, quoted,
+from trtllm_pipeline.runtimes.trtllm_commands import (build_notes, engine_run_command, generate_argv, quoted,
                                                       server_launch_command, trtllm_build_command)
 from trtllm_pipeline.runtimes.trtllm_preflight import estimate_memory, memory_line, preflight
 from trtllm_pipeline.runtimes.trtllm_runtime import TrtllmRuntime
@@ -75,6 +75,7 @@ def plan(cfg: "BuildConfig", checkpoint_dir: Path, engine_dir: Path) -> list[str
     lines = ["pre-flight: " + ("ok" if not problems else f"{len(problems)} problem(s) on this machine")]
     lines += [f"  - {p}" for p in problems]
     lines += ["trtllm-build:", "  " + quoted(trtllm_build_command(cfg, checkpoint_dir, engine_dir))]
+    lines += [f"  {cfg.quantization.format}: {note}" for note in build_notes(cfg)]
     lines.append(f"  expect: {engine_dir}/config.json (pretrained_config, build_config) and "
                  + ", ".join(f"rank{r}.engine" for r in range(cfg.parallelism.world_size)))
     run = engine_run_command(cfg, engine_dir, generate_argv(cfg))

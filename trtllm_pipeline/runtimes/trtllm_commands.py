@@ -15,6 +15,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from trtllm_pipeline.config import FP8_CONTEXT_FMHA_FORMATS
 from trtllm_pipeline.machine import gpus as machine_gpus
 
 if TYPE_CHECKING:
@@ -40,6 +41,61 @@ def use_fp8_context_fmha(cfg: "BuildConfig") -> bool:
     return cfg.quantization.kv_cache == "fp8" if value is None else value
 
 
+def fused_mlp(cfg: "BuildConfig") -> bool:
+    """trtllm-build turns --use_fused_mlp off for any quant_algo but FP8 (commands/build.py main): say so."""
+    return cfg.build.use_fused_mlp and cfg.quantization.quant_algo in (None, "FP8")
+
+
+# What trtllm-build 1.2 does for each weight format without being told, traced to TensorRT-LLM's sources
+# (tests/fixtures/trtllm_1_2_quant_formats.json holds the same facts with file and commit).
+FORMAT_BUILD_NOTES = {
+    "int4_awq": [
+        "W4A16_AWQ: trtllm-build enables weight_only_groupwise_quant_matmul_plugin=<dtype> itself (builder.py "
+        "build(): weight-only per-group quant mode); it is no CLI flag (plugin/plugin.py@c20322ff cli_plugin_args)",
+        "loads INT4 as preprocess_weights_for_mixed_gemm(weight.T, quint4x2, float16 activations), scales transposed "
+        "to (in/group, out) in the model dtype, prequant scales as (1, in) (models/modeling_utils.py@01ea6d79 "
+        "preprocess_perlayer_weights)",
+    ],
+    "w4a8_awq": [
+        "W4A8_AWQ: weight_only_groupwise_quant_matmul_plugin=<dtype> set by the builder (builder.py build()), "
+        "FP8 activations (preprocess_weights_for_mixed_gemm(..., float8_e4m3fn))",
+        "scales: weights_scaling_factor / weights_scaling_factor_2, prequant / activation_scaling_factor, "
+        "alpha = activation_scaling_factor * weights_scaling_factor_2 (models/modeling_utils.py@01ea6d79)",
+    ],
+    "int8_sq": [
+        "W8A8_SQ_PER_CHANNEL: INT8 GEMMs built by TensorRT (builder int8 flag); the SmoothQuant plugins serve the "
+        "*_PLUGIN quant_algos only (quantization/mode.py W8A8_SQ_PLUGIN_LIST)",
+    ],
+    "int8_wo": [
+        "W8A16: trtllm-build quantizes the checkpoint's weights per output channel while loading each rank "
+        "(weight_only_quantize_dict, models/modeling_utils.py@01ea6d79 preprocess_perlayer_weights) and enables "
+        "weight_only_quant_matmul_plugin=<dtype> (builder.py build())",
+    ],
+    "nvfp4": [
+        "NVFP4: --gemm_plugin nvfp4 (the builder defaults to it unless --gemm_plugin disable is given: "
+        "plugin/plugin.py@c20322ff from_arguments, builder.py build())",
+        "block scales interleaved at load (nvfp4_block_scale_interleave); alpha = activation_scaling_factor * "
+        "weights_scaling_factor_2 (models/modeling_utils.py@01ea6d79 preprocess_perlayer_weights)",
+    ],
+}
+
+
+def build_notes(cfg: "BuildConfig") -> list[str]:
+    """The plan's account of the format's flags and what trtllm-build does for the format on its own."""
+    q = cfg.quantization
+    notes = list(FORMAT_BUILD_NOTES.get(q.format, []))
+    if q.quant_algo not in (None, "FP8"):
+        notes.append(f"--use_fused_mlp disable: trtllm-build forces it off for {q.quant_algo} "
+                     "(commands/build.py@65f1d153 main)")
+    if q.format in FP8_CONTEXT_FMHA_FORMATS:
+        notes.append(f"--use_fp8_context_fmha {_switch(use_fp8_context_fmha(cfg))}: kept by the builder for "
+                     f"{', '.join(FP8_CONTEXT_FMHA_FORMATS)} weights, on with an FP8 KV cache (builder.py build())")
+    elif q.quant_algo:
+        notes.append(f"--use_fp8_context_fmha left out: the builder turns FP8 context FMHA off for {q.quant_algo} "
+                     "(builder.py build())")
+    return notes
+
+
 def build_workers(cfg: "BuildConfig", gpu_count: int | None = None) -> int:
     """min(world size, GPUs); trtllm-build itself caps --workers at the visible GPU count."""
     if cfg.build.workers is not None:
@@ -60,10 +116,10 @@ def trtllm_build_command(cfg: "BuildConfig", checkpoint_dir: str | os.PathLike, 
         if getattr(p, name) == "fp8":
             cmd += [f"--{name}", "fp8"]
     cmd += ["--kv_cache_type", b.kv_cache_type, "--use_paged_context_fmha", _switch(b.use_paged_context_fmha)]
-    # For non-FP8 weights the builder forces FP8 context FMHA off itself; the flag is left out.
-    if cfg.quantization.format == "fp8":
+    # For weights other than FP8, W4A8 and NVFP4 the builder forces FP8 context FMHA off itself; the flag is left out.
+    if cfg.quantization.format in FP8_CONTEXT_FMHA_FORMATS:
         cmd += ["--use_fp8_context_fmha", _switch(use_fp8_context_fmha(cfg))]
-    cmd += ["--use_fused_mlp", _switch(b.use_fused_mlp), "--multiple_profiles", _switch(b.multiple_profiles),
+    cmd += ["--use_fused_mlp", _switch(fused_mlp(cfg)), "--multiple_profiles", _switch(b.multiple_profiles),
             "--max_batch_size", str(b.max_batch_size), "--max_input_len", str(b.max_input_len),
             "--max_seq_len", str(b.max_seq_len), "--max_num_tokens", str(b.max_num_tokens),
             "--max_beam_width", str(b.max_beam_width), "--workers", str(build_workers(cfg, gpu_count))]

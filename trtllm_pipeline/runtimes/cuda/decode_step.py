@@ -110,14 +110,15 @@ class DecodeStep:
         self.vocab = engine.lm_head.shape[0]
 
     def _layer(self, layer: dict) -> _Layer:
+        qkv = _linear(layer["qkv"])  # first: it names a weight format without kernels here
         fc_gate = layer["fc_gate"]
         if not hasattr(fc_gate, "weight"):
-            raise Unsupported("mlp.fc and mlp.gate have different FP8 scales (no fused gate kernel)")
+            raise Unsupported("mlp.fc and mlp.gate have different scales (no fused gate kernel for them)")
         half = fc_gate.weight.shape[0] // 2
         fc, gate = (dataclasses.replace(_linear(fc_gate), weight=w) for w in
                     (fc_gate.weight[:half], fc_gate.weight[half:]))
-        return _Layer(layer["input_norm"], layer["post_norm"], _linear(layer["qkv"]), _linear(layer["dense"]),
-                      fc, gate, _linear(layer["proj"]))
+        return _Layer(layer["input_norm"], layer["post_norm"], qkv, _linear(layer["dense"]), fc, gate,
+                      _linear(layer["proj"]))
 
     def buffers(self, batch: int) -> StepBuffers:
         e, dev = self.engine, self.engine.cache_k.device
@@ -184,6 +185,8 @@ class DecodeStep:
 
 def _linear(module) -> _Linear:
     """The fast path's view of a ``torch_model.Linear`` (whose FP8 weights are FP8 values)."""
+    if getattr(module, "format", "none") not in ("none", "fp8"):
+        raise Unsupported(f"{module.format} weights (no fast kernels for them yet)")
     if not module.fp8:
         return _Linear(module.weight, None, None, module.bias)
     return _Linear(module.weight, (module.a_scale * module.w_scale).reshape(1), module.a_inv.reshape(1), module.bias)

@@ -18,15 +18,19 @@ step or two and the engine's slot is free. Required inputs and the front door's 
 checked first (``contract.RequestLimits``), before preprocessing tokenizes anything.
 """
 
+try:  # the serving process's module path, before any package import (runtimes/torch_backend.py)
+    import serving_sys_path  # noqa: F401
+except ImportError:  # a server this project did not start (TensorRT-LLM's container)
+    pass
+
 import functools
 import json
 import threading
 import uuid
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
-from pathlib import Path
 
 from trtllm_pipeline.runtimes import TextStream
 from trtllm_pipeline.triton import stops

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The torch runtime's GPU run on a bare H200 with no network, one part per call (each under 10 minutes):
+#
+#   bash benchmarks/h200_run.sh pipeline   # random 7B FP8 + BF16: quantize (ModelOpt), build, bench --in-process
+#   bash benchmarks/h200_run.sh served     # random 7B FP8: the same build deployed, tritonserver, bench over gRPC
+#   bash benchmarks/h200_run.sh kernels    # benchmarks/gpu_fast_path.py: kernels, whole steps, HF transformers
+#
+# Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
+set -euo pipefail
+part=${1:?pipeline, served or kernels}
+out=${OUT:-results}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD
+export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
+engines=/tmp/engines
+tp() { python3 -m trtllm_pipeline "$@"; }
+config() { echo "build_configs/r1-distill-qwen-7b-random-$1-tp1.yaml"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv | tee "$out/gpu.csv"
+
+case "$part" in
+  pipeline)
+    for variant in fp8 bf16; do
+      tp build -c "$(config $variant)" --engines-dir "$engines"
+      tp bench --in-process -c "$(config $variant)" --engines-dir "$engines" --batch 1,8,32,64 \
+        --context 128,2048,8192 --output-tokens 256 -o "$out/inprocess-$variant.json"
+    done ;;
+  served)
+    c=$(config fp8)
+    tp build -c "$c" --engines-dir "$engines"
+    tp deploy -c "$c" --engines-dir "$engines"
+    tp serve -c "$c" --engines-dir "$engines" --detach
+    status=0
+    tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1,8,32,64 --input-tokens 128 \
+      --output-tokens 256 --requests "${REQUESTS:-64}" --warmup 4 -o "$out/served-fp8.json" || status=$?
+    if [ -z "${SKIP_INPROCESS:-}" ]; then
+      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
+        -o "$out/inprocess-fp8-c128.json" || status=$?
+    fi
+    tp serve -c "$c" --engines-dir "$engines" --stop || true
+    exit $status ;;
+  kernels)
+    python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;
+  *)
+    echo "unknown part $part: pipeline, served or kernels" >&2; exit 2 ;;
+esac
