@@ -28,17 +28,24 @@ case "$part" in
     done ;;
   served)
     c=$(config fp8)
+    log="$engines/r1-distill-qwen-7b-random-fp8-tp1/serve/tritonserver.log"
     tp build -c "$c" --engines-dir "$engines"
     tp deploy -c "$c" --engines-dir "$engines"
     tp serve -c "$c" --engines-dir "$engines" --detach
     status=0
+    # One request first: a server that cannot answer shows in seconds, with its log.
+    if ! timeout 120 python3 -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" --url default \
+        --max-tokens 16 "Hello" >"$out/probe.txt" 2>&1; then
+      cat "$out/probe.txt"; tail -n 40 "$log"; tp serve -c "$c" --engines-dir "$engines" --stop || true; exit 1
+    fi
     tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1,8,32,64 --input-tokens 128 \
       --output-tokens 256 --requests "${REQUESTS:-64}" --warmup 4 -o "$out/served-fp8.json" || status=$?
     if [ -z "${SKIP_INPROCESS:-}" ]; then
-      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
+      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,32 --context 128 --output-tokens 256 \
         -o "$out/inprocess-fp8-c128.json" || status=$?
     fi
     tp serve -c "$c" --engines-dir "$engines" --stop || true
+    cp "$log" "$out/" 2>/dev/null || true
     exit $status ;;
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;

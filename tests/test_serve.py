@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import REPO, free_ports, load, run_cli
+from conftest import CONFIGS, REPO, free_ports, load, run_cli
 
 from trtllm_pipeline import serve
 from trtllm_pipeline.client import ServerError, TritonClient
@@ -552,3 +552,39 @@ def test_python_models_see_the_serving_module_path_that_the_stub_ignores(tmp_pat
     assert isolated.returncode == 0 and isolated.stdout.strip() == "42", isolated.stderr
     without = subprocess.run([sys.executable, "-I", "-c", "import marker_package_xyz"], env=env, capture_output=True)
     assert without.returncode != 0  # isolated, as the stub is, it would not be found
+
+
+def test_the_stubs_backend_utils_run_after_the_serving_module_path_is_set(tmp_path):
+    # The stub imports triton_python_backend_utils (and through it numpy) before any model: the
+    # module serve writes in its place sets the serving process's path first, then runs Triton's.
+    only_here = tmp_path / "on-pythonpath-only"
+    only_here.mkdir()
+    (only_here / "marker_package_xyz.py").write_text("VALUE = 42\n")
+    original = tmp_path / "triton_python_backend_utils.py"
+    original.write_text("import marker_package_xyz\nTYPE = 'from Triton: %d' % marker_package_xyz.VALUE\n")
+    backend = tmp_path / "backends" / "python"
+    backend.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(only_here), os.environ.get("PYTHONPATH", "")])}
+    write = ("from pathlib import Path; from trtllm_pipeline.runtimes import torch_backend as t; "
+             f"t.write_sys_path_module(Path({str(backend)!r})); "
+             f"t.write_backend_utils(Path({str(backend)!r}), Path({str(original)!r}))")
+    assert subprocess.run([sys.executable, "-c", write], env=env).returncode == 0
+    stub_like = f"import sys; sys.path.insert(0, {str(backend)!r}); import triton_python_backend_utils as u; print(u.TYPE)"
+    isolated = subprocess.run([sys.executable, "-I", "-c", stub_like], env=env, capture_output=True, text=True)
+    assert isolated.returncode == 0 and isolated.stdout.strip() == "from Triton: 42", isolated.stderr
+
+
+def test_serve_refuses_numpy_2_which_the_bundled_stub_reads_wrongly(tmp_path, built, engines_dir):
+    # A numpy 2 distribution found first on the path, as pip would leave one (its metadata is what counts).
+    shadow = tmp_path / "numpy2"
+    (shadow / "numpy-2.3.5.dist-info").mkdir(parents=True)
+    (shadow / "numpy-2.3.5.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 2.3.5\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
+    built("tiny-qwen2-fp8-tp2")  # a config no other test serves
+    ports = [f"--{kind}-port={port}" for kind, port in zip(("http", "grpc", "metrics"), free_ports(3))]
+    proc = subprocess.run([sys.executable, "-m", "trtllm_pipeline", "serve", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp2.yaml"),
+                           "--engines-dir", str(engines_dir), "--detach", *ports], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "numpy 2.3.5" in proc.stderr and "pip install 'numpy<2'" in proc.stderr
+    assert "Traceback" not in proc.stderr

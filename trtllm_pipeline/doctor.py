@@ -16,7 +16,7 @@ from typing import Any
 
 from trtllm_pipeline.config import BuildConfig, load_config
 from trtllm_pipeline.errors import PipelineError
-from trtllm_pipeline.machine import gpus, package_version, trtllm_status, tritonserver_binaries
+from trtllm_pipeline.machine import gpus, package_version, stub_numpy_problem, trtllm_status, tritonserver_binaries
 from trtllm_pipeline.runtimes.registry import BACKENDS, select_backend
 
 
@@ -36,6 +36,8 @@ def report() -> dict[str, Any]:
         "tensorrt_llm": trt_version,
         "tensorrt_llm_problem": str(trt_problem) if trt_problem else None,
         "tritonserver": tritonserver_binaries(),
+        "numpy": package_version("numpy"),
+        "numpy_problem": str(stub_numpy) if (stub_numpy := stub_numpy_problem()) else None,
         "mpirun": shutil.which("mpirun"),
     }
 
@@ -83,6 +85,7 @@ def format_facts(facts: dict[str, Any], *, as_json: bool = False) -> list[str]:
         ("TensorRT-LLM", facts["tensorrt_llm"] or "not installed"),
         ("tritonserver (PATH)", facts["tritonserver"]["path"] or "not found"),
         ("tritonserver (PyTriton)", facts["tritonserver"]["pytriton"] or "not found"),
+        ("numpy", f"{facts['numpy']}" + (f" -- {facts['numpy_problem']}" if facts["numpy_problem"] else "")),
         ("mpirun", facts["mpirun"] or "not found"),
     ]
     width = max(len(k) for k, _ in rows)

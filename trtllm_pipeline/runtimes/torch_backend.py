@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from trtllm_pipeline import artifacts, checkpoint
 from trtllm_pipeline.endpoints import SERVER_EXIT_TIMEOUT_S
 from trtllm_pipeline.errors import UnavailableError
-from trtllm_pipeline.machine import gpus, tritonserver_binaries
+from trtllm_pipeline.machine import gpus, stub_numpy_problem, tritonserver_binaries
 from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.triton import torch_repo
 from trtllm_pipeline.triton.repository import EngineModel
@@ -83,6 +83,9 @@ class TorchBackend(Backend):
         return cmd, env
 
     def prepare_server(self, command: list[str], state_dir: Path) -> None:
+        problem = stub_numpy_problem()
+        if problem:
+            raise UnavailableError(problem.problem + ".", fix=problem.fix)
         python_backend_dir(command[0], state_dir)
 
     def runtime_class(self) -> type["Runtime"]:
@@ -107,13 +110,13 @@ def python_backend_dir(binary: str, state_dir: Path) -> Path:
                                fix="use a Python version the wheel ships a stub for (3.8-3.13)")
     target = state_dir / "backends" / "python"
     target.mkdir(parents=True, exist_ok=True)
-    for src in (root / "backends" / "python" / "libtriton_python.so",
-                root / "backends" / "python" / "triton_python_backend_utils.py", stub):
+    for src in (root / "backends" / "python" / "libtriton_python.so", stub):
         link = target / src.name
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(src)
     write_sys_path_module(target)
+    write_backend_utils(target, root / "backends" / "python" / "triton_python_backend_utils.py")
     return target
 
 
@@ -137,4 +140,26 @@ def write_sys_path_module(backend_dir: Path) -> Path:
             f"for _entry in reversed({entries!r}):\n"
             "    if _entry not in sys.path:\n"
             "        sys.path.insert(0, _entry)\n", encoding="utf-8")
+    return path
+
+
+def write_backend_utils(backend_dir: Path, original: Path) -> Path:
+    """``triton_python_backend_utils`` that sets the module path before running Triton's own module.
+
+    The stub imports this module (from the backend directory) before any model, and it imports
+    numpy: on the stub's own path that may be another numpy than the serving process's (a
+    virtualenv's numpy 2 behind a numpy 1 on PYTHONPATH, as on the GPU machine). Giving it the
+    serving process's path first makes the stub's numpy the one `machine.stub_numpy_problem` checked.
+    """
+    path = backend_dir / original.name
+    if path.is_symlink():
+        path.unlink()
+    with artifacts.atomic_file(path) as tmp:
+        tmp.write_text(
+            '"""Written by `trtllm-pipeline serve`: Triton\'s module, run after the serving process\'s module '
+            'path is set (the stub imports numpy through it)."""\n\n'
+            f"import {SYS_PATH_MODULE}  # noqa: F401\n\n"
+            f"_ORIGINAL = {str(original)!r}\n"
+            "with open(_ORIGINAL, encoding='utf-8') as _file:\n"
+            "    exec(compile(_file.read(), _ORIGINAL, 'exec'))\n", encoding="utf-8")
     return path
