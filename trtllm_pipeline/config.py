@@ -321,6 +321,13 @@ class ServingSection(_Section):
         "500, or 200 and an empty stream)")
     exclude_input_in_output: bool = True
     startup_timeout_s: float = Field(180.0, gt=0, le=86_400)
+    openai_front: bool = Field(
+        True, description="also serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions) on "
+        "openai_port, bound to host like the other endpoints, translating to the deployment over gRPC")
+    openai_port: int = Field(8003, ge=1, le=65535)
+    openai_reasoning_parser: Literal["none", "deepseek_r1"] = Field(
+        "none", description="deepseek_r1: the text before </think> is returned as reasoning_content (vLLM's "
+        "reasoning parser); none: all of it is content")
 
 
 class EvaluationSection(_Section):
@@ -504,8 +511,10 @@ def static_problems(cfg: BuildConfig) -> list[str]:
             f"({b.max_batch_size}); the engine would reject such batches. Fix: lower it."
         )
     ports = [cfg.serving.http_port, cfg.serving.grpc_port, cfg.serving.metrics_port]
-    if len(set(ports)) != 3:
-        out.append("serving: http_port, grpc_port and metrics_port must differ. Fix: give each its own port.")
+    ports += [cfg.serving.openai_port] if cfg.serving.openai_front else []
+    if len(set(ports)) != len(ports):
+        out.append("serving: http_port, grpc_port, metrics_port and openai_port must differ. Fix: give each its own "
+                   "port.")
     return out
 
 

@@ -32,6 +32,8 @@ class Backend(abc.ABC):
     name: ClassVar[str]  # as runtime.backend, --runtime and every manifest's "runtime" name it
     engines: ClassVar[str]  # what it builds, for messages: "TensorRT-LLM engines"
     runs: ClassVar[str]  # how it runs a build, for messages: "in PyTorch"
+    # Whether its deployment takes the client contract (tensorrt_llm_bls), which the OpenAI front translates to.
+    openai_front: ClassVar[bool] = True
 
     def preflight(self, cfg: "BuildConfig") -> list[Problem]:
         """Why this machine cannot build and run ``cfg`` with this backend; empty when it can."""
