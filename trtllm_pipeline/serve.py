@@ -108,7 +108,7 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
     served = backend(deployment.runtime)
     inner = ports.behind_front(http_front.free_loopback_port()) if cfg.serving.http_front else ports
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
-    served.prepare_server(cmd, state_dir)
+    served.prepare_server(cfg, cmd, state_dir)
     if cfg.serving.http_front:  # the front holds the HTTP port and runs the server as its child
         cmd = http_front.command(ports.host, ports.http, inner.http, deployment.manifest["limits"],
                                  deployment.repo_dir, cmd)
@@ -126,7 +126,7 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
             server.openai_port = front.openai
             start_openai_front(server, openai_command(cfg, paths, front, deployment.manifest["limits"]), state_dir)
         artifacts.write_json_atomic(state_dir / STATE_FILE, server.state())
-        wait_ready(server, timeout_s=cfg.serving.startup_timeout_s)
+        wait_ready(server, timeout_s=cfg.serving.startup_timeout_s, path=served.ready_path(cfg))
         if server.openai_port is not None:
             wait_front_ready(server, timeout_s=cfg.serving.startup_timeout_s)
     except BaseException:
@@ -176,8 +176,8 @@ def exposure_warning(host: str) -> str | None:
             "authentication; bind 127.0.0.1 (serving.host, --host) unless that is intended")
 
 
-def wait_ready(server: Server, *, timeout_s: float) -> None:
-    url = f"http://{server.client_host}:{server.http_port}/v2/health/ready"
+def wait_ready(server: Server, *, timeout_s: float, path: str = "/v2/health/ready") -> None:
+    url = f"http://{server.client_host}:{server.http_port}{path}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not server.alive():

@@ -82,7 +82,7 @@ class TorchBackend(Backend):
             cmd.append("--allow-gpu-metrics=false")
         return cmd, env
 
-    def prepare_server(self, command: list[str], state_dir: Path) -> None:
+    def prepare_server(self, cfg: "BuildConfig", command: list[str], state_dir: Path) -> None:
         python_backend_dir(command[0], state_dir)
 
     def runtime_class(self) -> type["Runtime"]:
