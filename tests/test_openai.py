@@ -171,3 +171,18 @@ def test_bench_openai_gives_the_lengths_of_triton_grpc_on_the_same_server(server
         assert entry["requests"] == 8 and entry["errors"] == 0 and entry["output_tokens_mean"] == 16
         assert entry["ttft_ms"]["p50"] > 0 and entry["itl_ms"]["p50"] > 0
     assert summaries["openai"]["input_tokens_mean"] == summaries["triton-grpc"]["input_tokens_mean"] == 32
+
+
+def test_eval_url_takes_the_openai_base_url_for_generation_tasks(server, base_url, engines_dir, data_dir, tmp_path):
+    from test_eval import FP8, tiny
+
+    from trtllm_pipeline.eval import evaluate
+
+    assert FP8 == NAME
+    cfg = tiny(FP8, gsm8k_max_new_tokens=8)
+    (remote,) = evaluate(cfg, engines_dir=engines_dir, tasks=["gsm8k"], limit=4, data_dir=data_dir, url=base_url)
+    (local,) = evaluate(cfg, engines_dir=engines_dir, tasks=["gsm8k"], limit=4, data_dir=data_dir, output=tmp_path)
+    assert remote.results["runtime_info"] == {"runtime": "served", "url": base_url, "protocol": "openai"}
+    for r, l in zip(remote.results["items"], local.results["items"]):
+        assert (r["id"], r["prompt_sha256"], r["output"], r["finish_reason"]) == \
+            (l["id"], l["prompt_sha256"], l["output"], l["finish_reason"])
