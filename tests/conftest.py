@@ -101,7 +101,8 @@ def served(built, engines_dir):
     """``served("tiny-qwen2-fp8-tp1")`` -> serve.Server: a real tritonserver on free 127.0.0.1 ports.
 
     Built, deployed and started once per session (about half a minute), stopped when the session
-    ends. Clients connect to ``f"127.0.0.1:{server.grpc_port}"`` (or ``http_port``).
+    ends. Clients connect to ``f"127.0.0.1:{server.grpc_port}"`` (or ``http_port``; OpenAI clients to
+    ``f"http://127.0.0.1:{server.openai_port}/v1"``).
     """
     from trtllm_pipeline import serve
 
@@ -110,8 +111,9 @@ def served(built, engines_dir):
     def get(name: str):
         if name not in started:
             built(name)
-            http, grpc, metrics = free_ports(3)
-            started[name] = serve.start(load(name), engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics)
+            http, grpc, metrics, openai = free_ports(4)
+            started[name] = serve.start(load(name), engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics,
+                                        openai=openai)
         return started[name]
 
     yield get

@@ -29,6 +29,9 @@ LAYERS = [
     ("config", ["config"]),
     ("services", ["checkpoint", "calibration", "model.source", "endpoints", "client", "served_model", "gating",
                   "triton", "triton.*"]),
+    # The OpenAI front: a service over the client and the contract (above them), run by `serve`; no backend
+    # and no stage below it.
+    ("fronts", ["openai", "openai.*"]),
     ("backends", ["runtimes.*"]),
     ("stages", ["quantize", "build", "generate", "eval", "gate", "deploy", "serve", "bench", "bench.*", "report",
                 "doctor"]),

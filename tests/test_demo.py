@@ -33,10 +33,11 @@ def demo_engines(built, engines_dir, tmp_path):
 
 
 def run_demo(engines, reports, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, openai = free_ports(4)
     return subprocess.run(
         [sys.executable, "-m", "trtllm_pipeline.demo", "--fast", "--engines-dir", str(engines), "--reports-dir",
-         str(reports), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), *extra],
+         str(reports), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+         "--openai-port", str(openai), *extra],
         cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=900,
     )
 

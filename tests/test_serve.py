@@ -458,8 +458,9 @@ LIFECYCLE = "tiny-qwen2-bf16-tp1"  # not the session server's config: one server
 def test_taken_port_detach_and_stop(built, engines_dir):
     built(LIFECYCLE)
     config = str(REPO / "build_configs" / f"{LIFECYCLE}.yaml")
-    http, grpc, metrics = free_ports(3)
-    ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    http, grpc, metrics, openai = free_ports(4)
+    ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+             "--openai-port", str(openai)]
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", grpc))
         squatter.listen()
@@ -483,11 +484,11 @@ def test_taken_port_detach_and_stop(built, engines_dir):
 
 def test_foreground_serve_stops_on_ctrl_c(built, engines_dir):
     built(LIFECYCLE)
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, openai = free_ports(4)
     cli = subprocess.Popen(
         [sys.executable, "-m", "trtllm_pipeline", "serve", "-c", str(REPO / "build_configs" / f"{LIFECYCLE}.yaml"),
          "--engines-dir", str(engines_dir), "--http-port", str(http), "--grpc-port", str(grpc),
-         "--metrics-port", str(metrics)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--metrics-port", str(metrics), "--openai-port", str(openai)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in cli.stdout:
             if "Ctrl-C stops it" in line:
@@ -514,9 +515,9 @@ def test_a_server_that_cannot_load_its_model_is_reported_and_cleaned_up(built, e
     built(NAME)
     shutil.copytree(engines_dir / NAME, tmp_path / NAME, ignore=shutil.ignore_patterns("serve", "triton_model_repo"))
     (tmp_path / NAME / "checkpoint" / "rank0.safetensors").write_bytes(b"truncated")
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, openai = free_ports(4)
     with pytest.raises(StageFailed, match=r"tensorrt_llm: .*rank0\.safetensors is unreadable") as failure:
-        serve.start(load(NAME), engines_dir=tmp_path, http=http, grpc=grpc, metrics=metrics)
+        serve.start(load(NAME), engines_dir=tmp_path, http=http, grpc=grpc, metrics=metrics, openai=openai)
     assert "exited during startup" in failure.value.message
     assert serve.read_state(load(NAME), tmp_path) is None
     assert not processes_mentioning(str(tmp_path))  # neither the server nor a Python-backend stub is left
@@ -581,7 +582,7 @@ def test_serve_refuses_numpy_2_which_the_bundled_stub_reads_wrongly(tmp_path, bu
     (shadow / "numpy-2.3.5.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 2.3.5\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
     built("tiny-qwen2-fp8-tp2")  # a config no other test serves
-    ports = [f"--{kind}-port={port}" for kind, port in zip(("http", "grpc", "metrics"), free_ports(3))]
+    ports = [f"--{kind}-port={port}" for kind, port in zip(("http", "grpc", "metrics", "openai"), free_ports(4))]
     proc = subprocess.run([sys.executable, "-m", "trtllm_pipeline", "serve", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp2.yaml"),
                            "--engines-dir", str(engines_dir), "--detach", *ports], env=env, capture_output=True,
                           text=True, timeout=300)

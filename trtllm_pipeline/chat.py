@@ -31,7 +31,16 @@ def served_prompt(tokenizer, prompt: str, system: str | None = None) -> str:
     """
     if not getattr(tokenizer, "chat_template", None):
         return prompt
-    text = _templated(tokenizer, prompt, system)
+    return _without_bos(tokenizer, _templated(tokenizer, prompt, system))
+
+
+def served_messages(tokenizer, messages: list[dict[str, str]]) -> str:
+    """A whole conversation (OpenAI-style ``role``/``content`` dicts) as ``served_prompt`` sends one prompt."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _without_bos(tokenizer, text)
+
+
+def _without_bos(tokenizer, text: str) -> str:
     bos = tokenizer.bos_token
     if bos and text.startswith(bos) and tokenizer.bos_token_id in tokenizer.encode("", add_special_tokens=True):
         text = text[len(bos):]

@@ -196,10 +196,11 @@ def build(config: Path, engines_dir: Path, runtime: str | None, force: bool, dry
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the model's chat template.")
 @click.option("--system", default=None, help="System prompt (chat template only).")
 @click.option("--device", default=None, help="torch runtime device (cpu, cuda, cuda:1); default: the config's.")
-@click.option("--url", default=None, help="HOST:PORT of a served model (Triton: tensorrt_llm_bls) instead of running "
-              "in-process; `default` with -c: where `serve` runs that config.")
-@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True,
-              help="With --url: gRPC streaming or HTTP generate_stream (SSE).")
+@click.option("--url", default=None, help="HOST:PORT of a served model (Triton: tensorrt_llm_bls), or an OpenAI base URL "
+              "(http://HOST:PORT/v1), instead of running in-process; `default` with -c: where `serve` runs that config.")
+@click.option("--protocol", type=click.Choice(["grpc", "http", "openai"]), default="grpc", show_default=True,
+              help="With --url: gRPC streaming, HTTP generate_stream (SSE) or the OpenAI front (/v1/completions); "
+              "an OpenAI base URL implies openai.")
 def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: int, temperature: float, top_k: int,
              top_p: float, seed: int | None, stop_words: tuple[str, ...], raw: bool, system: str | None,
              device: str | None, url: str | None, protocol: str) -> None:
@@ -238,10 +239,11 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Results file (one task) or directory (DIR/<task>.json); default <engines-dir>/<config>/eval/.")
 @click.option("--force", is_flag=True, help="Evaluate even when the cached results match the inputs.")
-@click.option("--url", default=None, help="HOST:PORT of the served model (Triton: tensorrt_llm_bls) to evaluate instead of "
-              "running in-process; `default`: where `serve` runs this config. Results: <config>/eval/served/.")
-@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True,
-              help="With --url: Triton gRPC or HTTP.")
+@click.option("--url", default=None, help="HOST:PORT of the served model (Triton: tensorrt_llm_bls), or an OpenAI base "
+              "URL (http://HOST:PORT/v1; GSM8K only: it returns no logits), to evaluate instead of running "
+              "in-process; `default`: where `serve` runs this config. Results: <config>/eval/served/.")
+@click.option("--protocol", type=click.Choice(["grpc", "http", "openai"]), default="grpc", show_default=True,
+              help="With --url: Triton gRPC or HTTP, or the OpenAI front.")
 def eval_command(config: Path, engines_dir: Path, tasks: str | None, limit: int | None, data_dir: Path | None,
                  output: Path | None, force: bool, url: str | None, protocol: str) -> None:
     """Accuracy of the built engine of -c CONFIG on MMLU (5-shot) and GSM8K, with its runtime.
@@ -322,19 +324,22 @@ def deploy(config: Path, engines_dir: Path, runtime: str | None, force: bool) ->
 @click.option("--grpc-port", type=click.IntRange(1, 65535), default=None, help="Default: serving.grpc_port.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Prometheus metrics; default: serving.metrics_port.")
+@click.option("--openai-port", type=click.IntRange(1, 65535), default=None,
+              help="The OpenAI API (/v1); default: serving.openai_port (serving.openai_front: false turns it off).")
 @click.option("--detach", is_flag=True, help="Return once the server is ready and leave it running.")
 @click.option("--stop", "stop_server", is_flag=True, help="Stop this config's server; returns once it has exited.")
 @click.option("--dry-run", is_flag=True, help="Print the launch command and endpoints; start nothing.")
 def serve(config: Path, engines_dir: Path, host: str | None, http_port: int | None, grpc_port: int | None,
-          metrics_port: int | None, detach: bool, stop_server: bool, dry_run: bool) -> None:
+          metrics_port: int | None, openai_port: int | None, detach: bool, stop_server: bool, dry_run: bool) -> None:
     """Run tritonserver on the build's model repository (deployed first if needed).
 
     TensorRT-LLM: the tritonserver on PATH under mpirun, one server per rank. torch runtime: the
-    tritonserver bundled with nvidia-pytriton. Waits until ready, prints the endpoints and runs
-    until Ctrl-C, or with --detach leaves it running for `serve --stop`.
+    tritonserver bundled with nvidia-pytriton. Beside it, an OpenAI-compatible front (/v1 on
+    --openai-port). Waits until ready, prints the endpoints and runs until Ctrl-C, or with --detach
+    leaves it running for `serve --stop`.
     """
     cfg = load_config(config)
-    ports = dict(host=host, http=http_port, grpc=grpc_port, metrics=metrics_port)
+    ports = dict(host=host, http=http_port, grpc=grpc_port, metrics=metrics_port, openai=openai_port)
     if stop_server:
         click.echo(serve_stage.stopped_line(cfg, serve_stage.stop(cfg, engines_dir=engines_dir)))
         return

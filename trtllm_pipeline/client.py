@@ -17,22 +17,33 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
+import time
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from trtllm_pipeline.endpoints import is_openai_url
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
 from trtllm_pipeline.triton.contract import CLIENT_INPUTS, FRONT_MODEL
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_MAX_TOKENS = 256
+CANCEL_POLL_S = 0.05  # how often a stream with a cancellation event looks at it while no response arrives
 _TYPES = {"TYPE_STRING": ("BYTES", object), "TYPE_INT32": ("INT32", np.int32), "TYPE_FP32": ("FP32", np.float32),
           "TYPE_BOOL": ("BOOL", bool), "TYPE_UINT64": ("UINT64", np.uint64)}
 _INPUT_TYPES = {name: _TYPES[kind] for name, kind, _, _ in CLIENT_INPUTS}
 
 
 class ServerError(StageFailed):
-    """The server answered a request with an error (the request's fault or the model's)."""
+    """The server answered a request with an error (the request's fault or the model's).
+
+    ``status``: gRPC's status name (``INVALID_ARGUMENT`` for a bad request, ``UNAVAILABLE`` ...),
+    when the server gave one, so that a front can tell the client's fault from the server's."""
+
+    def __init__(self, message: str, fix: str | None = None, status: str | None = None):
+        super().__init__(message, fix)
+        self.status = status
 
 
 class TritonClient:
@@ -59,7 +70,7 @@ class TritonClient:
         """The whole answer to ``prompt``."""
         if self.protocol == "http":
             return self._http_generate(self._values(prompt, params, stream=False))["text_output"]
-        return "".join(piece for piece, _ in self._grpc_responses(self._values(prompt, params, stream=False)))
+        return "".join(piece for piece, _, _ in self._grpc_responses(self._values(prompt, params, stream=False)))
 
     def stream(self, prompt: str, **params) -> Iterator[str]:
         """The answer's text pieces as the server sends them, one per generated token."""
@@ -67,7 +78,18 @@ class TritonClient:
         if self.protocol == "http":
             yield from self._http_stream(values)
         else:
-            yield from (piece for piece, _ in self._grpc_responses(values))
+            yield from (piece for piece, _, _ in self._grpc_responses(values))
+
+    def stream_tokens(self, prompt: str, cancelled: threading.Event | None = None, **params) -> Iterator[tuple[str, int]]:
+        """(text piece, generated tokens it carries) over gRPC: 1 for each response but a final one
+        that carries text, which is the detokenizer's held-back tail (``tensorrt_llm_bls`` sends it
+        after the last token), so the counts add up to the exact completion length. Setting
+        ``cancelled`` (from another thread) ends the stream and cancels the request within
+        ``CANCEL_POLL_S``, even while no response arrives."""
+        if self.protocol != "grpc":
+            raise InputError("token counts come from the gRPC stream only.", fix="use protocol grpc")
+        for piece, _, final in self._grpc_responses(self._values(prompt, params, stream=True), cancelled):
+            yield piece, 0 if final else 1
 
     def score_choices(self, prompt: str, choice_token_ids: Sequence[int]) -> list[float]:
         """Log-probability of each single-token choice right after ``prompt``.
@@ -79,7 +101,7 @@ class TritonClient:
         if self.protocol == "http":
             logits = np.asarray(self._http_generate(values).get("generation_logits", []), dtype=np.float64)
         else:
-            found = [lg for _, lg in self._grpc_responses(values) if lg is not None]
+            found = [lg for _, lg, _ in self._grpc_responses(values) if lg is not None]
             logits = np.asarray(found[-1] if found else [], dtype=np.float64)
         if logits.size == 0:
             raise ServerError(f"{self.model} at {self.url} returned no generation_logits.",
@@ -125,24 +147,34 @@ class TritonClient:
             tensors.append(tensor)
         return tensors
 
-    def _grpc_responses(self, values: dict[str, Any]) -> Iterator[tuple[str, np.ndarray | None]]:
+    def _grpc_responses(self, values: dict[str, Any], cancelled: threading.Event | None = None
+                        ) -> Iterator[tuple[str, np.ndarray | None, bool]]:
+        """(text, generation logits, whether it is the final response) of each response bearing text."""
         responses: queue.Queue = queue.Queue()
         self._client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
         try:
             self._client.async_stream_infer(self.model, self._grpc_inputs(values), enable_empty_final_response=True)
             while True:
-                try:
-                    result, error = responses.get(timeout=self.timeout_s)
-                except queue.Empty:
-                    raise ServerError(f"no response from {self.url} for {self.timeout_s:.0f} s.") from None
+                deadline = time.monotonic() + self.timeout_s
+                while True:
+                    if cancelled is not None and cancelled.is_set():
+                        return  # not finished: the finally cancels the request
+                    try:
+                        result, error = responses.get(timeout=CANCEL_POLL_S if cancelled is not None
+                                                      else self.timeout_s)
+                        break
+                    except queue.Empty:
+                        if time.monotonic() >= deadline:
+                            raise ServerError(f"no response from {self.url} for {self.timeout_s:.0f} s.") from None
                 if error is not None:
-                    raise ServerError(f"{self.model} at {self.url}: {error.message()}")
+                    raise ServerError(f"{self.model} at {self.url}: {error.message()}", status=_status(error))
+                final = result.get_response().parameters.get("triton_final_response")
+                final = final is not None and final.bool_param
                 text = result.as_numpy("text_output")
                 if text is not None:
-                    yield _text(text), result.as_numpy("generation_logits")
-                final = result.get_response().parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
+                    yield _text(text), result.as_numpy("generation_logits"), final
+                if final:
                     finished = True
                     return
         finally:
@@ -197,6 +229,103 @@ class TritonClient:
                              fix="deploy and serve a build (trtllm-pipeline serve -c CONFIG)")
 
 
+def _status(error) -> str | None:
+    """``INVALID_ARGUMENT`` from tritonclient's ``StatusCode.INVALID_ARGUMENT`` (None when it has none)."""
+    status = error.status() if hasattr(error, "status") else None
+    return str(status).rsplit(".", 1)[-1] if status else None
+
+
 def _text(array: np.ndarray) -> str:
     value = array.reshape(-1)[0]
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class OpenAIClient:
+    """The same calls (``generate``, ``stream``, the contract's parameter names) against an OpenAI API base
+    URL (``http://HOST:PORT/v1``: this deployment's OpenAI front, vLLM, trtllm-serve), over
+    ``/v1/completions``: the prompt goes as text, templated by the caller as for Triton. Decoding keeps
+    the contract's rule (greedy unless ``top_k`` or ``top_p`` asks for sampling), so one set of
+    parameters means the same through either client. ``finish_reason`` is the last request's."""
+
+    def __init__(self, base_url: str, model: str | None = None, timeout_s: float = 600.0):
+        import requests
+
+        self.url, self.timeout_s, self.protocol = base_url.rstrip("/"), timeout_s, "openai"
+        self._session = requests.Session()
+        self.finish_reason: str | None = None
+        try:
+            listed = self._session.get(f"{self.url}/models", timeout=10)
+            names = [m["id"] for m in listed.json().get("data", [])] if listed.ok else []
+        except (requests.RequestException, ValueError) as exc:
+            raise UnavailableError(f"cannot reach an OpenAI API at {self.url} ({type(exc).__name__}).",
+                                   fix="start it (trtllm-pipeline serve -c CONFIG) or check --url") from None
+        if model is None and len(names) != 1:
+            raise InputError(f"{self.url} serves {len(names)} models ({', '.join(names) or 'none'}).",
+                             fix="serve one model there")
+        self.model = model or names[0]
+
+    def generate(self, prompt: str, **params) -> str:
+        return "".join(self.stream(prompt, **params))
+
+    def stream(self, prompt: str, **params) -> Iterator[str]:
+        body = self._body(prompt, params)
+        with self._session.post(f"{self.url}/completions", json=body, stream=True, timeout=self.timeout_s) as response:
+            if response.status_code != 200:
+                raise ServerError(f"{self.url}: HTTP {response.status_code}: {_openai_message(response)}")
+            for line in response.iter_lines(decode_unicode=False):
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise ServerError(f"{self.url}: {event['error'].get('message', event['error'])}")
+                for choice in event.get("choices") or []:
+                    self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                    if choice.get("text"):
+                        yield choice["text"]
+
+    def score_choices(self, prompt: str, choice_token_ids: Sequence[int]) -> list[float]:
+        raise InputError("an OpenAI URL returns no generation logits, so it cannot score choices (MMLU).",
+                         fix="evaluate MMLU through Triton (--url HOST:PORT, --protocol grpc) or in-process")
+
+    def _body(self, prompt: str, params: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(params) - set(_INPUT_TYPES)
+        if unknown:
+            raise InputError(f"unknown generation parameter(s): {', '.join(sorted(unknown))}.")
+        p = {k: v for k, v in params.items() if v is not None}
+        sampling = bool(p.get("top_k") or p.get("top_p"))
+        body = {"model": self.model, "prompt": prompt, "max_tokens": p.get("max_tokens", DEFAULT_MAX_TOKENS),
+                "stream": True, "temperature": float(p.get("temperature", 1.0)) if sampling else 0.0}
+        if sampling:
+            body.update({theirs: p[ours] for ours, theirs in (("top_k", "top_k"), ("top_p", "top_p"),
+                                                              ("random_seed", "seed")) if ours in p})
+        if "min_tokens" in p:
+            body["min_tokens"] = p["min_tokens"]
+        if p.get("stop_words"):
+            body["stop"] = list(p["stop_words"])
+        if p.get("end_id") == -1:
+            body["ignore_eos"] = True
+        self.finish_reason = None
+        return body
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> "OpenAIClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _openai_message(response) -> str:
+    try:
+        return response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300]
+
+
+def connect(url: str, protocol: str = "grpc", timeout_s: float = 600.0) -> "TritonClient | OpenAIClient":
+    """The client for ``url``: an OpenAI API base URL (``http://HOST:PORT/v1``), else Triton at HOST:PORT."""
+    if protocol == "openai" or is_openai_url(url):
+        return OpenAIClient(url, timeout_s=timeout_s)
+    return TritonClient(url, protocol, timeout_s=timeout_s)

@@ -54,7 +54,14 @@ KV_CACHE_FORMATS = {"none": None, "fp8": "FP8"}
 
 # The runtime backends, as runtime.backend and --runtime name them: runtimes/registry.py registers one
 # backend for each (tests/test_architecture.py checks that the two agree).
-BACKEND_NAMES = ("tensorrt_llm", "torch")
+BACKEND_NAMES = ("tensorrt_llm", "tensorrt_llm_pytorch", "torch")
+# What each runtime backend needs installed; config errors and the README say it.
+BACKEND_NEEDS = {
+    "tensorrt_llm": "TensorRT-LLM >=1.0,<1.3 (trtllm-build engines; the engine flow was removed in 1.3)",
+    "tensorrt_llm_pytorch": "TensorRT-LLM >=1.0 with its PyTorch backend (the LLM API on the unified HF checkpoint; "
+                            "the only flow from 1.3 on)",
+    "torch": "no TensorRT-LLM (the checkpoint run in PyTorch, CPU or CUDA)",
+}
 
 PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "nvfp4", "disable"]
 
@@ -282,7 +289,11 @@ class BuildSection(_Section):
 
 
 class RuntimeSection(_Section):
-    backend: Literal[("auto", *BACKEND_NAMES)] = "auto"  # type: ignore[valid-type]
+    backend: Literal[("auto", *BACKEND_NAMES)] = Field(  # type: ignore[valid-type]
+        "auto", description="; ".join(f"{name}: {needs}" for name, needs in BACKEND_NEEDS.items()))
+    pytorch_deploy: Literal["triton_llmapi", "trtllm_serve"] = Field(
+        "triton_llmapi", description="tensorrt_llm_pytorch: a Triton llmapi model repository (model.yaml) or a "
+        "trtllm-serve launch (--extra_llm_api_options YAML and its argv)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="torch runtime device")
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto",
@@ -321,6 +332,13 @@ class ServingSection(_Section):
         "500, or 200 and an empty stream)")
     exclude_input_in_output: bool = True
     startup_timeout_s: float = Field(180.0, gt=0, le=86_400)
+    openai_front: bool = Field(
+        True, description="also serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions) on "
+        "openai_port, bound to host like the other endpoints, translating to the deployment over gRPC")
+    openai_port: int = Field(8003, ge=1, le=65535)
+    openai_reasoning_parser: Literal["none", "deepseek_r1"] = Field(
+        "none", description="deepseek_r1: the text before </think> is returned as reasoning_content (vLLM's "
+        "reasoning parser); none: all of it is content")
 
 
 class EvaluationSection(_Section):
@@ -504,8 +522,10 @@ def static_problems(cfg: BuildConfig) -> list[str]:
             f"({b.max_batch_size}); the engine would reject such batches. Fix: lower it."
         )
     ports = [cfg.serving.http_port, cfg.serving.grpc_port, cfg.serving.metrics_port]
-    if len(set(ports)) != 3:
-        out.append("serving: http_port, grpc_port and metrics_port must differ. Fix: give each its own port.")
+    ports += [cfg.serving.openai_port] if cfg.serving.openai_front else []
+    if len(set(ports)) != len(ports):
+        out.append("serving: http_port, grpc_port, metrics_port and openai_port must differ. Fix: give each its own "
+                   "port.")
     return out
 
 
@@ -591,6 +611,8 @@ def _format_validation_error(where: str, exc: ValidationError) -> str:
             lines.append(f"{loc}: required key is missing.")
         elif kind == "literal_error":
             lines.append(f"{loc}: {err['input']!r} is not allowed; use one of {err['ctx']['expected']}.")
+            if loc == "runtime.backend":
+                lines.append("  (" + "; ".join(f"{name} needs {needs}" for name, needs in BACKEND_NEEDS.items()) + ")")
         elif kind == "value_error":
             lines.append(f"{loc}: {err['ctx']['error']}.")
         elif kind.endswith("_type") or kind.endswith("_parsing"):

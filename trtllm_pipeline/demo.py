@@ -144,11 +144,13 @@ class Demo:
 @click.option("--http-port", type=int, default=None, help="Server ports; default: the config's serving ports.")
 @click.option("--grpc-port", type=int, default=None)
 @click.option("--metrics-port", type=int, default=None)
+@click.option("--openai-port", type=int, default=None)
 def main(engines_dir: Path, reports_dir: Path, configs_dir: Path, data_dir: Path | None, fast: bool,
-         http_port: int | None, grpc_port: int | None, metrics_port: int | None) -> None:
+         http_port: int | None, grpc_port: int | None, metrics_port: int | None, openai_port: int | None) -> None:
     """Run the whole pipeline on the built-in tiny model (torch runtime) and write the report."""
     setup_logging(0)
-    ports = (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port))
+    ports = (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port),
+             ("--openai-port", openai_port))
     serve_args = tuple(arg for flag, port in ports if port for arg in (flag, str(port)))
     demo = Demo(configs_dir, engines_dir, reports_dir, data_dir, FAST if fast else FULL, serve_args)
     try:

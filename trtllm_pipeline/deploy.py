@@ -80,11 +80,9 @@ def deploy(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: st
     if not force and (manifest := artifacts.cached_manifest(paths.triton_repo, inputs_hash)):
         log.info("deploy: cache hit for %s (%s repository, inputs unchanged)", cfg.name, chosen.name)
         return DeployResult(cfg, paths.triton_repo, chosen.name, reason, paths.engine, ready, manifest, cache_hit=True)
-    engine = chosen.engine_model(cfg, engines_dir=paths.root.parent, engine_dir=paths.engine)
     with artifacts.atomic_dir(paths.triton_repo) as tmp:
-        written = repository.write_repository(cfg, chosen.name, engine, tmp, engine_dir=paths.engine,
-                                              tokenizer_dir=paths.tokenizer, end_id=end_id, pad_id=pad_id,
-                                              limits=limits)
+        written = chosen.write_repository(cfg, tmp, engines_dir=paths.root.parent, engine_dir=paths.engine,
+                                          tokenizer_dir=paths.tokenizer, end_id=end_id, pad_id=pad_id, limits=limits)
         manifest = artifacts.write_manifest(tmp, {
             **artifacts.stage_header("deploy", cfg),
             "runtime": chosen.name,

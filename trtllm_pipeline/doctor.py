@@ -18,6 +18,7 @@ from trtllm_pipeline.config import BuildConfig, load_config
 from trtllm_pipeline.errors import PipelineError
 from trtllm_pipeline.machine import gpus, package_version, stub_numpy_problem, trtllm_status, tritonserver_binaries
 from trtllm_pipeline.runtimes.registry import BACKENDS, select_backend
+from trtllm_pipeline.runtimes.trtllm_pytorch_backend import version_problem
 
 
 def report() -> dict[str, Any]:
@@ -35,6 +36,7 @@ def report() -> dict[str, Any]:
         "datasets": package_version("datasets"),
         "tensorrt_llm": trt_version,
         "tensorrt_llm_problem": str(trt_problem) if trt_problem else None,
+        "tensorrt_llm_pytorch_problem": str(problem) if (problem := version_problem()) else None,
         "tritonserver": tritonserver_binaries(),
         "numpy": package_version("numpy"),
         "numpy_problem": str(stub_numpy) if (stub_numpy := stub_numpy_problem()) else None,
@@ -93,6 +95,8 @@ def format_facts(facts: dict[str, Any], *, as_json: bool = False) -> list[str]:
     runtimes = ["torch (CPU" + (", CUDA)" if devices else ")")]
     runtimes.append("tensorrt_llm" if not facts["tensorrt_llm_problem"] else
                     f"tensorrt_llm unavailable: {facts['tensorrt_llm_problem']}")
+    runtimes.append("tensorrt_llm_pytorch" if not facts["tensorrt_llm_pytorch_problem"] else
+                    f"tensorrt_llm_pytorch unavailable: {facts['tensorrt_llm_pytorch_problem']}")
     lines.append(f"{'runtimes':<{width}}  " + "; ".join(runtimes))
     if facts["configs"]:
         lines.append("\nconfigs (the runtime each gets on this machine):")

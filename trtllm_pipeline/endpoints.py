@@ -37,6 +37,7 @@ class Ports:
     grpc: int
     metrics: int
     http_host: str | None = None  # where Triton's HTTP endpoint binds, when not ``host`` (behind the HTTP front)
+    openai: int | None = None  # the OpenAI front's port (None: no front)
 
     @property
     def http_bind(self) -> str:
@@ -47,17 +48,34 @@ class Ports:
         return dataclasses.replace(self, http=upstream_port, http_host="127.0.0.1")
 
     @classmethod
-    def of(cls, cfg: "BuildConfig", host=None, http=None, grpc=None, metrics=None) -> "Ports":
+    def of(cls, cfg: "BuildConfig", host=None, http=None, grpc=None, metrics=None, openai=None) -> "Ports":
         s = cfg.serving
-        ports = cls(host or s.host, http or s.http_port, grpc or s.grpc_port, metrics or s.metrics_port)
-        if len({ports.http, ports.grpc, ports.metrics}) != 3:
-            raise InputError(f"the HTTP, gRPC and metrics ports must differ, got {ports.http}, {ports.grpc}, "
-                             f"{ports.metrics}.", fix="give each its own port")
+        ports = cls(host or s.host, http or s.http_port, grpc or s.grpc_port, metrics or s.metrics_port,
+                    openai=(openai or s.openai_port) if s.openai_front else None)
+        taken = [ports.http, ports.grpc, ports.metrics] + ([ports.openai] if ports.openai else [])
+        if len(set(taken)) != len(taken):
+            raise InputError(f"the HTTP, gRPC, metrics and OpenAI ports must differ, got {', '.join(map(str, taken))}.",
+                             fix="give each its own port")
         return ports
 
     def address(self, protocol: str) -> str:
-        """HOST:PORT of the gRPC or HTTP endpoint."""
+        """HOST:PORT of the gRPC or HTTP endpoint; for ``openai``, the base URL an OpenAI client takes."""
+        if protocol == "openai":
+            if self.openai is None:
+                raise InputError("this deployment has no OpenAI front (serving.openai_front is false).",
+                                 fix="set serving.openai_front: true and serve again, or use --protocol grpc")
+            return openai_base_url(client_host(self.host), self.openai)
         return f"{client_host(self.host)}:{self.grpc if protocol == 'grpc' else self.http}"
+
+
+def openai_base_url(host: str, port: int) -> str:
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/v1"
+
+
+def is_openai_url(url: str) -> bool:
+    """Whether ``url`` is an OpenAI API base URL (``http://HOST:PORT/v1``) rather than Triton's HOST:PORT."""
+    return url.startswith(("http://", "https://")) and url.rstrip("/").endswith("/v1")
 
 
 @dataclasses.dataclass
@@ -70,7 +88,11 @@ class Server:
     metrics_port: int
     log: str
     command: list[str]
+    openai_port: int | None = None  # the OpenAI front, a process of its own (None: not started)
+    openai_pid: int | None = None
+    openai_log: str | None = None
     process: subprocess.Popen | None = dataclasses.field(default=None, repr=False, compare=False)
+    openai_process: subprocess.Popen | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def client_host(self) -> str:
@@ -78,28 +100,39 @@ class Server:
 
     @property
     def ports(self) -> Ports:
-        return Ports(self.host, self.http_port, self.grpc_port, self.metrics_port)
+        return Ports(self.host, self.http_port, self.grpc_port, self.metrics_port, openai=self.openai_port)
 
     def endpoints(self) -> list[str]:
         h = self.client_host
         return [f"HTTP     http://{h}:{self.http_port}  (POST /v2/models/tensorrt_llm_bls/generate, /generate_stream;"
                 " also ensemble)",
                 f"gRPC     {h}:{self.grpc_port}  (model tensorrt_llm_bls, or ensemble; decoupled: stream API)",
-                f"metrics  http://{h}:{self.metrics_port}/metrics  (Prometheus)"]
+                f"metrics  http://{h}:{self.metrics_port}/metrics  (Prometheus)"] + (
+                [f"OpenAI   {openai_base_url(h, self.openai_port)}  (/models, /completions, /chat/completions)"]
+                if self.openai_port else [])
 
     def state(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "process"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("process", "openai_process")}
 
     def alive(self) -> bool:
-        if self.process is not None:
-            return self.process.poll() is None
-        try:
-            # Reap it if it is our child (a server started by this process, then found via its state file).
-            if os.waitpid(self.pid, os.WNOHANG)[0] == self.pid:
-                return False
-        except ChildProcessError:
-            pass
-        return artifacts.pid_alive(self.pid) and not is_zombie(self.pid)
+        return _running(self.pid, self.process)
+
+    def front_alive(self) -> bool:
+        """Whether the OpenAI front runs (true where none was started)."""
+        return self.openai_pid is None or _running(self.openai_pid, self.openai_process)
+
+
+def _running(pid: int, process: subprocess.Popen | None) -> bool:
+    if process is not None:
+        return process.poll() is None
+    try:
+        # Reap it if it is our child (a server started by this process, then found via its state file).
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    return artifacts.pid_alive(pid) and not is_zombie(pid)
 
 
 def is_zombie(pid: int) -> bool:
@@ -121,14 +154,15 @@ def read_state(cfg: "BuildConfig", engines_dir: str | Path = "engines") -> Serve
         server = Server(**json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
-    if not server.alive():
+    if not server.alive() and not (server.openai_pid and server.front_alive()):  # a front left alone is stopped too
         path.unlink(missing_ok=True)
         return None
     return server
 
 
 def resolve_url(url: str, protocol: str, cfg: "BuildConfig | None", engines_dir: str | Path = "engines") -> str:
-    """``default`` means where ``serve`` runs ``cfg`` (its recorded server, else the config's ports)."""
+    """``default`` means where ``serve`` runs ``cfg`` (its recorded server, else the config's ports); with
+    ``protocol`` ``openai``, the OpenAI front's base URL (``http://HOST:PORT/v1``)."""
     if url != "default":
         return url
     if cfg is None:

@@ -15,9 +15,9 @@ from typing import Any, Callable, Iterator
 
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.chat import encode_prompt, served_prompt
-from trtllm_pipeline.client import TritonClient
+from trtllm_pipeline.client import connect
 from trtllm_pipeline.config import BuildConfig
-from trtllm_pipeline.endpoints import resolve_url
+from trtllm_pipeline.endpoints import is_openai_url, resolve_url
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TextStream
 from trtllm_pipeline.runtimes.registry import load_runtime
@@ -75,6 +75,7 @@ def served(prompt: str, params: SamplingParams, *, url: str, protocol: str = "gr
     """A served model at ``url`` (``default``: where ``serve`` runs ``cfg``); templated with ``cfg``'s tokenizer
     unless ``raw``."""
     target = resolve_url(url, protocol, cfg, engines_dir)
+    protocol = "openai" if is_openai_url(target) else protocol
     notes = []
     if cfg is None and not raw:
         notes.append("note: without -c there is no tokenizer here for the chat template; the prompt is sent as is")
@@ -87,8 +88,8 @@ def served(prompt: str, params: SamplingParams, *, url: str, protocol: str = "gr
             yield piece
 
     def summary() -> str:
-        return (f"[served by {target} ({protocol}); {responses[0]} streamed responses in "
-                f"{time.perf_counter() - start:.2f} s]")
+        unit = "streamed pieces" if protocol == "openai" else "streamed responses"  # OpenAI chunks are not tokens
+        return f"[served by {target} ({protocol}); {responses[0]} {unit} in {time.perf_counter() - start:.2f} s]"
 
     return Generation(pieces(), summary, notes)
 
@@ -116,5 +117,5 @@ def stream_served(prompt: str, *, url: str, protocol: str = "grpc", cfg: BuildCo
             raise InputError(f"{tokenizer_dir} does not exist, so the chat template cannot be applied here.",
                              fix="pass --raw to send the prompt as it is, or point --engines-dir at the build")
         text = served_prompt(AutoTokenizer.from_pretrained(tokenizer_dir), prompt, system)
-    with TritonClient(url, protocol) as client:
+    with connect(url, protocol) as client:
         yield from client.stream(text, **params)

@@ -27,9 +27,11 @@ from pathlib import Path
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.deploy import deploy, deployment_backend, engine_problem
-from trtllm_pipeline.endpoints import (SERVER_EXIT_TIMEOUT_S, STATE_FILE, Ports, Server, is_zombie, read_state,
-                                      serve_state_dir)
+from trtllm_pipeline.endpoints import (SERVER_EXIT_TIMEOUT_S, STATE_FILE, Ports, Server, client_host, is_zombie,
+                                      read_state, serve_state_dir)
 from trtllm_pipeline.errors import InputError, StageFailed
+from trtllm_pipeline.openai import server as openai_server
+from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.registry import backend
 from trtllm_pipeline.triton import http_front
 
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 STOP_FILE = "stop-requested"  # the PID `serve --stop` stopped, so a foreground `serve` exits quietly
 LOG_FILE = "tritonserver.log"
+OPENAI_LOG_FILE = "openai-front.log"
 
 
 # --------------------------------------------------------------------------- the launch
@@ -63,8 +66,25 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) 
     if warning := exposure_warning(ports.host):
         lines.append(f"warning: {warning}")
     lines += ["launch:", "  " + shlex.join(cmd)]
-    server = Server(0, chosen.name, ports.host, ports.http, ports.grpc, ports.metrics, "", cmd)
+    front = openai_ports(chosen, ports)
+    if front is not None:
+        limits = (deployed or {}).get("limits") or {"from": "the deployment"}
+        lines += ["OpenAI front (its own process):", "  " + shlex.join(openai_command(cfg, paths, front, limits))]
+    server = Server(0, chosen.name, ports.host, ports.http, ports.grpc, ports.metrics, "", cmd,
+                    openai_port=front.openai if front else None)
     return lines + ["endpoints:"] + [f"  {e}" for e in server.endpoints()]
+
+
+def openai_ports(chosen: Backend, ports: Ports) -> Ports | None:
+    """The ports with the OpenAI front's, when this deployment gets one (its backend serves the client contract)."""
+    return ports if ports.openai is not None and chosen.openai_front else None
+
+
+def openai_command(cfg: BuildConfig, paths: artifacts.ArtifactPaths, ports: Ports, limits: dict) -> list[str]:
+    """The OpenAI front's argument list: it reaches Triton's gRPC endpoint where a local client does."""
+    return openai_server.command(host=ports.host, port=ports.openai, grpc_url=f"{client_host(ports.host)}:{ports.grpc}",
+                                 tokenizer_dir=paths.tokenizer, limits=limits, model_id=cfg.name,
+                                 aliases=[cfg.model.source], reasoning_parser=cfg.serving.openai_reasoning_parser)
 
 
 def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) -> Server:
@@ -88,7 +108,7 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
     served = backend(deployment.runtime)
     inner = ports.behind_front(http_front.free_loopback_port()) if cfg.serving.http_front else ports
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
-    served.prepare_server(cmd, state_dir)
+    served.prepare_server(cfg, cmd, state_dir)
     if cfg.serving.http_front:  # the front holds the HTTP port and runs the server as its child
         cmd = http_front.command(ports.host, ports.http, inner.http, deployment.manifest["limits"],
                                  deployment.repo_dir, cmd)
@@ -98,16 +118,49 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
         process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, cwd=state_dir, start_new_session=True)
     server = Server(process.pid, deployment.runtime, ports.host, ports.http, ports.grpc, ports.metrics,
-                    str(log_path), cmd, process)
+                    str(log_path), cmd, process=process)
     log.info("serve: started tritonserver (pid %d, %s runtime); waiting until it is ready", process.pid,
              deployment.runtime)
     try:
+        if (front := openai_ports(served, ports)) is not None:
+            server.openai_port = front.openai
+            start_openai_front(server, openai_command(cfg, paths, front, deployment.manifest["limits"]), state_dir)
         artifacts.write_json_atomic(state_dir / STATE_FILE, server.state())
-        wait_ready(server, timeout_s=cfg.serving.startup_timeout_s)
+        wait_ready(server, timeout_s=cfg.serving.startup_timeout_s, path=served.ready_path(cfg))
+        if server.openai_port is not None:
+            wait_front_ready(server, timeout_s=cfg.serving.startup_timeout_s)
     except BaseException:
         stop_server(server, state_dir)
         raise
     return server
+
+
+def start_openai_front(server: Server, cmd: list[str], state_dir: Path) -> None:
+    """The OpenAI front in a process (and process group) of its own; it answers 503 until Triton is ready."""
+    log_path = state_dir / OPENAI_LOG_FILE
+    with open(log_path, "wb") as log_file:
+        front = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 cwd=state_dir, start_new_session=True)
+    server.openai_pid, server.openai_process, server.openai_log = front.pid, front, str(log_path)
+
+
+def wait_front_ready(server: Server, *, timeout_s: float) -> None:
+    host = client_host(server.host)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{server.openai_port}/health"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not server.front_alive():
+            raise StageFailed(f"the OpenAI front exited during startup. Log tail ({server.openai_log}):\n"
+                              f"{log_tail(server.openai_log)}", fix=_log_fix(server, server.openai_log))
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise StageFailed(f"the OpenAI front was not listening after {timeout_s:.0f} s. Log tail ({server.openai_log}):\n"
+                      f"{log_tail(server.openai_log)}", fix="raise serving.startup_timeout_s, or see the log")
 
 
 def exposure_warning(host: str) -> str | None:
@@ -123,8 +176,8 @@ def exposure_warning(host: str) -> str | None:
             "authentication; bind 127.0.0.1 (serving.host, --host) unless that is intended")
 
 
-def wait_ready(server: Server, *, timeout_s: float) -> None:
-    url = f"http://{server.client_host}:{server.http_port}/v2/health/ready"
+def wait_ready(server: Server, *, timeout_s: float, path: str = "/v2/health/ready") -> None:
+    url = f"http://{server.client_host}:{server.http_port}{path}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not server.alive():
@@ -142,14 +195,16 @@ def wait_ready(server: Server, *, timeout_s: float) -> None:
 
 
 def check_ports_free(ports: Ports) -> None:
-    for name, port in (("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)):
+    named = [("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)]
+    for name, port in named + ([("OpenAI", ports.openai)] if ports.openai else []):
         with socket.socket(socket.AF_INET6 if ":" in ports.host else socket.AF_INET) as probe:
             # As a server binds: a port left in TIME_WAIT by a stopped server is free, a listener is not.
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((ports.host, port))
             except OSError as exc:
-                flag = {"HTTP": "--http-port", "gRPC": "--grpc-port", "metrics": "--metrics-port"}[name]
+                flag = {"HTTP": "--http-port", "gRPC": "--grpc-port", "metrics": "--metrics-port",
+                        "OpenAI": "--openai-port"}[name]
                 raise InputError(f"the {name} port {port} on {ports.host} is taken ({exc.strerror}).",
                                  fix=f"stop what uses it, or choose another port with {flag}") from None
 
@@ -165,7 +220,7 @@ def run_until_interrupted(server: Server, *, cfg: BuildConfig, engines_dir: str 
     # inherits SIGINT as *ignored*, and Python then never raises KeyboardInterrupt for it.
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while server.alive():
+        while server.alive() and server.front_alive():
             time.sleep(0.5)
     except KeyboardInterrupt:
         stop_server(server, state_dir)
@@ -173,9 +228,13 @@ def run_until_interrupted(server: Server, *, cfg: BuildConfig, engines_dir: str 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    front_died = server.alive()  # the loop ended with Triton running: the front is what exited
     stop_server(server, state_dir)  # whatever the server left behind
     if _read_text(state_dir / STOP_FILE) == str(server.pid):
         return  # `serve --stop` from another shell
+    if front_died:
+        raise StageFailed(f"the OpenAI front exited unexpectedly. Log tail ({server.openai_log}):\n"
+                          f"{log_tail(server.openai_log)}", fix=_log_fix(server, server.openai_log))
     raise StageFailed(f"tritonserver exited unexpectedly (code {_exit_code(server)}). Log tail ({server.log}):\n"
                       f"{log_tail(server.log)}", fix=_log_fix(server))
 
@@ -194,7 +253,10 @@ def stop(cfg: BuildConfig, *, engines_dir: str | Path = "engines") -> Server | N
 
 
 def stop_server(server: Server, state_dir: Path) -> None:
-    """SIGTERM (Triton unloads its models and exits), then SIGKILL for whatever is left of the group."""
+    """The OpenAI front first (it stops taking requests), then SIGTERM to Triton (it unloads its models and
+    exits), then SIGKILL for whatever is left of either group."""
+    if server.openai_pid is not None:
+        stop_front(server)
     if server.alive():
         _signal(server.pid, signal.SIGTERM, group=False)  # mpirun forwards it to every rank
         _wait_gone(server, SERVER_EXIT_TIMEOUT_S + 15)
@@ -204,6 +266,16 @@ def stop_server(server: Server, state_dir: Path) -> None:
             _signal(server.pid, signal.SIGKILL, group=True)
             _wait_for(lambda: not group_alive(server.pid), 5)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def stop_front(server: Server) -> None:
+    pid = server.openai_pid
+    if server.front_alive():
+        _signal(pid, signal.SIGTERM, group=False)  # uvicorn: finish in-flight requests (a few seconds), then exit
+        _wait_for(lambda: not server.front_alive(), openai_server.GRACEFUL_S + 10)
+    if group_alive(pid):
+        _signal(pid, signal.SIGKILL, group=True)
+        _wait_for(lambda: not group_alive(pid), 5)
 
 
 def _signal(pid: int, sig: int, *, group: bool) -> None:
@@ -274,11 +346,11 @@ def _failure_summary(path: str | Path) -> str:
     return f"Log tail ({path}):\n{log_tail(path)}"
 
 
-def _log_fix(server: Server) -> str:
-    text = log_tail(server.log, 200)
+def _log_fix(server: Server, path: str | None = None) -> str:
+    text = log_tail(path or server.log, 200)
     if "address already in use" in text.lower():
-        return "a port is taken: choose others with --http-port/--grpc-port/--metrics-port"
-    return f"see {server.log} for the first error"
+        return "a port is taken: choose others with --http-port/--grpc-port/--metrics-port/--openai-port"
+    return f"see {path or server.log} for the first error"
 
 
 # --------------------------------------------------------------------------- what the command says

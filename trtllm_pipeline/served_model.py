@@ -15,7 +15,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from trtllm_pipeline.client import TritonClient
+from trtllm_pipeline.client import OpenAIClient, TritonClient, connect
+from trtllm_pipeline.endpoints import is_openai_url
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.base import Completion, SamplingParams
 from trtllm_pipeline.tasks import tokens
@@ -26,10 +27,10 @@ class ServedModel:
 
     def __init__(self, url: str, protocol: str, tokenizer, *, max_input_len: int, max_seq_len: int,
                  concurrency: int):
-        self.url, self.protocol, self.tokenizer = url, protocol, tokenizer
+        self.url, self.protocol, self.tokenizer = url, "openai" if is_openai_url(url) else protocol, tokenizer
         self.max_input_len, self.max_seq_len = max_input_len, max_seq_len
         self._local = threading.local()
-        self._clients: list[TritonClient] = []
+        self._clients: list[TritonClient | OpenAIClient] = []
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="eval-client")
         self._client()  # fail now, with the client's message, when nothing answers at ``url``
@@ -70,7 +71,7 @@ class ServedModel:
     def _client(self):
         client = getattr(self._local, "client", None)
         if client is None:
-            client = self._local.client = TritonClient(self.url, self.protocol)
+            client = self._local.client = connect(self.url, self.protocol)  # Triton, or an OpenAI base URL
             with self._lock:
                 self._clients.append(client)
         return client
@@ -96,11 +97,14 @@ class ServedModel:
         text only), so their count can differ from what was generated where text does not
         round-trip (a cut multi-byte character)."""
         stops = [w for w in params.stop_words if w]
-        pieces = list(self._client().stream(self._text(ids), max_tokens=params.max_tokens, stop_words=stops or None))
+        client = self._client()
+        pieces = list(client.stream(self._text(ids), max_tokens=params.max_tokens, stop_words=stops or None))
         text = "".join(pieces)
         cuts = [text.find(w) for w in stops if w in text]
         if cuts:  # the same text an in-process run keeps: everything before the first stop string
             text, reason = text[: min(cuts)], "stop"
+        elif isinstance(client, OpenAIClient):  # its chunks are not tokens: the server says why it ended
+            reason = "length" if client.finish_reason == "length" else "end_id"
         else:
             reason = "length" if len(pieces) >= params.max_tokens else "end_id"
         return Completion(ids, self.tokenizer.encode(text, add_special_tokens=False), text, reason)

@@ -74,7 +74,7 @@ def run(*, cfg: BuildConfig | None, url: str | None, protocol: str, concurrency:
     (input_tokens, output_tokens, requests, ...), plus gpu_hour_usd."""
     gpu_hour_usd = options.pop("gpu_hour_usd", cost.DEFAULT_GPU_HOUR_USD)
     if url is None:
-        url = resolve_url("default", TRITON_PROTOCOLS.get(protocol, "http"), cfg, engines_dir)
+        url = resolve_url("default", TRITON_PROTOCOLS.get(protocol, "openai"), cfg, engines_dir)
     settings = BenchSettings(protocol=protocol, url=url, levels=load_levels(concurrency, request_rate), **options)
     source = tokenizer or config_tokenizer_dir(cfg, engines_dir)
     return bench(settings, tokenizer=load_tokenizer(source), tokenizer_source=str(source),

@@ -162,6 +162,7 @@ def connect(protocol: str, url: str, model: str | None, timeout_s: float) -> End
         endpoint.client().close()  # raises UnavailableError / InputError when it is not servable
         return endpoint
     base = (url if "://" in url else f"http://{url}").rstrip("/")
+    base = base.removesuffix("/v1")  # an OpenAI base URL (what the openai SDK takes) or the server's root
     models = [m["id"] for m in _get_json(base, "/v1/models", what="the model list").get("data", [])]
     if model is None and len(models) != 1:
         raise InputError(f"{base} serves {len(models)} models ({', '.join(models) or 'none'}).",

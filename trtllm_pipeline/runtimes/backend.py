@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trtllm_pipeline.errors import Problem, UnavailableError, bullets
+from trtllm_pipeline.triton import repository
 
 if TYPE_CHECKING:
     from trtllm_pipeline.artifacts import ArtifactPaths, Stopwatch
     from trtllm_pipeline.config import BuildConfig
     from trtllm_pipeline.endpoints import Ports
     from trtllm_pipeline.runtimes.base import Runtime
+    from trtllm_pipeline.triton.contract import RequestLimits
     from trtllm_pipeline.triton.repository import EngineModel
 
 
@@ -32,6 +34,8 @@ class Backend(abc.ABC):
     name: ClassVar[str]  # as runtime.backend, --runtime and every manifest's "runtime" name it
     engines: ClassVar[str]  # what it builds, for messages: "TensorRT-LLM engines"
     runs: ClassVar[str]  # how it runs a build, for messages: "in PyTorch"
+    # Whether its deployment takes the client contract (tensorrt_llm_bls), which the OpenAI front translates to.
+    openai_front: ClassVar[bool] = True
 
     def preflight(self, cfg: "BuildConfig") -> list[Problem]:
         """Why this machine cannot build and run ``cfg`` with this backend; empty when it can."""
@@ -45,9 +49,13 @@ class Backend(abc.ABC):
         """What to do when the pre-flight finds problems (another runtime, another machine)."""
         return None
 
+    def build_problems(self, cfg: "BuildConfig") -> list[Problem]:
+        """What stops ``build`` here (the pre-flight, unless building needs less than running)."""
+        return self.preflight(cfg)
+
     def require(self, cfg: "BuildConfig") -> None:
-        """UnavailableError (exit 3) listing the pre-flight problems, before any work is spent."""
-        problems = self.preflight(cfg)
+        """UnavailableError (exit 3) listing the problems that stop ``build``, before any work is spent."""
+        problems = self.build_problems(cfg)
         if problems:
             raise UnavailableError(f"cannot build {self.engines} for {cfg.name} on this machine:" + bullets(problems),
                                    fix=self.unavailable_fix(cfg))
@@ -64,13 +72,26 @@ class Backend(abc.ABC):
     def engine_model(self, cfg: "BuildConfig", *, engines_dir: Path, engine_dir: Path) -> "EngineModel":
         """The Triton repository's ``tensorrt_llm`` model that serves this backend's engine."""
 
+    def write_repository(self, cfg: "BuildConfig", out: Path, *, engines_dir: Path, engine_dir: Path,
+                         tokenizer_dir: Path, end_id: int, pad_id: int, limits: "RequestLimits") -> dict[str, Any]:
+        """Write what ``serve`` runs into ``out`` (deploy's directory) and return the manifest fields it adds;
+        by default TensorRT-LLM's inflight_batcher_llm repository around ``engine_model``."""
+        engine = self.engine_model(cfg, engines_dir=engines_dir, engine_dir=engine_dir)
+        return repository.write_repository(cfg, self.name, engine, out, engine_dir=engine_dir,
+                                           tokenizer_dir=tokenizer_dir, end_id=end_id, pad_id=pad_id, limits=limits)
+
+    def ready_path(self, cfg: "BuildConfig") -> str:
+        """Where on the HTTP port ``serve`` asks whether the server is ready (Triton's readiness endpoint)."""
+        return "/v2/health/ready"
+
     @abc.abstractmethod
     def server_command(self, cfg: "BuildConfig", repo_dir: Path, ports: "Ports",
                        state_dir: Path) -> tuple[list[str], dict[str, str]]:
         """The tritonserver argument list and environment for a repository of this backend."""
 
-    def prepare_server(self, command: list[str], state_dir: Path) -> None:
-        """Set up what the server command needs on disk, just before it starts (not for a dry run)."""
+    def prepare_server(self, cfg: "BuildConfig", command: list[str], state_dir: Path) -> None:
+        """Set up what the server command needs on disk, just before it starts (not for a dry run); raise
+        UnavailableError (exit 3) where this machine cannot run it."""
 
     @abc.abstractmethod
     def runtime_class(self) -> type["Runtime"]:

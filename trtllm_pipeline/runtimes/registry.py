@@ -16,12 +16,14 @@ from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.base import Runtime
 from trtllm_pipeline.runtimes.torch_backend import TorchBackend
 from trtllm_pipeline.runtimes.trtllm_backend import TrtllmBackend
+from trtllm_pipeline.runtimes.trtllm_pytorch_backend import TrtllmPytorchBackend
 
 if TYPE_CHECKING:
     from trtllm_pipeline.config import BuildConfig
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     TrtllmBackend(),
+    TrtllmPytorchBackend(),  # TensorRT-LLM 1.3+ (no engine flow), or where the engine flow cannot run
     TorchBackend(),  # runs anywhere: auto's last resort
 )}
 

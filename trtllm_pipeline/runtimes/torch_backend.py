@@ -82,7 +82,7 @@ class TorchBackend(Backend):
             cmd.append("--allow-gpu-metrics=false")
         return cmd, env
 
-    def prepare_server(self, command: list[str], state_dir: Path) -> None:
+    def prepare_server(self, cfg: "BuildConfig", command: list[str], state_dir: Path) -> None:
         problem = stub_numpy_problem()
         if problem:
             raise UnavailableError(problem.problem + ".", fix=problem.fix)

@@ -124,6 +124,8 @@ class TritonPythonModel:
             if ids is None:  # an empty final response
                 continue
             n = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
+            if n == 0:  # a response without a token (the end id's): each streamed response carries one
+                continue
             piece = text.push(ids.as_numpy().reshape(-1)[:n].tolist())
             if len(text.token_ids) >= max_tokens and not flushed:  # the last token: its response takes the tail
                 piece += text.flush()

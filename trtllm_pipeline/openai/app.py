@@ -1,0 +1,218 @@
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
+
+Each request is parsed (``protocol``), translated and checked against the engine's limits
+(``translate``) before anything is sent upstream, so a bad one is a 400 naming the field and costs
+the engine nothing. A streamed request waits for its first token before answering, so that an
+error Triton raises (a request it refuses, a model that went away) still gets its HTTP status;
+then ``text/event-stream``, one ``data: {...}`` chunk per text piece, ``data: [DONE]`` last. A
+client that disconnects mid-stream is noticed by its ``http.disconnect`` (not only at the next
+write) and its Triton request cancelled (``upstream``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from trtllm_pipeline.openai import protocol, reasoning
+from trtllm_pipeline.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from trtllm_pipeline.openai.translate import Prepared, finish_reason, prepare
+from trtllm_pipeline.triton.contract import RequestLimits
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _reject_constant(name: str):
+    raise OpenAIError(400, f"the body is not valid JSON: {name} is not a JSON number")
+
+
+def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, aliases: tuple[str, ...] = (),
+               reasoning_parser: str = "none") -> FastAPI:
+    """``upstream``: what streams (text, tokens) for a prompt (``upstream.Upstream``, or a stand-in in tests)."""
+    app = FastAPI(title="trtllm-pipeline OpenAI front", docs_url=None, redoc_url=None, openapi_url=None)
+    created = int(time.time())
+    names = {model_id, *aliases}
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, exc: OpenAIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # unknown routes and methods, OpenAI-shaped
+        return JSONResponse(OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").body(),
+                            status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return protocol.models(model_id, created)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(request, CompletionRequest)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(request, ChatCompletionRequest)
+
+    async def _serve(http: Request, kind):
+        req = protocol.parse(kind, await _json(http, limits.max_body_bytes))
+        if req.model not in names:
+            raise OpenAIError(404, f"the model {req.model!r} does not exist here; this server serves {model_id!r}",
+                              param="model", code="model_not_found")
+        prepared = await asyncio.get_running_loop().run_in_executor(None, prepare, req, tokenizer, limits)
+        await upstream.check_ready()
+        chat = kind is ChatCompletionRequest
+        request_id = protocol.new_id("chatcmpl" if chat else "cmpl")
+        cancelled = threading.Event()
+        pieces = _Pieces(upstream.stream(prepared.text, prepared.inputs, cancelled), cancelled)
+        try:
+            async with _cancel_on_disconnect(http, pieces):
+                await pieces.first()  # an upstream refusal is answered with its status, before any 200
+                if not req.stream:
+                    return await _whole(pieces, prepared, request_id, req.model, chat)
+        except BaseException:
+            await pieces.aclose()
+            raise
+        events = _events(pieces, prepared, request_id, req.model, chat, req.include_usage)
+        return StreamingResponse(_watched(events, http, pieces), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _whole(pieces: "_Pieces", prepared: Prepared, request_id: str, model: str, chat: bool):
+        text, tokens = [], 0
+        async for piece, n in pieces:
+            text.append(piece)
+            tokens += n
+        await pieces.aclose()
+        whole, reason = "".join(text), finish_reason(tokens, prepared.max_tokens)
+        if not chat:
+            return protocol.completion(request_id, model, whole, reason, prepared.prompt_tokens, tokens)
+        thought, content = reasoning.split(reasoning_parser, whole)
+        message: dict[str, Any] = {"content": content}
+        if reasoning_parser != "none":
+            message["reasoning_content"] = thought
+        return protocol.chat(request_id, model, message, reason, prepared.prompt_tokens, tokens)
+
+    async def _events(pieces: "_Pieces", prepared: Prepared, request_id: str, model: str, chat: bool,
+                      include_usage: bool) -> AsyncIterator[bytes]:
+        splitter = reasoning.Splitter(reasoning_parser)
+        tokens = 0
+        if chat:
+            yield _sse(protocol.chat_chunk(request_id, model, {"role": "assistant", "content": ""}, None))
+        try:
+            async for piece, n in pieces:
+                tokens += n
+                if piece:
+                    for chunk in _deltas(splitter.push(piece), request_id, model, chat):
+                        yield chunk
+            for chunk in _deltas(splitter.finish(), request_id, model, chat):
+                yield chunk
+        except OpenAIError as exc:  # after the 200: the stream's last event says what went wrong
+            yield _sse(exc.body())
+            yield b"data: [DONE]\n\n"
+            return
+        reason = finish_reason(tokens, prepared.max_tokens)
+        yield _sse(protocol.chat_chunk(request_id, model, {}, reason) if chat else
+                   protocol.completion(request_id, model, "", reason, 0, 0, chunk=True))
+        if include_usage:
+            yield _sse(protocol.usage_chunk(request_id, model, "chat.completion.chunk" if chat else "text_completion",
+                                            prepared.prompt_tokens, tokens))
+        yield b"data: [DONE]\n\n"
+
+    def _deltas(split: tuple[str, str], request_id: str, model: str, chat: bool):
+        thought, content = split
+        if not chat:
+            if content:
+                yield _sse(protocol.completion(request_id, model, content, None, 0, 0, chunk=True))
+            return
+        if thought:
+            yield _sse(protocol.chat_chunk(request_id, model, {"reasoning_content": thought}, None))
+        if content:
+            yield _sse(protocol.chat_chunk(request_id, model, {"content": content}, None))
+
+    return app
+
+
+async def _json(request: Request, limit: int) -> Any:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise OpenAIError(413, f"the body is {length} bytes; requests to this server are at most {limit} bytes "
+                          "(build.max_input_len allows no longer prompt)")
+    body = await request.body()
+    if len(body) > limit:
+        raise OpenAIError(413, f"the body is {len(body)} bytes; at most {limit}")
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise OpenAIError(400, "the body is not UTF-8 JSON") from None
+    except ValueError as exc:
+        raise OpenAIError(400, f"the body is not valid JSON: {exc}") from None
+
+
+def _sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+class _Pieces:
+    """The upstream stream with its first item fetched ahead (``first``), iterated once; ``cancel``
+    (from anywhere) ends it and cancels the Triton request."""
+
+    def __init__(self, stream: AsyncIterator[tuple[str, int]], cancelled: threading.Event):
+        self.stream, self.cancelled, self._first, self._has_first = stream, cancelled, None, False
+
+    async def first(self) -> None:
+        try:
+            self._first = await self.stream.__anext__()
+            self._has_first = True
+        except StopAsyncIteration:
+            pass
+
+    async def __aiter__(self):
+        if self._has_first:
+            self._has_first = False
+            yield self._first
+        async for item in self.stream:
+            yield item
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    async def aclose(self) -> None:
+        self.cancel()
+        with contextlib.suppress(RuntimeError):  # already closing, from the other side
+            await self.stream.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _cancel_on_disconnect(http: Request, pieces: _Pieces):
+    """While inside: the client's ``http.disconnect`` cancels the Triton request at once (not at the
+    next write, which may be far off while the request waits in a queue)."""
+    async def watch() -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+        pieces.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+async def _watched(events: AsyncIterator[bytes], http: Request, pieces: _Pieces) -> AsyncIterator[bytes]:
+    try:
+        async with _cancel_on_disconnect(http, pieces):
+            async for chunk in events:
+                yield chunk
+    finally:
+        await pieces.aclose()
