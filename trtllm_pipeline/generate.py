@@ -64,7 +64,13 @@ def in_process(cfg: BuildConfig, prompt: str, params: SamplingParams, *, engines
     def summary() -> str:
         s = stats[0]
         rate = s.output_tokens / s.seconds if s.seconds > 0 else float("nan")
-        return (f"[{s.runtime['runtime']} runtime, {s.runtime.get('device', '')}; {s.prompt_tokens} prompt tokens, "
+        where = s.runtime.get("device", "")
+        if s.runtime.get("tp_mode") == "distributed":
+            n = s.runtime["world_size"]
+            where += f", tensor parallel in {n} process{'es' if n != 1 else ''}"
+        elif s.runtime.get("checkpoint_tp", 1) > 1:
+            where += f", {s.runtime['checkpoint_tp']} TP shards merged in one process"
+        return (f"[{s.runtime['runtime']} runtime, {where}; {s.prompt_tokens} prompt tokens, "
                 f"{s.output_tokens} generated in {s.seconds:.2f} s ({rate:.1f} tokens/s)]")
 
     return Generation(stream_text(runtime, prompt, params, raw=raw, system=system, stats=stats), summary)

@@ -82,7 +82,8 @@ class InProcessResult:
                          f"{r['tokens_per_s']:>9.0f} {cell(r['achieved_gbps'], '6.0f'):>6} {floor or 'n/a':>8} "
                          f"{r['prefill_ms']:>10.1f} {cell(r['peak_memory_gib'], '8.2f'):>8}")
         rt = self.data["runtime"]
-        lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}; "
+        tp = f", tp {rt.get('world_size')} {rt.get('tp_mode')}" if rt.get("tp_mode") else ""
+        lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}{tp}; "
                      f"decode: {rt.get('decode_path', 'n/a')}")
         return lines
 
