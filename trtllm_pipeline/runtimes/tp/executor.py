@@ -8,8 +8,8 @@ workers as the next step's input ids, so no random state has to agree across pro
 
 Failure detection, so that nothing hangs:
 
-* a monitor thread polls the workers (``POLL_S``); when one exits it names it (exit code or signal,
-  and the tail of its log) and kills the others, so a collective in flight fails at once instead of
+* a monitor thread polls the workers (``POLL_S``); when one exits or is stopped it names it (exit
+  code or signal, and the tail of its log) and kills the others, so a collective in flight fails at once instead of
   waiting for its timeout;
 * every collective has a timeout (``COLLECTIVE_TIMEOUT_S``): a worker alive but not answering fails
   the call; an idle group is pinged every ``HEARTBEAT_S`` (the workers' own wait for the next
@@ -182,11 +182,17 @@ class TpExecutor(Executor):
             if (dead := self._dead_worker()) is not None:
                 return dead
             time.sleep(POLL_S / 2)
+        if "timed out" in str(exc).lower():
+            return (f"a worker did not answer its {wire.OP_NAMES.get(op, 'unknown')} command within "
+                    f"{COLLECTIVE_TIMEOUT_S:.0f} s ({exc})")
         return f"its {wire.OP_NAMES.get(op, 'unknown')} command failed: {type(exc).__name__}: {exc}"
 
     def _dead_worker(self) -> str | None:
+        """A worker that exited, or that is stopped (SIGSTOP, a debugger): it would only time the group out."""
         for rank, proc in enumerate(self._procs, start=1):
             code = proc.poll()
+            if code is None and launcher.stopped(proc.pid):
+                return f"tensor-parallel worker rank {rank} (pid {proc.pid}) is stopped (SIGSTOP or a debugger)"
             if code is not None:
                 tail = launcher.log_tail(self._logs / f"rank{rank}.log")
                 return (f"tensor-parallel worker rank {rank} (pid {proc.pid}) {launcher.exit_description(code)}"

@@ -75,6 +75,14 @@ def die_with_leader(leader_pid: int) -> None:
     threading.Thread(target=lifeline, name="tp-lifeline", daemon=True).start()
 
 
+def stopped(pid: int) -> bool:
+    """Whether a process is stopped (state T: SIGSTOP; t: traced), from /proc on Linux."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def exit_description(code: int) -> str:
     if code < 0:
         try:
