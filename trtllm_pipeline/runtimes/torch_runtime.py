@@ -137,7 +137,8 @@ class TorchRuntime(Runtime):
         engine_args = dict(max_slots=max_batch_size + 1, max_seq_len=self.max_seq_len,
                            dtype=getattr(torch, dtype) if dtype else None)
         if self.tp_mode == "distributed":
-            self.executor: Executor = TpExecutor(checkpoint_dir, world_size=layout.tp, device=self.device, **engine_args)
+            self.executor: Executor = TpExecutor(checkpoint_dir, world_size=layout.tp, device=self.device,
+                                                 **engine_args)
             self.device = self.executor.device  # rank 0's: cuda:0 on CUDA
         else:
             _, tensors = checkpoint.load_checkpoint(checkpoint_dir)

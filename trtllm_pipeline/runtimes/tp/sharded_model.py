@@ -65,7 +65,8 @@ class ShardedQwen2Engine(Qwen2Engine):
     def __init__(self, config: dict[str, Any], tensors: dict[str, Any], comm: Comm, **kwargs):
         layout = CheckpointLayout(config)
         if layout.tp != comm.size or layout.pp != 1:
-            raise ValueError(f"a tp={layout.tp} pp={layout.pp} checkpoint cannot run as {comm.size} tensor-parallel ranks")
+            raise ValueError(f"a tp={layout.tp} pp={layout.pp} checkpoint cannot run as {comm.size} "
+                             "tensor-parallel ranks")
         # Plain attributes, set before Qwen2Engine.__init__ runs the hooks that read them.
         self.comm, self.tp_rank, self.tp_size = comm, comm.rank, comm.size
         self.vocab, self.parallel_embedding = layout.vocab, layout.parallel_embedding
