@@ -218,10 +218,10 @@ def test_workers_die_with_their_leader(built):
 def test_generate_runs_one_process_per_rank_and_says_so(built, engines_dir):
     built("tiny-qwen2-fp8-tp2")
     args = ("generate", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp2.yaml"), "--engines-dir", str(engines_dir),
-            "--max-tokens", "8", "--raw", "hello")
+            "--max-tokens", "8", "--raw", "--runtime", "torch", "hello")
     distributed, merged = run_cli(*args), run_cli(*args, "--tp-mode", "merged")
     assert distributed.returncode == merged.returncode == 0, distributed.stderr + merged.stderr
-    assert "tensor parallel: 2 processes" in distributed.stderr
+    assert "tensor parallel: 2 processes (gloo on 127.0.0.1), pids" in distributed.stderr
     assert "tensor parallel in 2 processes" in distributed.stderr
     assert "2 TP shards merged in one process" in merged.stderr
     assert distributed.stdout == merged.stdout and distributed.stdout.strip()
@@ -251,3 +251,11 @@ def test_served_tp2_answers_the_benchmark_and_stop_leaves_no_worker(built, engin
         serve.stop(cfg, engines_dir=engines_dir)
     assert not serve.group_alive(server.pid)
     assert _workers_of(ckpt) == [] and not any(_alive(p) for p in workers)
+
+
+def test_generate_refuses_a_runtime_the_engine_was_not_built_for(built, engines_dir):
+    built("tiny-qwen2-fp8-tp2")
+    proc = run_cli("generate", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp2.yaml"), "--engines-dir", str(engines_dir),
+                   "--runtime", "tensorrt_llm", "hi")
+    assert proc.returncode == 2 and "built for the torch runtime, not tensorrt_llm" in proc.stderr
+    assert "--runtime tensorrt_llm" in proc.stderr and "Traceback" not in proc.stderr

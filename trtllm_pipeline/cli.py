@@ -209,10 +209,13 @@ def build(config: Path, engines_dir: Path, runtime: str | None, force: bool, dry
               "in-process; `default` with -c: where `serve` runs that config.")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True,
               help="With --url: gRPC streaming or HTTP generate_stream (SSE).")
+@click.option("--runtime", type=click.Choice(["auto", *BACKEND_NAMES]), default=None,
+              help="The runtime the engine must have been built for (refused, with the build command, if it is "
+                   "another); default: whichever the build used.")
 @tp_mode_option
 def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: int, temperature: float, top_k: int,
              top_p: float, seed: int | None, stop_words: tuple[str, ...], raw: bool, system: str | None,
-             device: str | None, url: str | None, protocol: str, tp_mode: str | None) -> None:
+             device: str | None, url: str | None, protocol: str, runtime: str | None, tp_mode: str | None) -> None:
     """Generate from PROMPT with the built engine of -c CONFIG, streaming text to stdout.
 
     With --url, from a deployed model instead (the chat template is applied here, with -c's
@@ -228,7 +231,8 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
     if config is None:
         raise click.UsageError("give -c CONFIG (the engine to run in-process)")
     echo_stream(generate_stage.in_process(load_config(config).with_runtime(tp_mode=tp_mode), prompt, params,
-                                          engines_dir=engines_dir, raw=raw, system=system, device=device))
+                                          engines_dir=engines_dir, raw=raw, system=system, device=device,
+                                          runtime=runtime))
 
 
 # --------------------------------------------------------------------------- eval

@@ -51,14 +51,16 @@ def stream_text(runtime: Runtime, prompt: str, params: SamplingParams, *, raw: b
         stats.append(GenerationStats(runtime.describe(), len(ids), len(text.token_ids), time.perf_counter() - start))
 
 
-def open_runtime(cfg: BuildConfig, engines_dir: str | Path = "engines", device: str | None = None) -> Runtime:
-    return load_runtime(cfg, engines_dir, **({"device": device} if device else {}))
+def open_runtime(cfg: BuildConfig, engines_dir: str | Path = "engines", device: str | None = None,
+                 runtime: str | None = None) -> Runtime:
+    return load_runtime(cfg, engines_dir, runtime, **({"device": device} if device else {}))
 
 
 def in_process(cfg: BuildConfig, prompt: str, params: SamplingParams, *, engines_dir: str | Path = "engines",
-               raw: bool = False, system: str | None = None, device: str | None = None) -> Generation:
-    """The built engine of ``cfg``, run here."""
-    runtime = open_runtime(cfg, engines_dir, device)
+               raw: bool = False, system: str | None = None, device: str | None = None,
+               runtime: str | None = None) -> Generation:
+    """The built engine of ``cfg``, run here (``runtime``: the one it must have been built for, if given)."""
+    runtime = open_runtime(cfg, engines_dir, device, runtime)
     stats: list[GenerationStats] = []
 
     def summary() -> str:

@@ -106,8 +106,8 @@ class TpExecutor(Executor):
             self.close()
             raise
         self._last_call = time.monotonic()
-        log.info("tensor parallel: %d processes (gloo on 127.0.0.1)" if not cuda else
-                 "tensor parallel: %d processes (NCCL, one GPU each)", world_size)
+        log.info("tensor parallel: %d processes (%s), pids %s", world_size,
+                 "NCCL, one GPU each" if cuda else "gloo on 127.0.0.1", " ".join(map(str, self.pids)))
 
     # ---- the executor interface ----------------------------------------------------------------
 
