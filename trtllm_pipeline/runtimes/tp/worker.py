@@ -39,9 +39,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     from trtllm_pipeline.runtimes.tp import launcher
 
+    from trtllm_pipeline.errors import PipelineError
+
     launcher.die_with_leader(args.leader_pid)
     try:
         serve(args)
+    except PipelineError as exc:  # a problem the user can fix (a bad rank file): its message, not a traceback
+        print(f"error: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else ""), file=sys.stderr, flush=True)
+        os._exit(2)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
