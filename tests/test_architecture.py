@@ -152,3 +152,32 @@ def test_runtimes_and_the_served_model_are_what_tasks_need():
     for cls in (Runtime, ServedModel, *(b.runtime_class() for b in BACKENDS.values())):
         missing = [n for n in needed if n not in ("tokenizer", "max_seq_len") and not callable(getattr(cls, n, None))]
         assert missing == [], f"{cls.__name__} lacks {missing}"
+
+
+# --------------------------------------------------------------------------- tensor parallelism
+
+
+def test_the_tensor_parallel_package_sits_behind_the_torch_runtime_seam():
+    # runtimes/tp is the torch runtime's TpExecutor and what it needs; the stages reach it only through
+    # TorchRuntime (docs/architecture.md, "Tensor parallelism").
+    outside = [f"{e.source} -> {e.target}" for e in EDGES if e.target.startswith("runtimes.tp")
+               and not e.source.startswith("runtimes.tp") and e.source != "runtimes.torch_runtime"]
+    assert outside == []
+    assert {m for m in MODULES if m.startswith("runtimes.tp.")} == {
+        f"runtimes.tp.{m}" for m in ("comm", "executor", "launcher", "mode", "sharded_model", "worker")}
+
+
+def test_the_tensor_parallel_wire_format_never_unpickles():
+    # Commands between the leader and its workers are tensors only (tp/comm.py): no pickle, no
+    # torch.distributed *_object collectives, no torch.load of anything a peer sent.
+    forbidden = {"pickle", "marshal", "dill", "broadcast_object_list", "all_gather_object", "gather_object",
+                 "scatter_object_list", "send_object_list", "recv_object_list"}
+    for path in sorted((REPO / "trtllm_pipeline" / "runtimes" / "tp").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                  for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        loads = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "load"
+                 and ast.unparse(n.value) == "torch"]
+        assert not names & forbidden and not loads, f"{path.name}: {sorted(names & forbidden) or loads}"

@@ -58,6 +58,8 @@ def test_generate_streams_the_same_text_for_every_tp(built, engines_dir):
                        "--max-tokens", "16", "What is 2+2?")
         assert proc.returncode == 0, proc.stderr
         assert "torch runtime" in proc.stderr and "16 generated" in proc.stderr
+        if tp > 1:  # runtime.tp_mode auto on CPU: one process per rank (tests/test_tensor_parallel.py)
+            assert f"tensor parallel in {tp} processes" in proc.stderr, proc.stderr
         outputs.append(proc.stdout)
     assert outputs[0] == outputs[1] == outputs[2] and outputs[0].strip()
 

@@ -109,7 +109,9 @@ class _FakeWeights:
 
 
 def _runtime(ckpt: Path, dtype: str = "float32") -> TorchRuntime:
-    return TorchRuntime(ckpt, ckpt / "tokenizer", max_batch_size=2, max_seq_len=256, dtype=dtype)
+    """Merged: these tests hold the shards' layout and math to the reference (one rank per process:
+    tests/test_tensor_parallel.py)."""
+    return TorchRuntime(ckpt, ckpt / "tokenizer", max_batch_size=2, max_seq_len=256, dtype=dtype, tp_mode="merged")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

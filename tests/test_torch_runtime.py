@@ -98,11 +98,15 @@ def _greedy(rt, prompts, n=24):
     return [c.token_ids for c in rt.generate(prompts, SamplingParams(max_tokens=n, end_id=-1))]
 
 
-def test_greedy_tokens_identical_across_tp(built, engines_dir):
+def test_greedy_tokens_identical_across_tp_merged(built, engines_dir):
+    """Merged shards are the tp=1 model bit for bit (the distributed path: tests/test_tensor_parallel.py)."""
     prompts = [PROMPT, list(range(300, 340))]
+    outs = []
     for tp in (1, 2, 4):
         built(f"tiny-qwen2-fp8-tp{tp}")
-    outs = [_greedy(load_runtime(load(f"tiny-qwen2-fp8-tp{tp}"), engines_dir), prompts) for tp in (1, 2, 4)]
+        rt = load_runtime(load(f"tiny-qwen2-fp8-tp{tp}").with_runtime(tp_mode="merged"), engines_dir)
+        assert rt.describe()["tp_mode"] == "merged" and rt.describe()["world_size"] == 1
+        outs.append(_greedy(rt, prompts))
     assert outs[0] == outs[1] == outs[2]
     assert all(len(t) == 24 for t in outs[0])
 

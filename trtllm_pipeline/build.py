@@ -61,6 +61,9 @@ def build(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: str
         **artifacts.stage_header("build", cfg),
         "runtime": backend.name,
         "runtime_reason": reason,
+        # How the torch runtime runs the shards (as configured; results files say how it ran) and how many.
+        "tp_mode": cfg.runtime.tp_mode,
+        "world_size": cfg.parallelism.tp * cfg.parallelism.pp,
         "checkpoint": {"dir": "../checkpoint", **inputs["checkpoint"]},
         "inputs": inputs,
         "inputs_hash": inputs_hash,

@@ -336,48 +336,52 @@ def load_rank_files(ckpt_dir: Path, config: dict[str, Any]) -> list[dict[str, An
 
     Raises ``CheckpointError`` naming the file and tensor on the first problem.
     """
-    import torch
-    from safetensors.torch import load_file
-
     layout = CheckpointLayout(config)
-    expected = layout.rank_shapes()
-    dtypes = _expected_dtypes(layout, expected, torch)
     files = sorted(Path(ckpt_dir).glob("rank*.safetensors"))
     if len(files) != layout.world_size:
         raise CheckpointError(
             f"{ckpt_dir} holds {len(files)} rank files but its config.json says world_size {layout.world_size}.",
             fix="re-run quantize with --force",
         )
-    shards = []
-    for rank in range(layout.world_size):
-        path = Path(ckpt_dir) / f"rank{rank}.safetensors"
-        try:
-            tensors = load_file(path)
-        except FileNotFoundError:
-            raise CheckpointError(f"{path} is missing.", fix="re-run quantize with --force") from None
-        except Exception as exc:
-            raise CheckpointError(f"{path} is unreadable or truncated ({exc}).",
-                                  fix="re-run quantize with --force") from None
-        for name, shape in expected.items():
-            if name not in tensors:
-                raise CheckpointError(f"{path}: tensor {name} is missing.", fix="re-run quantize with --force")
-            t = tensors[name]
-            if tuple(t.shape) != shape:
-                raise CheckpointError(
-                    f"{path}: tensor {name} has shape {tuple(t.shape)}, expected {shape} for tp={layout.tp}.",
-                    fix="re-run quantize with --force",
-                )
-            want = dtypes[name]
-            if t.dtype != want:
-                raise CheckpointError(f"{path}: tensor {name} is {t.dtype}, expected {want}.",
-                                      fix="re-run quantize with --force")
-            if "scaling_factor" in name and not bool(torch.isfinite(t.float()).all() and (t.float() > 0).all()):
-                shown = t.float().flatten()[:8].tolist()
-                raise CheckpointError(f"{path}: scaling factor {name} is {shown}{'...' if t.numel() > 8 else ''}; "
-                                      "it must be finite and positive.",
-                                      fix="re-calibrate: re-run quantize with --force")
-        shards.append(tensors)
-    return shards
+    return [load_rank_file(ckpt_dir, config, rank) for rank in range(layout.world_size)]
+
+
+def load_rank_file(ckpt_dir: Path, config: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Read and check one rank's ``rank{rank}.safetensors`` (what a tensor-parallel process loads: its
+    own shard only; the checks across ranks, replicated tensors identical, are the build's)."""
+    import torch
+    from safetensors.torch import load_file
+
+    layout = CheckpointLayout(config)
+    expected = layout.rank_shapes()
+    dtypes = _expected_dtypes(layout, expected, torch)
+    path = Path(ckpt_dir) / f"rank{rank}.safetensors"
+    try:
+        tensors = load_file(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing.", fix="re-run quantize with --force") from None
+    except Exception as exc:
+        raise CheckpointError(f"{path} is unreadable or truncated ({exc}).",
+                              fix="re-run quantize with --force") from None
+    for name, shape in expected.items():
+        if name not in tensors:
+            raise CheckpointError(f"{path}: tensor {name} is missing.", fix="re-run quantize with --force")
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise CheckpointError(
+                f"{path}: tensor {name} has shape {tuple(t.shape)}, expected {shape} for tp={layout.tp}.",
+                fix="re-run quantize with --force",
+            )
+        want = dtypes[name]
+        if t.dtype != want:
+            raise CheckpointError(f"{path}: tensor {name} is {t.dtype}, expected {want}.",
+                                  fix="re-run quantize with --force")
+        if "scaling_factor" in name and not bool(torch.isfinite(t.float()).all() and (t.float() > 0).all()):
+            shown = t.float().flatten()[:8].tolist()
+            raise CheckpointError(f"{path}: scaling factor {name} is {shown}{'...' if t.numel() > 8 else ''}; "
+                                  "it must be finite and positive.",
+                                  fix="re-calibrate: re-run quantize with --force")
+    return tensors
 
 
 def _expected_dtypes(layout: CheckpointLayout, names, torch) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from trtllm_pipeline import report as report_stage
 from trtllm_pipeline import serve as serve_stage
 from trtllm_pipeline.bench import inprocess
 from trtllm_pipeline.bench.settings import DATASETS
-from trtllm_pipeline.config import BACKEND_NAMES, load_config
+from trtllm_pipeline.config import BACKEND_NAMES, TP_MODES, load_config
 from trtllm_pipeline.console import exit_status, setup_logging
 from trtllm_pipeline.cost import DEFAULT_GPU_HOUR_USD, REFERENCE_REQUEST_TOKENS
 from trtllm_pipeline.runtimes.base import SamplingParams
@@ -97,6 +97,15 @@ def runtime_option(f):
     return click.option(
         "--runtime", type=click.Choice(["auto", *BACKEND_NAMES]), default=None,
         help="Runtime to use; default: the config's runtime.backend (auto: TensorRT-LLM where it can run).",
+    )(f)
+
+
+def tp_mode_option(f):
+    return click.option(
+        "--tp-mode", type=click.Choice(TP_MODES), default=None,
+        help="torch runtime, tp>1 checkpoint: one process per rank, each loading its own shard (distributed), or "
+             "the shards merged in this process (merged); default: the config's runtime.tp_mode (auto: distributed "
+             "where every rank has a device: CPU always, CUDA with tp GPUs).",
     )(f)
 
 
@@ -201,9 +210,13 @@ def build(config: Path, engines_dir: Path, runtime: str | None, force: bool, dry
 @click.option("--protocol", type=click.Choice(["grpc", "http", "openai"]), default="grpc", show_default=True,
               help="With --url: gRPC streaming, HTTP generate_stream (SSE) or the OpenAI front (/v1/completions); "
               "an OpenAI base URL implies openai.")
+@click.option("--runtime", type=click.Choice(["auto", *BACKEND_NAMES]), default=None,
+              help="The runtime the engine must have been built for (refused, with the build command, if it is "
+                   "another); default: whichever the build used.")
+@tp_mode_option
 def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: int, temperature: float, top_k: int,
              top_p: float, seed: int | None, stop_words: tuple[str, ...], raw: bool, system: str | None,
-             device: str | None, url: str | None, protocol: str) -> None:
+             device: str | None, url: str | None, protocol: str, runtime: str | None, tp_mode: str | None) -> None:
     """Generate from PROMPT with the built engine of -c CONFIG, streaming text to stdout.
 
     With --url, from a deployed model instead (the chat template is applied here, with -c's
@@ -218,8 +231,9 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
         return
     if config is None:
         raise click.UsageError("give -c CONFIG (the engine to run in-process)")
-    echo_stream(generate_stage.in_process(load_config(config), prompt, params, engines_dir=engines_dir, raw=raw,
-                                          system=system, device=device))
+    echo_stream(generate_stage.in_process(load_config(config).with_runtime(tp_mode=tp_mode), prompt, params,
+                                          engines_dir=engines_dir, raw=raw, system=system, device=device,
+                                          runtime=runtime))
 
 
 # --------------------------------------------------------------------------- eval
@@ -244,14 +258,15 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
               "in-process; `default`: where `serve` runs this config. Results: <config>/eval/served/.")
 @click.option("--protocol", type=click.Choice(["grpc", "http", "openai"]), default="grpc", show_default=True,
               help="With --url: Triton gRPC or HTTP, or the OpenAI front.")
+@tp_mode_option
 def eval_command(config: Path, engines_dir: Path, tasks: str | None, limit: int | None, data_dir: Path | None,
-                 output: Path | None, force: bool, url: str | None, protocol: str) -> None:
+                 output: Path | None, force: bool, url: str | None, protocol: str, tp_mode: str | None) -> None:
     """Accuracy of the built engine of -c CONFIG on MMLU (5-shot) and GSM8K, with its runtime.
 
     Writes one JSON results file per task: score, 95% interval, sub-scores and every item, for
     `trtllm-pipeline gate`. Unchanged engine, data and settings are a cache hit.
     """
-    for result in eval_stage.evaluate(load_config(config), engines_dir=engines_dir,
+    for result in eval_stage.evaluate(load_config(config).with_runtime(tp_mode=tp_mode), engines_dir=engines_dir,
                                       tasks=tasks.split(",") if tasks else None, limit=limit, data_dir=data_dir,
                                       output=output, force=force, url=url, protocol=protocol):
         click.echo(result.summary())
@@ -329,8 +344,10 @@ def deploy(config: Path, engines_dir: Path, runtime: str | None, force: bool) ->
 @click.option("--detach", is_flag=True, help="Return once the server is ready and leave it running.")
 @click.option("--stop", "stop_server", is_flag=True, help="Stop this config's server; returns once it has exited.")
 @click.option("--dry-run", is_flag=True, help="Print the launch command and endpoints; start nothing.")
+@tp_mode_option
 def serve(config: Path, engines_dir: Path, host: str | None, http_port: int | None, grpc_port: int | None,
-          metrics_port: int | None, openai_port: int | None, detach: bool, stop_server: bool, dry_run: bool) -> None:
+          metrics_port: int | None, openai_port: int | None, detach: bool, stop_server: bool, dry_run: bool,
+          tp_mode: str | None) -> None:
     """Run tritonserver on the build's model repository (deployed first if needed).
 
     TensorRT-LLM: the tritonserver on PATH under mpirun, one server per rank. torch runtime: the
@@ -338,7 +355,7 @@ def serve(config: Path, engines_dir: Path, host: str | None, http_port: int | No
     --openai-port). Waits until ready, prints the endpoints and runs until Ctrl-C, or with --detach
     leaves it running for `serve --stop`.
     """
-    cfg = load_config(config)
+    cfg = load_config(config).with_runtime(tp_mode=tp_mode)  # the repository's copy of the config carries it
     ports = dict(host=host, http=http_port, grpc=grpc_port, metrics=metrics_port, openai=openai_port)
     if stop_server:
         click.echo(serve_stage.stopped_line(cfg, serve_stage.stop(cfg, engines_dir=engines_dir)))
@@ -411,9 +428,10 @@ def _number_list(kind: type):
 @click.option("--timeout", "timeout_s", type=FiniteFloat(min=1), default=600, show_default=True,
               help="Seconds to wait for any one response.")
 @engines_dir_option
+@tp_mode_option
 def bench(in_process, batches, contexts, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
-          timeout_s, engines_dir) -> None:
+          timeout_s, engines_dir, tp_mode) -> None:
     """Measure TTFT, inter-token latency, throughput and cost of a served model.
 
     Closed loop (--concurrency) and/or open loop (--request-rate); every response is streamed
@@ -429,13 +447,16 @@ def bench(in_process, batches, contexts, url, protocol, model, concurrency, requ
         settings = inprocess.InProcessSettings(batches=tuple(batches or (1, 8, 32, 64)),
                                                contexts=tuple(contexts or (128, 2048, 8192)),
                                                output_tokens=output_tokens, seed=seed)
-        result = inprocess.run_inprocess(load_config(config), engines_dir=engines_dir, settings=settings,
+        result = inprocess.run_inprocess(load_config(config).with_runtime(tp_mode=tp_mode), engines_dir=engines_dir,
+                                         settings=settings,
                                          output=output, progress=click.echo)
         echo_lines(result.table())
         click.echo(f"results: {result.path}")
         return
     if batches or contexts:
         raise click.UsageError("--batch and --context go with --in-process; a served bench takes --concurrency")
+    if tp_mode:
+        raise click.UsageError("--tp-mode goes with --in-process; a served model runs as `serve --tp-mode` started it")
     cfg = load_config(config) if config else None
     if cfg is None and tokenizer is None:
         raise click.UsageError("give -c CONFIG or --tokenizer: prompts are built to exact lengths with the model's tokenizer")

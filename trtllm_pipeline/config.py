@@ -62,6 +62,7 @@ BACKEND_NEEDS = {
                             "the only flow from 1.3 on)",
     "torch": "no TensorRT-LLM (the checkpoint run in PyTorch, CPU or CUDA)",
 }
+TP_MODES = ("auto", "merged", "distributed")  # runtime.tp_mode and --tp-mode (runtimes/tp/mode.py)
 
 PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "nvfp4", "disable"]
 
@@ -314,6 +315,10 @@ class RuntimeSection(_Section):
         "cannot stall the requests already decoding")
     kernel_cache_dir: str | None = Field(
         None, description="where Triton keeps compiled kernels between runs (TRITON_CACHE_DIR); default ~/.triton")
+    tp_mode: Literal[TP_MODES] = Field(  # type: ignore[valid-type]
+        "auto", description="torch runtime with a tp>1 checkpoint: distributed = one process per rank, each loading "
+        "only its rank file (gloo on CPU, NCCL with one GPU per rank); merged = every shard reassembled in one process; "
+        "auto = distributed where the ranks have devices (CPU: always; CUDA: tp GPUs), else merged with a notice")
 
 
 class ServingSection(_Section):
@@ -395,6 +400,16 @@ class BuildConfig(_Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def with_runtime(self, **settings: Any) -> "BuildConfig":
+        """This config with ``runtime`` settings overridden (a command line's ``--tp-mode``), validated
+        as the file's would be; None leaves a setting as it is."""
+        changes = {k: v for k, v in settings.items() if v is not None}
+        if not changes:
+            return self
+        data = self.to_dict()
+        data["runtime"] = {**data["runtime"], **changes}
+        return config_from_dict(data, name=self._name, path=self._path)
 
 
 # --------------------------------------------------------------------------- loading

@@ -87,6 +87,8 @@ def deploy(cfg: BuildConfig, *, engines_dir: str | Path = "engines", runtime: st
             **artifacts.stage_header("deploy", cfg),
             "runtime": chosen.name,
             "runtime_reason": reason,
+            "tp_mode": cfg.runtime.tp_mode,  # as configured (auto resolves when the server loads the engine)
+            "world_size": cfg.parallelism.tp * cfg.parallelism.pp,
             "engine_ready": ready,
             "special_ids_from": ids_source,
             **written,

@@ -167,6 +167,8 @@ def _run(cfg: BuildConfig, task: Task, runtime: LanguageModel, items: list[Item]
         "task": name,
         "config": cfg.name,
         "runtime": described["runtime"],
+        "tp_mode": described.get("tp_mode"),  # merged | distributed (torch runtime), as it ran
+        "world_size": described.get("world_size", 1),  # processes that ran it
         "runtime_info": described,
         "model": cfg.model.source,
         "model_revision": cfg.model.revision,

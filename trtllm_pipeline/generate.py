@@ -51,20 +51,28 @@ def stream_text(runtime: Runtime, prompt: str, params: SamplingParams, *, raw: b
         stats.append(GenerationStats(runtime.describe(), len(ids), len(text.token_ids), time.perf_counter() - start))
 
 
-def open_runtime(cfg: BuildConfig, engines_dir: str | Path = "engines", device: str | None = None) -> Runtime:
-    return load_runtime(cfg, engines_dir, **({"device": device} if device else {}))
+def open_runtime(cfg: BuildConfig, engines_dir: str | Path = "engines", device: str | None = None,
+                 runtime: str | None = None) -> Runtime:
+    return load_runtime(cfg, engines_dir, runtime, **({"device": device} if device else {}))
 
 
 def in_process(cfg: BuildConfig, prompt: str, params: SamplingParams, *, engines_dir: str | Path = "engines",
-               raw: bool = False, system: str | None = None, device: str | None = None) -> Generation:
-    """The built engine of ``cfg``, run here."""
-    runtime = open_runtime(cfg, engines_dir, device)
+               raw: bool = False, system: str | None = None, device: str | None = None,
+               runtime: str | None = None) -> Generation:
+    """The built engine of ``cfg``, run here (``runtime``: the one it must have been built for, if given)."""
+    runtime = open_runtime(cfg, engines_dir, device, runtime)
     stats: list[GenerationStats] = []
 
     def summary() -> str:
         s = stats[0]
         rate = s.output_tokens / s.seconds if s.seconds > 0 else float("nan")
-        return (f"[{s.runtime['runtime']} runtime, {s.runtime.get('device', '')}; {s.prompt_tokens} prompt tokens, "
+        where = s.runtime.get("device", "")
+        if s.runtime.get("tp_mode") == "distributed":
+            n = s.runtime["world_size"]
+            where += f", tensor parallel in {n} process{'es' if n != 1 else ''}"
+        elif s.runtime.get("checkpoint_tp", 1) > 1:
+            where += f", {s.runtime['checkpoint_tp']} TP shards merged in one process"
+        return (f"[{s.runtime['runtime']} runtime, {where}; {s.prompt_tokens} prompt tokens, "
                 f"{s.output_tokens} generated in {s.seconds:.2f} s ({rate:.1f} tokens/s)]")
 
     return Generation(stream_text(runtime, prompt, params, raw=raw, system=system, stats=stats), summary)

@@ -12,7 +12,8 @@ the bandwidth floor (100% would be a step that only reads its bytes once at copy
 Results file (JSON, ``schema`` ``inprocess-1``): ``settings``, ``runtime`` (its ``describe()``),
 ``copy_gbps``, and ``runs``, one per batch x context: ``decode_ms`` (median wall time per step,
 the host's part included), ``decode_ms_p90``, ``tokens_per_s``, ``prefill_ms``, ``bytes_per_step``,
-``achieved_gbps``, ``floor_ms``, ``fraction_of_floor``, ``peak_memory_gib``, ``steps_timed``.
+``achieved_gbps``, ``floor_ms``, ``fraction_of_floor``, ``peak_memory_gib``, ``steps_timed``; and
+``rss_after``, each process's resident set size after the runs (one per tensor-parallel rank).
 Numbers are the named runtime's on the named device, never another's.
 """
 
@@ -82,7 +83,8 @@ class InProcessResult:
                          f"{r['tokens_per_s']:>9.0f} {cell(r['achieved_gbps'], '6.0f'):>6} {floor or 'n/a':>8} "
                          f"{r['prefill_ms']:>10.1f} {cell(r['peak_memory_gib'], '8.2f'):>8}")
         rt = self.data["runtime"]
-        lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}; "
+        tp = f", tp {rt.get('world_size')} {rt.get('tp_mode')}" if rt.get("tp_mode") else ""
+        lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}{tp}; "
                      f"decode: {rt.get('decode_path', 'n/a')}")
         return lines
 
@@ -107,12 +109,15 @@ def run_inprocess(cfg: BuildConfig, *, engines_dir: Path, settings: InProcessSet
                 runs.append(run)
                 progress(f"  {run['decode_ms']:.3f} ms/step, {run['tokens_per_s']:.0f} tokens/s, "
                          f"prefill {run['prefill_ms']:.1f} ms")
+        # Each process's resident memory once every run has filled its cache (tensor parallel: one per rank).
+        rss_after = [{"rank": r["rank"], "pid": r["pid"], "rss_bytes": r.get("rss_bytes")}
+                     for r in rt.describe().get("ranks", [])]
     finally:
         rt.close()
     data = {"schema": INPROCESS_SCHEMA,
             "settings": {**dataclasses.asdict(settings), "config": cfg.name, "started_at": started,
                          "finished_at": artifacts.now_iso()},
-            "runtime": info, "copy_gbps": copy_gbps, "runs": runs}
+            "runtime": info, "copy_gbps": copy_gbps, "runs": runs, "rss_after": rss_after}
     path = output or (artifacts.artifact_paths(engines_dir, cfg.name).bench
                       / f"{INPROCESS_PREFIX}out{settings.output_tokens}.json")
     artifacts.write_json_atomic(path, data)

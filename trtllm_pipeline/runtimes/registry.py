@@ -51,12 +51,17 @@ def select_backend(cfg: "BuildConfig", requested: str | None = None) -> tuple[Ba
     raise InputError(f"no runtime can run {cfg.name} here: {refusal}.")  # unreachable while torch is registered
 
 
-def load_runtime(cfg: "BuildConfig", engines_dir: str | Path = "engines", **options) -> Runtime:
+def load_runtime(cfg: "BuildConfig", engines_dir: str | Path = "engines", runtime: str | None = None,
+                 **options) -> Runtime:
     """Load the built engine of ``cfg`` with the runtime its build manifest names.
 
-    Raises ``InputError`` (with the build command as the fix) when nothing has been built.
+    Raises ``InputError`` (with the build command as the fix) when nothing has been built, or when
+    ``runtime`` (a command line's ``--runtime``; None or ``auto``: any) is not the one it was built for.
     ``options`` go to the runtime class (the torch runtime takes ``device=``).
     """
     manifest = artifacts.engine_manifest(engines_dir, cfg)
+    if runtime not in (None, "auto") and manifest["runtime"] != runtime:
+        raise InputError(f"{cfg.name} was built for the {manifest['runtime']} runtime, not {runtime}.",
+                         fix=f"run `trtllm-pipeline build -c {cfg.file_arg} --runtime {runtime}` first")
     directory = artifacts.artifact_paths(engines_dir, cfg.name).engine
     return backend(manifest["runtime"]).runtime_class().from_engine(directory, cfg, manifest, **options)

@@ -52,8 +52,9 @@ class TorchBackend(Backend):
     def plan(self, cfg: "BuildConfig", paths: artifacts.ArtifactPaths) -> list[str]:
         return [
             f"validate the checkpoint shards in {paths.checkpoint} (names, shapes, dtypes, scales)",
-            f"engine: {paths.engine}/manifest.json naming the checkpoint; the torch runtime merges the "
-            f"{cfg.parallelism.tp} TP shard(s) and runs them on one device ({cfg.runtime.device})",
+            f"engine: {paths.engine}/manifest.json naming the checkpoint; the torch runtime runs its "
+            f"{cfg.parallelism.tp} TP shard(s) on {cfg.runtime.device} with runtime.tp_mode {cfg.runtime.tp_mode} "
+            "(distributed: one process per rank; merged: one process)",
         ]
 
     def engine_model(self, cfg: "BuildConfig", *, engines_dir: Path, engine_dir: Path) -> EngineModel:

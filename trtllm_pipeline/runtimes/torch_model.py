@@ -284,14 +284,19 @@ class _Pair(torch.nn.Module):
 
 
 class Qwen2Engine(torch.nn.Module):
-    """The network plus its static KV cache."""
+    """The network plus its static KV cache, whole on one device (TP shards merged).
+
+    ``runtimes/tp/sharded_model.ShardedQwen2Engine`` is one rank's shard of it; the hooks it overrides
+    are ``_local_heads``, ``_row_linear``, ``_embed`` and ``logits``.
+    """
 
     def __init__(self, config: dict[str, Any], tensors: dict[str, Any], *, device: torch.device,
                  max_slots: int, max_seq_len: int, dtype: torch.dtype | None = None):
         super().__init__()
         layout = CheckpointLayout(config)
         self.dtype = dtype or getattr(torch, config["dtype"])
-        self.heads, self.kv_heads, self.head_dim = layout.heads, layout.kv_heads, layout.head_size
+        self.heads, self.kv_heads = self._local_heads(layout)
+        self.head_dim = layout.head_size
         self.eps = float(config.get("norm_epsilon", 1e-6))
         self.max_seq_len = max_seq_len
         dt = self.dtype
@@ -307,15 +312,26 @@ class Qwen2Engine(torch.nn.Module):
                 "input_norm": tensors[p + "input_layernorm.weight"].to(device=device, dtype=dt),
                 "post_norm": tensors[p + "post_layernorm.weight"].to(device=device, dtype=dt),
                 "qkv": Linear(tensors, p + "attention.qkv", dt, device, fmt, group),
-                "dense": Linear(tensors, p + "attention.dense", dt, device, fmt, group),
+                "dense": self._row_linear(tensors, p + "attention.dense", dt, device, fmt, group),
                 "fc_gate": _mlp_input_linear(tensors, p, dt, device, fmt, group),
-                "proj": Linear(tensors, p + "mlp.proj", dt, device, fmt, group),
+                "proj": self._row_linear(tensors, p + "mlp.proj", dt, device, fmt, group),
             })
         base = float(config.get("rotary_base") or 10000.0)
         self.cos, self.sin = rotary_tables(max_seq_len, self.head_dim, base, device)
         cache_shape = (len(self.layers), max_slots, self.kv_heads, max_seq_len, self.head_dim)
         self.cache_k = torch.zeros(cache_shape, dtype=dt, device=device)
         self.cache_v = torch.zeros(cache_shape, dtype=dt, device=device)
+
+    def _local_heads(self, layout: CheckpointLayout) -> tuple[int, int]:
+        """(query heads, KV heads) this engine computes: all of them."""
+        return layout.heads, layout.kv_heads
+
+    def _row_linear(self, tensors, prefix: str, dtype, device, fmt: str, group: int | None) -> "Linear":
+        """attention.dense and mlp.proj (row-parallel under TP)."""
+        return Linear(tensors, prefix, dtype, device, fmt, group)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.embedding)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, start_pos: torch.Tensor,
@@ -333,7 +349,7 @@ class Qwen2Engine(torch.nn.Module):
         visible = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, key_len]
         # An additive mask, built once: SDPA would convert a boolean one in every layer.
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=tokens.device).masked_fill_(~visible, float("-inf"))
-        x = F.embedding(tokens, self.embedding)
+        x = self._embed(tokens)
         hd, nq, nkv = self.head_dim, self.heads, self.kv_heads
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer["input_norm"], self.eps)
@@ -371,6 +387,34 @@ class Qwen2Engine(torch.nn.Module):
                 tensors += [t for m in parts for t in (m.dequantized if m.format not in ("none", "fp8") else m.weight,
                                                        m.bias) if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this engine keeps resident, by part (each storage counted once): ``embedding``,
+        ``lm_head``, ``layers`` (every linear's stored and dequantized tensors, norms), ``other`` (final
+        norm, rotary tables) and ``kv_cache``; what a TP rank holds of the model."""
+        seen: set[int] = set()
+        out = dict.fromkeys(("embedding", "lm_head", "layers", "other", "kv_cache"), 0)
+
+        def add(part: str, value) -> None:
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    out[part] += storage.nbytes()
+            elif isinstance(value, torch.nn.Module):
+                for item in [*vars(value).values(), *value._modules.values()]:
+                    add(part, item)
+
+        add("embedding", self.embedding)
+        add("lm_head", self.lm_head)
+        for layer in self.layers:
+            for item in layer.values():
+                add("layers", item)
+        for item in (self.final_norm, self.cos, self.sin):
+            add("other", item)
+        for item in (self.cache_k, self.cache_v):
+            add("kv_cache", item)
+        return out
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one request's token occupies, over all layers (read once per decode step)."""

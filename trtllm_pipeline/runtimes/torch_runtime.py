@@ -1,9 +1,12 @@
 """The torch runtime: runs the exported TensorRT-LLM checkpoint in PyTorch, on CPU or CUDA.
 
 The "engine" of this runtime is the validated checkpoint itself (``engines/<config>/checkpoint``)
-plus the build manifest that names it. TP shards are reassembled at load time (each rank's slice
-of the same weights, checked for consistency) and run on one device; the math is the engine's
-(see ``torch_model``). Scheduling is continuous batching over ``max_batch_size`` cache slots:
+plus the build manifest that names it. A TP checkpoint runs as ``runtime.tp_mode`` says: merged
+(every rank's slice reassembled at load time, checked for consistency, run on one device by a
+``LocalExecutor``) or distributed (one process per rank, each loading only its own shard, this
+process rank 0: ``runtimes/tp``, a ``TpExecutor``); the math is the engine's (see ``torch_model``).
+The executor (``torch_executor``) is the seam: this class keeps the scheduler and the sampling, the
+executor runs the model. Scheduling is continuous batching over ``max_batch_size`` cache slots:
 each ``step`` prefills admitted requests (at most ``prefill_chunk_tokens`` prompt tokens a step, so
 a long prompt is spread over steps instead of stalling the requests already decoding) and decodes
 one token for the running ones. On CUDA the decode step runs as fused Triton kernels replayed from
@@ -24,7 +27,10 @@ from trtllm_pipeline import artifacts, checkpoint
 from trtllm_pipeline.errors import InputError, UnavailableError
 from trtllm_pipeline.runtimes import sampling
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
+from trtllm_pipeline.runtimes.torch_executor import Executor, ExecutorLost, LocalExecutor
 from trtllm_pipeline.runtimes.torch_model import Qwen2Engine
+from trtllm_pipeline.runtimes.tp.executor import TpExecutor
+from trtllm_pipeline.runtimes.tp.mode import resolve_tp_mode
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +62,16 @@ class _Request:
         return out
 
 
-def _check_cache_fits(config: dict, device: torch.device, slots: int, max_seq_len: int, dtype: torch.dtype) -> None:
+def _check_cache_fits(config: dict, device: torch.device, slots: int, max_seq_len: int, dtype: torch.dtype,
+                      ranks: int = 1) -> None:
     """The static KV cache must fit in what the device has free; else say which limits to lower
-    (instead of an allocator failure naming exabytes)."""
+    (instead of an allocator failure naming exabytes). ``ranks`` > 1: each rank holds its KV heads;
+    on CPU they all share this machine's memory, on CUDA each has a GPU (checked: the first)."""
     layout = checkpoint.CheckpointLayout(config)
-    need = 2 * layout.layers * slots * layout.kv_heads * max_seq_len * layout.head_size * dtype.itemsize
+    kv_heads = layout.kv_heads_per_rank if ranks > 1 else layout.kv_heads
+    need = 2 * layout.layers * slots * kv_heads * max_seq_len * layout.head_size * dtype.itemsize
+    if device.type != "cuda":
+        need *= ranks
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
     else:
@@ -97,28 +108,53 @@ class TorchRuntime(Runtime):
     def __init__(self, checkpoint_dir: Path, tokenizer_dir: Path, *, device: str | None = None,
                  max_batch_size: int = 8, max_seq_len: int = 4096, max_input_len: int | None = None,
                  dtype: str | None = None, fast_decode: bool = True, cuda_graphs: bool = True,
-                 graph_batch_sizes: Sequence[int] | None = None, prefill_chunk_tokens: int = 2048):
+                 graph_batch_sizes: Sequence[int] | None = None, prefill_chunk_tokens: int = 2048,
+                 tp_mode: str = "auto"):
         """``dtype`` overrides the checkpoint's compute dtype (FP8 weights stay FP8 values).
+
+        ``tp_mode``: ``auto`` | ``merged`` | ``distributed`` for a tp>1 checkpoint (``tp.mode``); for
+        tp=1, ``distributed`` runs the distributed code path with one rank.
 
         ``fast_decode``/``cuda_graphs``: the CUDA decode path's Triton kernels and their graphs
         (ignored on CPU); ``graph_batch_sizes``: the batch buckets captured (default: powers of two
         up to ``max_batch_size``); ``prefill_chunk_tokens``: prompt tokens prefilled per step.
         """
-        from transformers import AutoTokenizer
-
         self.device = resolve_device(device)
-        config, tensors = checkpoint.load_checkpoint(checkpoint_dir)
+        config = checkpoint.read_config(checkpoint_dir)
+        layout = checkpoint.CheckpointLayout(config)
+        self.tp_mode, self.tp_notice = resolve_tp_mode(tp_mode, layout.tp, self.device)
+        if self.tp_notice:
+            log.warning("%s", self.tp_notice)
         self.config = config
         self.max_batch_size = max_batch_size
         self.max_seq_len = min(max_seq_len, int(config.get("max_position_embeddings") or max_seq_len))
         self.max_input_len = min(max_input_len or self.max_seq_len - 1, self.max_seq_len - 1)
         self.prefill_chunk_tokens = max(1, prefill_chunk_tokens)
         compute_dtype = getattr(torch, dtype) if dtype else getattr(torch, config["dtype"])
-        _check_cache_fits(config, self.device, max_batch_size + 1, self.max_seq_len, compute_dtype)
+        ranks = layout.tp if self.tp_mode == "distributed" else 1
+        _check_cache_fits(config, self.device, max_batch_size + 1, self.max_seq_len, compute_dtype, ranks)
         # One slot more than requests: padding rows of a CUDA-graph batch write there.
-        self.engine = Qwen2Engine(config, tensors, device=self.device, max_slots=max_batch_size + 1,
-                                  max_seq_len=self.max_seq_len, dtype=getattr(torch, dtype) if dtype else None)
-        del tensors
+        engine_args = dict(max_slots=max_batch_size + 1, max_seq_len=self.max_seq_len,
+                           dtype=getattr(torch, dtype) if dtype else None)
+        if self.tp_mode == "distributed":
+            self.executor: Executor = TpExecutor(checkpoint_dir, world_size=layout.tp, device=self.device,
+                                                 **engine_args)
+            self.device = self.executor.device  # rank 0's: cuda:0 on CUDA
+        else:
+            _, tensors = checkpoint.load_checkpoint(checkpoint_dir)
+            self.executor = LocalExecutor(Qwen2Engine(config, tensors, device=self.device, **engine_args))
+            del tensors
+        self.engine = self.executor.engine
+        try:
+            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes)
+        except BaseException:
+            self.executor.close()
+            raise
+
+    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes) -> None:
+        from transformers import AutoTokenizer
+
+        config = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.vocab_size = int(config["vocab_size"])
         self._waiting: list[_Request] = []
@@ -142,6 +178,8 @@ class TorchRuntime(Runtime):
         from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs, batch_buckets
 
         try:
+            if self.executor.world_size > 1:  # each rank would need its own step, with all-reduces between
+                raise Unsupported(f"tensor parallel > 1 ({self.executor.world_size} ranks)")
             step = DecodeStep(self.engine)
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
@@ -153,7 +191,8 @@ class TorchRuntime(Runtime):
         return decoder, f"triton kernels, {kind} for batches {decoder.buckets}, ready in {decoder.setup_seconds:.1f} s"
 
     @classmethod
-    def from_engine(cls, engine_dir: Path, cfg, manifest: dict, device: str | None = None) -> "TorchRuntime":
+    def from_engine(cls, engine_dir: Path, cfg, manifest: dict, device: str | None = None,
+                    tp_mode: str | None = None) -> "TorchRuntime":
         ckpt = (Path(engine_dir) / manifest["checkpoint"]["dir"]).resolve()
         rt = cfg.runtime
         dtype = rt.compute_dtype
@@ -165,11 +204,12 @@ class TorchRuntime(Runtime):
                    max_batch_size=cfg.build.max_batch_size, max_seq_len=cfg.build.max_seq_len,
                    max_input_len=cfg.build.max_input_len, dtype=dtype, fast_decode=rt.fast_decode,
                    cuda_graphs=rt.cuda_graphs, graph_batch_sizes=rt.graph_batch_sizes,
-                   prefill_chunk_tokens=rt.prefill_chunk_tokens)
+                   prefill_chunk_tokens=rt.prefill_chunk_tokens, tp_mode=tp_mode or rt.tp_mode)
 
     def describe(self) -> dict[str, Any]:
         layout = checkpoint.CheckpointLayout(self.config)
         first = self.engine.layers[0]["dense"]
+        ranks = self.executor.ranks()
         gemm = None
         if first.fp8:
             gemm = "torch._scaled_mm (FP8 tensor cores)" if first.scaled_mm else "emulated (FP8 values, compute-dtype matmul)"
@@ -184,15 +224,31 @@ class TorchRuntime(Runtime):
             "kv_cache_quant_algo": layout.kv_cache_quant_algo,
             "fp8_gemm": gemm,
             "checkpoint_tp": layout.tp,
+            "tp_mode": self.tp_mode,
+            "world_size": self.executor.world_size,
+            **({"tp_notice": self.tp_notice} if self.tp_notice else {}),
             "decode_path": self.decode_path,
-            "weight_bytes": self.engine.weight_bytes(),
-            "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
+            # What a step reads over every rank (replicated KV heads are read by each rank holding them).
+            "weight_bytes": sum(r["weight_bytes"] for r in ranks),
+            "kv_bytes_per_token": sum(r["kv_bytes_per_token"] for r in ranks),
+            "ranks": ranks,
             "torch": torch.__version__,
         }
+
+    @property
+    def processes(self) -> list[int]:
+        """The process ids running this runtime's ranks (this one first)."""
+        return [r["pid"] for r in self.executor.ranks()]
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (the runtime cannot run afterwards)."""
+        self.executor.close()
 
     # ---- requests -------------------------------------------------------------------------------
 
     def submit(self, request_id: Any, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        if self.executor.failure is not None:  # the tensor-parallel group is gone: say so, at once
+            raise self.executor.failure
         params.check()
         prompt = [int(t) for t in prompt_ids]
         if request_id in self._ids:
@@ -234,9 +290,20 @@ class TorchRuntime(Runtime):
             req = self._waiting.pop(0)
             req.slot = free.pop(0)
             self._running[req.slot] = req
-        events = self._isolated(self._prefill, [r for r in self._running.values() if r.prefilled < len(r.prompt)])
-        decoding = [r for r in decoding if self._running.get(r.slot) is r]
-        return events + self._isolated(self._decode, decoding)
+        events: list[TokenEvent] = []
+        try:
+            events += self._isolated(self._prefill, [r for r in self._running.values() if r.prefilled < len(r.prompt)])
+            decoding = [r for r in decoding if self._running.get(r.slot) is r]
+            return events + self._isolated(self._decode, decoding)
+        except ExecutorLost as exc:  # no request can go on: each ends with the reason
+            return events + self._fail_everything(exc)
+
+    def _fail_everything(self, exc: ExecutorLost) -> list[TokenEvent]:
+        reqs = list(self._running.values()) + self._waiting
+        self._running.clear()
+        self._waiting.clear()
+        self._ids.clear()
+        return [TokenEvent(r.request_id, [], "error", error=f"{exc.message} ({exc.fix})") for r in reqs]
 
     def _isolated(self, phase, reqs: list[_Request]) -> list[TokenEvent]:
         """``phase(reqs)``; when it raises, the same phase once per request, so that only the requests
@@ -245,6 +312,8 @@ class TorchRuntime(Runtime):
             return []
         try:
             return phase(reqs)
+        except ExecutorLost:
+            raise
         except Exception as exc:
             if len(reqs) == 1:
                 return [self._failed(reqs[0], exc)]
@@ -254,6 +323,8 @@ class TorchRuntime(Runtime):
         for req in reqs:
             try:
                 events += phase([req])
+            except ExecutorLost:
+                raise
             except Exception as exc:
                 events.append(self._failed(req, exc))
         return events
@@ -283,7 +354,7 @@ class TorchRuntime(Runtime):
         if done:
             rows = torch.tensor([row for row, _, _ in done], device=self.device)
             last = torch.tensor([col for _, col, _ in done], device=self.device)
-            tokens = self._sample([r for _, _, r in done], self.engine.logits(hidden[rows, last]))
+            tokens = self._sample([r for _, _, r in done], self.executor.logits(hidden[rows, last]))
         for req, chunk in chunks:  # the step succeeded: now it counts
             req.prefilled += len(chunk)
         return self._record_all([r for _, _, r in done], tokens)
@@ -296,7 +367,7 @@ class TorchRuntime(Runtime):
             logits = self.decoder.decode(tokens, slots, positions)
             return self._record_all(reqs, self._sample(reqs, logits, greedy=self.decoder.greedy(len(reqs))))
         hidden = self._forward([[t] for t in tokens], slots, positions)
-        return self._record_all(reqs, self._sample(reqs, self.engine.logits(hidden[:, -1])))
+        return self._record_all(reqs, self._sample(reqs, self.executor.logits(hidden[:, -1])))
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None = None) -> list[int | Exception]:
@@ -349,8 +420,7 @@ class TorchRuntime(Runtime):
         if end > self.max_seq_len:
             raise InputError(f"a sequence of {end} tokens exceeds this engine's max_seq_len {self.max_seq_len}.")
         key_len = min(self.max_seq_len, -(-end // KEY_BLOCK) * KEY_BLOCK)
-        return self.engine(tokens.to(self.device), torch.tensor(slots, device=self.device),
-                           torch.tensor(starts, device=self.device), key_len)
+        return self.executor.forward(tokens, slots, starts, key_len)
 
     # ---- scoring --------------------------------------------------------------------------------
 
@@ -358,7 +428,7 @@ class TorchRuntime(Runtime):
         if self.has_work():
             raise RuntimeError("next_token_logprobs() cannot run while generation requests are active")
         hidden = self._forward([list(context)], [0], [0])
-        return torch.log_softmax(self.engine.logits(hidden[0, -1]), dim=-1).tolist()
+        return torch.log_softmax(self.executor.logits(hidden[0, -1]), dim=-1).tolist()
 
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[tuple[float, bool]]:
         """Log-likelihoods of continuations, computing a shared context prefix once.
@@ -388,12 +458,12 @@ class TorchRuntime(Runtime):
             chunk = keys[start : start + self.max_batch_size]
             slots = list(range(len(chunk)))
             if prefix > 0 and len(chunk) > 1:
-                self.engine.copy_prefix(0, torch.tensor(slots[1:], device=self.device), prefix)
+                self.executor.copy_prefix(0, slots[1:], prefix)
             hidden = self._forward([list(k[prefix:]) for k in chunk], slots, [prefix] * len(chunk))
             for row, key in enumerate(chunk):
                 members = groups[key]
                 first = min(len(contexts[i]) for i in members) - 1  # first position whose logits we need
-                logprobs = torch.log_softmax(self.engine.logits(hidden[row, first - prefix :]), dim=-1)
+                logprobs = torch.log_softmax(self.executor.logits(hidden[row, first - prefix :]), dim=-1)
                 for i in members:
                     offset = len(contexts[i]) - 1 - first
                     target = torch.tensor(continuations[i], device=self.device)

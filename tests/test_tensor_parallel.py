@@ -1,0 +1,261 @@
+"""Tensor parallelism in the torch runtime, for real: one process per rank, gloo on 127.0.0.1, no mocks.
+
+What holds the distributed path (``runtimes/tp``) to the tp=1 model: the same greedy tokens and
+logits within float32 rounding (bf16 weights computed in float32, and int4_awq, whose activations
+are not quantized), FP8 within its tolerance (a row-parallel partial sum rounds its last bit
+differently from the whole GEMM, and an FP8 activation quantizer can turn that into one FP8 step
+downstream, so FP8 tokens are compared on the shipped CLI prompt, tests/test_build.py), each rank
+holding about 1/N of the weights, a killed worker failing the requests within seconds, workers that
+die with their leader, and a served TP=2 model that answers the benchmark and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CONFIGS, REPO, free_ports, load, run_cli
+from trtllm_pipeline.config import config_from_dict, load_yaml
+from trtllm_pipeline.errors import UnavailableError
+from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+
+PROMPTS = [list(range(100, 164)), list(range(300, 340))]
+SHARDED = ("embedding", "lm_head", "layers")  # all sharded here: the checkpoint splits the embedding too
+
+
+def _open(ckpt: Path, mode: str = "distributed") -> TorchRuntime:
+    return TorchRuntime(ckpt, ckpt / "tokenizer", max_batch_size=4, max_seq_len=512, dtype="float32", tp_mode=mode)
+
+
+def _ckpt(built, name: str) -> Path:
+    return built(name).engine_dir.parent / "checkpoint"
+
+
+def _greedy(rt: TorchRuntime, n: int = 16) -> list[list[int]]:
+    return [c.token_ids for c in rt.generate(PROMPTS, SamplingParams(max_tokens=n, end_id=-1))]
+
+
+def _logits(rt: TorchRuntime, ids: list[int]) -> torch.Tensor:
+    return rt.executor.logits(rt._forward([ids], [0], [0])[0])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _score(rt: TorchRuntime):
+    prefix = list(range(200, 240))  # a shared prefix: computed once, copied to the other slots (copy_prefix)
+    return rt.score([prefix + [5, 6], prefix + [8], prefix + [5, 6]], [[11], [12, 13], [14]])
+
+
+def _sharded_bytes(rank: dict) -> int:
+    return sum(rank["memory"][part] for part in SHARDED)
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an exited child nobody has reaped yet is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _workers_of(ckpt: Path) -> list[int]:
+    """Tensor-parallel worker processes running this checkpoint, found in /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"trtllm_pipeline.runtimes.tp.worker" in argv and str(ckpt).encode() in argv and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_distributed_bf16_matches_tp1_and_each_rank_holds_its_share(built):
+    ref = _open(_ckpt(built, "tiny-qwen2-bf16-tp1"), "merged")
+    try:
+        want_tokens, want_logits, want_scores = _greedy(ref), _logits(ref, PROMPTS[0]), _score(ref)
+        (whole,) = ref.describe()["ranks"]
+    finally:
+        ref.close()
+    for tp in (2, 4):
+        ckpt = _ckpt(built, f"tiny-qwen2-bf16-tp{tp}")
+        rt = _open(ckpt)
+        try:
+            described = rt.describe()
+            assert described["tp_mode"] == "distributed" and described["world_size"] == tp
+            assert len(set(rt.processes)) == tp and rt.processes[0] == os.getpid()
+            assert len(_workers_of(ckpt)) == tp - 1
+            assert _greedy(rt) == want_tokens
+            logits = _logits(rt, PROMPTS[0])
+            assert _rel(logits, want_logits) < 1e-5, _rel(logits, want_logits)
+            assert torch.equal(logits.argmax(-1), want_logits.argmax(-1))
+            for (got, greedy), (want, want_greedy) in zip(_score(rt), want_scores):
+                assert got == pytest.approx(want, abs=1e-4) and greedy == want_greedy
+            # Each rank's resident weights: about 1/tp of the whole (asserted loosely), and the RSS is measured.
+            ranks = described["ranks"]
+            assert [r["rank"] for r in ranks] == list(range(tp))
+            for rank in ranks:
+                assert _sharded_bytes(rank) < (0.6 if tp == 2 else 0.35) * _sharded_bytes(whole), rank
+                assert rank["rss_bytes"] and rank["rss_bytes"] > _sharded_bytes(rank)
+            assert sum(_sharded_bytes(r) for r in ranks) == pytest.approx(_sharded_bytes(whole), rel=0.02)
+        finally:
+            rt.close()
+        assert _workers_of(ckpt) == []
+
+
+def test_quantized_shards_run_with_their_own_scales(built, engines_dir):
+    """FP8 (per-tensor scales in every rank file) at tp=4, and int4_awq (per-group scales split with the
+    features they scale) at tp=2, each rank from its own file."""
+    from trtllm_pipeline.quantize import quantize
+
+    fp8 = _open(_ckpt(built, "tiny-qwen2-fp8-tp1"), "merged")
+    try:
+        fp8_logits = _logits(fp8, PROMPTS[0])
+    finally:
+        fp8.close()
+    rt = _open(_ckpt(built, "tiny-qwen2-fp8-tp4"))
+    try:
+        assert rt.describe()["world_size"] == 4 and rt.describe()["weight_format"] == "fp8"
+        logits = _logits(rt, PROMPTS[0])
+        assert _rel(logits, fp8_logits) < 1e-2, _rel(logits, fp8_logits)  # FP8's tolerance (measured ~1e-6)
+        assert torch.equal(logits[-1].argmax(), fp8_logits[-1].argmax())
+    finally:
+        rt.close()
+
+    data = load_yaml(CONFIGS / "tiny-qwen2-int4-awq-tp1.yaml")
+    data["parallelism"]["tp"] = 2
+    int4_tp2 = quantize(config_from_dict(data, name="tiny-qwen2-int4-awq-tp2"), engines_dir=engines_dir)
+    ref = _open(_ckpt(built, "tiny-qwen2-int4-awq-tp1"), "merged")
+    try:
+        want_tokens, want_logits = _greedy(ref, 12), _logits(ref, PROMPTS[0])
+    finally:
+        ref.close()
+    rt = _open(int4_tp2.checkpoint_dir)
+    try:
+        assert rt.describe()["world_size"] == 2 and rt.describe()["weight_format"] == "int4_awq"
+        assert _greedy(rt, 12) == want_tokens
+        assert _rel(_logits(rt, PROMPTS[0]), want_logits) < 1e-5
+    finally:
+        rt.close()
+
+
+def test_one_rank_runs_the_distributed_code_path(built):
+    """tp_mode distributed on a tp=1 checkpoint: a group of one (on a GPU: NCCL with world size 1)."""
+    ckpt = _ckpt(built, "tiny-qwen2-bf16-tp1")
+    ref, rt = _open(ckpt, "merged"), _open(ckpt, "distributed")
+    try:
+        assert rt.describe()["tp_mode"] == "distributed" and rt.describe()["world_size"] == 1
+        assert type(rt.executor).__name__ == "TpExecutor" and rt.processes == [os.getpid()]
+        assert _greedy(rt) == _greedy(ref)
+    finally:
+        rt.close()
+        ref.close()
+
+
+def test_a_killed_worker_fails_the_requests_within_seconds(built):
+    ckpt = _ckpt(built, "tiny-qwen2-bf16-tp2")
+    rt = _open(ckpt)
+    try:
+        params = SamplingParams(max_tokens=400, end_id=-1)
+        for i, prompt in enumerate(PROMPTS):
+            rt.submit(i, prompt, params)
+        rt.step(), rt.step()
+        worker = rt.processes[1]
+        os.kill(worker, signal.SIGKILL)
+        start, errors = time.monotonic(), {}
+        while rt.has_work() and time.monotonic() - start < 20:
+            errors.update({e.request_id: e.error for e in rt.step() if e.finish_reason == "error"})
+        elapsed = time.monotonic() - start
+        assert set(errors) == {0, 1} and elapsed < 5, (errors, elapsed)
+        assert f"worker rank 1 (pid {worker}) was killed by SIGKILL" in errors[0]
+        with pytest.raises(UnavailableError, match="tensor-parallel group of 2 processes stopped") as exc:
+            rt.submit(9, PROMPTS[0], params)
+        assert "serve --stop" in exc.value.fix
+        with pytest.raises(UnavailableError, match="worker rank 1"):
+            rt.score([[1, 2]], [[3]])
+    finally:
+        rt.close()
+    assert _workers_of(ckpt) == []
+
+
+def test_workers_die_with_their_leader(built):
+    ckpt = _ckpt(built, "tiny-qwen2-bf16-tp4")
+    leader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+        rt = TorchRuntime({str(ckpt)!r}, {str(ckpt / 'tokenizer')!r}, max_batch_size=2, max_seq_len=256,
+                          dtype="float32", tp_mode="distributed")
+        print(*rt.processes[1:], flush=True)
+        time.sleep(120)
+        """)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        workers = [int(p) for p in leader.stdout.readline().split()]
+        assert len(workers) == 3 and all(_alive(p) for p in workers)
+        leader.kill()  # SIGKILL: no atexit, no close(); PR_SET_PDEATHSIG and the stdin pipe remain
+        leader.wait()
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in workers)
+    finally:
+        leader.kill()
+
+
+def test_generate_runs_one_process_per_rank_and_says_so(built, engines_dir):
+    built("tiny-qwen2-fp8-tp2")
+    args = ("generate", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp2.yaml"), "--engines-dir", str(engines_dir),
+            "--max-tokens", "8", "--raw", "--runtime", "torch", "hello")
+    distributed, merged = run_cli(*args), run_cli(*args, "--tp-mode", "merged")
+    assert distributed.returncode == merged.returncode == 0, distributed.stderr + merged.stderr
+    assert "tensor parallel: 2 processes (gloo on 127.0.0.1), pids" in distributed.stderr
+    assert "tensor parallel in 2 processes" in distributed.stderr
+    assert "2 TP shards merged in one process" in merged.stderr
+    assert distributed.stdout == merged.stdout and distributed.stdout.strip()
+
+
+@pytest.mark.slow
+def test_served_tp2_answers_the_benchmark_and_stop_leaves_no_worker(built, engines_dir, tmp_path):
+    from trtllm_pipeline import bench, serve
+
+    name = "tiny-qwen2-fp8-tp2"
+    ckpt = _ckpt(built, name)
+    cfg = load(name)
+    http, grpc, metrics = free_ports(3)
+    server = serve.start(cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics)
+    try:
+        workers = _workers_of(ckpt)
+        assert len(workers) == 1, "the served model (rank 0) starts its worker"
+        tokenizer = bench.load_tokenizer(bench.config_tokenizer_dir(cfg, engines_dir))
+        settings = bench.BenchSettings(protocol="triton-grpc", url=f"127.0.0.1:{server.grpc_port}",
+                                       levels=(bench.LoadLevel(concurrency=4),), input_tokens=24, output_tokens=12,
+                                       requests=8, warmup=1)
+        result = bench.bench(settings, tokenizer=tokenizer, tokenizer_source="checkpoint", output=tmp_path / "b.json")
+        (entry,) = result.data["summary"]
+        assert entry["requests"] == 8 and entry["errors"] == 0 and entry["output_tokens_mean"] == 12
+        assert all(r["output_tokens"] == 12 and len(r["token_times_ms"]) == 12 for r in result.data["requests"])
+    finally:
+        serve.stop(cfg, engines_dir=engines_dir)
+    assert not serve.group_alive(server.pid)
+    assert _workers_of(ckpt) == [] and not any(_alive(p) for p in workers)
+
+
+def test_generate_refuses_a_runtime_the_engine_was_not_built_for(built, engines_dir):
+    built("tiny-qwen2-fp8-tp2")
+    proc = run_cli("generate", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp2.yaml"), "--engines-dir", str(engines_dir),
+                   "--runtime", "tensorrt_llm", "hi")
+    assert proc.returncode == 2 and "built for the torch runtime, not tensorrt_llm" in proc.stderr
+    assert "--runtime tensorrt_llm" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,103 @@
+"""The collectives a tensor-parallel group runs, and the command the leader broadcasts each step.
+
+A ``Comm`` owns its own process group object (``ProcessGroupGloo`` on CPU, ``ProcessGroupNCCL`` on
+CUDA) instead of torch.distributed's global default group, so that several runtimes can live in one
+process (tests, the demo) and closing one leaves the others alone. Gloo is bound to 127.0.0.1.
+
+Every collective has the group's timeout, so a rank that stops answering fails the call instead of
+hanging it; a rank that dies closes its sockets, which fails the others' pending calls at once.
+
+The wire format is tensors only, never pickles: a fixed header of ``HEADER`` int64 (the op code and
+up to seven integers), then, when the op has one, a payload tensor whose size the header gives.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+HEADER = 8
+# Op codes. FORWARD: B, T, key_len; payload int64 tokens (B*T), slots (B), start positions (B).
+# LOGITS: rows, hidden size, dtype code; payload the hidden states' rows (every rank computes its
+# vocabulary slice, rank 0 gathers them). COPY_PREFIX: source slot, destinations, length; payload the
+# destination slots. PING: nothing (a heartbeat; an all-reduce answers it). STOP: the worker exits.
+FORWARD, LOGITS, COPY_PREFIX, PING, STOP = 1, 2, 3, 4, 5
+OP_NAMES = {FORWARD: "forward", LOGITS: "logits", COPY_PREFIX: "copy_prefix", PING: "ping", STOP: "stop"}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class Comm:
+    """One rank's end of the group: ``rank`` of ``size``, tensors on ``device``."""
+
+    def __init__(self, rank: int, size: int, device: torch.device, timeout_s: float):
+        self.rank, self.size, self.device, self.timeout_s = rank, size, device, timeout_s
+        self.pg = None
+
+    def connect(self, store: dist.Store) -> None:
+        """Join the group (blocks until every rank has joined, or the timeout); ranks load their shards
+        first, so that a rank that fails to load is seen dead instead of waited for here."""
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        store = dist.PrefixStore("tp", store)
+        device, rank, size = self.device, self.rank, self.size
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(store, rank, size, options)
+        else:
+            options = dist.ProcessGroupGloo._Options()
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupGloo(store, rank, size, options)
+
+    # ---- collectives ----------------------------------------------------------------------------
+
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` from rank 0 into every rank's ``tensor`` (in place)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self.pg.broadcast([tensor], opts).wait()
+        return tensor
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks, in place (row-parallel partial sums, the vocabulary-parallel embedding)."""
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        self.pg.allreduce([tensor], opts).wait()
+        return tensor
+
+    def gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's ``tensor`` (same shape) at rank 0, in rank order; None elsewhere."""
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
+        out = [[torch.empty_like(tensor) for _ in range(self.size)]] if self.rank == 0 else []
+        self.pg.gather(out, [tensor.contiguous()], opts).wait()
+        return out[0] if self.rank == 0 else None
+
+    # ---- commands -------------------------------------------------------------------------------
+
+    def send(self, op: int, ints: tuple[int, ...] = (), payload: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Rank 0: broadcast a command (its header, then its payload); the payload as sent, on ``device``."""
+        header = torch.zeros(HEADER, dtype=torch.long)
+        header[0] = op
+        header[1 : 1 + len(ints)] = torch.tensor(ints, dtype=torch.long)
+        self.broadcast(header.to(self.device))
+        if payload is None:
+            return None
+        return self.broadcast(payload.to(self.device).contiguous())
+
+    def receive(self) -> tuple[int, list[int], torch.Tensor | None]:
+        """Other ranks: the next command as (op, its integers, its payload)."""
+        header = self.broadcast(torch.zeros(HEADER, dtype=torch.long, device=self.device)).tolist()
+        op, ints = header[0], header[1:]
+        payload = None
+        if op == FORWARD:
+            b, t = ints[0], ints[1]
+            payload = self.broadcast(torch.empty(b * t + 2 * b, dtype=torch.long, device=self.device))
+        elif op == LOGITS:
+            payload = self.broadcast(torch.empty((ints[0], ints[1]), dtype=DTYPES[ints[2]], device=self.device))
+        elif op == COPY_PREFIX:
+            payload = self.broadcast(torch.empty(ints[1], dtype=torch.long, device=self.device))
+        return op, ints, payload
