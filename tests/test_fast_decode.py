@@ -28,9 +28,9 @@ def _checkpoint(built, name: str) -> Path:
     return built(name).engine_dir.parent / "checkpoint"
 
 
-def _interpreted(ckpt: Path) -> dict:
+def _interpreted(ckpt: Path | None, script: str = "fast_decode_check.py"):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(TESTS / "fast_decode_check.py"), str(ckpt)], capture_output=True,
+    proc = subprocess.run([sys.executable, str(TESTS / script), *([str(ckpt)] if ckpt else [])], capture_output=True,
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -57,6 +57,47 @@ def test_fast_kernels_match_eager_accuracy_fp8(built):
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.15
     assert r["padding_wrote_scratch_only"]
     assert [len(t) for t in r["staggered_fast"]] == [6, 6, 6]
+
+
+def test_quant_kernels_match_the_dequantized_reference():
+    """Each 4/8-bit kernel (partials and GLU) against ``x @ W^T`` in float32, W dequantized as the format
+    defines it and x quantized as its activation quantizer does, at M = 1, 3, 16, with N, K and split tails.
+    Where the group scale multiplies a tile's dot result (group >= BLOCK_K: the 7B's) and for the FP8 / INT8
+    activation formats, the kernels multiply the exact values: float32 accumulation order is the only
+    difference (measured <= 1.3e-6). Where each weight is scaled first (groups smaller than a tile) the scaled
+    weight is rounded to the compute dtype, as the eager model's dequantized copy is: about eager's error."""
+    rows = _interpreted(None, "quant_kernel_check.py")
+    assert {r["fmt"] for r in rows} == {"int4_awq", "w4a8_awq", "int8_sq", "int8_wo"}
+    for r in rows:
+        exact = r["tile_scale"] or r["fmt"] in ("w4a8_awq", "int8_sq")
+        bound = 5e-5 if r["dtype"] == "float16" else 1e-5
+        assert r["kernel"]["rel"] < (bound if exact else 1.2 * r["eager_bf16"]["rel"]), r
+        # silu(fc) * gate, rounded where eager rounds: within eager's own distance from float32
+        assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
+
+
+@pytest.mark.slow
+def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built):
+    # W4A16: no activation quantizer, so the kernels are as close to eager as the BF16 ones are
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"))
+    assert r["decode_path"].startswith("triton kernels")
+    assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"]
+    assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
+    assert r["padding_wrote_scratch_only"]
+
+
+@pytest.mark.slow
+def test_fast_kernels_match_eager_accuracy_int8_sq(built):
+    # W8A8 re-quantizes every activation to INT8 (as FP8 does to E4M3): tokens may part after a few steps
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int8-sq-tp1"))
+    assert r["decode_path"].startswith("triton kernels")
+    assert r["argmax_equal"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.1
+    same = sum(a == b for fa, ea in zip(r["greedy_fast"], r["greedy_eager"]) for a, b in zip(fa, ea))
+    assert same >= 12 and all(f[:2] == e[:2] for f, e in zip(r["greedy_fast"], r["greedy_eager"])), r
+    assert r["staggered_fast"] == r["greedy_fast"] and [len(t) for t in r["staggered_fast"]] == [6, 6, 6]
+    assert r["padding_wrote_scratch_only"]
 
 
 def test_batch_buckets_and_padding():
