@@ -100,6 +100,39 @@ def test_fast_kernels_match_eager_accuracy_int8_sq(built):
     assert r["padding_wrote_scratch_only"]
 
 
+def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():
+    """benchmarks/gpu_fast_path.py --parts quant builds its 7B engines from random BF16 tensors quantized on the
+    GPU; here the same code at a tiny shape on the CPU: the packing is the checkpoint's, each format loads, the
+    fast path's view of it is the format's, and eager decoding stays finite."""
+    import dataclasses
+
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    import quant_fast_path as qf
+    from torch_runtime_gpu import synthetic_tensors
+
+    from trtllm_pipeline.model.catalog import KNOWN_MODELS
+    from trtllm_pipeline.runtimes.cuda.decode_step import _linear
+    from trtllm_pipeline.runtimes.torch_model import Qwen2Engine, unpack_int4_rows
+
+    v = torch.randint(-8, 8, (6, 32))
+    assert torch.equal(unpack_int4_rows(qf.pack_int4_rows(v)).long(), v)
+    shape = dataclasses.replace(KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"], hidden_size=128,
+                                intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+                                num_key_value_heads=2, vocab_size=256)
+    cpu = torch.device("cpu")
+    amax = qf.input_amax(*synthetic_tensors(shape, False, cpu), cpu, prompt_len=16)
+    for fmt in qf.QUANT_FORMATS:
+        config, tensors = qf.quantized_checkpoint(fmt, *synthetic_tensors(shape, False, cpu), amax, cpu)
+        engine = Qwen2Engine(config, tensors, device=cpu, max_slots=1, max_seq_len=32)
+        layer = engine.layers[0]
+        assert layer["qkv"].format == fmt and _linear(layer["qkv"]).quant.fmt == fmt
+        # fc and gate apart (their own input scales) where ModelOpt's exports have them apart
+        assert hasattr(layer["fc_gate"], "first") == (fmt != "int8_wo"), fmt
+        zero = torch.zeros(1, dtype=torch.long)
+        h = engine(torch.arange(8)[None], zero, zero, 8)
+        assert torch.isfinite(engine.logits(h[:, -1])).all(), fmt
+
+
 def test_batch_buckets_and_padding():
     assert batch_buckets(8) == [1, 2, 4, 8]
     assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]

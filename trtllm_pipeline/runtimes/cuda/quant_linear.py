@@ -343,9 +343,12 @@ def _int8_kernel(
     w_ptrs = w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :]
     w2_ptrs = w2_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :]
     x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
-    acc_dtype = tl.int32 if A8 else tl.float32
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=acc_dtype)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=acc_dtype)
+    if A8:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for i in range(k_iters_per_split):
         k_tile = k0 + i * BLOCK_K
         kk = k_tile + rk
