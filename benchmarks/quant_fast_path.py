@@ -266,18 +266,6 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
 # ---------------------------------------------------------------------------------------------- step
 
 
-def step_weight_bytes(step: DecodeStep) -> int:
-    """Bytes of weights one fast decode step reads: the kernels' tensors, lm_head and the norms."""
-    e = step.engine
-    total = (e.lm_head.numel() * e.lm_head.element_size() + e.final_norm.numel() * e.final_norm.element_size())
-    for layer in step.layers:
-        total += 2 * layer.input_norm.numel() * layer.input_norm.element_size()
-        for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj):
-            total += lin.quant.nbytes() if lin.quant is not None else lin.weight.numel() * lin.weight.element_size()
-            total += lin.bias.numel() * lin.bias.element_size() if lin.bias is not None else 0
-    return total
-
-
 def check_step(graphs: DecodeGraphs, engine: Qwen2Engine, prompt_len: int = 64, steps: int = 16) -> dict:
     """Fast path against the eager (dequantized) model on the same weights and cache: step-0 logits and
     greedy tokens, one row."""
@@ -354,7 +342,7 @@ def step_rows(formats, bf16_tensors, device, *, ctx: int = 2048, steps: int = 64
             row["setup_s"] = time.perf_counter() - t0
             row["fc_gate"] = "pair" if hasattr(engine.layers[0]["fc_gate"], "first") else "fused"
             row.update(check_step(graphs, engine))
-            wbytes = step_weight_bytes(step)
+            wbytes = step.weight_bytes()
             kv = engine.kv_bytes_per_token() * ctx
             row.update({"weight_bytes": wbytes, "kv_bytes": kv, "floor_ms": (wbytes + kv) / bandwidth * 1000,
                         "floor_bandwidth": bandwidth})

@@ -43,6 +43,7 @@ def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
     assert r["greedy_fast"] == r["greedy_eager"]
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]  # batches of changing size
     assert r["padding_wrote_scratch_only"]
+    assert r["weight_bytes_fast"] == r["weight_bytes_eager"]  # the same tensors, read once per step
     # Same rounding points as eager, other accumulation order: as close to float32 as eager is.
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.02
 
@@ -85,6 +86,8 @@ def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built):
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
     assert r["padding_wrote_scratch_only"]
+    # a step reads the packed INT4 weights (and their scales), not eager's BF16 dequantized copy
+    assert r["weight_bytes_fast"] < r["weight_bytes_eager"]
 
 
 @pytest.mark.slow

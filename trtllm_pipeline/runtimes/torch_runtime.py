@@ -185,7 +185,9 @@ class TorchRuntime(Runtime):
             "fp8_gemm": gemm,
             "checkpoint_tp": layout.tp,
             "decode_path": self.decode_path,
-            "weight_bytes": self.engine.weight_bytes(),
+            # what a decode step reads: the fast path's packed weights where it runs, else the eager model's
+            "weight_bytes": (self.decoder.step.weight_bytes() if self.decoder is not None
+                             else self.engine.weight_bytes()),
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
             "torch": torch.__version__,
         }

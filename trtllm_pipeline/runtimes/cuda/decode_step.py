@@ -172,6 +172,18 @@ class DecodeStep:
             configs=configs,
         )
 
+    def weight_bytes(self) -> int:
+        """Bytes of weights one step reads: the kernels' tensors (packed, with their scales), lm_head and norms."""
+        e = self.engine
+        tensors = [e.lm_head, e.final_norm]
+        size = 0
+        for layer in self.layers:
+            tensors += [layer.input_norm, layer.post_norm]
+            for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj):
+                size += lin.quant.nbytes() if lin.quant is not None else lin.weight.numel() * lin.weight.element_size()
+                tensors += [lin.bias] if lin.bias is not None else []
+        return size + sum(t.numel() * t.element_size() for t in tensors)
+
     def _config(self, lin: _Linear, batch: int, n: int, k: int, wbytes: int, glu: bool = False) -> linear.LinearConfig:
         if lin.quant is not None:
             return quant_linear.pick_config(lin.quant, batch, self.sm_count, glu=glu)
