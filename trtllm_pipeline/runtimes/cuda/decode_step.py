@@ -11,7 +11,11 @@ new tokens, slots and positions copied into its inputs.
 
 Weights are the engine's own tensors (no copy); the math and its rounding points are the eager
 model's, so the two agree up to accumulation order (checked in ``benchmarks/gpu_fast_path.py`` and,
-through Triton's interpreter, in the CPU tests).
+through Triton's interpreter, in the CPU tests). BF16 and FP8 linears run ``linear``'s kernels; INT4-AWQ,
+W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run ``quant_linear``'s, which read the checkpoint's packed
+tensors and apply the pre-quant scale and activation quantizer to their input themselves (so for these
+formats every activation buffer stays in the compute dtype, and an unfused mlp.fc / mlp.gate pair runs as
+one GLU launch); NVFP4 is refused (eager emulation runs it).
 """
 
 from __future__ import annotations
