@@ -1,6 +1,7 @@
 """The torch runtime's fast CUDA path on a GPU: kernels checked and timed, then whole decode steps.
 
     python benchmarks/gpu_fast_path.py --out DIR [--parts kernels,attention,step,prefill,hf]
+    python benchmarks/gpu_fast_path.py --out DIR --parts quant [--formats int4_awq,w4a8_awq,int8_sq,int8_wo]
 
 Parts (each one's failure is recorded and the next part still runs):
   kernels    each linear kernel at the 7B shapes (QKV, dense, fc+gate, proj, lm_head): error against a
@@ -15,6 +16,13 @@ Parts (each one's failure is recorded and the next part still runs):
   hf         Hugging Face transformers generate on the same random BF16 weights, and ours beside it
   runtime    TorchRuntime (submit/step, sampling, continuous batching) on the tiny pipeline checkpoints,
              fast path against eager; then on the 7B-shaped checkpoints written to disk: ms/token by batch
+  quant      (only when named) the 4/8-bit kernels of runtimes/cuda/quant_linear.py at the 7B shapes, batch 1
+             and 32: error against float32 x @ W^T (W dequantized as the format defines it), time and GB/s of
+             weight bytes, a tile/split sweep at batch 1, BF16 and FP8 linears beside; then the whole decode
+             step at batch 1, context 2048, per --formats (bf16 and fp8 may be added), on 7B-shaped engines
+             quantized on the GPU by round-to-nearest (benchmarks/quant_fast_path.py): checked against the
+             eager dequantized model, then timed against its bandwidth floor. Table on stdout and in
+             DIR/quant_table.txt. --no-quant-sweep: default tiles only.
 
 Results: DIR/gpu_fast_path.json, and a table on stdout. Numbers are the torch runtime's, never
 TensorRT-LLM's.
@@ -37,6 +45,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import quant_fast_path  # noqa: E402
 from torch_runtime_gpu import synthetic_tensors  # noqa: E402
 
 from trtllm_pipeline.model.catalog import KNOWN_MODELS  # noqa: E402
@@ -688,16 +697,50 @@ def tiny_part() -> dict:
     return {"tiny": out}
 
 
+QUANT = {"formats": list(quant_fast_path.QUANT_FORMATS), "sweep": True, "out": None}
+
+
+def quant_part() -> dict:
+    """The 4/8-bit kernels at the 7B shapes (with BF16 and FP8 linears beside), then whole decode steps."""
+    t0 = time.perf_counter()
+    formats = QUANT["formats"]
+    kernel_formats = [f for f in formats if f in quant_fast_path.QUANT_FORMATS] + ["bf16", "fp8"]
+    out = {"formats": formats}
+    # the sweep stops after 4 minutes, so the part stays well inside one 10-minute call
+    qkv = (SHAPE.num_attention_heads + 2 * SHAPE.num_key_value_heads) * SHAPE.head_dim
+    out["kernels"] = quant_fast_path.kernel_rows(kernel_formats, time_graph, DEV, SM, l2_bytes=L2_BYTES,
+                                                 hidden=SHAPE.hidden_size, intermediate=SHAPE.intermediate_size, qkv=qkv,
+                                                 deadline=t0 + (240 if QUANT["sweep"] else 0),
+                                                 log=lambda s: print(s, flush=True))
+    out["kernels_seconds"] = time.perf_counter() - t0
+    out["steps"] = quant_fast_path.step_rows(formats, lambda: synthetic_tensors(SHAPE, False, DEV), DEV,
+                                             log=lambda s: print(s, flush=True))
+    text = quant_fast_path.table(out)
+    print(text, flush=True)
+    if QUANT["out"] is not None:
+        (QUANT["out"] / "quant_table.txt").write_text(text + "\n")
+    return out
+
+
 PARTS = {"tiny": tiny_part, "runtime": runtime_part, "kernels": kernels_part, "attention": attention_part, "step": step_part, "prefill": prefill_part,
-         "hf": hf_part}
+         "hf": hf_part, "quant": quant_part}
+DEFAULT_PARTS = [p for p in PARTS if p != "quant"]  # the quant part runs when named
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS))
+    ap.add_argument("--formats", default=",".join(quant_fast_path.QUANT_FORMATS),
+                    help="quant part: formats of the decode steps (int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16)")
+    ap.add_argument("--no-quant-sweep", action="store_true", help="quant part: default tiles only")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    QUANT["formats"] = [f for f in args.formats.split(",") if f]
+    unknown = set(QUANT["formats"]) - set(quant_fast_path.QUANT_ALGO)
+    if unknown:
+        ap.error(f"--formats: unknown {sorted(unknown)}; choose from {sorted(quant_fast_path.QUANT_ALGO)}")
+    QUANT["sweep"], QUANT["out"] = not args.no_quant_sweep, args.out
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "sm_count": SM,
               "weights": "random, DeepSeek-R1-Distill-Qwen-7B shape; tensors made on the GPU (not by ModelOpt)"}
     import triton

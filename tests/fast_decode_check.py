@@ -69,6 +69,7 @@ def main() -> None:
     result = {
         "padding_wrote_scratch_only": padding_ok,
         "decode_path": fast.describe()["decode_path"],
+        "weight_bytes_fast": fast.describe()["weight_bytes"], "weight_bytes_eager": eager.describe()["weight_bytes"],
         "fast_vs_fp32": rel("fast", "fp32"), "eager_vs_fp32": rel("eager", "fp32"),
         "argmax_equal": logits["fast"].argmax(-1).tolist() == logits["eager"].argmax(-1).tolist(),
         "greedy_fast": [c.token_ids for c in fast.generate(prompts, greedy)],

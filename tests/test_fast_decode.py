@@ -28,9 +28,9 @@ def _checkpoint(built, name: str) -> Path:
     return built(name).engine_dir.parent / "checkpoint"
 
 
-def _interpreted(ckpt: Path) -> dict:
+def _interpreted(ckpt: Path | None, script: str = "fast_decode_check.py"):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(TESTS / "fast_decode_check.py"), str(ckpt)], capture_output=True,
+    proc = subprocess.run([sys.executable, str(TESTS / script), *([str(ckpt)] if ckpt else [])], capture_output=True,
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -43,6 +43,7 @@ def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
     assert r["greedy_fast"] == r["greedy_eager"]
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]  # batches of changing size
     assert r["padding_wrote_scratch_only"]
+    assert r["weight_bytes_fast"] == r["weight_bytes_eager"]  # the same tensors, read once per step
     # Same rounding points as eager, other accumulation order: as close to float32 as eager is.
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.02
 
@@ -57,6 +58,82 @@ def test_fast_kernels_match_eager_accuracy_fp8(built):
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.15
     assert r["padding_wrote_scratch_only"]
     assert [len(t) for t in r["staggered_fast"]] == [6, 6, 6]
+
+
+def test_quant_kernels_match_the_dequantized_reference():
+    """Each 4/8-bit kernel (partials and GLU) against ``x @ W^T`` in float32, W dequantized as the format
+    defines it and x quantized as its activation quantizer does, at M = 1, 3, 16, with N, K and split tails.
+    Where the group scale multiplies a tile's dot result (group >= BLOCK_K: the 7B's) and for the FP8 / INT8
+    activation formats, the kernels multiply the exact values: float32 accumulation order is the only
+    difference (measured <= 1.3e-6). Where each weight is scaled first (groups smaller than a tile) the scaled
+    weight is rounded to the compute dtype, as the eager model's dequantized copy is: about eager's error."""
+    rows = _interpreted(None, "quant_kernel_check.py")
+    assert {r["fmt"] for r in rows} == {"int4_awq", "w4a8_awq", "int8_sq", "int8_wo"}
+    for r in rows:
+        exact = r["tile_scale"] or r["fmt"] in ("w4a8_awq", "int8_sq")
+        bound = 5e-5 if r["dtype"] == "float16" else 1e-5
+        assert r["kernel"]["rel"] < (bound if exact else 1.2 * r["eager_bf16"]["rel"]), r
+        # silu(fc) * gate, rounded where eager rounds: within eager's own distance from float32
+        assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
+
+
+@pytest.mark.slow
+def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built):
+    # W4A16: no activation quantizer, so the kernels are as close to eager as the BF16 ones are
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"))
+    assert r["decode_path"].startswith("triton kernels")
+    assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"]
+    assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
+    assert r["padding_wrote_scratch_only"]
+    # a step reads the packed INT4 weights (and their scales), not eager's BF16 dequantized copy
+    assert r["weight_bytes_fast"] < r["weight_bytes_eager"]
+
+
+@pytest.mark.slow
+def test_fast_kernels_match_eager_accuracy_int8_sq(built):
+    # W8A8 re-quantizes every activation to INT8 (as FP8 does to E4M3): tokens may part after a few steps
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int8-sq-tp1"))
+    assert r["decode_path"].startswith("triton kernels")
+    assert r["argmax_equal"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.1
+    same = sum(a == b for fa, ea in zip(r["greedy_fast"], r["greedy_eager"]) for a, b in zip(fa, ea))
+    assert same >= 12 and all(f[:2] == e[:2] for f, e in zip(r["greedy_fast"], r["greedy_eager"])), r
+    assert r["staggered_fast"] == r["greedy_fast"] and [len(t) for t in r["staggered_fast"]] == [6, 6, 6]
+    assert r["padding_wrote_scratch_only"]
+
+
+def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():
+    """benchmarks/gpu_fast_path.py --parts quant builds its 7B engines from random BF16 tensors quantized on the
+    GPU; here the same code at a tiny shape on the CPU: the packing is the checkpoint's, each format loads, the
+    fast path's view of it is the format's, and eager decoding stays finite."""
+    import dataclasses
+
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    import quant_fast_path as qf
+    from torch_runtime_gpu import synthetic_tensors
+
+    from trtllm_pipeline.model.catalog import KNOWN_MODELS
+    from trtllm_pipeline.runtimes.cuda.decode_step import _linear
+    from trtllm_pipeline.runtimes.torch_model import Qwen2Engine, unpack_int4_rows
+
+    v = torch.randint(-8, 8, (6, 32))
+    assert torch.equal(unpack_int4_rows(qf.pack_int4_rows(v)).long(), v)
+    shape = dataclasses.replace(KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"], hidden_size=128,
+                                intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+                                num_key_value_heads=2, vocab_size=256)
+    cpu = torch.device("cpu")
+    amax = qf.input_amax(*synthetic_tensors(shape, False, cpu), cpu, prompt_len=16)
+    for fmt in qf.QUANT_FORMATS:
+        config, tensors = qf.quantized_checkpoint(fmt, *synthetic_tensors(shape, False, cpu), amax, cpu)
+        engine = Qwen2Engine(config, tensors, device=cpu, max_slots=1, max_seq_len=32)
+        layer = engine.layers[0]
+        assert layer["qkv"].format == fmt and _linear(layer["qkv"]).quant.fmt == fmt
+        # fc and gate apart (their own input scales) where ModelOpt's exports have them apart
+        assert hasattr(layer["fc_gate"], "first") == (fmt != "int8_wo"), fmt
+        zero = torch.zeros(1, dtype=torch.long)
+        h = engine(torch.arange(8)[None], zero, zero, 8)
+        assert torch.isfinite(engine.logits(h[:, -1])).all(), fmt
 
 
 def test_batch_buckets_and_padding():

@@ -330,9 +330,12 @@ def test_int8_weight_only_is_quantized_per_rank_as_trtllm_build_does(exported):
 def test_the_fast_cuda_path_refuses_formats_it_has_no_kernels_for(exported):
     from trtllm_pipeline.runtimes.cuda.decode_step import Unsupported, _linear
 
-    rt = _runtime(exported("int4_awq", 1).checkpoint_dir)
-    with pytest.raises(Unsupported, match="int4_awq weights"):
+    rt = _runtime(exported("nvfp4", 1).checkpoint_dir)
+    with pytest.raises(Unsupported, match="nvfp4 weights .*no FP4 tensor cores"):
         _linear(rt.engine.layers[0]["qkv"])
+    # the 4/8-bit integer formats have kernels (runtimes/cuda/quant_linear.py; tests/test_fast_decode.py)
+    rt = _runtime(exported("int4_awq", 1).checkpoint_dir)
+    assert _linear(rt.engine.layers[0]["qkv"]).quant.fmt == "int4_awq"
 
 
 # --------------------------------------------------------------------------- gate and report

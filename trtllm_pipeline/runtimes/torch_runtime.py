@@ -228,8 +228,10 @@ class TorchRuntime(Runtime):
             "world_size": self.executor.world_size,
             **({"tp_notice": self.tp_notice} if self.tp_notice else {}),
             "decode_path": self.decode_path,
-            # What a step reads over every rank (replicated KV heads are read by each rank holding them).
-            "weight_bytes": sum(r["weight_bytes"] for r in ranks),
+            # What a step reads: the fast path's packed weights where it runs (one rank), else the eager
+            # model's over every rank (replicated KV heads are read by each rank holding them).
+            "weight_bytes": (self.decoder.step.weight_bytes() if self.decoder is not None
+                             else sum(r["weight_bytes"] for r in ranks)),
             "kv_bytes_per_token": sum(r["kv_bytes_per_token"] for r in ranks),
             "ranks": ranks,
             "torch": torch.__version__,

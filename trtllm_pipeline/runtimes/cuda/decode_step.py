@@ -11,7 +11,11 @@ new tokens, slots and positions copied into its inputs.
 
 Weights are the engine's own tensors (no copy); the math and its rounding points are the eager
 model's, so the two agree up to accumulation order (checked in ``benchmarks/gpu_fast_path.py`` and,
-through Triton's interpreter, in the CPU tests).
+through Triton's interpreter, in the CPU tests). BF16 and FP8 linears run ``linear``'s kernels; INT4-AWQ,
+W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run ``quant_linear``'s, which read the checkpoint's packed
+tensors and apply the pre-quant scale and activation quantizer to their input themselves (so for these
+formats every activation buffer stays in the compute dtype, and an unfused mlp.fc / mlp.gate pair runs as
+one GLU launch); NVFP4 is refused (eager emulation runs it).
 """
 
 from __future__ import annotations
@@ -20,16 +24,27 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import attention, linear, norm
+from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_linear
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
 @dataclasses.dataclass
 class _Linear:
-    weight: torch.Tensor  # [N, K], FP8 or the compute dtype
+    weight: torch.Tensor  # [N, K], FP8 or the compute dtype (a 4/8-bit format's: as ``quant`` reads it)
     scale: torch.Tensor | None  # activation scale x weight scale (FP8), applied to the float32 sum
     in_inv: torch.Tensor | None  # 1 / activation scale: how the producer quantizes this layer's input
     bias: torch.Tensor | None
+    quant: quant_linear.QuantWeight | None = None  # INT4 / INT8 formats: their kernels take the input as is
+
+    @property
+    def out_features(self) -> int:
+        return self.quant.n if self.quant is not None else self.weight.shape[0]
+
+    def rows(self, start: int, stop: int) -> "_Linear":
+        """Output rows [start, stop): mlp.fc and mlp.gate of one fused matrix."""
+        if self.quant is not None:
+            return dataclasses.replace(self, quant=self.quant.rows(start, stop))
+        return dataclasses.replace(self, weight=self.weight[start:stop])
 
 
 @dataclasses.dataclass
@@ -98,25 +113,30 @@ class DecodeStep:
         self.dtype = engine.dtype
         self.layers = [self._layer(layer) for layer in engine.layers]
         self.fp8 = self.layers[0].qkv.scale is not None
-        if self.fp8 and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-            raise Unsupported("FP8 weights need FP8 tensor cores (SM89 or newer)")
+        self.quant = self.layers[0].qkv.quant is not None
+        fp8_cores = self.fp8 or self.quant and self.layers[0].qkv.quant.fmt == "w4a8_awq"
+        if fp8_cores and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            raise Unsupported("FP8 weights or activations need FP8 tensor cores (SM89 or newer)")
         if device.type == "cuda":
             sm_count = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         self.sm_count = sm_count or 4
         self.pdl = linear.pdl_supported(device) if pdl is None else pdl and linear.pdl_supported(device)
         self.hidden = engine.embedding.shape[1]
-        self.qkv_width = self.layers[0].qkv.weight.shape[0]
-        self.intermediate = self.layers[0].fc.weight.shape[0]
+        self.qkv_width = self.layers[0].qkv.out_features
+        self.intermediate = self.layers[0].fc.out_features
         self.vocab = engine.lm_head.shape[0]
 
     def _layer(self, layer: dict) -> _Layer:
         qkv = _linear(layer["qkv"])  # first: it names a weight format without kernels here
         fc_gate = layer["fc_gate"]
-        if not hasattr(fc_gate, "weight"):
-            raise Unsupported("mlp.fc and mlp.gate have different scales (no fused gate kernel for them)")
-        half = fc_gate.weight.shape[0] // 2
-        fc, gate = (dataclasses.replace(_linear(fc_gate), weight=w) for w in
-                    (fc_gate.weight[:half], fc_gate.weight[half:]))
+        if not hasattr(fc_gate, "weight"):  # a _Pair: fc and gate with input scales of their own
+            if qkv.quant is None:
+                raise Unsupported("mlp.fc and mlp.gate have different scales (no fused gate kernel for them)")
+            fc, gate = _linear(fc_gate.first), _linear(fc_gate.second)  # the quant GLU takes them apart
+        else:
+            both = _linear(fc_gate)
+            half = both.out_features // 2
+            fc, gate = both.rows(0, half), both.rows(half, 2 * half)
         return _Layer(layer["input_norm"], layer["post_norm"], qkv, _linear(layer["dense"]), fc, gate,
                       _linear(layer["proj"]))
 
@@ -125,11 +145,12 @@ class DecodeStep:
         act_dtype = torch.float8_e4m3fn if self.fp8 else self.dtype
         wbytes = self.layers[0].qkv.weight.element_size()
         heads, d = e.heads, e.head_dim
+        first = self.layers[0]
         configs = {
-            "qkv": linear.pick_config(batch, self.qkv_width, self.hidden, wbytes, self.sm_count),
-            "dense": linear.pick_config(batch, self.hidden, heads * d, wbytes, self.sm_count),
-            "glu": linear.pick_config(batch, self.intermediate, self.hidden, wbytes, self.sm_count, glu=True),
-            "proj": linear.pick_config(batch, self.hidden, self.intermediate, wbytes, self.sm_count),
+            "qkv": self._config(first.qkv, batch, self.qkv_width, self.hidden, wbytes),
+            "dense": self._config(first.dense, batch, self.hidden, heads * d, wbytes),
+            "glu": self._config(first.fc, batch, self.intermediate, self.hidden, wbytes, glu=True),
+            "proj": self._config(first.proj, batch, self.hidden, self.intermediate, wbytes),
             "lm_head": linear.pick_config(batch, self.vocab, self.hidden, e.lm_head.element_size(), self.sm_count,
                                           splits=1),
         }
@@ -155,6 +176,36 @@ class DecodeStep:
             configs=configs,
         )
 
+    def weight_bytes(self) -> int:
+        """Bytes of weights one step reads: the kernels' tensors (packed, with their scales), lm_head and norms."""
+        e = self.engine
+        tensors = [e.lm_head, e.final_norm]
+        size = 0
+        for layer in self.layers:
+            tensors += [layer.input_norm, layer.post_norm]
+            for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj):
+                size += lin.quant.nbytes() if lin.quant is not None else lin.weight.numel() * lin.weight.element_size()
+                tensors += [lin.bias] if lin.bias is not None else []
+        return size + sum(t.numel() * t.element_size() for t in tensors)
+
+    def _config(self, lin: _Linear, batch: int, n: int, k: int, wbytes: int, glu: bool = False) -> linear.LinearConfig:
+        if lin.quant is not None:
+            return quant_linear.pick_config(lin.quant, batch, self.sm_count, glu=glu)
+        return linear.pick_config(batch, n, k, wbytes, self.sm_count, glu=glu)
+
+    def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig) -> None:
+        if lin.quant is not None:
+            quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
+        else:
+            linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
+
+    def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig) -> None:
+        if layer.fc.quant is not None:
+            quant_linear.quant_glu(x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl)
+        else:
+            linear.glu(x, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, out, cfg,
+                       self.dtype, self.pdl)
+
     def run(self, buf: StepBuffers) -> None:
         """Launch the step for ``buf``'s tokens, slots and positions; logits land in ``buf.logits``."""
         e, cfg, dt, pdl = self.engine, buf.configs, self.dtype, self.pdl
@@ -163,18 +214,17 @@ class DecodeStep:
                               e.eps, dt, tokens=buf.tokens, embedding=e.embedding, pdl=pdl)
         for i, layer in enumerate(self.layers):
             qkv = buf.partials[: cfg["qkv"].splits]
-            linear.linear_partials(buf.normed, layer.qkv.weight, layer.qkv.scale, qkv, cfg["qkv"], pdl)
+            self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"])
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt, pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
-            linear.linear_partials(buf.attn_out, layer.dense.weight, layer.dense.scale, dense, cfg["dense"], pdl)
+            self._partials(buf.attn_out, layer.dense, dense, cfg["dense"])
             norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
                                   pdl=pdl)
-            linear.glu(buf.normed, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, buf.act,
-                       cfg["glu"], dt, pdl)
+            self._glu(buf.normed, layer, buf.act, cfg["glu"])
             proj = buf.partials[: cfg["proj"].splits]
-            linear.linear_partials(buf.act, layer.proj.weight, layer.proj.scale, proj, cfg["proj"], pdl)
+            self._partials(buf.act, layer.proj, proj, cfg["proj"])
             last = i + 1 == n
             norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else self.layers[i + 1].input_norm,
                                   buf.final if last else buf.normed, None if last else self.layers[i + 1].qkv.in_inv,
@@ -184,8 +234,15 @@ class DecodeStep:
 
 
 def _linear(module) -> _Linear:
-    """The fast path's view of a ``torch_model.Linear`` (whose FP8 weights are FP8 values)."""
-    if getattr(module, "format", "none") not in ("none", "fp8"):
+    """The fast path's view of a ``torch_model.Linear`` (whose FP8 weights are FP8 values; the 4/8-bit formats'
+    tensors as the checkpoint stores them, their scales re-laid once for quant_linear's kernels)."""
+    fmt = getattr(module, "format", "none")
+    if fmt in quant_linear.FORMATS:
+        return _Linear(module.weight, None, None, module.bias, quant_linear.QuantWeight.of(module))
+    if fmt == "nvfp4":
+        raise Unsupported("nvfp4 weights (no fast kernels: Hopper has no FP4 tensor cores, and the eager path "
+                          "emulates them)")
+    if fmt not in ("none", "fp8"):
         raise Unsupported(f"{module.format} weights (no fast kernels for them yet)")
     if not module.fp8:
         return _Linear(module.weight, None, None, module.bias)

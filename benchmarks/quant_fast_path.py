@@ -1,0 +1,388 @@
+"""The ``quant`` part of benchmarks/gpu_fast_path.py: the 4/8-bit decode kernels and decode steps at the 7B shape.
+
+Importable without a GPU (the tensors and checks take a device; the CPU tests run them at a tiny shape
+through Triton's interpreter); timing takes ``gpu_fast_path``'s CUDA-graph timer as an argument.
+
+Weights are synthetic: the random BF16 7B tensors of ``torch_runtime_gpu.synthetic_tensors``, quantized on
+the device by round-to-nearest (not ModelOpt, not AWQ's search): INT4 per group of 128 inputs (amax / 7),
+INT8 per output channel (amax / 127), W4A8's second-level scale so that the largest group step is 448 / 8
+FP8 steps, pre-quant scales drawn in [0.8, 1.25] (different for mlp.fc and mlp.gate, as ModelOpt's exports
+of these formats have them, so fc/gate run as a pair of matrices), activation scales from the amax of each
+linear's input in an eager BF16 pass over a random prompt (max calibration), widened by the largest
+pre-quant scale. The numbers are random; the byte counts, shapes and code paths are the 7B's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_pipeline.runtimes.cuda import linear, quant_linear
+from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep
+from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
+from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
+
+QUANT_FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo")
+QUANT_ALGO = {"int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16",
+              "fp8": "FP8", "bf16": None}
+GROUP = 128
+LINEAR_NAMES = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
+HOOKED = {"attention.qkv": "qkv", "attention.dense": "dense", "mlp.fc": "fc_gate", "mlp.gate": "fc_gate",
+          "mlp.proj": "proj"}
+
+
+def rel(a, b) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm())
+
+
+# --------------------------------------------------------------------------------- synthetic tensors
+
+
+def pack_int4_rows(v: torch.Tensor) -> torch.Tensor:
+    """(N, K) integers in [-8, 7] -> (N/2, K) int8, row 2j in the low nibble (torch_model.unpack_int4_rows)."""
+    v = v.to(torch.int16)
+    return ((v[0::2] & 0xF) | ((v[1::2] & 0xF) << 4)).to(torch.uint8).view(torch.int8)
+
+
+def quantize_linear(fmt: str, w: torch.Tensor, amax_in: float | None, gen: torch.Generator,
+                    group: int = GROUP, w_amax: float | None = None) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors (names without the layer prefix) of BF16 weight ``w`` [N, K] in ``fmt``, by RTN."""
+    n, k = w.shape
+    dev = w.device
+    wf = w.float()
+    out: dict[str, torch.Tensor] = {}
+    pqs = None
+    if fmt in ("int4_awq", "w4a8_awq", "int8_sq"):
+        pqs = 0.8 + 0.45 * torch.rand(k, generator=gen, device=dev)
+        out["prequant_scaling_factor"] = pqs.to(torch.bfloat16)
+    a_amax = (amax_in or 8.0) * (1.25 if pqs is not None else 1.0)
+    if fmt in ("int4_awq", "w4a8_awq"):
+        g = wf.reshape(n, k // group, group)
+        s = (g.abs().amax(-1) / 7).clamp_min(1e-8)
+        v = torch.round(g / s[..., None]).clamp(-8, 7).reshape(n, k)
+        out["weight"] = pack_int4_rows(v)
+        out["weights_scaling_factor"] = s
+        if fmt == "w4a8_awq":
+            out["weights_scaling_factor_2"] = (s.max() * 8 / 448).reshape(1)
+            out["activation_scaling_factor"] = torch.tensor([a_amax / 448], device=dev)
+    elif fmt in ("int8_sq", "int8_wo"):
+        s = (wf.abs().amax(1) / 127).clamp_min(1e-8)
+        out["weight"] = torch.round(wf / s[:, None]).clamp(-127, 127).to(torch.int8)
+        if fmt == "int8_sq":
+            out["weights_scaling_factor"] = s
+            out["activation_scaling_factor"] = torch.tensor([a_amax / 127], device=dev)
+        else:
+            out["per_channel_scale"] = s[:, None]
+    elif fmt == "fp8":
+        s = (torch.tensor(w_amax, device=dev) if w_amax else wf.abs().max()).reshape(1) / 448
+        out["weight"] = (wf / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+        out["weights_scaling_factor"] = s
+        out["activation_scaling_factor"] = torch.tensor([a_amax / 448], device=dev)
+    else:
+        out["weight"] = w
+    return out
+
+
+def input_amax(config: dict, tensors: dict, device, prompt_len: int = 512) -> dict[tuple[int, str], float]:
+    """Max calibration: the amax of each linear's input (by layer and engine key) in an eager BF16 pass."""
+    eng = Qwen2Engine(config, tensors, device=device, max_slots=1, max_seq_len=prompt_len + 64)
+    amax, hooks = {}, []
+    for i, layer in enumerate(eng.layers):
+        for key in ("qkv", "dense", "fc_gate", "proj"):
+            def hook(mod, args, key=(i, key)):
+                amax[key] = max(amax.get(key, 0.0), float(args[0].float().abs().max()))
+            hooks.append(layer[key].register_forward_pre_hook(hook))
+    gen = torch.Generator(device=device).manual_seed(2)
+    prompt = torch.randint(0, config["vocab_size"], (1, prompt_len), device=device, generator=gen)
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    eng(prompt, zero, zero, prompt_len)
+    for h in hooks:
+        h.remove()
+    return amax
+
+
+def quantized_checkpoint(fmt: str, config: dict, tensors: dict, amax: dict | None, device) -> tuple[dict, dict]:
+    """(config, tensors) of the BF16 checkpoint ``tensors`` quantized to ``fmt`` (consumed: BF16 weights freed)."""
+    if fmt == "bf16":
+        return config, tensors
+    config = {**config, "quantization": {"quant_algo": QUANT_ALGO[fmt], "kv_cache_quant_algo": None,
+                                         **({"group_size": GROUP, "has_zero_point": False, "pre_quant_scale": True}
+                                            if fmt in ("int4_awq", "w4a8_awq") else {}),
+                                         "exclude_modules": ["lm_head"]}}
+    gen = torch.Generator(device=device).manual_seed(5)
+    layers = config["num_hidden_layers"]
+    shared: dict[int, float] = {}
+    for i in range(layers):
+        p = f"transformer.layers.{i}."
+        for name in LINEAR_NAMES:
+            w = tensors.pop(p + name + ".weight")
+            a = (amax or {}).get((i, HOOKED[name]))
+            # FP8: fc and gate share one per-tensor weight scale, as ModelOpt's export gives them (one GEMM)
+            w_amax = None
+            if fmt == "fp8" and name in ("mlp.fc", "mlp.gate"):
+                other = tensors.get(p + "mlp.gate.weight", w)
+                w_amax = shared.setdefault(i, max(float(w.float().abs().max()), float(other.float().abs().max())))
+            if name == "mlp.gate" and a is not None and fmt in ("w4a8_awq", "int8_sq"):
+                a *= 1.01  # fc and gate calibrated apart, as ModelOpt's exports of these formats are
+            for suffix, t in quantize_linear(fmt, w, a, gen, w_amax=w_amax).items():
+                tensors[p + name + "." + suffix] = t
+            del w
+    return config, tensors
+
+
+# ------------------------------------------------------------------------------------------- kernels
+
+
+def reference_input(lin: Linear, x: torch.Tensor) -> torch.Tensor:
+    """Float32: the eager product ``x * pre_quant_scale`` (compute dtype), then the activation quantizer."""
+    if lin.pre_quant_scale is not None:
+        x = x * lin.pre_quant_scale.to(x.dtype)
+    if lin.format == "w4a8_awq":
+        return fake_fp8(x, lin.a_scale)
+    if lin.format == "int8_sq":
+        return fake_int8(x, lin.a_scale)
+    return x.float()
+
+
+def kernel_cases(hidden: int, intermediate: int, qkv: int) -> list[tuple[str, int, int, bool]]:
+    """(name, N, K, glu) of the decode linears (fc+gate as one GLU launch of two N x K matrices)."""
+    return [("qkv", qkv, hidden, False), ("dense", hidden, hidden, False), ("glu", intermediate, hidden, True),
+            ("proj", hidden, intermediate, False)]
+
+
+def _sweep(q: quant_linear.QuantWeight, m: int, sm: int, glu: bool, sweep: bool) -> list[linear.LinearConfig]:
+    base = quant_linear.pick_config(q, m, sm, glu=glu)
+    out = [base]
+    if not sweep:
+        return out
+    for block_n in ((64, 128, 256) if q.int4 else (32, 64, 128)):
+        for factor in ((1,) if glu else (0.5, 1, 2)):
+            cfg = quant_linear.pick_config(q, m, sm, glu=glu, block_n=block_n)
+            cfg = dataclasses.replace(cfg, splits=max(1, int(cfg.splits * factor)))
+            if cfg not in out:
+                out.append(cfg)
+    return out
+
+
+def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=3584, intermediate=18944,
+                qkv=4608, l2_bytes=60 * 2**20, sweep_batches=(1,), deadline: float | None = None,
+                log=print) -> list[dict]:
+    """Each quant kernel at the given shapes: error against float32 ``x @ W^T`` (W dequantized as the format
+    defines it, x quantized as its activation quantizer does), then time over rotating weight copies larger
+    than L2, with a small tile / split sweep at ``sweep_batches``; BF16 and FP8 linears' default configs beside."""
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(11)
+    dt = torch.bfloat16
+    for fmt in formats:
+        for name, n, k, glu in kernel_cases(hidden, intermediate, qkv):
+            mats = 2 if glu else 1
+            w = [(torch.randn(n, k, generator=gen, device=device) / k**0.5).to(dt) for _ in range(mats)]
+            lins = []
+            for j in range(mats):
+                t = {f"p.{s}": v for s, v in quantize_linear(fmt, w[j], 5.0 * (1.01 if j else 1), gen).items()}
+                if fmt in QUANT_FORMATS:
+                    lins.append(Linear(t, "p", dt, device, fmt, GROUP))
+                else:
+                    lins.append(Linear(t, "p", dt, device, "none" if fmt == "bf16" else fmt, None))
+            del w
+            quant = fmt in QUANT_FORMATS
+            if quant:
+                qs = [quant_linear.QuantWeight.of(lin) for lin in lins]
+                per_call = sum(q.nbytes() for q in qs)
+            else:
+                per_call = sum(lin.weight.numel() * lin.weight.element_size() for lin in lins)
+            copies = max(2, -(-4 * l2_bytes // per_call)) if device.type == "cuda" else 1
+            if quant:
+                sets = [qs] + [[dataclasses.replace(q, weight=q.weight.clone(), scales=q.scales.clone()) for q in qs]
+                               for _ in range(copies - 1)]
+            else:
+                sets = [[lin.weight for lin in lins]] + [[lin.weight.clone() for lin in lins]
+                                                         for _ in range(copies - 1)]
+            for m in batches:
+                x = (torch.randn(m, k, generator=gen, device=device) * 2).to(dt)
+                refs = [reference_input(lin, x) @ lin._dequantize().t() if quant else None for lin in lins]
+                if quant and glu:
+                    want = F.silu(refs[0].to(dt).float()).to(dt).float() * refs[1].to(dt).float()
+                elif quant:
+                    want = refs[0]
+                if quant:
+                    configs = _sweep(qs[0], m, sm, glu, m in sweep_batches and (deadline is None or
+                                                                                  time.perf_counter() < deadline))
+                else:
+                    configs = [linear.pick_config(m, n, k, lins[0].weight.element_size(), sm, glu=glu)]
+                if not quant:  # FP8 linears take their input quantized by the producer
+                    xin = x if fmt == "bf16" else (x.float() * lins[0].a_inv).to(torch.float8_e4m3fn)
+                    scale = None if fmt == "bf16" else (lins[0].a_scale * lins[0].w_scale).reshape(1)
+                results = {}
+                for cfg in configs:
+                    key = (cfg.block_n, cfg.block_k, cfg.splits)
+                    try:
+                        out = (torch.empty(m, n, device=device, dtype=dt) if glu else
+                               torch.empty(cfg.splits, m, n, device=device))
+
+                        def call(s=0, cfg=cfg, out=out):
+                            ws = sets[s % copies]
+                            if quant and glu:
+                                quant_linear.quant_glu(x, ws[0], ws[1], out, cfg, dt, pdl=device.type == "cuda")
+                            elif quant:
+                                quant_linear.quant_partials(x, ws[0], out, cfg, dt, pdl=device.type == "cuda")
+                            else:
+                                if glu:
+                                    linear.glu(xin, ws[0], ws[1], scale, None, out, cfg, dt, pdl=device.type == "cuda")
+                                else:
+                                    linear.linear_partials(xin, ws[0], scale, out, cfg, pdl=device.type == "cuda")
+                        call()
+                        err = rel(out.float() if glu else out.sum(0), want) if quant else None
+                        it = iter(range(10**9))
+                        us = time_fn(lambda: call(next(it)), copies * 2) if time_fn else float("nan")
+                        results[key] = (us, err)
+                    except Exception as exc:  # a config that does not compile is a finding, not a stop
+                        results[key] = (float("inf"), repr(exc)[:300])
+                base = (configs[0].block_n, configs[0].block_k, configs[0].splits)
+                best = min(results, key=lambda c: results[c][0])
+                row = {"format": fmt, "linear": name, "n": n, "k": k, "m": m, "matrices": mats,
+                       "weight_bytes": per_call,
+                       "default_config": base, "default_us": results[base][0], "default_err": results[base][1],
+                       "best_config": best, "best_us": results[best][0], "best_err": results[best][1],
+                       "sweep": {str(c): v for c, v in results.items()}}
+                for key in ("default_us", "best_us"):
+                    us = row[key]
+                    row[key.replace("_us", "_gbps")] = per_call / us / 1e3 if us and us == us and us > 0 else None
+                rows.append(row)
+                log(f"quant kernel {fmt:8} {name:5} m={m:<3} {per_call / 1e6:7.1f} MB  default {base} "
+                    f"{row['default_us']:8.1f} us ({row['default_gbps'] or 0:6.0f} GB/s, err {row['default_err']})  "
+                    f"best {best} {row['best_us']:8.1f} us ({row['best_gbps'] or 0:6.0f} GB/s)")
+            del sets, lins
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- step
+
+
+def check_step(graphs: DecodeGraphs, engine: Qwen2Engine, prompt_len: int = 64, steps: int = 16) -> dict:
+    """Fast path against the eager (dequantized) model on the same weights and cache: step-0 logits and
+    greedy tokens, one row."""
+    dev = engine.cache_k.device
+    gen = torch.Generator(device=dev).manual_seed(1)
+    prompt = torch.randint(0, engine.lm_head.shape[0], (1, prompt_len), device=dev, generator=gen)
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
+    h = engine(prompt, zero, zero, prompt_len)
+    first = int(engine.logits(h[:, -1]).argmax(-1))
+    snap_k, snap_v = engine.cache_k[:, :1].clone(), engine.cache_v[:, :1].clone()
+    eager, eager0 = [first], None
+    key_len = -(-(prompt_len + steps + 1) // 64) * 64
+    for s in range(steps):
+        tok = torch.tensor([[eager[-1]]], device=dev)
+        lg = engine.logits(engine(tok, zero, torch.tensor([prompt_len + s], device=dev), key_len)[:, -1]).float()
+        eager0 = lg.clone() if s == 0 else eager0
+        eager.append(int(lg.argmax(-1)))
+    engine.cache_k[:, :1], engine.cache_v[:, :1] = snap_k, snap_v
+    fast, fast0 = [first], None
+    for s in range(steps):
+        lg = graphs.decode([fast[-1]], [0], [prompt_len + s])
+        fast0 = lg.clone() if s == 0 else fast0
+        fast.append(int(graphs.greedy(1)[0]))
+    same = sum(a == b for a, b in zip(eager[1:], fast[1:]))
+    return {"step0_rel_err_fast_vs_eager": rel(fast0, eager0),
+            "step0_argmax_equal": bool(fast0.argmax() == eager0.argmax()),
+            "greedy_tokens_equal": f"{same}/{steps}",
+            "first_divergent_step": next((i for i, (a, b) in enumerate(zip(eager[1:], fast[1:])) if a != b), steps)}
+
+
+def time_step(graphs: DecodeGraphs, ctx: int, steps: int) -> tuple[float, float]:
+    """(ms per step as the runtime runs it: input copy, replay, token read back; ms per graph replay)."""
+    tokens = [1]
+    for w in range(3):
+        graphs.decode(tokens, [0], [ctx + w])
+    torch.cuda.synchronize()
+    wall0 = time.perf_counter()
+    for s in range(steps):
+        graphs.decode(tokens, [0], [ctx + s])
+        tokens = graphs.greedy(1).tolist()
+    wall = (time.perf_counter() - wall0) / steps * 1000
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        a.record()
+        for _ in range(10):
+            graphs.graphs[1].replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 10)
+    return wall, statistics.median(times)
+
+
+def step_rows(formats, bf16_tensors, device, *, ctx: int = 2048, steps: int = 64, bandwidth: float = 4.3e12,
+              log=print) -> list[dict]:
+    """The whole fast decode step at batch 1 per format, on a 7B-shaped engine quantized on the device:
+    checked against the eager model first, then timed at context ``ctx`` (random cache contents).
+
+    ``bf16_tensors``: () -> (config, tensors), fresh random BF16 checkpoint tensors on ``device``."""
+    rows = []
+    config, tensors = bf16_tensors()
+    amax = input_amax(config, tensors, device)
+    del tensors
+    for fmt in formats:
+        row = {"format": fmt, "batch": 1, "context": ctx}
+        try:
+            t0 = time.perf_counter()
+            cfg, tensors = quantized_checkpoint(fmt, *bf16_tensors(), amax, device)
+            engine = Qwen2Engine(cfg, tensors, device=device, max_slots=2, max_seq_len=ctx + steps + 80)
+            del tensors
+            step = DecodeStep(engine)
+            graphs = DecodeGraphs(step, [1], scratch_slot=1)
+            graphs.prepare()
+            row["setup_s"] = time.perf_counter() - t0
+            row["fc_gate"] = "pair" if hasattr(engine.layers[0]["fc_gate"], "first") else "fused"
+            row.update(check_step(graphs, engine))
+            wbytes = step.weight_bytes()
+            kv = engine.kv_bytes_per_token() * ctx
+            row.update({"weight_bytes": wbytes, "kv_bytes": kv, "floor_ms": (wbytes + kv) / bandwidth * 1000,
+                        "floor_bandwidth": bandwidth})
+            if device.type == "cuda":
+                engine.cache_k.normal_()
+                engine.cache_v.normal_()
+                wall, replay = time_step(graphs, ctx, steps)
+                row.update({"ms_per_step": wall, "graph_replay_ms": replay, "tokens_per_s": 1000 / wall,
+                            "achieved_gbps": (wbytes + kv) / replay / 1e6,
+                            "fraction_of_floor": row["floor_ms"] / replay})
+            log(f"quant step {fmt:8}: {row}")
+            del graphs, step, engine
+        except Exception as exc:
+            import traceback
+
+            row["error"] = traceback.format_exc()[-2000:]
+            log(f"quant step {fmt} FAILED: {exc!r}")
+        rows.append(row)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def table(result: dict) -> str:
+    """The part's results as text: kernels (GB/s of weight bytes), then the decode steps against their floors."""
+    lines = ["format   linear  m   MB      default us  GB/s   best us  GB/s   best config     max rel err"]
+    for r in result.get("kernels", []):
+        errs = [v[1] for v in r["sweep"].values() if isinstance(v[1], float)]
+        lines.append(f"{r['format']:8} {r['linear']:6} {r['m']:<3} {r['weight_bytes'] / 1e6:7.1f} "
+                     f"{r['default_us']:9.1f} {r['default_gbps'] or 0:6.0f} {r['best_us']:9.1f} "
+                     f"{r['best_gbps'] or 0:6.0f}"
+                     f"   {str(r['best_config']):15} {max(errs) if errs else '-'}")
+    lines.append("")
+    lines.append("format   GB/token  floor ms  replay ms  ms/step  of floor  fast vs eager  tokens equal")
+    for r in result.get("steps", []):
+        if "error" in r:
+            lines.append(f"{r['format']:8} FAILED: {r['error'].splitlines()[-1]}")
+            continue
+        lines.append(f"{r['format']:8} {r['weight_bytes'] / 1e9:8.3f} {r['floor_ms']:9.3f} "
+                     f"{r.get('graph_replay_ms', float('nan')):10.3f} {r.get('ms_per_step', float('nan')):8.3f} "
+                     f"{r.get('fraction_of_floor', float('nan')):8.0%}  {r['step0_rel_err_fast_vs_eager']:13.2e}  "
+                     f"{r['greedy_tokens_equal']}")
+    return "\n".join(lines)

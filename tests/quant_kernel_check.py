@@ -1,0 +1,105 @@
+"""Run by tests/test_fast_decode.py in a subprocess: the 4/8-bit decode kernels (runtimes/cuda/quant_linear.py)
+through Triton's interpreter against ``x @ W^T`` with W the format's float32 dequantized weight and x the input as
+the format's activation quantizer leaves it (in float32 after the eager bf16 ``x * pre_quant_scale``). Prints JSON:
+one row per case, with the kernel's and the eager bf16 module's relative and absolute errors.
+
+    python tests/quant_kernel_check.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import triton_interpreter  # noqa: F401  (before any kernel module is imported)
+import torch
+import torch.nn.functional as F
+
+from trtllm_pipeline.runtimes.cuda import quant_linear
+from trtllm_pipeline.runtimes.torch_model import Linear, fake_fp8, fake_int8
+
+CPU = torch.device("cpu")
+
+
+def tensors(fmt: str, n: int, k: int, group: int, gen: torch.Generator, slices: int = 1) -> dict:
+    """A checkpoint's tensors of one linear ``p`` in ``fmt``, random but plausibly scaled."""
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen)
+
+    t = {"p.prequant_scaling_factor": (0.5 + 1.5 * rand(k)).to(torch.bfloat16)}
+    if fmt in ("int4_awq", "w4a8_awq"):
+        t["p.weight"] = torch.randint(-128, 128, (n // 2, k), generator=gen, dtype=torch.int8)
+        t["p.weights_scaling_factor"] = (0.5 + rand(n, k // group)) * 0.01
+        if fmt == "w4a8_awq":
+            t["p.weights_scaling_factor_2"] = (t["p.weights_scaling_factor"].max() * 8 / 448).reshape(1)
+            t["p.activation_scaling_factor"] = torch.tensor([6.0 / 448])
+    else:
+        t["p.weight"] = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        if fmt == "int8_sq":
+            t["p.weights_scaling_factor"] = (0.5 + rand(n)) * 0.01
+            t["p.activation_scaling_factor"] = torch.tensor([5.0 / 127])
+        else:
+            t["p.per_channel_scale"] = (0.5 + rand(n, slices)) * 0.01
+            del t["p.prequant_scaling_factor"]
+    return t
+
+
+def reference_input(lin32: Linear, x: torch.Tensor) -> torch.Tensor:
+    """The input the format's math multiplies, float32: the eager bf16 pre-quant product, then the quantizer."""
+    if lin32.pre_quant_scale is not None:
+        x = x * lin32.pre_quant_scale.to(x.dtype)
+    if lin32.format == "w4a8_awq":
+        return fake_fp8(x, lin32.a_scale)
+    if lin32.format == "int8_sq":
+        return fake_int8(x, lin32.a_scale)
+    return x.float()
+
+
+def errors(got: torch.Tensor, want: torch.Tensor) -> dict:
+    d = (got.float() - want.float()).abs()
+    return {"rel": float(d.norm() / want.float().norm()), "max_abs": float(d.max()),
+            "max_rel": float(d.max() / want.float().abs().max())}
+
+
+def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=torch.bfloat16, slices=1, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    t = tensors(fmt, n, k, group, gen, slices)
+    t2 = tensors(fmt, n, k, group, gen, slices)  # the GLU's second matrix
+    lin, lin32 = (Linear(t, "p", dt, CPU, fmt, group) for dt in (dtype, torch.float32))
+    lin2, lin2_32 = (Linear(t2, "p", dt, CPU, fmt, group) for dt in (dtype, torch.float32))
+    q, q2 = quant_linear.QuantWeight.of(lin), quant_linear.QuantWeight.of(lin2)
+    x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
+    cfg = quant_linear.pick_config(q, m, sm_count=4, splits=splits, block_n=block_n)
+    if block_k:
+        cfg = quant_linear.LinearConfig(cfg.block_m, cfg.block_n, block_k, cfg.splits, cfg.num_warps, cfg.num_stages)
+    out = torch.full((cfg.splits, m, n), float("nan"))
+    quant_linear.quant_partials(x, q, out, cfg, dtype)
+    want = reference_input(lin32, x) @ lin32._dequantize().t()
+    row = {"fmt": fmt, "m": m, "n": n, "k": k, "group": q.group, "dtype": str(dtype).removeprefix("torch."),
+           "config": [cfg.block_n, cfg.block_k, cfg.splits], "tile_scale": q.group % cfg.block_k == 0,
+           "kernel": errors(out.sum(0), want), "eager_bf16": errors(lin(x), want)}
+    # the GLU: silu(fc) * gate, each matrix with its own pre-quant / activation scales
+    act = torch.full((m, n), float("nan"), dtype=dtype)
+    quant_linear.quant_glu(x, q, q2, act, cfg, dtype)
+    fc = want.to(dtype).float()
+    gate = (reference_input(lin2_32, x) @ lin2_32._dequantize().t()).to(dtype).float()
+    glu_want = F.silu(fc).to(dtype).float() * gate
+    row["glu"] = errors(act, glu_want)
+    row["glu_eager_bf16"] = errors(F.silu(lin(x)) * lin2(x), glu_want)
+    return row
+
+
+def main() -> None:
+    rows = []
+    for fmt in quant_linear.FORMATS:
+        for m in (1, 3):
+            # odd tails: N not a multiple of the tile, K not of BLOCK_K, splits that leave an empty last tile
+            rows.append(case(fmt, m, 90, 160, 32, block_n=32, splits=2, slices=2))  # per-weight scales (group<BLOCK_K)
+            rows.append(case(fmt, m, 90, 160, 32, block_n=32, block_k=32, splits=2))  # a group per tile
+        rows.append(case(fmt, 16, 64, 256, 64, block_n=64, block_k=64, splits=3))  # EVEN_M, K splits
+    rows.append(case("int4_awq", 3, 96, 128, 8, block_n=32, splits=1))  # the tiny model's group of 8
+    rows.append(case("int4_awq", 3, 90, 160, 32, block_n=32, block_k=32, splits=2, dtype=torch.float16))
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,455 @@
+"""Decode linears for the 4- and 8-bit weight formats: INT4-AWQ (W4A16), W4A8-AWQ, INT8 SmoothQuant (W8A8)
+and INT8 weight-only (W8A16), in linear.py's style (split-K, swapped dot, float32 partials to the workspace
+the next fused kernel reduces, PDL), plus a GLU variant for mlp.fc/mlp.gate.
+
+Weights are read as the checkpoint stores them: no repacking, no copy.
+
+* INT4 (``int4_awq``, ``w4a8_awq``): int8 [N/2, K], byte (j, k) holds output rows 2j (low nibble) and 2j+1
+  (high nibble) as two's-complement INT4. Each packed row is K-contiguous, so the swapped dot's weight tile
+  (BLOCK_N/2 packed rows x BLOCK_K bytes, 128 bytes per row) is a coalesced load. The two nibbles of a
+  byte feed two dots (even and odd output rows), stored to interleaved columns of the workspace: no
+  register shuffle. A nibble becomes a compute-dtype value without an integer-to-float conversion:
+  ``(nibble ^ 8) | 0x4300`` is the bfloat16 bit pattern of ``136 + q`` (``0x6400`` / ``1032 + q`` in
+  float16), one logic op; the 136 is taken off by a second dot against a constant tile (the tensor cores
+  are idle at decode batch sizes), so ``dot(W_biased, x) + dot(-136, x) = dot(q, x)`` exactly up to float32
+  accumulation.
+* INT8 (``int8_sq``, ``int8_wo``): int8 [N, K] as stored. SmoothQuant multiplies int8 x int8 on the
+  tensor cores into int32 (exact), scaled once by ``activation scale x weight scale[n]``. Weight-only turns
+  the int8 into float32 by the same kind of bit trick (``(w ^ 0x80) | 0x4B000000`` is ``2^23 + 128 + w``),
+  then the compute dtype (exact).
+
+Scales are re-laid once at load (``QuantWeight.of``) so each tile's scales are one contiguous load along N:
+per-group scales [N, K/g] become [K/g, 2, N/2] for INT4 (group-major, even rows then odd rows), [slices, N]
+for weight-only. When a tile's K range lies inside one group (group size a multiple of BLOCK_K: the 7B's
+128), the group scale multiplies the tile's [BLOCK_N, BLOCK_M] dot result instead of every weight; smaller
+groups (the tiny test model's 8) scale each weight before its dot.
+
+Activations (``pre_quant_scale``, and the FP8 / INT8 activation quantizer) are handled inside the
+consuming kernel, on each K tile of the input as it is loaded: ``x * pre_quant_scale`` rounded to the compute
+dtype (the eager product, exactly), then quantized with ModelOpt's multiplier (``x * (448 / amax)``
+saturated to E4M3, ``round(x * (127 / amax))`` half-to-even to [-128, 127]). The producers (RMSNorm,
+attention's split combine, the SiLU gate) stay unchanged and write the compute dtype, and mlp.fc and mlp.gate,
+whose pre-quant and activation scales differ in these exports (an unfused ``_Pair`` in the eager model), each
+take their own view of the same normed input inside one GLU launch.
+
+W4A8 follows TensorRT-LLM's W4A8-AWQ: the INT4 values times the group scale in units of the per-tensor
+``weights_scaling_factor_2`` are rounded to E4M3 in registers (ModelOpt's fake quantization of exactly
+these weights), multiplied FP8 x FP8 with the FP8-quantized input, and the float32 sum is scaled once by
+``activation scale x scale_2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, tl_dtype
+
+FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo")
+FP8_MAX = 448.0
+ROUND = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds a float32 below 2^22 to an integer, ties to even
+ACT_NONE, ACT_FP8, ACT_INT8 = 0, 1, 2
+
+
+@dataclasses.dataclass
+class QuantWeight:
+    """One quantized linear as the kernels read it (``of`` builds it from a ``torch_model.Linear``)."""
+
+    fmt: str
+    weight: torch.Tensor  # the checkpoint's tensor: int8 [N/2, K] (INT4 pairs) or int8 [N, K]
+    scales: torch.Tensor  # float32 multipliers, per tile: [G, 2, N/2] (INT4), [slices, N] (int8_wo), [N] (int8_sq)
+    group: int  # input features per scale column (int8_sq: K)
+    pqs: torch.Tensor | None  # [K] compute dtype, multiplies the input first
+    act_q: torch.Tensor | None  # [1] float32: the activation quantizer's multiplier (448 / amax or 127 / amax)
+    out_scale: torch.Tensor | None  # [1] float32: applied to the float32 sum (w4a8_awq)
+    n: int
+    k: int
+
+    @property
+    def int4(self) -> bool:
+        return self.fmt in ("int4_awq", "w4a8_awq")
+
+    @property
+    def act(self) -> int:
+        return {"w4a8_awq": ACT_FP8, "int8_sq": ACT_INT8}.get(self.fmt, ACT_NONE)
+
+    def nbytes(self) -> int:
+        """Bytes one pass over this layer reads: the packed weight and its scales."""
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.pqs) if t is not None)
+
+    def rows(self, start: int, stop: int) -> "QuantWeight":
+        """Output rows [start, stop) (an even start and stop for INT4): mlp.fc and mlp.gate of a fused matrix."""
+        if self.int4:
+            assert start % 2 == 0 and stop % 2 == 0
+            weight, scales = self.weight[start // 2: stop // 2], self.scales[:, :, start // 2: stop // 2]
+        elif self.fmt == "int8_wo":
+            weight, scales = self.weight[start:stop], self.scales[:, start:stop]
+        else:
+            weight, scales = self.weight[start:stop], self.scales[start:stop]
+        return dataclasses.replace(self, weight=weight, scales=scales.contiguous(), n=stop - start)
+
+    @classmethod
+    def of(cls, lin) -> "QuantWeight":
+        """The kernels' view of a quantized ``torch_model.Linear`` (its tensors as the checkpoint stores them)."""
+        fmt, w = lin.format, lin.weight
+        f32 = torch.float32
+        pqs = lin.pre_quant_scale.contiguous() if lin.pre_quant_scale is not None else None
+        if fmt in ("int4_awq", "w4a8_awq"):
+            n, k = 2 * w.shape[0], w.shape[1]
+            s = lin.scales.to(f32)
+            g = k // s.shape[1]
+            # 1 / (7 / (amax / 7 * 7)): the step ModelOpt's fake quantizer divides the INT4 values by
+            step = 1.0 / (torch.tensor(7.0, device=s.device) / (s * 7.0))
+            act_q = out_scale = None
+            if fmt == "w4a8_awq":  # the INT4 step in units of the FP8 step of scale_2 (TensorRT-LLM: scales / scale_2)
+                # 448 / amax exactly as torch_model.fake_fp8 computes it (a float over a tensor), so ties round alike
+                q2 = FP8_MAX / (lin.scale_2.float() * FP8_MAX)
+                qa = FP8_MAX / (lin.a_scale.float() * FP8_MAX)
+                step = step * q2
+                act_q, out_scale = qa.reshape(1), ((1 / qa) * (1 / q2)).reshape(1)
+            scales = step.t().reshape(s.shape[1], n // 2, 2).permute(0, 2, 1).contiguous()  # [G, 2, N/2]
+            return cls(fmt, w, scales, g, pqs, act_q, out_scale, n, k)
+        if fmt == "int8_sq":
+            qa = torch.tensor(127.0, device=w.device) / (lin.a_scale.float() * 127.0)
+            scales = (lin.scales.float() * (1 / qa)).contiguous()
+            return cls(fmt, w, scales, w.shape[1], pqs, qa.reshape(1), None, w.shape[0], w.shape[1])
+        if fmt == "int8_wo":
+            s = lin.scales.float()
+            return cls(fmt, w, s.t().contiguous(), w.shape[1] // s.shape[1], pqs, None, None, w.shape[0], w.shape[1])
+        raise ValueError(f"no fast kernel for {fmt} weights")
+
+
+def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
+                block_n: int | None = None) -> LinearConfig:
+    """linear.py's tile rule for these layouts: 128 bytes of K per weight row and tile (INT4: 128 inputs of
+    a packed row pair, so BLOCK_N = 128 output rows are 8 KB per stage like FP8's 64 x 128), ~4 programs per SM."""
+    block_m = max(16, triton.next_power_of_2(m))
+    block_k = 128
+    block_n = block_n or (128 if q.int4 else 64)
+    tiles = triton.cdiv(q.n, block_n)
+    if splits is None:
+        splits = 1 if glu else max(1, min(triton.cdiv(q.k, block_k) // 4, round(4 * sm_count / tiles)))
+    return LinearConfig(block_m, block_n, block_k, splits, 4, 3)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+@triton.jit
+def _act_tile(x_ptrs, pqs_ptrs, aq_ptr, mask, kmask, HAS_PQS: tl.constexpr, ACT: tl.constexpr,
+              MASKED: tl.constexpr, COMPUTE: tl.constexpr):
+    """One K tile of the input as the layer's activation quantizer leaves it: [BLOCK_M, BLOCK_K]."""
+    if MASKED:
+        x = tl.load(x_ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(x_ptrs)
+    if HAS_PQS:
+        if MASKED:
+            pqs = tl.load(pqs_ptrs, mask=kmask, other=0.0)
+        else:
+            pqs = tl.load(pqs_ptrs)
+        x = (x.to(tl.float32) * pqs.to(tl.float32)[None, :]).to(COMPUTE)
+    if ACT == 1:
+        x = tl.clamp(x.to(tl.float32) * tl.load(aq_ptr), -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    elif ACT == 2:
+        r = tl.clamp(x.to(tl.float32) * tl.load(aq_ptr), -128.0, 127.0)
+        x = ((r + 12582912.0) - 12582912.0).to(tl.int8)
+    return x
+
+
+@triton.jit
+def _int4_dots(p, s_lo, s_hi, xt, acc_lo, acc_hi, neg, A8: tl.constexpr, TILE_SCALE: tl.constexpr,
+               MAGIC: tl.constexpr, OFFSET: tl.constexpr, COMPUTE: tl.constexpr):
+    """Accumulate the even (low nibble) and odd (high nibble) rows of packed tile ``p`` against ``xt``.
+
+    ``s_lo``/``s_hi``: the rows' scales, [HALF, 1] (one group per tile) or [HALF, BLOCK_K].
+    """
+    u = p.to(tl.uint8, bitcast=True).to(tl.int16)
+    lo_bits = (u & 0xF) ^ MAGIC  # (q ^ 8) | MAGIC: the bits of OFFSET + q in the compute dtype
+    hi_bits = (u >> 4) ^ MAGIC
+    if A8:  # E4M3 of q x the group step in scale_2's units, as ModelOpt's fake quantizer rounds it
+        lo = (lo_bits.to(COMPUTE, bitcast=True).to(tl.float32) - OFFSET) * s_lo
+        hi = (hi_bits.to(COMPUTE, bitcast=True).to(tl.float32) - OFFSET) * s_hi
+        lo = tl.clamp(lo, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        hi = tl.clamp(hi, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        acc_lo = tl.dot(lo, xt, acc_lo)
+        acc_hi = tl.dot(hi, xt, acc_hi)
+    elif TILE_SCALE:  # integer values on the tensor cores, the group scale on the [HALF, BLOCK_M] result
+        t_lo = tl.dot(neg, xt, tl.dot(lo_bits.to(COMPUTE, bitcast=True), xt))
+        t_hi = tl.dot(neg, xt, tl.dot(hi_bits.to(COMPUTE, bitcast=True), xt))
+        acc_lo += t_lo * s_lo
+        acc_hi += t_hi * s_hi
+    else:
+        lo = ((lo_bits.to(COMPUTE, bitcast=True).to(tl.float32) - OFFSET) * s_lo).to(COMPUTE)
+        hi = ((hi_bits.to(COMPUTE, bitcast=True).to(tl.float32) - OFFSET) * s_hi).to(COMPUTE)
+        acc_lo = tl.dot(lo, xt, acc_lo)
+        acc_hi = tl.dot(hi, xt, acc_hi)
+    return acc_lo, acc_hi
+
+
+@triton.jit
+def _int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP: tl.constexpr,
+                 TILE_SCALE: tl.constexpr):
+    if TILE_SCALE:
+        g = k_tile // GROUP
+        ok = j_ok & (g < G)
+        s_lo = tl.load(s_ptr + g * stride_sg + rj, mask=ok, other=0.0)[:, None]
+        s_hi = tl.load(s_ptr + g * stride_sg + stride_s2 + rj, mask=ok, other=0.0)[:, None]
+    else:
+        g = kk // GROUP
+        ok = j_ok[:, None] & (g < G)[None, :]
+        offs = g[None, :] * stride_sg + rj[:, None]
+        s_lo = tl.load(s_ptr + offs, mask=ok, other=0.0)
+        s_hi = tl.load(s_ptr + offs + stride_s2, mask=ok, other=0.0)
+    return s_lo, s_hi
+
+
+@triton.jit
+def _glu_store(fc, gate, out_ptrs, mask, COMPUTE: tl.constexpr):
+    """silu(fc) * gate, rounded where the eager model rounds."""
+    fc = fc.to(COMPUTE).to(tl.float32)
+    gate = gate.to(COMPUTE).to(tl.float32)
+    act = (fc * tl.sigmoid(fc)).to(COMPUTE).to(tl.float32)
+    tl.store(out_ptrs, (act * gate).to(COMPUTE), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------ kernels
+
+
+@triton.jit
+def _int4_kernel(
+    x_ptr, w_ptr, s_ptr, pqs_ptr, aq_ptr, osc_ptr,
+    w2_ptr, s2_ptr, pqs2_ptr, aq2_ptr, osc2_ptr,
+    out_ptr,
+    M, N, K, G, k_iters_per_split,
+    stride_xm, stride_wn, stride_sg, stride_s2, stride_os, stride_om,
+    GROUP: tl.constexpr, A8: tl.constexpr, HAS_PQS: tl.constexpr, GLU: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, MASKED_X: tl.constexpr, TILE_SCALE: tl.constexpr,
+    MAGIC: tl.constexpr, OFFSET: tl.constexpr, COMPUTE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """Split-K partials (or, with GLU, silu(fc) * gate of two matrices) of packed INT4 weights."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    HALF: tl.constexpr = BLOCK_N // 2
+    ACT: tl.constexpr = 1 if A8 else 0
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rj = pid_n * HALF + tl.arange(0, HALF)  # packed rows: output rows 2 rj and 2 rj + 1
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    k0 = pid_s * k_iters_per_split * BLOCK_K
+    j_ok = rj < N // 2
+    m_ok = rm[:, None] < M
+    w_ptrs = w_ptr + rj[:, None] * stride_wn + (k0 + rk)[None, :]
+    w2_ptrs = w2_ptr + rj[:, None] * stride_wn + (k0 + rk)[None, :]
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
+    neg = tl.full((HALF, BLOCK_K), -OFFSET, tl.float32).to(COMPUTE)
+    acc_lo = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
+    acc_hi = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
+    acc2_lo = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
+    acc2_hi = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
+    for i in range(k_iters_per_split):
+        k_tile = k0 + i * BLOCK_K
+        kk = k_tile + rk
+        k_ok = kk < K
+        x = _act_tile(x_ptrs, pqs_ptr + kk, aq_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT, MASKED_X, COMPUTE)
+        if EVEN_N and EVEN_K:
+            p = tl.load(w_ptrs)
+        else:
+            p = tl.load(w_ptrs, mask=j_ok[:, None] & k_ok[None, :], other=0)
+        s_lo, s_hi = _int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, TILE_SCALE)
+        acc_lo, acc_hi = _int4_dots(p, s_lo, s_hi, tl.trans(x), acc_lo, acc_hi, neg, A8, TILE_SCALE, MAGIC,
+                                    OFFSET, COMPUTE)
+        if GLU:
+            x2 = _act_tile(x_ptrs, pqs2_ptr + kk, aq2_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT, MASKED_X, COMPUTE)
+            if EVEN_N and EVEN_K:
+                p2 = tl.load(w2_ptrs)
+            else:
+                p2 = tl.load(w2_ptrs, mask=j_ok[:, None] & k_ok[None, :], other=0)
+            s2_lo, s2_hi = _int4_scales(s2_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, TILE_SCALE)
+            acc2_lo, acc2_hi = _int4_dots(p2, s2_lo, s2_hi, tl.trans(x2), acc2_lo, acc2_hi, neg, A8, TILE_SCALE,
+                                          MAGIC, OFFSET, COMPUTE)
+            w2_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if A8:
+        acc_lo = acc_lo * tl.load(osc_ptr)
+        acc_hi = acc_hi * tl.load(osc_ptr)
+        if GLU:
+            acc2_lo = acc2_lo * tl.load(osc2_ptr)
+            acc2_hi = acc2_hi * tl.load(osc2_ptr)
+    mask = j_ok[:, None] & (rm[None, :] < M)
+    even = out_ptr + pid_s * stride_os + rm[None, :] * stride_om + 2 * rj[:, None]
+    if GLU:
+        _glu_store(acc_lo, acc2_lo, even, mask, COMPUTE)
+        _glu_store(acc_hi, acc2_hi, even + 1, mask, COMPUTE)
+    else:
+        tl.store(even, acc_lo, mask=mask)
+        tl.store(even + 1, acc_hi, mask=mask)
+
+
+@triton.jit
+def _int8_weight_tile(w, s, TILE_SCALE: tl.constexpr, COMPUTE: tl.constexpr):
+    """int8 -> compute dtype through float32 bits: (w ^ 0x80) | 0x4B000000 is the float 2^23 + 128 + w."""
+    bits = (w.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x4B000080).to(tl.float32, bitcast=True)
+    v = bits - 8388736.0
+    if TILE_SCALE:
+        return v.to(COMPUTE)
+    return (v * s).to(COMPUTE)
+
+
+@triton.jit
+def _int8_step(w, s_ptr, stride_sg, rn, kk, k_tile, K, n_ok, k_ok, xt, acc, A8: tl.constexpr, GROUP: tl.constexpr,
+               TILE_SCALE: tl.constexpr, COMPUTE: tl.constexpr):
+    if A8:  # SmoothQuant: int8 x int8 -> int32, scaled in the epilogue
+        return tl.dot(w, xt, acc, out_dtype=tl.int32)
+    if TILE_SCALE:
+        s = tl.load(s_ptr + (k_tile // GROUP) * stride_sg + rn, mask=n_ok & (k_tile < K), other=0.0)
+        return acc + tl.dot(_int8_weight_tile(w, s, TILE_SCALE, COMPUTE), xt) * s[:, None]
+    s = tl.load(s_ptr + (kk // GROUP)[None, :] * stride_sg + rn[:, None], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    return tl.dot(_int8_weight_tile(w, s, TILE_SCALE, COMPUTE), xt, acc)
+
+
+@triton.jit
+def _int8_kernel(
+    x_ptr, w_ptr, s_ptr, pqs_ptr, aq_ptr,
+    w2_ptr, s2_ptr, pqs2_ptr, aq2_ptr,
+    out_ptr,
+    M, N, K, k_iters_per_split,
+    stride_xm, stride_wn, stride_sg, stride_os, stride_om,
+    GROUP: tl.constexpr, A8: tl.constexpr, HAS_PQS: tl.constexpr, GLU: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, MASKED_X: tl.constexpr, TILE_SCALE: tl.constexpr,
+    COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """Split-K partials (or the GLU of two matrices) of int8 [N, K] weights: SmoothQuant (A8) or weight-only."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    ACT: tl.constexpr = 2 if A8 else 0
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    k0 = pid_s * k_iters_per_split * BLOCK_K
+    n_ok = rn < N
+    m_ok = rm[:, None] < M
+    w_ptrs = w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :]
+    w2_ptrs = w2_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :]
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
+    if A8:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for i in range(k_iters_per_split):
+        k_tile = k0 + i * BLOCK_K
+        kk = k_tile + rk
+        k_ok = kk < K
+        x = _act_tile(x_ptrs, pqs_ptr + kk, aq_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT, MASKED_X, COMPUTE)
+        if EVEN_N and EVEN_K:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0)
+        acc = _int8_step(w, s_ptr, stride_sg, rn, kk, k_tile, K, n_ok, k_ok, tl.trans(x), acc, A8, GROUP, TILE_SCALE,
+                         COMPUTE)
+        if GLU:
+            x2 = _act_tile(x_ptrs, pqs2_ptr + kk, aq2_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT, MASKED_X, COMPUTE)
+            if EVEN_N and EVEN_K:
+                w2 = tl.load(w2_ptrs)
+            else:
+                w2 = tl.load(w2_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0)
+            acc2 = _int8_step(w2, s2_ptr, stride_sg, rn, kk, k_tile, K, n_ok, k_ok, tl.trans(x2), acc2, A8, GROUP,
+                              TILE_SCALE, COMPUTE)
+            w2_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if A8:  # activation step x weight scale[n], folded into one per-row multiplier at load
+        y = acc.to(tl.float32) * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[:, None]
+        if GLU:
+            y2 = acc2.to(tl.float32) * tl.load(s2_ptr + rn, mask=n_ok, other=0.0)[:, None]
+    else:
+        y = acc
+        y2 = acc2
+    mask = n_ok[:, None] & (rm[None, :] < M)
+    out = out_ptr + pid_s * stride_os + rm[None, :] * stride_om + rn[:, None]
+    if GLU:
+        _glu_store(y, y2, out, mask, COMPUTE)
+    else:
+        tl.store(out, y, mask=mask)
+
+
+# ------------------------------------------------------------------------------------------ launchers
+
+
+def _magic(compute: torch.dtype) -> tuple[int, float]:
+    """(bits XORed into ``nibble``, the value they add): ``(u ^ 8) | 0x4300`` is bfloat16 136 + q."""
+    return (0x4308, 136.0) if compute == torch.bfloat16 else (0x6408, 1032.0)
+
+
+def _launch(x: torch.Tensor, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: LinearConfig,
+            compute: torch.dtype, pdl: bool) -> None:
+    m, k = x.shape
+    assert k == q.k and x.stride(1) == 1
+    glu = q2 is not None
+    q2 = q2 or q
+    k_iters = triton.cdiv(k, cfg.block_k)
+    per_split = triton.cdiv(k_iters, cfg.splits)
+    even_k = k % cfg.block_k == 0 and k_iters % cfg.splits == 0
+    tile_scale = q.group % cfg.block_k == 0
+    stride_os = 0 if glu or out.dim() == 2 else out.stride(0)
+    common = dict(GROUP=q.group, A8=q.act != ACT_NONE, HAS_PQS=q.pqs is not None, GLU=glu, EVEN_M=m == cfg.block_m,
+                  EVEN_K=even_k, MASKED_X=not (m == cfg.block_m and even_k), TILE_SCALE=tile_scale,
+                  COMPUTE=tl_dtype(compute), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl)
+    dummy = out
+
+    def opt(t):
+        return t if t is not None else dummy
+
+    if q.int4:
+        assert cfg.block_n % 32 == 0 and q.n % 2 == 0
+        magic, offset = _magic(compute)
+        grid = (triton.cdiv(q.n // 2, cfg.block_n // 2), 1 if glu else cfg.splits)
+        _int4_kernel[grid](
+            x, q.weight, q.scales, opt(q.pqs), opt(q.act_q), opt(q.out_scale),
+            q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q), opt(q2.out_scale),
+            out, m, q.n, k, q.scales.shape[0], per_split,
+            x.stride(0), q.weight.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os, out.stride(-2),
+            EVEN_N=(q.n // 2) % (cfg.block_n // 2) == 0, MAGIC=magic, OFFSET=offset, **common,
+        )
+    else:
+        grid = (triton.cdiv(q.n, cfg.block_n), 1 if glu else cfg.splits)
+        _int8_kernel[grid](
+            x, q.weight, q.scales, opt(q.pqs), opt(q.act_q),
+            q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q),
+            out, m, q.n, k, per_split,
+            x.stride(0), q.weight.stride(0), q.scales.stride(0) if q.scales.dim() == 2 else 0, stride_os,
+            out.stride(-2), EVEN_N=q.n % cfg.block_n == 0, **common,
+        )
+
+
+def quant_partials(x: torch.Tensor, q: QuantWeight, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
+                   pdl: bool = False) -> None:
+    """``out[s] = x[:, K_s] W[:, K_s]^T`` per split s of K with W as ``q`` defines it; ``out`` [splits, M, N] float32.
+
+    ``x``: [M, K] in the compute dtype, before the pre-quant scale and the activation quantizer (applied here).
+    """
+    if cfg.splits > 1 or out.dim() == 3:
+        assert out.shape[0] >= cfg.splits
+    _launch(x, q, None, out, cfg, compute, pdl)
+
+
+def quant_glu(x: torch.Tensor, fc: QuantWeight, gate: QuantWeight, out: torch.Tensor, cfg: LinearConfig,
+              compute: torch.dtype, pdl: bool = False) -> None:
+    """``out = silu(x W_fc^T) * (x W_gate^T)`` in the compute dtype; each matrix applies its own input scales."""
+    assert fc.fmt == gate.fmt and fc.group == gate.group and fc.scales.stride() == gate.scales.stride()
+    assert fc.weight.stride() == gate.weight.stride() and (fc.pqs is None) == (gate.pqs is None)
+    _launch(x, fc, gate, out, dataclasses.replace(cfg, splits=1), compute, pdl)
