@@ -4,14 +4,17 @@
 #   bash benchmarks/h200_run.sh pipeline   # random 7B FP8 + BF16: quantize (ModelOpt), build, bench --in-process
 #   bash benchmarks/h200_run.sh served     # random 7B FP8: the same build deployed, tritonserver, bench over gRPC
 #   bash benchmarks/h200_run.sh kernels    # benchmarks/gpu_fast_path.py: kernels, whole steps, HF transformers
+#   bash benchmarks/h200_run.sh quant      # the 4/8-bit kernels and whole steps at the 7B shape (QUANT_FORMATS)
+#   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
 #
+# WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served or kernels}
+part=${1:?pipeline, served, kernels, quant or tp1}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
 export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD
 export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 engines=/tmp/engines
@@ -49,6 +52,17 @@ case "$part" in
     exit $status ;;
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;
+  quant)
+    python3 benchmarks/gpu_fast_path.py --out "$out" --parts quant --formats "${QUANT_FORMATS:-int4_awq,w4a8_awq,int8_sq,int8_wo}" \
+      ${NO_SWEEP:+--no-quant-sweep} ;;
+  tp1)
+    c=build_configs/tiny-qwen2-fp8-tp1.yaml
+    for mode in merged distributed; do
+      tp generate -c "$c" --engines-dir engines --tp-mode "$mode" --max-tokens 48 "What is 2+2?" \
+        >"$out/tp1-$mode.txt" 2>"$out/tp1-$mode.log" || { cat "$out/tp1-$mode.log"; exit 1; }
+      tail -n 3 "$out/tp1-$mode.log"
+    done
+    cmp "$out/tp1-merged.txt" "$out/tp1-distributed.txt" && echo "tp1: distributed (NCCL, one rank) = merged text" ;;
   *)
-    echo "unknown part $part: pipeline, served or kernels" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, kernels, quant or tp1" >&2; exit 2 ;;
 esac

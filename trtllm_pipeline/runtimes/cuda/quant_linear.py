@@ -299,21 +299,29 @@ def _int8_weight_tile(w, s, TILE_SCALE: tl.constexpr, COMPUTE: tl.constexpr):
     """int8 -> compute dtype through float32 bits: (w ^ 0x80) | 0x4B000000 is the float 2^23 + 128 + w."""
     bits = (w.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x4B000080).to(tl.float32, bitcast=True)
     v = bits - 8388736.0
+    # One return after if/else: Triton's compiler (3.6, on a GPU) generates the code after an early
+    # return in a constexpr branch too, so the other format's statements failed to compile; its
+    # interpreter does not, so only the H200 showed it.
     if TILE_SCALE:
-        return v.to(COMPUTE)
-    return (v * s).to(COMPUTE)
+        tile = v.to(COMPUTE)
+    else:
+        tile = (v * s).to(COMPUTE)
+    return tile
 
 
 @triton.jit
 def _int8_step(w, s_ptr, stride_sg, rn, kk, k_tile, K, n_ok, k_ok, xt, acc, A8: tl.constexpr, GROUP: tl.constexpr,
                TILE_SCALE: tl.constexpr, COMPUTE: tl.constexpr):
     if A8:  # SmoothQuant: int8 x int8 -> int32, scaled in the epilogue
-        return tl.dot(w, xt, acc, out_dtype=tl.int32)
-    if TILE_SCALE:
+        acc = tl.dot(w, xt, acc, out_dtype=tl.int32)
+    elif TILE_SCALE:
         s = tl.load(s_ptr + (k_tile // GROUP) * stride_sg + rn, mask=n_ok & (k_tile < K), other=0.0)
-        return acc + tl.dot(_int8_weight_tile(w, s, TILE_SCALE, COMPUTE), xt) * s[:, None]
-    s = tl.load(s_ptr + (kk // GROUP)[None, :] * stride_sg + rn[:, None], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    return tl.dot(_int8_weight_tile(w, s, TILE_SCALE, COMPUTE), xt, acc)
+        acc = acc + tl.dot(_int8_weight_tile(w, s, TILE_SCALE, COMPUTE), xt) * s[:, None]
+    else:
+        s = tl.load(s_ptr + (kk // GROUP)[None, :] * stride_sg + rn[:, None], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        acc = tl.dot(_int8_weight_tile(w, s, TILE_SCALE, COMPUTE), xt, acc)
+    return acc  # one return (see _int8_weight_tile)
 
 
 @triton.jit
