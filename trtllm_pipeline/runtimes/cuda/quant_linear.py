@@ -10,8 +10,8 @@ Weights are read as the checkpoint stores them: no repacking, no copy.
   byte feed two dots (even and odd output rows), stored to interleaved columns of the workspace: no
   register shuffle. A nibble becomes a compute-dtype value without an integer-to-float conversion:
   ``(nibble ^ 8) | 0x4300`` is the bfloat16 bit pattern of ``136 + q`` (``0x6400`` / ``1032 + q`` in
-  float16), one logic op; the 136 is taken off by a second dot against a constant tile (the tensor cores
-  are idle at decode batch sizes), so ``dot(W_biased, x) + dot(-136, x) = dot(q, x)`` exactly up to float32
+  float16), one logic op; the 136 is taken off as 136 x the activation tile's row sum (shared by the even
+  and odd rows), so ``dot(W_biased, x) - 136 * sum_k(x) = dot(q, x)`` exactly up to float32
   accumulation.
 * INT8 (``int8_sq``, ``int8_wo``): int8 [N, K] as stored. SmoothQuant multiplies int8 x int8 on the
   tensor cores into int32 (exact), scaled once by ``activation scale x weight scale[n]``. Weight-only turns
@@ -162,7 +162,7 @@ def _act_tile(x_ptrs, pqs_ptrs, aq_ptr, mask, kmask, HAS_PQS: tl.constexpr, ACT:
 
 
 @triton.jit
-def _int4_dots(p, s_lo, s_hi, xt, acc_lo, acc_hi, neg, A8: tl.constexpr, TILE_SCALE: tl.constexpr,
+def _int4_dots(p, s_lo, s_hi, xt, acc_lo, acc_hi, A8: tl.constexpr, TILE_SCALE: tl.constexpr,
                MAGIC: tl.constexpr, OFFSET: tl.constexpr, COMPUTE: tl.constexpr):
     """Accumulate the even (low nibble) and odd (high nibble) rows of packed tile ``p`` against ``xt``.
 
@@ -179,8 +179,11 @@ def _int4_dots(p, s_lo, s_hi, xt, acc_lo, acc_hi, neg, A8: tl.constexpr, TILE_SC
         acc_lo = tl.dot(lo, xt, acc_lo)
         acc_hi = tl.dot(hi, xt, acc_hi)
     elif TILE_SCALE:  # integer values on the tensor cores, the group scale on the [HALF, BLOCK_M] result
-        t_lo = tl.dot(neg, xt, tl.dot(lo_bits.to(COMPUTE, bitcast=True), xt))
-        t_hi = tl.dot(neg, xt, tl.dot(hi_bits.to(COMPUTE, bitcast=True), xt))
+        # dot(OFFSET + q, x) - OFFSET * sum_k x: the offset's share is one row sum of the activation tile,
+        # shared by the even and odd rows, instead of two more dots against a constant tile.
+        corr = (-OFFSET * tl.sum(xt.to(tl.float32), axis=0))[None, :]
+        t_lo = tl.dot(lo_bits.to(COMPUTE, bitcast=True), xt) + corr
+        t_hi = tl.dot(hi_bits.to(COMPUTE, bitcast=True), xt) + corr
         acc_lo += t_lo * s_lo
         acc_hi += t_hi * s_hi
     else:
@@ -249,7 +252,6 @@ def _int4_kernel(
     w_ptrs = w_ptr + rj[:, None] * stride_wn + (k0 + rk)[None, :]
     w2_ptrs = w2_ptr + rj[:, None] * stride_wn + (k0 + rk)[None, :]
     x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
-    neg = tl.full((HALF, BLOCK_K), -OFFSET, tl.float32).to(COMPUTE)
     acc_lo = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
     acc_hi = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
     acc2_lo = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
@@ -264,7 +266,7 @@ def _int4_kernel(
         else:
             p = tl.load(w_ptrs, mask=j_ok[:, None] & k_ok[None, :], other=0)
         s_lo, s_hi = _int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, TILE_SCALE)
-        acc_lo, acc_hi = _int4_dots(p, s_lo, s_hi, tl.trans(x), acc_lo, acc_hi, neg, A8, TILE_SCALE, MAGIC,
+        acc_lo, acc_hi = _int4_dots(p, s_lo, s_hi, tl.trans(x), acc_lo, acc_hi, A8, TILE_SCALE, MAGIC,
                                     OFFSET, COMPUTE)
         if GLU:
             x2 = _act_tile(x_ptrs, pqs2_ptr + kk, aq2_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT, MASKED_X, COMPUTE)
@@ -273,7 +275,7 @@ def _int4_kernel(
             else:
                 p2 = tl.load(w2_ptrs, mask=j_ok[:, None] & k_ok[None, :], other=0)
             s2_lo, s2_hi = _int4_scales(s2_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, TILE_SCALE)
-            acc2_lo, acc2_hi = _int4_dots(p2, s2_lo, s2_hi, tl.trans(x2), acc2_lo, acc2_hi, neg, A8, TILE_SCALE,
+            acc2_lo, acc2_hi = _int4_dots(p2, s2_lo, s2_hi, tl.trans(x2), acc2_lo, acc2_hi, A8, TILE_SCALE,
                                           MAGIC, OFFSET, COMPUTE)
             w2_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
