@@ -166,6 +166,11 @@ def _sweep(q: quant_linear.QuantWeight, m: int, sm: int, glu: bool, sweep: bool)
             cfg = dataclasses.replace(cfg, splits=max(1, int(cfg.splits * factor)))
             if cfg not in out:
                 out.append(cfg)
+    # The 4-bit kernels are compute-bound (run 12): more warps per program and other stage counts.
+    for warps, stages in ((8, 3), (8, 2), (4, 2), (4, 4)):
+        cfg = dataclasses.replace(base, num_warps=warps, num_stages=stages)
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 
@@ -220,7 +225,7 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                     scale = None if fmt == "bf16" else (lins[0].a_scale * lins[0].w_scale).reshape(1)
                 results = {}
                 for cfg in configs:
-                    key = (cfg.block_n, cfg.block_k, cfg.splits)
+                    key = (cfg.block_n, cfg.block_k, cfg.splits, cfg.num_warps, cfg.num_stages)
                     try:
                         out = (torch.empty(m, n, device=device, dtype=dt) if glu else
                                torch.empty(cfg.splits, m, n, device=device))
@@ -243,7 +248,8 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                         results[key] = (us, err)
                     except Exception as exc:  # a config that does not compile is a finding, not a stop
                         results[key] = (float("inf"), repr(exc)[:300])
-                base = (configs[0].block_n, configs[0].block_k, configs[0].splits)
+                first = configs[0]
+                base = (first.block_n, first.block_k, first.splits, first.num_warps, first.num_stages)
                 best = min(results, key=lambda c: results[c][0])
                 row = {"format": fmt, "linear": name, "n": n, "k": k, "m": m, "matrices": mats,
                        "weight_bytes": per_call,
