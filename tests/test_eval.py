@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import yaml
@@ -109,6 +110,20 @@ def test_same_items_across_configs_and_runs(evaluated, engines_dir, data_dir):
                          data_dir=data_dir, force=True)
     assert not forced.cache_hit
     assert forced.results["items"] == before["items"] and forced.results["score"] == before["score"]
+
+
+@pytest.mark.slow
+def test_a_runtime_setting_that_changes_the_numerics_is_not_a_cache_hit(evaluated, engines_dir, data_dir, tmp_path):
+    # The cached MMLU results, copied where this test may overwrite them.
+    copy = tmp_path / "mmlu.json"
+    shutil.copy(evaluated[BF16]["mmlu"].path, copy)
+    (same,) = evaluate(tiny(BF16), engines_dir=engines_dir, tasks=["mmlu"], limit=MMLU_LIMIT, data_dir=data_dir,
+                       output=copy)
+    assert same.cache_hit
+    changed = tiny(BF16).with_runtime(compute_dtype="float32")
+    (other,) = evaluate(changed, engines_dir=engines_dir, tasks=["mmlu"], limit=MMLU_LIMIT, data_dir=data_dir,
+                        output=copy)
+    assert not other.cache_hit and other.results["inputs_hash"] != same.results["inputs_hash"]
 
 
 @pytest.mark.slow

@@ -78,6 +78,7 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
             items = stratified_subset(task_data.items, limit, settings["seed"])
             settings["data_sha256"] = _data_fingerprint(items, task_data)
             inputs_hash = artifacts.fingerprint({"engine": identity, "task": name, "settings": settings,
+                                                 "runtime": None if url else runtime_identity(cfg),
                                                  "revision": EVAL_REVISION})
             cached = None if force or url else cached_results(path, inputs_hash)
             if cached is not None:
@@ -121,6 +122,13 @@ def output_path(default_dir: Path, task: str, output: str | Path | None, *, seve
                              fix="give a directory (-o DIR writes DIR/<task>.json) or one task (--tasks mmlu)")
         return output
     return output / f"{task}.json"
+
+
+def runtime_identity(cfg: BuildConfig) -> dict[str, Any]:
+    """The runtime settings that change what an in-process run computes (its numerics), as configured:
+    the same engine evaluated in float32 or bfloat16, on another device, merged or distributed (a
+    row-parallel sum rounds unlike the whole GEMM), or with the fused CUDA kernels is another result."""
+    return {key: getattr(cfg.runtime, key) for key in ("device", "compute_dtype", "tp_mode", "fast_decode")}
 
 
 def cached_results(path: Path, inputs_hash: str) -> dict[str, Any] | None:
