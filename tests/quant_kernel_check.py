@@ -9,13 +9,18 @@ one row per case, with the kernel's and the eager bf16 module's relative and abs
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 import torch.nn.functional as F
 
 from trtllm_pipeline.runtimes.cuda import quant_linear
-from trtllm_pipeline.runtimes.torch_model import Linear, fake_fp8, fake_int8
+from trtllm_pipeline.runtimes.torch_model import Linear
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from quant_fast_path import reference_input  # noqa: E402  (the GPU benchmark checks against the same input)
 
 CPU = torch.device("cpu")
 
@@ -41,17 +46,6 @@ def tensors(fmt: str, n: int, k: int, group: int, gen: torch.Generator, slices: 
             t["p.per_channel_scale"] = (0.5 + rand(n, slices)) * 0.01
             del t["p.prequant_scaling_factor"]
     return t
-
-
-def reference_input(lin32: Linear, x: torch.Tensor) -> torch.Tensor:
-    """The input the format's math multiplies, float32: the eager bf16 pre-quant product, then the quantizer."""
-    if lin32.pre_quant_scale is not None:
-        x = x * lin32.pre_quant_scale.to(x.dtype)
-    if lin32.format == "w4a8_awq":
-        return fake_fp8(x, lin32.a_scale)
-    if lin32.format == "int8_sq":
-        return fake_int8(x, lin32.a_scale)
-    return x.float()
 
 
 def errors(got: torch.Tensor, want: torch.Tensor) -> dict:

@@ -3,8 +3,6 @@ official ``openai`` client: the session's served fixture, no server of its own."
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
 
@@ -12,7 +10,7 @@ import openai
 import pytest
 import requests
 from conftest import REPO, load, run_cli
-from test_serve import runtime_metrics, wait_idle
+from test_serve import post_stream_then_close, runtime_metrics, wait_idle
 
 from trtllm_pipeline import bench
 from trtllm_pipeline.chat import encode_prompt
@@ -125,16 +123,8 @@ def test_thirty_two_concurrent_streams_complete(client):
 
 def test_a_client_that_disconnects_mid_stream_cancels_its_triton_request(server):
     before = wait_idle(server)
-    body = json.dumps({"model": NAME, "prompt": "Hello", "max_tokens": 2000, "min_tokens": 2000, "stream": True,
-                       "temperature": 0}).encode()
-    with socket.create_connection(("127.0.0.1", server.openai_port)) as sock:
-        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        received = b""
-        while received.count(b"data:") < 3:
-            chunk = sock.recv(65536)
-            assert chunk, received
-            received += chunk
+    body = {"model": NAME, "prompt": "Hello", "max_tokens": 2000, "min_tokens": 2000, "stream": True, "temperature": 0}
+    post_stream_then_close(server.openai_port, "/v1/completions", body, 3)
     gone = time.monotonic()
     after = wait_idle(server, timeout=10)
     assert after["requests_active"] == 0 and time.monotonic() - gone < 5

@@ -308,17 +308,22 @@ def wait_idle(server, timeout: float = 30) -> dict[str, float]:
 LONG = {"text_input": PROMPTS[1], "max_tokens": 2000, "min_tokens": 2000, "stream": True}
 
 
-def http_stream_then_close(server, model: str):
-    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
-        body = json.dumps(LONG).encode()
-        sock.sendall(f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+def post_stream_then_close(port: int, path: str, body: dict, events: int) -> None:
+    """POST a streamed request over a raw socket, read ``events`` SSE events, then close it: the socket's
+    end of file is all the server hears."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        data = json.dumps(body).encode()
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
         received = b""
-        while received.count(b"data:") < 2:
+        while received.count(b"data:") < events:
             chunk = sock.recv(65536)
             assert chunk, received
             received += chunk
-    # closed: the socket's end of file is all the server hears
+
+
+def http_stream_then_close(server, model: str):
+    post_stream_then_close(server.http_port, f"/v2/models/{model}/generate_stream", LONG, 2)
 
 
 def grpc_tensors(values: dict[str, tuple[np.ndarray, str]]) -> list:

@@ -484,52 +484,45 @@ def plot_itl(builds: Sequence[BuildData], path: Path) -> Path:
 
 
 def plot_accuracy(builds: Sequence[BuildData], path: Path) -> Path:
-    plt, fig, (ax,) = _figure()
-    missing, labelled = [], set()
-    markers = dict(zip(TASKS, MARKERS))
-    for b in builds:
+    def served_itl(b: BuildData) -> float | None:
         low = b.lowest_load()
-        itl = low["itl_ms"]["p50"] if low else None
-        if itl is None or not b.evals:
-            missing.append(b.name)
-            continue
-        for task, results in b.evals.items():
-            label = None if task in labelled else _label(task)
-            labelled.add(task)
-            ax.scatter(itl, 100 * results["score"], marker=markers.get(task, "^"), color="tab:blue", label=label)
-            ax.annotate(f"{b.name} {_label(task)}", (itl, 100 * results["score"]), fontsize=7,
-                        xytext=(4, 2), textcoords="offset points")
-    ax.set_xlabel("inter-token latency at the lowest concurrency, p50 (ms)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title("accuracy against latency")
-    ax.grid(alpha=0.3)
-    if labelled:
-        ax.legend(fontsize=8)
-    if len(missing) == len(builds):
-        ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
-    return _save(plt, fig, path, missing)
+        return low["itl_ms"]["p50"] if low else None
+
+    return _accuracy_scatter(builds, path, served_itl, lambda b, task: f"{b.name} {_label(task)}", "tab:blue",
+                             "inter-token latency at the lowest concurrency, p50 (ms)", "accuracy against latency")
 
 
 def plot_formats(builds: Sequence[BuildData], path: Path) -> Path:
     """Accuracy against in-process ms/token (batch 1), one point per build and task, labelled by format."""
+    def inprocess_ms(b: BuildData) -> float | None:
+        low = b.inprocess_at(LATENCY_BATCH)
+        return low["decode_ms"] if low else None
+
+    return _accuracy_scatter(builds, path, inprocess_ms, lambda b, task: f"{b.precision} ({b.name})", "tab:purple",
+                             f"in-process decode, batch {LATENCY_BATCH} (ms/token)",
+                             "accuracy against ms/token, per weight format")
+
+
+def _accuracy_scatter(builds: Sequence[BuildData], path: Path, x_of, name_of, color: str, xlabel: str,
+                      title: str) -> Path:
+    """One point per build and task: accuracy against ``x_of(build)``; builds without it or evals are missing."""
     plt, fig, (ax,) = _figure()
     missing, labelled = [], set()
     markers = dict(zip(TASKS, MARKERS))
     for b in builds:
-        low = b.inprocess_at(LATENCY_BATCH)
-        if low is None or not b.evals:
+        x = x_of(b)
+        if x is None or not b.evals:
             missing.append(b.name)
             continue
-        ms = low["decode_ms"]
         for task, results in b.evals.items():
             label = None if task in labelled else _label(task)
             labelled.add(task)
-            ax.scatter(ms, 100 * results["score"], marker=markers.get(task, "^"), color="tab:purple", label=label)
-            ax.annotate(f"{b.precision} ({b.name})", (ms, 100 * results["score"]), fontsize=7,
-                        xytext=(4, 2), textcoords="offset points")
-    ax.set_xlabel(f"in-process decode, batch {LATENCY_BATCH} (ms/token)")
+            ax.scatter(x, 100 * results["score"], marker=markers.get(task, "^"), color=color, label=label)
+            ax.annotate(name_of(b, task), (x, 100 * results["score"]), fontsize=7, xytext=(4, 2),
+                        textcoords="offset points")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("accuracy (%)")
-    ax.set_title("accuracy against ms/token, per weight format")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     if labelled:
         ax.legend(fontsize=8)
