@@ -152,12 +152,12 @@ def doctor(as_json: bool, configs_dir: Path) -> None:
 @click.option("--force", is_flag=True, help="Re-quantize even when the cached checkpoint matches the inputs.")
 @click.option("--dry-run", is_flag=True, help="Print what would be done; download, load and write nothing.")
 def quantize(config: Path, engines_dir: Path, force: bool, dry_run: bool) -> None:
-    """FP8 post-training quantization with ModelOpt, exported as a TensorRT-LLM checkpoint.
+    """Post-training quantization with ModelOpt (quantization.format: fp8, int4_awq, w4a8_awq, int8_sq,
+    int8_wo, nvfp4; none exports the unquantized baseline), exported as a TensorRT-LLM checkpoint.
 
     Writes <engines-dir>/<config>/checkpoint/ (config.json, rank{i}.safetensors sharded for the
-    config's TP, tokenizer/, manifest.json) and, for FP8, the unified HF checkpoint in
-    hf_checkpoint/. quantization.format: none exports the unquantized baseline. Unchanged inputs
-    are a cache hit.
+    config's TP, tokenizer/, manifest.json) and, for a quantized format, the unified HF checkpoint in
+    hf_checkpoint/. Unchanged inputs are a cache hit.
     """
     cfg = load_config(config)
     if dry_run:
@@ -176,10 +176,11 @@ def quantize(config: Path, engines_dir: Path, force: bool, dry_run: bool) -> Non
 @click.option("--force", is_flag=True, help="Rebuild even when the cached engine matches the inputs.")
 @click.option("--dry-run", is_flag=True, help="Print the whole plan (quantize, build, launch lines); run nothing.")
 def build(config: Path, engines_dir: Path, runtime: str | None, force: bool, dry_run: bool) -> None:
-    """Build the engine: trtllm-build (TensorRT-LLM 1.2.x) or the torch runtime.
+    """Build the engine: trtllm-build (tensorrt_llm, TensorRT-LLM 1.x below 1.3), the unified HF checkpoint
+    validated for TensorRT-LLM's PyTorch backend (tensorrt_llm_pytorch), or the torch runtime.
 
-    Quantizes first when the checkpoint is missing or stale. --runtime auto picks tensorrt_llm
-    when it is installed and a suitable GPU is present, else torch, and says why. The result is
+    Quantizes first when the checkpoint is missing or stale. --runtime auto takes the first of these
+    that can run here (TensorRT-LLM installed, a suitable GPU), else torch, and says why. The result is
     <engines-dir>/<config>/engine/ with a manifest naming the runtime.
     """
     cfg = load_config(config)
