@@ -14,6 +14,7 @@ pre-quant scale. The numbers are random; the byte counts, shapes and code paths 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import statistics
 import time
@@ -21,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from trtllm_pipeline.runtimes.cuda import linear, quant_linear
+from trtllm_pipeline.runtimes.cuda import linear, norm, quant_gemv, quant_linear
 from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -158,7 +159,23 @@ def kernel_cases(hidden: int, intermediate: int, qkv: int) -> list[tuple[str, in
 def _sweep(q: quant_linear.QuantWeight, m: int, sm: int, glu: bool, sweep: bool) -> list[linear.LinearConfig]:
     base = quant_linear.pick_config(q, m, sm, glu=glu)
     out = [base]
+    if base.gemv:  # INT4-AWQ at batch 1: the dot kernel it replaces is always timed beside it
+        out.append(quant_linear.pick_config(q, m, sm, glu=glu, gemv=False))
     if not sweep:
+        return out
+    if base.gemv:
+        # issue- and latency-bound at a few warps per scheduler (ncu, docs/perf-notes.md): smaller tiles and
+        # 8 warps take fewer registers per thread
+        for block_n in ((16, 32, 64) if glu else (32, 64, 128, 256)):
+            for block_k in ((128, 256) if glu else (128,)):
+                for factor in ((1,) if glu else (0.5, 1, 2)):
+                    for warps in (4, 8):
+                        cfg = quant_gemv.pick_config(q, sm, glu=glu, block_n=block_n, block_k=block_k)
+                        cfg = dataclasses.replace(cfg, splits=max(1, int(cfg.splits * factor)), num_warps=warps)
+                        if cfg not in out:
+                            out.append(cfg)
+        for stages in (2, 4):
+            out.append(dataclasses.replace(base, num_stages=stages))
         return out
     for block_n in ((64, 128, 256) if q.int4 else (32, 64, 128)):
         for factor in ((1,) if glu else (0.5, 1, 2)):
@@ -223,9 +240,9 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                 if not quant:  # FP8 linears take their input quantized by the producer
                     xin = x if fmt == "bf16" else (x.float() * lins[0].a_inv).to(torch.float8_e4m3fn)
                     scale = None if fmt == "bf16" else (lins[0].a_scale * lins[0].w_scale).reshape(1)
-                results = {}
+                results, regs = {}, {}
                 for cfg in configs:
-                    key = (cfg.block_n, cfg.block_k, cfg.splits, cfg.num_warps, cfg.num_stages)
+                    key = (cfg.block_n, cfg.block_k, cfg.splits, cfg.num_warps, cfg.num_stages, cfg.gemv)
                     try:
                         out = (torch.empty(m, n, device=device, dtype=dt) if glu else
                                torch.empty(cfg.splits, m, n, device=device))
@@ -233,15 +250,17 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                         def call(s=0, cfg=cfg, out=out):
                             ws = sets[s % copies]
                             if quant and glu:
-                                quant_linear.quant_glu(x, ws[0], ws[1], out, cfg, dt, pdl=device.type == "cuda")
+                                return quant_linear.quant_glu(x, ws[0], ws[1], out, cfg, dt, pdl=device.type == "cuda")
                             elif quant:
-                                quant_linear.quant_partials(x, ws[0], out, cfg, dt, pdl=device.type == "cuda")
+                                return quant_linear.quant_partials(x, ws[0], out, cfg, dt, pdl=device.type == "cuda")
                             else:
                                 if glu:
                                     linear.glu(xin, ws[0], ws[1], scale, None, out, cfg, dt, pdl=device.type == "cuda")
                                 else:
                                     linear.linear_partials(xin, ws[0], scale, out, cfg, pdl=device.type == "cuda")
-                        call()
+                        handle = call()
+                        if hasattr(handle, "n_regs"):  # registers per thread and spills of the compiled kernel
+                            regs[key] = (handle.n_regs, handle.n_spills)
                         err = rel(out.float() if glu else out.sum(0), want) if quant else None
                         it = iter(range(10**9))
                         us = time_fn(lambda: call(next(it)), copies * 2) if time_fn else float("nan")
@@ -249,19 +268,25 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                     except Exception as exc:  # a config that does not compile is a finding, not a stop
                         results[key] = (float("inf"), repr(exc)[:300])
                 first = configs[0]
-                base = (first.block_n, first.block_k, first.splits, first.num_warps, first.num_stages)
+                base = (first.block_n, first.block_k, first.splits, first.num_warps, first.num_stages, first.gemv)
                 best = min(results, key=lambda c: results[c][0])
                 row = {"format": fmt, "linear": name, "n": n, "k": k, "m": m, "matrices": mats,
                        "weight_bytes": per_call,
                        "default_config": base, "default_us": results[base][0], "default_err": results[base][1],
                        "best_config": best, "best_us": results[best][0], "best_err": results[best][1],
-                       "sweep": {str(c): v for c, v in results.items()}}
+                       "sweep": {str(c): v for c, v in results.items()},
+                       "registers_spills": {str(c): v for c, v in regs.items()}}
+                if first.gemv:  # the dot kernel the GEMV replaced, at its own default tiles
+                    dot = configs[1]
+                    row["dot_us"] = results[(dot.block_n, dot.block_k, dot.splits, dot.num_warps, dot.num_stages,
+                                             False)][0]
                 for key in ("default_us", "best_us"):
                     us = row[key]
                     row[key.replace("_us", "_gbps")] = per_call / us / 1e3 if us and us == us and us > 0 else None
                 rows.append(row)
                 log(f"quant kernel {fmt:8} {name:5} m={m:<3} {per_call / 1e6:7.1f} MB  default {base} "
                     f"{row['default_us']:8.1f} us ({row['default_gbps'] or 0:6.0f} GB/s, err {row['default_err']})  "
+                    f"{'dot %.1f us  ' % row['dot_us'] if 'dot_us' in row else ''}regs {regs.get(base)}  "
                     f"best {best} {row['best_us']:8.1f} us ({row['best_gbps'] or 0:6.0f} GB/s)")
             del sets, lins
             if device.type == "cuda":
@@ -325,6 +350,82 @@ def time_step(graphs: DecodeGraphs, ctx: int, steps: int) -> tuple[float, float]
     return wall, statistics.median(times)
 
 
+def kernel_breakdown(engine: Qwen2Engine, replays: int = 5) -> dict:
+    """Microseconds per step by kernel name, from the profiler's trace of graph replays of the step captured
+    without programmatic dependent launch: under PDL a kernel starts while its predecessor runs and waits,
+    so its traced time would include the wait. Without PDL the kernels do not overlap (the replay is slower
+    by the launch gaps PDL hides; its time is returned beside)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = DecodeGraphs(DecodeStep(engine, pdl=False), [1], scratch_slot=1)
+    graphs.prepare()
+    graphs.graphs[1].replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graphs.graphs[1].replay()
+        torch.cuda.synchronize()
+    times: dict[str, float] = collections.defaultdict(float)
+    calls: dict[str, int] = collections.defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            times[ev.name[:40]] += ev.time_range.elapsed_us() / replays
+            calls[ev.name[:40]] += 1
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(10):
+        graphs.graphs[1].replay()
+    b.record()
+    b.synchronize()
+    return {"replay_ms_without_pdl": a.elapsed_time(b) / 10,
+            "us_per_step": {k: [round(v, 1), calls[k] // replays] for k, v in sorted(times.items(), key=lambda kv: -kv[1])}}
+
+
+def _gemv_variant(name: str):
+    """A replacement for quant_linear.pick_config: the batch-1 INT4 step with other tiles or split counts,
+    timed whole (split-K trades kernel time against the reduction in the next kernel, which the per-kernel
+    timings do not see)."""
+    pick = quant_linear.pick_config
+
+    def pick_variant(q, m, sm_count, *, glu=False, **kw):
+        cfg = pick(q, m, sm_count, glu=glu, **kw)
+        if not cfg.gemv:
+            return cfg
+        if name == "dot":  # the tensor-core kernels the GEMV replaced
+            return pick(q, m, sm_count, glu=glu, gemv=False)
+        if name.startswith("splits/"):
+            return dataclasses.replace(cfg, splits=max(1, cfg.splits // int(name.split("/")[1])))
+        if name == "glu32" and glu:  # twice the rows per program (run 21: 49.6 us against 42.7)
+            return quant_gemv.pick_config(q, sm_count, glu=True, block_n=32)
+        return cfg
+    return pick_variant
+
+
+INT4_VARIANTS = ("dot", "splits/2", "splits/4", "glu32", "norm8", "norm16")
+
+
+def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
+    """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for()``: fresh graphs):
+    other GEMV tiles and splits, and more warps for the residual + RMSNorm kernel."""
+    rows = []
+    pick, warps = quant_linear.pick_config, norm.default_warps
+    for name in INT4_VARIANTS:
+        quant_linear.pick_config = _gemv_variant(name)
+        if name.startswith("norm"):
+            norm.default_warps = lambda hidden, w=int(name[4:]): w
+        try:
+            graphs = graphs_for()
+            wall, replay = time_step(graphs, ctx, steps)
+            rows.append({"variant": name, "graph_replay_ms": replay, "ms_per_step": wall})
+            del graphs
+        except Exception as exc:
+            rows.append({"variant": name, "error": repr(exc)[:300]})
+        finally:
+            quant_linear.pick_config, norm.default_warps = pick, warps
+        log(f"quant step int4_awq variant {rows[-1]}")
+    return rows
+
+
 def step_rows(formats, bf16_tensors, device, *, ctx: int = 2048, steps: int = 64, bandwidth: float = 4.3e12,
               log=print) -> list[dict]:
     """The whole fast decode step at batch 1 per format, on a 7B-shaped engine quantized on the device:
@@ -359,6 +460,17 @@ def step_rows(formats, bf16_tensors, device, *, ctx: int = 2048, steps: int = 64
                 row.update({"ms_per_step": wall, "graph_replay_ms": replay, "tokens_per_s": 1000 / wall,
                             "achieved_gbps": (wbytes + kv) / replay / 1e6,
                             "fraction_of_floor": row["floor_ms"] / replay})
+                try:
+                    row["kernels_without_pdl"] = kernel_breakdown(engine)
+                    log(f"quant step {fmt} without PDL: {row['kernels_without_pdl']}")
+                except Exception as exc:  # the breakdown is a diagnostic; a profiler failure is not the step's
+                    row["kernels_without_pdl"] = repr(exc)[:300]
+                if fmt == "int4_awq":
+                    def graphs_for(engine=engine):
+                        g = DecodeGraphs(DecodeStep(engine), [1], scratch_slot=1)
+                        g.prepare()
+                        return g
+                    row["variants"] = variant_rows(graphs_for, ctx, steps, log)
             log(f"quant step {fmt:8}: {row}")
             del graphs, step, engine
         except Exception as exc:

@@ -8,6 +8,7 @@ one row per case, with the kernel's and the eager bf16 module's relative and abs
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -54,7 +55,8 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> dict:
             "max_rel": float(d.max() / want.float().abs().max())}
 
 
-def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=torch.bfloat16, slices=1, seed=0):
+def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=torch.bfloat16, slices=1, seed=0,
+         gemv=None):
     gen = torch.Generator().manual_seed(seed)
     t = tensors(fmt, n, k, group, gen, slices)
     t2 = tensors(fmt, n, k, group, gen, slices)  # the GLU's second matrix
@@ -62,14 +64,15 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
     lin2, lin2_32 = (Linear(t2, "p", dt, CPU, fmt, group) for dt in (dtype, torch.float32))
     q, q2 = quant_linear.QuantWeight.of(lin), quant_linear.QuantWeight.of(lin2)
     x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
-    cfg = quant_linear.pick_config(q, m, sm_count=4, splits=splits, block_n=block_n)
+    cfg = quant_linear.pick_config(q, m, sm_count=4, splits=splits, block_n=block_n, gemv=gemv)
     if block_k:
-        cfg = quant_linear.LinearConfig(cfg.block_m, cfg.block_n, block_k, cfg.splits, cfg.num_warps, cfg.num_stages)
+        cfg = dataclasses.replace(cfg, block_k=block_k)
     out = torch.full((cfg.splits, m, n), float("nan"))
     quant_linear.quant_partials(x, q, out, cfg, dtype)
     want = reference_input(lin32, x) @ lin32._dequantize().t()
     row = {"fmt": fmt, "m": m, "n": n, "k": k, "group": q.group, "dtype": str(dtype).removeprefix("torch."),
            "config": [cfg.block_n, cfg.block_k, cfg.splits], "tile_scale": q.group % cfg.block_k == 0,
+           "gemv": cfg.gemv,
            "kernel": errors(out.sum(0), want), "eager_bf16": errors(lin(x), want)}
     # the GLU: silu(fc) * gate, each matrix with its own pre-quant / activation scales
     act = torch.full((m, n), float("nan"), dtype=dtype)
@@ -92,6 +95,10 @@ def main() -> None:
         rows.append(case(fmt, 16, 64, 256, 64, block_n=64, block_k=64, splits=3))  # EVEN_M, K splits
     rows.append(case("int4_awq", 3, 96, 128, 8, block_n=32, splits=1))  # the tiny model's group of 8
     rows.append(case("int4_awq", 3, 90, 160, 32, block_n=32, block_k=32, splits=2, dtype=torch.float16))
+    # INT4-AWQ at M = 1 is the GEMV (the rows above at m=1): the tiny group, float16, and the dot it replaced
+    rows.append(case("int4_awq", 1, 96, 128, 8, block_n=32, block_k=64, splits=1))
+    rows.append(case("int4_awq", 1, 90, 160, 32, block_n=32, block_k=32, splits=2, dtype=torch.float16))
+    rows.append(case("int4_awq", 1, 90, 160, 32, block_n=32, block_k=32, splits=2, gemv=False))
     print(json.dumps(rows))
 
 

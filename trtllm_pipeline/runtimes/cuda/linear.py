@@ -39,6 +39,7 @@ class LinearConfig:
     splits: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    gemv: bool = False  # quant_gemv's CUDA-core matrix-vector kernel (INT4-AWQ at batch 1), not the dot
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,
@@ -98,6 +99,15 @@ def _linear_partials_kernel(
 
 
 @triton.jit
+def silu_mul(fc, gate, COMPUTE: tl.constexpr):
+    """silu(fc) * gate in the compute dtype, rounded where the eager model rounds (fc, gate and silu(fc))."""
+    fc = fc.to(COMPUTE).to(tl.float32)
+    gate = gate.to(COMPUTE).to(tl.float32)
+    act = (fc * tl.sigmoid(fc)).to(COMPUTE).to(tl.float32)
+    return (act * gate).to(COMPUTE)
+
+
+@triton.jit
 def _glu_kernel(
     x_ptr, w_fc_ptr, w_gate_ptr, out_ptr, scale_ptr, out_inv_ptr,
     M, N, K,
@@ -145,10 +155,7 @@ def _glu_kernel(
         scale = tl.load(scale_ptr)
         acc_fc = acc_fc * scale
         acc_gate = acc_gate * scale
-    fc = acc_fc.to(COMPUTE).to(tl.float32)
-    gate = acc_gate.to(COMPUTE).to(tl.float32)
-    act = (fc * tl.sigmoid(fc)).to(COMPUTE).to(tl.float32)
-    y = (act * gate).to(COMPUTE)
+    y = silu_mul(acc_fc, acc_gate, COMPUTE)
     out = out_ptr + rm[None, :] * stride_om + rn[:, None]
     mask = (rn[:, None] < N) & (rm[None, :] < M)
     if QUANT_OUT:

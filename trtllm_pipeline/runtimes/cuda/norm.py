@@ -71,5 +71,12 @@ def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: tor
         hidden, eps,
         PARTS=0 if embed else partials.shape[0], EMBED=embed, QUANT_OUT=out_inv is not None,
         COMPUTE=tl_dtype(compute), BLOCK=triton.next_power_of_2(hidden), PDL=pdl,
-        num_warps=8 if hidden >= 2048 else 4, launch_pdl=pdl,
+        num_warps=default_warps(hidden), launch_pdl=pdl,
     )
+
+
+def default_warps(hidden: int) -> int:
+    """Warps of the one program per row: at batch 1 that program is the whole kernel, reading every split's
+    partial row, so it is bound by the loads one SM keeps in flight. 32 warps (4 columns per thread at the
+    7B's 3584) against 8: the INT4-AWQ step (28 partials per row) 3.38 -> 3.11 ms on an H200, 16 warps 3.22."""
+    return 32 if hidden >= 2048 else 4

@@ -1,6 +1,7 @@
 """Decode linears for the 4- and 8-bit weight formats: INT4-AWQ (W4A16), W4A8-AWQ, INT8 SmoothQuant (W8A8)
 and INT8 weight-only (W8A16), in linear.py's style (split-K, swapped dot, float32 partials to the workspace
-the next fused kernel reduces, PDL), plus a GLU variant for mlp.fc/mlp.gate.
+the next fused kernel reduces, PDL), plus a GLU variant for mlp.fc/mlp.gate. INT4-AWQ at batch 1 goes to
+quant_gemv's matrix-vector kernel instead (``pick_config`` decides; ``_launch`` dispatches on the config).
 
 Weights are read as the checkpoint stores them: no repacking, no copy.
 
@@ -47,7 +48,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, tl_dtype
+from trtllm_pipeline.runtimes.cuda import quant_gemv
+from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.cuda.quant_gemv import int4_scales
 
 FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo")
 FP8_MAX = 448.0
@@ -124,9 +127,13 @@ class QuantWeight:
 
 
 def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
-                block_n: int | None = None) -> LinearConfig:
-    """linear.py's tile rule for these layouts: 128 bytes of K per weight row and tile (INT4: 128 inputs of
-    a packed row pair, so BLOCK_N = 128 output rows are 8 KB per stage like FP8's 64 x 128), ~4 programs per SM."""
+                block_n: int | None = None, gemv: bool | None = None) -> LinearConfig:
+    """INT4-AWQ at batch 1: quant_gemv's matrix-vector kernel (``gemv=False`` asks for the dot kernel).
+    Otherwise linear.py's tile rule for these layouts: 128 bytes of K per weight row and tile (INT4: 128
+    inputs of a packed row pair, so BLOCK_N = 128 output rows are 8 KB per stage like FP8's 64 x 128),
+    ~4 programs per SM."""
+    if gemv or (gemv is None and quant_gemv.supported(q, m)):
+        return quant_gemv.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
     block_m = max(16, triton.next_power_of_2(m))
     block_k = 128
     block_n = block_n or (128 if q.int4 else 64)
@@ -197,32 +204,6 @@ def _int4_dots(p, s_lo, s_hi, xt, acc_lo, acc_hi, A8: tl.constexpr, TILE_SCALE: 
     return acc_lo, acc_hi
 
 
-@triton.jit
-def _int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP: tl.constexpr,
-                 TILE_SCALE: tl.constexpr):
-    if TILE_SCALE:
-        g = k_tile // GROUP
-        ok = j_ok & (g < G)
-        s_lo = tl.load(s_ptr + g * stride_sg + rj, mask=ok, other=0.0)[:, None]
-        s_hi = tl.load(s_ptr + g * stride_sg + stride_s2 + rj, mask=ok, other=0.0)[:, None]
-    else:
-        g = kk // GROUP
-        ok = j_ok[:, None] & (g < G)[None, :]
-        offs = g[None, :] * stride_sg + rj[:, None]
-        s_lo = tl.load(s_ptr + offs, mask=ok, other=0.0)
-        s_hi = tl.load(s_ptr + offs + stride_s2, mask=ok, other=0.0)
-    return s_lo, s_hi
-
-
-@triton.jit
-def _glu_store(fc, gate, out_ptrs, mask, COMPUTE: tl.constexpr):
-    """silu(fc) * gate, rounded where the eager model rounds."""
-    fc = fc.to(COMPUTE).to(tl.float32)
-    gate = gate.to(COMPUTE).to(tl.float32)
-    act = (fc * tl.sigmoid(fc)).to(COMPUTE).to(tl.float32)
-    tl.store(out_ptrs, (act * gate).to(COMPUTE), mask=mask)
-
-
 # ------------------------------------------------------------------------------------------ kernels
 
 
@@ -268,7 +249,7 @@ def _int4_kernel(
             p = tl.load(w_ptrs)
         else:
             p = tl.load(w_ptrs, mask=j_ok[:, None] & k_ok[None, :], other=0)
-        s_lo, s_hi = _int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, TILE_SCALE)
+        s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, TILE_SCALE)
         acc_lo, acc_hi = _int4_dots(p, s_lo, s_hi, tl.trans(x), acc_lo, acc_hi, A8, TILE_SCALE, MAGIC,
                                     OFFSET, COMPUTE)
         if GLU:
@@ -277,7 +258,7 @@ def _int4_kernel(
                 p2 = tl.load(w2_ptrs)
             else:
                 p2 = tl.load(w2_ptrs, mask=j_ok[:, None] & k_ok[None, :], other=0)
-            s2_lo, s2_hi = _int4_scales(s2_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, TILE_SCALE)
+            s2_lo, s2_hi = int4_scales(s2_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, TILE_SCALE)
             acc2_lo, acc2_hi = _int4_dots(p2, s2_lo, s2_hi, tl.trans(x2), acc2_lo, acc2_hi, A8, TILE_SCALE,
                                           MAGIC, OFFSET, COMPUTE)
             w2_ptrs += BLOCK_K
@@ -292,8 +273,8 @@ def _int4_kernel(
     mask = j_ok[:, None] & (rm[None, :] < M)
     even = out_ptr + pid_s * stride_os + rm[None, :] * stride_om + 2 * rj[:, None]
     if GLU:
-        _glu_store(acc_lo, acc2_lo, even, mask, COMPUTE)
-        _glu_store(acc_hi, acc2_hi, even + 1, mask, COMPUTE)
+        tl.store(even, silu_mul(acc_lo, acc2_lo, COMPUTE), mask=mask)
+        tl.store(even + 1, silu_mul(acc_hi, acc2_hi, COMPUTE), mask=mask)
     else:
         tl.store(even, acc_lo, mask=mask)
         tl.store(even + 1, acc_hi, mask=mask)
@@ -394,7 +375,7 @@ def _int8_kernel(
     mask = n_ok[:, None] & (rm[None, :] < M)
     out = out_ptr + pid_s * stride_os + rm[None, :] * stride_om + rn[:, None]
     if GLU:
-        _glu_store(y, y2, out, mask, COMPUTE)
+        tl.store(out, silu_mul(y, y2, COMPUTE), mask=mask)
     else:
         tl.store(out, y, mask=mask)
 
@@ -408,7 +389,10 @@ def _magic(compute: torch.dtype) -> tuple[int, float]:
 
 
 def _launch(x: torch.Tensor, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: LinearConfig,
-            compute: torch.dtype, pdl: bool) -> None:
+            compute: torch.dtype, pdl: bool):
+    """Launches the kernel; returns Triton's handle of it (registers and spills: the benchmark reports them)."""
+    if cfg.gemv:
+        return quant_gemv.launch(x, q, q2, out, cfg, compute, pdl)
     m, k = x.shape
     assert k == q.k and x.stride(1) == 1
     glu = q2 is not None
@@ -431,7 +415,7 @@ def _launch(x: torch.Tensor, q: QuantWeight, q2: QuantWeight | None, out: torch.
         assert cfg.block_n % 32 == 0 and q.n % 2 == 0
         magic, offset = _magic(compute)
         grid = (triton.cdiv(q.n // 2, cfg.block_n // 2), 1 if glu else cfg.splits)
-        _int4_kernel[grid](
+        return _int4_kernel[grid](
             x, q.weight, q.scales, opt(q.pqs), opt(q.act_q), opt(q.out_scale),
             q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q), opt(q2.out_scale),
             out, m, q.n, k, q.scales.shape[0], per_split,
@@ -440,7 +424,7 @@ def _launch(x: torch.Tensor, q: QuantWeight, q2: QuantWeight | None, out: torch.
         )
     else:
         grid = (triton.cdiv(q.n, cfg.block_n), 1 if glu else cfg.splits)
-        _int8_kernel[grid](
+        return _int8_kernel[grid](
             x, q.weight, q.scales, opt(q.pqs), opt(q.act_q),
             q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q),
             out, m, q.n, k, per_split,
@@ -450,19 +434,19 @@ def _launch(x: torch.Tensor, q: QuantWeight, q2: QuantWeight | None, out: torch.
 
 
 def quant_partials(x: torch.Tensor, q: QuantWeight, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
-                   pdl: bool = False) -> None:
+                   pdl: bool = False):
     """``out[s] = x[:, K_s] W[:, K_s]^T`` per split s of K with W as ``q`` defines it; ``out`` [splits, M, N] float32.
 
     ``x``: [M, K] in the compute dtype, before the pre-quant scale and the activation quantizer (applied here).
     """
     if cfg.splits > 1 or out.dim() == 3:
         assert out.shape[0] >= cfg.splits
-    _launch(x, q, None, out, cfg, compute, pdl)
+    return _launch(x, q, None, out, cfg, compute, pdl)
 
 
 def quant_glu(x: torch.Tensor, fc: QuantWeight, gate: QuantWeight, out: torch.Tensor, cfg: LinearConfig,
-              compute: torch.dtype, pdl: bool = False) -> None:
+              compute: torch.dtype, pdl: bool = False):
     """``out = silu(x W_fc^T) * (x W_gate^T)`` in the compute dtype; each matrix applies its own input scales."""
     assert fc.fmt == gate.fmt and fc.group == gate.group and fc.scales.stride() == gate.scales.stride()
     assert fc.weight.stride() == gate.weight.stride() and (fc.pqs is None) == (gate.pqs is None)
-    _launch(x, fc, gate, out, dataclasses.replace(cfg, splits=1), compute, pdl)
+    return _launch(x, fc, gate, out, dataclasses.replace(cfg, splits=1), compute, pdl)

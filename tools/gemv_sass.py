@@ -1,0 +1,101 @@
+"""Compile the INT4 GEMV (runtimes/cuda/quant_gemv.py) for an H200 (sm_90) on a machine without a GPU and
+count the instructions of its K loop: registers, instructions per thread and per weight, the mix.
+
+Triton's wheel carries ptxas, cuobjdump and nvdisasm, so the SASS the GPU would run is readable here; that
+is how the LOP3 count per nibble (docs/perf-notes.md, run 18) was found without spending device time.
+
+    python tools/gemv_sass.py                       # the defaults at the 7B shapes
+    python tools/gemv_sass.py --block-n 16 --block-k 256 --glu --no-tile-scale --stages 3
+
+Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
+N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from trtllm_pipeline.runtimes.cuda import quant_gemv
+
+TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+DIVISIBLE = {"N", "K", "stride_wn", "stride_sg", "stride_s2", "stride_os"}
+
+
+def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warps: int, stages: int):
+    fn = quant_gemv._int4_gemv_kernel
+    consts = dict(GROUP=128, HAS_PQS=True, GLU=glu, EVEN=True, TILE_SCALE=tile_scale, COMPUTE=tl.bfloat16,
+                  BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, PDL=True)
+    pointers = {"w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32"}
+    sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr") else "i32"
+           for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and (n.endswith("ptr") or n in DIVISIBLE)}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
+
+
+def disassemble(kernel) -> tuple[str, int | None]:
+    """(SASS text, registers per thread) of a compiled kernel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([str(TOOLS / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+        usage = subprocess.run([str(TOOLS / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True,
+                               text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    return sass, int(regs.group(1)) if regs else None
+
+
+def loop_mix(sass: str) -> collections.Counter:
+    """Opcodes between the last backward branch's target label and the branch (the K loop)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
+    loop = None
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i - 1:  # a backward branch that is not the exit's self-loop
+            loop = (labels[m.group(1)], i)
+    body = lines[loop[0]:loop[1] + 1] if loop else []
+    return collections.Counter(m.group(1) for line in body if (m := OPCODE.search(line)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--block-n", type=int, default=256, help="output rows per program (default 256)")
+    ap.add_argument("--block-k", type=int, default=128, help="inputs per K tile (default 128)")
+    ap.add_argument("--glu", action="store_true", help="the fc + gate variant (two matrices)")
+    ap.add_argument("--no-tile-scale", action="store_true", help="a scale load per word (tile spans groups)")
+    ap.add_argument("--warps", type=int, default=8)
+    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    a = ap.parse_args()
+    kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages)
+    sass, regs = disassemble(kernel)
+    mix = loop_mix(sass)
+    per_thread = sum(mix.values())
+    weights = a.block_n * a.block_k * (2 if a.glu else 1)
+    if a.json:
+        print(json.dumps({"registers": regs, "threads": 32 * a.warps, "weights": weights,
+                          "loop_per_thread": per_thread, "mix": dict(mix)}))
+        return
+    print(f"block {a.block_n} x {a.block_k}{' GLU' if a.glu else ''}, {a.warps} warps, {a.stages} stages: "
+          f"{regs} registers, loop {per_thread} instructions per thread, "
+          f"{per_thread * 32 * a.warps / weights:.2f} per weight")
+    print("  " + ", ".join(f"{op} {n}" for op, n in mix.most_common(16)))
+
+
+if __name__ == "__main__":
+    main()
