@@ -6,11 +6,13 @@
 #   bash benchmarks/h200_run.sh kernels    # benchmarks/gpu_fast_path.py: kernels, whole steps, HF transformers
 #   bash benchmarks/h200_run.sh quant      # the 4/8-bit kernels and whole steps at the 7B shape (QUANT_FORMATS)
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
+#   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
+#                                          # text per TP, then the random 7B FP8 build, bench --in-process distributed
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, kernels, quant or tp1}
+part=${1:?pipeline, served, kernels, quant, tp1 or tp}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -63,6 +65,21 @@ case "$part" in
       tail -n 3 "$out/tp1-$mode.log"
     done
     cmp "$out/tp1-merged.txt" "$out/tp1-distributed.txt" && echo "tp1: distributed (NCCL, one rank) = merged text" ;;
+  tp)
+    sizes=${TP_SIZES:-1 2 4}
+    for n in $sizes; do  # issue 15: the tiny model's greedy text identical for every TP, on the GPUs
+      c=build_configs/tiny-qwen2-bf16-tp$n.yaml
+      tp build -c "$c" --engines-dir "$engines"
+      tp generate -c "$c" --engines-dir "$engines" --tp-mode distributed --max-tokens 48 "What is 2+2?" \
+        >"$out/tiny-tp$n.txt" 2>"$out/tiny-tp$n.log" || { tail -n 40 "$out/tiny-tp$n.log"; exit 1; }
+      cmp "$out/tiny-tp${sizes%% *}.txt" "$out/tiny-tp$n.txt" && echo "tiny tp$n: the same text as tp${sizes%% *}"
+    done
+    for n in $sizes; do
+      c=build_configs/r1-distill-qwen-7b-random-fp8-tp$n.yaml
+      tp build -c "$c" --engines-dir "$engines"
+      tp bench --in-process -c "$c" --engines-dir "$engines" --tp-mode distributed --batch 1,8,32 --context 2048 \
+        -o "$out/inprocess-fp8-tp$n.json"
+    done ;;
   *)
-    echo "unknown part $part: pipeline, served, kernels, quant or tp1" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, kernels, quant, tp1 or tp" >&2; exit 2 ;;
 esac

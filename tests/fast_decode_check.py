@@ -4,7 +4,10 @@ interpreter on the CPU, against the eager model, on a tiny pipeline checkpoint. 
 A subprocess because the interpreter is chosen when kernels are defined (TRITON_INTERPRET at import)
 and must not leak into the other tests' runtimes.
 
-    python tests/fast_decode_check.py CHECKPOINT_DIR
+    python tests/fast_decode_check.py CHECKPOINT_DIR [TP_MODE]
+
+TP_MODE ``distributed`` (a tp>1 checkpoint): the fast runtime is the tensor-parallel group, one process
+per rank (gloo), each replaying its shard's step; the eager references stay merged in this process.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
 
 
-def runtime(ckpt: Path, dtype: str, fast: bool) -> TorchRuntime:
+def runtime(ckpt: Path, dtype: str, fast: bool, tp_mode: str = "merged") -> TorchRuntime:
     return TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", dtype=dtype, max_batch_size=4, max_seq_len=256,
-                        fast_decode=fast)
+                        fast_decode=fast, tp_mode=tp_mode)
 
 
 def first_step_logits(rt: TorchRuntime, prompts, tokens) -> torch.Tensor:
@@ -52,9 +55,11 @@ def staggered(rt: TorchRuntime, prompts, params) -> list[list[int]]:
 
 def main() -> None:
     ckpt = Path(sys.argv[1])
+    tp_mode = sys.argv[2] if len(sys.argv) > 2 else "merged"
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(100, 2000, (n,), generator=gen).tolist() for n in (5, 40, 23)]
-    fast, eager, fp32 = runtime(ckpt, "bfloat16", True), runtime(ckpt, "bfloat16", False), runtime(ckpt, "float32", False)
+    fast = runtime(ckpt, "bfloat16", True, tp_mode)
+    eager, fp32 = runtime(ckpt, "bfloat16", False), runtime(ckpt, "float32", False)
     logits = {name: first_step_logits(rt, prompts, [7, 8, 9]) for name, rt in
               (("fast", fast), ("eager", eager), ("fp32", fp32))}
 
@@ -76,7 +81,9 @@ def main() -> None:
         "greedy_eager": [c.token_ids for c in eager.generate(prompts, greedy)],
         "staggered_fast": staggered(fast, prompts, greedy),
         "staggered_eager": staggered(eager, prompts, greedy),
+        "world_size": fast.describe()["world_size"],
     }
+    fast.close()
     print(json.dumps(result))
 
 

@@ -63,6 +63,12 @@ class Executor:
         """``rank_stats`` of every rank, with each process's current RSS (``rss_bytes``)."""
         raise NotImplementedError
 
+    def fast_decoder(self, buckets: Sequence[int], scratch_slot: int, use_graphs: bool):
+        """The CUDA fast path's decoder (``decode``, ``greedy``, ``weight_bytes``, ``buckets``, ``use_graphs``,
+        ``setup_seconds``: ``cuda.graphs.DecodeGraphs``'s) over every rank, prepared; raises
+        ``cuda.decode_step.Unsupported`` where the path cannot run the engine."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Stop the workers (if any)."""
 
@@ -87,3 +93,8 @@ class LocalExecutor(Executor):
 
     def ranks(self):
         return [{**self._stats, "rss_bytes": rss_bytes(os.getpid())}]
+
+    def fast_decoder(self, buckets, scratch_slot, use_graphs):
+        from trtllm_pipeline.runtimes.cuda import graphs  # Triton: imported where the fast path is asked for
+
+        return graphs.prepared(self.engine, buckets, scratch_slot, use_graphs=use_graphs)

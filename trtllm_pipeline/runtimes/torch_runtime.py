@@ -174,21 +174,19 @@ class TorchRuntime(Runtime):
         if not usable:
             log.warning("the fast CUDA decode path is off: %s; decoding eagerly", why)
             return None, f"eager ({why})"
-        from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep, Unsupported
-        from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs, batch_buckets
+        from trtllm_pipeline.runtimes.cuda.decode_step import Unsupported
+        from trtllm_pipeline.runtimes.cuda.graphs import batch_buckets
 
         try:
-            if self.executor.world_size > 1:  # each rank would need its own step, with all-reduces between
-                raise Unsupported(f"tensor parallel > 1 ({self.executor.world_size} ranks)")
-            step = DecodeStep(self.engine)
+            decoder = self.executor.fast_decoder(batch_buckets(self.max_batch_size, sizes), self.max_batch_size,
+                                                 graphs)
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
-        decoder = DecodeGraphs(step, batch_buckets(self.max_batch_size, sizes), scratch_slot=self.max_batch_size,
-                               use_graphs=graphs)
-        decoder.prepare()
         kind = "CUDA graphs" if decoder.use_graphs else "direct launches"
-        return decoder, f"triton kernels, {kind} for batches {decoder.buckets}, ready in {decoder.setup_seconds:.1f} s"
+        ranks = f", {self.executor.world_size} ranks" if self.executor.world_size > 1 else ""
+        return decoder, (f"triton kernels, {kind} for batches {decoder.buckets}{ranks}, ready in "
+                         f"{decoder.setup_seconds:.1f} s")
 
     @classmethod
     def from_engine(cls, engine_dir: Path, cfg, manifest: dict, device: str | None = None,
@@ -228,9 +226,9 @@ class TorchRuntime(Runtime):
             "world_size": self.executor.world_size,
             **({"tp_notice": self.tp_notice} if self.tp_notice else {}),
             "decode_path": self.decode_path,
-            # What a step reads: the fast path's packed weights where it runs (one rank), else the eager
-            # model's over every rank (replicated KV heads are read by each rank holding them).
-            "weight_bytes": (self.decoder.step.weight_bytes() if self.decoder is not None
+            # What a step reads over every rank: the fast path's packed weights where it runs, else the
+            # eager model's (replicated KV heads are read by each rank holding them).
+            "weight_bytes": (self.decoder.weight_bytes() if self.decoder is not None
                              else sum(r["weight_bytes"] for r in ranks)),
             "kv_bytes_per_token": sum(r["kv_bytes_per_token"] for r in ranks),
             "ranks": ranks,

@@ -16,6 +16,13 @@ W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run ``quant_linear``'s, which re
 tensors and apply the pre-quant scale and activation quantizer to their input themselves (so for these
 formats every activation buffer stays in the compute dtype, and an unfused mlp.fc / mlp.gate pair runs as
 one GLU launch); NVFP4 is refused (eager emulation runs it).
+
+Tensor parallel (one rank of ``runtimes/tp``'s ``ShardedQwen2Engine``, which carries the group's ``comm``):
+the same kernels over the rank's heads and slices, plus the eager shard's exchanges as collectives in the
+step (captured in the CUDA graph with it): the vocabulary-parallel embedding's all-reduce, after
+attention.dense and mlp.proj the rank's partial sum reduced over its splits, rounded to the compute dtype
+and all-reduced (as ``RowParallelLinear`` does) before the residual add, and the lm_head slices
+all-gathered into the whole logits on every rank (rank 0 samples from them).
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ class StepBuffers:
     logits: torch.Tensor  # [B, vocab] float32
     greedy: torch.Tensor  # [B] int64: argmax of the logits, computed inside the step
     configs: dict[str, linear.LinearConfig]
+    tp: "_TpBuffers | None" = None  # tensor parallel: the collectives' buffers
 
     @property
     def tokens(self) -> torch.Tensor:  # the token each row feeds back
@@ -87,6 +95,17 @@ class StepBuffers:
     @property
     def positions(self) -> torch.Tensor:  # where each row's token goes in the cache
         return self.inputs[2]
+
+
+@dataclasses.dataclass
+class _TpBuffers:
+    """A tensor-parallel rank's extra buffers (static, so the collectives can be captured in the graph)."""
+
+    summed: torch.Tensor  # [B, hidden] float32: a row-parallel linear's partials summed over the splits
+    reduced: torch.Tensor  # [1, B, hidden] compute dtype: that sum rounded, then all-reduced over the ranks
+    local_logits: torch.Tensor  # [B, vocab / tp] float32: this rank's lm_head rows
+    gathered: list[torch.Tensor]  # every rank's local_logits, rank order
+    padded_logits: torch.Tensor  # [B, padded vocab] float32: the gathered slices side by side
 
 
 class Unsupported(Exception):
@@ -111,6 +130,7 @@ class DecodeStep:
             raise Unsupported(f"head_dim {d} is not a power of two >= 16")
         self.engine = engine
         self.dtype = engine.dtype
+        self.comm = engine.comm if getattr(engine, "tp_size", 1) > 1 else None
         self.layers = [self._layer(layer) for layer in engine.layers]
         self.fp8 = self.layers[0].qkv.scale is not None
         self.quant = self.layers[0].qkv.quant is not None
@@ -121,6 +141,8 @@ class DecodeStep:
             sm_count = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         self.sm_count = sm_count or 4
         self.pdl = linear.pdl_supported(device) if pdl is None else pdl and linear.pdl_supported(device)
+        # Between ranks' collectives the launches are ordinary stream order (not measured with PDL yet).
+        self.pdl = self.pdl and self.comm is None
         self.hidden = engine.embedding.shape[1]
         self.qkv_width = self.layers[0].qkv.out_features
         self.intermediate = self.layers[0].fc.out_features
@@ -137,8 +159,11 @@ class DecodeStep:
             both = _linear(fc_gate)
             half = both.out_features // 2
             fc, gate = both.rows(0, half), both.rows(half, 2 * half)
-        return _Layer(layer["input_norm"], layer["post_norm"], qkv, _linear(layer["dense"]), fc, gate,
-                      _linear(layer["proj"]))
+        dense, proj = _linear(layer["dense"]), _linear(layer["proj"])
+        if any(lin.bias is not None or getattr(module, "reduced_bias", None) is not None
+               for lin, module in ((dense, layer["dense"]), (proj, layer["proj"]))):
+            raise Unsupported("attention.dense or mlp.proj has a bias (the residual kernels add none)")
+        return _Layer(layer["input_norm"], layer["post_norm"], qkv, dense, fc, gate, proj)
 
     def buffers(self, batch: int) -> StepBuffers:
         e, dev = self.engine, self.engine.cache_k.device
@@ -160,6 +185,10 @@ class DecodeStep:
         def empty(*shape, dtype=torch.float32):
             return torch.empty(shape, dtype=dtype, device=dev)
 
+        tp = self._tp_buffers(batch) if self.comm is not None else None
+        # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
+        logits = empty(batch, self.vocab) if tp is None else tp.padded_logits[:, : self.engine.vocab]
+
         return StepBuffers(
             batch=batch,
             inputs=torch.zeros((3, batch), dtype=torch.long, device=dev),
@@ -171,10 +200,19 @@ class DecodeStep:
             attn_out=empty(batch, heads * d, dtype=act_dtype),
             act=empty(batch, self.intermediate, dtype=act_dtype),
             final=empty(batch, self.hidden, dtype=self.dtype),
-            logits=empty(batch, self.vocab),
+            logits=logits,
             greedy=torch.zeros(batch, dtype=torch.long, device=dev),
             configs=configs,
+            tp=tp,
         )
+
+    def _tp_buffers(self, batch: int) -> _TpBuffers:
+        dev = self.engine.cache_k.device
+        return _TpBuffers(summed=torch.empty(batch, self.hidden, device=dev),
+                          reduced=torch.empty(1, batch, self.hidden, dtype=self.dtype, device=dev),
+                          local_logits=torch.empty(batch, self.vocab, device=dev),
+                          gathered=[torch.empty(batch, self.vocab, device=dev) for _ in range(self.comm.size)],
+                          padded_logits=torch.empty(batch, self.vocab * self.comm.size, device=dev))
 
     def weight_bytes(self) -> int:
         """Bytes of weights one step reads: the kernels' tensors (packed, with their scales), lm_head and norms."""
@@ -210,8 +248,20 @@ class DecodeStep:
         """Launch the step for ``buf``'s tokens, slots and positions; logits land in ``buf.logits``."""
         e, cfg, dt, pdl = self.engine, buf.configs, self.dtype, self.pdl
         n = len(self.layers)
-        norm.residual_rmsnorm(buf.residual, None, self.layers[0].input_norm, buf.normed, self.layers[0].qkv.in_inv,
-                              e.eps, dt, tokens=buf.tokens, embedding=e.embedding, pdl=pdl)
+        if self.comm is not None and e.parallel_embedding:  # this rank's vocabulary rows, summed over the ranks
+            rows = e.embedding.shape[0]
+            local = buf.tokens - self.comm.rank * rows
+            outside = ((local < 0) | (local >= rows))[:, None]
+            torch.index_select(e.embedding, 0, local.clamp(0, rows - 1), out=buf.residual)
+            buf.residual.masked_fill_(outside, 0)
+            self.comm.all_reduce(buf.residual)
+            # no partials to add (a zero-row view: a real pointer, never read)
+            norm.residual_rmsnorm(buf.residual, buf.tp.reduced[:0], self.layers[0].input_norm, buf.normed,
+                                  self.layers[0].qkv.in_inv, e.eps, dt, pdl=pdl)
+        else:
+            norm.residual_rmsnorm(buf.residual, None, self.layers[0].input_norm, buf.normed,
+                                  self.layers[0].qkv.in_inv, e.eps, dt, tokens=buf.tokens, embedding=e.embedding,
+                                  pdl=pdl)
         for i, layer in enumerate(self.layers):
             qkv = buf.partials[: cfg["qkv"].splits]
             self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"])
@@ -220,17 +270,33 @@ class DecodeStep:
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt, pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
             self._partials(buf.attn_out, layer.dense, dense, cfg["dense"])
+            dense = self._all_reduce(dense, buf)
             norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
                                   pdl=pdl)
             self._glu(buf.normed, layer, buf.act, cfg["glu"])
             proj = buf.partials[: cfg["proj"].splits]
             self._partials(buf.act, layer.proj, proj, cfg["proj"])
+            proj = self._all_reduce(proj, buf)
             last = i + 1 == n
             norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else self.layers[i + 1].input_norm,
                                   buf.final if last else buf.normed, None if last else self.layers[i + 1].qkv.in_inv,
                                   e.eps, dt, pdl=pdl)
-        linear.linear_partials(buf.final, e.lm_head, None, buf.logits, cfg["lm_head"], pdl)
+        if self.comm is None:
+            linear.linear_partials(buf.final, e.lm_head, None, buf.logits, cfg["lm_head"], pdl)
+        else:  # this rank's vocabulary rows; every rank gathers all of them (buf.logits views the result)
+            linear.linear_partials(buf.final, e.lm_head, None, buf.tp.local_logits, cfg["lm_head"], pdl)
+            self.comm.all_gather(buf.tp.gathered, buf.tp.local_logits)
+            torch.cat(buf.tp.gathered, dim=-1, out=buf.tp.padded_logits)
         torch.argmax(buf.logits, dim=-1, out=buf.greedy)
+
+    def _all_reduce(self, partials: torch.Tensor, buf: StepBuffers) -> torch.Tensor:
+        """A row-parallel linear's output as the next kernel reads it: its split-K partials (one rank), or
+        (TP) this rank's sum, rounded to the compute dtype as the eager shard's output is, all-reduced."""
+        if self.comm is None:
+            return partials
+        torch.sum(partials[:, :, : self.hidden], dim=0, out=buf.tp.summed)
+        buf.tp.reduced[0].copy_(buf.tp.summed)
+        return self.comm.all_reduce(buf.tp.reduced)
 
 
 def _linear(module) -> _Linear:

@@ -99,6 +99,10 @@ class DecodeGraphs:
             self.step.run(buf)
         return buf.logits[: len(tokens)]
 
+    def weight_bytes(self) -> int:
+        """Bytes of weights a step reads (this engine's; a tensor-parallel rank's shard)."""
+        return self.step.weight_bytes()
+
     def greedy(self, n: int) -> torch.Tensor:
         """The argmax tokens of the last ``decode`` of ``n`` rows, computed inside the step."""
         return self.buffers[bucket_for(n, self.buckets)].greedy[:n]
@@ -109,3 +113,12 @@ class DecodeGraphs:
         staging = self.staging[batch]
         staging.copy_(padded_inputs(tokens, slots, positions, batch, self.scratch_slot))
         self.buffers[batch].inputs.copy_(staging, non_blocking=True)
+
+
+def prepared(engine, buckets: Sequence[int], scratch_slot: int, *, use_graphs: bool = True) -> DecodeGraphs:
+    """The fast decode path over ``engine``, compiled and captured; ``decode_step.Unsupported`` if it cannot
+    run it. A tensor-parallel rank's engine gets its collectives in the step, so every rank of the group
+    must prepare, and then decode, in step with the others."""
+    graphs = DecodeGraphs(DecodeStep(engine), buckets, scratch_slot, use_graphs=use_graphs)
+    graphs.prepare()
+    return graphs

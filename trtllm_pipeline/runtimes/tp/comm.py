@@ -23,8 +23,11 @@ HEADER = 8
 # LOGITS: rows, hidden size, dtype code; payload the hidden states' rows (every rank computes its
 # vocabulary slice, rank 0 gathers them). COPY_PREFIX: source slot, destinations, length; payload the
 # destination slots. PING: nothing (a heartbeat; an all-reduce answers it). STOP: the worker exits.
-FORWARD, LOGITS, COPY_PREFIX, PING, STOP = 1, 2, 3, 4, 5
-OP_NAMES = {FORWARD: "forward", LOGITS: "logits", COPY_PREFIX: "copy_prefix", PING: "ping", STOP: "stop"}
+# FAST_PREPARE: bucket count, scratch slot, CUDA graphs (0/1); payload the batch buckets: every rank builds
+# and captures its fast decode step. FAST_DECODE: rows; payload tokens, slots and positions (3 x rows).
+FORWARD, LOGITS, COPY_PREFIX, PING, STOP, FAST_PREPARE, FAST_DECODE = 1, 2, 3, 4, 5, 6, 7
+OP_NAMES = {FORWARD: "forward", LOGITS: "logits", COPY_PREFIX: "copy_prefix", PING: "ping", STOP: "stop",
+            FAST_PREPARE: "fast_prepare", FAST_DECODE: "fast_decode"}
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -68,6 +71,12 @@ class Comm:
         self.pg.allreduce([tensor], opts).wait()
         return tensor
 
+    def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``tensor`` into ``out`` (one tensor per rank, rank order) on every rank: the fast
+        decode step's lm_head slices (preallocated, so a CUDA graph can capture it)."""
+        self.pg.allgather([out], [tensor]).wait()
+        return out
+
     def gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
         """Every rank's ``tensor`` (same shape) at rank 0, in rank order; None elsewhere."""
         opts = dist.GatherOptions()
@@ -100,4 +109,8 @@ class Comm:
             payload = self.broadcast(torch.empty((ints[0], ints[1]), dtype=DTYPES[ints[2]], device=self.device))
         elif op == COPY_PREFIX:
             payload = self.broadcast(torch.empty(ints[1], dtype=torch.long, device=self.device))
+        elif op == FAST_PREPARE:
+            payload = self.broadcast(torch.empty(ints[0], dtype=torch.long, device=self.device))
+        elif op == FAST_DECODE:
+            payload = self.broadcast(torch.empty(3 * ints[0], dtype=torch.long, device=self.device))
         return op, ints, payload

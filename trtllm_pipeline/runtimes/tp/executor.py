@@ -129,6 +129,14 @@ class TpExecutor(Executor):
     def ranks(self) -> list[dict[str, Any]]:
         return [{**s, "rss_bytes": rss_bytes(s["pid"])} for s in self._stats]
 
+    def fast_decoder(self, buckets, scratch_slot, use_graphs):
+        from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep  # Triton: where the fast path is asked for
+
+        DecodeStep(self.engine)  # Unsupported here, before any rank starts: the ranks' shards are alike
+        self._call(wire.FAST_PREPARE, (len(buckets), scratch_slot, int(use_graphs)),
+                   torch.tensor(list(buckets), dtype=torch.long))
+        return TpDecoder(self)
+
     @property
     def pids(self) -> list[int]:
         return [os.getpid()] + [p.pid for p in self._procs]
@@ -249,6 +257,28 @@ class TpExecutor(Executor):
                 finally:
                     self._last_call = time.monotonic()
                     self._lock.release()
+
+
+class TpDecoder:
+    """The group's fast decode path, seen from rank 0: each step is one FAST_DECODE command, on which every
+    rank replays its own captured step (with the step's collectives inside); rank 0's buffers hold the
+    whole logits and the greedy tokens."""
+
+    def __init__(self, executor: TpExecutor):
+        self.executor, self.local = executor, executor.engine.fast
+        self.buckets, self.use_graphs = self.local.buckets, self.local.use_graphs
+        self.setup_seconds = self.local.setup_seconds
+
+    def decode(self, tokens, slots, positions) -> torch.Tensor:
+        payload = torch.tensor([list(tokens), list(slots), list(positions)], dtype=torch.long).reshape(-1)
+        return self.executor._call(wire.FAST_DECODE, (len(tokens),), payload)
+
+    def greedy(self, n: int) -> torch.Tensor:
+        return self.local.greedy(n)
+
+    def weight_bytes(self) -> int:
+        """Over every rank: the shards are alike (heads, features and vocabulary rows split evenly)."""
+        return self.local.weight_bytes() * self.executor.world_size
 
 
 @atexit.register

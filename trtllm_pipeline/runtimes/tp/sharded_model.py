@@ -118,4 +118,12 @@ def run_command(engine: ShardedQwen2Engine, op: int, ints: list[int], payload: t
     if op == wire.PING:
         engine.comm.all_reduce(torch.zeros(1, device=engine.comm.device))
         return None
+    if op == wire.FAST_PREPARE:  # the CUDA fast path (Triton): imported where it is asked for
+        from trtllm_pipeline.runtimes.cuda import graphs
+
+        engine.fast = graphs.prepared(engine, payload.tolist(), ints[1], use_graphs=bool(ints[2]))
+        return engine.fast
+    if op == wire.FAST_DECODE:
+        tokens, slots, positions = payload.view(3, ints[0]).tolist()
+        return engine.fast.decode(tokens, slots, positions)
     raise ValueError(f"unknown tensor-parallel command {op}")
