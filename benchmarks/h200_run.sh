@@ -7,7 +7,8 @@
 #   bash benchmarks/h200_run.sh quant      # the 4/8-bit kernels and whole steps at the 7B shape (QUANT_FORMATS)
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
 #   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
-#                                          # text per TP, then the random 7B FP8 build, bench --in-process distributed
+#                                          # text per TP, the step's collectives timed alone (tp_collectives.py),
+#                                          # then the random 7B FP8 build, bench --in-process distributed
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
@@ -19,6 +20,8 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
 export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD
 export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
+# NVLink multicast stays off on the device tool's machines (its KINDS.md), whatever the image sets
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 engines=/tmp/engines
 tp() { python3 -m trtllm_pipeline "$@"; }
 config() { echo "build_configs/r1-distill-qwen-7b-random-$1-tp1.yaml"; }
@@ -73,6 +76,9 @@ case "$part" in
       tp generate -c "$c" --engines-dir "$engines" --tp-mode distributed --max-tokens 48 "What is 2+2?" \
         >"$out/tiny-tp$n.txt" 2>"$out/tiny-tp$n.log" || { tail -n 40 "$out/tiny-tp$n.log"; exit 1; }
       cmp "$out/tiny-tp${sizes%% *}.txt" "$out/tiny-tp$n.txt" && echo "tiny tp$n: the same text as tp${sizes%% *}"
+    done
+    for n in $sizes; do  # the step's collectives alone, captured in a graph: all-reduce time per token
+      python3 benchmarks/tp_collectives.py --world-size "$n" -o "$out/collectives-tp$n.json" | tail -n 3
     done
     for n in $sizes; do
       c=build_configs/r1-distill-qwen-7b-random-fp8-tp$n.yaml

@@ -259,3 +259,20 @@ def test_generate_refuses_a_runtime_the_engine_was_not_built_for(built, engines_
                    "--runtime", "tensorrt_llm", "hi")
     assert proc.returncode == 2 and "built for the torch runtime, not tensorrt_llm" in proc.stderr
     assert "--runtime tensorrt_llm" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_steps_collectives_benchmark_checks_its_sums_and_gathers():
+    """benchmarks/tp_collectives.py (the all-reduce time per token of issue 15, on GPUs) runs the fast step's
+    collectives with the runtime's Comm; on CPU (gloo, 2 ranks) its own check of every sum and gathered slice
+    passes before anything is timed, and it reports each kind and the bytes a rank sends."""
+    import json
+
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "tp_collectives.py"),
+                           "--world-size", "2", "--device", "cpu", "--layers", "2", "--hidden", "64", "--vocab", "256",
+                           "--batch", "1,4", "--replays", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert [b["batch"] for b in report["batches"]] == [1, 4]
+    row = report["batches"][1]
+    assert set(row["us_per_step"]) == {"embedding all-reduce", "4 row-parallel all-reduces", "lm_head all-gather", "all"}
+    assert row["bytes_per_rank"] == {"all-reduces": 5 * 4 * 64 * 2, "all-gather": 4 * 128 * 4}
