@@ -115,10 +115,11 @@ class DecodeGraphs:
         self.buffers[batch].inputs.copy_(staging, non_blocking=True)
 
 
-def prepared(engine, buckets: Sequence[int], scratch_slot: int, *, use_graphs: bool = True) -> DecodeGraphs:
-    """The fast decode path over ``engine``, compiled and captured; ``decode_step.Unsupported`` if it cannot
-    run it. A tensor-parallel rank's engine gets its collectives in the step, so every rank of the group
-    must prepare, and then decode, in step with the others."""
-    graphs = DecodeGraphs(DecodeStep(engine), buckets, scratch_slot, use_graphs=use_graphs)
+def prepared(engine, buckets: Sequence[int], scratch_slot: int, *, use_graphs: bool = True,
+             step: DecodeStep | None = None) -> DecodeGraphs:
+    """The fast decode path over ``engine`` (or its already built ``step``), compiled and captured;
+    ``decode_step.Unsupported`` if it cannot run it. A tensor-parallel rank's engine gets its collectives in
+    the step, so every rank of the group must prepare, and then decode, in step with the others."""
+    graphs = DecodeGraphs(step or DecodeStep(engine), buckets, scratch_slot, use_graphs=use_graphs)
     graphs.prepare()
     return graphs

@@ -183,8 +183,7 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
       registers), so each reduces 10 or more tiles before its partial goes to the workspace;
     * the GLU cannot split K (SiLU in its epilogue): 16 rows x 256 inputs, 1184 programs for the 7B's 18944
       rows (71 registers: seven programs per SM; 64-row tiles left SMs idle)."""
-    k_tiles = triton.cdiv(q.k, block_k or 128)
-    short = k_tiles <= 32
+    short = triton.cdiv(q.k, 128) <= 32  # in 128-input tiles
     warps = 8 if short and not glu else 4
     block_n = block_n or (16 if glu else 256 if short else 128)
     block_k = block_k or (256 if glu else 128)

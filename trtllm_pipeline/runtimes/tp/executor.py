@@ -132,7 +132,8 @@ class TpExecutor(Executor):
     def fast_decoder(self, buckets, scratch_slot, use_graphs):
         from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep  # Triton: where the fast path is asked for
 
-        DecodeStep(self.engine)  # Unsupported here, before any rank starts: the ranks' shards are alike
+        # Unsupported here, before any rank starts (the ranks' shards are alike); FAST_PREPARE reuses it
+        self.engine.fast_step = DecodeStep(self.engine)
         self._call(wire.FAST_PREPARE, (len(buckets), scratch_slot, int(use_graphs)),
                    torch.tensor(list(buckets), dtype=torch.long))
         return TpDecoder(self)

@@ -121,7 +121,9 @@ def run_command(engine: ShardedQwen2Engine, op: int, ints: list[int], payload: t
     if op == wire.FAST_PREPARE:  # the CUDA fast path (Triton): imported where it is asked for
         from trtllm_pipeline.runtimes.cuda import graphs
 
-        engine.fast = graphs.prepared(engine, payload.tolist(), ints[1], use_graphs=bool(ints[2]))
+        engine.fast = graphs.prepared(engine, payload.tolist(), ints[1], use_graphs=bool(ints[2]),
+                                      step=getattr(engine, "fast_step", None))  # rank 0 built its step already
+        engine.fast_step = None
         return engine.fast
     if op == wire.FAST_DECODE:
         tokens, slots, positions = payload.view(3, ints[0]).tolist()
