@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from trtllm_pipeline.runtimes.cuda import linear, norm, quant_gemv, quant_linear
+from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_linear
 from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -164,18 +164,18 @@ def _sweep(q: quant_linear.QuantWeight, m: int, sm: int, glu: bool, sweep: bool)
     if not sweep:
         return out
     if base.gemv:
-        # issue- and latency-bound at a few warps per scheduler (ncu, docs/perf-notes.md): smaller tiles and
-        # 8 warps take fewer registers per thread
-        for block_n in ((16, 32, 64) if glu else (32, 64, 128, 256)):
-            for block_k in ((128, 256) if glu else (128,)):
-                for factor in ((1,) if glu else (0.5, 1, 2)):
-                    for warps in (4, 8):
-                        cfg = quant_gemv.pick_config(q, sm, glu=glu, block_n=block_n, block_k=block_k)
-                        cfg = dataclasses.replace(cfg, splits=max(1, int(cfg.splits * factor)), num_warps=warps)
-                        if cfg not in out:
-                            out.append(cfg)
-        for stages in (2, 4):
-            out.append(dataclasses.replace(base, num_stages=stages))
+        # (block_n, block_k, splits, warps, stages): stages 2 prefetches the next tile into registers; a GLU
+        # split over K has its last program per row tile sum fc and gate and apply SiLU
+        r = dataclasses.replace
+        if glu:  # prefetching doubles the registers: wider tiles keep the grid to one wave
+            shapes = [(16, 256, 1, 4, 2), (32, 256, 1, 4, 2), (32, 256, 1, 8, 2), (32, 128, 1, 4, 2),
+                      (64, 128, 1, 4, 2), (16, 256, 1, 2, 2), (16, 512, 1, 4, 1), (32, 256, 1, 4, 1)]
+        else:
+            shapes = [(128, 128, base.splits, 4, 1), (256, 128, base.splits, 4, 1), (64, 128, base.splits, 4, 2),
+                      (128, 128, base.splits * 2, 4, 2), (128, 128, max(1, base.splits // 2), 4, 2),
+                      (128, 256, base.splits, 4, 2)]
+        for block_n, block_k, splits, warps, stages in shapes:
+            out.append(r(base, block_n=block_n, block_k=block_k, splits=splits, num_warps=warps, num_stages=stages))
         return out
     for block_n in ((64, 128, 256) if q.int4 else (32, 64, 128)):
         for factor in ((1,) if glu else (0.5, 1, 2)):
@@ -240,6 +240,10 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                 if not quant:  # FP8 linears take their input quantized by the producer
                     xin = x if fmt == "bf16" else (x.float() * lins[0].a_inv).to(torch.float8_e4m3fn)
                     scale = None if fmt == "bf16" else (lins[0].a_scale * lins[0].w_scale).reshape(1)
+                if quant and any(c.gemv for c in configs):  # the GEMV's input as its producer prepares it
+                    prepared = [quant_gemv.launch_input(x, q, dt) for q in qs]
+                    counters = torch.zeros(4096, dtype=torch.int32, device=device)  # splits summed, as in the step
+                    workspace = torch.empty(8 * 2 * n, device=device)  # a split GLU's fc and gate partials
                 results, regs = {}, {}
                 for cfg in configs:
                     key = (cfg.block_n, cfg.block_k, cfg.splits, cfg.num_warps, cfg.num_stages, cfg.gemv)
@@ -249,10 +253,16 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
 
                         def call(s=0, cfg=cfg, out=out):
                             ws = sets[s % copies]
+                            xq = prepared[0] if cfg.gemv else x
                             if quant and glu:
-                                return quant_linear.quant_glu(x, ws[0], ws[1], out, cfg, dt, pdl=device.type == "cuda")
+                                gemv = ({"x2": prepared[1], "counters": counters, "workspace": workspace}
+                                        if cfg.gemv else {})
+                                return quant_linear.quant_glu(xq, ws[0], ws[1], out, cfg, dt, pdl=device.type == "cuda",
+                                                              **gemv)
                             elif quant:
-                                return quant_linear.quant_partials(x, ws[0], out, cfg, dt, pdl=device.type == "cuda")
+                                gemv = {"counters": counters} if cfg.gemv else {}
+                                return quant_linear.quant_partials(xq, ws[0], out, cfg, dt, pdl=device.type == "cuda",
+                                                                   **gemv)
                             else:
                                 if glu:
                                     linear.glu(xin, ws[0], ws[1], scale, None, out, cfg, dt, pdl=device.type == "cuda")
@@ -261,7 +271,8 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                         handle = call()
                         if hasattr(handle, "n_regs"):  # registers per thread and spills of the compiled kernel
                             regs[key] = (handle.n_regs, handle.n_spills)
-                        err = rel(out.float() if glu else out.sum(0), want) if quant else None
+                        summed = out[0] if cfg.gemv else out.sum(0)  # the GEMV sums its splits into the first
+                        err = rel(out.float() if glu else summed, want) if quant else None
                         it = iter(range(10**9))
                         us = time_fn(lambda: call(next(it)), copies * 2) if time_fn else float("nan")
                         results[key] = (us, err)
@@ -397,22 +408,32 @@ def _gemv_variant(name: str):
             return dataclasses.replace(cfg, splits=max(1, cfg.splits // int(name.split("/")[1])))
         if name == "glu32" and glu:  # twice the rows per program (run 21: 49.6 us against 42.7)
             return quant_gemv.pick_config(q, sm_count, glu=True, block_n=32)
+        if name == "glu32p" and glu:  # 32 rows, the next tile prefetched
+            return dataclasses.replace(quant_gemv.pick_config(q, sm_count, glu=True, block_n=32), num_stages=2)
         return cfg
     return pick_variant
 
 
-INT4_VARIANTS = ("dot", "splits/2", "splits/4", "glu32", "norm8", "norm16")
+INT4_VARIANTS = ("dot", "partials", "nopdl", "glu32p")
 
 
 def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
     """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for()``: fresh graphs):
-    other GEMV tiles and splits, and more warps for the residual + RMSNorm kernel."""
+    the tensor-core kernels (dot), the split-K partials handed to the next kernel instead of summed by the
+    GEMV (partials), without PDL (nopdl), other GEMV tiles and splits, more warps for the residual + RMSNorm
+    kernel (norm<warps>) and for the split combine (combine<warps>)."""
     rows = []
-    pick, warps = quant_linear.pick_config, norm.default_warps
+    pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     for name in INT4_VARIANTS:
         quant_linear.pick_config = _gemv_variant(name)
         if name.startswith("norm"):
             norm.default_warps = lambda hidden, w=int(name[4:]): w
+        if name.startswith("combine"):
+            attention.COMBINE_WARPS = int(name[7:])
+        if name == "partials":  # every split's partials to the next kernel, as before run 34
+            DecodeStep.reduce_splits = False
+        if name == "nopdl":
+            DecodeStep.pdl_default = False
         try:
             graphs = graphs_for()
             wall, replay = time_step(graphs, ctx, steps)
@@ -421,7 +442,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
         except Exception as exc:
             rows.append({"variant": name, "error": repr(exc)[:300]})
         finally:
-            quant_linear.pick_config, norm.default_warps = pick, warps
+            quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
+            DecodeStep.reduce_splits, DecodeStep.pdl_default = True, True
         log(f"quant step int4_awq variant {rows[-1]}")
     return rows
 

@@ -17,7 +17,7 @@ import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 import torch.nn.functional as F
 
-from trtllm_pipeline.runtimes.cuda import quant_linear
+from trtllm_pipeline.runtimes.cuda import gemv_input, quant_linear
 from trtllm_pipeline.runtimes.torch_model import Linear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -74,6 +74,15 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
            "config": [cfg.block_n, cfg.block_k, cfg.splits], "tile_scale": q.group % cfg.block_k == 0,
            "gemv": cfg.gemv,
            "kernel": errors(out.sum(0), want), "eager_bf16": errors(lin(x), want)}
+    if cfg.gemv:  # against the input as the GEMV's int16 block floating point represents it
+        planes_x = gemv_input.reference(reference_input(lin32, x), gemv_input.block_inputs(q.group))
+        row["kernel_vs_prepared"] = errors(out.sum(0), planes_x @ lin32._dequantize().t())
+        # the splits summed by each row tile's last program, in split order: the same float32 sums
+        counters = torch.zeros(8, dtype=torch.int32)
+        reduced = out.clone()
+        quant_linear.quant_partials(x, q, reduced, cfg, dtype, counters=counters)
+        row["reduced_equals_sum"] = bool(torch.equal(reduced[0], sum(out[s] for s in range(cfg.splits))))
+        row["counters_left_zero"] = bool((counters == 0).all())
     # the GLU: silu(fc) * gate, each matrix with its own pre-quant / activation scales
     act = torch.full((m, n), float("nan"), dtype=dtype)
     quant_linear.quant_glu(x, q, q2, act, cfg, dtype)
@@ -82,6 +91,13 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
     glu_want = F.silu(fc).to(dtype).float() * gate
     row["glu"] = errors(act, glu_want)
     row["glu_eager_bf16"] = errors(F.silu(lin(x)) * lin2(x), glu_want)
+    if cfg.gemv:  # the GLU split over K: the last program per row tile sums fc and gate, then applies SiLU
+        split_act, counters = torch.full_like(act, float("nan")), torch.zeros(8, dtype=torch.int32)
+        workspace = torch.empty(2 * 2 * n)
+        quant_linear.quant_glu(x, q, q2, split_act, dataclasses.replace(cfg, splits=2), dtype, counters=counters,
+                               workspace=workspace)
+        row["glu_split"] = errors(split_act, glu_want)
+        row["glu_split_counters_left_zero"] = bool((counters == 0).all())
     return row
 
 
@@ -99,6 +115,7 @@ def main() -> None:
     rows.append(case("int4_awq", 1, 96, 128, 8, block_n=32, block_k=64, splits=1))
     rows.append(case("int4_awq", 1, 90, 160, 32, block_n=32, block_k=32, splits=2, dtype=torch.float16))
     rows.append(case("int4_awq", 1, 90, 160, 32, block_n=32, block_k=32, splits=2, gemv=False))
+    rows.append(case("int4_awq", 1, 64, 256, 128, block_n=32, splits=2))  # the 7B's group: one scale per tile
     print(json.dumps(rows))
 
 

@@ -33,17 +33,21 @@ OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 DIVISIBLE = {"N", "K", "stride_wn", "stride_sg", "stride_s2", "stride_os"}
 
 
-def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warps: int, stages: int):
+def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warps: int, stages: int,
+                   splits: int = 28):
     fn = quant_gemv._int4_gemv_kernel
-    consts = dict(GROUP=128, HAS_PQS=True, GLU=glu, EVEN=True, TILE_SCALE=tile_scale, COMPUTE=tl.bfloat16,
-                  BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, PDL=True)
-    pointers = {"w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32"}
+    consts = dict(GROUP=128, XB=16, GLU=glu, EVEN=True, TILE_SCALE=tile_scale, PREPARE_OUT=glu, HAS_PQS_OUT=True,
+                  XB_OUT=16, SPLITS=splits, REDUCE=splits > 1, COMPUTE=tl.bfloat16, BLOCK_N=block_n,
+                  BLOCK_K=block_k, PREFETCH=stages > 1, ASM=True, PDL=True)
+    pointers = {"count_ptr": "*i32", "ws_ptr": "*fp32", "xp_ptr": "*i32", "xp2_ptr": "*i32", "xp_out_ptr": "*i32",
+                "w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32",
+                "out_ptr": "*bf16" if glu else "*fp32"}
     sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr") else "i32"
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n] != "constexpr" and (n.endswith("ptr") or n in DIVISIBLE)}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
 def disassemble(kernel) -> tuple[str, int | None]:
@@ -79,10 +83,11 @@ def main() -> None:
     ap.add_argument("--glu", action="store_true", help="the fc + gate variant (two matrices)")
     ap.add_argument("--no-tile-scale", action="store_true", help="a scale load per word (tile spans groups)")
     ap.add_argument("--warps", type=int, default=8)
-    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--stages", type=int, default=1, help="1: loads straight to registers; 2: the next tile prefetched")
+    ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
-    kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages)
+    kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits)
     sass, regs = disassemble(kernel)
     mix = loop_mix(sass)
     per_thread = sum(mix.values())

@@ -6,7 +6,8 @@ GEMM output is rounded), applies the rotary embedding, writes the new key and va
 (split 0 only) and attends over its share of the *live* length ``position + 1`` read from device
 memory, so a CUDA graph captured once serves every length. All of a KV head's query heads (GQA)
 ride in one tile, so each cached key and value is read once. A second small kernel combines the
-splits by their log-sum-exp and quantizes the result for ``attention.dense``. (Combining inside the
+splits by their log-sum-exp and quantizes the result for ``attention.dense`` (or prepares it as the
+INT4 GEMV's input). (Combining inside the
 attention launch, by the last split program to finish, measured slower on an H200: that program's
 serial pass over the splits lengthens the launch's tail by more than a launch costs under PDL.)
 
@@ -21,9 +22,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, consumer_input, store_planes
 from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
 
 LOG2E = 1.4426950408889634
+COMBINE_WARPS = 1  # one program per (request, head): D values, a few splits each
 
 
 @triton.jit
@@ -130,9 +133,10 @@ def _decode_attention_kernel(
 
 @triton.jit
 def _combine_kernel(
-    o_ptr, lse_ptr, out_ptr, out_inv_ptr,
-    stride_ob, stride_oh, stride_lb, stride_outb,
-    D: tl.constexpr, SPLITS: tl.constexpr, QUANT_OUT: tl.constexpr, COMPUTE: tl.constexpr, PDL: tl.constexpr,
+    o_ptr, lse_ptr, out_ptr, out_inv_ptr, pqs_ptr, prep_ptr,
+    stride_ob, stride_oh, stride_lb, stride_outb, stride_prep, K_OUT,
+    D: tl.constexpr, SPLITS: tl.constexpr, QUANT_OUT: tl.constexpr, PREPARE: tl.constexpr, HAS_PQS: tl.constexpr,
+    XB: tl.constexpr, COMPUTE: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
@@ -151,6 +155,10 @@ def _combine_kernel(
         tl.store(dst, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
     else:
         tl.store(dst, y)
+    if PREPARE:  # attention.dense's input for the INT4 GEMV: this head's D inputs are whole blocks
+        cols = h * D + d
+        store_planes(consumer_input(y, pqs_ptr, cols, cols < K_OUT, HAS_PQS, COMPUTE), h * D, K_OUT,
+                     prep_ptr + b * stride_prep, D, XB)
 
 
 def pick_splits(batch: int, kv_heads: int, sm_count: int, max_splits: int = 32) -> int:
@@ -162,12 +170,14 @@ def pick_splits(batch: int, kv_heads: int, sm_count: int, max_splits: int = 32) 
 def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                      o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
-                     *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int = 64, pdl: bool = False) -> None:
+                     *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int = 64,
+                     prepared: Prepared | None = None, pdl: bool = False) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection;
     ``k_cache``/``v_cache``: one layer's [slots, kv_heads, max_len, D]; ``o_work``: [B, heads, SPLITS, D]
-    and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split.
+    and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
+    ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``).
     """
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
     d = k_cache.shape[-1]
@@ -186,8 +196,13 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         PDL=pdl,
         num_warps=4, num_stages=2, launch_pdl=pdl,
     )
+    p = prepared
+    assert p is None or p.k == heads * d and d % p.block == 0
     _combine_kernel[(batch, heads)](
         o_work, lse_work, out, out_inv if out_inv is not None else out,
-        o_work.stride(0), o_work.stride(1), lse_work.stride(0), out.stride(0),
-        D=d, SPLITS=splits, QUANT_OUT=out_inv is not None, COMPUTE=dt, PDL=pdl, num_warps=1, launch_pdl=pdl,
+        p.pqs if p is not None and p.pqs is not None else out, p.planes if p is not None else out,
+        o_work.stride(0), o_work.stride(1), lse_work.stride(0), out.stride(0), p.planes.stride(0) if p else 0,
+        heads * d, D=d, SPLITS=splits, QUANT_OUT=out_inv is not None, PREPARE=p is not None,
+        HAS_PQS=p is not None and p.pqs is not None, XB=p.block if p else 16, COMPUTE=dt, PDL=pdl,
+        num_warps=COMBINE_WARPS, launch_pdl=pdl,
     )

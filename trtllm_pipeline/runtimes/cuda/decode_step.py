@@ -31,7 +31,7 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_linear
+from trtllm_pipeline.runtimes.cuda import attention, gemv_input, linear, norm, quant_gemv, quant_linear
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
@@ -83,6 +83,10 @@ class StepBuffers:
     greedy: torch.Tensor  # [B] int64: argmax of the logits, computed inside the step
     configs: dict[str, linear.LinearConfig]
     tp: "_TpBuffers | None" = None  # tensor parallel: the collectives' buffers
+    # INT4 GEMV inputs as their producers prepare them (gemv_input), by consumer: qkv, fc, gate, dense, proj
+    prepared: dict[str, gemv_input.Prepared] = dataclasses.field(default_factory=dict)
+    counters: torch.Tensor | None = None  # int32 zeros: the GEMV's split counters (its last program per tile sums)
+    glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
 
     @property
     def tokens(self) -> torch.Tensor:  # the token each row feeds back
@@ -119,6 +123,9 @@ class DecodeStep:
     which hides the launch gaps inside a CUDA graph; on by default where supported.
     """
 
+    reduce_splits = True  # the INT4 GEMV sums its split-K partials itself (the next kernel reads one row)
+    pdl_default = True  # PDL where supported, unless the caller says (the benchmark's variants flip it)
+
     def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None):
         device = engine.cache_k.device
         if device.type != "cuda" and not interpreting():
@@ -140,7 +147,8 @@ class DecodeStep:
         if device.type == "cuda":
             sm_count = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         self.sm_count = sm_count or 4
-        self.pdl = linear.pdl_supported(device) if pdl is None else pdl and linear.pdl_supported(device)
+        pdl = self.pdl_default if pdl is None else pdl
+        self.pdl = pdl and linear.pdl_supported(device)
         # Between ranks' collectives the launches are ordinary stream order (not measured with PDL yet).
         self.pdl = self.pdl and self.comm is None
         self.hidden = engine.embedding.shape[1]
@@ -186,6 +194,14 @@ class DecodeStep:
             return torch.empty(shape, dtype=dtype, device=dev)
 
         tp = self._tp_buffers(batch) if self.comm is not None else None
+        consumers = {"qkv": ("qkv", first.qkv), "fc": ("glu", first.fc), "gate": ("glu", first.gate),
+                     "dense": ("dense", first.dense), "proj": ("proj", first.proj)}
+        prepared = {name: quant_gemv.prepared_input(lin.quant, batch) for name, (cfg, lin) in consumers.items()
+                    if configs[cfg].gemv}
+        tiles = [quant_gemv.row_tiles(lin.quant, configs[cfg]) for cfg, lin in consumers.values() if configs[cfg].gemv]
+        counters = torch.zeros(max(tiles), dtype=torch.int32, device=dev) if tiles and self.reduce_splits else None
+        glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, configs["glu"]))
+                  if counters is not None and configs["glu"].gemv and configs["glu"].splits > 1 else None)
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
         logits = empty(batch, self.vocab) if tp is None else tp.padded_logits[:, : self.engine.vocab]
 
@@ -204,6 +220,9 @@ class DecodeStep:
             greedy=torch.zeros(batch, dtype=torch.long, device=dev),
             configs=configs,
             tp=tp,
+            prepared=prepared,
+            counters=counters,
+            glu_workspace=glu_ws,
         )
 
     def _tp_buffers(self, batch: int) -> _TpBuffers:
@@ -231,15 +250,25 @@ class DecodeStep:
             return quant_linear.pick_config(lin.quant, batch, self.sm_count, glu=glu)
         return linear.pick_config(batch, n, k, wbytes, self.sm_count, glu=glu)
 
-    def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig) -> None:
-        if lin.quant is not None:
-            quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
-        else:
+    def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
+                  buf: StepBuffers, prepared: gemv_input.Prepared | None = None) -> torch.Tensor:
+        """Launch one linear into ``out`` (split-K partials); returns the partials its consumer reads: the
+        INT4 GEMV sums its splits into the first itself."""
+        if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
+            return out
+        if not cfg.gemv:
+            quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
+            return out
+        quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
+        return out[:1] if buf.counters is not None else out
 
-    def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig) -> None:
+    def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers):
         if layer.fc.quant is not None:
-            quant_linear.quant_glu(x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl)
+            fc, gate = _prep(buf, "fc", layer.fc), _prep(buf, "gate", layer.gate)
+            gemv = dict(x2=gate, prepare_out=_prep(buf, "proj", layer.proj), counters=buf.counters,
+                        workspace=buf.glu_workspace) if fc and gate else {}
+            quant_linear.quant_glu(fc or x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl, **gemv)
         else:
             linear.glu(x, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, out, cfg,
                        self.dtype, self.pdl)
@@ -257,30 +286,36 @@ class DecodeStep:
             self.comm.all_reduce(buf.residual)
             # no partials to add (a zero-row view: a real pointer, never read)
             norm.residual_rmsnorm(buf.residual, buf.tp.reduced[:0], self.layers[0].input_norm, buf.normed,
-                                  self.layers[0].qkv.in_inv, e.eps, dt, pdl=pdl)
+                                  self.layers[0].qkv.in_inv, e.eps, dt,
+                                  prepared=_preps(buf, "qkv", self.layers[0].qkv), pdl=pdl)
         else:
             norm.residual_rmsnorm(buf.residual, None, self.layers[0].input_norm, buf.normed,
                                   self.layers[0].qkv.in_inv, e.eps, dt, tokens=buf.tokens, embedding=e.embedding,
-                                  pdl=pdl)
+                                  prepared=_preps(buf, "qkv", self.layers[0].qkv), pdl=pdl)
         for i, layer in enumerate(self.layers):
             qkv = buf.partials[: cfg["qkv"].splits]
-            self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"])
+            qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, _prep(buf, "qkv", layer.qkv))
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
-                                       heads=e.heads, kv_heads=e.kv_heads, compute=dt, pdl=pdl)
+                                       heads=e.heads, kv_heads=e.kv_heads, compute=dt,
+                                       prepared=_prep(buf, "dense", layer.dense), pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
-            self._partials(buf.attn_out, layer.dense, dense, cfg["dense"])
+            dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf,
+                                   _prep(buf, "dense", layer.dense))
             dense = self._all_reduce(dense, buf)
             norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
-                                  pdl=pdl)
-            self._glu(buf.normed, layer, buf.act, cfg["glu"])
+                                  prepared=_preps(buf, "fc", layer.fc) + _preps(buf, "gate", layer.gate), pdl=pdl)
+            self._glu(buf.normed, layer, buf.act, cfg["glu"], buf)
             proj = buf.partials[: cfg["proj"].splits]
-            self._partials(buf.act, layer.proj, proj, cfg["proj"])
+            # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
+            proj_in = _prep(buf, "proj", layer.proj) if _prep(buf, "fc", layer.fc) else None
+            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in)
             proj = self._all_reduce(proj, buf)
             last = i + 1 == n
-            norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else self.layers[i + 1].input_norm,
-                                  buf.final if last else buf.normed, None if last else self.layers[i + 1].qkv.in_inv,
-                                  e.eps, dt, pdl=pdl)
+            following = None if last else self.layers[i + 1]
+            norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else following.input_norm,
+                                  buf.final if last else buf.normed, None if last else following.qkv.in_inv,
+                                  e.eps, dt, prepared=() if last else _preps(buf, "qkv", following.qkv), pdl=pdl)
         if self.comm is None:
             linear.linear_partials(buf.final, e.lm_head, None, buf.logits, cfg["lm_head"], pdl)
         else:  # this rank's vocabulary rows; every rank gathers all of them (buf.logits views the result)
@@ -297,6 +332,18 @@ class DecodeStep:
         torch.sum(partials[:, :, : self.hidden], dim=0, out=buf.tp.summed)
         buf.tp.reduced[0].copy_(buf.tp.summed)
         return self.comm.all_reduce(buf.tp.reduced)
+
+
+def _prep(buf: StepBuffers, name: str, lin: _Linear) -> gemv_input.Prepared | None:
+    """Consumer ``name``'s prepared-input buffer with this layer's pre-quant scale (None: it takes its input as
+    is, and prepares it itself where it runs the GEMV)."""
+    p = buf.prepared.get(name)
+    return dataclasses.replace(p, pqs=lin.quant.pqs) if p is not None else None
+
+
+def _preps(buf: StepBuffers, name: str, lin: _Linear) -> tuple[gemv_input.Prepared, ...]:
+    p = _prep(buf, name, lin)
+    return (p,) if p is not None else ()
 
 
 def _linear(module) -> _Linear:

@@ -3,8 +3,9 @@
 One program per row: it reduces the preceding linear's split-K partials, rounds them to the
 compute dtype (the eager GEMM's output rounding), adds them to the residual stream (rounded again,
 as a bf16 add is), writes the residual back, and emits the RMSNorm of it, FP8-quantized with the
-next linear's activation scale when that linear is FP8. The first call of a step gathers the
-embedding rows instead of adding partials.
+next linear's activation scale when that linear is FP8, and prepared as the INT4 GEMV's input
+(``gemv_input``, with each consumer's pre-quant scale) when the next linears take it at batch 1. The
+first call of a step gathers the embedding rows instead of adding partials.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, consumer_input, store_planes
 from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
 
 
 @triton.jit
 def _residual_rmsnorm_kernel(
-    x_ptr, part_ptr, tok_ptr, emb_ptr, w_ptr, out_ptr, out_inv_ptr,
-    stride_x, stride_ps, stride_pb, stride_emb, stride_out,
+    x_ptr, part_ptr, tok_ptr, emb_ptr, w_ptr, out_ptr, out_inv_ptr, pqs_a_ptr, prep_a_ptr, pqs_b_ptr, prep_b_ptr,
+    stride_x, stride_ps, stride_pb, stride_emb, stride_out, stride_prep,
     HIDDEN, eps,
-    PARTS: tl.constexpr, EMBED: tl.constexpr, QUANT_OUT: tl.constexpr, COMPUTE: tl.constexpr,
-    BLOCK: tl.constexpr, PDL: tl.constexpr,
+    PARTS: tl.constexpr, EMBED: tl.constexpr, QUANT_OUT: tl.constexpr, PREPARE: tl.constexpr, PQS_A: tl.constexpr,
+    PQS_B: tl.constexpr, XB: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
@@ -50,28 +52,42 @@ def _residual_rmsnorm_kernel(
         tl.store(out_ptr + b * stride_out + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=ok)
     else:
         tl.store(out_ptr + b * stride_out + cols, h, mask=ok)
+    if PREPARE >= 1:  # the next INT4 GEMVs' inputs (mlp.fc and mlp.gate have pre-quant scales of their own)
+        store_planes(consumer_input(h, pqs_a_ptr, cols, ok, PQS_A, COMPUTE), 0, HIDDEN, prep_a_ptr + b * stride_prep,
+                     BLOCK, XB)
+    if PREPARE == 2:
+        store_planes(consumer_input(h, pqs_b_ptr, cols, ok, PQS_B, COMPUTE), 0, HIDDEN, prep_b_ptr + b * stride_prep,
+                     BLOCK, XB)
 
 
 def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,
                      out_inv: torch.Tensor | None, eps: float, compute: torch.dtype, *,
                      tokens: torch.Tensor | None = None, embedding: torch.Tensor | None = None,
-                     pdl: bool = False) -> None:
+                     prepared: tuple[Prepared, ...] = (), pdl: bool = False) -> None:
     """``x += sum(partials)`` (or ``x = embedding[tokens]``), then ``out = rmsnorm(x) * weight``.
 
     ``x``: [B, hidden] residual stream in the compute dtype, updated in place; ``partials``:
-    [S, B, >= hidden] float32; ``out``: [B, hidden], FP8 when ``out_inv`` (1 / activation scale) is given.
+    [S, B, >= hidden] float32; ``out``: [B, hidden], FP8 when ``out_inv`` (1 / activation scale) is given;
+    ``prepared``: up to two INT4 GEMV inputs to write ``out`` into as well (``gemv_input``).
     """
     batch, hidden = x.shape
     embed = partials is None
+    assert len(prepared) <= 2 and all(p.k == hidden and p.block == prepared[0].block for p in prepared)
+    a, b = (list(prepared) + [None, None])[:2]
+    block = triton.next_power_of_2(hidden)
+
+    def ptr(t):  # a pointer argument the kernel's flags leave unread
+        return t if t is not None else x
+
     _residual_rmsnorm_kernel[(batch,)](
-        x, x if embed else partials, tokens if embed else x, embedding if embed else x, weight, out,
-        out_inv if out_inv is not None else out,
+        x, x if embed else partials, tokens if embed else x, embedding if embed else x, weight, out, ptr(out_inv),
+        ptr(a and a.pqs), ptr(a and a.planes), ptr(b and b.pqs), ptr(b and b.planes),
         x.stride(0), 0 if embed else partials.stride(0), 0 if embed else partials.stride(1),
-        embedding.stride(0) if embed else 0, out.stride(0),
+        embedding.stride(0) if embed else 0, out.stride(0), a.planes.stride(0) if a else 0,
         hidden, eps,
-        PARTS=0 if embed else partials.shape[0], EMBED=embed, QUANT_OUT=out_inv is not None,
-        COMPUTE=tl_dtype(compute), BLOCK=triton.next_power_of_2(hidden), PDL=pdl,
-        num_warps=default_warps(hidden), launch_pdl=pdl,
+        PARTS=0 if embed else partials.shape[0], EMBED=embed, QUANT_OUT=out_inv is not None, PREPARE=len(prepared),
+        PQS_A=bool(a and a.pqs is not None), PQS_B=bool(b and b.pqs is not None), XB=a.block if a else 16,
+        COMPUTE=tl_dtype(compute), BLOCK=block, PDL=pdl, num_warps=default_warps(hidden), launch_pdl=pdl,
     )
 
 

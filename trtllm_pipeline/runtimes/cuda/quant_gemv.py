@@ -1,25 +1,32 @@
-"""INT4-AWQ at batch 1: a matrix-vector product on the CUDA cores instead of a padded tensor-core dot.
+"""INT4-AWQ at batch 1: a matrix-vector product with the integer dot-product instruction, not a padded tensor-core dot.
 
 At M = 1 quant_linear's swapped dot pads the activation to 16 columns and sends each unpacked weight tile
-through shared memory to the dot-operand layout; the H200 showed those kernels compute-bound at 0.65-0.9
-TB/s (docs/perf-notes.md). Here a weight costs three instructions and stays in its thread's registers:
+through shared memory to the dot-operand layout (0.65-0.9 TB/s on the H200). A float32 CUDA-core GEMV
+(this module before: a nibble to float32 by LOP3 + FADD, then FFMA) spent 5.2-8.3 instructions per weight
+and stayed issue-bound at 1.4 TB/s (docs/perf-notes.md). Here four weights cost about one instruction:
 
-* The packed weight is read as int32 words: 4 bytes of K of one packed row, 8 nibbles (rows 2j and 2j+1 at
-  4 consecutive inputs). A nibble at bits SH..SH+3 (SH <= 16) becomes float32 without a conversion:
-  ``(word & 0xF << SH) ^ magic`` sets the exponent to 2^(23 - SH), whose last-place unit is 2^-SH, so the
-  nibble's bits read as the integer q + 8 on top of 2^(23 - SH) (one LOP3); minus 2^(23 - SH) + 8 it is q
-  exactly (one FADD); one FFMA with the input. The three top nibbles (bits 20-31) overlap the exponent,
-  so they are taken from ``word >> 12`` (one shift per 8 weights).
-* A word's 4 inputs lie in one scale group (groups are multiples of 4), so the group scale multiplies the
-  per-word sum (one FFMA per 4 weights); the float32 accumulators are summed over K at the end.
-* The K loop asks for software pipelining (``tl.range(num_stages=...)``): Triton stages the weight tiles
-  through shared memory with cp.async, which it does unasked only for loads that feed a dot.
+* The input comes prepared by the kernel that produced it (``gemv_input``): int16 block floating point,
+  one power of two per 16 inputs, split into a signed high-byte plane and an unsigned low-byte plane, four
+  inputs per int32 word, with each block's -8 x sum. No per-program pre-quant multiply or rounding.
+* The packed weight is read as int32 words: byte b of a word holds rows 2j (low nibble) and 2j+1 (high
+  nibble) at input 4w + b. ``(word & 0x0F0F0F0F) ^ 0x08080808`` is row 2j's four q + 8 as unsigned bytes (one
+  LOP3; the constants come in as registers so mask and XOR fuse), ``word >> 4`` first for row 2j+1.
+* ``dp4a`` multiplies a word's four bytes with the input word's and adds the int32 accumulator: per block
+  of 4 words, a chain over the high plane, shifted by 8 bits, carries into the chain over the low plane,
+  starting from the block's -8 x sum, so the int32 result is ``sum q x_int`` exactly (< 2^22).
+* Per block and row, one I2F and one FFMA: the result times the group scale times the block's 2^E into
+  the float32 accumulators, summed over K at the end. Loads go straight to registers, the next tile's
+  issued before this one is computed where K is long (``pick_config``).
+* Split K, the row tile's last program (an acquire/release counter) sums the splits' partials in split
+  order into the first, so the next kernel reads one row; the GLU split the same way finishes SiLU there.
 
-No rounding the dot kernel does not do: ``q * x`` products and float32 sums, the group scale on a partial
-sum. Output: the same float32 split-K partials (or, for mlp.fc + mlp.gate, ``silu(fc) * gate``) as
-quant_linear's kernels, so the fused kernels that reduce them do not change. Only INT4-AWQ (W4A16) at
-M = 1 takes it: W4A8 rounds every scaled weight to E4M3 (the tensor cores' operand), and batches above 1
-multiply each weight by several rows, which the tensor cores do for free.
+The products are exact; the input's int16 rounding (exact within 2^7 of a block's largest bfloat16, else at
+2^-15 of it) is the only difference from the float32 ``x @ W^T`` (1e-5 relative, a hundredth of eager's own
+error). Output: the same float32 split-K partials (or, for mlp.fc + mlp.gate, ``silu(fc) * gate``, and then
+mlp.proj's prepared input) as quant_linear's kernels. Only INT4-AWQ (W4A16) at M = 1 takes it: W4A8 rounds
+every scaled weight to E4M3 (the tensor cores' operand), and batches above 1 multiply each weight by several
+rows, which the tensor cores do for free. Triton's interpreter cannot run PTX, so there ``dp4a`` is the same
+sum from shifts (``ASM=False``); ``tools/gemv_sass.py`` counts the GPU's instructions on a CPU machine.
 """
 
 from __future__ import annotations
@@ -29,47 +36,73 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtllm_pipeline.runtimes.cuda import gemv_input
+from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
 from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
 @triton.jit
-def _nibble(src, magic, SH: tl.constexpr):
-    """q in float32 for the two's-complement nibble q at bits SH..SH+3 of each int32 of ``src``.
-
-    ``magic`` (MAGICS) sets the float's exponent to 2^(23 - SH), whose unit in the last place is 2^-SH, so
-    the nibble's bits read as the integer q + 8 on top of 2^(23 - SH). It comes in at run time: as an opaque
-    register the mask and the XOR are one LOP3 (a LOP3 takes one immediate; with both constants known the
-    compilers emit two)."""
-    bits = (src & (0xF << SH)) ^ magic
-    return bits.to(tl.float32, bitcast=True) - ((1 << (23 - SH)) + 8.0)
+def _dp4a(a, b, c, B_SIGNED: tl.constexpr, ASM: tl.constexpr):
+    """``c + sum_i a_i b_i`` over the four bytes of int32 ``a`` (unsigned) and ``b`` (signed or unsigned): one
+    dp4a instruction on the GPU; the same sum from shifts in Triton's interpreter, which cannot run PTX."""
+    if ASM:
+        if B_SIGNED:
+            c = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        else:
+            c = tl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+    else:
+        for i in tl.static_range(4):
+            if B_SIGNED:
+                bi = (b << (24 - 8 * i)) >> 24
+            else:
+                bi = (b >> (8 * i)) & 0xFF
+            c += ((a >> (8 * i)) & 0xFF) * bi
+    return c
 
 
 @triton.jit
-def _x_slice(x_ptr, pqs_ptr, kw, ok, B: tl.constexpr, HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr):
-    """Input ``4 w + B`` of each word w of the tile, as the eager model sees it: ``x * pre_quant_scale``
-    rounded to the compute dtype, in float32."""
-    x = tl.load(x_ptr + kw + B, mask=ok, other=0.0)
-    if HAS_PQS:
-        x = (x.to(tl.float32) * tl.load(pqs_ptr + kw + B, mask=ok, other=0.0).to(tl.float32)).to(COMPUTE)
-    return x.to(tl.float32)
+def _quarters(t):
+    """The 4 entries of the last axis of ``t`` [A, B, 4] (a thread holds them: one 16-byte load) as 4 [A, B]."""
+    t02, t13 = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    t0, t2 = tl.split(t02)
+    t1, t3 = tl.split(t13)
+    return t0, t1, t2, t3
 
 
 @triton.jit
-def _tile(p, x0, x1, x2, x3, m0, m4, m8, m12, m16):
-    """(even rows, odd rows) of one packed tile against the tile's inputs: ``sum_b q[., 4w + b] x[4w + b]``
-    per word w, [HALF, WORDS] each; ``m<SH>``: the XOR constant of the nibble at bit SH."""
-    ph = p >> 12  # bits 20-31 down to 8-19 (the sign bits it shifts in are masked off)
-    lo = (_nibble(p, m0, 0) * x0[None, :] + _nibble(p, m8, 8) * x1[None, :] + _nibble(p, m16, 16) * x2[None, :]
-          + _nibble(ph, m12, 12) * x3[None, :])
-    hi = (_nibble(p, m4, 4) * x0[None, :] + _nibble(p, m12, 12) * x1[None, :] + _nibble(ph, m8, 8) * x2[None, :]
-          + _nibble(ph, m16, 16) * x3[None, :])
-    return lo, hi
+def _block_dot(u, xh, xl, c, XW: tl.constexpr, ASM: tl.constexpr):
+    """Per row and input block, ``sum (q + 8) x_int - 8 sum x_int = sum q x_int`` exactly in int32.
+
+    ``u`` [HALF, NB, XW]: the nibbles q + 8 of one output row as bytes (a word: 4 inputs); ``xh``/``xl`` [1, NB,
+    XW]: the input's byte planes; ``c`` [1, NB]: the block's -8 sum x_int. The high plane's chain is shifted by 8 bits
+    and then carries the low plane's (|result| < 2^22: the later float conversion is exact)."""
+    zero = tl.zeros((u.shape[0], u.shape[1]), dtype=tl.int32)
+    if XW == 4:
+        u0, u1, u2, u3 = _quarters(u)
+        h0, h1, h2, h3 = _quarters(xh)
+        l0, l1, l2, l3 = _quarters(xl)
+        a = _dp4a(u3, h3, _dp4a(u2, h2, _dp4a(u1, h1, _dp4a(u0, h0, zero, True, ASM),
+                                                         True, ASM), True, ASM), True, ASM)
+        a = (a << 8) + c
+        a = _dp4a(u3, l3, _dp4a(u2, l2, _dp4a(u1, l1, _dp4a(u0, l0, a, False, ASM),
+                                                         False, ASM), False, ASM), False, ASM)
+    else:  # XW == 2: blocks of 8 inputs (a scale group of 8)
+        u0, u1 = tl.split(u)
+        h0, h1 = tl.split(xh)
+        l0, l1 = tl.split(xl)
+        a = _dp4a(u1, h1, _dp4a(u0, h0, zero, True, ASM), True, ASM)
+        a = (a << 8) + c
+        a = _dp4a(u1, l1, _dp4a(u0, l0, a, False, ASM), False, ASM)
+    return a
 
 
 @triton.jit
 def int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP: tl.constexpr, TILE_SCALE: tl.constexpr):
     """The scales of packed rows ``rj`` (even rows, odd rows) for a K tile: [HALF, 1] when the tile lies in one
-    group, else one per input ``kk`` (quant_linear: every input of the tile; here: each word's first input).
+    group, else one per input ``kk`` (quant_linear: every input of the tile; here: each input block's first).
     Scales are laid [G, 2, N/2] (``QuantWeight.of``)."""
     if TILE_SCALE:
         g = k_tile // GROUP
@@ -86,137 +119,259 @@ def int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP: tl.
 
 
 @triton.jit
-def _load(w_ptrs, s_ptr, stride_sg, stride_s2, rj, kw, k_tile, j_ok, ok, G, GROUP: tl.constexpr,
-          EVEN: tl.constexpr, TILE_SCALE: tl.constexpr):
-    """One tile's packed words and the rows' scales (``ok``: the tile's words that exist)."""
+def _load_tile(w_ptr, s_ptr, xp_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg, stride_s2,
+               GROUP: tl.constexpr, XB: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr):
+    """One K tile of one matrix and of its prepared input: packed words [HALF, NB, XW], byte planes [1, NB, XW],
+    block sums and powers of two [1, NB], scales ([HALF, 1] or [HALF, NB])."""
+    wb = k_tile // 4 + words
+    kb = k_tile + rb * XB  # each block's first input
+    w_ptrs = w_ptr + rj[:, None, None] * stride_wn + wb[None]
+    x_ptrs = xp_ptr + wb
     if EVEN:
         p = tl.load(w_ptrs)
+        xh = tl.load(x_ptrs)[None]
+        xl = tl.load(x_ptrs + K // 4)[None]
     else:
-        p = tl.load(w_ptrs, mask=j_ok[:, None] & ok[None, :], other=0)
-    s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rj, kw, k_tile, j_ok, G, GROUP, TILE_SCALE)
-    return p, s_lo, s_hi
+        w_ok = wb < K // 4
+        p = tl.load(w_ptrs, mask=j_ok[:, None, None] & w_ok[None], other=0)
+        xh = tl.load(x_ptrs, mask=w_ok, other=0)[None]
+        xl = tl.load(x_ptrs + K // 4, mask=w_ok, other=0)[None]
+    b_ok = kb < K
+    c = tl.load(xp_ptr + K // 2 + kb // XB, mask=b_ok, other=0)[None, :]
+    step = tl.load(xp_ptr + K // 2 + K // XB + kb // XB, mask=b_ok, other=0).to(tl.float32, bitcast=True)[None, :]
+    s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rj, kb, k_tile, j_ok, G, GROUP, TILE_SCALE)
+    return p, xh, xl, c, step, s_lo, s_hi
 
 
 @triton.jit
-def _accumulate(p, s_lo, s_hi, x_ptr, pqs_ptr, kw, ok, acc_lo, acc_hi, m0, m4, m8, m12, m16, HAS_PQS: tl.constexpr,
-                COMPUTE: tl.constexpr):
-    x0 = _x_slice(x_ptr, pqs_ptr, kw, ok, 0, HAS_PQS, COMPUTE)
-    x1 = _x_slice(x_ptr, pqs_ptr, kw, ok, 1, HAS_PQS, COMPUTE)
-    x2 = _x_slice(x_ptr, pqs_ptr, kw, ok, 2, HAS_PQS, COMPUTE)
-    x3 = _x_slice(x_ptr, pqs_ptr, kw, ok, 3, HAS_PQS, COMPUTE)
-    lo, hi = _tile(p, x0, x1, x2, x3, m0, m4, m8, m12, m16)
-    return acc_lo + lo * s_lo, acc_hi + hi * s_hi
+def _accumulate(p, xh, xl, c, step, s_lo, s_hi, acc_lo, acc_hi, m_nib, m_xor, XB: tl.constexpr, ASM: tl.constexpr):
+    """One loaded tile into the float32 accumulators [HALF, NB] of its even and odd rows."""
+    # a byte holds rows 2j (low nibble) and 2j + 1 (high nibble); one LOP3 each: mask, then XOR 8 (q + 8)
+    v_lo = _block_dot((p & m_nib) ^ m_xor, xh, xl, c, XB // 4, ASM)
+    v_hi = _block_dot(((p >> 4) & m_nib) ^ m_xor, xh, xl, c, XB // 4, ASM)
+    acc_lo += v_lo.to(tl.float32) * (s_lo * step)
+    acc_hi += v_hi.to(tl.float32) * (s_hi * step)
+    return acc_lo, acc_hi
 
 
 @triton.jit
 def _int4_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, pqs_ptr, w2_ptr, s2_ptr, pqs2_ptr, out_ptr,
+    xp_ptr, w_ptr, s_ptr, xp2_ptr, w2_ptr, s2_ptr, out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, ws_ptr,
     N, K, G, k_iters_per_split, stride_wn, stride_sg, stride_s2, stride_os,
-    m0, m4, m8, m12, m16,
-    GROUP: tl.constexpr, HAS_PQS: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr,
-    COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    m_nib, m_xor,
+    GROUP: tl.constexpr, XB: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr,
+    PREPARE_OUT: tl.constexpr, HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, SPLITS: tl.constexpr,
+    REDUCE: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Split-K partials of ``x W^T`` for one input row (or, with GLU, silu(fc) * gate of two matrices)."""
+    """Split-K partials of ``x W^T`` for one prepared input row, with REDUCE summed into split 0's row by the
+    row tile's last program (or, with GLU, silu(fc) * gate of two matrices, and with PREPARE_OUT that result
+    prepared for the next GEMV too)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     HALF: tl.constexpr = BLOCK_N // 2
-    WORDS: tl.constexpr = BLOCK_K // 4
+    XW: tl.constexpr = XB // 4
+    NB: tl.constexpr = BLOCK_K // XB
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     rj = pid_n * HALF + tl.arange(0, HALF)  # packed rows: output rows 2 rj and 2 rj + 1
-    rw = tl.arange(0, WORDS)
+    rb = tl.arange(0, NB)
+    words = rb[:, None] * XW + tl.arange(0, XW)[None, :]  # [NB, XW]: the tile's words, block by block
     k0 = pid_s * k_iters_per_split * BLOCK_K
     j_ok = rj < N // 2
-    w_ptrs = w_ptr + rj[:, None] * stride_wn + (k0 // 4 + rw)[None, :]
-    w2_ptrs = w2_ptr + rj[:, None] * stride_wn + (k0 // 4 + rw)[None, :]
-    acc_lo = tl.zeros((HALF, WORDS), dtype=tl.float32)
-    acc_hi = tl.zeros((HALF, WORDS), dtype=tl.float32)
-    acc2_lo = tl.zeros((HALF, WORDS), dtype=tl.float32)
-    acc2_hi = tl.zeros((HALF, WORDS), dtype=tl.float32)
-    # num_stages on the loop: Triton's pipeliner then stages these loads through shared memory with cp.async
-    # (it does so unasked only for loads that feed a dot), so tiles stay in flight while one is computed.
-    for i in tl.range(k_iters_per_split, num_stages=STAGES):
-        k_tile = k0 + i * BLOCK_K
-        kw = k_tile + 4 * rw  # the first input of each word of the tile
-        ok = kw < K
-        p, s_lo, s_hi = _load(w_ptrs, s_ptr, stride_sg, stride_s2, rj, kw, k_tile, j_ok, ok, G, GROUP, EVEN, TILE_SCALE)
-        acc_lo, acc_hi = _accumulate(p, s_lo, s_hi, x_ptr, pqs_ptr, kw, ok, acc_lo, acc_hi, m0, m4, m8, m12, m16,
-                                     HAS_PQS, COMPUTE)
+    acc_lo = tl.zeros((HALF, NB), dtype=tl.float32)
+    acc_hi = tl.zeros((HALF, NB), dtype=tl.float32)
+    acc2_lo = tl.zeros((HALF, NB), dtype=tl.float32)
+    acc2_hi = tl.zeros((HALF, NB), dtype=tl.float32)
+    # Loads go straight to registers (no cp.async through shared memory: pick_config); with PREFETCH the next
+    # tile's loads are issued before this tile is computed, so they are in flight meanwhile.
+    if PREFETCH:  # the next tile's loads issued before this one is computed (the last tile peeled off)
+        t = _load_tile(w_ptr, s_ptr, xp_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg, stride_s2,
+                       GROUP, XB, EVEN, TILE_SCALE)
         if GLU:
-            p2, s2_lo, s2_hi = _load(w2_ptrs, s2_ptr, stride_sg, stride_s2, rj, kw, k_tile, j_ok, ok, G, GROUP, EVEN,
-                                     TILE_SCALE)
-            acc2_lo, acc2_hi = _accumulate(p2, s2_lo, s2_hi, x_ptr, pqs2_ptr, kw, ok, acc2_lo, acc2_hi, m0, m4, m8,
-                                           m12, m16, HAS_PQS, COMPUTE)
-            w2_ptrs += WORDS
-        w_ptrs += WORDS
-    lo = tl.sum(acc_lo, axis=1)
-    hi = tl.sum(acc_hi, axis=1)
-    even = out_ptr + pid_s * stride_os + 2 * rj
-    if GLU:
-        tl.store(even, silu_mul(lo, tl.sum(acc2_lo, axis=1), COMPUTE), mask=j_ok)
-        tl.store(even + 1, silu_mul(hi, tl.sum(acc2_hi, axis=1), COMPUTE), mask=j_ok)
+            t2 = _load_tile(w2_ptr, s2_ptr, xp2_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg,
+                            stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+        for i in range(k_iters_per_split - 1):
+            k_next = k0 + (i + 1) * BLOCK_K
+            n = _load_tile(w_ptr, s_ptr, xp_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg,
+                           stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+            if GLU:
+                n2 = _load_tile(w2_ptr, s2_ptr, xp2_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn,
+                                stride_sg, stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+            acc_lo, acc_hi = _accumulate(*t, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+            t = n
+            if GLU:
+                acc2_lo, acc2_hi = _accumulate(*t2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                t2 = n2
+        acc_lo, acc_hi = _accumulate(*t, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+        if GLU:
+            acc2_lo, acc2_hi = _accumulate(*t2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
     else:
-        tl.store(even, lo, mask=j_ok)
-        tl.store(even + 1, hi, mask=j_ok)
+        for i in range(k_iters_per_split):
+            k_tile = k0 + i * BLOCK_K
+            t = _load_tile(w_ptr, s_ptr, xp_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg,
+                           stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+            if GLU:
+                t2 = _load_tile(w2_ptr, s2_ptr, xp2_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn,
+                                stride_sg, stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+            acc_lo, acc_hi = _accumulate(*t, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+            if GLU:
+                acc2_lo, acc2_hi = _accumulate(*t2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = cols < N
+    # this program's rows in column order: [BLOCK_N]
+    y = tl.interleave(tl.sum(acc_lo, axis=1), tl.sum(acc_hi, axis=1))
+    if GLU:
+        y2 = tl.interleave(tl.sum(acc2_lo, axis=1), tl.sum(acc2_hi, axis=1))
+        if SPLITS > 1:  # fc and gate partials to the workspace; the row tile's last program finishes
+            tl.store(ws_ptr + pid_s * 2 * N + cols, y, mask=ok)
+            tl.store(ws_ptr + pid_s * 2 * N + N + cols, y2, mask=ok)
+            if _last_split(count_ptr, pid_n, SPLITS):
+                y = _split_sum(ws_ptr, 2 * N, cols, ok, SPLITS)
+                y2 = _split_sum(ws_ptr + N, 2 * N, cols, ok, SPLITS)
+                _glu_out(y, y2, pid_n * BLOCK_N, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT,
+                         HAS_PQS_OUT, XB_OUT, COMPUTE, BLOCK_N)
+                tl.store(count_ptr + pid_n, 0)
+        else:
+            _glu_out(y, y2, pid_n * BLOCK_N, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT, HAS_PQS_OUT,
+                     XB_OUT, COMPUTE, BLOCK_N)
+    else:
+        tl.store(out_ptr + pid_s * stride_os + cols, y, mask=ok)
+        if REDUCE and _last_split(count_ptr, pid_n, SPLITS):
+            tl.store(out_ptr + cols, _split_sum(out_ptr, stride_os, cols, ok, SPLITS), mask=ok)
+            tl.store(count_ptr + pid_n, 0)
 
 
-# _nibble's XOR constants by bit position SH: exponent 150 - SH (the float 2^(23 - SH)), and the nibble's sign
-# bit flipped (q + 8 in [0, 15])
-MAGICS = tuple((150 - sh) << 23 | 8 << sh for sh in (0, 4, 8, 12, 16))
+@triton.jit
+def _last_split(count_ptr, tile, SPLITS: tl.constexpr):
+    """Count this program's split in; True for the tile's last. The barrier orders every thread's stores
+    before the release, so the last program sees all the partials (and leaves the counter at zero)."""
+    tl.debug_barrier()
+    return tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+
+
+@triton.jit
+def _split_sum(ptr, stride, cols, ok, SPLITS: tl.constexpr):
+    """The partials at ``ptr + s * stride + cols`` summed in split order: the same float32 sums whichever
+    program comes last (read from L2: other SMs wrote them)."""
+    total = tl.zeros(cols.shape, dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        total += tl.load(ptr + s * stride + cols, mask=ok, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
+def _glu_out(fc, gate, c0, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT: tl.constexpr,
+             HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """silu(fc) * gate of the row tile from output ``c0``, and (PREPARE_OUT) those BLOCK_N outputs, whole input
+    blocks of mlp.proj, prepared as its GEMV's input."""
+    act = silu_mul(fc, gate, COMPUTE)
+    tl.store(out_ptr + cols, act, mask=ok)
+    if PREPARE_OUT:
+        v = consumer_input(act, pqs_out_ptr, cols, ok, HAS_PQS_OUT, COMPUTE)
+        store_planes(v, c0, N, xp_out_ptr, BLOCK_N, XB_OUT)
+
+
+# the nibble bytes' mask and the XOR that turns two's-complement q into q + 8 (passed at run time: as registers
+# ptxas fuses them into one LOP3 with the shift; as immediates it emits two)
+MASK_NIBBLES, XOR_EIGHT = 0x0F0F0F0F, 0x08080808
 
 
 def supported(q, m: int) -> bool:
-    """Whether ``q`` at batch ``m`` can take the GEMV: INT4-AWQ, one row, whole words and groups of words."""
-    return q.fmt == "int4_awq" and m == 1 and q.k % 4 == 0 and q.group % 4 == 0
+    """Whether ``q`` at batch ``m`` can take the GEMV: INT4-AWQ, one row, and input blocks inside scale groups."""
+    return q.fmt == "int4_awq" and m == 1 and gemv_input.block_inputs(q.group) is not None and q.k % q.group == 0
 
 
 def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = None, block_n: int | None = None,
                 block_k: int | None = None) -> LinearConfig:
-    """The best of an H200 sweep (run 6 of docs/perf-notes.md, ~25 tiles, warps and stages per 7B shape; these
-    kernels run at a few warps per scheduler, so fewer registers per thread often win):
+    """The best of H200 sweeps of the dp4a kernel (docs/perf-notes.md, runs 33-38: tiles, warps, splits and
+    stages per 7B shape). Loads go straight to registers (cp.async through shared memory made the kernel
+    L1-bound: the input planes read back by every thread), 4 warps:
 
-    * K short (qkv, dense: the 7B's 3584 is 28 tiles of 128): 256 output rows x 128 inputs (one scale
-      group of 128, so the scale goes on the per-word sums) with 8 warps, one K tile per program, up to ~8
-      programs per SM;
-    * K long (proj: 148 tiles): 128 rows x 128 inputs, 4 warps, about 3 programs per SM (one wave at ~146
-      registers), so each reduces 10 or more tiles before its partial goes to the workspace;
-    * the GLU cannot split K (SiLU in its epilogue): 16 rows x 256 inputs, 1184 programs for the 7B's 18944
-      rows (71 registers: seven programs per SM; 64-row tiles left SMs idle)."""
+    * qkv, dense (K short: the 7B's 3584, 28 tiles of 128 inputs): 256 output rows x 128 inputs (one scale
+      group, so the scale goes on the per-block sums; 8 rows of a thread share each input block), one K tile
+      per program, split so that the grid is ~8 programs per SM;
+    * proj (K long: 148 tiles): 128 rows x 128 inputs, the next tile prefetched into registers while one is
+      computed (``num_stages=2``: 19.7 against 24.5 us), ~6 programs per SM (28 splits of 5-6 tiles);
+    * the GLU: 16 rows x 256 inputs, K not split (splitting it, with the last program applying SiLU, measured
+      slower at every tile tried), 1184 programs for the 7B's 18944 rows (48 registers)."""
     short = triton.cdiv(q.k, 128) <= 32  # in 128-input tiles
-    warps = 8 if short and not glu else 4
     block_n = block_n or (16 if glu else 256 if short else 128)
     block_k = block_k or (256 if glu else 128)
     tiles = triton.cdiv(q.n, block_n)
     k_tiles = triton.cdiv(q.k, block_k)
     if splits is None:
-        splits = 1 if glu else max(1, min(k_tiles, round((8 if short else 3) * sm_count / tiles)))
-    return LinearConfig(1, block_n, block_k, splits, warps, 3, gemv=True)
+        splits = 1 if glu else max(1, min(k_tiles, round((8 if short else 6) * sm_count / tiles)))
+    return LinearConfig(1, block_n, block_k, splits, 4, 1 if short or glu else 2, gemv=True)
 
 
-def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool):
+def row_tiles(q, cfg: LinearConfig) -> int:
+    """Programs along N: how many split counters a reducing launch takes."""
+    return triton.cdiv(q.n, cfg.block_n)
+
+
+def glu_workspace(q, cfg: LinearConfig) -> int:
+    """float32 elements a split GLU launch needs for its fc and gate partials."""
+    return cfg.splits * 2 * q.n
+
+
+def prepared_input(q, batch: int = 1) -> gemv_input.Prepared:
+    """An empty prepared input for ``q``: the buffer a producer fills for this GEMV."""
+    return gemv_input.empty(batch, q.k, gemv_input.block_inputs(q.group), q.pqs, q.weight.device)
+
+
+def launch_input(x: torch.Tensor, q, compute: torch.dtype) -> gemv_input.Prepared:
+    """``x`` ([1, K] compute dtype, before the pre-quant scale) prepared for ``q`` by the standalone kernel."""
+    return gemv_input.prepare(x, prepared_input(q, x.shape[0]), compute)
+
+
+def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool, *,
+           x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
+           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None):
     """``out[s] = x W[:, K_s]^T`` per split (float32 [splits, 1, N]), or with ``q2`` ``out = silu(x W^T) *
-    (x W2^T)`` (compute dtype [1, N]). ``x``: [1, K] in the compute dtype, before the pre-quant scale."""
-    m, k = x.shape
-    assert m == 1 and supported(q, m) and x.stride(1) == 1 and cfg.block_k % 4 == 0 and cfg.block_n % 2 == 0
+    (x W2^T)`` (compute dtype [1, N]; ``prepare_out``: also written there as the next GEMV's input).
+
+    ``counters``: int32 zeros, one per row tile (``row_tiles``; left zero again): the splits are then summed
+    into ``out[0]`` by each row tile's last program, so the consumer reads one row instead of every split's.
+    The GLU splits K only with ``counters`` and a float32 ``workspace`` of ``glu_workspace`` elements: its
+    last program per row tile sums fc and gate there, then applies SiLU.
+
+    ``x``: the input as its producer prepared it for ``q`` (``gemv_input.Prepared``; ``x2`` for ``q2``), or a
+    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch)."""
+    if isinstance(x, torch.Tensor):
+        assert x.shape[0] == 1
+        x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
     glu = q2 is not None
-    q2 = q2 or q
+    x2, q2 = (x2, q2) if glu else (x, q)
+    k = q.k
+    xb = gemv_input.block_inputs(q.group)
+    assert supported(q, 1) and x.block == x2.block == xb and x.planes.shape == x2.planes.shape == (1, width(k, xb))
+    assert cfg.block_k % xb == 0 and cfg.block_n % 2 == 0
     k_iters = triton.cdiv(k, cfg.block_k)
-    splits = 1 if glu else cfg.splits
+    splits = cfg.splits if not glu or (counters is not None and workspace is not None) else 1
     per_split = triton.cdiv(k_iters, splits)
     half = cfg.block_n // 2
     even = k % cfg.block_k == 0 and k_iters % splits == 0 and (q.n // 2) % half == 0
     words, words2 = q.weight.view(torch.int32), q2.weight.view(torch.int32)
     assert words.stride() == words2.stride() and words.stride(1) == 1
     stride_os = 0 if glu or out.dim() == 2 else out.stride(0)
-    pqs = q.pqs if q.pqs is not None else out
-    pqs2 = q2.pqs if q2.pqs is not None else out
+    if prepare_out is not None:
+        assert glu and cfg.block_n % prepare_out.block == 0 and prepare_out.k == q.n
+    dst = prepare_out or x
     grid = (triton.cdiv(q.n // 2, half), splits)
+    reduce = counters is not None and splits > 1
+    assert not reduce or counters.dtype == torch.int32 and counters.numel() >= grid[0]
+    assert not (glu and reduce) or workspace.numel() >= glu_workspace(q, cfg)
     return _int4_gemv_kernel[grid](
-        x, words, q.scales, pqs, words2, q2.scales, pqs2, out,
+        x.planes, words, q.scales, x2.planes, words2, q2.scales, out,
+        dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
+        workspace if glu and reduce else out,
         q.n, k, q.scales.shape[0], per_split, words.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os,
-        *MAGICS,
-        GROUP=q.group, HAS_PQS=q.pqs is not None, GLU=glu, EVEN=even, TILE_SCALE=q.group % cfg.block_k == 0,
-        COMPUTE=tl_dtype(compute), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.num_stages, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        MASK_NIBBLES, XOR_EIGHT,
+        GROUP=q.group, XB=xb, GLU=glu, EVEN=even, TILE_SCALE=q.group % cfg.block_k == 0,
+        PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, XB_OUT=dst.block, SPLITS=splits,
+        REDUCE=reduce,
+        COMPUTE=tl_dtype(compute), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.num_stages > 1,
+        ASM=not interpreting(), PDL=pdl, num_warps=cfg.num_warps, num_stages=1, launch_pdl=pdl,
     )

@@ -388,11 +388,11 @@ def _magic(compute: torch.dtype) -> tuple[int, float]:
     return (0x4308, 136.0) if compute == torch.bfloat16 else (0x6408, 1032.0)
 
 
-def _launch(x: torch.Tensor, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: LinearConfig,
-            compute: torch.dtype, pdl: bool):
+def _launch(x, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: LinearConfig,
+            compute: torch.dtype, pdl: bool, **gemv):
     """Launches the kernel; returns Triton's handle of it (registers and spills: the benchmark reports them)."""
     if cfg.gemv:
-        return quant_gemv.launch(x, q, q2, out, cfg, compute, pdl)
+        return quant_gemv.launch(x, q, q2, out, cfg, compute, pdl, **gemv)
     m, k = x.shape
     assert k == q.k and x.stride(1) == 1
     glu = q2 is not None
@@ -433,20 +433,25 @@ def _launch(x: torch.Tensor, q: QuantWeight, q2: QuantWeight | None, out: torch.
         )
 
 
-def quant_partials(x: torch.Tensor, q: QuantWeight, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
-                   pdl: bool = False):
+def quant_partials(x, q: QuantWeight, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
+                   pdl: bool = False, **gemv):
     """``out[s] = x[:, K_s] W[:, K_s]^T`` per split s of K with W as ``q`` defines it; ``out`` [splits, M, N] float32.
 
-    ``x``: [M, K] in the compute dtype, before the pre-quant scale and the activation quantizer (applied here).
+    ``x``: [M, K] in the compute dtype, before the pre-quant scale and the activation quantizer (applied here);
+    for quant_gemv's configs it may instead be the input its producer prepared (``gemv_input.Prepared``), and
+    ``counters`` makes the GEMV sum its splits into ``out[0]`` (``quant_gemv.launch``).
     """
     if cfg.splits > 1 or out.dim() == 3:
         assert out.shape[0] >= cfg.splits
-    return _launch(x, q, None, out, cfg, compute, pdl)
+    return _launch(x, q, None, out, cfg, compute, pdl, **gemv)
 
 
-def quant_glu(x: torch.Tensor, fc: QuantWeight, gate: QuantWeight, out: torch.Tensor, cfg: LinearConfig,
-              compute: torch.dtype, pdl: bool = False):
-    """``out = silu(x W_fc^T) * (x W_gate^T)`` in the compute dtype; each matrix applies its own input scales."""
+def quant_glu(x, fc: QuantWeight, gate: QuantWeight, out: torch.Tensor, cfg: LinearConfig,
+              compute: torch.dtype, pdl: bool = False, **gemv):
+    """``out = silu(x W_fc^T) * (x W_gate^T)`` in the compute dtype; each matrix applies its own input scales.
+    quant_gemv's configs also take ``x2`` (the gate's prepared input, ``x`` the fc's), ``prepare_out``, and
+    ``counters`` with ``workspace`` to split K (``quant_gemv.launch``)."""
     assert fc.fmt == gate.fmt and fc.group == gate.group and fc.scales.stride() == gate.scales.stride()
     assert fc.weight.stride() == gate.weight.stride() and (fc.pqs is None) == (gate.pqs is None)
-    return _launch(x, fc, gate, out, dataclasses.replace(cfg, splits=1), compute, pdl)
+    # the GEMV may split K (its last program per row tile finishes the SiLU); the dot kernels do not
+    return _launch(x, fc, gate, out, cfg if cfg.gemv else dataclasses.replace(cfg, splits=1), compute, pdl, **gemv)
