@@ -414,16 +414,18 @@ def _gemv_variant(name: str):
     return pick_variant
 
 
-INT4_VARIANTS = ("dot", "partials", "nopdl", "glu32p")
+INT4_VARIANTS = ("dot", "partials", "nopdl", "early:none")
 
 
 def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
     """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for()``: fresh graphs):
     the tensor-core kernels (dot), the split-K partials handed to the next kernel instead of summed by the
-    GEMV (partials), without PDL (nopdl), other GEMV tiles and splits, more warps for the residual + RMSNorm
+    GEMV (partials), without PDL (nopdl), the first weights loaded after the PDL wait (early:none; early:loops
+    for programs of one K tile only), other GEMV tiles and splits, more warps for the residual + RMSNorm
     kernel (norm<warps>) and for the split combine (combine<warps>)."""
     rows = []
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
+    early = quant_gemv.EARLY_WEIGHTS
     for name in INT4_VARIANTS:
         quant_linear.pick_config = _gemv_variant(name)
         if name.startswith("norm"):
@@ -434,6 +436,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
             DecodeStep.reduce_splits = False
         if name == "nopdl":
             DecodeStep.pdl_default = False
+        if name.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
+            quant_gemv.EARLY_WEIGHTS = name.split(":")[1]
         try:
             graphs = graphs_for()
             wall, replay = time_step(graphs, ctx, steps)
@@ -443,7 +447,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
             rows.append({"variant": name, "error": repr(exc)[:300]})
         finally:
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
-            DecodeStep.reduce_splits, DecodeStep.pdl_default = True, True
+            DecodeStep.reduce_splits, DecodeStep.pdl_default, quant_gemv.EARLY_WEIGHTS = True, True, early
         log(f"quant step int4_awq variant {rows[-1]}")
     return rows
 

@@ -130,24 +130,23 @@ def test_fast_kernels_run_tensor_parallel_with_the_merged_models_tokens(built, n
 def test_int4_gemv_compiles_for_hopper_at_half_a_dp4a_per_weight():
     """The batch-1 INT4 GEMV's default kernels compile for sm_90 on this CPU machine (Triton's own ptxas), and
     per weight the K loop spends half an integer dot-product instruction (IDP.4A: a word of 4 weights against
-    the input's high and low byte planes) and a quarter of a LOP3 (mask and XOR fused: a word's 4 nibbles of
-    one row), under 2.5 instructions per weight in all (the float32 kernel it replaced: 5.2-8.3), loads
-    straight to registers; the GLU's 48 registers (H200: 48) leave room for ten programs per SM."""
+    the input's high and low byte planes) and about a quarter of a LOP3 (mask and XOR fused: a word's 4 nibbles
+    of one row), under 2.5 instructions per weight in all (the float32 kernel it replaced: 5.2-8.3), loads
+    straight to registers: the GLU's loop and its 40 registers (H200: 40-48), and proj's prefetching loop."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cases = {"glu": ["--glu", "--block-n", "16", "--block-k", "256", "--no-tile-scale", "--warps", "4", "--splits", "1"],
-             "qkv": ["--block-n", "256", "--block-k", "128", "--warps", "4"]}
-    counts = {}
-    for name, args in cases.items():
+    cases = {"glu": (["--glu", "--block-n", "16", "--block-k", "256", "--no-tile-scale", "--splits", "1"], 0.3, 48),
+             "proj": (["--block-n", "128", "--block-k", "128", "--stages", "2"], 0.35, 128)}
+    for name, (args, lop3, registers) in cases.items():
         proc = subprocess.run([sys.executable, str(TESTS.parent / "tools" / "gemv_sass.py"), *args, "--json"],
                               capture_output=True, text=True, env=env, timeout=300, cwd=TESTS.parent)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        r = counts[name] = json.loads(proc.stdout)
+        r = json.loads(proc.stdout)
         per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LOP3", "FFMA", "FADD")}
         assert per_weight["IDP"] == 0.5, (name, r)
-        assert 0.25 <= per_weight["LOP3"] <= 0.3 and per_weight["FADD"] == 0, (name, r)
+        assert 0.25 <= per_weight["LOP3"] <= lop3 and per_weight["FADD"] == 0, (name, r)
         assert r["loop_per_thread"] * r["threads"] / r["weights"] < 2.5, (name, r)
-        assert "LDGSTS" not in r["mix"], (name, r)  # one stage: loads straight to registers, no shared memory
-    assert counts["glu"]["registers"] <= 48 and counts["qkv"]["registers"] <= 80, counts
+        assert "LDGSTS" not in r["mix"], (name, r)  # no cp.async through shared memory
+        assert r["registers"] <= registers, (name, r)
 
 
 @pytest.mark.slow

@@ -2,10 +2,12 @@
 count the instructions of its K loop: registers, instructions per thread and per weight, the mix.
 
 Triton's wheel carries ptxas, cuobjdump and nvdisasm, so the SASS the GPU would run is readable here; that
-is how the LOP3 count per nibble (docs/perf-notes.md, run 18) was found without spending device time.
+is how the LOP3 count per nibble (docs/perf-notes.md, run 18) and the dp4a kernel's 0.5 IDP.4A per weight
+were checked without spending device time.
 
-    python tools/gemv_sass.py                       # the defaults at the 7B shapes
-    python tools/gemv_sass.py --block-n 16 --block-k 256 --glu --no-tile-scale --stages 3
+    python tools/gemv_sass.py                       # qkv/dense's default at the 7B shapes
+    python tools/gemv_sass.py --block-n 16 --block-k 256 --glu --no-tile-scale --splits 1     # the GLU's
+    python tools/gemv_sass.py --block-n 128 --stages 2                                       # proj's
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -34,11 +36,11 @@ DIVISIBLE = {"N", "K", "stride_wn", "stride_sg", "stride_s2", "stride_os"}
 
 
 def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warps: int, stages: int,
-                   splits: int = 28):
+                   splits: int = 28, single: bool = False):
     fn = quant_gemv._int4_gemv_kernel
     consts = dict(GROUP=128, XB=16, GLU=glu, EVEN=True, TILE_SCALE=tile_scale, PREPARE_OUT=glu, HAS_PQS_OUT=True,
                   XB_OUT=16, SPLITS=splits, REDUCE=splits > 1, COMPUTE=tl.bfloat16, BLOCK_N=block_n,
-                  BLOCK_K=block_k, PREFETCH=stages > 1, ASM=True, PDL=True)
+                  BLOCK_K=block_k, PREFETCH=stages > 1, SINGLE=single, EARLY=True, ASM=True, PDL=True)
     pointers = {"count_ptr": "*i32", "ws_ptr": "*fp32", "xp_ptr": "*i32", "xp2_ptr": "*i32", "xp_out_ptr": "*i32",
                 "w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32",
                 "out_ptr": "*bf16" if glu else "*fp32"}
@@ -82,7 +84,7 @@ def main() -> None:
     ap.add_argument("--block-k", type=int, default=128, help="inputs per K tile (default 128)")
     ap.add_argument("--glu", action="store_true", help="the fc + gate variant (two matrices)")
     ap.add_argument("--no-tile-scale", action="store_true", help="a scale load per word (tile spans groups)")
-    ap.add_argument("--warps", type=int, default=8)
+    ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=1, help="1: loads straight to registers; 2: the next tile prefetched")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")

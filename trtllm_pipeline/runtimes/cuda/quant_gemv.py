@@ -119,32 +119,39 @@ def int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP: tl.
 
 
 @triton.jit
-def _load_tile(w_ptr, s_ptr, xp_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg, stride_s2,
-               GROUP: tl.constexpr, XB: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr):
-    """One K tile of one matrix and of its prepared input: packed words [HALF, NB, XW], byte planes [1, NB, XW],
-    block sums and powers of two [1, NB], scales ([HALF, 1] or [HALF, NB])."""
+def _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg, stride_s2,
+                  GROUP: tl.constexpr, XB: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr):
+    """One K tile of one matrix: packed words [HALF, NB, XW] and scales ([HALF, 1] or [HALF, NB])."""
     wb = k_tile // 4 + words
-    kb = k_tile + rb * XB  # each block's first input
     w_ptrs = w_ptr + rj[:, None, None] * stride_wn + wb[None]
-    x_ptrs = xp_ptr + wb
     if EVEN:
         p = tl.load(w_ptrs)
-        xh = tl.load(x_ptrs)[None]
-        xl = tl.load(x_ptrs + K // 4)[None]
     else:
-        w_ok = wb < K // 4
-        p = tl.load(w_ptrs, mask=j_ok[:, None, None] & w_ok[None], other=0)
-        xh = tl.load(x_ptrs, mask=w_ok, other=0)[None]
-        xl = tl.load(x_ptrs + K // 4, mask=w_ok, other=0)[None]
-    b_ok = kb < K
-    c = tl.load(xp_ptr + K // 2 + kb // XB, mask=b_ok, other=0)[None, :]
-    step = tl.load(xp_ptr + K // 2 + K // XB + kb // XB, mask=b_ok, other=0).to(tl.float32, bitcast=True)[None, :]
-    s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rj, kb, k_tile, j_ok, G, GROUP, TILE_SCALE)
-    return p, xh, xl, c, step, s_lo, s_hi
+        p = tl.load(w_ptrs, mask=j_ok[:, None, None] & (wb < K // 4)[None], other=0)
+    s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rj, k_tile + rb * XB, k_tile, j_ok, G, GROUP, TILE_SCALE)
+    return p, s_lo, s_hi
 
 
 @triton.jit
-def _accumulate(p, xh, xl, c, step, s_lo, s_hi, acc_lo, acc_hi, m_nib, m_xor, XB: tl.constexpr, ASM: tl.constexpr):
+def _load_input(xp_ptr, words, rb, k_tile, K, XB: tl.constexpr, EVEN: tl.constexpr):
+    """The same K tile of the prepared input: byte planes [1, NB, XW], block sums and powers of two [1, NB]."""
+    wb = k_tile // 4 + words
+    kb = k_tile + rb * XB  # each block's first input
+    if EVEN:
+        xh = tl.load(xp_ptr + wb)[None]
+        xl = tl.load(xp_ptr + K // 4 + wb)[None]
+    else:
+        w_ok = wb < K // 4
+        xh = tl.load(xp_ptr + wb, mask=w_ok, other=0)[None]
+        xl = tl.load(xp_ptr + K // 4 + wb, mask=w_ok, other=0)[None]
+    b_ok = kb < K
+    c = tl.load(xp_ptr + K // 2 + kb // XB, mask=b_ok, other=0)[None, :]
+    step = tl.load(xp_ptr + K // 2 + K // XB + kb // XB, mask=b_ok, other=0).to(tl.float32, bitcast=True)[None, :]
+    return xh, xl, c, step
+
+
+@triton.jit
+def _accumulate(p, s_lo, s_hi, xh, xl, c, step, acc_lo, acc_hi, m_nib, m_xor, XB: tl.constexpr, ASM: tl.constexpr):
     """One loaded tile into the float32 accumulators [HALF, NB] of its even and odd rows."""
     # a byte holds rows 2j (low nibble) and 2j + 1 (high nibble); one LOP3 each: mask, then XOR 8 (q + 8)
     v_lo = _block_dot((p & m_nib) ^ m_xor, xh, xl, c, XB // 4, ASM)
@@ -162,14 +169,11 @@ def _int4_gemv_kernel(
     GROUP: tl.constexpr, XB: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr,
     PREPARE_OUT: tl.constexpr, HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, SPLITS: tl.constexpr,
     REDUCE: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, SINGLE: tl.constexpr, EARLY: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
 ):
     """Split-K partials of ``x W^T`` for one prepared input row, with REDUCE summed into split 0's row by the
     row tile's last program (or, with GLU, silu(fc) * gate of two matrices, and with PREPARE_OUT that result
     prepared for the next GEMV too)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
     HALF: tl.constexpr = BLOCK_N // 2
     XW: tl.constexpr = XB // 4
     NB: tl.constexpr = BLOCK_K // XB
@@ -184,40 +188,63 @@ def _int4_gemv_kernel(
     acc_hi = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_lo = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_hi = tl.zeros((HALF, NB), dtype=tl.float32)
+    # Weights and scales do not depend on the previous kernel: under PDL (EARLY) the first tile's are loaded
+    # before waiting for it, so their DRAM latency overlaps its tail. Only the prepared input is waited for.
+    if PDL and not EARLY:
+        gdc_wait()
+        gdc_launch_dependents()
+    w = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg, stride_s2, GROUP, XB,
+                      EVEN, TILE_SCALE)
+    if GLU:
+        w2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg, stride_s2, GROUP,
+                           XB, EVEN, TILE_SCALE)
+    if PDL and EARLY:
+        gdc_wait()
+        gdc_launch_dependents()
+    x = _load_input(xp_ptr, words, rb, k0, K, XB, EVEN)
+    if GLU:
+        x2 = _load_input(xp2_ptr, words, rb, k0, K, XB, EVEN)
     # Loads go straight to registers (no cp.async through shared memory: pick_config); with PREFETCH the next
-    # tile's loads are issued before this tile is computed, so they are in flight meanwhile.
-    if PREFETCH:  # the next tile's loads issued before this one is computed (the last tile peeled off)
-        t = _load_tile(w_ptr, s_ptr, xp_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg, stride_s2,
-                       GROUP, XB, EVEN, TILE_SCALE)
+    # tile's are issued before this tile is computed, so they are in flight meanwhile (the last tile peeled).
+    if SINGLE:  # one K tile per program (qkv, dense at the 7B's K): no loop
+        acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
         if GLU:
-            t2 = _load_tile(w2_ptr, s2_ptr, xp2_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg,
-                            stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+            acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+    elif PREFETCH:
         for i in range(k_iters_per_split - 1):
             k_next = k0 + (i + 1) * BLOCK_K
-            n = _load_tile(w_ptr, s_ptr, xp_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg,
-                           stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+            wn = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg, stride_s2,
+                               GROUP, XB, EVEN, TILE_SCALE)
+            xn = _load_input(xp_ptr, words, rb, k_next, K, XB, EVEN)
             if GLU:
-                n2 = _load_tile(w2_ptr, s2_ptr, xp2_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn,
-                                stride_sg, stride_s2, GROUP, XB, EVEN, TILE_SCALE)
-            acc_lo, acc_hi = _accumulate(*t, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
-            t = n
+                wn2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg,
+                                    stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+                xn2 = _load_input(xp2_ptr, words, rb, k_next, K, XB, EVEN)
+            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+            w = wn
+            x = xn
             if GLU:
-                acc2_lo, acc2_hi = _accumulate(*t2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
-                t2 = n2
-        acc_lo, acc_hi = _accumulate(*t, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                w2 = wn2
+                x2 = xn2
+        acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
         if GLU:
-            acc2_lo, acc2_hi = _accumulate(*t2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
-    else:
-        for i in range(k_iters_per_split):
+            acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+    else:  # the first tile (loaded above), then each tile loaded at the top of its iteration
+        acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+        if GLU:
+            acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+        for i in range(1, k_iters_per_split):
             k_tile = k0 + i * BLOCK_K
-            t = _load_tile(w_ptr, s_ptr, xp_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg,
-                           stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+            wi = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg, stride_s2,
+                               GROUP, XB, EVEN, TILE_SCALE)
+            xi = _load_input(xp_ptr, words, rb, k_tile, K, XB, EVEN)
+            acc_lo, acc_hi = _accumulate(*wi, *xi, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
             if GLU:
-                t2 = _load_tile(w2_ptr, s2_ptr, xp2_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn,
-                                stride_sg, stride_s2, GROUP, XB, EVEN, TILE_SCALE)
-            acc_lo, acc_hi = _accumulate(*t, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
-            if GLU:
-                acc2_lo, acc2_hi = _accumulate(*t2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                wi2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg,
+                                    stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+                xi2 = _load_input(xp2_ptr, words, rb, k_tile, K, XB, EVEN)
+                acc2_lo, acc2_hi = _accumulate(*wi2, *xi2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
     # this program's rows in column order: [BLOCK_N]
@@ -272,6 +299,11 @@ def _glu_out(fc, gate, c0, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPAR
         v = consumer_input(act, pqs_out_ptr, cols, ok, HAS_PQS_OUT, COMPUTE)
         store_planes(v, c0, N, xp_out_ptr, BLOCK_N, XB_OUT)
 
+
+# Under PDL, which programs load their first weight tile before waiting for the previous kernel: "all",
+# "loops" (those with more than one K tile: the others' registers go 56 -> 136 with it), "none" (the
+# benchmark's variants compare them).
+EARLY_WEIGHTS = "all"
 
 # the nibble bytes' mask and the XOR that turns two's-complement q into q + 8 (passed at run time: as registers
 # ptxas fuses them into one LOP3 with the shift; as immediates it emits two)
@@ -373,5 +405,6 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
         PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, XB_OUT=dst.block, SPLITS=splits,
         REDUCE=reduce,
         COMPUTE=tl_dtype(compute), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.num_stages > 1,
+        SINGLE=per_split == 1, EARLY=EARLY_WEIGHTS == "all" or EARLY_WEIGHTS == "loops" and per_split > 1,
         ASM=not interpreting(), PDL=pdl, num_warps=cfg.num_warps, num_stages=1, launch_pdl=pdl,
     )

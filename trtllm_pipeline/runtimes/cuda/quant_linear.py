@@ -29,9 +29,10 @@ Activations (``pre_quant_scale``, and the FP8 / INT8 activation quantizer) are h
 consuming kernel, on each K tile of the input as it is loaded: ``x * pre_quant_scale`` rounded to the compute
 dtype (the eager product, exactly), then quantized with ModelOpt's multiplier (``x * (448 / amax)``
 saturated to E4M3, ``round(x * (127 / amax))`` half-to-even to [-128, 127]). The producers (RMSNorm,
-attention's split combine, the SiLU gate) stay unchanged and write the compute dtype, and mlp.fc and mlp.gate,
+attention's split combine, the SiLU gate) write the compute dtype for these kernels, and mlp.fc and mlp.gate,
 whose pre-quant and activation scales differ in these exports (an unfused ``_Pair`` in the eager model), each
-take their own view of the same normed input inside one GLU launch.
+take their own view of the same normed input inside one GLU launch. (quant_gemv's INT4-AWQ batch-1 GEMV
+instead takes its input prepared once by the producer, pre-quant scale applied: ``gemv_input``.)
 
 W4A8 follows TensorRT-LLM's W4A8-AWQ: the INT4 values times the group scale in units of the per-tensor
 ``weights_scaling_factor_2`` are rounded to E4M3 in registers (ModelOpt's fake quantization of exactly
