@@ -243,7 +243,7 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                 if quant and any(c.gemv for c in configs):  # the GEMV's input as its producer prepares it
                     prepared = [quant_gemv.launch_input(x, q, dt) for q in qs]
                     counters = torch.zeros(4096, dtype=torch.int32, device=device)  # splits summed, as in the step
-                    workspace = torch.empty(8 * 2 * n, device=device)  # a split GLU's fc and gate partials
+                    workspace = torch.empty(8 * 2 * n, device=device)  # a split GLU's fc and gate (<= 8 splits)
                 results, regs = {}, {}
                 for cfg in configs:
                     key = (cfg.block_n, cfg.block_k, cfg.splits, cfg.num_warps, cfg.num_stages, cfg.gemv)
@@ -418,7 +418,8 @@ INT4_VARIANTS = ("dot", "partials", "nopdl", "early:none")
 
 
 def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
-    """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for()``: fresh graphs):
+    """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for(**step_options)``:
+    fresh graphs over ``DecodeStep(engine, **step_options)``):
     the tensor-core kernels (dot), the split-K partials handed to the next kernel instead of summed by the
     GEMV (partials), without PDL (nopdl), the first weights loaded after the PDL wait (early:none; early:loops
     for programs of one K tile only), other GEMV tiles and splits, more warps for the residual + RMSNorm
@@ -428,18 +429,19 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
     early = quant_gemv.EARLY_WEIGHTS
     for name in INT4_VARIANTS:
         quant_linear.pick_config = _gemv_variant(name)
+        options = {}
         if name.startswith("norm"):
             norm.default_warps = lambda hidden, w=int(name[4:]): w
         if name.startswith("combine"):
             attention.COMBINE_WARPS = int(name[7:])
         if name == "partials":  # every split's partials to the next kernel, as before run 34
-            DecodeStep.reduce_splits = False
+            options["reduce_splits"] = False
         if name == "nopdl":
-            DecodeStep.pdl_default = False
+            options["pdl"] = False
         if name.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
             quant_gemv.EARLY_WEIGHTS = name.split(":")[1]
         try:
-            graphs = graphs_for()
+            graphs = graphs_for(**options)
             wall, replay = time_step(graphs, ctx, steps)
             rows.append({"variant": name, "graph_replay_ms": replay, "ms_per_step": wall})
             del graphs
@@ -447,7 +449,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
             rows.append({"variant": name, "error": repr(exc)[:300]})
         finally:
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
-            DecodeStep.reduce_splits, DecodeStep.pdl_default, quant_gemv.EARLY_WEIGHTS = True, True, early
+            quant_gemv.EARLY_WEIGHTS = early
         log(f"quant step int4_awq variant {rows[-1]}")
     return rows
 
@@ -492,8 +494,8 @@ def step_rows(formats, bf16_tensors, device, *, ctx: int = 2048, steps: int = 64
                 except Exception as exc:  # the breakdown is a diagnostic; a profiler failure is not the step's
                     row["kernels_without_pdl"] = repr(exc)[:300]
                 if fmt == "int4_awq":
-                    def graphs_for(engine=engine):
-                        g = DecodeGraphs(DecodeStep(engine), [1], scratch_slot=1)
+                    def graphs_for(engine=engine, **options):
+                        g = DecodeGraphs(DecodeStep(engine, **options), [1], scratch_slot=1)
                         g.prepare()
                         return g
                     row["variants"] = variant_rows(graphs_for, ctx, steps, log)

@@ -83,8 +83,9 @@ class StepBuffers:
     greedy: torch.Tensor  # [B] int64: argmax of the logits, computed inside the step
     configs: dict[str, linear.LinearConfig]
     tp: "_TpBuffers | None" = None  # tensor parallel: the collectives' buffers
-    # INT4 GEMV inputs as their producers prepare them (gemv_input), by consumer: qkv, fc, gate, dense, proj
-    prepared: dict[str, gemv_input.Prepared] = dataclasses.field(default_factory=dict)
+    # INT4 GEMV inputs as their producers prepare them (gemv_input), per layer by consumer (qkv, fc, gate, dense,
+    # proj): one buffer per consumer, each layer's view carrying that layer's pre-quant scale
+    prepared: list[dict[str, gemv_input.Prepared]] = dataclasses.field(default_factory=list)
     counters: torch.Tensor | None = None  # int32 zeros: the GEMV's split counters (its last program per tile sums)
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
 
@@ -120,13 +121,12 @@ class DecodeStep:
     """The kernels of one decode step over ``engine``'s weights and KV cache.
 
     ``pdl``: launch each kernel while the previous one drains (programmatic dependent launch, SM90+),
-    which hides the launch gaps inside a CUDA graph; on by default where supported.
+    which hides the launch gaps inside a CUDA graph; on by default where supported. ``reduce_splits``: the
+    INT4 GEMV sums its split-K partials itself, so the next kernel reads one row (off: every split's, the
+    benchmark's comparison).
     """
 
-    reduce_splits = True  # the INT4 GEMV sums its split-K partials itself (the next kernel reads one row)
-    pdl_default = True  # PDL where supported, unless the caller says (the benchmark's variants flip it)
-
-    def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None):
+    def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None, reduce_splits: bool = True):
         device = engine.cache_k.device
         if device.type != "cuda" and not interpreting():
             raise Unsupported("the engine is not on a CUDA device")
@@ -147,8 +147,8 @@ class DecodeStep:
         if device.type == "cuda":
             sm_count = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         self.sm_count = sm_count or 4
-        pdl = self.pdl_default if pdl is None else pdl
-        self.pdl = pdl and linear.pdl_supported(device)
+        self.pdl = linear.pdl_supported(device) if pdl is None else pdl and linear.pdl_supported(device)
+        self.reduce_splits = reduce_splits
         # Between ranks' collectives the launches are ordinary stream order (not measured with PDL yet).
         self.pdl = self.pdl and self.comm is None
         self.hidden = engine.embedding.shape[1]
@@ -196,8 +196,10 @@ class DecodeStep:
         tp = self._tp_buffers(batch) if self.comm is not None else None
         consumers = {"qkv": ("qkv", first.qkv), "fc": ("glu", first.fc), "gate": ("glu", first.gate),
                      "dense": ("dense", first.dense), "proj": ("proj", first.proj)}
-        prepared = {name: quant_gemv.prepared_input(lin.quant, batch) for name, (cfg, lin) in consumers.items()
-                    if configs[cfg].gemv}
+        shared = {name: quant_gemv.prepared_input(lin.quant, batch) for name, (cfg, lin) in consumers.items()
+                  if configs[cfg].gemv}
+        prepared = [{name: dataclasses.replace(p, pqs=getattr(layer, name).quant.pqs) for name, p in shared.items()}
+                    for layer in self.layers]
         tiles = [quant_gemv.row_tiles(lin.quant, configs[cfg]) for cfg, lin in consumers.values() if configs[cfg].gemv]
         counters = torch.zeros(max(tiles), dtype=torch.int32, device=dev) if tiles and self.reduce_splits else None
         glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, configs["glu"]))
@@ -263,10 +265,11 @@ class DecodeStep:
         quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
 
-    def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers):
+    def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers,
+             prep: dict[str, gemv_input.Prepared]):
         if layer.fc.quant is not None:
-            fc, gate = _prep(buf, "fc", layer.fc), _prep(buf, "gate", layer.gate)
-            gemv = dict(x2=gate, prepare_out=_prep(buf, "proj", layer.proj), counters=buf.counters,
+            fc, gate = prep.get("fc"), prep.get("gate")
+            gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters,
                         workspace=buf.glu_workspace) if fc and gate else {}
             quant_linear.quant_glu(fc or x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl, **gemv)
         else:
@@ -286,36 +289,35 @@ class DecodeStep:
             self.comm.all_reduce(buf.residual)
             # no partials to add (a zero-row view: a real pointer, never read)
             norm.residual_rmsnorm(buf.residual, buf.tp.reduced[:0], self.layers[0].input_norm, buf.normed,
-                                  self.layers[0].qkv.in_inv, e.eps, dt,
-                                  prepared=_preps(buf, "qkv", self.layers[0].qkv), pdl=pdl)
+                                  self.layers[0].qkv.in_inv, e.eps, dt, prepared=_inputs(buf, 0, "qkv"), pdl=pdl)
         else:
             norm.residual_rmsnorm(buf.residual, None, self.layers[0].input_norm, buf.normed,
                                   self.layers[0].qkv.in_inv, e.eps, dt, tokens=buf.tokens, embedding=e.embedding,
-                                  prepared=_preps(buf, "qkv", self.layers[0].qkv), pdl=pdl)
+                                  prepared=_inputs(buf, 0, "qkv"), pdl=pdl)
         for i, layer in enumerate(self.layers):
+            prep = buf.prepared[i] if buf.prepared else {}
             qkv = buf.partials[: cfg["qkv"].splits]
-            qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, _prep(buf, "qkv", layer.qkv))
+            qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"))
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
-                                       prepared=_prep(buf, "dense", layer.dense), pdl=pdl)
+                                       prepared=prep.get("dense"), pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
-            dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf,
-                                   _prep(buf, "dense", layer.dense))
+            dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"))
             dense = self._all_reduce(dense, buf)
             norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
-                                  prepared=_preps(buf, "fc", layer.fc) + _preps(buf, "gate", layer.gate), pdl=pdl)
-            self._glu(buf.normed, layer, buf.act, cfg["glu"], buf)
+                                  prepared=_inputs(buf, i, "fc", "gate"), pdl=pdl)
+            self._glu(buf.normed, layer, buf.act, cfg["glu"], buf, prep)
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
-            proj_in = _prep(buf, "proj", layer.proj) if _prep(buf, "fc", layer.fc) else None
+            proj_in = prep.get("proj") if "fc" in prep else None
             proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in)
             proj = self._all_reduce(proj, buf)
             last = i + 1 == n
             following = None if last else self.layers[i + 1]
             norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else following.input_norm,
                                   buf.final if last else buf.normed, None if last else following.qkv.in_inv,
-                                  e.eps, dt, prepared=() if last else _preps(buf, "qkv", following.qkv), pdl=pdl)
+                                  e.eps, dt, prepared=() if last else _inputs(buf, i + 1, "qkv"), pdl=pdl)
         if self.comm is None:
             linear.linear_partials(buf.final, e.lm_head, None, buf.logits, cfg["lm_head"], pdl)
         else:  # this rank's vocabulary rows; every rank gathers all of them (buf.logits views the result)
@@ -334,16 +336,11 @@ class DecodeStep:
         return self.comm.all_reduce(buf.tp.reduced)
 
 
-def _prep(buf: StepBuffers, name: str, lin: _Linear) -> gemv_input.Prepared | None:
-    """Consumer ``name``'s prepared-input buffer with this layer's pre-quant scale (None: it takes its input as
-    is, and prepares it itself where it runs the GEMV)."""
-    p = buf.prepared.get(name)
-    return dataclasses.replace(p, pqs=lin.quant.pqs) if p is not None else None
-
-
-def _preps(buf: StepBuffers, name: str, lin: _Linear) -> tuple[gemv_input.Prepared, ...]:
-    p = _prep(buf, name, lin)
-    return (p,) if p is not None else ()
+def _inputs(buf: StepBuffers, layer: int, *names: str) -> tuple[gemv_input.Prepared, ...]:
+    """The prepared inputs of layer ``layer``'s consumers ``names`` that run the INT4 GEMV, for their producer
+    to write (none where the consumers take the producer's output as is)."""
+    prep = buf.prepared[layer] if buf.prepared else {}
+    return tuple(prep[n] for n in names if n in prep)
 
 
 def _linear(module) -> _Linear:
