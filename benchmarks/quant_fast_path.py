@@ -21,8 +21,9 @@ import time
 
 import torch
 import torch.nn.functional as F
+import triton
 
-from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_linear
+from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_linear, support
 from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -161,21 +162,27 @@ def _sweep(q: quant_linear.QuantWeight, m: int, sm: int, glu: bool, sweep: bool)
     out = [base]
     if base.gemv:  # INT4-AWQ at batch 1: the dot kernel it replaces is always timed beside it
         out.append(quant_linear.pick_config(q, m, sm, glu=glu, gemv=False))
+        if base.tma:  # and the register-load GEMV's default
+            out.append(quant_gemv.pick_config(q, sm, glu=glu, tma=False))
     if not sweep:
         return out
     if base.gemv:
-        # (block_n, block_k, splits, warps, stages): stages 2 prefetches the next tile into registers; a GLU
-        # split over K has its last program per row tile sum fc and gate and apply SiLU
+        # (block_n, block_k, splits, warps, stages): weight tiles by the bulk tensor copy engine, ``stages``
+        # deep (the register-load tiles were swept in runs 33-38, docs/perf-notes.md)
         r = dataclasses.replace
-        if glu:  # prefetching doubles the registers: wider tiles keep the grid to one wave
-            shapes = [(16, 256, 1, 4, 2), (32, 256, 1, 4, 2), (32, 256, 1, 8, 2), (32, 128, 1, 4, 2),
-                      (64, 128, 1, 4, 2), (16, 256, 1, 2, 2), (16, 512, 1, 4, 1), (32, 256, 1, 4, 1)]
-        else:
-            shapes = [(128, 128, base.splits, 4, 1), (256, 128, base.splits, 4, 1), (64, 128, base.splits, 4, 2),
-                      (128, 128, base.splits * 2, 4, 2), (128, 128, max(1, base.splits // 2), 4, 2),
-                      (128, 256, base.splits, 4, 2)]
+        if glu:  # splits > 1: the row tile's last program sums fc and gate (a grid of whole waves)
+            shapes = [(64, 128, 1, 4, 3), (64, 128, 1, 4, 4), (128, 128, 1, 4, 3), (128, 128, 1, 8, 4),
+                      (32, 128, 1, 4, 4), (64, 128, 1, 2, 4), (32, 128, 2, 4, 4), (64, 128, 2, 4, 4)]
+        elif triton.cdiv(q.k, 128) > 32:  # proj: K long
+            shapes = [(128, 128, 14, 4, 4), (128, 128, 14, 4, 3), (128, 128, 28, 4, 3), (64, 128, 28, 4, 4),
+                      (256, 128, 14, 8, 4), (256, 128, 28, 8, 4)]
+        else:  # qkv, dense: K short
+            shapes = [(128, 128, 7, 4, 4), (128, 128, 14, 4, 3), (64, 128, 7, 4, 4), (256, 128, 7, 8, 4)]
         for block_n, block_k, splits, warps, stages in shapes:
-            out.append(r(base, block_n=block_n, block_k=block_k, splits=splits, num_warps=warps, num_stages=stages))
+            cfg = r(base, block_n=block_n, block_k=block_k, splits=splits, num_warps=warps, num_stages=stages,
+                    tma=True)
+            if cfg not in out:
+                out.append(cfg)
         return out
     for block_n in ((64, 128, 256) if q.int4 else (32, 64, 128)):
         for factor in ((1,) if glu else (0.5, 1, 2)):
@@ -246,7 +253,7 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                     workspace = torch.empty(8 * 2 * n, device=device)  # a split GLU's fc and gate (<= 8 splits)
                 results, regs = {}, {}
                 for cfg in configs:
-                    key = (cfg.block_n, cfg.block_k, cfg.splits, cfg.num_warps, cfg.num_stages, cfg.gemv)
+                    key = (cfg.block_n, cfg.block_k, cfg.splits, cfg.num_warps, cfg.num_stages, cfg.gemv, cfg.tma)
                     try:
                         out = (torch.empty(m, n, device=device, dtype=dt) if glu else
                                torch.empty(cfg.splits, m, n, device=device))
@@ -279,7 +286,8 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                     except Exception as exc:  # a config that does not compile is a finding, not a stop
                         results[key] = (float("inf"), repr(exc)[:300])
                 first = configs[0]
-                base = (first.block_n, first.block_k, first.splits, first.num_warps, first.num_stages, first.gemv)
+                base = (first.block_n, first.block_k, first.splits, first.num_warps, first.num_stages, first.gemv,
+                        first.tma)
                 best = min(results, key=lambda c: results[c][0])
                 row = {"format": fmt, "linear": name, "n": n, "k": k, "m": m, "matrices": mats,
                        "weight_bytes": per_call,
@@ -290,7 +298,15 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                 if first.gemv:  # the dot kernel the GEMV replaced, at its own default tiles
                     dot = configs[1]
                     row["dot_us"] = results[(dot.block_n, dot.block_k, dot.splits, dot.num_warps, dot.num_stages,
-                                             False)][0]
+                                             False, False)][0]
+                    # the fastest correct GEMV configs, for the step variants "best" and "best-tma"
+                    cfgs = {(c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, c.gemv, c.tma): c
+                            for c in configs}
+                    ok = {c: v for c, v in results.items() if cfgs[c].gemv and isinstance(v[1], float) and v[1] < 1e-2}
+                    for variant, keep in (("best", lambda c: True), ("best-tma", lambda c: cfgs[c].tma)):
+                        fast = [c for c in ok if keep(c)]
+                        if fast:
+                            SWEEP_BEST.setdefault(variant, {})[(n, k, glu)] = cfgs[min(fast, key=lambda c: ok[c][0])]
                 for key in ("default_us", "best_us"):
                     us = row[key]
                     row[key.replace("_us", "_gbps")] = per_call / us / 1e3 if us and us == us and us > 0 else None
@@ -378,10 +394,16 @@ def kernel_breakdown(engine: Qwen2Engine, replays: int = 5) -> dict:
         torch.cuda.synchronize()
     times: dict[str, float] = collections.defaultdict(float)
     calls: dict[str, int] = collections.defaultdict(int)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            times[ev.name[:40]] += ev.time_range.elapsed_us() / replays
-            calls[ev.name[:40]] += 1
+    events = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda ev: ev.time_range.start)
+    gemvs = 0
+    for ev in events:
+        name = ev.name[:40]
+        if name == "_int4_gemv_kernel":  # a layer launches its GEMVs in this order: each by its linear
+            name += "/" + ("qkv", "dense", "glu", "proj")[gemvs % 4]
+            gemvs += 1
+        times[name] += ev.time_range.elapsed_us() / replays
+        calls[name] += 1
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(10):
@@ -392,11 +414,20 @@ def kernel_breakdown(engine: Qwen2Engine, replays: int = 5) -> dict:
             "us_per_step": {k: [round(v, 1), calls[k] // replays] for k, v in sorted(times.items(), key=lambda kv: -kv[1])}}
 
 
-def _gemv_variant(name: str):
-    """A replacement for quant_linear.pick_config: the batch-1 INT4 step with other tiles or split counts,
-    timed whole (split-K trades kernel time against the reduction in the next kernel, which the per-kernel
-    timings do not see)."""
-    pick = quant_linear.pick_config
+# the kernel sweep's fastest GEMV config per (N, K, glu), by variant: "best" of all, "best-tma" of the
+# copy-engine ones (kernel_rows fills it; the step's variants of the same name take them)
+SWEEP_BEST: dict[str, dict[tuple[int, int, bool], linear.LinearConfig]] = {}
+
+
+# per-linear GEMV configs of a variant's "<linear>:..." parts, by (N, K, glu)
+LINEAR_OVERRIDES: dict[str, dict[tuple[int, int, bool], linear.LinearConfig]] = {}
+
+
+def _gemv_variant(name: str, pick=None):
+    """A replacement for quant_linear.pick_config (over ``pick``, by default the module's): the batch-1 INT4
+    step with other tiles or split counts, timed whole (split-K trades kernel time against the reduction in
+    the next kernel, which the per-kernel timings do not see)."""
+    pick = pick or quant_linear.pick_config
 
     def pick_variant(q, m, sm_count, *, glu=False, **kw):
         cfg = pick(q, m, sm_count, glu=glu, **kw)
@@ -404,6 +435,12 @@ def _gemv_variant(name: str):
             return cfg
         if name == "dot":  # the tensor-core kernels the GEMV replaced
             return pick(q, m, sm_count, glu=glu, gemv=False)
+        if name == "regs":  # the GEMV loading its weights straight to registers (before run 45)
+            return quant_gemv.pick_config(q, sm_count, glu=glu, tma=False)
+        if name in SWEEP_BEST:
+            return SWEEP_BEST[name].get((q.n, q.k, glu), cfg)
+        if name in LINEAR_OVERRIDES:
+            return LINEAR_OVERRIDES[name].get((q.n, q.k, glu), cfg)
         if name.startswith("splits/"):
             return dataclasses.replace(cfg, splits=max(1, cfg.splits // int(name.split("/")[1])))
         if name == "glu32" and glu:  # twice the rows per program (run 21: 49.6 us against 42.7)
@@ -414,36 +451,69 @@ def _gemv_variant(name: str):
     return pick_variant
 
 
-INT4_VARIANTS = ("dot", "partials", "nopdl", "early:none")
+INT4_VARIANTS = ("regs", "regs+splits/2", "nocarveout", "carveout:16", "qkv:128/128/7/4/4", "splits/2", "nopdl")
+# a GEMV's config by linear in a variant: "<linear>:<block_n>/<block_k>/<splits>/<warps>/<stages>", copy-engine
+# tiles unless "/r" ends it (the 7B's shapes)
+LINEAR_KEYS = {name: (n, k, glu) for name, n, k, glu in kernel_cases(3584, 18944, 4608)}
+# the modules whose kernels the step pins a carveout on (DecodeStep.pin_carveout): reset between variants
+CARVEOUT_MODULES = (attention, norm, quant_gemv)
 
 
-def variant_rows(graphs_for, ctx: int, steps: int, log=print) -> list[dict]:
+def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, reference=None) -> list[dict]:
     """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for(**step_options)``:
-    fresh graphs over ``DecodeStep(engine, **step_options)``):
-    the tensor-core kernels (dot), the split-K partials handed to the next kernel instead of summed by the
-    GEMV (partials), without PDL (nopdl), the first weights loaded after the PDL wait (early:none; early:loops
-    for programs of one K tile only), other GEMV tiles and splits, more warps for the residual + RMSNorm
-    kernel (norm<warps>) and for the split combine (combine<warps>)."""
+    fresh graphs over ``DecodeStep(engine, **step_options)``), a variant being one or more of these joined
+    by "+": the GEMV loading its weights to registers (regs), the kernel sweep's fastest GEMV configs (best;
+    best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the tensor-core kernels (dot),
+    the driver's shared-memory carveout per kernel (nocarveout) or another one pinned (carveout:<percent>),
+    the split-K partials handed to the next kernel instead of summed by the GEMV (partials), without PDL
+    (nopdl), the first weights loaded (or fetched into L2) after the PDL wait (early:none; early:loops for
+    programs of one K tile only), more warps for the residual + RMSNorm kernel (norm<warps>) and for the
+    split combine (combine<warps>). The first variant also gets its kernels' times (``breakdown``), and
+    with ``reference`` (token, position, the default step's logits there) each variant's logits of that
+    step are compared with the default's: kernels that only sum in another order differ by rounding."""
     rows = []
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early = quant_gemv.EARLY_WEIGHTS
     for name in INT4_VARIANTS:
-        quant_linear.pick_config = _gemv_variant(name)
-        options = {}
-        if name.startswith("norm"):
-            norm.default_warps = lambda hidden, w=int(name[4:]): w
-        if name.startswith("combine"):
-            attention.COMBINE_WARPS = int(name[7:])
-        if name == "partials":  # every split's partials to the next kernel, as before run 34
-            options["reduce_splits"] = False
-        if name == "nopdl":
-            options["pdl"] = False
-        if name.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
-            quant_gemv.EARLY_WEIGHTS = name.split(":")[1]
+        options, overrides = {}, {}
+        for part in name.split("+"):
+            if part.startswith("norm"):
+                norm.default_warps = lambda hidden, w=int(part[4:]): w
+            elif part.startswith("combine"):
+                attention.COMBINE_WARPS = int(part[7:])
+            elif part == "partials":  # every split's partials to the next kernel, as before run 34
+                options["reduce_splits"] = False
+            elif part == "nopdl":
+                options["pdl"] = False
+            elif part.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
+                quant_gemv.EARLY_WEIGHTS = part.split(":")[1]
+            elif part.startswith("carveout:"):  # another carveout pinned on the layer kernels
+                options["carveout"] = int(part.split(":")[1])
+            elif part == "nocarveout":  # the driver's choice per kernel
+                options["carveout"] = None
+            elif part.split(":")[0] in LINEAR_KEYS:
+                linear_name, spec = part.split(":")
+                bn, bk, sp, w, st, *reg = spec.split("/")
+                overrides[LINEAR_KEYS[linear_name]] = linear.LinearConfig(1, int(bn), int(bk), int(sp), int(w), int(st),
+                                                                          gemv=True, tma=not reg)
+            else:
+                quant_linear.pick_config = _gemv_variant(part)
+        if overrides:  # over the variant's other GEMV configs
+            LINEAR_OVERRIDES["_"] = overrides
+            quant_linear.pick_config = _gemv_variant("_", quant_linear.pick_config)
+        support.set_carveout(CARVEOUT_MODULES, -1)  # the last step's pinned carveout undone
         try:
             graphs = graphs_for(**options)
             wall, replay = time_step(graphs, ctx, steps)
             rows.append({"variant": name, "graph_replay_ms": replay, "ms_per_step": wall})
+            if reference is not None:
+                token, pos, ref = reference
+                rows[-1]["logits_rel_vs_default"] = rel(graphs.decode([token], [0], [pos]), ref)
+            best = next((p for p in name.split("+") if p in SWEEP_BEST), None)
+            if best:  # the configs it took, by (N, K, glu)
+                rows[-1]["configs"] = {str(key): dataclasses.astuple(c) for key, c in SWEEP_BEST[best].items()}
+            if breakdown and name == INT4_VARIANTS[0]:
+                rows[-1]["kernels_without_pdl"] = breakdown()
             del graphs
         except Exception as exc:
             rows.append({"variant": name, "error": repr(exc)[:300]})
@@ -498,7 +568,9 @@ def step_rows(formats, bf16_tensors, device, *, ctx: int = 2048, steps: int = 64
                         g = DecodeGraphs(DecodeStep(engine, **options), [1], scratch_slot=1)
                         g.prepare()
                         return g
-                    row["variants"] = variant_rows(graphs_for, ctx, steps, log)
+                    ref = graphs.decode([7], [0], [ctx]).clone()
+                    row["variants"] = variant_rows(graphs_for, ctx, steps, log, lambda: kernel_breakdown(engine),
+                                                   (7, ctx, ref))
             log(f"quant step {fmt:8}: {row}")
             del graphs, step, engine
         except Exception as exc:

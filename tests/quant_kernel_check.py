@@ -56,7 +56,7 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> dict:
 
 
 def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=torch.bfloat16, slices=1, seed=0,
-         gemv=None):
+         gemv=None, tma=False):
     gen = torch.Generator().manual_seed(seed)
     t = tensors(fmt, n, k, group, gen, slices)
     t2 = tensors(fmt, n, k, group, gen, slices)  # the GLU's second matrix
@@ -67,12 +67,14 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
     cfg = quant_linear.pick_config(q, m, sm_count=4, splits=splits, block_n=block_n, gemv=gemv)
     if block_k:
         cfg = dataclasses.replace(cfg, block_k=block_k)
+    if tma:  # the weight tiles by the bulk tensor copy engine, three stages deep
+        cfg = dataclasses.replace(cfg, tma=True, num_stages=3)
     out = torch.full((cfg.splits, m, n), float("nan"))
     quant_linear.quant_partials(x, q, out, cfg, dtype)
     want = reference_input(lin32, x) @ lin32._dequantize().t()
     row = {"fmt": fmt, "m": m, "n": n, "k": k, "group": q.group, "dtype": str(dtype).removeprefix("torch."),
            "config": [cfg.block_n, cfg.block_k, cfg.splits], "tile_scale": q.group % cfg.block_k == 0,
-           "gemv": cfg.gemv,
+           "gemv": cfg.gemv, "tma": cfg.tma,
            "kernel": errors(out.sum(0), want), "eager_bf16": errors(lin(x), want)}
     if cfg.gemv:  # against the input as the GEMV's int16 block floating point represents it
         planes_x = gemv_input.reference(reference_input(lin32, x), gemv_input.block_inputs(q.group))
@@ -116,6 +118,9 @@ def main() -> None:
     rows.append(case("int4_awq", 1, 90, 160, 32, block_n=32, block_k=32, splits=2, dtype=torch.float16))
     rows.append(case("int4_awq", 1, 90, 160, 32, block_n=32, block_k=32, splits=2, gemv=False))
     rows.append(case("int4_awq", 1, 64, 256, 128, block_n=32, splits=2))  # the 7B's group: one scale per tile
+    # the same with tiles by the copy engine (rows and inputs past the matrix come back as zeros)
+    rows.append(case("int4_awq", 1, 96, 384, 128, block_n=64, splits=2, tma=True))
+    rows.append(case("int4_awq", 1, 64, 256, 128, block_n=32, splits=1, tma=True))
     print(json.dumps(rows))
 
 

@@ -127,26 +127,59 @@ def test_fast_kernels_run_tensor_parallel_with_the_merged_models_tokens(built, n
         assert [len(t) for t in r["staggered_fast"]] == [6, 6, 6]
 
 
-def test_int4_gemv_compiles_for_hopper_at_half_a_dp4a_per_weight():
-    """The batch-1 INT4 GEMV's default kernels compile for sm_90 on this CPU machine (Triton's own ptxas), and
-    per weight the K loop spends half an integer dot-product instruction (IDP.4A: a word of 4 weights against
-    the input's high and low byte planes) and about a quarter of a LOP3 (mask and XOR fused: a word's 4 nibbles
-    of one row), under 2.5 instructions per weight in all (the float32 kernel it replaced: 5.2-8.3), loads
-    straight to registers: the GLU's loop and its 40 registers (H200: 40-48), and proj's prefetching loop."""
+def _gemv_sass(args: list[str]) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "tools" / "gemv_sass.py"), *args, "--json"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=TESTS.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_int4_gemv_compiles_for_hopper_at_half_a_dp4a_per_weight():
+    """The batch-1 INT4 GEMV's register-load kernels (the default below Hopper) compile for sm_90 on this CPU
+    machine (Triton's own ptxas), and per weight the K loop spends half an integer dot-product instruction
+    (IDP.4A: a word of 4 weights against the input's high and low byte planes) and about a quarter of a LOP3
+    (mask and XOR fused: a word's 4 nibbles of one row), under 2.5 instructions per weight in all (the float32
+    kernel it replaced: 5.2-8.3), loads straight to registers: the GLU's loop and its 40 registers (H200:
+    40-48), and proj's prefetching loop."""
     cases = {"glu": (["--glu", "--block-n", "16", "--block-k", "256", "--no-tile-scale", "--splits", "1"], 0.3, 48),
              "proj": (["--block-n", "128", "--block-k", "128", "--stages", "2"], 0.35, 128)}
     for name, (args, lop3, registers) in cases.items():
-        proc = subprocess.run([sys.executable, str(TESTS.parent / "tools" / "gemv_sass.py"), *args, "--json"],
-                              capture_output=True, text=True, env=env, timeout=300, cwd=TESTS.parent)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        r = json.loads(proc.stdout)
+        r = _gemv_sass(args)
         per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LOP3", "FFMA", "FADD")}
         assert per_weight["IDP"] == 0.5, (name, r)
         assert 0.25 <= per_weight["LOP3"] <= lop3 and per_weight["FADD"] == 0, (name, r)
         assert r["loop_per_thread"] * r["threads"] / r["weights"] < 2.5, (name, r)
         assert "LDGSTS" not in r["mix"], (name, r)  # no cp.async through shared memory
         assert r["registers"] <= registers, (name, r)
+
+
+def test_int4_gemv_on_hopper_takes_its_tiles_from_the_copy_engine():
+    """Hopper's default GEMV configs at the 7B shapes: weight tiles and the input's byte planes by the bulk
+    tensor copy engine (UTMALDG in the K loop, three stages: a K-tile loop of the compiler's pipeline), no
+    weight load through registers (LDG) in the loop, the same half IDP.4A per weight, and the pipeline's
+    per-tile bookkeeping kept under 3.2 instructions per weight (GLU: 64 x 128 tiles of two matrices; proj:
+    128 x 128) in <= 80 registers."""
+    from trtllm_pipeline.runtimes.cuda import quant_gemv, quant_linear
+
+    def shape(n, k):  # pick_config reads the shape, the group and the weight's device
+        return quant_linear.QuantWeight("int4_awq", torch.empty(0, dtype=torch.int8), None, 128, None, None, None,
+                                        n, k)
+
+    q = shape(18944, 3584)
+    glu = quant_gemv.pick_config(q, 132, glu=True, tma=True)
+    proj = quant_gemv.pick_config(shape(3584, 18944), 132, tma=True)
+    assert (glu.block_n, glu.block_k, glu.splits, glu.num_stages, glu.tma) == (64, 128, 1, 3, True)
+    assert (proj.block_n, proj.block_k, proj.splits, proj.num_stages, proj.tma) == (128, 128, 14, 3, True)
+    assert not quant_gemv.pick_config(q, 132, glu=True).tma  # a CPU tensor: no copy engine
+    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, [])):
+        r = _gemv_sass([*extra, "--tma", "--block-n", str(cfg.block_n), "--block-k", str(cfg.block_k),
+                        "--splits", str(cfg.splits), "--stages", str(cfg.num_stages)])
+        per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LOP3", "FADD")}
+        assert r["mix"].get("UTMALDG", 0) >= (6 if name == "glu" else 3) and "LDG" not in r["mix"], (name, r)
+        assert per_weight["IDP"] == 0.5 and per_weight["LOP3"] <= 0.3 and per_weight["FADD"] == 0, (name, r)
+        assert r["loop_per_thread"] * r["threads"] / r["weights"] < 3.2, (name, r)
+        assert r["registers"] <= 80, (name, r)
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import attention, gemv_input, linear, norm, quant_gemv, quant_linear
+from trtllm_pipeline.runtimes.cuda import attention, gemv_input, linear, norm, quant_gemv, quant_linear, support
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
@@ -123,10 +123,12 @@ class DecodeStep:
     ``pdl``: launch each kernel while the previous one drains (programmatic dependent launch, SM90+),
     which hides the launch gaps inside a CUDA graph; on by default where supported. ``reduce_splits``: the
     INT4 GEMV sums its split-K partials itself, so the next kernel reads one row (off: every split's, the
-    benchmark's comparison).
+    benchmark's comparison). ``carveout``: the shared-memory carveout pinned on the layer kernels when the
+    INT4 GEMVs take copy-engine tiles (``quant_gemv.CARVEOUT``; None: the driver's choice per kernel).
     """
 
-    def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None, reduce_splits: bool = True):
+    def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None, reduce_splits: bool = True,
+                 carveout: int | None = quant_gemv.CARVEOUT):
         device = engine.cache_k.device
         if device.type != "cuda" and not interpreting():
             raise Unsupported("the engine is not on a CUDA device")
@@ -149,6 +151,7 @@ class DecodeStep:
         self.sm_count = sm_count or 4
         self.pdl = linear.pdl_supported(device) if pdl is None else pdl and linear.pdl_supported(device)
         self.reduce_splits = reduce_splits
+        self.carveout = carveout
         # Between ranks' collectives the launches are ordinary stream order (not measured with PDL yet).
         self.pdl = self.pdl and self.comm is None
         self.hidden = engine.embedding.shape[1]
@@ -246,6 +249,14 @@ class DecodeStep:
                 size += lin.quant.nbytes() if lin.quant is not None else lin.weight.numel() * lin.weight.element_size()
                 tensors += [lin.bias] if lin.bias is not None else []
         return size + sum(t.numel() * t.element_size() for t in tensors)
+
+    def pin_carveout(self, buf: StepBuffers) -> None:
+        """Pin ``carveout`` on the layer kernels (norm, attention, the GEMV; compiled by a first ``run``)
+        when this batch's GEMVs take copy-engine tiles, so that no SM has to change its L1 / shared-memory
+        split between them (``quant_gemv.CARVEOUT``). lm_head's kernel keeps the driver's choice: it runs
+        once per step, and its tiles want more shared memory. Call before capturing the step."""
+        if self.carveout is not None and any(c.tma for c in buf.configs.values()):
+            support.set_carveout((norm, attention, quant_gemv), self.carveout)
 
     def _config(self, lin: _Linear, batch: int, n: int, k: int, wbytes: int, glu: bool = False) -> linear.LinearConfig:
         if lin.quant is not None:

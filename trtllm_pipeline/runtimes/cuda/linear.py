@@ -40,6 +40,7 @@ class LinearConfig:
     num_warps: int = 4
     num_stages: int = 3
     gemv: bool = False  # quant_gemv's CUDA-core matrix-vector kernel (INT4-AWQ at batch 1), not the dot
+    tma: bool = False  # the GEMV's weight tiles by the bulk tensor copy engine, num_stages deep (Hopper)
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,

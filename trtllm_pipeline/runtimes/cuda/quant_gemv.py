@@ -15,8 +15,11 @@ and stayed issue-bound at 1.4 TB/s (docs/perf-notes.md). Here four weights cost 
   of 4 words, a chain over the high plane, shifted by 8 bits, carries into the chain over the low plane,
   starting from the block's -8 x sum, so the int32 result is ``sum q x_int`` exactly (< 2^22).
 * Per block and row, one I2F and one FFMA: the result times the group scale times the block's 2^E into
-  the float32 accumulators, summed over K at the end. Loads go straight to registers, the next tile's
-  issued before this one is computed where K is long (``pick_config``).
+  the float32 accumulators, summed over K at the end. On Hopper the weight tiles and the input's byte
+  planes come by the bulk tensor copy engine into shared memory, the compiler's pipeline keeping two
+  tiles in flight while one is computed (``TMA``; the decode step pins one shared-memory carveout on its
+  layer kernels, ``CARVEOUT``); elsewhere loads go straight to registers, the next tile's issued before
+  this one is computed where K is long (``pick_config``).
 * Split K, the row tile's last program (an acquire/release counter) sums the splits' partials in split
   order into the first, so the next kernel reads one row; the GLU split the same way finishes SiLU there.
 
@@ -31,10 +34,13 @@ sum from shifts (``ASM=False``); ``tools/gemv_sass.py`` counts the GPU's instruc
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from trtllm_pipeline.runtimes.cuda import gemv_input
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
@@ -151,6 +157,26 @@ def _load_input(xp_ptr, words, rb, k_tile, K, XB: tl.constexpr, EVEN: tl.constex
 
 
 @triton.jit
+def _copied_tile(w_desc, x_desc, xp_ptr, s_ptr, row0, rj, j_ok, rb, k_tile, K, G, stride_sg, stride_s2,
+                 GROUP: tl.constexpr, XB: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One K tile inside one scale group: the packed words [HALF, NB, XW] and the input's byte planes [1, NB,
+    XW] by the bulk tensor copy engine (``TMA``; rows and inputs past the matrix read as zeros), the even and
+    odd rows' scales [HALF, 1] and the input's block sums and powers of two [1, NB] by pointer (by descriptor
+    they took more instructions per tile, and boxes under 128 bytes cannot be written aligned)."""
+    NB: tl.constexpr = BLOCK_K // XB
+    XW: tl.constexpr = XB // 4
+    p = w_desc.load([row0, k_tile // 4]).reshape(HALF, NB, XW)
+    s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rj, k_tile, k_tile, j_ok, G, GROUP, True)
+    xh = x_desc.load([0, k_tile // 4]).reshape(1, NB, XW)
+    xl = x_desc.load([0, K // 4 + k_tile // 4]).reshape(1, NB, XW)
+    kb = k_tile // XB + rb
+    b_ok = kb < K // XB
+    c = tl.load(xp_ptr + K // 2 + kb, mask=b_ok, other=0)[None, :]
+    step = tl.load(xp_ptr + K // 2 + K // XB + kb, mask=b_ok, other=0).to(tl.float32, bitcast=True)[None, :]
+    return p, s_lo, s_hi, xh, xl, c, step
+
+
+@triton.jit
 def _accumulate(p, s_lo, s_hi, xh, xl, c, step, acc_lo, acc_hi, m_nib, m_xor, XB: tl.constexpr, ASM: tl.constexpr):
     """One loaded tile into the float32 accumulators [HALF, NB] of its even and odd rows."""
     # a byte holds rows 2j (low nibble) and 2j + 1 (high nibble); one LOP3 each: mask, then XOR 8 (q + 8)
@@ -164,12 +190,14 @@ def _accumulate(p, s_lo, s_hi, xh, xl, c, step, acc_lo, acc_hi, m_nib, m_xor, XB
 @triton.jit
 def _int4_gemv_kernel(
     xp_ptr, w_ptr, s_ptr, xp2_ptr, w2_ptr, s2_ptr, out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, ws_ptr,
+    w_desc, w2_desc, x_desc, x2_desc,
     N, K, G, k_iters_per_split, stride_wn, stride_sg, stride_s2, stride_os,
     m_nib, m_xor,
     GROUP: tl.constexpr, XB: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr,
     PREPARE_OUT: tl.constexpr, HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, SPLITS: tl.constexpr,
     REDUCE: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr, SINGLE: tl.constexpr, EARLY: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+    TMA: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Split-K partials of ``x W^T`` for one prepared input row, with REDUCE summed into split 0's row by the
     row tile's last program (or, with GLU, silu(fc) * gate of two matrices, and with PREPARE_OUT that result
@@ -188,63 +216,78 @@ def _int4_gemv_kernel(
     acc_hi = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_lo = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_hi = tl.zeros((HALF, NB), dtype=tl.float32)
-    # Weights and scales do not depend on the previous kernel: under PDL (EARLY) the first tile's are loaded
-    # before waiting for it, so their DRAM latency overlaps its tail. Only the prepared input is waited for.
-    if PDL and not EARLY:
-        gdc_wait()
-        gdc_launch_dependents()
-    w = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg, stride_s2, GROUP, XB,
-                      EVEN, TILE_SCALE)
-    if GLU:
-        w2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg, stride_s2, GROUP,
-                           XB, EVEN, TILE_SCALE)
-    if PDL and EARLY:
-        gdc_wait()
-        gdc_launch_dependents()
-    x = _load_input(xp_ptr, words, rb, k0, K, XB, EVEN)
-    if GLU:
-        x2 = _load_input(xp2_ptr, words, rb, k0, K, XB, EVEN)
-    # Loads go straight to registers (no cp.async through shared memory: pick_config); with PREFETCH the next
-    # tile's are issued before this tile is computed, so they are in flight meanwhile (the last tile peeled).
-    if SINGLE:  # one K tile per program (qkv, dense at the 7B's K): no loop
-        acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
-        if GLU:
-            acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
-    elif PREFETCH:
-        for i in range(k_iters_per_split - 1):
-            k_next = k0 + (i + 1) * BLOCK_K
-            wn = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg, stride_s2,
-                               GROUP, XB, EVEN, TILE_SCALE)
-            xn = _load_input(xp_ptr, words, rb, k_next, K, XB, EVEN)
+    if TMA:  # tiles by descriptor: the compiler's pipeline keeps STAGES - 1 of them in flight
+        # (the first tiles' weights fetched into L2 before the PDL wait measured no faster: runs 48, 52)
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        for i in tl.range(0, k_iters_per_split, num_stages=STAGES):
+            k_tile = k0 + i * BLOCK_K
+            t = _copied_tile(w_desc, x_desc, xp_ptr, s_ptr, pid_n * HALF, rj, j_ok, rb, k_tile, K, G, stride_sg,
+                             stride_s2, GROUP, XB, HALF, BLOCK_K)
+            acc_lo, acc_hi = _accumulate(*t, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
             if GLU:
-                wn2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg,
-                                    stride_s2, GROUP, XB, EVEN, TILE_SCALE)
-                xn2 = _load_input(xp2_ptr, words, rb, k_next, K, XB, EVEN)
+                t2 = _copied_tile(w2_desc, x2_desc, xp2_ptr, s2_ptr, pid_n * HALF, rj, j_ok, rb, k_tile, K, G,
+                                  stride_sg, stride_s2, GROUP, XB, HALF, BLOCK_K)
+                acc2_lo, acc2_hi = _accumulate(*t2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+    else:
+        # Weights and scales do not depend on the previous kernel: under PDL (EARLY) the first tile's are loaded
+        # before waiting for it, so their DRAM latency overlaps its tail. Only the prepared input is waited for.
+        if PDL and not EARLY:
+            gdc_wait()
+            gdc_launch_dependents()
+        w = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg, stride_s2, GROUP, XB,
+                          EVEN, TILE_SCALE)
+        if GLU:
+            w2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k0, K, G, stride_wn, stride_sg, stride_s2, GROUP,
+                               XB, EVEN, TILE_SCALE)
+        if PDL and EARLY:
+            gdc_wait()
+            gdc_launch_dependents()
+        x = _load_input(xp_ptr, words, rb, k0, K, XB, EVEN)
+        if GLU:
+            x2 = _load_input(xp2_ptr, words, rb, k0, K, XB, EVEN)
+        # Loads go straight to registers (no cp.async through shared memory: pick_config); with PREFETCH the next
+        # tile's are issued before this tile is computed, so they are in flight meanwhile (the last tile peeled).
+        if SINGLE:  # one K tile per program (qkv, dense at the 7B's K): no loop
             acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
-            w = wn
-            x = xn
             if GLU:
                 acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
-                w2 = wn2
-                x2 = xn2
-        acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
-        if GLU:
-            acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
-    else:  # the first tile (loaded above), then each tile loaded at the top of its iteration
-        acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
-        if GLU:
-            acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
-        for i in range(1, k_iters_per_split):
-            k_tile = k0 + i * BLOCK_K
-            wi = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg, stride_s2,
-                               GROUP, XB, EVEN, TILE_SCALE)
-            xi = _load_input(xp_ptr, words, rb, k_tile, K, XB, EVEN)
-            acc_lo, acc_hi = _accumulate(*wi, *xi, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+        elif PREFETCH:
+            for i in range(k_iters_per_split - 1):
+                k_next = k0 + (i + 1) * BLOCK_K
+                wn = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg, stride_s2,
+                                   GROUP, XB, EVEN, TILE_SCALE)
+                xn = _load_input(xp_ptr, words, rb, k_next, K, XB, EVEN)
+                if GLU:
+                    wn2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg,
+                                        stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+                    xn2 = _load_input(xp2_ptr, words, rb, k_next, K, XB, EVEN)
+                acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+                w = wn
+                x = xn
+                if GLU:
+                    acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                    w2 = wn2
+                    x2 = xn2
+            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
             if GLU:
-                wi2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg,
-                                    stride_s2, GROUP, XB, EVEN, TILE_SCALE)
-                xi2 = _load_input(xp2_ptr, words, rb, k_tile, K, XB, EVEN)
-                acc2_lo, acc2_hi = _accumulate(*wi2, *xi2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+        else:  # the first tile (loaded above), then each tile loaded at the top of its iteration
+            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+            if GLU:
+                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+            for i in range(1, k_iters_per_split):
+                k_tile = k0 + i * BLOCK_K
+                wi = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg, stride_s2,
+                                   GROUP, XB, EVEN, TILE_SCALE)
+                xi = _load_input(xp_ptr, words, rb, k_tile, K, XB, EVEN)
+                acc_lo, acc_hi = _accumulate(*wi, *xi, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+                if GLU:
+                    wi2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg,
+                                        stride_s2, GROUP, XB, EVEN, TILE_SCALE)
+                    xi2 = _load_input(xp2_ptr, words, rb, k_tile, K, XB, EVEN)
+                    acc2_lo, acc2_hi = _accumulate(*wi2, *xi2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
     # this program's rows in column order: [BLOCK_N]
@@ -305,6 +348,14 @@ def _glu_out(fc, gate, c0, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPAR
 # benchmark's variants compare them).
 EARLY_WEIGHTS = "all"
 
+# The shared-memory carveout (percent of the SM's maximum) the decode step pins on its layer kernels when its
+# GEMVs take copy-engine tiles. An SM changes its L1 / shared-memory split only when idle, and the driver picks
+# each kernel's by its own needs: copy-engine GEMVs between kernels that want no shared memory left PDL's
+# overlap to reconfigurations (H200, 7B step: 2.41 ms with the driver's choices, 2.32 without PDL; pinned
+# at 16-25%: 2.21-2.27, the 64 KB split; 35-50% (100 KB): 2.38; 0-10%: 3.4; the register kernels under
+# any pinned split: 2.83-3.11 against 2.45). None: the driver's choice.
+CARVEOUT = 25
+
 # the nibble bytes' mask and the XOR that turns two's-complement q into q + 8 (passed at run time: as registers
 # ptxas fuses them into one LOP3 with the shift; as immediates it emits two)
 MASK_NIBBLES, XOR_EIGHT = 0x0F0F0F0F, 0x08080808
@@ -316,10 +367,15 @@ def supported(q, m: int) -> bool:
 
 
 def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = None, block_n: int | None = None,
-                block_k: int | None = None) -> LinearConfig:
-    """The best of H200 sweeps of the dp4a kernel (docs/perf-notes.md, runs 33-38: tiles, warps, splits and
-    stages per 7B shape). Loads go straight to registers (cp.async through shared memory made the kernel
-    L1-bound: the input planes read back by every thread), 4 warps:
+                block_k: int | None = None, tma: bool | None = None) -> LinearConfig:
+    """The best of H200 sweeps of the dp4a kernel (docs/perf-notes.md). On Hopper (``tma`` None: where the
+    weight's device has the bulk tensor copy engine, and the shape fits it: ``tma_fits``) the weight tiles
+    come by the copy engine, three stages deep (runs 45-51): 128 x 128 tiles split so that the grid is ~3
+    programs per SM (the 7B's proj 14 splits, dense 14, qkv 10), the GLU 64 x 128 unsplit (296 programs).
+    The decode step then pins one shared-memory carveout for its layer kernels (``CARVEOUT``).
+
+    Otherwise loads go straight to registers (cp.async through shared memory made the kernel L1-bound: the
+    input planes read back by every thread), 4 warps (runs 33-38):
 
     * qkv, dense (K short: the 7B's 3584, 28 tiles of 128 inputs): 256 output rows x 128 inputs (one scale
       group, so the scale goes on the per-block sums; 8 rows of a thread share each input block), one K tile
@@ -328,6 +384,16 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
       computed (``num_stages=2``: 19.7 against 24.5 us), ~6 programs per SM (28 splits of 5-6 tiles);
     * the GLU: 16 rows x 256 inputs, K not split (splitting it, with the last program applying SiLU, measured
       slower at every tile tried), 1184 programs for the 7B's 18944 rows (48 registers)."""
+    if tma is None:
+        tma = copy_engine(q.weight.device)
+    if tma:
+        cfg = LinearConfig(1, block_n or (64 if glu else 128), block_k or 128, 1, 4, 3, gemv=True, tma=True)
+        if tma_fits(q, cfg):
+            tiles, k_tiles = triton.cdiv(q.n, cfg.block_n), triton.cdiv(q.k, cfg.block_k)
+            if splits is None:
+                splits = 1 if glu else max(1, min(k_tiles, round(3 * sm_count / tiles)))
+                splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))  # no split left without tiles
+            return dataclasses.replace(cfg, splits=splits)
     short = triton.cdiv(q.k, 128) <= 32  # in 128-input tiles
     block_n = block_n or (16 if glu else 256 if short else 128)
     block_k = block_k or (256 if glu else 128)
@@ -336,6 +402,21 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     if splits is None:
         splits = 1 if glu else max(1, min(k_tiles, round((8 if short else 6) * sm_count / tiles)))
     return LinearConfig(1, block_n, block_k, splits, 4, 1 if short or glu else 2, gemv=True)
+
+
+def copy_engine(device: torch.device) -> bool:
+    """Whether ``device`` has the bulk tensor copy engine (TMA: SM90 and newer)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def tma_fits(q, cfg: LinearConfig) -> bool:
+    """Whether ``q``'s GEMV can take ``cfg``'s tiles from the copy engine: each K tile inside one scale group,
+    every row stride a multiple of 16 bytes (packed words: K bytes, scales: 2N, the prepared input's planes),
+    and each box (a stage's buffer) a multiple of 128 bytes, the shared-memory alignment it writes to: the
+    input planes' BLOCK_K / 4 words."""
+    xb = gemv_input.block_inputs(q.group)
+    return (q.group % cfg.block_k == 0 and cfg.block_k % 128 == 0 and q.k % 16 == 0 and q.n % 8 == 0
+            and width(q.k, xb) % 4 == 0)
 
 
 def row_tiles(q, cfg: LinearConfig) -> int:
@@ -395,16 +476,24 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     reduce = counters is not None and splits > 1
     assert not reduce or counters.dtype == torch.int32 and counters.numel() >= grid[0]
     assert not (glu and reduce) or workspace.numel() >= glu_workspace(q, cfg)
+    if cfg.tma:  # descriptors by tile: the packed words, the input planes' words (a [1, width] matrix)
+        assert tma_fits(q, cfg), "copy-engine tiles: inside one scale group, 128-byte boxes, 16-byte row strides"
+        descs = [TensorDescriptor.from_tensor(t, [half, cfg.block_k // 4]) for t in (words, words2)]
+        descs += [TensorDescriptor.from_tensor(p.planes, [1, cfg.block_k // 4]) for p in (x, x2)]
+    else:
+        descs = [None] * 4
     return _int4_gemv_kernel[grid](
         x.planes, words, q.scales, x2.planes, words2, q2.scales, out,
         dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
-        workspace if glu and reduce else out,
+        workspace if glu and reduce else out, *descs,
         q.n, k, q.scales.shape[0], per_split, words.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os,
         MASK_NIBBLES, XOR_EIGHT,
         GROUP=q.group, XB=xb, GLU=glu, EVEN=even, TILE_SCALE=q.group % cfg.block_k == 0,
         PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, XB_OUT=dst.block, SPLITS=splits,
         REDUCE=reduce,
-        COMPUTE=tl_dtype(compute), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.num_stages > 1,
+        COMPUTE=tl_dtype(compute), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        PREFETCH=cfg.num_stages > 1 and not cfg.tma,
         SINGLE=per_split == 1, EARLY=EARLY_WEIGHTS == "all" or EARLY_WEIGHTS == "loops" and per_split > 1,
-        ASM=not interpreting(), PDL=pdl, num_warps=cfg.num_warps, num_stages=1, launch_pdl=pdl,
+        ASM=not interpreting(), PDL=pdl, TMA=cfg.tma, STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=1,
+        launch_pdl=pdl,
     )

@@ -20,3 +20,26 @@ def available(device_type: str = "cuda") -> tuple[bool, str]:
     if device_type == "cuda" and torch.cuda.is_available() or interpreting():
         return True, ""
     return False, "no CUDA device"
+
+
+def set_carveout(modules, percent: int) -> int:
+    """The preferred shared-memory carveout (percent of the SM's maximum; -1: the driver's choice, by each
+    kernel's needs) of every kernel compiled so far from the Triton functions of ``modules``. A property of
+    the compiled function: later launches and CUDA-graph replays of it take it. Returns how many were set
+    (none under Triton's interpreter, which compiles nothing)."""
+    import ctypes
+
+    import triton
+
+    fns = {id(f): f for m in modules for f in vars(m).values() if isinstance(f, triton.runtime.jit.JITFunction)}
+    kernels = [k for fn in fns.values() for cache in fn.device_caches.values() for k in cache[0].values()]
+    if not kernels:
+        return 0
+    cuda = ctypes.CDLL("libcuda.so.1")
+    preferred_carveout = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    for k in kernels:
+        k._init_handles()
+        err = cuda.cuFuncSetAttribute(ctypes.c_void_p(k.function), preferred_carveout, ctypes.c_int(percent))
+        if err:
+            raise RuntimeError(f"cuFuncSetAttribute(carveout={percent}) on {k.name}: CUDA error {err}")
+    return len(kernels)
