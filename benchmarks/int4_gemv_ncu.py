@@ -1,11 +1,14 @@
-"""The INT4-AWQ batch-1 GEMV (runtimes/cuda/quant_gemv.py) at the 7B GLU and proj shapes, three launches each,
-for Nsight Compute (a CUDA GPU; the device tool's H200 has ncu):
+"""The INT4-AWQ batch-1 GEMV (runtimes/cuda/quant_gemv.py) at the 7B GLU and proj shapes, for Nsight Compute
+(a CUDA GPU; the device tool's H200 has ncu): each config launched once to compile, then once each to be
+profiled, the register-load kernels first (the driver's carveout), then Hopper's copy-engine kernels under
+the carveout the decode step pins (``quant_gemv.CARVEOUT``):
 
-    ncu --clock-control none -k regex:_int4_gemv -c 3 --launch-skip 2 --section SpeedOfLight \\
-        --section WarpStateStats --section SchedulerStats --section Occupancy python3 benchmarks/int4_gemv_ncu.py
+    ncu --clock-control none -k regex:_int4_gemv --launch-skip 4 -c 4 --section SpeedOfLight \\
+        --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \\
+        --section MemoryWorkloadAnalysis python3 benchmarks/int4_gemv_ncu.py
 
-Random weights quantized by round-to-nearest as in quant_fast_path; the kernels' default tiles, and the
-GLU at 64 rows (the default before run 21, whose grid was 0.6 of a wave) for comparison.
+Random weights quantized by round-to-nearest as in quant_fast_path; the inputs prepared once, and proj's
+splits summed by the GEMV, as in the decode step.
 """
 
 import sys
@@ -16,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quant_fast_path as qf  # noqa: E402
 
-from trtllm_pipeline.runtimes.cuda import quant_gemv, quant_linear  # noqa: E402
+from trtllm_pipeline.runtimes.cuda import quant_gemv, quant_linear, support  # noqa: E402
 from trtllm_pipeline.runtimes.torch_model import Linear  # noqa: E402
 
 
@@ -32,16 +35,32 @@ def main() -> None:
     sm = torch.cuda.get_device_properties(dev).multi_processor_count
     fc, gate, proj = quantized(18944, 3584), quantized(18944, 3584), quantized(3584, 18944)
     x = torch.randn(1, 3584, device=dev).to(dt)
+    xs = [quant_gemv.launch_input(x, q, dt) for q in (fc, gate)]
+    xp = quant_gemv.launch_input(torch.randn(1, 18944, device=dev).to(dt), proj, dt)
     act = torch.empty(1, 18944, device=dev, dtype=dt)
-    for cfg in (quant_gemv.pick_config(fc, sm, glu=True), quant_gemv.pick_config(fc, sm, glu=True, block_n=64)):
-        for _ in range(3):
-            quant_linear.quant_glu(x, fc, gate, act, cfg, dt)
-    cfg = quant_gemv.pick_config(proj, sm)
-    out = torch.empty(cfg.splits, 1, 3584, device=dev)
-    for _ in range(3):
-        quant_linear.quant_partials(torch.randn(1, 18944, device=dev).to(dt), proj, out, cfg, dt)
+    counters = torch.zeros(64, dtype=torch.int32, device=dev)
+
+    def glu(tma: bool):
+        quant_linear.quant_glu(xs[0], fc, gate, act, quant_gemv.pick_config(fc, sm, glu=True, tma=tma), dt, x2=xs[1])
+
+    def down(tma: bool):
+        cfg = quant_gemv.pick_config(proj, sm, tma=tma)
+        out = torch.empty(cfg.splits, 1, 3584, device=dev)
+        quant_linear.quant_partials(xp, proj, out, cfg, dt, counters=counters)
+
+    launches = [(glu, False), (down, False), (glu, True), (down, True)]
+    for fn, tma in launches:  # compiled, not profiled
+        fn(tma)
     torch.cuda.synchronize()
-    print("launched: GLU default, GLU 64 rows, proj default (3 each)")
+    for fn, tma in launches[:2]:
+        fn(tma)
+    torch.cuda.synchronize()
+    support.set_carveout((quant_gemv,), quant_gemv.CARVEOUT)
+    for fn, tma in launches[2:]:
+        fn(tma)
+    torch.cuda.synchronize()
+    print("profiled: GLU and proj loading to registers, then GLU and proj by the copy engine (carveout "
+          f"{quant_gemv.CARVEOUT}%)")
 
 
 if __name__ == "__main__":
