@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import triton
 
 from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_linear, support
-from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep
+from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
 
@@ -411,7 +411,8 @@ def kernel_breakdown(engine: Qwen2Engine, replays: int = 5) -> dict:
     b.record()
     b.synchronize()
     return {"replay_ms_without_pdl": a.elapsed_time(b) / 10,
-            "us_per_step": {k: [round(v, 1), calls[k] // replays] for k, v in sorted(times.items(), key=lambda kv: -kv[1])}}
+            "us_per_step": {k: [round(v, 1), calls[k] // replays]
+                            for k, v in sorted(times.items(), key=lambda kv: -kv[1])}}
 
 
 # the kernel sweep's fastest GEMV config per (N, K, glu), by variant: "best" of all, "best-tma" of the
@@ -419,15 +420,19 @@ def kernel_breakdown(engine: Qwen2Engine, replays: int = 5) -> dict:
 SWEEP_BEST: dict[str, dict[tuple[int, int, bool], linear.LinearConfig]] = {}
 
 
-# per-linear GEMV configs of a variant's "<linear>:..." parts, by (N, K, glu)
-LINEAR_OVERRIDES: dict[str, dict[tuple[int, int, bool], linear.LinearConfig]] = {}
+def _with_configs(configs: dict[tuple[int, int, bool], linear.LinearConfig], pick):
+    """quant_linear.pick_config over ``pick``, with ``configs`` by (N, K, glu) for the GEMVs they name."""
+    def pick_variant(q, m, sm_count, *, glu=False, **kw):
+        cfg = pick(q, m, sm_count, glu=glu, **kw)
+        return configs.get((q.n, q.k, glu), cfg) if cfg.gemv else cfg
+    return pick_variant
 
 
-def _gemv_variant(name: str, pick=None):
-    """A replacement for quant_linear.pick_config (over ``pick``, by default the module's): the batch-1 INT4
-    step with other tiles or split counts, timed whole (split-K trades kernel time against the reduction in
-    the next kernel, which the per-kernel timings do not see)."""
-    pick = pick or quant_linear.pick_config
+def _gemv_variant(name: str):
+    """A replacement for quant_linear.pick_config: the batch-1 INT4 step with other tiles or split counts,
+    timed whole (split-K trades kernel time against the reduction in the next kernel, which the per-kernel
+    timings do not see)."""
+    pick = quant_linear.pick_config
 
     def pick_variant(q, m, sm_count, *, glu=False, **kw):
         cfg = pick(q, m, sm_count, glu=glu, **kw)
@@ -437,10 +442,6 @@ def _gemv_variant(name: str, pick=None):
             return pick(q, m, sm_count, glu=glu, gemv=False)
         if name == "regs":  # the GEMV loading its weights straight to registers (before run 45)
             return quant_gemv.pick_config(q, sm_count, glu=glu, tma=False)
-        if name in SWEEP_BEST:
-            return SWEEP_BEST[name].get((q.n, q.k, glu), cfg)
-        if name in LINEAR_OVERRIDES:
-            return LINEAR_OVERRIDES[name].get((q.n, q.k, glu), cfg)
         if name.startswith("splits/"):
             return dataclasses.replace(cfg, splits=max(1, cfg.splits // int(name.split("/")[1])))
         if name == "glu32" and glu:  # twice the rows per program (run 21: 49.6 us against 42.7)
@@ -455,8 +456,6 @@ INT4_VARIANTS = ("regs", "regs+splits/2", "nocarveout", "carveout:16", "qkv:128/
 # a GEMV's config by linear in a variant: "<linear>:<block_n>/<block_k>/<splits>/<warps>/<stages>", copy-engine
 # tiles unless "/r" ends it (the 7B's shapes)
 LINEAR_KEYS = {name: (n, k, glu) for name, n, k, glu in kernel_cases(3584, 18944, 4608)}
-# the modules whose kernels the step pins a carveout on (DecodeStep.pin_carveout): reset between variants
-CARVEOUT_MODULES = (attention, norm, quant_gemv)
 
 
 def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, reference=None) -> list[dict]:
@@ -491,6 +490,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 options["carveout"] = int(part.split(":")[1])
             elif part == "nocarveout":  # the driver's choice per kernel
                 options["carveout"] = None
+            elif part in SWEEP_BEST:
+                quant_linear.pick_config = _with_configs(SWEEP_BEST[part], quant_linear.pick_config)
             elif part.split(":")[0] in LINEAR_KEYS:
                 linear_name, spec = part.split(":")
                 bn, bk, sp, w, st, *reg = spec.split("/")
@@ -499,8 +500,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             else:
                 quant_linear.pick_config = _gemv_variant(part)
         if overrides:  # over the variant's other GEMV configs
-            LINEAR_OVERRIDES["_"] = overrides
-            quant_linear.pick_config = _gemv_variant("_", quant_linear.pick_config)
+            quant_linear.pick_config = _with_configs(overrides, quant_linear.pick_config)
         support.set_carveout(CARVEOUT_MODULES, -1)  # the last step's pinned carveout undone
         try:
             graphs = graphs_for(**options)

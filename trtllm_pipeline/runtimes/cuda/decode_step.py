@@ -113,6 +113,10 @@ class _TpBuffers:
     padded_logits: torch.Tensor  # [B, padded vocab] float32: the gathered slices side by side
 
 
+# the modules of the layer kernels that DecodeStep.pin_carveout pins a shared-memory carveout on
+CARVEOUT_MODULES = (norm, attention, quant_gemv)
+
+
 class Unsupported(Exception):
     """The fast path cannot run this engine; the message says why (the eager path runs instead)."""
 
@@ -256,7 +260,7 @@ class DecodeStep:
         split between them (``quant_gemv.CARVEOUT``). lm_head's kernel keeps the driver's choice: it runs
         once per step, and its tiles want more shared memory. Call before capturing the step."""
         if self.carveout is not None and any(c.tma for c in buf.configs.values()):
-            support.set_carveout((norm, attention, quant_gemv), self.carveout)
+            support.set_carveout(CARVEOUT_MODULES, self.carveout)
 
     def _config(self, lin: _Linear, batch: int, n: int, k: int, wbytes: int, glu: bool = False) -> linear.LinearConfig:
         if lin.quant is not None:
