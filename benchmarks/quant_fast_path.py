@@ -15,6 +15,7 @@ pre-quant scale. The numbers are random; the byte counts, shapes and code paths 
 from __future__ import annotations
 
 import collections
+import os
 import dataclasses
 import statistics
 import time
@@ -452,7 +453,8 @@ def _gemv_variant(name: str):
     return pick_variant
 
 
-INT4_VARIANTS = ("regs", "regs+splits/2", "nocarveout", "carveout:16", "qkv:128/128/7/4/4", "splits/2", "nopdl")
+# the whole-step variants timed beside the default (INT4_VARIANTS in the environment: comma-separated)
+INT4_VARIANTS = tuple(os.environ.get("INT4_VARIANTS", "regs,nocarveout,carveout:16,splits/2,nopdl").split(","))
 # a GEMV's config by linear in a variant: "<linear>:<block_n>/<block_k>/<splits>/<warps>/<stages>", copy-engine
 # tiles unless "/r" ends it (the 7B's shapes)
 LINEAR_KEYS = {name: (n, k, glu) for name, n, k, glu in kernel_cases(3584, 18944, 4608)}

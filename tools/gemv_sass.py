@@ -47,7 +47,7 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
                 "w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32",
                 "out_ptr": "*bf16" if glu else "*fp32"}
     descs = {**dict.fromkeys(("w_desc", "w2_desc"), f"tensordesc<i32[{block_n // 2}, {block_k // 4}]>"),
-             **dict.fromkeys(("x_desc", "x2_desc"), f"tensordesc<i32[1, {block_k // 4}]>")}
+             **dict.fromkeys(("x_desc", "x2_desc"), f"tensordesc<i32[2, {block_k // 4}]>")}
     if not tma:
         consts.update(dict.fromkeys(descs))
     sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr") else descs[n]

@@ -15,11 +15,12 @@ and stayed issue-bound at 1.4 TB/s (docs/perf-notes.md). Here four weights cost 
   of 4 words, a chain over the high plane, shifted by 8 bits, carries into the chain over the low plane,
   starting from the block's -8 x sum, so the int32 result is ``sum q x_int`` exactly (< 2^22).
 * Per block and row, one I2F and one FFMA: the result times the group scale times the block's 2^E into
-  the float32 accumulators, summed over K at the end. On Hopper the weight tiles and the input's byte
-  planes come by the bulk tensor copy engine into shared memory, the compiler's pipeline keeping two
-  tiles in flight while one is computed (``TMA``; the decode step pins one shared-memory carveout on its
-  layer kernels, ``CARVEOUT``); elsewhere loads go straight to registers, the next tile's issued before
-  this one is computed where K is long (``pick_config``).
+  the float32 accumulators, summed over K at the end. On Hopper the weight tiles and the input's two byte
+  planes (one box) come by the bulk tensor copy engine into shared memory, the compiler's pipeline keeping
+  two tiles in flight while one is computed (``TMA``; the decode step pins one shared-memory carveout on its
+  layer kernels, ``CARVEOUT``), and row 2j+1's nibbles are used in place, as 16 (q + 8), with no shift;
+  elsewhere loads go straight to registers, the next tile's issued before this one is computed where K is
+  long (``pick_config``).
 * Split K, the row tile's last program (an acquire/release counter) sums the splits' partials in split
   order into the first, so the next kernel reads one row; the GLU split the same way finishes SiLU there.
 
@@ -157,33 +158,54 @@ def _load_input(xp_ptr, words, rb, k_tile, K, XB: tl.constexpr, EVEN: tl.constex
 
 
 @triton.jit
-def _copied_tile(w_desc, x_desc, xp_ptr, s_ptr, row0, rj, j_ok, rb, k_tile, K, G, stride_sg, stride_s2,
-                 GROUP: tl.constexpr, XB: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One K tile inside one scale group: the packed words [HALF, NB, XW] and the input's byte planes [1, NB,
-    XW] by the bulk tensor copy engine (``TMA``; rows and inputs past the matrix read as zeros), the even and
-    odd rows' scales [HALF, 1] and the input's block sums and powers of two [1, NB] by pointer (by descriptor
-    they took more instructions per tile, and boxes under 128 bytes cannot be written aligned)."""
+def _copied_tile(w_desc, x_desc, row0, k_tile, HALF: tl.constexpr, BLOCK_K: tl.constexpr, XB: tl.constexpr):
+    """One K tile by the bulk tensor copy engine (``TMA``; rows and inputs past the matrix read as zeros): the
+    packed words [HALF, NB, XW] and the input's two byte planes [1, NB, XW] (one box of two rows)."""
     NB: tl.constexpr = BLOCK_K // XB
     XW: tl.constexpr = XB // 4
     p = w_desc.load([row0, k_tile // 4]).reshape(HALF, NB, XW)
-    s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rj, k_tile, k_tile, j_ok, G, GROUP, True)
-    xh = x_desc.load([0, k_tile // 4]).reshape(1, NB, XW)
-    xl = x_desc.load([0, K // 4 + k_tile // 4]).reshape(1, NB, XW)
-    kb = k_tile // XB + rb
-    b_ok = kb < K // XB
-    c = tl.load(xp_ptr + K // 2 + kb, mask=b_ok, other=0)[None, :]
-    step = tl.load(xp_ptr + K // 2 + K // XB + kb, mask=b_ok, other=0).to(tl.float32, bitcast=True)[None, :]
-    return p, s_lo, s_hi, xh, xl, c, step
+    xh, xl = tl.split(tl.permute(x_desc.load([0, k_tile // 4]), (1, 0)))
+    return p, xh.reshape(1, NB, XW), xl.reshape(1, NB, XW)
 
 
 @triton.jit
-def _accumulate(p, s_lo, s_hi, xh, xl, c, step, acc_lo, acc_hi, m_nib, m_xor, XB: tl.constexpr, ASM: tl.constexpr):
-    """One loaded tile into the float32 accumulators [HALF, NB] of its even and odd rows."""
+def _tile_terms(s_ptr, xp_ptr, rc, rb, k_tile, K, G, stride_sg, stride_s2, GROUP: tl.constexpr, XB: tl.constexpr):
+    """A copy-engine K tile's small terms by pointer (the compiler's pipeline makes them shared-memory copies):
+    the even and odd rows' scales [HALF, 1] (``rc``: rows clamped into the matrix, whose weights past it read
+    as zeros) and the input's block sums and powers of two [1, NB] (zero sums past K, where the planes read as
+    zeros). Clamped addresses rather than masks, and the two planes in one box: the GLU's loop per thread and
+    tile 389 -> 346 instructions (tools/gemv_sass.py)."""
+    g = tl.minimum(k_tile // GROUP, G - 1)
+    s = s_ptr + g * stride_sg + rc
+    s_lo = tl.load(s)[:, None]
+    s_hi = tl.load(s + stride_s2)[:, None]
+    kb = k_tile // XB + rb
+    kc = tl.minimum(kb, K // XB - 1)
+    c = tl.where(kb < K // XB, tl.load(xp_ptr + K // 2 + kc), 0)[None, :]
+    step = tl.load(xp_ptr + K // 2 + K // XB + kc).to(tl.float32, bitcast=True)[None, :]
+    return s_lo, s_hi, c, step
+
+
+@triton.jit
+def _accumulate(p, s_lo, s_hi, xh, xl, c, step, acc_lo, acc_hi, masks, XB: tl.constexpr, ASM: tl.constexpr,
+                HIGH_IN_PLACE: tl.constexpr = False):
+    """One loaded tile into the float32 accumulators [HALF, NB] of its even and odd rows (``masks``: the
+    nibbles' masks and XORs, low then high, as run-time values)."""
+    m_nib, m_xor, m_nib_hi, m_xor_hi = masks
     # a byte holds rows 2j (low nibble) and 2j + 1 (high nibble); one LOP3 each: mask, then XOR 8 (q + 8)
     v_lo = _block_dot((p & m_nib) ^ m_xor, xh, xl, c, XB // 4, ASM)
-    v_hi = _block_dot(((p >> 4) & m_nib) ^ m_xor, xh, xl, c, XB // 4, ASM)
+    if HIGH_IN_PLACE:
+        # row 2j + 1 left in the high nibble, as bytes 16 (q + 8): no shift, sums 16 times row 2j's kind, so the
+        # block's -8 sum is taken 16 times and its power of two a 16th (the int32 sums stay below 2^26 and are
+        # multiples of 16, so their float32 conversion is exact: the same numbers as shifting first). Copy-engine
+        # loops only: in the register-load ones the extra live values cost registers (proj 128 -> 142).
+        v_hi = _block_dot((p & m_nib_hi) ^ m_xor_hi, xh, xl, c << 4, XB // 4, ASM)
+        step_hi = step * 0.0625
+    else:
+        v_hi = _block_dot(((p >> 4) & m_nib) ^ m_xor, xh, xl, c, XB // 4, ASM)
+        step_hi = step
     acc_lo += v_lo.to(tl.float32) * (s_lo * step)
-    acc_hi += v_hi.to(tl.float32) * (s_hi * step)
+    acc_hi += v_hi.to(tl.float32) * (s_hi * step_hi)
     return acc_lo, acc_hi
 
 
@@ -192,7 +214,7 @@ def _int4_gemv_kernel(
     xp_ptr, w_ptr, s_ptr, xp2_ptr, w2_ptr, s2_ptr, out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, ws_ptr,
     w_desc, w2_desc, x_desc, x2_desc,
     N, K, G, k_iters_per_split, stride_wn, stride_sg, stride_s2, stride_os,
-    m_nib, m_xor,
+    m_nib, m_xor, m_nib_hi, m_xor_hi,
     GROUP: tl.constexpr, XB: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr,
     PREPARE_OUT: tl.constexpr, HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, SPLITS: tl.constexpr,
     REDUCE: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -216,20 +238,25 @@ def _int4_gemv_kernel(
     acc_hi = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_lo = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_hi = tl.zeros((HALF, NB), dtype=tl.float32)
+    masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
     if TMA:  # tiles by descriptor: the compiler's pipeline keeps STAGES - 1 of them in flight
-        # (the first tiles' weights fetched into L2 before the PDL wait measured no faster: runs 48, 52)
+        # (the first tiles' weights fetched into L2 before the PDL wait measured no faster: runs 48, 52; nor did
+        # the scales by plain loads a tile ahead, with or without an L2 prefetch: run 59)
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
+        rc = tl.minimum(rj, N // 2 - 1)
         for i in tl.range(0, k_iters_per_split, num_stages=STAGES):
             k_tile = k0 + i * BLOCK_K
-            t = _copied_tile(w_desc, x_desc, xp_ptr, s_ptr, pid_n * HALF, rj, j_ok, rb, k_tile, K, G, stride_sg,
-                             stride_s2, GROUP, XB, HALF, BLOCK_K)
-            acc_lo, acc_hi = _accumulate(*t, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+            p, xh, xl = _copied_tile(w_desc, x_desc, pid_n * HALF, k_tile, HALF, BLOCK_K, XB)
+            s_lo, s_hi, c, step = _tile_terms(s_ptr, xp_ptr, rc, rb, k_tile, K, G, stride_sg, stride_s2, GROUP, XB)
+            acc_lo, acc_hi = _accumulate(p, s_lo, s_hi, xh, xl, c, step, acc_lo, acc_hi, masks, XB, ASM, True)
             if GLU:
-                t2 = _copied_tile(w2_desc, x2_desc, xp2_ptr, s2_ptr, pid_n * HALF, rj, j_ok, rb, k_tile, K, G,
-                                  stride_sg, stride_s2, GROUP, XB, HALF, BLOCK_K)
-                acc2_lo, acc2_hi = _accumulate(*t2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                p2, xh2, xl2 = _copied_tile(w2_desc, x2_desc, pid_n * HALF, k_tile, HALF, BLOCK_K, XB)
+                s2_lo, s2_hi, c2, step2 = _tile_terms(s2_ptr, xp2_ptr, rc, rb, k_tile, K, G, stride_sg, stride_s2,
+                                                      GROUP, XB)
+                acc2_lo, acc2_hi = _accumulate(p2, s2_lo, s2_hi, xh2, xl2, c2, step2, acc2_lo, acc2_hi, masks, XB,
+                                               ASM, True)
     else:
         # Weights and scales do not depend on the previous kernel: under PDL (EARLY) the first tile's are loaded
         # before waiting for it, so their DRAM latency overlaps its tail. Only the prepared input is waited for.
@@ -250,9 +277,9 @@ def _int4_gemv_kernel(
         # Loads go straight to registers (no cp.async through shared memory: pick_config); with PREFETCH the next
         # tile's are issued before this tile is computed, so they are in flight meanwhile (the last tile peeled).
         if SINGLE:  # one K tile per program (qkv, dense at the 7B's K): no loop
-            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, masks, XB, ASM)
             if GLU:
-                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, masks, XB, ASM)
         elif PREFETCH:
             for i in range(k_iters_per_split - 1):
                 k_next = k0 + (i + 1) * BLOCK_K
@@ -263,31 +290,31 @@ def _int4_gemv_kernel(
                     wn2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k_next, K, G, stride_wn, stride_sg,
                                         stride_s2, GROUP, XB, EVEN, TILE_SCALE)
                     xn2 = _load_input(xp2_ptr, words, rb, k_next, K, XB, EVEN)
-                acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+                acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, masks, XB, ASM)
                 w = wn
                 x = xn
                 if GLU:
-                    acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                    acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, masks, XB, ASM)
                     w2 = wn2
                     x2 = xn2
-            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, masks, XB, ASM)
             if GLU:
-                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, masks, XB, ASM)
         else:  # the first tile (loaded above), then each tile loaded at the top of its iteration
-            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+            acc_lo, acc_hi = _accumulate(*w, *x, acc_lo, acc_hi, masks, XB, ASM)
             if GLU:
-                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                acc2_lo, acc2_hi = _accumulate(*w2, *x2, acc2_lo, acc2_hi, masks, XB, ASM)
             for i in range(1, k_iters_per_split):
                 k_tile = k0 + i * BLOCK_K
                 wi = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg, stride_s2,
                                    GROUP, XB, EVEN, TILE_SCALE)
                 xi = _load_input(xp_ptr, words, rb, k_tile, K, XB, EVEN)
-                acc_lo, acc_hi = _accumulate(*wi, *xi, acc_lo, acc_hi, m_nib, m_xor, XB, ASM)
+                acc_lo, acc_hi = _accumulate(*wi, *xi, acc_lo, acc_hi, masks, XB, ASM)
                 if GLU:
                     wi2 = _load_weights(w2_ptr, s2_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg,
                                         stride_s2, GROUP, XB, EVEN, TILE_SCALE)
                     xi2 = _load_input(xp2_ptr, words, rb, k_tile, K, XB, EVEN)
-                    acc2_lo, acc2_hi = _accumulate(*wi2, *xi2, acc2_lo, acc2_hi, m_nib, m_xor, XB, ASM)
+                    acc2_lo, acc2_hi = _accumulate(*wi2, *xi2, acc2_lo, acc2_hi, masks, XB, ASM)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
     # this program's rows in column order: [BLOCK_N]
@@ -356,9 +383,10 @@ EARLY_WEIGHTS = "all"
 # any pinned split: 2.83-3.11 against 2.45). None: the driver's choice.
 CARVEOUT = 25
 
-# the nibble bytes' mask and the XOR that turns two's-complement q into q + 8 (passed at run time: as registers
-# ptxas fuses them into one LOP3 with the shift; as immediates it emits two)
-MASK_NIBBLES, XOR_EIGHT = 0x0F0F0F0F, 0x08080808
+# the nibble bytes' mask and the XOR that turns two's-complement q into q + 8, for the low nibbles and (as
+# int32: 0xF0F0F0F0, 0x80808080) the high ones (passed at run time: as registers ptxas fuses each pair into one
+# LOP3; as immediates it emits two)
+MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH = 0x0F0F0F0F, 0x08080808, -0x0F0F0F10, -0x80000000 + 0x00808080
 
 
 def supported(q, m: int) -> bool:
@@ -479,7 +507,8 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     if cfg.tma:  # descriptors by tile: the packed words, the input planes' words (a [1, width] matrix)
         assert tma_fits(q, cfg), "copy-engine tiles: inside one scale group, 128-byte boxes, 16-byte row strides"
         descs = [TensorDescriptor.from_tensor(t, [half, cfg.block_k // 4]) for t in (words, words2)]
-        descs += [TensorDescriptor.from_tensor(p.planes, [1, cfg.block_k // 4]) for p in (x, x2)]
+        descs += [TensorDescriptor.from_tensor(p.planes[0, :k // 2].view(2, k // 4), [2, cfg.block_k // 4])
+                  for p in (x, x2)]
     else:
         descs = [None] * 4
     return _int4_gemv_kernel[grid](
@@ -487,13 +516,13 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
         dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
         workspace if glu and reduce else out, *descs,
         q.n, k, q.scales.shape[0], per_split, words.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os,
-        MASK_NIBBLES, XOR_EIGHT,
+        MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH,
         GROUP=q.group, XB=xb, GLU=glu, EVEN=even, TILE_SCALE=q.group % cfg.block_k == 0,
         PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, XB_OUT=dst.block, SPLITS=splits,
         REDUCE=reduce,
         COMPUTE=tl_dtype(compute), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREFETCH=cfg.num_stages > 1 and not cfg.tma,
         SINGLE=per_split == 1, EARLY=EARLY_WEIGHTS == "all" or EARLY_WEIGHTS == "loops" and per_split > 1,
-        ASM=not interpreting(), PDL=pdl, TMA=cfg.tma, STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=1,
+        ASM=not interpreting(), PDL=pdl, TMA=cfg.tma, STAGES=cfg.num_stages,  num_warps=cfg.num_warps, num_stages=1,
         launch_pdl=pdl,
     )
