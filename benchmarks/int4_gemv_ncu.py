@@ -1,9 +1,9 @@
 """The INT4-AWQ batch-1 GEMV (runtimes/cuda/quant_gemv.py) at the 7B GLU and proj shapes, for Nsight Compute
 (a CUDA GPU; the device tool's H200 has ncu): each config launched once to compile, then once each to be
-profiled, the register-load kernels first (the driver's carveout), then Hopper's copy-engine kernels under
-the carveout the decode step pins (``quant_gemv.CARVEOUT``):
+profiled, the register-load kernels first (the driver's carveout), then Hopper's default (warp-specialized) under
+the carveout the decode step pins for them (``quant_gemv.carveout``; warp-specialized: ``CARVEOUT_WS``):
 
-    ncu --clock-control none -k regex:_int4_gemv --launch-skip 4 -c 4 --section SpeedOfLight \\
+    ncu --clock-control none -k regex:gemv_kernel --launch-skip 4 -c 4 --section SpeedOfLight \\
         --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \\
         --section MemoryWorkloadAnalysis python3 benchmarks/int4_gemv_ncu.py
 
@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quant_fast_path as qf  # noqa: E402
 
-from trtllm_pipeline.runtimes.cuda import quant_gemv, quant_linear, support  # noqa: E402
+from trtllm_pipeline.runtimes.cuda import quant_gemv, quant_gemv_ws, quant_linear, support  # noqa: E402
 from trtllm_pipeline.runtimes.torch_model import Linear  # noqa: E402
 
 
@@ -55,12 +55,13 @@ def main() -> None:
     for fn, tma in launches[:2]:
         fn(tma)
     torch.cuda.synchronize()
-    support.set_carveout((quant_gemv,), quant_gemv.CARVEOUT)
+    percent = quant_gemv.carveout([quant_gemv.pick_config(fc, sm, glu=True, tma=True)])
+    support.set_carveout((quant_gemv, quant_gemv_ws), percent)
     for fn, tma in launches[2:]:
         fn(tma)
     torch.cuda.synchronize()
     print("profiled: GLU and proj loading to registers, then GLU and proj by the copy engine (carveout "
-          f"{quant_gemv.CARVEOUT}%)")
+          f"{percent}%)")
 
 
 if __name__ == "__main__":

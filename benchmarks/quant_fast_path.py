@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_linear, support
+from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_gemv_ws, quant_linear, support
 from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -454,17 +454,18 @@ def _gemv_variant(name: str):
 
 
 # the whole-step variants timed beside the default (INT4_VARIANTS in the environment: comma-separated)
-INT4_VARIANTS = tuple(os.environ.get("INT4_VARIANTS", "regs,nocarveout,carveout:16,splits/2,nopdl").split(","))
+INT4_VARIANTS = tuple(os.environ.get("INT4_VARIANTS", "tma,late,regs,nocarveout,nopdl").split(","))
 # a GEMV's config by linear in a variant: "<linear>:<block_n>/<block_k>/<splits>/<warps>/<stages>", copy-engine
-# tiles unless "/r" ends it (the 7B's shapes)
+# tiles unless "/r" ends it (registers), warp-specialized with "/w" (the 7B's shapes)
 LINEAR_KEYS = {name: (n, k, glu) for name, n, k, glu in kernel_cases(3584, 18944, 4608)}
 
 
 def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, reference=None) -> list[dict]:
     """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for(**step_options)``:
     fresh graphs over ``DecodeStep(engine, **step_options)``), a variant being one or more of these joined
-    by "+": the GEMV loading its weights to registers (regs), the kernel sweep's fastest GEMV configs (best;
-    best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the tensor-core kernels (dot),
+    by "+": the GEMV loading its weights to registers (regs), Hopper's copy-engine GEMV without warp
+    specialization (tma), the warp-specialized one copying its first weights after the PDL wait (late), the
+    kernel sweep's fastest GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the tensor-core kernels (dot),
     the driver's shared-memory carveout per kernel (nocarveout) or another one pinned (carveout:<percent>),
     the split-K partials handed to the next kernel instead of summed by the GEMV (partials), without PDL
     (nopdl), the first weights loaded (or fetched into L2) after the PDL wait (early:none; early:loops for
@@ -474,7 +475,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
     rows = []
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
-    early = quant_gemv.EARLY_WEIGHTS
+    early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
     for name in INT4_VARIANTS:
         options, overrides = {}, {}
         for part in name.split("+"):
@@ -486,6 +487,10 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 options["reduce_splits"] = False
             elif part == "nopdl":
                 options["pdl"] = False
+            elif part == "tma":  # Hopper's copy-engine GEMV of quant_gemv, not the warp-specialized one
+                quant_gemv.WARP_SPECIALIZED = False
+            elif part == "late":  # the warp-specialized GEMV copying its first weights after the PDL wait
+                quant_gemv_ws.EARLY_WEIGHTS = False
             elif part.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
                 quant_gemv.EARLY_WEIGHTS = part.split(":")[1]
             elif part.startswith("carveout:"):  # another carveout pinned on the layer kernels
@@ -496,9 +501,9 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 quant_linear.pick_config = _with_configs(SWEEP_BEST[part], quant_linear.pick_config)
             elif part.split(":")[0] in LINEAR_KEYS:
                 linear_name, spec = part.split(":")
-                bn, bk, sp, w, st, *reg = spec.split("/")
-                overrides[LINEAR_KEYS[linear_name]] = linear.LinearConfig(1, int(bn), int(bk), int(sp), int(w), int(st),
-                                                                          gemv=True, tma=not reg)
+                bn, bk, sp, w, st, *kind = spec.split("/")
+                overrides[LINEAR_KEYS[linear_name]] = linear.LinearConfig(
+                    1, int(bn), int(bk), int(sp), int(w), int(st), gemv=True, tma=kind != ["r"], ws=kind == ["w"])
             else:
                 quant_linear.pick_config = _gemv_variant(part)
         if overrides:  # over the variant's other GEMV configs
@@ -521,7 +526,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             rows.append({"variant": name, "error": repr(exc)[:300]})
         finally:
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
-            quant_gemv.EARLY_WEIGHTS = early
+            quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
         log(f"quant step int4_awq variant {rows[-1]}")
     return rows
 

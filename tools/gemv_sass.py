@@ -8,7 +8,8 @@ were checked without spending device time.
     python tools/gemv_sass.py                       # qkv/dense's default at the 7B shapes
     python tools/gemv_sass.py --block-n 16 --block-k 256 --glu --no-tile-scale --splits 1     # the GLU's
     python tools/gemv_sass.py --block-n 128 --stages 2                                       # proj's
-    python tools/gemv_sass.py --tma --glu --block-n 64 --splits 1 --stages 3     # Hopper's GLU (copy engine)
+    python tools/gemv_sass.py --tma --glu --block-n 64 --splits 1 --stages 3     # the copy-engine GLU
+    python tools/gemv_sass.py --ws --glu --block-n 64 --splits 1 --stages 3      # Hopper's (warp-specialized)
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -29,7 +30,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from trtllm_pipeline.runtimes.cuda import quant_gemv
+from trtllm_pipeline.runtimes.cuda import quant_gemv, quant_gemv_ws
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -56,6 +57,30 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
              if sig[n] != "constexpr" and "desc" not in sig[n] and (n.endswith("ptr") or n in DIVISIBLE)}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+
+
+def compile_ws(block_n: int, glu: bool, splits: int, stages: int):
+    """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    half = block_n // 2
+
+    def desc(shape, dtype="i32"):
+        layout = quant_gemv_ws.W_LAYOUT if shape == [half, 32] else quant_gemv_ws.PLAIN
+        return f"tensordesc<{dtype}[{shape[0]}, {shape[1]}],{layout!r}>"
+
+    descs = {"w_desc": desc([half, 32]), "x_desc": desc([2, 32]), "s_desc": desc([2, half], "fp32"),
+             "ce_desc": desc([2, 8])}
+    consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=splits > 1, COMPUTE=tl.bfloat16,
+                  HALF=half, STAGES=stages, PDL=True, EARLY=quant_gemv_ws.EARLY_WEIGHTS,
+                  num_warps=4)
+    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
+           "out_ptr": "*bf16" if glu else "*fp32", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
+           **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi"), "i32"),
+           **dict.fromkeys(consts, "constexpr")}
+    src = GluonASTSource(quant_gemv_ws._ws_gemv_kernel, sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": quant_gemv_ws.MAX_REGISTERS})
 
 
 def disassemble(kernel) -> tuple[str, int | None]:
@@ -97,18 +122,22 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=1, help="1: loads straight to registers; 2: the next tile prefetched")
     ap.add_argument("--tma", action="store_true", help="weight tiles by the bulk tensor copy engine, --stages deep")
+    ap.add_argument("--ws", action="store_true", help="the warp-specialized kernel (quant_gemv_ws), --stages deep")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
-    kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits,
-                            tma=a.tma)
+    if a.ws:
+        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages)
+    else:
+        kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits,
+                                tma=a.tma)
     sass, regs = disassemble(kernel)
     mix = loop_mix(sass)
     per_thread = sum(mix.values())
     weights = a.block_n * a.block_k * (2 if a.glu else 1)
     if a.json:
         print(json.dumps({"registers": regs, "threads": 32 * a.warps, "weights": weights,
-                          "loop_per_thread": per_thread, "mix": dict(mix)}))
+                          "loop_per_thread": per_thread, "mix": dict(mix), "shared_bytes": kernel.metadata.shared}))
         return
     print(f"block {a.block_n} x {a.block_k}{' GLU' if a.glu else ''}, {a.warps} warps, {a.stages} stages: "
           f"{regs} registers, loop {per_thread} instructions per thread, "

@@ -31,7 +31,8 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import attention, gemv_input, linear, norm, quant_gemv, quant_linear, support
+from trtllm_pipeline.runtimes.cuda import (attention, gemv_input, linear, norm, quant_gemv, quant_gemv_ws, quant_linear,
+                                           support)
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
@@ -114,7 +115,7 @@ class _TpBuffers:
 
 
 # the modules of the layer kernels that DecodeStep.pin_carveout pins a shared-memory carveout on
-CARVEOUT_MODULES = (norm, attention, quant_gemv)
+CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws)
 
 
 class Unsupported(Exception):
@@ -128,11 +129,12 @@ class DecodeStep:
     which hides the launch gaps inside a CUDA graph; on by default where supported. ``reduce_splits``: the
     INT4 GEMV sums its split-K partials itself, so the next kernel reads one row (off: every split's, the
     benchmark's comparison). ``carveout``: the shared-memory carveout pinned on the layer kernels when the
-    INT4 GEMVs take copy-engine tiles (``quant_gemv.CARVEOUT``; None: the driver's choice per kernel).
+    INT4 GEMVs take copy-engine tiles (percent; "auto": ``quant_gemv.carveout`` of the step's configs; None:
+    the driver's choice per kernel).
     """
 
     def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None, reduce_splits: bool = True,
-                 carveout: int | None = quant_gemv.CARVEOUT):
+                 carveout: int | str | None = "auto"):
         device = engine.cache_k.device
         if device.type != "cuda" and not interpreting():
             raise Unsupported("the engine is not on a CUDA device")
@@ -257,10 +259,11 @@ class DecodeStep:
     def pin_carveout(self, buf: StepBuffers) -> None:
         """Pin ``carveout`` on the layer kernels (norm, attention, the GEMV; compiled by a first ``run``)
         when this batch's GEMVs take copy-engine tiles, so that no SM has to change its L1 / shared-memory
-        split between them (``quant_gemv.CARVEOUT``). lm_head's kernel keeps the driver's choice: it runs
+        split between them (``quant_gemv.carveout``). lm_head's kernel keeps the driver's choice: it runs
         once per step, and its tiles want more shared memory. Call before capturing the step."""
-        if self.carveout is not None and any(c.tma for c in buf.configs.values()):
-            support.set_carveout(CARVEOUT_MODULES, self.carveout)
+        percent = quant_gemv.carveout(buf.configs.values()) if self.carveout == "auto" else self.carveout
+        if percent is not None and any(c.tma for c in buf.configs.values()):
+            support.set_carveout(CARVEOUT_MODULES, percent)
 
     def _config(self, lin: _Linear, batch: int, n: int, k: int, wbytes: int, glu: bool = False) -> linear.LinearConfig:
         if lin.quant is not None:

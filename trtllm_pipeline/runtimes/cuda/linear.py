@@ -41,6 +41,7 @@ class LinearConfig:
     num_stages: int = 3
     gemv: bool = False  # quant_gemv's CUDA-core matrix-vector kernel (INT4-AWQ at batch 1), not the dot
     tma: bool = False  # the GEMV's weight tiles by the bulk tensor copy engine, num_stages deep (Hopper)
+    ws: bool = False  # with tma: the warp-specialized GEMV (quant_gemv_ws: one warp copies, four compute)
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,

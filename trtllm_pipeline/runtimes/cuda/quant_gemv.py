@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from trtllm_pipeline.runtimes.cuda import gemv_input
+from trtllm_pipeline.runtimes.cuda import gemv_input, quant_gemv_ws
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
 from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.cuda.support import interpreting
@@ -382,6 +382,13 @@ EARLY_WEIGHTS = "all"
 # at 16-25%: 2.21-2.27, the 64 KB split; 35-50% (100 KB): 2.38; 0-10%: 3.4; the register kernels under
 # any pinned split: 2.83-3.11 against 2.45). None: the driver's choice.
 CARVEOUT = 25
+# The same for the warp-specialized GEMVs (quant_gemv_ws): 35% (100 KB: three of their three-stage programs per
+# SM; H200, 7B step: 1.94 ms, 44% 1.96, 50% with four stages 1.99; run 70)
+CARVEOUT_WS = 35
+
+# On Hopper, the warp-specialized GEMV (quant_gemv_ws) where its tiles fit; False: this module's copy-engine
+# kernel (the benchmark's "tma" variant compares them)
+WARP_SPECIALIZED = True
 
 # the nibble bytes' mask and the XOR that turns two's-complement q into q + 8, for the low nibbles and (as
 # int32: 0xF0F0F0F0, 0x80808080) the high ones (passed at run time: as registers ptxas fuses each pair into one
@@ -400,7 +407,9 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     weight's device has the bulk tensor copy engine, and the shape fits it: ``tma_fits``) the weight tiles
     come by the copy engine, three stages deep (runs 45-51): 128 x 128 tiles split so that the grid is ~3
     programs per SM (the 7B's proj 14 splits, dense 14, qkv 10), the GLU 64 x 128 unsplit (296 programs).
-    The decode step then pins one shared-memory carveout for its layer kernels (``CARVEOUT``).
+    The decode step then pins one shared-memory carveout for its layer kernels (``carveout``). Where its
+    tiles fit (``quant_gemv_ws.fits``) the warp-specialized kernel takes the same tiles and stages
+    (``WARP_SPECIALIZED``; the GLU unsplit).
 
     Otherwise loads go straight to registers (cp.async through shared memory made the kernel L1-bound: the
     input planes read back by every thread), 4 warps (runs 33-38):
@@ -421,7 +430,12 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
             if splits is None:
                 splits = 1 if glu else max(1, min(k_tiles, round(3 * sm_count / tiles)))
                 splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))  # no split left without tiles
-            return dataclasses.replace(cfg, splits=splits)
+            cfg = dataclasses.replace(cfg, splits=splits)
+            ws_fits = cfg.block_k == 128 and quant_gemv_ws.fits(q, cfg.block_n) and not (glu and splits > 1)
+            if WARP_SPECIALIZED and ws_fits:
+                cfg = dataclasses.replace(cfg, ws=True)  # three stages: 26-28 KB, three programs per SM
+                # under CARVEOUT_WS (two stages under CARVEOUT: 2.00 ms against 1.94, run 70)
+            return cfg
     short = triton.cdiv(q.k, 128) <= 32  # in 128-input tiles
     block_n = block_n or (16 if glu else 256 if short else 128)
     block_k = block_k or (256 if glu else 128)
@@ -430,6 +444,14 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     if splits is None:
         splits = 1 if glu else max(1, min(k_tiles, round((8 if short else 6) * sm_count / tiles)))
     return LinearConfig(1, block_n, block_k, splits, 4, 1 if short or glu else 2, gemv=True)
+
+
+def carveout(configs) -> int | None:
+    """The carveout the decode step pins for a step of these linear configs: CARVEOUT_WS with warp-specialized
+    GEMVs, CARVEOUT with the copy-engine ones, None (the driver's choice per kernel) otherwise."""
+    if any(c.ws for c in configs):
+        return CARVEOUT_WS
+    return CARVEOUT if any(c.tma for c in configs) else None
 
 
 def copy_engine(device: torch.device) -> bool:
@@ -483,6 +505,9 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     if isinstance(x, torch.Tensor):
         assert x.shape[0] == 1
         x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
+    if cfg.ws:
+        return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
+                                    counters=counters, masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH))
     glu = q2 is not None
     x2, q2 = (x2, q2) if glu else (x, q)
     k = q.k

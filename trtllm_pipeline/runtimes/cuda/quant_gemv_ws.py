@@ -1,0 +1,336 @@
+"""quant_gemv's batch-1 INT4 GEMV on Hopper, warp-specialized (Gluon): one warp copies, four compute.
+
+The copy-engine kernel of quant_gemv is issued by the same four warps that compute: per K tile every thread
+pays barrier waits, the copies' issue and CTA-wide syncs (2.6-3.0 instructions per weight in its loop;
+Nsight Compute: 0.59 instructions issued per scheduler and cycle, DRAM 58% busy). Here a producer warp
+issues every copy of a tile by the bulk tensor copy engine (the packed weights, the input's two byte planes,
+the scales and the input's block terms) into STAGES buffers, each with a "ready" and an "empty" mbarrier,
+and the consumer warps only wait for a full buffer, read it into registers, free it and do the dp4a work
+(1.4 instructions per weight in their loop: ``python tools/gemv_sass.py --ws ...``). H200, each kernel alone
+(run 71): the GLU 21.0 us (3.4 TB/s) against the copy-engine kernel's 25.7, proj 11.8 against 12.6; the 7B
+INT4-AWQ step 1.87 ms against 2.11 (docs/perf-notes.md).
+
+The arithmetic is quant_gemv's, term for term (the same int32 block sums, the same float32 products and
+order), so the results are its results: the same split-K partials, summed by each row tile's last program
+(REDUCE), or for the GLU ``silu(fc) * gate`` and mlp.proj's prepared input. Gluon kernels do not run in
+Triton's interpreter: on the CPU the tests compile this one for sm_90 and count its instructions; the H200
+benchmark checks its numbers (benchmarks/quant_fast_path.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from trtllm_pipeline.runtimes.cuda import gemv_input
+from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
+
+# the packed weights' tiles (128-byte rows) swizzled; the small boxes as the plain rows the copy engine writes
+W_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+PLAIN = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+# registers per thread: 4 consumer warps and the producer's warp group (80: three programs per SM)
+MAX_REGISTERS = 80
+# Under PDL, the producer copies the first stages' weights and scales before waiting for the previous kernel
+# (False: after; the benchmark's variant "late" compares them)
+EARLY_WEIGHTS = True
+
+
+@gluon.jit
+def _dp4a(a, b, c, B_SIGNED: gl.constexpr):
+    if B_SIGNED:
+        r = gl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=gl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        r = gl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=gl.int32,
+                                      is_pure=True, pack=1)
+    return r
+
+
+@gluon.jit
+def _quarters(t, A2: gl.constexpr):
+    """The 4 words of each input block (a thread holds a block's 4 of a [R, 32] tile's words) as 4 [R, 8]."""
+    t02, t13 = gl.split(gl.reshape(t, [t.shape[0], 8, 2, 2]))
+    t0, t2 = gl.split(t02)
+    t1, t3 = gl.split(t13)
+    return (gl.convert_layout(t0, A2, assert_trivial=True), gl.convert_layout(t1, A2, assert_trivial=True),
+            gl.convert_layout(t2, A2, assert_trivial=True), gl.convert_layout(t3, A2, assert_trivial=True))
+
+
+@gluon.jit
+def _block_dot(u, h, lo, c):
+    """Per row and input block: the high plane's dp4a chain, shifted 8 bits, carries the low plane's (quant_gemv)."""
+    a = _dp4a(u[3], h[3], _dp4a(u[2], h[2], _dp4a(u[1], h[1], _dp4a(u[0], h[0], 0, True), True), True), True)
+    a = (a << 8) + c
+    return _dp4a(u[3], lo[3], _dp4a(u[2], lo[2], _dp4a(u[1], lo[1], _dp4a(u[0], lo[0], a, False), False), False),
+                 False)
+
+
+@gluon.jit
+def _copy_weights(w_desc, s_desc, bufs, s, bar, row0, kt):
+    """K tile ``kt``'s packed words and scales into stage ``s`` (they do not depend on the previous kernel)."""
+    w_bufs, x_bufs, s_bufs, ce_bufs = bufs
+    tma.async_copy_global_to_shared(w_desc, [row0, kt * 32], bar, w_bufs.index(s))
+    tma.async_copy_global_to_shared(s_desc, [2 * kt, row0], bar, s_bufs.index(s))  # a scale group per tile
+
+
+@gluon.jit
+def _copy_input(x_desc, ce_desc, bufs, s, bar, kt):
+    """K tile ``kt``'s input planes and block terms into stage ``s`` (the previous kernel's output)."""
+    w_bufs, x_bufs, s_bufs, ce_bufs = bufs
+    tma.async_copy_global_to_shared(x_desc, [0, kt * 32], bar, x_bufs.index(s))
+    tma.async_copy_global_to_shared(ce_desc, [0, kt * 8], bar, ce_bufs.index(2 * s))  # 128-byte aligned
+
+
+@gluon.jit
+def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU: gl.constexpr,
+              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr):
+    w_desc, x_desc, s_desc, ce_desc = descs
+    w2_desc, x2_desc, s2_desc, ce2_desc = descs2
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
+                            + ce_desc.block_type.nbytes) * (2 if GLU else 1)  # a stage: both matrices' tiles
+    # Under PDL (EARLY) the first stages' weights and scales are copied before waiting for the previous kernel,
+    # so their DRAM latency overlaps its tail; only the input waits (the wait is per thread).
+    first = 0
+    if EARLY:
+        first = gl.minimum(k_iters, STAGES)
+    for i in range(first):
+        bar = ready.index(i)
+        mbarrier.expect(bar, NBYTES)
+        _copy_weights(w_desc, s_desc, bufs, i, bar, row0, k0 + i)
+        if GLU:
+            _copy_weights(w2_desc, s2_desc, bufs2, i, bar, row0, k0 + i)
+    if PDL:
+        gdc_wait()
+    for i in range(k_iters):
+        s = i % STAGES
+        bar = ready.index(s)
+        if i >= first:
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
+            mbarrier.expect(bar, NBYTES)
+            _copy_weights(w_desc, s_desc, bufs, s, bar, row0, k0 + i)
+            if GLU:
+                _copy_weights(w2_desc, s2_desc, bufs2, s, bar, row0, k0 + i)
+        _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
+        if GLU:
+            _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
+
+
+@gluon.jit
+def _read_tile(bufs, s, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr):
+    """Stage ``s`` into registers: the weights' and planes' words by block [HALF, 8] x 4, the even and odd rows'
+    scales [HALF, 1], the block sums and powers of two [1, 8]."""
+    ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    w_bufs, x_bufs, s_bufs, ce_bufs = bufs
+    u = _quarters(w_bufs.index(s).load(B2), A2)
+    xb = x_bufs.index(s)._reinterpret(gl.int32, [2, 32], ROWS)
+    h = _quarters(xb.slice(0, 1, dim=0).load(B2), A2)
+    lo = _quarters(xb.slice(1, 1, dim=0).load(B2), A2)
+    # (a permuted [1, HALF] view read the wrong rows' scales: the box's two rows as one plain vector instead)
+    sb = s_bufs.index(s)._reinterpret(gl.float32, [2 * HALF], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    s_lo = gl.expand_dims(sb.slice(0, HALF).load(gl.SliceLayout(1, A2)), 1)
+    s_hi = gl.expand_dims(sb.slice(HALF, HALF).load(gl.SliceLayout(1, A2)), 1)
+    ce = ce_bufs.index(2 * s)._reinterpret(gl.int32, [2, 8], ROWS)
+    c = ce.slice(0, 1, dim=0).load(A2)
+    step = ce.slice(1, 1, dim=0).load(A2).to(gl.float32, bitcast=True)
+    return u, h, lo, s_lo, s_hi, c, step
+
+
+@gluon.jit
+def _accumulate(t, acc_lo, acc_hi, masks):
+    """One tile into the even and odd rows' float32 accumulators [HALF, 8] (quant_gemv._accumulate, the odd
+    rows' nibbles used in place as 16 (q + 8))."""
+    u, h, lo, s_lo, s_hi, c, step = t
+    m_nib, m_xor, m_nib_hi, m_xor_hi = masks
+    u_lo = ((u[0] & m_nib) ^ m_xor, (u[1] & m_nib) ^ m_xor, (u[2] & m_nib) ^ m_xor, (u[3] & m_nib) ^ m_xor)
+    u_hi = ((u[0] & m_nib_hi) ^ m_xor_hi, (u[1] & m_nib_hi) ^ m_xor_hi, (u[2] & m_nib_hi) ^ m_xor_hi,
+            (u[3] & m_nib_hi) ^ m_xor_hi)
+    acc_lo += _block_dot(u_lo, h, lo, c).to(gl.float32) * (s_lo * step)
+    acc_hi += _block_dot(u_hi, h, lo, c << 4).to(gl.float32) * (s_hi * (step * 0.0625))
+    return acc_lo, acc_hi
+
+
+@gluon.jit
+def _consumer(bufs, bufs2, ready, empty, k_iters, masks, GLU: gl.constexpr, HALF: gl.constexpr,
+              STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr):
+    if PDL:  # its epilogue writes buffers the previous kernels read: not before they are done
+        gdc_wait()
+        gdc_launch_dependents()
+    acc_lo = gl.zeros([HALF, 8], gl.float32, A2)
+    acc_hi = gl.zeros([HALF, 8], gl.float32, A2)
+    acc2_lo = gl.zeros([HALF, 8], gl.float32, A2)
+    acc2_hi = gl.zeros([HALF, 8], gl.float32, A2)
+    for i in range(k_iters):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        t = _read_tile(bufs, s, HALF, B2, A2)
+        if GLU:
+            t2 = _read_tile(bufs2, s, HALF, B2, A2)
+        fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
+        mbarrier.arrive(empty.index(s), count=1)
+        acc_lo, acc_hi = _accumulate(t, acc_lo, acc_hi, masks)
+        if GLU:
+            acc2_lo, acc2_hi = _accumulate(t2, acc2_lo, acc2_hi, masks)
+    return acc_lo, acc_hi, acc2_lo, acc2_hi
+
+
+@gluon.jit
+def _buffers(descs, HALF: gl.constexpr, STAGES: gl.constexpr):
+    w_desc, x_desc, s_desc, ce_desc = descs
+    return (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], w_desc.layout),
+            gl.allocate_shared_memory(gl.int32, [STAGES, 2, 32], x_desc.layout),
+            gl.allocate_shared_memory(gl.float32, [STAGES, 2, HALF], s_desc.layout),
+            gl.allocate_shared_memory(gl.int32, [2 * STAGES, 2, 8], ce_desc.layout))
+
+
+@gluon.jit
+def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
+    """gemv_input.store_planes for the GLU's 2 HALF outputs from ``k0``, held as even (``v_lo``) and odd rows
+    [HALF] (blocks of 16 inputs: 8 rows of each): the same powers of two, integers, words and block sums."""
+    NB: gl.constexpr = HALF // 8
+    E2: gl.constexpr = gl.BlockedLayout([1, 4, 2], [32, 1, 1], [4, 1, 1], [2, 1, 0])  # a thread: a whole block
+    # [NB, 4, 2]: block, pair of packed rows within the block, which of the pair
+    lo = gl.convert_layout(gl.reshape(v_lo, [NB, 4, 2]), E2)
+    hi = gl.convert_layout(gl.reshape(v_hi, [NB, 4, 2]), E2)
+    amax = gl.maximum(gl.max(gl.max(gl.abs(lo), axis=2), axis=1), gl.max(gl.max(gl.abs(hi), axis=2), axis=1))
+    e = gl.maximum((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF, 15)
+    inv = gl.expand_dims(gl.expand_dims(((268 - e) << 23).to(gl.float32, bitcast=True), 1), 2)
+    step = ((e - 14) << 23).to(gl.float32, bitcast=True)
+    xi_lo = (((lo * inv) + gemv_input.ROUND) - gemv_input.ROUND).to(gl.int32)
+    xi_hi = (((hi * inv) + gemv_input.ROUND) - gemv_input.ROUND).to(gl.int32)
+    c = -8 * (gl.sum(gl.sum(xi_lo, axis=2), axis=1) + gl.sum(gl.sum(xi_hi, axis=2), axis=1))
+    # word 4b + m holds inputs 16b + 4m .. + 3: rows (2j, 2j + 1, 2j + 2, 2j + 3), j = 8b + 2m: lo, hi, lo, hi
+    l_e, l_o = gl.split(xi_lo)
+    h_e, h_o = gl.split(xi_hi)
+    xh = ((l_e >> 8) & 0xFF) | (((h_e >> 8) & 0xFF) << 8) | (((l_o >> 8) & 0xFF) << 16) | ((h_o >> 8) << 24)
+    xl = (l_e & 0xFF) | ((h_e & 0xFF) << 8) | ((l_o & 0xFF) << 16) | (h_o << 24)
+    W2: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])
+    xh = gl.convert_layout(xh, W2)
+    xl = gl.convert_layout(xl, W2)
+    rw = k0 // 4 + gl.arange(0, NB, layout=gl.SliceLayout(1, W2))[:, None] * 4 + \
+        gl.arange(0, 4, layout=gl.SliceLayout(0, W2))[None, :]
+    w_ok = rw < K // 4
+    gl.store(dst + rw, xh, mask=w_ok)
+    gl.store(dst + K // 4 + rw, xl, mask=w_ok)
+    B1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    rb = k0 // 16 + gl.arange(0, NB, layout=B1)
+    b_ok = rb < K // 16
+    gl.store(dst + K // 2 + rb, gl.convert_layout(c, B1), mask=b_ok)
+    gl.store(dst + K // 2 + K // 16 + rb, gl.convert_layout(step.to(gl.int32, bitcast=True), B1), mask=b_ok)
+
+
+@gluon.jit
+def _ws_gemv_kernel(
+    w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
+    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr,
+    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi,
+    GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
+    REDUCE: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
+    EARLY: gl.constexpr, num_warps: gl.constexpr,
+):
+    B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
+    descs = (w_desc, x_desc, s_desc, ce_desc)
+    descs2 = (w2_desc, x2_desc, s2_desc, ce2_desc)
+    bufs = _buffers(descs, HALF, STAGES)
+    bufs2 = bufs
+    if GLU:
+        bufs2 = _buffers(descs2, HALF, STAGES)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    pid_n = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    k0 = pid_s * per_split
+    k_iters = gl.minimum(per_split, k_tiles - k0)
+    row0 = pid_n * HALF
+    masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
+    acc_lo, acc_hi, acc2_lo, acc2_hi = gl.warp_specialize([
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, GLU, HALF, STAGES, B2, A2, PDL)),
+        (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES, PDL, EARLY)),
+    ], [1], [40])
+    rows = row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, A2))  # packed rows: outputs 2 j and 2 j + 1
+    ok = rows < N // 2
+    y_lo = gl.sum(acc_lo, axis=1)
+    y_hi = gl.sum(acc_hi, axis=1)
+    if GLU:
+        act_lo = silu_mul(y_lo, gl.sum(acc2_lo, axis=1), COMPUTE)
+        act_hi = silu_mul(y_hi, gl.sum(acc2_hi, axis=1), COMPUTE)
+        gl.store(out_ptr + 2 * rows, act_lo, mask=ok)
+        gl.store(out_ptr + 2 * rows + 1, act_hi, mask=ok)
+        if PREPARE_OUT:  # mlp.proj's input: gemv_input.consumer_input, then the planes
+            v_lo = act_lo.to(gl.float32)
+            v_hi = act_hi.to(gl.float32)
+            if HAS_PQS_OUT:
+                v_lo = (v_lo * gl.load(pqs_out_ptr + 2 * rows, mask=ok, other=0.0).to(gl.float32)).to(COMPUTE)
+                v_hi = (v_hi * gl.load(pqs_out_ptr + 2 * rows + 1, mask=ok, other=0.0).to(gl.float32)).to(COMPUTE)
+            v_lo = gl.where(ok, v_lo.to(gl.float32), 0.0)
+            v_hi = gl.where(ok, v_hi.to(gl.float32), 0.0)
+            _store_planes(v_lo, v_hi, 2 * row0, N, xp_out_ptr, HALF)
+    else:
+        gl.store(out_ptr + pid_s * stride_os + 2 * rows, y_lo, mask=ok)
+        gl.store(out_ptr + pid_s * stride_os + 2 * rows + 1, y_hi, mask=ok)
+        if REDUCE:  # the row tile's last program sums the splits in split order into split 0 (quant_gemv)
+            gl.thread_barrier()
+            if gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                t_lo = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, A2))
+                t_hi = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, A2))
+                for sp in gl.static_range(SPLITS):
+                    t_lo += gl.load(out_ptr + sp * stride_os + 2 * rows, mask=ok, other=0.0, cache_modifier=".cg")
+                    t_hi += gl.load(out_ptr + sp * stride_os + 2 * rows + 1, mask=ok, other=0.0,
+                                    cache_modifier=".cg")
+                gl.store(out_ptr + 2 * rows, t_lo, mask=ok)
+                gl.store(out_ptr + 2 * rows + 1, t_hi, mask=ok)
+                gl.store(count_ptr + pid_n, 0)
+
+
+def fits(q, block_n: int) -> bool:
+    """Whether ``q`` takes this kernel's tiles (on top of quant_gemv.tma_fits): 128-input tiles of one scale
+    group each, row tiles of at least 32 packed rows (128-byte scale boxes), the block terms' rows 16-byte
+    aligned (K a multiple of 64)."""
+    return q.group == 128 and block_n // 2 >= 32 and q.k % 64 == 0 and q.n % 2 == 0
+
+
+def _descriptors(x: gemv_input.Prepared, q, half: int) -> list:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    k, n = q.k, q.n
+    planes = x.planes[0]
+    return [TensorDescriptor.from_tensor(q.weight.view(torch.int32), [half, 32], W_LAYOUT),
+            TensorDescriptor.from_tensor(planes[:k // 2].view(2, k // 4), [2, 32], PLAIN),
+            TensorDescriptor.from_tensor(q.scales.view(-1, n // 2), [2, half], PLAIN),
+            TensorDescriptor.from_tensor(planes[k // 2:k // 2 + 2 * (k // 16)].view(2, k // 16), [2, 8], PLAIN)]
+
+
+def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
+           x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
+           counters: torch.Tensor | None = None, masks: tuple[int, int, int, int]):
+    """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
+    quant_gemv's nibble masks and XORs (low, then high nibbles)."""
+    glu = q2 is not None
+    assert fits(q, cfg.block_n) and cfg.block_k == 128 and x.planes.shape[0] == 1
+    assert not glu or cfg.splits == 1, "the warp-specialized GLU does not split K"
+    half = cfg.block_n // 2
+    k_tiles = triton.cdiv(q.k, 128)
+    per_split = triton.cdiv(k_tiles, cfg.splits)
+    splits = triton.cdiv(k_tiles, per_split)
+    grid = (triton.cdiv(q.n // 2, half), splits)
+    reduce = counters is not None and splits > 1
+    descs = _descriptors(x, q, half)
+    descs += _descriptors(x2, q2, half) if glu else descs
+    dst = prepare_out or x
+    if prepare_out is not None:
+        assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
+    return _ws_gemv_kernel[grid](
+        *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
+        q.n, k_tiles, per_split, 0 if glu or out.dim() == 2 else out.stride(0),
+        *masks,
+        GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
+        REDUCE=reduce, COMPUTE=tl_dtype(compute), HALF=half, STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
+        num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+    )
