@@ -26,7 +26,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import gemv_input
+# (quant_gemv imports this module too: each uses the other only when a kernel compiles or launches)
+from trtllm_pipeline.runtimes.cuda import gemv_input, quant_gemv
 from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
 
 # the packed weights' tiles (128-byte rows) swizzled; the small boxes as the plain rows the copy engine writes
@@ -37,17 +38,6 @@ MAX_REGISTERS = 80
 # Under PDL, the producer copies the first stages' weights and scales before waiting for the previous kernel
 # (False: after; the benchmark's variant "late" compares them)
 EARLY_WEIGHTS = True
-
-
-@gluon.jit
-def _dp4a(a, b, c, B_SIGNED: gl.constexpr):
-    if B_SIGNED:
-        r = gl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=gl.int32,
-                                      is_pure=True, pack=1)
-    else:
-        r = gl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=gl.int32,
-                                      is_pure=True, pack=1)
-    return r
 
 
 @gluon.jit
@@ -63,10 +53,13 @@ def _quarters(t, A2: gl.constexpr):
 @gluon.jit
 def _block_dot(u, h, lo, c):
     """Per row and input block: the high plane's dp4a chain, shifted 8 bits, carries the low plane's (quant_gemv)."""
-    a = _dp4a(u[3], h[3], _dp4a(u[2], h[2], _dp4a(u[1], h[1], _dp4a(u[0], h[0], 0, True), True), True), True)
+    a = 0
+    for j in gl.static_range(4):
+        a = quant_gemv._dp4a(u[j], h[j], a, True, True)
     a = (a << 8) + c
-    return _dp4a(u[3], lo[3], _dp4a(u[2], lo[2], _dp4a(u[1], lo[1], _dp4a(u[0], lo[0], a, False), False), False),
-                 False)
+    for j in gl.static_range(4):
+        a = quant_gemv._dp4a(u[j], lo[j], a, False, True)
+    return a
 
 
 @gluon.jit
