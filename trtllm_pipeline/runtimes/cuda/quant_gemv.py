@@ -44,30 +44,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from trtllm_pipeline.runtimes.cuda import gemv_input, quant_gemv_ws
+from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
 from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.cuda.support import interpreting
-
-
-@triton.jit
-def _dp4a(a, b, c, B_SIGNED: tl.constexpr, ASM: tl.constexpr):
-    """``c + sum_i a_i b_i`` over the four bytes of int32 ``a`` (unsigned) and ``b`` (signed or unsigned): one
-    dp4a instruction on the GPU; the same sum from shifts in Triton's interpreter, which cannot run PTX."""
-    if ASM:
-        if B_SIGNED:
-            c = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-        else:
-            c = tl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-    else:
-        for i in tl.static_range(4):
-            if B_SIGNED:
-                bi = (b << (24 - 8 * i)) >> 24
-            else:
-                bi = (b >> (8 * i)) & 0xFF
-            c += ((a >> (8 * i)) & 0xFF) * bi
-    return c
 
 
 @triton.jit
@@ -91,18 +71,17 @@ def _block_dot(u, xh, xl, c, XW: tl.constexpr, ASM: tl.constexpr):
         u0, u1, u2, u3 = _quarters(u)
         h0, h1, h2, h3 = _quarters(xh)
         l0, l1, l2, l3 = _quarters(xl)
-        a = _dp4a(u3, h3, _dp4a(u2, h2, _dp4a(u1, h1, _dp4a(u0, h0, zero, True, ASM),
-                                                         True, ASM), True, ASM), True, ASM)
+        a = dp4a(u3, h3, dp4a(u2, h2, dp4a(u1, h1, dp4a(u0, h0, zero, True, ASM), True, ASM), True, ASM), True, ASM)
         a = (a << 8) + c
-        a = _dp4a(u3, l3, _dp4a(u2, l2, _dp4a(u1, l1, _dp4a(u0, l0, a, False, ASM),
-                                                         False, ASM), False, ASM), False, ASM)
+        a = dp4a(u3, l3, dp4a(u2, l2, dp4a(u1, l1, dp4a(u0, l0, a, False, ASM), False, ASM), False, ASM), False,
+                 ASM)
     else:  # XW == 2: blocks of 8 inputs (a scale group of 8)
         u0, u1 = tl.split(u)
         h0, h1 = tl.split(xh)
         l0, l1 = tl.split(xl)
-        a = _dp4a(u1, h1, _dp4a(u0, h0, zero, True, ASM), True, ASM)
+        a = dp4a(u1, h1, dp4a(u0, h0, zero, True, ASM), True, ASM)
         a = (a << 8) + c
-        a = _dp4a(u1, l1, _dp4a(u0, l0, a, False, ASM), False, ASM)
+        a = dp4a(u1, l1, dp4a(u0, l0, a, False, ASM), False, ASM)
     return a
 
 

@@ -26,8 +26,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# (quant_gemv imports this module too: each uses the other only when a kernel compiles or launches)
-from trtllm_pipeline.runtimes.cuda import gemv_input, quant_gemv
+from trtllm_pipeline.runtimes.cuda import gemv_input
+from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
 
 # the packed weights' tiles (128-byte rows) swizzled; the small boxes as the plain rows the copy engine writes
@@ -55,10 +55,10 @@ def _block_dot(u, h, lo, c):
     """Per row and input block: the high plane's dp4a chain, shifted 8 bits, carries the low plane's (quant_gemv)."""
     a = 0
     for j in gl.static_range(4):
-        a = quant_gemv._dp4a(u[j], h[j], a, True, True)
+        a = dp4a(u[j], h[j], a, True, True)
     a = (a << 8) + c
     for j in gl.static_range(4):
-        a = quant_gemv._dp4a(u[j], lo[j], a, False, True)
+        a = dp4a(u[j], lo[j], a, False, True)
     return a
 
 
