@@ -15,8 +15,8 @@ pre-quant scale. The numbers are random; the byte counts, shapes and code paths 
 from __future__ import annotations
 
 import collections
-import os
 import dataclasses
+import os
 import statistics
 import time
 
@@ -465,7 +465,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     fresh graphs over ``DecodeStep(engine, **step_options)``), a variant being one or more of these joined
     by "+": the GEMV loading its weights to registers (regs), Hopper's copy-engine GEMV without warp
     specialization (tma), the warp-specialized one copying its first weights after the PDL wait (late), the
-    kernel sweep's fastest GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the tensor-core kernels (dot),
+    kernel sweep's fastest GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs
+    ("<linear>:..."), the tensor-core kernels (dot),
     the driver's shared-memory carveout per kernel (nocarveout) or another one pinned (carveout:<percent>),
     the split-K partials handed to the next kernel instead of summed by the GEMV (partials), without PDL
     (nopdl), the first weights loaded (or fetched into L2) after the PDL wait (early:none; early:loops for

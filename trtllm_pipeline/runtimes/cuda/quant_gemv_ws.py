@@ -1,7 +1,7 @@
 """quant_gemv's batch-1 INT4 GEMV on Hopper, warp-specialized (Gluon): one warp copies, four compute.
 
 The copy-engine kernel of quant_gemv is issued by the same four warps that compute: per K tile every thread
-pays barrier waits, the copies' issue and CTA-wide syncs (2.6-3.0 instructions per weight in its loop;
+pays barrier waits, the copies' issue and CTA-wide syncs (2.4-2.6 instructions per weight in its loop;
 Nsight Compute: 0.59 instructions issued per scheduler and cycle, DRAM 58% busy). Here a producer warp
 issues every copy of a tile by the bulk tensor copy engine (the packed weights, the input's two byte planes,
 the scales and the input's block terms) into STAGES buffers, each with a "ready" and an "empty" mbarrier,
