@@ -18,9 +18,9 @@ and stayed issue-bound at 1.4 TB/s (docs/perf-notes.md). Here four weights cost 
   the float32 accumulators, summed over K at the end. On Hopper the weight tiles and the input's two byte
   planes (one box) come by the bulk tensor copy engine into shared memory, the compiler's pipeline keeping
   two tiles in flight while one is computed (``TMA``; the decode step pins one shared-memory carveout on its
-  layer kernels, ``CARVEOUT``), and row 2j+1's nibbles are used in place, as 16 (q + 8), with no shift;
-  elsewhere loads go straight to registers, the next tile's issued before this one is computed where K is
-  long (``pick_config``).
+  layer kernels, ``carveout``), and row 2j+1's nibbles are used in place, as 16 (q + 8), with no shift; by
+  default the warp-specialized kernel of ``quant_gemv_ws`` does the same work there. Elsewhere loads go
+  straight to registers, the next tile's issued before this one is computed where K is long (``pick_config``).
 * Split K, the row tile's last program (an acquire/release counter) sums the splits' partials in split
   order into the first, so the next kernel reads one row; the GLU split the same way finishes SiLU there.
 

@@ -27,6 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.cuda import gemv_input
+from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input
 from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
 
@@ -256,14 +257,9 @@ def _ws_gemv_kernel(
         act_hi = silu_mul(y_hi, gl.sum(acc2_hi, axis=1), COMPUTE)
         gl.store(out_ptr + 2 * rows, act_lo, mask=ok)
         gl.store(out_ptr + 2 * rows + 1, act_hi, mask=ok)
-        if PREPARE_OUT:  # mlp.proj's input: gemv_input.consumer_input, then the planes
-            v_lo = act_lo.to(gl.float32)
-            v_hi = act_hi.to(gl.float32)
-            if HAS_PQS_OUT:
-                v_lo = (v_lo * gl.load(pqs_out_ptr + 2 * rows, mask=ok, other=0.0).to(gl.float32)).to(COMPUTE)
-                v_hi = (v_hi * gl.load(pqs_out_ptr + 2 * rows + 1, mask=ok, other=0.0).to(gl.float32)).to(COMPUTE)
-            v_lo = gl.where(ok, v_lo.to(gl.float32), 0.0)
-            v_hi = gl.where(ok, v_hi.to(gl.float32), 0.0)
+        if PREPARE_OUT:  # mlp.proj's input
+            v_lo = consumer_input(act_lo, pqs_out_ptr, 2 * rows, ok, HAS_PQS_OUT, COMPUTE)
+            v_hi = consumer_input(act_hi, pqs_out_ptr, 2 * rows + 1, ok, HAS_PQS_OUT, COMPUTE)
             _store_planes(v_lo, v_hi, 2 * row0, N, xp_out_ptr, HALF)
     else:
         gl.store(out_ptr + pid_s * stride_os + 2 * rows, y_lo, mask=ok)
