@@ -44,8 +44,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[test]"
 	@touch $@
 
+# The suite in one worker process per core, at most 4 (pytest-xdist; tests/conftest.py says how the tests are
+# shared out); TEST_WORKERS=0: in this one process, TEST_WORKERS=N: N workers.
+TEST_WORKERS ?= auto
 test: setup
-	TRTLLM_PIPELINE_TEST_DATA="$(DATA_DIR)" $(BIN)/pytest $(ARGS)
+	TRTLLM_PIPELINE_TEST_DATA="$(DATA_DIR)" $(BIN)/pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup $(ARGS)
 
 test-fast: setup
 	TRTLLM_PIPELINE_TEST_DATA="$(DATA_DIR)" $(BIN)/pytest -m "not slow" $(ARGS)

@@ -259,8 +259,13 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                         out = (torch.empty(m, n, device=device, dtype=dt) if glu else
                                torch.empty(cfg.splits, m, n, device=device))
 
-                        def call(s=0, cfg=cfg, out=out):
-                            ws = sets[s % copies]
+                        if quant and cfg.ws and quant_gemv_ws.TILED_WEIGHTS:  # as the decode step lays them
+                            cfg_sets = [[quant_gemv_ws.tile_weights(q, cfg.block_n // 2) for q in qs_] for qs_ in sets]
+                        else:
+                            cfg_sets = sets
+
+                        def call(s=0, cfg=cfg, out=out, cfg_sets=cfg_sets):
+                            ws = cfg_sets[s % copies]
                             xq = prepared[0] if cfg.gemv else x
                             if quant and glu:
                                 gemv = ({"x2": prepared[1], "counters": counters, "workspace": workspace}
@@ -464,9 +469,10 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for(**step_options)``:
     fresh graphs over ``DecodeStep(engine, **step_options)``), a variant being one or more of these joined
     by "+": the GEMV loading its weights to registers (regs), Hopper's copy-engine GEMV without warp
-    specialization (tma), the warp-specialized one copying its first weights after the PDL wait (late), the
-    kernel sweep's fastest GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs
-    ("<linear>:..."), the tensor-core kernels (dot),
+    specialization (tma), the warp-specialized one copying its first weights after the PDL wait (late) or
+    reading a tile-by-tile copy of its weights (tiled: quant_gemv_ws.tile_weights), the kernel sweep's fastest
+    GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the
+    tensor-core kernels (dot),
     the driver's shared-memory carveout per kernel (nocarveout) or another one pinned (carveout:<percent>),
     the split-K partials handed to the next kernel instead of summed by the GEMV (partials), without PDL
     (nopdl), the first weights loaded (or fetched into L2) after the PDL wait (early:none; early:loops for
@@ -477,6 +483,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     rows = []
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
+    tiled = quant_gemv_ws.TILED_WEIGHTS
     for name in INT4_VARIANTS:
         options, overrides = {}, {}
         for part in name.split("+"):
@@ -492,6 +499,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 quant_gemv.WARP_SPECIALIZED = False
             elif part == "late":  # the warp-specialized GEMV copying its first weights after the PDL wait
                 quant_gemv_ws.EARLY_WEIGHTS = False
+            elif part == "tiled":  # the warp-specialized GEMV reading a tile-by-tile copy of its weights
+                quant_gemv_ws.TILED_WEIGHTS = True
             elif part.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
                 quant_gemv.EARLY_WEIGHTS = part.split(":")[1]
             elif part.startswith("carveout:"):  # another carveout pinned on the layer kernels
@@ -528,6 +537,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
         finally:
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
+            quant_gemv_ws.TILED_WEIGHTS = tiled
         log(f"quant step int4_awq variant {rows[-1]}")
     return rows
 

@@ -49,14 +49,16 @@ FRONT = "tensorrt_llm_bls"
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Translate to German: good morning",
            "Café au lait 0", "List three prime numbers:", "Question: what is 7 * 6?\nAnswer:", "日本語 0"]
 
-# (name, model-agnostic HTTP body or raw bytes, what the refusal must say). Sent to both models.
+# (name, model-agnostic HTTP body or raw bytes, what the refusal must say). Sent to both models, in this
+# order (the first ones go out within the first few malformed requests however slow the machine is).
 MALFORMED_HTTP = [
+    ("5 MB prompt", {"text_input": "a" * 5_000_000, "max_tokens": 4}, "at most"),
+    ("truncated JSON", b'{"text_input": "hi", "max_tok', "JSON"),
     ("missing text_input (streamed)", {"max_tokens": 4, "stream": True}, "text_input"),
     ("missing max_tokens", {"text_input": "hi", "stream": True}, "max_tokens"),
     ("max_tokens a string", {"text_input": "hi", "max_tokens": "ten"}, "max_tokens"),
     ("max_tokens a fraction", {"text_input": "hi", "max_tokens": 1.5}, "max_tokens"),
     ("stop_words an integer", {"text_input": "hi", "max_tokens": 4, "stop_words": 3}, "stop_words"),
-    ("truncated JSON", b'{"text_input": "hi", "max_tok', "JSON"),
     ("not an object", b"[1, 2, 3]", "JSON object"),
     ("NaN literal", b'{"text_input": "hi", "max_tokens": 4, "temperature": NaN}', "NaN"),
     ("negative temperature", {"text_input": "hi", "max_tokens": 4, "temperature": -1.0, "top_k": 5}, "temperature"),
@@ -66,7 +68,6 @@ MALFORMED_HTTP = [
     ("empty prompt", {"text_input": "", "max_tokens": 4}, "empty"),
     ("max_tokens beyond max_seq_len", {"text_input": "hi", "max_tokens": 100_000}, "max_seq_len"),
     ("misspelt field", {"text_input": "hi", "max_tokens": 4, "temprature": 0.5}, "temprature"),
-    ("5 MB prompt", {"text_input": "a" * 5_000_000, "max_tokens": 4}, "at most"),
 ]
 LONG_PROMPT = ("over the token limit", {"text_input": "ab " * 190_000, "max_tokens": 4}, "at most")  # tokenized: rare
 
@@ -360,10 +361,10 @@ class Soak:
                 name, body, expected = LONG_PROMPT
                 refusal = send_malformed_http(self.target, session, name, body, expected, model, "generate")
             elif sent % 5 == 0:
-                name, values, expected = grpc_cases[(sent // 5) % len(grpc_cases)]
+                name, values, expected = grpc_cases[(sent // 5 - 1) % len(grpc_cases)]  # the first at 5
                 refusal = send_malformed_grpc(self.target, name, values, expected, model)
             else:
-                name, body, expected = MALFORMED_HTTP[sent % len(MALFORMED_HTTP)]
+                name, body, expected = MALFORMED_HTTP[(sent - 1) % len(MALFORMED_HTTP)]  # the first at 1
                 endpoint = "generate_stream" if sent % 3 else "generate"
                 refusal = send_malformed_http(self.target, session, name, body, expected, model, endpoint)
             with self._lock:

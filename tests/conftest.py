@@ -23,6 +23,18 @@ os.environ.setdefault("TRTLLM_PIPELINE_CACHE", str(Path(tempfile.gettempdir()) /
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# Files whose tests are shared out one by one between xdist's workers (`make test`: -n auto --dist loadgroup):
+# each runs a long subprocess on its own (Triton's interpreter) and needs only session fixtures. Every other
+# file runs whole on one worker, so its module fixtures (servers, quantized builds) are made once.
+SPREAD_FILES = {"test_fast_decode.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name not in SPREAD_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The real MMLU/GSM8K release files (``mmlu/{dev,test}``, ``gsm8k/*.jsonl``).

@@ -202,7 +202,7 @@ def test_int4_gemv_on_hopper_is_warp_specialized():
     assert (proj.block_n, proj.splits, proj.num_stages, proj.ws) == (128, 14, 3, True)
     assert quant_gemv.carveout([glu, proj]) == quant_gemv.CARVEOUT_WS
     assert quant_gemv.carveout([dataclasses.replace(proj, ws=False)]) == quant_gemv.CARVEOUT
-    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, [])):
+    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, []), ("proj, tiled weights", proj, ["--tiled"])):
         r = _gemv_sass([*extra, "--ws", "--block-n", str(cfg.block_n), "--splits", str(cfg.splits),
                         "--stages", str(cfg.num_stages)])
         per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LOP3", "FADD")}
@@ -210,6 +210,28 @@ def test_int4_gemv_on_hopper_is_warp_specialized():
         assert per_weight["IDP"] == 0.5 and per_weight["LOP3"] <= 0.26 and per_weight["FADD"] == 0, (name, r)
         assert r["loop_per_thread"] * r["threads"] / r["weights"] < 1.6, (name, r)
         assert r["registers"] <= 80 and r["shared_bytes"] <= 32 * 1024, (name, r)
+
+
+def test_int4_weights_tiled_for_the_warp_specialized_gemv_are_the_same_words():
+    """quant_gemv_ws.tile_weights (the opt-in layout, TILED_WEIGHTS): row tile r's K tile t is box r * K/128 + t
+    of the copy, word for word; N/2 padded with zero rows to whole tiles; the checkpoint's layout comes back."""
+    from trtllm_pipeline.runtimes.cuda import quant_gemv_ws
+
+    n, k, half = 200, 384, 32  # 100 packed rows: 4 row tiles, the last one 4 rows full
+    gen = torch.Generator().manual_seed(0)
+    q = _hopper_shape(n, k)
+    q = dataclasses.replace(q, weight=torch.randint(-128, 128, (n // 2, k), dtype=torch.int8, generator=gen),
+                            scales=torch.ones(k // 128, 2, n // 2))
+    t = quant_gemv_ws.tile_weights(q, half)
+    assert t.tile_rows == half and t.tiled.shape == (4 * 3 * half, 32) and t.weight is q.weight
+    words = q.weight.view(torch.int32)
+    for r, kt in ((0, 0), (2, 1), (3, 2)):
+        box = t.tiled[(r * 3 + kt) * half:(r * 3 + kt + 1) * half]
+        rows = words[r * half:(r + 1) * half, kt * 32:(kt + 1) * 32]
+        assert torch.equal(box[: rows.shape[0]], rows) and not box[rows.shape[0]:].any()
+    assert torch.equal(quant_gemv_ws.untile_weights(t.tiled, n, k, half), q.weight)
+    assert t.rows(0, 100).tiled is None  # a row slice reads the checkpoint's layout again
+    assert quant_gemv_ws.tile_weights(t, half) is t
 
 
 @pytest.mark.slow

@@ -196,6 +196,8 @@ class DecodeStep:
             "lm_head": linear.pick_config(batch, self.vocab, self.hidden, e.lm_head.element_size(), self.sm_count,
                                           splits=1),
         }
+        if quant_gemv_ws.TILED_WEIGHTS:
+            self._tile_weights(configs)
         max_splits = max(c.splits for c in configs.values())
         splits = attention.pick_splits(batch, e.kv_heads, self.sm_count)
 
@@ -235,6 +237,15 @@ class DecodeStep:
             counters=counters,
             glu_workspace=glu_ws,
         )
+
+    def _tile_weights(self, configs: dict[str, linear.LinearConfig]) -> None:
+        """The warp-specialized GEMVs' weights re-laid tile by tile for their row tiles (once per engine and
+        tile: ``quant_gemv_ws.tile_weights``; a copy of each INT4 weight on the device)."""
+        for layer in self.layers:
+            for name, cfg in (("qkv", "qkv"), ("dense", "dense"), ("fc", "glu"), ("gate", "glu"), ("proj", "proj")):
+                lin = getattr(layer, name)
+                if configs[cfg].ws and lin.quant is not None:
+                    lin.quant = quant_gemv_ws.tile_weights(lin.quant, configs[cfg].block_n // 2)
 
     def _tp_buffers(self, batch: int) -> _TpBuffers:
         dev = self.engine.cache_k.device

@@ -18,10 +18,16 @@ def dp4a(a, b, c, B_SIGNED: tl.constexpr, ASM: tl.constexpr):
             c = tl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
                                           is_pure=True, pack=1)
     else:
-        for i in tl.static_range(4):
-            if B_SIGNED:
-                bi = (b << (24 - 8 * i)) >> 24
-            else:
-                bi = (b >> (8 * i)) & 0xFF
-            c += ((a >> (8 * i)) & 0xFF) * bi
+        c += tl.sum(word_bytes(a, False) * word_bytes(b, B_SIGNED), axis=len(a.shape))
     return c
+
+
+@triton.jit
+def word_bytes(w, SIGNED: tl.constexpr):
+    """The four bytes of each int32 word of ``w`` along a new last axis, sign-extended or not: the
+    interpreter's dp4a, in a few whole-tile operations (each operation costs the interpreter, not its size)."""
+    R: tl.constexpr = len(w.shape)
+    shifts = tl.reshape(tl.arange(0, 4) * 8, [1] * R + [4])
+    if SIGNED:
+        return (tl.expand_dims(w, R) << (24 - shifts)) >> 24
+    return (tl.expand_dims(w, R) >> shifts) & 0xFF

@@ -99,9 +99,18 @@ def store_planes(v, k0, K, dst, BLOCK: tl.constexpr, XB: tl.constexpr):
 def consumer_input(h, pqs_ptr, cols, ok, HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr):
     """The consumer's input from a producer's compute-dtype values ``h`` at inputs ``cols``: ``h *
     pre_quant_scale`` rounded as the eager product is, in float32 (zero where not ``ok``)."""
+    pqs = 1.0
+    if HAS_PQS:
+        pqs = tl.load(pqs_ptr + cols, mask=ok, other=0.0)
+    return scaled_input(h, pqs, ok, HAS_PQS, COMPUTE)
+
+
+@triton.jit
+def scaled_input(h, pqs, ok, HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr):
+    """``consumer_input`` with the pre-quant scale's values ``pqs`` already loaded."""
     v = h.to(tl.float32)
     if HAS_PQS:
-        v = (v * tl.load(pqs_ptr + cols, mask=ok, other=0.0).to(tl.float32)).to(COMPUTE).to(tl.float32)
+        v = (v * pqs.to(tl.float32)).to(COMPUTE).to(tl.float32)
     return tl.where(ok, v, 0.0)
 
 

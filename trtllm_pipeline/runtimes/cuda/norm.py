@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, consumer_input, store_planes
+from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, scaled_input, store_planes
 from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
 
 
@@ -27,12 +27,16 @@ def _residual_rmsnorm_kernel(
     PARTS: tl.constexpr, EMBED: tl.constexpr, QUANT_OUT: tl.constexpr, PREPARE: tl.constexpr, PQS_A: tl.constexpr,
     PQS_B: tl.constexpr, XB: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
     b = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < HIDDEN
+    # The norm's weight and the consumers' pre-quant scales first: no kernel writes them (so they need not wait
+    # under PDL), and loaded with the partials their DRAM latency is not added after the reduction (H200, 7B
+    # INT4 step without PDL: the 57 norms 192 -> 153 us, run 80)
+    w, pqs_a, pqs_b = _params(w_ptr, pqs_a_ptr, pqs_b_ptr, cols, ok, PREPARE, PQS_A, PQS_B)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     if EMBED:
         token = tl.load(tok_ptr + b)
         x = tl.load(emb_ptr + token * stride_emb + cols, mask=ok, other=0.0).to(tl.float32)
@@ -45,19 +49,29 @@ def _residual_rmsnorm_kernel(
         x = (x + y).to(COMPUTE).to(tl.float32)
     tl.store(x_ptr + b * stride_x + cols, x.to(COMPUTE), mask=ok)
     rstd = tl.math.rsqrt(tl.sum(x * x, 0) / HIDDEN + eps)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    h = ((x * rstd).to(COMPUTE).to(tl.float32) * w).to(COMPUTE)
+    h = ((x * rstd).to(COMPUTE).to(tl.float32) * w.to(tl.float32)).to(COMPUTE)
     if QUANT_OUT:
         q = tl.clamp(h.to(tl.float32) * tl.load(out_inv_ptr), -448.0, 448.0)
         tl.store(out_ptr + b * stride_out + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=ok)
     else:
         tl.store(out_ptr + b * stride_out + cols, h, mask=ok)
     if PREPARE >= 1:  # the next INT4 GEMVs' inputs (mlp.fc and mlp.gate have pre-quant scales of their own)
-        store_planes(consumer_input(h, pqs_a_ptr, cols, ok, PQS_A, COMPUTE), 0, HIDDEN, prep_a_ptr + b * stride_prep,
-                     BLOCK, XB)
+        store_planes(scaled_input(h, pqs_a, ok, PQS_A, COMPUTE), 0, HIDDEN, prep_a_ptr + b * stride_prep, BLOCK, XB)
     if PREPARE == 2:
-        store_planes(consumer_input(h, pqs_b_ptr, cols, ok, PQS_B, COMPUTE), 0, HIDDEN, prep_b_ptr + b * stride_prep,
-                     BLOCK, XB)
+        store_planes(scaled_input(h, pqs_b, ok, PQS_B, COMPUTE), 0, HIDDEN, prep_b_ptr + b * stride_prep, BLOCK, XB)
+
+
+@triton.jit
+def _params(w_ptr, pqs_a_ptr, pqs_b_ptr, cols, ok, PREPARE: tl.constexpr, PQS_A: tl.constexpr, PQS_B: tl.constexpr):
+    """The norm's weight and the pre-quant scales of the consumers it prepares inputs for (1.0: none)."""
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+    pqs_a = 1.0
+    pqs_b = 1.0
+    if PREPARE >= 1 and PQS_A:
+        pqs_a = tl.load(pqs_a_ptr + cols, mask=ok, other=0.0)
+    if PREPARE == 2 and PQS_B:
+        pqs_b = tl.load(pqs_b_ptr + cols, mask=ok, other=0.0)
+    return w, pqs_a, pqs_b
 
 
 def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,

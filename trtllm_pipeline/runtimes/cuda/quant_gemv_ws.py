@@ -19,6 +19,8 @@ benchmark checks its numbers (benchmarks/quant_fast_path.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -39,6 +41,11 @@ MAX_REGISTERS = 80
 # Under PDL, the producer copies the first stages' weights and scales before waiting for the previous kernel
 # (False: after; the benchmark's variant "late" compares them)
 EARLY_WEIGHTS = True
+# True: the decode step gives the kernel a copy of its packed weights laid tile by tile (``tile_weights``), so
+# that each stage's copy reads one contiguous 4-8 KB run instead of HALF rows of 128 bytes K/2 bytes apart.
+# Off: on the H200 it gained 0.5-2% of the 7B step (runs 76-81) for a second copy of every INT4 weight on
+# the device (the benchmark's variant "tiled")
+TILED_WEIGHTS = False
 
 
 @gluon.jit
@@ -64,10 +71,14 @@ def _block_dot(u, h, lo, c):
 
 
 @gluon.jit
-def _copy_weights(w_desc, s_desc, bufs, s, bar, row0, kt):
+def _copy_weights(w_desc, s_desc, bufs, s, bar, row0, kt, k_tiles, TILED: gl.constexpr):
     """K tile ``kt``'s packed words and scales into stage ``s`` (they do not depend on the previous kernel)."""
     w_bufs, x_bufs, s_bufs, ce_bufs = bufs
-    tma.async_copy_global_to_shared(w_desc, [row0, kt * 32], bar, w_bufs.index(s))
+    if TILED:  # tile (row0 / HALF, kt) is the (row0 / HALF * k_tiles + kt)-th [HALF, 32] box of the tiled copy
+        HALF: gl.constexpr = w_desc.block_type.shape[0]
+        tma.async_copy_global_to_shared(w_desc, [row0 * k_tiles + kt * HALF, 0], bar, w_bufs.index(s))
+    else:
+        tma.async_copy_global_to_shared(w_desc, [row0, kt * 32], bar, w_bufs.index(s))
     tma.async_copy_global_to_shared(s_desc, [2 * kt, row0], bar, s_bufs.index(s))  # a scale group per tile
 
 
@@ -80,8 +91,8 @@ def _copy_input(x_desc, ce_desc, bufs, s, bar, kt):
 
 
 @gluon.jit
-def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU: gl.constexpr,
-              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr):
+def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU: gl.constexpr,
+              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr):
     w_desc, x_desc, s_desc, ce_desc = descs
     w2_desc, x2_desc, s2_desc, ce2_desc = descs2
     NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
@@ -94,9 +105,9 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU: 
     for i in range(first):
         bar = ready.index(i)
         mbarrier.expect(bar, NBYTES)
-        _copy_weights(w_desc, s_desc, bufs, i, bar, row0, k0 + i)
+        _copy_weights(w_desc, s_desc, bufs, i, bar, row0, k0 + i, k_tiles, TILED)
         if GLU:
-            _copy_weights(w2_desc, s2_desc, bufs2, i, bar, row0, k0 + i)
+            _copy_weights(w2_desc, s2_desc, bufs2, i, bar, row0, k0 + i, k_tiles, TILED)
     if PDL:
         gdc_wait()
     for i in range(k_iters):
@@ -105,9 +116,9 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU: 
         if i >= first:
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
             mbarrier.expect(bar, NBYTES)
-            _copy_weights(w_desc, s_desc, bufs, s, bar, row0, k0 + i)
+            _copy_weights(w_desc, s_desc, bufs, s, bar, row0, k0 + i, k_tiles, TILED)
             if GLU:
-                _copy_weights(w2_desc, s2_desc, bufs2, s, bar, row0, k0 + i)
+                _copy_weights(w2_desc, s2_desc, bufs2, s, bar, row0, k0 + i, k_tiles, TILED)
         _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
         if GLU:
             _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
@@ -223,7 +234,7 @@ def _ws_gemv_kernel(
     N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
-    EARLY: gl.constexpr, num_warps: gl.constexpr,
+    EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -246,7 +257,8 @@ def _ws_gemv_kernel(
     masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
     acc_lo, acc_hi, acc2_lo, acc2_hi = gl.warp_specialize([
         (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, GLU, HALF, STAGES, B2, A2, PDL)),
-        (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES, PDL, EARLY)),
+        (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU, STAGES, PDL, EARLY,
+                     TILED)),
     ], [1], [40])
     rows = row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, A2))  # packed rows: outputs 2 j and 2 j + 1
     ok = rows < N // 2
@@ -285,15 +297,42 @@ def fits(q, block_n: int) -> bool:
     return q.group == 128 and block_n // 2 >= 32 and q.k % 64 == 0 and q.n % 2 == 0
 
 
+def tile_weights(q, half: int):
+    """``q`` with its packed weight also laid out tile by tile for row tiles of ``half`` packed rows: the
+    [HALF, 32]-word tiles of a row tile's K tiles one after another, row tile after row tile (zero rows pad
+    N/2 to whole tiles), so that a stage's copy is one contiguous run. A copy: the other kernels (batches
+    above 1, the eager path) keep reading the checkpoint's layout. ``q`` itself where it does not tile."""
+    if not fits(q, 2 * half) or q.k % 128 or (q.tiled is not None and q.tile_rows == half):
+        return q
+    words = q.weight.view(torch.int32)  # [N/2, K/4]
+    tiles = triton.cdiv(q.n // 2, half)
+    padded = torch.zeros(tiles * half, q.k // 4, dtype=torch.int32, device=words.device)
+    padded[: words.shape[0]] = words
+    tiled = padded.view(tiles, half, q.k // 128, 32).transpose(1, 2).contiguous().view(-1, 32)
+    return dataclasses.replace(q, tiled=tiled, tile_rows=half)
+
+
+def untile_weights(tiled: torch.Tensor, n: int, k: int, half: int) -> torch.Tensor:
+    """The checkpoint's int8 [N/2, K] layout back from ``tile_weights``' copy (the tests' check)."""
+    tiles = tiled.shape[0] // (half * (k // 128))
+    words = tiled.view(tiles, k // 128, half, 32).transpose(1, 2).reshape(tiles * half, k // 4)
+    return words[: n // 2].contiguous().view(torch.int8)
+
+
 def _descriptors(x: gemv_input.Prepared, q, half: int) -> list:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     k, n = q.k, q.n
     planes = x.planes[0]
-    return [TensorDescriptor.from_tensor(q.weight.view(torch.int32), [half, 32], W_LAYOUT),
+    weight = q.tiled if _tiled(q, half) else q.weight.view(torch.int32)
+    return [TensorDescriptor.from_tensor(weight, [half, 32], W_LAYOUT),
             TensorDescriptor.from_tensor(planes[:k // 2].view(2, k // 4), [2, 32], PLAIN),
             TensorDescriptor.from_tensor(q.scales.view(-1, n // 2), [2, half], PLAIN),
             TensorDescriptor.from_tensor(planes[k // 2:k // 2 + 2 * (k // 16)].view(2, k // 16), [2, 8], PLAIN)]
+
+
+def _tiled(q, half: int) -> bool:
+    return q.tiled is not None and q.tile_rows == half
 
 
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
@@ -310,6 +349,8 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
     splits = triton.cdiv(k_tiles, per_split)
     grid = (triton.cdiv(q.n // 2, half), splits)
     reduce = counters is not None and splits > 1
+    tiled = _tiled(q, half)
+    assert not glu or _tiled(q2, half) == tiled
     descs = _descriptors(x, q, half)
     descs += _descriptors(x2, q2, half) if glu else descs
     dst = prepare_out or x
@@ -321,5 +362,5 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
         *masks,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, COMPUTE=tl_dtype(compute), HALF=half, STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
-        num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+        TILED=tiled, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )

@@ -72,6 +72,10 @@ class QuantWeight:
     out_scale: torch.Tensor | None  # [1] float32: applied to the float32 sum (w4a8_awq)
     n: int
     k: int
+    # INT4 at batch 1 on Hopper: ``weight`` re-laid tile by tile for quant_gemv_ws (``tile_weights``), and its
+    # tiles' packed rows (None: the kernels read ``weight``)
+    tiled: torch.Tensor | None = None
+    tile_rows: int = 0
 
     @property
     def int4(self) -> bool:
@@ -94,7 +98,7 @@ class QuantWeight:
             weight, scales = self.weight[start:stop], self.scales[:, start:stop]
         else:
             weight, scales = self.weight[start:stop], self.scales[start:stop]
-        return dataclasses.replace(self, weight=weight, scales=scales.contiguous(), n=stop - start)
+        return dataclasses.replace(self, weight=weight, scales=scales.contiguous(), n=stop - start, tiled=None)
 
     @classmethod
     def of(cls, lin) -> "QuantWeight":
