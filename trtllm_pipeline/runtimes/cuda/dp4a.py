@@ -9,7 +9,8 @@ import triton.language as tl
 @triton.jit
 def dp4a(a, b, c, B_SIGNED: tl.constexpr, ASM: tl.constexpr):
     """``c + sum_i a_i b_i`` over the four bytes of int32 ``a`` (unsigned) and ``b`` (signed or unsigned): one
-    dp4a instruction on the GPU; the same sum from shifts in Triton's interpreter, which cannot run PTX."""
+    dp4a instruction on the GPU; in Triton's interpreter, which cannot run PTX, the same exact sum from the words'
+    bytes (``_word_bytes``)."""
     if ASM:
         if B_SIGNED:
             c = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
@@ -18,14 +19,14 @@ def dp4a(a, b, c, B_SIGNED: tl.constexpr, ASM: tl.constexpr):
             c = tl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
                                           is_pure=True, pack=1)
     else:
-        c += tl.sum(word_bytes(a, False) * word_bytes(b, B_SIGNED), axis=len(a.shape))
+        c += tl.sum(_word_bytes(a, False) * _word_bytes(b, B_SIGNED), axis=len(a.shape))
     return c
 
 
 @triton.jit
-def word_bytes(w, SIGNED: tl.constexpr):
-    """The four bytes of each int32 word of ``w`` along a new last axis, sign-extended or not: the
-    interpreter's dp4a, in a few whole-tile operations (each operation costs the interpreter, not its size)."""
+def _word_bytes(w, SIGNED: tl.constexpr):
+    """The four bytes of each int32 word of ``w`` along a new last axis, sign-extended or not: the interpreter's
+    dp4a in a few whole-tile operations (the interpreter's cost is per operation, not per element)."""
     R: tl.constexpr = len(w.shape)
     shifts = tl.reshape(tl.arange(0, 4) * 8, [1] * R + [4])
     if SIGNED:

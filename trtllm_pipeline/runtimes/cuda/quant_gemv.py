@@ -44,7 +44,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from trtllm_pipeline.runtimes.cuda import gemv_input, quant_gemv_ws
-from trtllm_pipeline.runtimes.cuda.dp4a import dp4a, word_bytes
+from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
 from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.cuda.support import interpreting
@@ -66,10 +66,6 @@ def _block_dot(u, xh, xl, c, XW: tl.constexpr, ASM: tl.constexpr):
     ``u`` [HALF, NB, XW]: the nibbles q + 8 of one output row as bytes (a word: 4 inputs); ``xh``/``xl`` [1, NB,
     XW]: the input's byte planes; ``c`` [1, NB]: the block's -8 sum x_int. The high plane's chain is shifted by 8 bits
     and then carries the low plane's (|result| < 2^22: the later float conversion is exact)."""
-    if not ASM:  # Triton's interpreter: the same exact integers, every word and byte of the tile at once
-        ub = word_bytes(u, False)  # [HALF, NB, XW, 4]
-        high = tl.sum(tl.sum(ub * word_bytes(xh, True), axis=3), axis=2)
-        return (high << 8) + c + tl.sum(tl.sum(ub * word_bytes(xl, False), axis=3), axis=2)
     zero = tl.zeros((u.shape[0], u.shape[1]), dtype=tl.int32)
     if XW == 4:
         u0, u1, u2, u3 = _quarters(u)
