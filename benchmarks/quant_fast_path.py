@@ -23,8 +23,11 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_gemv_ws, quant_linear, support
+from trtllm_pipeline.runtimes.cuda import (attention, decode_step, linear, norm, quant_gemv, quant_gemv_ws, quant_linear,
+                                           support)
 from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -465,6 +468,71 @@ INT4_VARIANTS = tuple(os.environ.get("INT4_VARIANTS", "tma,late,regs,nocarveout,
 LINEAR_KEYS = {name: (n, k, glu) for name, n, k, glu in kernel_cases(3584, 18944, 4608)}
 
 
+class _NoLaunch:
+    """A kernel left out of a variant's graph (``kernel[grid](...)`` launches nothing)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@triton.jit
+def _empty_kernel(PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+class _EmptyLaunch:
+    """A kernel replaced by one that does nothing on the same grid (PDL's wait and trigger kept): against
+    "skip" it separates what a launch costs in the chain from what its work costs."""
+
+    def __getitem__(self, grid):
+        return lambda *args, launch_pdl=False, **kwargs: _empty_kernel[grid](PDL=launch_pdl, launch_pdl=launch_pdl)
+
+
+def _attention_option(option: str) -> list[tuple[object, str, object]]:
+    """A patch of attention's launch for variant "attn:<option>"; returns what undoes it."""
+    if option == "nokvpre":  # no L2 prefetch of the cached keys and values before the PDL wait
+        undo = [(attention, "PREFETCH_KV", attention.PREFETCH_KV)]
+        attention.PREFETCH_KV = False
+        return undo
+    if option.startswith("splits"):
+        undo = [(attention, "pick_splits", attention.pick_splits)]
+        attention.pick_splits = lambda *args, n=int(option[6:]), **kwargs: n
+        return undo
+    attr = {"warps": "ATTENTION_WARPS", "stages": "ATTENTION_STAGES", "tile": "BLOCK_T"}[option.rstrip("0123456789")]
+    undo = [(attention, attr, getattr(attention, attr))]
+    setattr(attention, attr, int(option[len(option.rstrip("0123456789")):]))
+    return undo
+
+
+def _skip(what: str) -> list[tuple[object, str, object]]:
+    """Patches that leave ``what``'s launches out of the step (variant "skip:<what>"): the step's time without
+    them bounds what fusing them away can gain. Its numbers are wrong by design; only its time is read.
+    Returns (module, attribute, original) to undo."""
+    def gemv_skipping(original, test):
+        return lambda x, q, *args, **kwargs: None if test(q) else original(x, q, *args, **kwargs)
+
+    targets = {
+        "norm": (norm, "residual_rmsnorm", lambda f: lambda *a, **k: None),
+        "attention": (attention, "_decode_attention_kernel", lambda f: _NoLaunch()),
+        "combine": (attention, "_combine_kernel", lambda f: _NoLaunch()),
+        "glu": (quant_linear, "quant_glu", lambda f: lambda *a, **k: None),
+        "lm_head": (linear, "linear_partials", lambda f: lambda *a, **k: None),
+        "qkv": (quant_linear, "quant_partials", lambda f: gemv_skipping(f, lambda q: q.n > q.k and q.n < 3 * q.k)),
+        "dense": (quant_linear, "quant_partials", lambda f: gemv_skipping(f, lambda q: q.n == q.k)),
+        "proj": (quant_linear, "quant_partials", lambda f: gemv_skipping(f, lambda q: q.k > 3 * q.n)),
+        # the kernel on its grid, doing nothing
+        "empty-attention": (attention, "_decode_attention_kernel", lambda f: _EmptyLaunch()),
+        "empty-combine": (attention, "_combine_kernel", lambda f: _EmptyLaunch()),
+        "empty-norm": (norm, "_residual_rmsnorm_kernel", lambda f: _EmptyLaunch()),
+    }
+    module, attr, make = targets[what]
+    original = getattr(module, attr)
+    setattr(module, attr, make(original))
+    return [(module, attr, original)]
+
+
 def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, reference=None) -> list[dict]:
     """Replay time of the INT4-AWQ batch-1 step under each of INT4_VARIANTS (``graphs_for(**step_options)``:
     fresh graphs over ``DecodeStep(engine, **step_options)``), a variant being one or more of these joined
@@ -477,7 +545,11 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     the split-K partials handed to the next kernel instead of summed by the GEMV (partials), without PDL
     (nopdl), the first weights loaded (or fetched into L2) after the PDL wait (early:none; early:loops for
     programs of one K tile only), more warps for the residual + RMSNorm kernel (norm<warps>) and for the
-    split combine (combine<warps>). The first variant also gets its kernels' times (``breakdown``), and
+    split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
+    proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
+    empty kernel on its grid), the residual + RMSNorm as the tail of the GEMV before it or a launch of its own
+    (normtail, nonormtail), attention's options (attn:nokvpre, attn:warps<n>, attn:stages<n>, attn:tile<n>,
+    attn:splits<n>). The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
     rows = []
@@ -485,9 +557,16 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
     tiled = quant_gemv_ws.TILED_WEIGHTS
     for name in INT4_VARIANTS:
-        options, overrides = {}, {}
+        options, overrides, undo = {}, {}, []
         for part in name.split("+"):
-            if part.startswith("norm"):
+            if part.startswith("skip:"):
+                undo += _skip(part[5:])
+            elif part in ("normtail", "nonormtail"):  # the norms as the INT4 GEMVs' tails, or launches of their own
+                undo.append((decode_step, "NORM_TAIL", decode_step.NORM_TAIL))
+                decode_step.NORM_TAIL = part == "normtail"
+            elif part.startswith("attn:"):  # attention's launch: nokvpre, warps<n>, stages<n>, tile<n>, splits<n>
+                undo += _attention_option(part[5:])
+            elif part.startswith("norm"):
                 norm.default_warps = lambda hidden, w=int(part[4:]): w
             elif part.startswith("combine"):
                 attention.COMBINE_WARPS = int(part[7:])
@@ -538,6 +617,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
             quant_gemv_ws.TILED_WEIGHTS = tiled
+            for module, attr, original in reversed(undo):
+                setattr(module, attr, original)
         log(f"quant step int4_awq variant {rows[-1]}")
     return rows
 

@@ -106,6 +106,54 @@ def test_gemv_input_planes_are_the_block_floating_point_values():
         assert case["wide_block_inexact"] and case["zero_block_zero"], case
 
 
+def test_norm_as_the_gemvs_tail_writes_what_the_norm_launch_writes():
+    """The batch-1 INT4 GEMV (two row tiles, K split) running the residual add + RMSNorm as its last program's
+    tail (norm.NormTail) leaves the residual, the normed row and one or two consumers' prepared inputs bit for
+    bit as the GEMV followed by the norm's own launch does, and its counters at zero for the next step."""
+    for case in _interpreted(None, "norm_tail_check.py"):
+        assert case["residual_changed"] and case["counters_zero"], case
+        assert case["residual_equal"] and case["normed_equal"] and case["planes_equal"], case
+
+
+def test_decode_attention_scores_the_new_token_apart_from_the_cached_tiles():
+    """attention's kernel and combine through the interpreter, against float64 attention: the new token (scored
+    from registers by the split that holds it) alone, opening a tile, closing one, alone in its split's last
+    tile, and among two tiles per split; within the bfloat16 output's rounding, its key written to the cache."""
+    for case in _interpreted(None, "attention_check.py"):
+        assert case["finite"] and case["cache_written"] and case["rel_err"] < 4e-3, case
+
+
+def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_wait():
+    """attention's kernel compiled for sm_90 here as the decode step launches it under PDL: each program's
+    cached keys and values are fetched into L2 before the PDL wait, and the tiles go from memory to shared
+    memory by cp.async, in under 40 KB (patching the new key into them took 55 KB)."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from trtllm_pipeline.runtimes.cuda import attention
+
+    fn = attention._decode_attention_kernel
+    consts = dict(H=28, KVH=4, D=128, GROUP=7, QKV_SPLITS=1, HAS_BIAS=True, SPLITS=32, BLOCK_H=16,
+                  BLOCK_T=attention.BLOCK_T, COMPUTE=triton.language.bfloat16, PDL=True, PREFETCH=True)
+    types = {"qkv_ptr": "*fp32", "bias_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*fp32",
+             "lse_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i64",
+             "slot_ptr": "*i64", "qk_scale": "fp32"}
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
+    # as the launch specializes them: 16-byte aligned pointers, strides multiples of 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n] != "constexpr" and (n.endswith("ptr") or n.startswith("stride"))}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": attention.ATTENTION_WARPS, "num_stages": attention.ATTENTION_STAGES})
+    ptx = kernel.asm["ptx"]
+    assert 0 <= ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
+    assert "cp.async" in ptx and kernel.metadata.shared <= 40 * 1024
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-qwen2-bf16-tp2", "tiny-qwen2-fp8-tp4"])
 def test_fast_kernels_run_tensor_parallel_with_the_merged_models_tokens(built, name):
@@ -202,7 +250,8 @@ def test_int4_gemv_on_hopper_is_warp_specialized():
     assert (proj.block_n, proj.splits, proj.num_stages, proj.ws) == (128, 14, 3, True)
     assert quant_gemv.carveout([glu, proj]) == quant_gemv.CARVEOUT_WS
     assert quant_gemv.carveout([dataclasses.replace(proj, ws=False)]) == quant_gemv.CARVEOUT
-    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, []), ("proj, tiled weights", proj, ["--tiled"])):
+    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, []), ("proj, tiled weights", proj, ["--tiled"]),
+                             ("proj, with the norm as its tail", proj, ["--norm-tail"])):
         r = _gemv_sass([*extra, "--ws", "--block-n", str(cfg.block_n), "--splits", str(cfg.splits),
                         "--stages", str(cfg.num_stages)])
         per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LOP3", "FADD")}

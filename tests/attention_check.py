@@ -1,0 +1,63 @@
+"""Run by tests/test_fast_decode.py in a subprocess: the decode attention kernel (and its split combine)
+through Triton's interpreter, against attention computed in float64 by torch, at positions where the new
+token opens a tile, closes one, sits alone in the last tile of its split, or is the only key. Prints JSON.
+
+    python tests/attention_check.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import triton_interpreter  # noqa: F401  (before any kernel module is imported)
+import torch
+
+from trtllm_pipeline.runtimes.cuda import attention
+
+HEADS, KV_HEADS, D, SPLITS, MAX_LEN = 8, 2, 128, 4, 320
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rotated = torch.cat([-x[..., D // 2:], x[..., : D // 2]], -1)
+    return (x * cos + rotated * sin).bfloat16().double()
+
+
+def reference(qkv, cos, sin, k_cache, v_cache, pos: int) -> torch.Tensor:
+    """The new token's attention output over keys 0..pos of slot 1, the new key and value at pos."""
+    x = qkv[0, 0].view(HEADS + 2 * KV_HEADS, D).bfloat16().double()
+    q = rope(x[:HEADS], cos[pos].double(), sin[pos].double())
+    k = rope(x[HEADS:HEADS + KV_HEADS], cos[pos].double(), sin[pos].double())
+    keys, values = k_cache[1, :, : pos + 1].double(), v_cache[1, :, : pos + 1].double()
+    keys[:, pos], values[:, pos] = k, x[HEADS + KV_HEADS:].bfloat16().double()
+    group = HEADS // KV_HEADS
+    out = [torch.softmax(q[h] @ keys[h // group].T / D**0.5, -1) @ values[h // group] for h in range(HEADS)]
+    return torch.cat(out)
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    angles = torch.rand(MAX_LEN, D, generator=gen) * 6.28
+    cos, sin = angles.cos(), angles.sin()
+    rows = []
+    # length 1; the new token opening a tile; closing one; alone in its split's last tile (65 = 64 + 1 keys);
+    # a long range of two tiles per split
+    for pos in (0, 64, 127, 64 * SPLITS, 300):
+        qkv = torch.randn(1, 1, (HEADS + 2 * KV_HEADS) * D, generator=gen)
+        k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+        v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+        expected = reference(qkv, cos, sin, k_cache, v_cache, pos)
+        o = torch.empty(1, HEADS, SPLITS, D)
+        lse = torch.empty(1, HEADS, SPLITS)
+        out = torch.empty(1, HEADS * D, dtype=torch.bfloat16)
+        attention.decode_attention(qkv, None, cos, sin, k_cache, v_cache, torch.tensor([pos]), torch.tensor([1]),
+                                   o, lse, out, None, heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16)
+        new_key = rope(qkv[0, 0].view(-1, D)[HEADS:HEADS + KV_HEADS].bfloat16().double(), cos[pos].double(),
+                       sin[pos].double())
+        rows.append({"pos": pos, "finite": bool(out.isfinite().all()),
+                     "rel_err": ((out[0].double() - expected).norm() / expected.norm()).item(),
+                     "cache_written": torch.equal(k_cache[1, :, pos].double(), new_key)})
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
