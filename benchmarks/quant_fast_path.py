@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import (attention, decode_step, linear, norm, quant_gemv, quant_gemv_ws, quant_linear,
-                                           support)
+from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_gemv_ws, quant_linear, support
 from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -547,8 +546,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     programs of one K tile only), more warps for the residual + RMSNorm kernel (norm<warps>) and for the
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
-    empty kernel on its grid), the residual + RMSNorm as the tail of the GEMV before it or a launch of its own
-    (normtail, nonormtail), attention's options (attn:nokvpre, attn:warps<n>, attn:stages<n>, attn:tile<n>,
+    empty kernel on its grid), attention's options (attn:nokvpre, attn:warps<n>, attn:stages<n>, attn:tile<n>,
     attn:splits<n>). The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
@@ -561,9 +559,6 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
         for part in name.split("+"):
             if part.startswith("skip:"):
                 undo += _skip(part[5:])
-            elif part in ("normtail", "nonormtail"):  # the norms as the INT4 GEMVs' tails, or launches of their own
-                undo.append((decode_step, "NORM_TAIL", decode_step.NORM_TAIL))
-                decode_step.NORM_TAIL = part == "normtail"
             elif part.startswith("attn:"):  # attention's launch: nokvpre, warps<n>, stages<n>, tile<n>, splits<n>
                 undo += _attention_option(part[5:])
             elif part.startswith("norm"):

@@ -106,15 +106,6 @@ def test_gemv_input_planes_are_the_block_floating_point_values():
         assert case["wide_block_inexact"] and case["zero_block_zero"], case
 
 
-def test_norm_as_the_gemvs_tail_writes_what_the_norm_launch_writes():
-    """The batch-1 INT4 GEMV (two row tiles, K split) running the residual add + RMSNorm as its last program's
-    tail (norm.NormTail) leaves the residual, the normed row and one or two consumers' prepared inputs bit for
-    bit as the GEMV followed by the norm's own launch does, and its counters at zero for the next step."""
-    for case in _interpreted(None, "norm_tail_check.py"):
-        assert case["residual_changed"] and case["counters_zero"], case
-        assert case["residual_equal"] and case["normed_equal"] and case["planes_equal"], case
-
-
 def test_decode_attention_scores_the_new_token_apart_from_the_cached_tiles():
     """attention's kernel and combine through the interpreter, against float64 attention: the new token (scored
     from registers by the split that holds it) alone, opening a tile, closing one, alone in its split's last
@@ -250,8 +241,7 @@ def test_int4_gemv_on_hopper_is_warp_specialized():
     assert (proj.block_n, proj.splits, proj.num_stages, proj.ws) == (128, 14, 3, True)
     assert quant_gemv.carveout([glu, proj]) == quant_gemv.CARVEOUT_WS
     assert quant_gemv.carveout([dataclasses.replace(proj, ws=False)]) == quant_gemv.CARVEOUT
-    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, []), ("proj, tiled weights", proj, ["--tiled"]),
-                             ("proj, with the norm as its tail", proj, ["--norm-tail"])):
+    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, []), ("proj, tiled weights", proj, ["--tiled"])):
         r = _gemv_sass([*extra, "--ws", "--block-n", str(cfg.block_n), "--splits", str(cfg.splits),
                         "--stages", str(cfg.num_stages)])
         per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LOP3", "FADD")}

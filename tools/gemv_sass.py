@@ -37,20 +37,14 @@ OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 DIVISIBLE = {"N", "K", "stride_wn", "stride_sg", "stride_s2", "stride_os"}
 
 
-# the GEMVs' norm tail (norm.NormTail): off, and its pointers' types
-NO_TAIL = dict(NORM=False, NORM_TILES=1, NORM_PREPARE=0, NORM_PQS_A=False, NORM_PQS_B=False, NORM_XB=16, NORM_BLOCK=16)
-TAIL_POINTERS = {"done_ptr": "*i32", "nx_ptr": "*bf16", "nw_ptr": "*bf16", "nout_ptr": "*bf16", "npqs_a_ptr": "*bf16",
-                 "nprep_a_ptr": "*i32", "npqs_b_ptr": "*bf16", "nprep_b_ptr": "*i32"}
-
-
 def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warps: int, stages: int,
                    splits: int = 28, single: bool = False, tma: bool = False):
     fn = quant_gemv._int4_gemv_kernel
     consts = dict(GROUP=128, XB=16, GLU=glu, EVEN=True, TILE_SCALE=tile_scale, PREPARE_OUT=glu, HAS_PQS_OUT=True,
                   XB_OUT=16, SPLITS=splits, REDUCE=splits > 1, COMPUTE=tl.bfloat16, BLOCK_N=block_n,
                   BLOCK_K=block_k, PREFETCH=stages > 1 and not tma, SINGLE=single, EARLY=True, ASM=True, PDL=True,
-                  TMA=tma, STAGES=stages, **NO_TAIL)
-    pointers = {**TAIL_POINTERS, "count_ptr": "*i32", "ws_ptr": "*fp32", "xp_ptr": "*i32", "xp2_ptr": "*i32", "xp_out_ptr": "*i32",
+                  TMA=tma, STAGES=stages)
+    pointers = {"count_ptr": "*i32", "ws_ptr": "*fp32", "xp_ptr": "*i32", "xp2_ptr": "*i32", "xp_out_ptr": "*i32",
                 "w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32",
                 "out_ptr": "*bf16" if glu else "*fp32"}
     descs = {**dict.fromkeys(("w_desc", "w2_desc"), f"tensordesc<i32[{block_n // 2}, {block_k // 4}]>"),
@@ -58,18 +52,16 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
     if not tma:
         consts.update(dict.fromkeys(descs))
     sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr") else descs[n]
-           if n.endswith("desc") else "fp32" if n == "n_eps" else "i32" for n in fn.arg_names}
+           if n.endswith("desc") else "i32" for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n] != "constexpr" and "desc" not in sig[n] and (n.endswith("ptr") or n in DIVISIBLE)}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
-def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS,
-               norm_tail: bool = False):
+def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS):
     """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input;
-    ``tiled``: reading the tile-by-tile copy of the weights; ``norm_tail``: the 7B's residual add and RMSNorm
-    after the split reduction, preparing two consumers' inputs)."""
+    ``tiled``: reading the tile-by-tile copy of the weights)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
@@ -82,14 +74,10 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
              "ce_desc": desc([2, 8])}
     consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=splits > 1, COMPUTE=tl.bfloat16,
                   HALF=half, STAGES=stages, PDL=True, EARLY=quant_gemv_ws.EARLY_WEIGHTS,
-                  TILED=tiled, **NO_TAIL,
+                  TILED=tiled,
                   num_warps=4)
-    if norm_tail:
-        consts.update(NORM=True, NORM_TILES=3584 // block_n, NORM_PREPARE=2, NORM_PQS_A=True, NORM_PQS_B=True,
-                      NORM_BLOCK=4096)
     sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
            "out_ptr": "*bf16" if glu else "*fp32", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
-           **TAIL_POINTERS, "n_eps": "fp32",
            **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi"), "i32"),
            **dict.fromkeys(consts, "constexpr")}
     src = GluonASTSource(quant_gemv_ws._ws_gemv_kernel, sig, constexprs=consts)
@@ -138,12 +126,11 @@ def main() -> None:
     ap.add_argument("--tma", action="store_true", help="weight tiles by the bulk tensor copy engine, --stages deep")
     ap.add_argument("--ws", action="store_true", help="the warp-specialized kernel (quant_gemv_ws), --stages deep")
     ap.add_argument("--tiled", action="store_true", help="with --ws: the weights' tile-by-tile copy")
-    ap.add_argument("--norm-tail", action="store_true", help="with --ws: the residual add and RMSNorm as the tail")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.ws:
-        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS, a.norm_tail)
+        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS)
     else:
         kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits,
                                 tma=a.tma)

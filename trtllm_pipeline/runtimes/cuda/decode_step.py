@@ -4,8 +4,7 @@ Per layer, eight launches and no other work: the QKV linear (split-K partials), 
 rotary, cache write and flash-decoding over the live length), the split combine (quantized for
 attention.dense), attention.dense (partials), the residual add + post-attention RMSNorm, the fused
 fc/gate linear with its SiLU gate (quantized for mlp.proj), mlp.proj (partials), and the residual add
-+ the next layer's input RMSNorm (six launches at batch 1 with NORM_TAIL: the two norms run as the tails of
-the INT4 GEMVs before them). Then the final norm's output goes through lm_head into float32
++ the next layer's input RMSNorm. Then the final norm's output goes through lm_head into float32
 logits, whose argmax (the greedy token) is taken inside the step too. Every buffer is allocated once
 per batch size (``StepBuffers``), so the whole step can be captured in a CUDA graph and replayed with
 new tokens, slots and positions copied into its inputs.
@@ -117,9 +116,6 @@ class _TpBuffers:
 
 # the modules of the layer kernels that DecodeStep.pin_carveout pins a shared-memory carveout on
 CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws)
-# At batch 1, attention.dense's and mlp.proj's INT4 GEMVs run the residual add + RMSNorm after them as their
-# last program's tail (norm.NormTail) instead of a launch of its own (the benchmark's variant "normtail")
-NORM_TAIL = False
 
 
 class Unsupported(Exception):
@@ -216,8 +212,7 @@ class DecodeStep:
         prepared = [{name: dataclasses.replace(p, pqs=getattr(layer, name).quant.pqs) for name, p in shared.items()}
                     for layer in self.layers]
         tiles = [quant_gemv.row_tiles(lin.quant, configs[cfg]) for cfg, lin in consumers.values() if configs[cfg].gemv]
-        # one counter per row tile, and after them the norm tails' count of finished row tiles
-        counters = torch.zeros(max(tiles) + 1, dtype=torch.int32, device=dev) if tiles and self.reduce_splits else None
+        counters = torch.zeros(max(tiles), dtype=torch.int32, device=dev) if tiles and self.reduce_splits else None
         glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, configs["glu"]))
                   if counters is not None and configs["glu"].gemv and configs["glu"].splits > 1 else None)
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
@@ -286,28 +281,17 @@ class DecodeStep:
             return quant_linear.pick_config(lin.quant, batch, self.sm_count, glu=glu)
         return linear.pick_config(batch, n, k, wbytes, self.sm_count, glu=glu)
 
-    def _norm_tail(self, buf: StepBuffers, cfg: linear.LinearConfig, lin: _Linear, weight: torch.Tensor,
-                   out: torch.Tensor, prepared: tuple[gemv_input.Prepared, ...]) -> norm.NormTail | None:
-        """The residual add + RMSNorm after ``lin`` as its GEMV's tail (NORM_TAIL), where that GEMV sums its
-        own splits at batch 1 on one rank; None: the norm is a launch of its own."""
-        if not (NORM_TAIL and lin.quant is not None and cfg.gemv and buf.counters is not None and buf.batch == 1
-                and self.comm is None and quant_gemv.reduces(lin.quant, cfg)):
-            return None
-        return norm.NormTail(buf.residual, weight, out, self.engine.eps, prepared, buf.counters[-1:])
-
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
-                  buf: StepBuffers, prepared: gemv_input.Prepared | None = None,
-                  tail: norm.NormTail | None = None) -> torch.Tensor:
+                  buf: StepBuffers, prepared: gemv_input.Prepared | None = None) -> torch.Tensor:
         """Launch one linear into ``out`` (split-K partials); returns the partials its consumer reads: the
-        INT4 GEMV sums its splits into the first itself (and with ``tail`` runs the norm after it too)."""
+        INT4 GEMV sums its splits into the first itself."""
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
             return out
         if not cfg.gemv:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
             return out
-        quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters,
-                                    norm_tail=tail)
+        quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
 
     def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers,
@@ -348,27 +332,21 @@ class DecodeStep:
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                        prepared=prep.get("dense"), pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
-            tail = self._norm_tail(buf, cfg["dense"], layer.dense, layer.post_norm, buf.normed,
-                                   _inputs(buf, i, "fc", "gate"))
-            dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"), tail)
+            dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"))
             dense = self._all_reduce(dense, buf)
-            if tail is None:
-                norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
-                                      prepared=_inputs(buf, i, "fc", "gate"), pdl=pdl)
+            norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
+                                  prepared=_inputs(buf, i, "fc", "gate"), pdl=pdl)
             self._glu(buf.normed, layer, buf.act, cfg["glu"], buf, prep)
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
             proj_in = prep.get("proj") if "fc" in prep else None
+            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in)
+            proj = self._all_reduce(proj, buf)
             last = i + 1 == n
             following = None if last else self.layers[i + 1]
-            weight, out = (e.final_norm, buf.final) if last else (following.input_norm, buf.normed)
-            consumers = () if last else _inputs(buf, i + 1, "qkv")
-            tail = self._norm_tail(buf, cfg["proj"], layer.proj, weight, out, consumers)
-            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in, tail)
-            proj = self._all_reduce(proj, buf)
-            if tail is None:
-                norm.residual_rmsnorm(buf.residual, proj, weight, out, None if last else following.qkv.in_inv, e.eps,
-                                      dt, prepared=consumers, pdl=pdl)
+            norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else following.input_norm,
+                                  buf.final if last else buf.normed, None if last else following.qkv.in_inv,
+                                  e.eps, dt, prepared=() if last else _inputs(buf, i + 1, "qkv"), pdl=pdl)
         if self.comm is None:
             linear.linear_partials(buf.final, e.lm_head, None, buf.logits, cfg["lm_head"], pdl)
         else:  # this rank's vocabulary rows; every rank gathers all of them (buf.logits views the result)

@@ -6,16 +6,9 @@ as a bf16 add is), writes the residual back, and emits the RMSNorm of it, FP8-qu
 next linear's activation scale when that linear is FP8, and prepared as the INT4 GEMV's input
 (``gemv_input``, with each consumer's pre-quant scale) when the next linears take it at batch 1. The
 first call of a step gathers the embedding rows instead of adding partials.
-
-At batch 1 the INT4 GEMV that produces the row (attention.dense, mlp.proj) can run all of this as its tail
-instead (``NormTail``, ``gemv_tail``): its last program, once every row tile has summed its splits, so that the
-next GEMV follows it directly in the PDL chain (a small kernel between two GEMVs costs the chain their
-overlap, not its work: docs/perf-notes.md, runs 83-89).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import triton
@@ -51,53 +44,21 @@ def _residual_rmsnorm_kernel(
         y = tl.zeros((BLOCK,), dtype=tl.float32)
         for s in tl.static_range(PARTS):
             y += tl.load(part_ptr + s * stride_ps + b * stride_pb + cols, mask=ok, other=0.0)
-        x = add_residual(x_ptr + b * stride_x, y, cols, ok, COMPUTE)
-    norm_out(x, w, pqs_a, pqs_b, x_ptr + b * stride_x, out_ptr + b * stride_out, out_inv_ptr,
-             prep_a_ptr + b * stride_prep, prep_b_ptr + b * stride_prep, cols, ok, HIDDEN, eps, QUANT_OUT, PREPARE,
-             PQS_A, PQS_B, XB, COMPUTE, BLOCK)
-
-
-@triton.jit
-def add_residual(x_ptr, y, cols, ok, COMPUTE: tl.constexpr):
-    """The residual stream at ``cols`` plus a linear's float32 output ``y``, rounded as eager rounds them (the
-    GEMM's output to the compute dtype, then the bf16 add)."""
-    y = y.to(COMPUTE).to(tl.float32)
-    x = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    return (x + y).to(COMPUTE).to(tl.float32)
-
-
-@triton.jit
-def norm_out(x, w, pqs_a, pqs_b, x_ptr, out_ptr, out_inv_ptr, prep_a_ptr, prep_b_ptr, cols, ok, HIDDEN, eps,
-             QUANT_OUT: tl.constexpr, PREPARE: tl.constexpr, PQS_A: tl.constexpr, PQS_B: tl.constexpr,
-             XB: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
-    """One row's new residual ``x`` (float32 [BLOCK] at ``cols``, the whole row) written back, and its RMSNorm
-    times ``w`` to ``out`` (FP8 with QUANT_OUT) and to PREPARE consumers' GEMV inputs. No ``arange``: the
-    fused GEMVs (Triton and Gluon) run it as their last program's tail."""
-    tl.store(x_ptr + cols, x.to(COMPUTE), mask=ok)
+        y = y.to(COMPUTE).to(tl.float32)
+        x = tl.load(x_ptr + b * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+        x = (x + y).to(COMPUTE).to(tl.float32)
+    tl.store(x_ptr + b * stride_x + cols, x.to(COMPUTE), mask=ok)
     rstd = tl.math.rsqrt(tl.sum(x * x, 0) / HIDDEN + eps)
     h = ((x * rstd).to(COMPUTE).to(tl.float32) * w.to(tl.float32)).to(COMPUTE)
     if QUANT_OUT:
         q = tl.clamp(h.to(tl.float32) * tl.load(out_inv_ptr), -448.0, 448.0)
-        tl.store(out_ptr + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=ok)
+        tl.store(out_ptr + b * stride_out + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=ok)
     else:
-        tl.store(out_ptr + cols, h, mask=ok)
+        tl.store(out_ptr + b * stride_out + cols, h, mask=ok)
     if PREPARE >= 1:  # the next INT4 GEMVs' inputs (mlp.fc and mlp.gate have pre-quant scales of their own)
-        store_planes(scaled_input(h, pqs_a, ok, PQS_A, COMPUTE), cols, HIDDEN, prep_a_ptr, BLOCK, XB)
+        store_planes(scaled_input(h, pqs_a, ok, PQS_A, COMPUTE), cols, HIDDEN, prep_a_ptr + b * stride_prep, BLOCK, XB)
     if PREPARE == 2:
-        store_planes(scaled_input(h, pqs_b, ok, PQS_B, COMPUTE), cols, HIDDEN, prep_b_ptr, BLOCK, XB)
-
-
-@triton.jit
-def gemv_tail(out_ptr, x_ptr, w_ptr, nout_ptr, pqs_a_ptr, prep_a_ptr, pqs_b_ptr, prep_b_ptr, cols, ok, HIDDEN, eps,
-              PREPARE: tl.constexpr, PQS_A: tl.constexpr, PQS_B: tl.constexpr, XB: tl.constexpr,
-              COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
-    """The residual add and RMSNorm of a batch-1 row as the tail of the GEMV that produced it (``NormTail``),
-    run by its last program once every row tile has summed its splits into ``out``."""
-    w, pqs_a, pqs_b = _params(w_ptr, pqs_a_ptr, pqs_b_ptr, cols, ok, PREPARE, PQS_A, PQS_B)
-    y = tl.load(out_ptr + cols, mask=ok, other=0.0, cache_modifier=".cg")  # other SMs' sums: from L2
-    x = add_residual(x_ptr, y, cols, ok, COMPUTE)
-    norm_out(x, w, pqs_a, pqs_b, x_ptr, nout_ptr, nout_ptr, prep_a_ptr, prep_b_ptr, cols, ok, HIDDEN, eps, False,
-             PREPARE, PQS_A, PQS_B, XB, COMPUTE, BLOCK)
+        store_planes(scaled_input(h, pqs_b, ok, PQS_B, COMPUTE), cols, HIDDEN, prep_b_ptr + b * stride_prep, BLOCK, XB)
 
 
 @triton.jit
@@ -149,39 +110,3 @@ def default_warps(hidden: int) -> int:
     partial row, so it is bound by the loads one SM keeps in flight. 32 warps (4 columns per thread at the
     7B's 3584) against 8: the INT4-AWQ step (28 partials per row) 3.38 -> 3.11 ms on an H200, 16 warps 3.22."""
     return 32 if hidden >= 2048 else 4
-
-
-@dataclasses.dataclass
-class NormTail:
-    """``residual_rmsnorm`` of one row (batch 1) for the INT4 GEMV producing its linear output to run as its tail
-    (``gemv_tail``): ``residual`` [1, hidden] updated in place, ``out`` [1, hidden] the normed row in the compute
-    dtype, ``prepared`` up to two consumers' GEMV inputs, ``done`` an int32 zero counting the GEMV's row tiles
-    (left zero)."""
-
-    residual: torch.Tensor
-    weight: torch.Tensor
-    out: torch.Tensor
-    eps: float
-    prepared: tuple[Prepared, ...]
-    done: torch.Tensor
-
-    @staticmethod
-    def launch_args(tail: "NormTail | None", dummy: torch.Tensor, tiles: int, min_block: int = 16) -> tuple[list, dict]:
-        """The GEMV kernels' tail arguments: (done, residual, weight, out, pqs_a, prep_a, pqs_b, prep_b, eps) and
-        their constexprs for a launch of ``tiles`` row tiles; placeholders and NORM=False without a tail."""
-        if tail is None:
-            return [dummy] * 8 + [0.0], dict(NORM=False, NORM_TILES=1, NORM_PREPARE=0, NORM_PQS_A=False,
-                                             NORM_PQS_B=False, NORM_XB=16, NORM_BLOCK=16)
-        hidden = tail.residual.shape[1]
-        assert tail.residual.shape[0] == 1 and len(tail.prepared) <= 2
-        assert all(p.k == hidden and p.block == tail.prepared[0].block for p in tail.prepared)
-        a, b = (list(tail.prepared) + [None, None])[:2]
-
-        def ptr(t):
-            return t if t is not None else dummy
-
-        return ([tail.done, tail.residual, tail.weight, tail.out, ptr(a and a.pqs), ptr(a and a.planes),
-                 ptr(b and b.pqs), ptr(b and b.planes), tail.eps],
-                dict(NORM=True, NORM_TILES=tiles, NORM_PREPARE=len(tail.prepared),
-                     NORM_PQS_A=bool(a and a.pqs is not None), NORM_PQS_B=bool(b and b.pqs is not None),
-                     NORM_XB=a.block if a else 16, NORM_BLOCK=max(min_block, triton.next_power_of_2(hidden))))

@@ -47,7 +47,6 @@ from trtllm_pipeline.runtimes.cuda import gemv_input, quant_gemv_ws
 from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
 from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.cuda.norm import NormTail, gemv_tail
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
@@ -195,19 +194,15 @@ def _int4_gemv_kernel(
     w_desc, w2_desc, x_desc, x2_desc,
     N, K, G, k_iters_per_split, stride_wn, stride_sg, stride_s2, stride_os,
     m_nib, m_xor, m_nib_hi, m_xor_hi,
-    done_ptr, nx_ptr, nw_ptr, nout_ptr, npqs_a_ptr, nprep_a_ptr, npqs_b_ptr, nprep_b_ptr, n_eps,
     GROUP: tl.constexpr, XB: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr,
     PREPARE_OUT: tl.constexpr, HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, SPLITS: tl.constexpr,
     REDUCE: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr, SINGLE: tl.constexpr, EARLY: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
     TMA: tl.constexpr, STAGES: tl.constexpr,
-    NORM: tl.constexpr, NORM_TILES: tl.constexpr, NORM_PREPARE: tl.constexpr, NORM_PQS_A: tl.constexpr,
-    NORM_PQS_B: tl.constexpr, NORM_XB: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):
     """Split-K partials of ``x W^T`` for one prepared input row, with REDUCE summed into split 0's row by the
-    row tile's last program, and with NORM the residual add and RMSNorm of that row by the last of those
-    (``norm.NormTail``); or, with GLU, silu(fc) * gate of two matrices, and with PREPARE_OUT that result
-    prepared for the next GEMV too."""
+    row tile's last program (or, with GLU, silu(fc) * gate of two matrices, and with PREPARE_OUT that result
+    prepared for the next GEMV too)."""
     HALF: tl.constexpr = BLOCK_N // 2
     XW: tl.constexpr = XB // 4
     NB: tl.constexpr = BLOCK_K // XB
@@ -322,11 +317,6 @@ def _int4_gemv_kernel(
         if REDUCE and _last_split(count_ptr, pid_n, SPLITS):
             tl.store(out_ptr + cols, _split_sum(out_ptr, stride_os, cols, ok, SPLITS), mask=ok)
             tl.store(count_ptr + pid_n, 0)
-            if NORM and _last_split(done_ptr, 0, NORM_TILES):  # every row tile summed: the row's norm
-                ncols = tl.arange(0, NORM_BLOCK)
-                gemv_tail(out_ptr, nx_ptr, nw_ptr, nout_ptr, npqs_a_ptr, nprep_a_ptr, npqs_b_ptr, nprep_b_ptr, ncols,
-                          ncols < N, N, n_eps, NORM_PREPARE, NORM_PQS_A, NORM_PQS_B, NORM_XB, COMPUTE, NORM_BLOCK)
-                tl.store(done_ptr, 0)
 
 
 @triton.jit
@@ -458,17 +448,6 @@ def tma_fits(q, cfg: LinearConfig) -> bool:
             and width(q.k, xb) % 4 == 0)
 
 
-def reduces(q, cfg: LinearConfig) -> bool:
-    """Whether a batch-1 launch of ``cfg`` given counters sums its K splits itself (more than one split
-    program), so that it can also take a norm tail."""
-    if not cfg.gemv:
-        return False
-    if cfg.ws:  # its splits of 128-input tiles, none left empty
-        k_tiles = triton.cdiv(q.k, 128)
-        return triton.cdiv(k_tiles, triton.cdiv(k_tiles, cfg.splits)) > 1
-    return cfg.splits > 1
-
-
 def row_tiles(q, cfg: LinearConfig) -> int:
     """Programs along N: how many split counters a reducing launch takes."""
     return triton.cdiv(q.n, cfg.block_n)
@@ -491,8 +470,7 @@ def launch_input(x: torch.Tensor, q, compute: torch.dtype) -> gemv_input.Prepare
 
 def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
-           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-           norm_tail: NormTail | None = None):
+           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None):
     """``out[s] = x W[:, K_s]^T`` per split (float32 [splits, 1, N]), or with ``q2`` ``out = silu(x W^T) *
     (x W2^T)`` (compute dtype [1, N]; ``prepare_out``: also written there as the next GEMV's input).
 
@@ -502,17 +480,13 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     last program per row tile sums fc and gate there, then applies SiLU.
 
     ``x``: the input as its producer prepared it for ``q`` (``gemv_input.Prepared``; ``x2`` for ``q2``), or a
-    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch).
-
-    ``norm_tail``: the residual add and RMSNorm of the summed row run by the last row tile's last program
-    (needs ``counters``, K split, no ``q2``)."""
+    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch)."""
     if isinstance(x, torch.Tensor):
         assert x.shape[0] == 1
         x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
     if cfg.ws:
         return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
-                                    counters=counters, masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH),
-                                    norm_tail=norm_tail)
+                                    counters=counters, masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH))
     glu = q2 is not None
     x2, q2 = (x2, q2) if glu else (x, q)
     k = q.k
@@ -534,8 +508,6 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     reduce = counters is not None and splits > 1
     assert not reduce or counters.dtype == torch.int32 and counters.numel() >= grid[0]
     assert not (glu and reduce) or workspace.numel() >= glu_workspace(q, cfg)
-    assert norm_tail is None or reduce and not glu, "the norm tail follows the split reduction"
-    tail_args, tail_consts = NormTail.launch_args(norm_tail, out, grid[0])
     if cfg.tma:  # descriptors by tile: the packed words, the input planes' words (a [1, width] matrix)
         assert tma_fits(q, cfg), "copy-engine tiles: inside one scale group, 128-byte boxes, 16-byte row strides"
         descs = [TensorDescriptor.from_tensor(t, [half, cfg.block_k // 4]) for t in (words, words2)]
@@ -548,13 +520,13 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
         dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
         workspace if glu and reduce else out, *descs,
         q.n, k, q.scales.shape[0], per_split, words.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os,
-        MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH, *tail_args,
+        MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH,
         GROUP=q.group, XB=xb, GLU=glu, EVEN=even, TILE_SCALE=q.group % cfg.block_k == 0,
         PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, XB_OUT=dst.block, SPLITS=splits,
         REDUCE=reduce,
         COMPUTE=tl_dtype(compute), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREFETCH=cfg.num_stages > 1 and not cfg.tma,
         SINGLE=per_split == 1, EARLY=EARLY_WEIGHTS == "all" or EARLY_WEIGHTS == "loops" and per_split > 1,
-        ASM=not interpreting(), PDL=pdl, TMA=cfg.tma, STAGES=cfg.num_stages, **tail_consts, num_warps=cfg.num_warps,
-        num_stages=1, launch_pdl=pdl,
+        ASM=not interpreting(), PDL=pdl, TMA=cfg.tma, STAGES=cfg.num_stages,  num_warps=cfg.num_warps, num_stages=1,
+        launch_pdl=pdl,
     )

@@ -32,7 +32,6 @@ from trtllm_pipeline.runtimes.cuda import gemv_input
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input
 from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.cuda.norm import NormTail, gemv_tail
 
 # the packed weights' tiles (128-byte rows) swizzled; the small boxes as the plain rows the copy engine writes
 W_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
@@ -233,12 +232,9 @@ def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
     out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr,
     N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi,
-    done_ptr, nx_ptr, nw_ptr, nout_ptr, npqs_a_ptr, nprep_a_ptr, npqs_b_ptr, nprep_b_ptr, n_eps,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
-    EARLY: gl.constexpr, TILED: gl.constexpr,
-    NORM: gl.constexpr, NORM_TILES: gl.constexpr, NORM_PREPARE: gl.constexpr, NORM_PQS_A: gl.constexpr,
-    NORM_PQS_B: gl.constexpr, NORM_XB: gl.constexpr, NORM_BLOCK: gl.constexpr, num_warps: gl.constexpr,
+    EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -292,15 +288,6 @@ def _ws_gemv_kernel(
                 gl.store(out_ptr + 2 * rows, t_lo, mask=ok)
                 gl.store(out_ptr + 2 * rows + 1, t_hi, mask=ok)
                 gl.store(count_ptr + pid_n, 0)
-                if NORM:  # the last row tile's last program: the row's residual add and RMSNorm (norm.NormTail)
-                    gl.thread_barrier()
-                    if gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu") == NORM_TILES - 1:
-                        ROW: gl.constexpr = gl.BlockedLayout([NORM_BLOCK // (32 * num_warps)], [32], [num_warps], [0])
-                        ncols = gl.arange(0, NORM_BLOCK, layout=ROW)
-                        gemv_tail(out_ptr, nx_ptr, nw_ptr, nout_ptr, npqs_a_ptr, nprep_a_ptr, npqs_b_ptr, nprep_b_ptr,
-                                  ncols, ncols < N, N, n_eps, NORM_PREPARE, NORM_PQS_A, NORM_PQS_B, NORM_XB, COMPUTE,
-                                  NORM_BLOCK)
-                        gl.store(done_ptr, 0)
 
 
 def fits(q, block_n: int) -> bool:
@@ -350,7 +337,7 @@ def _tiled(q, half: int) -> bool:
 
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
-           counters: torch.Tensor | None = None, masks: tuple[int, int, int, int], norm_tail: NormTail | None = None):
+           counters: torch.Tensor | None = None, masks: tuple[int, int, int, int]):
     """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
     quant_gemv's nibble masks and XORs (low, then high nibbles)."""
     glu = q2 is not None
@@ -369,14 +356,11 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
     dst = prepare_out or x
     if prepare_out is not None:
         assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
-    assert norm_tail is None or reduce and not glu, "the norm tail follows the split reduction"
-    # the tail's row in the consumer warps' layout: at least a column per thread
-    tail_args, tail_consts = NormTail.launch_args(norm_tail, out, grid[0], min_block=32 * cfg.num_warps)
     return _ws_gemv_kernel[grid](
         *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
         q.n, k_tiles, per_split, 0 if glu or out.dim() == 2 else out.stride(0),
-        *masks, *tail_args,
+        *masks,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, COMPUTE=tl_dtype(compute), HALF=half, STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
-        TILED=tiled, **tail_consts, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+        TILED=tiled, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )
