@@ -12,8 +12,9 @@ attention launch, by the last split program to finish, measured slower on an H20
 serial pass over the splits lengthens the launch's tail by more than a launch costs under PDL.)
 
 The new token's key and value are taken from registers rather than from the cache, so no program
-depends on another program's write within the launch: the split whose range holds it scores it first, apart
-from the cached tiles, which go from memory (fetched into L2 before the PDL wait) straight into the dots.
+depends on another program's write within the launch: the split whose range holds it scores it apart from
+the cached tiles (after them, as if in its last tile), which go from memory (fetched into L2 before the PDL
+wait) straight into the dots.
 """
 
 from __future__ import annotations
