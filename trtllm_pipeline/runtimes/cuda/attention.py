@@ -46,14 +46,6 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _split_range(length, split, SPLITS: tl.constexpr, BLOCK_T: tl.constexpr):
-    """This split's share [start, end) of the ``length`` live keys, in whole BLOCK_T tiles."""
-    chunk = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_T) * BLOCK_T
-    start = split * chunk
-    return start, tl.minimum(start + chunk, length)
-
-
-@triton.jit
 def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, QKV_SPLITS: tl.constexpr,
                 HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
     """The projection output at ``cols`` and at the rotate-half partner columns, rounded as eager."""
@@ -88,7 +80,10 @@ def _decode_attention_kernel(
     pos = tl.load(pos_ptr + b)
     slot = tl.load(slot_ptr + b)
     length = pos + 1
-    start, end = _split_range(length, split, SPLITS, BLOCK_T)
+    # This split's share of the live keys, in whole BLOCK_T tiles.
+    chunk = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_T) * BLOCK_T
+    start = split * chunk
+    end = tl.minimum(start + chunk, length)
     if PREFETCH:
         base = slot * stride_cs + kvh * stride_ch
         for t0 in range(start, end, BLOCK_T):
@@ -197,7 +192,7 @@ def _combine_kernel(
         tl.store(dst, y)
     if PREPARE:  # attention.dense's input for the INT4 GEMV: this head's D inputs are whole blocks
         cols = h * D + d
-        store_planes(consumer_input(y, pqs_ptr, cols, cols < K_OUT, HAS_PQS, COMPUTE), cols, K_OUT,
+        store_planes(consumer_input(y, pqs_ptr, cols, cols < K_OUT, HAS_PQS, COMPUTE), h * D, K_OUT,
                      prep_ptr + b * stride_prep, D, XB)
 
 

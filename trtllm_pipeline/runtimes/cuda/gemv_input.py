@@ -68,10 +68,9 @@ def empty(batch: int, k: int, block: int, pqs: torch.Tensor | None, device) -> P
 
 
 @triton.jit
-def store_planes(v, cols, K, dst, BLOCK: tl.constexpr, XB: tl.constexpr):
-    """Write inputs ``cols`` of one row: ``v`` [BLOCK] float32 (zero past K), ``cols`` their indices, BLOCK
-    consecutive ones from a multiple of XB; ``dst`` the row's first word. No ``arange`` inside (the inputs'
-    indices come with them), so Gluon kernels call it too, whatever their layouts."""
+def store_planes(v, k0, K, dst, BLOCK: tl.constexpr, XB: tl.constexpr):
+    """Write inputs ``k0 .. k0 + BLOCK - 1`` of one row: ``v`` [BLOCK] float32 (zero past K), ``dst`` the row's
+    first word; ``k0`` and BLOCK are multiples of XB."""
     NB: tl.constexpr = BLOCK // XB
     WB: tl.constexpr = BLOCK // 4
     vb = tl.reshape(v, (NB, XB))
@@ -81,27 +80,19 @@ def store_planes(v, cols, K, dst, BLOCK: tl.constexpr, XB: tl.constexpr):
     inv = ((268 - e) << 23).to(tl.float32, bitcast=True)  # 2^(14 - (e - 127)): the largest lands in [2^14, 2^15)
     step = ((e - 14) << 23).to(tl.float32, bitcast=True)  # 2^E = 1 / inv
     xi = (((vb * inv[:, None]) + ROUND) - ROUND).to(tl.int32)  # exact power-of-two scaling, then ties to even
+    sh = (tl.arange(0, 4) * 8)[None, :]
+    # bytes into words: the shifted bytes do not overlap, so their sum is their OR (int32 sums wrap)
+    xh = tl.sum((tl.reshape(xi >> 8, (WB, 4)) & 0xFF) << sh, axis=1)
+    xl = tl.sum((tl.reshape(xi, (WB, 4)) & 0xFF) << sh, axis=1)
     c = -8 * tl.sum(xi, axis=1)
-    b0, b1, b2, b3 = _word_bytes(tl.reshape(xi, (WB, 4)))  # the word's inputs 4w .. 4w + 3
-    xh = ((b0 >> 8) & 0xFF) | (((b1 >> 8) & 0xFF) << 8) | (((b2 >> 8) & 0xFF) << 16) | ((b3 >> 8) << 24)
-    xl = (b0 & 0xFF) | ((b1 & 0xFF) << 8) | ((b2 & 0xFF) << 16) | (b3 << 24)
-    rw = _word_bytes(tl.reshape(cols, (WB, 4)))[0] // 4
-    rb = tl.min(tl.reshape(cols, (NB, XB)), axis=1) // XB
+    rw = k0 // 4 + tl.arange(0, WB)
+    rb = k0 // XB + tl.arange(0, NB)
     w_ok = rw < K // 4
     b_ok = rb < K // XB
     tl.store(dst + rw, xh, mask=w_ok)
     tl.store(dst + K // 4 + rw, xl, mask=w_ok)
     tl.store(dst + K // 2 + rb, c, mask=b_ok)
     tl.store(dst + K // 2 + K // XB + rb, step.to(tl.int32, bitcast=True), mask=b_ok)
-
-
-@triton.jit
-def _word_bytes(t):
-    """The 4 columns of ``t`` [W, 4] as 4 vectors [W]."""
-    even, odd = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
-    c0, c2 = tl.split(even)
-    c1, c3 = tl.split(odd)
-    return c0, c1, c2, c3
 
 
 @triton.jit
@@ -131,7 +122,7 @@ def _prepare_kernel(x_ptr, pqs_ptr, dst_ptr, K, stride_x, stride_d, HAS_PQS: tl.
     cols = k0 + tl.arange(0, BLOCK)
     ok = cols < K
     h = tl.load(x_ptr + b * stride_x + cols, mask=ok, other=0.0)
-    store_planes(consumer_input(h, pqs_ptr, cols, ok, HAS_PQS, COMPUTE), cols, K, dst_ptr + b * stride_d, BLOCK, XB)
+    store_planes(consumer_input(h, pqs_ptr, cols, ok, HAS_PQS, COMPUTE), k0, K, dst_ptr + b * stride_d, BLOCK, XB)
 
 
 def prepare(x: torch.Tensor, dst: Prepared, compute: torch.dtype) -> Prepared:

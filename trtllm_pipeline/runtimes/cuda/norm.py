@@ -56,9 +56,9 @@ def _residual_rmsnorm_kernel(
     else:
         tl.store(out_ptr + b * stride_out + cols, h, mask=ok)
     if PREPARE >= 1:  # the next INT4 GEMVs' inputs (mlp.fc and mlp.gate have pre-quant scales of their own)
-        store_planes(scaled_input(h, pqs_a, ok, PQS_A, COMPUTE), cols, HIDDEN, prep_a_ptr + b * stride_prep, BLOCK, XB)
+        store_planes(scaled_input(h, pqs_a, ok, PQS_A, COMPUTE), 0, HIDDEN, prep_a_ptr + b * stride_prep, BLOCK, XB)
     if PREPARE == 2:
-        store_planes(scaled_input(h, pqs_b, ok, PQS_B, COMPUTE), cols, HIDDEN, prep_b_ptr + b * stride_prep, BLOCK, XB)
+        store_planes(scaled_input(h, pqs_b, ok, PQS_B, COMPUTE), 0, HIDDEN, prep_b_ptr + b * stride_prep, BLOCK, XB)
 
 
 @triton.jit

@@ -306,11 +306,11 @@ def _int4_gemv_kernel(
             if _last_split(count_ptr, pid_n, SPLITS):
                 y = _split_sum(ws_ptr, 2 * N, cols, ok, SPLITS)
                 y2 = _split_sum(ws_ptr + N, 2 * N, cols, ok, SPLITS)
-                _glu_out(y, y2, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT,
+                _glu_out(y, y2, pid_n * BLOCK_N, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT,
                          HAS_PQS_OUT, XB_OUT, COMPUTE, BLOCK_N)
                 tl.store(count_ptr + pid_n, 0)
         else:
-            _glu_out(y, y2, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT, HAS_PQS_OUT,
+            _glu_out(y, y2, pid_n * BLOCK_N, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT, HAS_PQS_OUT,
                      XB_OUT, COMPUTE, BLOCK_N)
     else:
         tl.store(out_ptr + pid_s * stride_os + cols, y, mask=ok)
@@ -338,15 +338,15 @@ def _split_sum(ptr, stride, cols, ok, SPLITS: tl.constexpr):
 
 
 @triton.jit
-def _glu_out(fc, gate, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT: tl.constexpr,
+def _glu_out(fc, gate, c0, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT: tl.constexpr,
              HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """silu(fc) * gate of the row tile at outputs ``cols``, and (PREPARE_OUT) those BLOCK_N outputs, whole input
+    """silu(fc) * gate of the row tile from output ``c0``, and (PREPARE_OUT) those BLOCK_N outputs, whole input
     blocks of mlp.proj, prepared as its GEMV's input."""
     act = silu_mul(fc, gate, COMPUTE)
     tl.store(out_ptr + cols, act, mask=ok)
     if PREPARE_OUT:
         v = consumer_input(act, pqs_out_ptr, cols, ok, HAS_PQS_OUT, COMPUTE)
-        store_planes(v, cols, N, xp_out_ptr, BLOCK_N, XB_OUT)
+        store_planes(v, c0, N, xp_out_ptr, BLOCK_N, XB_OUT)
 
 
 # Under PDL, which programs load their first weight tile before waiting for the previous kernel: "all",
