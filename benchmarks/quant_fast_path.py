@@ -26,8 +26,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import attention, linear, norm, quant_gemv, quant_gemv_ws, quant_linear, support
-from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
+from trtllm_pipeline.runtimes.cuda import (attention, decode_step, l2_prefetch, linear, norm, quant_gemv, quant_gemv_ws,
+                                           quant_linear, support)
+from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep, L2Plan
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
 
@@ -350,13 +351,15 @@ def check_step(graphs: DecodeGraphs, engine: Qwen2Engine, prompt_len: int = 64, 
         eager0 = lg.clone() if s == 0 else eager0
         eager.append(int(lg.argmax(-1)))
     engine.cache_k[:, :1], engine.cache_v[:, :1] = snap_k, snap_v
-    fast, fast0 = [first], None
+    fast, fast0, argmax_ok = [first], None, 0
     for s in range(steps):
         lg = graphs.decode([fast[-1]], [0], [prompt_len + s])
         fast0 = lg.clone() if s == 0 else fast0
         fast.append(int(graphs.greedy(1)[0]))
+        argmax_ok += fast[-1] == int(lg.argmax(-1))  # the step's own greedy token (fused into lm_head) is its logits'
     same = sum(a == b for a, b in zip(eager[1:], fast[1:]))
-    return {"step0_rel_err_fast_vs_eager": rel(fast0, eager0),
+    return {"greedy_is_logits_argmax": f"{argmax_ok}/{steps}",
+            "step0_rel_err_fast_vs_eager": rel(fast0, eager0),
             "step0_argmax_equal": bool(fast0.argmax() == eager0.argmax()),
             "greedy_tokens_equal": f"{same}/{steps}",
             "first_divergent_step": next((i for i, (a, b) in enumerate(zip(eager[1:], fast[1:])) if a != b), steps)}
@@ -525,6 +528,8 @@ def _skip(what: str) -> list[tuple[object, str, object]]:
         "empty-attention": (attention, "_decode_attention_kernel", lambda f: _EmptyLaunch()),
         "empty-combine": (attention, "_combine_kernel", lambda f: _EmptyLaunch()),
         "empty-norm": (norm, "_residual_rmsnorm_kernel", lambda f: _EmptyLaunch()),
+        # the warp-specialized GEMVs without their split-sum tail (the consumers read split 0's partials alone)
+        "reduce": (quant_gemv_ws, "launch", lambda f: lambda *a, counters=None, **k: f(*a, counters=None, **k)),
     }
     module, attr, make = targets[what]
     original = getattr(module, attr)
@@ -546,14 +551,17 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     programs of one K tile only), more warps for the residual + RMSNorm kernel (norm<warps>) and for the
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
-    empty kernel on its grid), attention's options (attn:nokvpre, attn:warps<n>, attn:stages<n>, attn:tile<n>,
-    attn:splits<n>). The first variant also gets its kernels' times (``breakdown``), and
+    empty kernel on its grid; skip:reduce: the GEMVs' split-sum tails), attention's options (attn:nokvpre, attn:warps<n>, attn:stages<n>, attn:tile<n>,
+    attn:splits<n>), the L2 prefetch plan (l2:<"/"-separated: dense, glu<tiles>, qkv, after, lines>: decode_step.L2Plan,
+    "after": attention issues its share after its work, "lines": line by line), the greedy token by torch.argmax (argmax:torch).
+    The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
     rows = []
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
     tiled = quant_gemv_ws.TILED_WEIGHTS
+    l2_plan, l2_after, greedy_kernel = decode_step.L2_PLAN, attention.L2_AFTER, decode_step.GREEDY_KERNEL
     for name in INT4_VARIANTS:
         options, overrides, undo = {}, {}, []
         for part in name.split("+"):
@@ -561,6 +569,14 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 undo += _skip(part[5:])
             elif part.startswith("attn:"):  # attention's launch: nokvpre, warps<n>, stages<n>, tile<n>, splits<n>
                 undo += _attention_option(part[5:])
+            elif part.startswith("l2:"):  # which later weights the step fetches into L2, and when attention does
+                opts = part[3:].split("/")
+                glu_tiles = next((int(o[3:]) for o in opts if o.startswith("glu")), 0)
+                decode_step.L2_PLAN = L2Plan(dense="dense" in opts, glu_tiles=glu_tiles, qkv="qkv" in opts)
+                attention.L2_AFTER = "after" in opts
+                l2_prefetch.LINES = "lines" in opts
+            elif part == "argmax:torch":
+                decode_step.GREEDY_KERNEL = False
             elif part.startswith("norm"):
                 norm.default_warps = lambda hidden, w=int(part[4:]): w
             elif part.startswith("combine"):
@@ -599,7 +615,9 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             rows.append({"variant": name, "graph_replay_ms": replay, "ms_per_step": wall})
             if reference is not None:
                 token, pos, ref = reference
-                rows[-1]["logits_rel_vs_default"] = rel(graphs.decode([token], [0], [pos]), ref)
+                logits = graphs.decode([token], [0], [pos])
+                rows[-1]["logits_rel_vs_default"] = rel(logits, ref)
+                rows[-1]["greedy_is_logits_argmax"] = int(graphs.greedy(1)[0]) == int(logits.argmax(-1))
             best = next((p for p in name.split("+") if p in SWEEP_BEST), None)
             if best:  # the configs it took, by (N, K, glu)
                 rows[-1]["configs"] = {str(key): dataclasses.astuple(c) for key, c in SWEEP_BEST[best].items()}
@@ -612,6 +630,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
             quant_gemv_ws.TILED_WEIGHTS = tiled
+            decode_step.L2_PLAN, attention.L2_AFTER, decode_step.GREEDY_KERNEL = l2_plan, l2_after, greedy_kernel
+            l2_prefetch.LINES = False
             for module, attr, original in reversed(undo):
                 setattr(module, attr, original)
         log(f"quant step int4_awq variant {rows[-1]}")

@@ -101,6 +101,15 @@ def _linear_partials_kernel(
 
 
 @triton.jit
+def last_program(count_ptr, tile, PROGRAMS):
+    """Count this program in; True for the last of ``PROGRAMS`` to arrive at counter ``tile``. The barrier orders
+    every thread's stores before the release, so the last program sees all the others' stores (it reads them
+    from L2: ``cache_modifier=".cg"``) and leaves the counter at zero for the next launch."""
+    tl.debug_barrier()
+    return tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == PROGRAMS - 1
+
+
+@triton.jit
 def silu_mul(fc, gate, COMPUTE: tl.constexpr):
     """silu(fc) * gate in the compute dtype, rounded where the eager model rounds (fc, gate and silu(fc))."""
     fc = fc.to(COMPUTE).to(tl.float32)

@@ -46,7 +46,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from trtllm_pipeline.runtimes.cuda import gemv_input, quant_gemv_ws
 from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
-from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
@@ -303,7 +303,7 @@ def _int4_gemv_kernel(
         if SPLITS > 1:  # fc and gate partials to the workspace; the row tile's last program finishes
             tl.store(ws_ptr + pid_s * 2 * N + cols, y, mask=ok)
             tl.store(ws_ptr + pid_s * 2 * N + N + cols, y2, mask=ok)
-            if _last_split(count_ptr, pid_n, SPLITS):
+            if last_program(count_ptr, pid_n, SPLITS):
                 y = _split_sum(ws_ptr, 2 * N, cols, ok, SPLITS)
                 y2 = _split_sum(ws_ptr + N, 2 * N, cols, ok, SPLITS)
                 _glu_out(y, y2, pid_n * BLOCK_N, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT,
@@ -314,17 +314,9 @@ def _int4_gemv_kernel(
                      XB_OUT, COMPUTE, BLOCK_N)
     else:
         tl.store(out_ptr + pid_s * stride_os + cols, y, mask=ok)
-        if REDUCE and _last_split(count_ptr, pid_n, SPLITS):
+        if REDUCE and last_program(count_ptr, pid_n, SPLITS):
             tl.store(out_ptr + cols, _split_sum(out_ptr, stride_os, cols, ok, SPLITS), mask=ok)
             tl.store(count_ptr + pid_n, 0)
-
-
-@triton.jit
-def _last_split(count_ptr, tile, SPLITS: tl.constexpr):
-    """Count this program's split in; True for the tile's last. The barrier orders every thread's stores
-    before the release, so the last program sees all the partials (and leaves the counter at zero)."""
-    tl.debug_barrier()
-    return tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
 
 
 @triton.jit
@@ -470,7 +462,7 @@ def launch_input(x: torch.Tensor, q, compute: torch.dtype) -> gemv_input.Prepare
 
 def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
-           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None):
+           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None, l2: torch.Tensor | None = None):
     """``out[s] = x W[:, K_s]^T`` per split (float32 [splits, 1, N]), or with ``q2`` ``out = silu(x W^T) *
     (x W2^T)`` (compute dtype [1, N]; ``prepare_out``: also written there as the next GEMV's input).
 
@@ -480,13 +472,15 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     last program per row tile sums fc and gate there, then applies SiLU.
 
     ``x``: the input as its producer prepared it for ``q`` (``gemv_input.Prepared``; ``x2`` for ``q2``), or a
-    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch)."""
+    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch).
+    ``l2``: a later linear's weights for the warp-specialized kernel to fetch into L2 (``quant_gemv_ws.launch``;
+    the other kernels take none)."""
     if isinstance(x, torch.Tensor):
         assert x.shape[0] == 1
         x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
     if cfg.ws:
         return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
-                                    counters=counters, masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH))
+                                    counters=counters, masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH), l2=l2)
     glu = q2 is not None
     x2, q2 = (x2, q2) if glu else (x, q)
     k = q.k
