@@ -26,9 +26,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import (attention, decode_step, l2_prefetch, linear, norm, quant_gemv, quant_gemv_ws,
-                                           quant_linear, support)
-from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep, L2Plan
+from trtllm_pipeline.runtimes.cuda import (attention, decode_step, linear, norm, quant_gemv, quant_gemv_ws, quant_linear,
+                                           support)
+from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
 
@@ -356,7 +356,7 @@ def check_step(graphs: DecodeGraphs, engine: Qwen2Engine, prompt_len: int = 64, 
         lg = graphs.decode([fast[-1]], [0], [prompt_len + s])
         fast0 = lg.clone() if s == 0 else fast0
         fast.append(int(graphs.greedy(1)[0]))
-        argmax_ok += fast[-1] == int(lg.argmax(-1))  # the step's own greedy token (fused into lm_head) is its logits'
+        argmax_ok += fast[-1] == int(lg.argmax(-1))  # the step's greedy token is its logits' argmax
     same = sum(a == b for a, b in zip(eager[1:], fast[1:]))
     return {"greedy_is_logits_argmax": f"{argmax_ok}/{steps}",
             "step0_rel_err_fast_vs_eager": rel(fast0, eager0),
@@ -551,9 +551,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     programs of one K tile only), more warps for the residual + RMSNorm kernel (norm<warps>) and for the
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
-    empty kernel on its grid; skip:reduce: the GEMVs' split-sum tails), attention's options (attn:nokvpre, attn:warps<n>, attn:stages<n>, attn:tile<n>,
-    attn:splits<n>), the L2 prefetch plan (l2:<"/"-separated: dense, glu<tiles>, qkv, after, lines>: decode_step.L2Plan,
-    "after": attention issues its share after its work, "lines": line by line), the greedy token by torch.argmax (argmax:torch).
+    empty kernel on its grid; skip:reduce: the GEMVs' split-sum tails), attention's options (attn:nokvpre,
+    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch).
     The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
@@ -561,7 +560,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
     tiled = quant_gemv_ws.TILED_WEIGHTS
-    l2_plan, l2_after, greedy_kernel = decode_step.L2_PLAN, attention.L2_AFTER, decode_step.GREEDY_KERNEL
+    greedy_kernel = decode_step.GREEDY_KERNEL
     for name in INT4_VARIANTS:
         options, overrides, undo = {}, {}, []
         for part in name.split("+"):
@@ -569,12 +568,6 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 undo += _skip(part[5:])
             elif part.startswith("attn:"):  # attention's launch: nokvpre, warps<n>, stages<n>, tile<n>, splits<n>
                 undo += _attention_option(part[5:])
-            elif part.startswith("l2:"):  # which later weights the step fetches into L2, and when attention does
-                opts = part[3:].split("/")
-                glu_tiles = next((int(o[3:]) for o in opts if o.startswith("glu")), 0)
-                decode_step.L2_PLAN = L2Plan(dense="dense" in opts, glu_tiles=glu_tiles, qkv="qkv" in opts)
-                attention.L2_AFTER = "after" in opts
-                l2_prefetch.LINES = "lines" in opts
             elif part == "argmax:torch":
                 decode_step.GREEDY_KERNEL = False
             elif part.startswith("norm"):
@@ -630,8 +623,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
             quant_gemv_ws.TILED_WEIGHTS = tiled
-            decode_step.L2_PLAN, attention.L2_AFTER, decode_step.GREEDY_KERNEL = l2_plan, l2_after, greedy_kernel
-            l2_prefetch.LINES = False
+            decode_step.GREEDY_KERNEL = greedy_kernel
             for module, attr, original in reversed(undo):
                 setattr(module, attr, original)
         log(f"quant step int4_awq variant {rows[-1]}")

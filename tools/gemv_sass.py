@@ -59,10 +59,9 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
-def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS,
-               l2_regions: int = 0):
+def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS):
     """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input;
-    ``tiled``: reading the tile-by-tile copy of the weights; ``l2_regions``: with an L2 prefetch plan)."""
+    ``tiled``: reading the tile-by-tile copy of the weights)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
@@ -75,11 +74,10 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
              "ce_desc": desc([2, 8])}
     consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=splits > 1, COMPUTE=tl.bfloat16,
                   HALF=half, STAGES=stages, PDL=True, EARLY=quant_gemv_ws.EARLY_WEIGHTS,
-                  TILED=tiled, L2_REGIONS=l2_regions, L2_LINES=False,
+                  TILED=tiled,
                   num_warps=4)
     sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
            "out_ptr": "*bf16" if glu else "*fp32", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
-           "l2_ptr": "*i64",
            **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi"), "i32"),
            **dict.fromkeys(consts, "constexpr")}
     src = GluonASTSource(quant_gemv_ws._ws_gemv_kernel, sig, constexprs=consts)
@@ -129,11 +127,10 @@ def main() -> None:
     ap.add_argument("--ws", action="store_true", help="the warp-specialized kernel (quant_gemv_ws), --stages deep")
     ap.add_argument("--tiled", action="store_true", help="with --ws: the weights' tile-by-tile copy")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
-    ap.add_argument("--l2-regions", type=int, default=0, help="with --ws: an L2 prefetch plan of this many regions")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.ws:
-        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS, a.l2_regions)
+        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS)
     else:
         kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits,
                                 tma=a.tma)
@@ -143,8 +140,7 @@ def main() -> None:
     weights = a.block_n * a.block_k * (2 if a.glu else 1)
     if a.json:
         print(json.dumps({"registers": regs, "threads": 32 * a.warps, "weights": weights,
-                          "loop_per_thread": per_thread, "mix": dict(mix), "shared_bytes": kernel.metadata.shared,
-                          "l2_bulk_prefetches": kernel.asm["ptx"].count("cp.async.bulk.prefetch.L2")}))
+                          "loop_per_thread": per_thread, "mix": dict(mix), "shared_bytes": kernel.metadata.shared}))
         return
     print(f"block {a.block_n} x {a.block_k}{' GLU' if a.glu else ''}, {a.warps} warps, {a.stages} stages: "
           f"{regs} registers, loop {per_thread} instructions per thread, "

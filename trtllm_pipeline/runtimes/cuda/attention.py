@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import l2_prefetch
 from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, consumer_input, store_planes
 from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
 
@@ -37,8 +36,6 @@ PREFETCH_KV = True
 ATTENTION_WARPS = 4
 ATTENTION_STAGES = 2
 BLOCK_T = 64
-# an L2 prefetch plan (decode_attention's ``l2``) issued after the programs' work instead of before their PDL wait
-L2_AFTER = False
 
 
 @triton.jit
@@ -70,19 +67,15 @@ def _decode_attention_kernel(
     k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct,
     pos_ptr, slot_ptr,
     o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
-    qk_scale, l2_ptr,
+    qk_scale,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
     QKV_SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, COMPUTE: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, L2_REGIONS: tl.constexpr, L2_AFTER: tl.constexpr,
-    L2_LINES: tl.constexpr, LANES: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    # this program's share of the later linears' weights to fetch into L2 (l2_prefetch), by program index
-    pid = (b * KVH + kvh) * SPLITS + split
-    programs = tl.num_programs(0) * KVH * SPLITS
     # positions and slots are the step's inputs, copied in before its first kernel
     pos = tl.load(pos_ptr + b)
     slot = tl.load(slot_ptr + b)
@@ -98,9 +91,6 @@ def _decode_attention_kernel(
             lines = t[:, None] * stride_ct + tl.arange(0, D // 64)[None, :] * 64
             _prefetch_l2(k_cache_ptr + base + lines)
             _prefetch_l2(v_cache_ptr + base + lines)
-    if L2_REGIONS > 0 and not L2_AFTER:
-        l2_prefetch.prefetch(l2_ptr, L2_REGIONS, pid, programs, tl.arange(0, LANES), l2_prefetch.CHUNK, False, l2_ptr,
-                             L2_LINES)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -174,9 +164,6 @@ def _decode_attention_kernel(
     o_rows = o_ptr + b * stride_ob + q_head[:, None] * stride_oh + split * D + d[None, :]
     tl.store(o_rows, out, mask=h_ok[:, None])
     tl.store(lse_ptr + b * stride_lb + q_head * SPLITS + split, lse, mask=h_ok)
-    if L2_REGIONS > 0 and L2_AFTER:
-        l2_prefetch.prefetch(l2_ptr, L2_REGIONS, pid, programs, tl.arange(0, LANES), l2_prefetch.CHUNK, False, l2_ptr,
-                             L2_LINES)
 
 
 @triton.jit
@@ -219,16 +206,13 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                      o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
                      *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int | None = None,
-                     prepared: Prepared | None = None, pdl: bool = False,
-                     l2: torch.Tensor | None = None) -> None:
+                     prepared: Prepared | None = None, pdl: bool = False) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection;
     ``k_cache``/``v_cache``: one layer's [slots, kv_heads, max_len, D]; ``o_work``: [B, heads, SPLITS, D]
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
-    ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``); ``l2``: a plan
-    of later linears' weights (``l2_prefetch.plan``) that the programs fetch into L2 (PDL only: SM90's
-    instruction), before the PDL wait or, with ``L2_AFTER``, after their work.
+    ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``).
     """
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
     d = k_cache.shape[-1]
@@ -241,11 +225,10 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         positions, slots,
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
-        LOG2E / d**0.5, l2 if l2 is not None else positions,
+        LOG2E / d**0.5,
         H=heads, KVH=kv_heads, D=d, GROUP=group, QKV_SPLITS=qkv_splits, HAS_BIAS=bias is not None,
         SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t or BLOCK_T, COMPUTE=dt,
-        PDL=pdl, PREFETCH=PREFETCH_KV and pdl, L2_REGIONS=l2.shape[0] if l2 is not None and pdl else 0,
-        L2_AFTER=L2_AFTER, L2_LINES=l2_prefetch.LINES, LANES=32 * ATTENTION_WARPS,
+        PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
         num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,
     )
     p = prepared

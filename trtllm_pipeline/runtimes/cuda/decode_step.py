@@ -30,10 +30,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
-from trtllm_pipeline.runtimes.cuda import (attention, gemv_input, greedy, l2_prefetch, linear, norm, quant_gemv,
-                                           quant_gemv_ws, quant_linear, support)
+from trtllm_pipeline.runtimes.cuda import (attention, gemv_input, greedy, linear, norm, quant_gemv, quant_gemv_ws,
+                                           quant_linear, support)
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
@@ -90,8 +89,6 @@ class StepBuffers:
     prepared: list[dict[str, gemv_input.Prepared]] = dataclasses.field(default_factory=list)
     counters: torch.Tensor | None = None  # int32 zeros: the GEMV's split counters (its last program per tile sums)
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
-    # per layer, the L2 prefetch plan (l2_prefetch) each of its launches issues, by launch ("attention", "proj")
-    l2: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
 
     @property
@@ -122,21 +119,6 @@ class _TpBuffers:
 CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
-
-
-@dataclasses.dataclass(frozen=True)
-class L2Plan:
-    """Which later weights the INT4 GEMV step's kernels fetch into L2 while DRAM would idle (l2_prefetch; SM90,
-    under PDL): attention fetches attention.dense's weights (``dense``) and ``glu_tiles`` K tiles of mlp.fc's and
-    mlp.gate's after those the GLU copies before its PDL wait itself; mlp.proj's GEMV fetches the next layer's
-    QKV weights once its own copies are issued (``qkv``)."""
-
-    dense: bool = False
-    glu_tiles: int = 0
-    qkv: bool = False
-
-
-L2_PLAN = L2Plan()
 
 
 class Unsupported(Exception):
@@ -258,28 +240,8 @@ class DecodeStep:
             prepared=prepared,
             counters=counters,
             glu_workspace=glu_ws,
-            l2=self._l2_plans(configs),
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
         )
-
-    def _l2_plans(self, configs: dict[str, linear.LinearConfig]) -> list[dict[str, torch.Tensor]]:
-        """Each layer's L2 prefetch plans by launch (``L2_PLAN``; none without PDL, whose SM90 carries the
-        instruction, or where the layer's linears do not run the warp-specialized INT4 GEMV)."""
-        plan, dev = L2_PLAN, self.engine.cache_k.device
-        if not self.pdl or not all(configs[c].ws for c in ("qkv", "dense", "glu", "proj")):
-            return []
-        k_tiles = triton.cdiv(self.hidden, 128)
-        early = min(configs["glu"].num_stages, k_tiles) if quant_gemv_ws.EARLY_WEIGHTS else 0
-        glu_tiles = min(plan.glu_tiles, k_tiles - early)
-        plans = []
-        for i, layer in enumerate(self.layers):
-            attn = _k_slab(layer.dense.quant, 0, k_tiles) if plan.dense else []
-            if glu_tiles > 0:
-                attn += _k_slab(layer.fc.quant, early, glu_tiles) + _k_slab(layer.gate.quant, early, glu_tiles)
-            nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
-            proj = _k_slab(nxt.qkv.quant, 0, k_tiles) if plan.qkv and nxt is not None else []
-            plans.append({"attention": l2_prefetch.plan(attn, dev), "proj": l2_prefetch.plan(proj, dev)})
-        return plans
 
     def _tile_weights(self, configs: dict[str, linear.LinearConfig]) -> None:
         """The warp-specialized GEMVs' weights re-laid tile by tile for their row tiles (once per engine and
@@ -325,8 +287,7 @@ class DecodeStep:
         return linear.pick_config(batch, n, k, wbytes, self.sm_count, glu=glu)
 
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
-                  buf: StepBuffers, prepared: gemv_input.Prepared | None = None,
-                  l2: torch.Tensor | None = None) -> torch.Tensor:
+                  buf: StepBuffers, prepared: gemv_input.Prepared | None = None) -> torch.Tensor:
         """Launch one linear into ``out`` (split-K partials); returns the partials its consumer reads: the
         INT4 GEMV sums its splits into the first itself."""
         if lin.quant is None:
@@ -335,8 +296,7 @@ class DecodeStep:
         if not cfg.gemv:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
             return out
-        quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters,
-                                    l2=l2)
+        quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
 
     def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers,
@@ -370,13 +330,12 @@ class DecodeStep:
                                   prepared=_inputs(buf, 0, "qkv"), pdl=pdl)
         for i, layer in enumerate(self.layers):
             prep = buf.prepared[i] if buf.prepared else {}
-            l2 = buf.l2[i] if buf.l2 else {}
             qkv = buf.partials[: cfg["qkv"].splits]
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"))
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
-                                       prepared=prep.get("dense"), pdl=pdl, l2=l2.get("attention"))
+                                       prepared=prep.get("dense"), pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"))
             dense = self._all_reduce(dense, buf)
@@ -386,7 +345,7 @@ class DecodeStep:
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
             proj_in = prep.get("proj") if "fc" in prep else None
-            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in, l2.get("proj"))
+            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in)
             proj = self._all_reduce(proj, buf)
             last = i + 1 == n
             following = None if last else self.layers[i + 1]
@@ -419,17 +378,6 @@ def _inputs(buf: StepBuffers, layer: int, *names: str) -> tuple[gemv_input.Prepa
     to write (none where the consumers take the producer's output as is)."""
     prep = buf.prepared[layer] if buf.prepared else {}
     return tuple(prep[n] for n in names if n in prep)
-
-
-def _k_slab(q: quant_linear.QuantWeight, first: int, count: int) -> list[l2_prefetch.Region]:
-    """The bytes of K tiles [first, first + count) of an INT4 GEMV's packed weight (as the kernel reads it) and of
-    their scales: 128 inputs a tile, one scale group (quant_gemv_ws.fits)."""
-    if q.tiled is not None:  # [row tiles, K tiles, tile_rows, 32] words
-        w = q.tiled.view(-1, (q.k // 128) * q.tile_rows * 32)
-        weight = l2_prefetch.columns(w, first * q.tile_rows * 32, (first + count) * q.tile_rows * 32)
-    else:  # the checkpoint's int8 [N/2, K]: a tile is 128 bytes of each packed row
-        weight = l2_prefetch.columns(q.weight, first * 128, (first + count) * 128)
-    return [weight, l2_prefetch.whole(q.scales[first:first + count])]  # [K / 128, 2, N / 2]: group-major
 
 
 def _linear(module) -> _Linear:

@@ -462,7 +462,7 @@ def launch_input(x: torch.Tensor, q, compute: torch.dtype) -> gemv_input.Prepare
 
 def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
-           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None, l2: torch.Tensor | None = None):
+           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None):
     """``out[s] = x W[:, K_s]^T`` per split (float32 [splits, 1, N]), or with ``q2`` ``out = silu(x W^T) *
     (x W2^T)`` (compute dtype [1, N]; ``prepare_out``: also written there as the next GEMV's input).
 
@@ -472,15 +472,13 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     last program per row tile sums fc and gate there, then applies SiLU.
 
     ``x``: the input as its producer prepared it for ``q`` (``gemv_input.Prepared``; ``x2`` for ``q2``), or a
-    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch).
-    ``l2``: a later linear's weights for the warp-specialized kernel to fetch into L2 (``quant_gemv_ws.launch``;
-    the other kernels take none)."""
+    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch)."""
     if isinstance(x, torch.Tensor):
         assert x.shape[0] == 1
         x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
     if cfg.ws:
         return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
-                                    counters=counters, masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH), l2=l2)
+                                    counters=counters, masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH))
     glu = q2 is not None
     x2, q2 = (x2, q2) if glu else (x, q)
     k = q.k

@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import gemv_input, l2_prefetch
+from trtllm_pipeline.runtimes.cuda import gemv_input
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input
 from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
@@ -91,9 +91,8 @@ def _copy_input(x_desc, ce_desc, bufs, s, bar, kt):
 
 
 @gluon.jit
-def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, l2_ptr, GLU: gl.constexpr,
-              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr,
-              L2_REGIONS: gl.constexpr, L2_LINES: gl.constexpr):
+def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU: gl.constexpr,
+              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr):
     w_desc, x_desc, s_desc, ce_desc = descs
     w2_desc, x2_desc, s2_desc, ce2_desc = descs2
     NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
@@ -123,11 +122,6 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
         _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
         if GLU:
             _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
-    if L2_REGIONS > 0:  # its copies issued: its share of a later linear's weights into L2 (l2_prefetch)
-        lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-        pid = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
-        programs = gl.num_programs(0) * gl.num_programs(1)
-        l2_prefetch.prefetch(l2_ptr, L2_REGIONS, pid, programs, lanes, l2_prefetch.CHUNK, False, l2_ptr, L2_LINES)
 
 
 @gluon.jit
@@ -236,12 +230,11 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 @gluon.jit
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
-    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, l2_ptr,
+    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr,
     N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
-    EARLY: gl.constexpr, TILED: gl.constexpr, L2_REGIONS: gl.constexpr, L2_LINES: gl.constexpr,
-    num_warps: gl.constexpr,
+    EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -264,8 +257,8 @@ def _ws_gemv_kernel(
     masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
     acc_lo, acc_hi, acc2_lo, acc2_hi = gl.warp_specialize([
         (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, GLU, HALF, STAGES, B2, A2, PDL)),
-        (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, l2_ptr, GLU, STAGES, PDL,
-                     EARLY, TILED, L2_REGIONS, L2_LINES)),
+        (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU, STAGES, PDL, EARLY,
+                     TILED)),
     ], [1], [40])
     rows = row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, A2))  # packed rows: outputs 2 j and 2 j + 1
     ok = rows < N // 2
@@ -344,11 +337,9 @@ def _tiled(q, half: int) -> bool:
 
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
-           counters: torch.Tensor | None = None, masks: tuple[int, int, int, int], l2: torch.Tensor | None = None):
+           counters: torch.Tensor | None = None, masks: tuple[int, int, int, int]):
     """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
-    quant_gemv's nibble masks and XORs (low, then high nibbles); ``l2``: a plan of a later linear's weights
-    (``l2_prefetch.plan``) that each program's producer warp fetches its share of into L2 once its own copies
-    are issued (SM90's instruction: under PDL only)."""
+    quant_gemv's nibble masks and XORs (low, then high nibbles)."""
     glu = q2 is not None
     assert fits(q, cfg.block_n) and cfg.block_k == 128 and x.planes.shape[0] == 1
     assert not glu or cfg.splits == 1, "the warp-specialized GLU does not split K"
@@ -367,10 +358,9 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
         assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
     return _ws_gemv_kernel[grid](
         *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
-        l2 if l2 is not None else dst.planes, q.n, k_tiles, per_split, 0 if glu or out.dim() == 2 else out.stride(0),
+        q.n, k_tiles, per_split, 0 if glu or out.dim() == 2 else out.stride(0),
         *masks,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, COMPUTE=tl_dtype(compute), HALF=half, STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
-        TILED=tiled, L2_REGIONS=l2.shape[0] if l2 is not None and pdl else 0, L2_LINES=l2_prefetch.LINES,
-        num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+        TILED=tiled, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )
