@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import (attention, decode_step, linear, norm, quant_gemv, quant_gemv_ws, quant_linear,
-                                           support)
+from trtllm_pipeline.runtimes.cuda import (attention, decode_step, fixed_sum, linear, norm, quant_gemv, quant_gemv_ws,
+                                           quant_linear, support)
 from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -253,14 +253,18 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                     scale = None if fmt == "bf16" else (lins[0].a_scale * lins[0].w_scale).reshape(1)
                 if quant and any(c.gemv for c in configs):  # the GEMV's input as its producer prepares it
                     prepared = [quant_gemv.launch_input(x, q, dt) for q in qs]
-                    counters = torch.zeros(4096, dtype=torch.int32, device=device)  # splits summed, as in the step
+                    counters = torch.zeros(4096, dtype=torch.int32, device=device)  # a split GLU's row tiles
                     workspace = torch.empty(8 * 2 * n, device=device)  # a split GLU's fc and gate (<= 8 splits)
                 results, regs = {}, {}
                 for cfg in configs:
                     key = (cfg.block_n, cfg.block_k, cfg.splits, cfg.num_warps, cfg.num_stages, cfg.gemv, cfg.tma)
                     try:
-                        out = (torch.empty(m, n, device=device, dtype=dt) if glu else
-                               torch.empty(cfg.splits, m, n, device=device))
+                        if glu:
+                            out = torch.empty(m, n, device=device, dtype=dt)
+                        elif cfg.gemv:  # the splits added into int64 accumulators, as in the step
+                            out = fixed_sum.accumulator(m, n, device=device)
+                        else:
+                            out = torch.empty(cfg.splits, m, n, device=device)
 
                         if quant and cfg.ws and quant_gemv_ws.TILED_WEIGHTS:  # as the decode step lays them
                             cfg_sets = [[quant_gemv_ws.tile_weights(q, cfg.block_n // 2) for q in qs_] for qs_ in sets]
@@ -276,9 +280,7 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                                 return quant_linear.quant_glu(xq, ws[0], ws[1], out, cfg, dt, pdl=device.type == "cuda",
                                                               **gemv)
                             elif quant:
-                                gemv = {"counters": counters} if cfg.gemv else {}
-                                return quant_linear.quant_partials(xq, ws[0], out, cfg, dt, pdl=device.type == "cuda",
-                                                                   **gemv)
+                                return quant_linear.quant_partials(xq, ws[0], out, cfg, dt, pdl=device.type == "cuda")
                             else:
                                 if glu:
                                     linear.glu(xin, ws[0], ws[1], scale, None, out, cfg, dt, pdl=device.type == "cuda")
@@ -287,7 +289,7 @@ def kernel_rows(formats, time_fn, device, sm: int, *, batches=(1, 32), hidden=35
                         handle = call()
                         if hasattr(handle, "n_regs"):  # registers per thread and spills of the compiled kernel
                             regs[key] = (handle.n_regs, handle.n_spills)
-                        summed = out[0] if cfg.gemv else out.sum(0)  # the GEMV sums its splits into the first
+                        summed = fixed_sum.to_float(out) if cfg.gemv and not glu else out.sum(0)
                         err = rel(out.float() if glu else summed, want) if quant else None
                         it = iter(range(10**9))
                         us = time_fn(lambda: call(next(it)), copies * 2) if time_fn else float("nan")
@@ -528,8 +530,6 @@ def _skip(what: str) -> list[tuple[object, str, object]]:
         "empty-attention": (attention, "_decode_attention_kernel", lambda f: _EmptyLaunch()),
         "empty-combine": (attention, "_combine_kernel", lambda f: _EmptyLaunch()),
         "empty-norm": (norm, "_residual_rmsnorm_kernel", lambda f: _EmptyLaunch()),
-        # the warp-specialized GEMVs without their split-sum tail (the consumers read split 0's partials alone)
-        "reduce": (quant_gemv_ws, "launch", lambda f: lambda *a, counters=None, **k: f(*a, counters=None, **k)),
     }
     module, attr, make = targets[what]
     original = getattr(module, attr)
@@ -546,12 +546,13 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the
     tensor-core kernels (dot),
     the driver's shared-memory carveout per kernel (nocarveout) or another one pinned (carveout:<percent>),
-    the split-K partials handed to the next kernel instead of summed by the GEMV (partials), without PDL
+    the split-K partials handed to the next kernel instead of summed by the GEMV (partials) or summed by each row
+    tile's last program instead of into int64 accumulators (sum:last), without PDL
     (nopdl), the first weights loaded (or fetched into L2) after the PDL wait (early:none; early:loops for
     programs of one K tile only), more warps for the residual + RMSNorm kernel (norm<warps>) and for the
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
-    empty kernel on its grid; skip:reduce: the GEMVs' split-sum tails), attention's options (attn:nokvpre,
+    empty kernel on its grid), attention's options (attn:nokvpre,
     attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch).
     The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
@@ -575,7 +576,9 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             elif part.startswith("combine"):
                 attention.COMBINE_WARPS = int(part[7:])
             elif part == "partials":  # every split's partials to the next kernel, as before run 34
-                options["reduce_splits"] = False
+                options["split_sum"] = "none"
+            elif part == "sum:last":  # each row tile's last program sums the splits in order, as before run 95
+                options["split_sum"] = "last"
             elif part == "nopdl":
                 options["pdl"] = False
             elif part == "tma":  # Hopper's copy-engine GEMV of quant_gemv, not the warp-specialized one

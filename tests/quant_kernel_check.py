@@ -17,7 +17,7 @@ import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 import torch.nn.functional as F
 
-from trtllm_pipeline.runtimes.cuda import gemv_input, quant_linear
+from trtllm_pipeline.runtimes.cuda import fixed_sum, gemv_input, quant_linear
 from trtllm_pipeline.runtimes.torch_model import Linear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -85,6 +85,12 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
         quant_linear.quant_partials(x, q, reduced, cfg, dtype, counters=counters)
         row["reduced_equals_sum"] = bool(torch.equal(reduced[0], sum(out[s] for s in range(cfg.splits))))
         row["counters_left_zero"] = bool((counters == 0).all())
+        # the splits added into int64 accumulators (the decode step's default): their exact sum, rounded once
+        acc = fixed_sum.accumulator(m, n, device=CPU)
+        quant_linear.quant_partials(x, q, acc, cfg, dtype)
+        exact = out.double().sum(0)
+        bound = exact.abs() * 2**-24 + cfg.splits * 2**-32  # float32's rounding, + the cut below 2^-8 per split
+        row["fixed_equals_exact_sum"] = bool(((fixed_sum.to_float(acc).double() - exact).abs() <= bound).all())
     # the GLU: silu(fc) * gate, each matrix with its own pre-quant / activation scales
     act = torch.full((m, n), float("nan"), dtype=dtype)
     quant_linear.quant_glu(x, q, q2, act, cfg, dtype)

@@ -80,7 +80,7 @@ def test_quant_kernels_match_the_dequantized_reference():
         bound = 5e-5 if r["dtype"] == "float16" else 1e-5
         if r["gemv"]:
             assert r["kernel_vs_prepared"]["rel"] < 1e-6, r
-            assert r["reduced_equals_sum"] and r["counters_left_zero"], r
+            assert r["reduced_equals_sum"] and r["counters_left_zero"] and r["fixed_equals_exact_sum"], r
             assert r["glu_split"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
             assert r["glu_split_counters_left_zero"], r
             # the input's rounding: measured 0.9-1.6e-5, a hundredth of eager's own error in bfloat16, a
@@ -112,6 +112,15 @@ def test_decode_attention_scores_the_new_token_apart_from_the_cached_tiles():
     tile, and among two tiles per split; within the bfloat16 output's rounding, its key written to the cache."""
     for case in _interpreted(None, "attention_check.py"):
         assert case["finite"] and case["cache_written"] and case["rel_err"] < 4e-3, case
+
+
+def test_greedy_token_kernel_takes_the_first_of_equal_maxima():
+    """The step's argmax over the logits (greedy.py, one launch after lm_head): torch.argmax's index on every row,
+    the first of two equal maxima that lie in different parts of the row, index 0 on a row of equal logits, and
+    on widths whose last part is short; the counters left at zero for the next step."""
+    for case in _interpreted(None, "greedy_check.py"):
+        assert case["tokens"] == case["torch"] and case["counters_left_zero"], case
+        assert case["tokens"][3] == 3 and case["tokens"][4] == 0, case
 
 
 def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_wait():

@@ -41,12 +41,12 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
                    splits: int = 28, single: bool = False, tma: bool = False):
     fn = quant_gemv._int4_gemv_kernel
     consts = dict(GROUP=128, XB=16, GLU=glu, EVEN=True, TILE_SCALE=tile_scale, PREPARE_OUT=glu, HAS_PQS_OUT=True,
-                  XB_OUT=16, SPLITS=splits, REDUCE=splits > 1, COMPUTE=tl.bfloat16, BLOCK_N=block_n,
-                  BLOCK_K=block_k, PREFETCH=stages > 1 and not tma, SINGLE=single, EARLY=True, ASM=True, PDL=True,
-                  TMA=tma, STAGES=stages)
-    pointers = {"count_ptr": "*i32", "ws_ptr": "*fp32", "xp_ptr": "*i32", "xp2_ptr": "*i32", "xp_out_ptr": "*i32",
-                "w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32",
-                "out_ptr": "*bf16" if glu else "*fp32"}
+                  XB_OUT=16, SPLITS=splits, REDUCE=False, FIXED=not glu, CLEAR=True, COMPUTE=tl.bfloat16,
+                  BLOCK_N=block_n, BLOCK_K=block_k, PREFETCH=stages > 1 and not tma, SINGLE=single, EARLY=True,
+                  ASM=True, PDL=True, TMA=tma, STAGES=stages)
+    pointers = {"count_ptr": "*i32", "ws_ptr": "*fp32", "clear_ptr": "*i64", "xp_ptr": "*i32", "xp2_ptr": "*i32",
+                "xp_out_ptr": "*i32", "w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32",
+                "out_ptr": "*bf16" if glu else "*i64"}
     descs = {**dict.fromkeys(("w_desc", "w2_desc"), f"tensordesc<i32[{block_n // 2}, {block_k // 4}]>"),
              **dict.fromkeys(("x_desc", "x2_desc"), f"tensordesc<i32[2, {block_k // 4}]>")}
     if not tma:
@@ -60,8 +60,9 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
 
 
 def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS):
-    """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input;
-    ``tiled``: reading the tile-by-tile copy of the weights)."""
+    """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input,
+    the others adding into int64 accumulators, each clearing another linear's; ``tiled``: reading the
+    tile-by-tile copy of the weights)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
@@ -72,13 +73,14 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
 
     descs = {"w_desc": desc([half, 32]), "x_desc": desc([2, 32]), "s_desc": desc([2, half], "fp32"),
              "ce_desc": desc([2, 8])}
-    consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=splits > 1, COMPUTE=tl.bfloat16,
-                  HALF=half, STAGES=stages, PDL=True, EARLY=quant_gemv_ws.EARLY_WEIGHTS,
-                  TILED=tiled,
-                  num_warps=4)
+    consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=False, FIXED=not glu,
+                  CLEAR=True, COMPUTE=tl.bfloat16, HALF=half, STAGES=stages, PDL=True,
+                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, num_warps=4)
     sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
-           "out_ptr": "*bf16" if glu else "*fp32", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
-           **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi"), "i32"),
+           "out_ptr": "*bf16" if glu else "*i64", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
+           "clear_ptr": "*i64",
+           **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi",
+                            "clear_n"), "i32"),
            **dict.fromkeys(consts, "constexpr")}
     src = GluonASTSource(quant_gemv_ws._ws_gemv_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),

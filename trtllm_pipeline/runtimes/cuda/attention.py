@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtllm_pipeline.runtimes.cuda import fixed_sum
 from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, consumer_input, store_planes
 from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
 
@@ -46,14 +47,19 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, QKV_SPLITS: tl.constexpr,
+def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr,
                 HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
-    """The projection output at ``cols`` and at the rotate-half partner columns, rounded as eager."""
+    """The projection output at ``cols`` and at the rotate-half partner columns (its split partials summed, or
+    FIXED: its int64 accumulators' values), rounded as eager."""
     x = tl.zeros(cols.shape, dtype=tl.float32)
     xr = tl.zeros(cols.shape, dtype=tl.float32)
-    for s in tl.static_range(QKV_SPLITS):
-        x += tl.load(qkv_ptr + s * stride_qs + cols, mask=mask, other=0.0)
-        xr += tl.load(qkv_ptr + s * stride_qs + rot_cols, mask=mask, other=0.0)
+    if FIXED:
+        x = fixed_sum.load(qkv_ptr + cols, mask)
+        xr = fixed_sum.load(qkv_ptr + rot_cols, mask)
+    else:
+        for s in tl.static_range(QKV_SPLITS):
+            x += tl.load(qkv_ptr + s * stride_qs + cols, mask=mask, other=0.0)
+            xr += tl.load(qkv_ptr + s * stride_qs + rot_cols, mask=mask, other=0.0)
     if HAS_BIAS:
         x += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         xr += tl.load(bias_ptr + rot_cols, mask=mask, other=0.0).to(tl.float32)
@@ -69,7 +75,7 @@ def _decode_attention_kernel(
     o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
     qk_scale,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
-    QKV_SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
+    QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, COMPUTE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
@@ -109,16 +115,17 @@ def _decode_attention_kernel(
     q_head = kvh * GROUP + hh
     q_cols = q_head[:, None] * D + d[None, :]
     q_rot_cols = q_head[:, None] * D + d_rot[None, :]
-    q, qr = _rope_input(row, stride_qs, bias_ptr, q_cols, q_rot_cols, h_ok[:, None], QKV_SPLITS, HAS_BIAS, COMPUTE)
+    q, qr = _rope_input(row, stride_qs, bias_ptr, q_cols, q_rot_cols, h_ok[:, None], QKV_SPLITS, FIXED, HAS_BIAS,
+                        COMPUTE)
     q = (q * cos[None, :] + sign[None, :] * qr * sin[None, :]).to(COMPUTE)
 
     # The new key (rotated) and value: [D].
     all_d = d < D
     k, kr = _rope_input(row, stride_qs, bias_ptr, (H + kvh) * D + d, (H + kvh) * D + d_rot, all_d,
-                        QKV_SPLITS, HAS_BIAS, COMPUTE)
+                        QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
     k = (k * cos + sign * kr * sin).to(COMPUTE)
     v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d,
-                       QKV_SPLITS, HAS_BIAS, COMPUTE)
+                       QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
     v = v.to(COMPUTE)
     k_base = k_cache_ptr + slot * stride_cs + kvh * stride_ch
     v_base = v_cache_ptr + slot * stride_cs + kvh * stride_ch
@@ -209,11 +216,15 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      prepared: Prepared | None = None, pdl: bool = False) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
-    ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection;
+    ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
+    int64 accumulators [B, (heads + 2 kv_heads) D] (fixed_sum);
     ``k_cache``/``v_cache``: one layer's [slots, kv_heads, max_len, D]; ``o_work``: [B, heads, SPLITS, D]
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
     ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``).
     """
+    fixed = fixed_sum.is_accumulator(qkv_partials)
+    if fixed:  # one row of sums per request: as a single split
+        qkv_partials = qkv_partials[None]
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
     d = k_cache.shape[-1]
     splits = o_work.shape[2]
@@ -226,7 +237,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         positions, slots,
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
         LOG2E / d**0.5,
-        H=heads, KVH=kv_heads, D=d, GROUP=group, QKV_SPLITS=qkv_splits, HAS_BIAS=bias is not None,
+        H=heads, KVH=kv_heads, D=d, GROUP=group, QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
         SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t or BLOCK_T, COMPUTE=dt,
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
         num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,

@@ -5,7 +5,9 @@ rotary, cache write and flash-decoding over the live length), the split combine 
 attention.dense), attention.dense (partials), the residual add + post-attention RMSNorm, the fused
 fc/gate linear with its SiLU gate (quantized for mlp.proj), mlp.proj (partials), and the residual add
 + the next layer's input RMSNorm. Then the final norm's output goes through lm_head into float32
-logits, whose argmax (the greedy token) is taken inside the step too. Every buffer is allocated once
+logits, whose argmax (the greedy token) is taken inside the step too (``greedy``). The INT4 GEMVs at batch 1
+add their split-K partials into int64 accumulators instead (``fixed_sum``), which the next kernel reads as
+one exact row and a later GEMV clears. Every buffer is allocated once
 per batch size (``StepBuffers``), so the whole step can be captured in a CUDA graph and replayed with
 new tokens, slots and positions copied into its inputs.
 
@@ -31,8 +33,8 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import (attention, gemv_input, greedy, linear, norm, quant_gemv, quant_gemv_ws,
-                                           quant_linear, support)
+from trtllm_pipeline.runtimes.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, quant_gemv,
+                                           quant_gemv_ws, quant_linear, support)
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
@@ -88,6 +90,8 @@ class StepBuffers:
     # proj): one buffer per consumer, each layer's view carrying that layer's pre-quant scale
     prepared: list[dict[str, gemv_input.Prepared]] = dataclasses.field(default_factory=list)
     counters: torch.Tensor | None = None  # int32 zeros: the GEMV's split counters (its last program per tile sums)
+    # the INT4 GEMVs' int64 accumulators (fixed_sum), by output: "qkv" [B, qkv width], "hidden" [B, hidden]
+    sums: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
 
@@ -128,15 +132,16 @@ class Unsupported(Exception):
 class DecodeStep:
     """The kernels of one decode step over ``engine``'s weights and KV cache.
 
-    ``pdl``: launch each kernel while the previous one drains (programmatic dependent launch, SM90+),
-    which hides the launch gaps inside a CUDA graph; on by default where supported. ``reduce_splits``: the
-    INT4 GEMV sums its split-K partials itself, so the next kernel reads one row (off: every split's, the
-    benchmark's comparison). ``carveout``: the shared-memory carveout pinned on the layer kernels when the
-    INT4 GEMVs take copy-engine tiles (percent; "auto": ``quant_gemv.carveout`` of the step's configs; None:
-    the driver's choice per kernel).
+    ``pdl``: launch each kernel while the previous one drains (programmatic dependent launch, SM90+), which hides
+    the launch gaps inside a CUDA graph; on by default where supported. ``split_sum``: how the INT4 GEMV's split-K
+    partials reach the next kernel: "fixed", added exactly into int64 accumulators (``fixed_sum``; one rank only),
+    "last", summed in split order by each row tile's last program (tensor parallel's default), or "none", every
+    split's row (the benchmark's comparisons). ``carveout``: the shared-memory carveout pinned on the layer kernels
+    when the INT4 GEMVs take copy-engine tiles (percent; "auto": ``quant_gemv.carveout`` of the step's configs;
+    None: the driver's choice per kernel).
     """
 
-    def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None, reduce_splits: bool = True,
+    def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None, split_sum: str = "fixed",
                  carveout: int | str | None = "auto"):
         device = engine.cache_k.device
         if device.type != "cuda" and not interpreting():
@@ -159,7 +164,10 @@ class DecodeStep:
             sm_count = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         self.sm_count = sm_count or 4
         self.pdl = linear.pdl_supported(device) if pdl is None else pdl and linear.pdl_supported(device)
-        self.reduce_splits = reduce_splits
+        if split_sum not in ("fixed", "last", "none"):
+            raise ValueError(f"split_sum {split_sum!r}: fixed, last or none")
+        # a rank's partials go to its all-reduce as float32 rows (_all_reduce)
+        self.split_sum = "last" if split_sum == "fixed" and self.comm is not None else split_sum
         self.carveout = carveout
         # Between ranks' collectives the launches are ordinary stream order (not measured with PDL yet).
         self.pdl = self.pdl and self.comm is None
@@ -215,7 +223,13 @@ class DecodeStep:
         prepared = [{name: dataclasses.replace(p, pqs=getattr(layer, name).quant.pqs) for name, p in shared.items()}
                     for layer in self.layers]
         tiles = [quant_gemv.row_tiles(lin.quant, configs[cfg]) for cfg, lin in consumers.values() if configs[cfg].gemv]
-        counters = torch.zeros(max(tiles), dtype=torch.int32, device=dev) if tiles and self.reduce_splits else None
+        counting = tiles and self.split_sum != "none"
+        counters = torch.zeros(max(tiles), dtype=torch.int32, device=dev) if counting else None
+        sums = {}
+        if self.split_sum == "fixed" and all(configs[c].gemv for c in ("qkv", "dense", "glu", "proj")):
+            # (the GEMVs clear them too: every one of them has to run the GEMV kernel)
+            sums = {"qkv": fixed_sum.accumulator(batch, self.qkv_width, device=dev),
+                    "hidden": fixed_sum.accumulator(batch, self.hidden, device=dev)}
         glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, configs["glu"]))
                   if counters is not None and configs["glu"].gemv and configs["glu"].splits > 1 else None)
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
@@ -239,6 +253,7 @@ class DecodeStep:
             tp=tp,
             prepared=prepared,
             counters=counters,
+            sums=sums,
             glu_workspace=glu_ws,
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
         )
@@ -287,15 +302,20 @@ class DecodeStep:
         return linear.pick_config(batch, n, k, wbytes, self.sm_count, glu=glu)
 
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
-                  buf: StepBuffers, prepared: gemv_input.Prepared | None = None) -> torch.Tensor:
-        """Launch one linear into ``out`` (split-K partials); returns the partials its consumer reads: the
-        INT4 GEMV sums its splits into the first itself."""
+                  buf: StepBuffers, prepared: gemv_input.Prepared | None = None,
+                  sums: torch.Tensor | None = None, clear: torch.Tensor | None = None) -> torch.Tensor:
+        """Launch one linear into ``out`` (split-K partials); returns what its consumer reads: the INT4 GEMV's
+        accumulators ``sums`` (split_sum "fixed", the GEMV setting the accumulators ``clear`` to zero too), or
+        its partials summed into the first split ("last")."""
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
             return out
         if not cfg.gemv:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
             return out
+        if sums is not None:
+            quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear)
+            return sums
         quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
 
@@ -303,8 +323,8 @@ class DecodeStep:
              prep: dict[str, gemv_input.Prepared]):
         if layer.fc.quant is not None:
             fc, gate = prep.get("fc"), prep.get("gate")
-            gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters,
-                        workspace=buf.glu_workspace) if fc and gate else {}
+            gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters, workspace=buf.glu_workspace,
+                        clear=buf.sums.get("hidden")) if fc and gate else {}
             quant_linear.quant_glu(fc or x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl, **gemv)
         else:
             linear.glu(x, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, out, cfg,
@@ -331,13 +351,18 @@ class DecodeStep:
         for i, layer in enumerate(self.layers):
             prep = buf.prepared[i] if buf.prepared else {}
             qkv = buf.partials[: cfg["qkv"].splits]
-            qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"))
+            # Each accumulator is cleared by a launch between its last reader and its next writer (fixed_sum): the
+            # hidden ones (read by the norm before) by QKV's GEMV and the GLU's, the QKV ones (read by attention)
+            # by dense's.
+            qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
+                                 clear=buf.sums.get("hidden"))
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                        prepared=prep.get("dense"), pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
-            dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"))
+            dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
+                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"))
             dense = self._all_reduce(dense, buf)
             norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
                                   prepared=_inputs(buf, i, "fc", "gate"), pdl=pdl)
@@ -345,7 +370,7 @@ class DecodeStep:
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
             proj_in = prep.get("proj") if "fc" in prep else None
-            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in)
+            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in, buf.sums.get("hidden"))
             proj = self._all_reduce(proj, buf)
             last = i + 1 == n
             following = None if last else self.layers[i + 1]

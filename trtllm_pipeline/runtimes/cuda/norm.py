@@ -1,11 +1,11 @@
 """The residual add and RMSNorm between sublayers, fused with what surrounds them.
 
-One program per row: it reduces the preceding linear's split-K partials, rounds them to the
-compute dtype (the eager GEMM's output rounding), adds them to the residual stream (rounded again,
-as a bf16 add is), writes the residual back, and emits the RMSNorm of it, FP8-quantized with the
-next linear's activation scale when that linear is FP8, and prepared as the INT4 GEMV's input
-(``gemv_input``, with each consumer's pre-quant scale) when the next linears take it at batch 1. The
-first call of a step gathers the embedding rows instead of adding partials.
+One program per row: it reduces the preceding linear's split-K partials (or reads their exact sum from the
+linear's int64 accumulators, ``fixed_sum``), rounds them to the compute dtype (the eager GEMM's output
+rounding), adds them to the residual stream (rounded again, as a bf16 add is), writes the residual back, and
+emits the RMSNorm of it, FP8-quantized with the next linear's activation scale when that linear is FP8, and
+prepared as the INT4 GEMV's input (``gemv_input``, with each consumer's pre-quant scale) when the next linears
+take it at batch 1. The first call of a step gathers the embedding rows instead of adding partials.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtllm_pipeline.runtimes.cuda import fixed_sum
 from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, scaled_input, store_planes
 from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
 
@@ -24,7 +25,8 @@ def _residual_rmsnorm_kernel(
     x_ptr, part_ptr, tok_ptr, emb_ptr, w_ptr, out_ptr, out_inv_ptr, pqs_a_ptr, prep_a_ptr, pqs_b_ptr, prep_b_ptr,
     stride_x, stride_ps, stride_pb, stride_emb, stride_out, stride_prep,
     HIDDEN, eps,
-    PARTS: tl.constexpr, EMBED: tl.constexpr, QUANT_OUT: tl.constexpr, PREPARE: tl.constexpr, PQS_A: tl.constexpr,
+    PARTS: tl.constexpr, FIXED: tl.constexpr, EMBED: tl.constexpr, QUANT_OUT: tl.constexpr, PREPARE: tl.constexpr,
+    PQS_A: tl.constexpr,
     PQS_B: tl.constexpr, XB: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -42,8 +44,11 @@ def _residual_rmsnorm_kernel(
         x = tl.load(emb_ptr + token * stride_emb + cols, mask=ok, other=0.0).to(tl.float32)
     else:
         y = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in tl.static_range(PARTS):
-            y += tl.load(part_ptr + s * stride_ps + b * stride_pb + cols, mask=ok, other=0.0)
+        if FIXED:  # the linear's exact split sum
+            y = fixed_sum.load(part_ptr + b * stride_pb + cols, ok)
+        else:
+            for s in tl.static_range(PARTS):
+                y += tl.load(part_ptr + s * stride_ps + b * stride_pb + cols, mask=ok, other=0.0)
         y = y.to(COMPUTE).to(tl.float32)
         x = tl.load(x_ptr + b * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
         x = (x + y).to(COMPUTE).to(tl.float32)
@@ -80,12 +85,16 @@ def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: tor
                      prepared: tuple[Prepared, ...] = (), pdl: bool = False) -> None:
     """``x += sum(partials)`` (or ``x = embedding[tokens]``), then ``out = rmsnorm(x) * weight``.
 
-    ``x``: [B, hidden] residual stream in the compute dtype, updated in place; ``partials``:
-    [S, B, >= hidden] float32; ``out``: [B, hidden], FP8 when ``out_inv`` (1 / activation scale) is given;
-    ``prepared``: up to two INT4 GEMV inputs to write ``out`` into as well (``gemv_input``).
+    ``x``: [B, hidden] residual stream in the compute dtype, updated in place; ``partials``: [S, B, >= hidden]
+    float32, or int64 accumulators [B, >= hidden] (``fixed_sum``); ``out``: [B, hidden], FP8 when ``out_inv``
+    (1 / activation scale) is given; ``prepared``: up to two INT4 GEMV inputs to write ``out`` into as well
+    (``gemv_input``).
     """
     batch, hidden = x.shape
     embed = partials is None
+    fixed = fixed_sum.is_accumulator(partials)
+    if fixed:
+        partials = partials[None]
     assert len(prepared) <= 2 and all(p.k == hidden and p.block == prepared[0].block for p in prepared)
     a, b = (list(prepared) + [None, None])[:2]
     block = triton.next_power_of_2(hidden)
@@ -99,7 +108,8 @@ def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: tor
         x.stride(0), 0 if embed else partials.stride(0), 0 if embed else partials.stride(1),
         embedding.stride(0) if embed else 0, out.stride(0), a.planes.stride(0) if a else 0,
         hidden, eps,
-        PARTS=0 if embed else partials.shape[0], EMBED=embed, QUANT_OUT=out_inv is not None, PREPARE=len(prepared),
+        PARTS=0 if embed else partials.shape[0], FIXED=fixed, EMBED=embed, QUANT_OUT=out_inv is not None,
+        PREPARE=len(prepared),
         PQS_A=bool(a and a.pqs is not None), PQS_B=bool(b and b.pqs is not None), XB=a.block if a else 16,
         COMPUTE=tl_dtype(compute), BLOCK=block, PDL=pdl, num_warps=default_warps(hidden), launch_pdl=pdl,
     )

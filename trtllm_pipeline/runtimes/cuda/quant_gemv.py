@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from trtllm_pipeline.runtimes.cuda import gemv_input, quant_gemv_ws
+from trtllm_pipeline.runtimes.cuda import fixed_sum, gemv_input, quant_gemv_ws
 from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
 from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
@@ -190,19 +190,19 @@ def _accumulate(p, s_lo, s_hi, xh, xl, c, step, acc_lo, acc_hi, masks, XB: tl.co
 
 @triton.jit
 def _int4_gemv_kernel(
-    xp_ptr, w_ptr, s_ptr, xp2_ptr, w2_ptr, s2_ptr, out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, ws_ptr,
+    xp_ptr, w_ptr, s_ptr, xp2_ptr, w2_ptr, s2_ptr, out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, ws_ptr, clear_ptr,
     w_desc, w2_desc, x_desc, x2_desc,
-    N, K, G, k_iters_per_split, stride_wn, stride_sg, stride_s2, stride_os,
+    N, K, G, k_iters_per_split, stride_wn, stride_sg, stride_s2, stride_os, clear_n,
     m_nib, m_xor, m_nib_hi, m_xor_hi,
     GROUP: tl.constexpr, XB: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr,
     PREPARE_OUT: tl.constexpr, HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, SPLITS: tl.constexpr,
-    REDUCE: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr, SINGLE: tl.constexpr, EARLY: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
-    TMA: tl.constexpr, STAGES: tl.constexpr,
+    REDUCE: tl.constexpr, FIXED: tl.constexpr, CLEAR: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, SINGLE: tl.constexpr, EARLY: tl.constexpr, ASM: tl.constexpr,
+    PDL: tl.constexpr, TMA: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Split-K partials of ``x W^T`` for one prepared input row, with REDUCE summed into split 0's row by the
-    row tile's last program (or, with GLU, silu(fc) * gate of two matrices, and with PREPARE_OUT that result
-    prepared for the next GEMV too)."""
+    """Split-K partials of ``x W^T`` for one prepared input row, with FIXED added into int64 accumulators
+    (fixed_sum), with REDUCE summed into split 0's row by the row tile's last program (or, with GLU,
+    silu(fc) * gate of two matrices, and with PREPARE_OUT that result prepared for the next GEMV too)."""
     HALF: tl.constexpr = BLOCK_N // 2
     XW: tl.constexpr = XB // 4
     NB: tl.constexpr = BLOCK_K // XB
@@ -294,6 +294,9 @@ def _int4_gemv_kernel(
                                         stride_s2, GROUP, XB, EVEN, TILE_SCALE)
                     xi2 = _load_input(xp2_ptr, words, rb, k_tile, K, XB, EVEN)
                     acc2_lo, acc2_hi = _accumulate(*wi2, *xi2, acc2_lo, acc2_hi, masks, XB, ASM)
+    if CLEAR:  # another linear's accumulators, between their last reader and their next writer (fixed_sum)
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        fixed_sum.clear(clear_ptr, clear_n, pid_n * tl.num_programs(1) + pid_s, programs, tl.arange(0, 128))
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
     # this program's rows in column order: [BLOCK_N]
@@ -312,6 +315,8 @@ def _int4_gemv_kernel(
         else:
             _glu_out(y, y2, pid_n * BLOCK_N, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT, HAS_PQS_OUT,
                      XB_OUT, COMPUTE, BLOCK_N)
+    elif FIXED:  # into the int64 accumulators: the splits' exact sum, whatever order they finish in
+        fixed_sum.add(out_ptr + cols, y, ok)
     else:
         tl.store(out_ptr + pid_s * stride_os + cols, y, mask=ok)
         if REDUCE and last_program(count_ptr, pid_n, SPLITS):
@@ -462,14 +467,17 @@ def launch_input(x: torch.Tensor, q, compute: torch.dtype) -> gemv_input.Prepare
 
 def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
-           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None):
+           counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+           clear: torch.Tensor | None = None):
     """``out[s] = x W[:, K_s]^T`` per split (float32 [splits, 1, N]), or with ``q2`` ``out = silu(x W^T) *
     (x W2^T)`` (compute dtype [1, N]; ``prepare_out``: also written there as the next GEMV's input).
 
-    ``counters``: int32 zeros, one per row tile (``row_tiles``; left zero again): the splits are then summed
-    into ``out[0]`` by each row tile's last program, so the consumer reads one row instead of every split's.
+    An int64 ``out`` ([1, N] zeros): the splits' partials are added into it exactly, in any order (fixed_sum),
+    so the consumer reads one row instead of every split's. Or ``counters``, int32 zeros, one per row tile
+    (``row_tiles``; left zero again): the splits are summed into ``out[0]`` by each row tile's last program.
     The GLU splits K only with ``counters`` and a float32 ``workspace`` of ``glu_workspace`` elements: its
-    last program per row tile sums fc and gate there, then applies SiLU.
+    last program per row tile sums fc and gate there, then applies SiLU. ``clear``: int64 accumulators of another
+    linear that the launch sets to zero (``fixed_sum.clear``; after its PDL wait).
 
     ``x``: the input as its producer prepared it for ``q`` (``gemv_input.Prepared``; ``x2`` for ``q2``), or a
     [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch)."""
@@ -478,7 +486,8 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
         x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
     if cfg.ws:
         return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
-                                    counters=counters, masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH))
+                                    counters=counters, clear=clear,
+                                    masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH))
     glu = q2 is not None
     x2, q2 = (x2, q2) if glu else (x, q)
     k = q.k
@@ -492,12 +501,14 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     even = k % cfg.block_k == 0 and k_iters % splits == 0 and (q.n // 2) % half == 0
     words, words2 = q.weight.view(torch.int32), q2.weight.view(torch.int32)
     assert words.stride() == words2.stride() and words.stride(1) == 1
-    stride_os = 0 if glu or out.dim() == 2 else out.stride(0)
+    fixed = fixed_sum.is_accumulator(out)
+    assert not fixed or not glu and out.numel() >= q.n
+    stride_os = 0 if glu or fixed or out.dim() == 2 else out.stride(0)
     if prepare_out is not None:
         assert glu and cfg.block_n % prepare_out.block == 0 and prepare_out.k == q.n
     dst = prepare_out or x
     grid = (triton.cdiv(q.n // 2, half), splits)
-    reduce = counters is not None and splits > 1
+    reduce = counters is not None and splits > 1 and not fixed
     assert not reduce or counters.dtype == torch.int32 and counters.numel() >= grid[0]
     assert not (glu and reduce) or workspace.numel() >= glu_workspace(q, cfg)
     if cfg.tma:  # descriptors by tile: the packed words, the input planes' words (a [1, width] matrix)
@@ -510,12 +521,13 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     return _int4_gemv_kernel[grid](
         x.planes, words, q.scales, x2.planes, words2, q2.scales, out,
         dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
-        workspace if glu and reduce else out, *descs,
+        workspace if glu and reduce else out, clear if clear is not None else out, *descs,
         q.n, k, q.scales.shape[0], per_split, words.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os,
+        clear.numel() if clear is not None else 0,
         MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH,
         GROUP=q.group, XB=xb, GLU=glu, EVEN=even, TILE_SCALE=q.group % cfg.block_k == 0,
         PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, XB_OUT=dst.block, SPLITS=splits,
-        REDUCE=reduce,
+        REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None,
         COMPUTE=tl_dtype(compute), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREFETCH=cfg.num_stages > 1 and not cfg.tma,
         SINGLE=per_split == 1, EARLY=EARLY_WEIGHTS == "all" or EARLY_WEIGHTS == "loops" and per_split > 1,

@@ -11,8 +11,8 @@ and the consumer warps only wait for a full buffer, read it into registers, free
 INT4-AWQ step 1.87 ms against 2.11 (docs/perf-notes.md).
 
 The arithmetic is quant_gemv's, term for term (the same int32 block sums, the same float32 products and
-order), so the results are its results: the same split-K partials, summed by each row tile's last program
-(REDUCE), or for the GLU ``silu(fc) * gate`` and mlp.proj's prepared input. Gluon kernels do not run in
+order), so the results are its results: the same split-K partials, added into int64 accumulators (FIXED,
+``fixed_sum``: the decode step's) or summed by each row tile's last program (REDUCE), or for the GLU ``silu(fc) * gate`` and mlp.proj's prepared input. Gluon kernels do not run in
 Triton's interpreter: on the CPU the tests compile this one for sm_90 and count its instructions; the H200
 benchmark checks its numbers (benchmarks/quant_fast_path.py).
 """
@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import gemv_input
+from trtllm_pipeline.runtimes.cuda import fixed_sum, gemv_input
 from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input
 from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
@@ -230,11 +230,11 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 @gluon.jit
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
-    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr,
-    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi,
+    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
+    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
-    REDUCE: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
-    EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
+    REDUCE: gl.constexpr, FIXED: gl.constexpr, CLEAR: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -260,6 +260,10 @@ def _ws_gemv_kernel(
         (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU, STAGES, PDL, EARLY,
                      TILED)),
     ], [1], [40])
+    if CLEAR:  # another linear's accumulators, between their last reader and their next writer (fixed_sum)
+        lanes = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+        programs = gl.num_programs(0) * gl.num_programs(1)
+        fixed_sum.clear(clear_ptr, clear_n, pid_n * gl.num_programs(1) + pid_s, programs, lanes)
     rows = row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, A2))  # packed rows: outputs 2 j and 2 j + 1
     ok = rows < N // 2
     y_lo = gl.sum(acc_lo, axis=1)
@@ -273,6 +277,9 @@ def _ws_gemv_kernel(
             v_lo = consumer_input(act_lo, pqs_out_ptr, 2 * rows, ok, HAS_PQS_OUT, COMPUTE)
             v_hi = consumer_input(act_hi, pqs_out_ptr, 2 * rows + 1, ok, HAS_PQS_OUT, COMPUTE)
             _store_planes(v_lo, v_hi, 2 * row0, N, xp_out_ptr, HALF)
+    elif FIXED:  # into the int64 accumulators: the splits' exact sum, whatever order they finish in
+        fixed_sum.add(out_ptr + 2 * rows, y_lo, ok)
+        fixed_sum.add(out_ptr + 2 * rows + 1, y_hi, ok)
     else:
         gl.store(out_ptr + pid_s * stride_os + 2 * rows, y_lo, mask=ok)
         gl.store(out_ptr + pid_s * stride_os + 2 * rows + 1, y_hi, mask=ok)
@@ -337,9 +344,11 @@ def _tiled(q, half: int) -> bool:
 
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
-           counters: torch.Tensor | None = None, masks: tuple[int, int, int, int]):
+           counters: torch.Tensor | None = None, clear: torch.Tensor | None = None,
+           masks: tuple[int, int, int, int]):
     """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
-    quant_gemv's nibble masks and XORs (low, then high nibbles)."""
+    quant_gemv's nibble masks and XORs (low, then high nibbles); an int64 ``out``: the accumulators the splits
+    are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero."""
     glu = q2 is not None
     assert fits(q, cfg.block_n) and cfg.block_k == 128 and x.planes.shape[0] == 1
     assert not glu or cfg.splits == 1, "the warp-specialized GLU does not split K"
@@ -348,7 +357,9 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
     per_split = triton.cdiv(k_tiles, cfg.splits)
     splits = triton.cdiv(k_tiles, per_split)
     grid = (triton.cdiv(q.n // 2, half), splits)
-    reduce = counters is not None and splits > 1
+    fixed = fixed_sum.is_accumulator(out)
+    assert not fixed or not glu and out.numel() >= q.n
+    reduce = counters is not None and splits > 1 and not fixed
     tiled = _tiled(q, half)
     assert not glu or _tiled(q2, half) == tiled
     descs = _descriptors(x, q, half)
@@ -358,9 +369,10 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
         assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
     return _ws_gemv_kernel[grid](
         *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
-        q.n, k_tiles, per_split, 0 if glu or out.dim() == 2 else out.stride(0),
-        *masks,
+        clear if clear is not None else dst.planes, q.n, k_tiles, per_split,
+        0 if glu or fixed or out.dim() == 2 else out.stride(0), *masks, clear.numel() if clear is not None else 0,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
-        REDUCE=reduce, COMPUTE=tl_dtype(compute), HALF=half, STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
+        REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None, COMPUTE=tl_dtype(compute), HALF=half,
+        STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
         TILED=tiled, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import quant_gemv
+from trtllm_pipeline.runtimes.cuda import fixed_sum, quant_gemv
 from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.cuda.quant_gemv import int4_scales
 
@@ -443,10 +443,13 @@ def quant_partials(x, q: QuantWeight, out: torch.Tensor, cfg: LinearConfig, comp
     """``out[s] = x[:, K_s] W[:, K_s]^T`` per split s of K with W as ``q`` defines it; ``out`` [splits, M, N] float32.
 
     ``x``: [M, K] in the compute dtype, before the pre-quant scale and the activation quantizer (applied here);
-    for quant_gemv's configs it may instead be the input its producer prepared (``gemv_input.Prepared``), and
-    ``counters`` makes the GEMV sum its splits into ``out[0]`` (``quant_gemv.launch``).
+    for quant_gemv's configs it may instead be the input its producer prepared (``gemv_input.Prepared``), ``out``
+    int64 accumulators [1, N] that the GEMV adds its splits into (``fixed_sum``), and ``counters`` makes the
+    GEMV sum its splits into ``out[0]`` (``quant_gemv.launch``).
     """
-    if cfg.splits > 1 or out.dim() == 3:
+    if cfg.gemv and fixed_sum.is_accumulator(out):
+        assert out.shape[-1] >= q.n
+    elif cfg.splits > 1 or out.dim() == 3:
         assert out.shape[0] >= cfg.splits
     return _launch(x, q, None, out, cfg, compute, pdl, **gemv)
 
