@@ -10,11 +10,11 @@ and the consumer warps only wait for a full buffer, read it into registers, free
 (run 71): the GLU 21.0 us (3.4 TB/s) against the copy-engine kernel's 25.7, proj 11.8 against 12.6; the 7B
 INT4-AWQ step 1.87 ms against 2.11 (docs/perf-notes.md).
 
-The arithmetic is quant_gemv's, term for term (the same int32 block sums, the same float32 products and
-order), so the results are its results: the same split-K partials, added into int64 accumulators (FIXED,
-``fixed_sum``: the decode step's) or summed by each row tile's last program (REDUCE), or for the GLU ``silu(fc) * gate`` and mlp.proj's prepared input. Gluon kernels do not run in
-Triton's interpreter: on the CPU the tests compile this one for sm_90 and count its instructions; the H200
-benchmark checks its numbers (benchmarks/quant_fast_path.py).
+The arithmetic is quant_gemv's, term for term (the same int32 block sums, the same float32 products and order), so
+the results are its results: the same split-K partials, added into int64 accumulators (FIXED, ``fixed_sum``: the
+decode step's) or summed by each row tile's last program (REDUCE), or for the GLU ``silu(fc) * gate`` and
+mlp.proj's prepared input. Gluon kernels do not run in Triton's interpreter: on the CPU the tests compile this one
+for sm_90 and count its instructions; the H200 benchmark checks its numbers (benchmarks/quant_fast_path.py).
 """
 
 from __future__ import annotations
