@@ -297,7 +297,13 @@ def test_runtime_matches_modelopt_fake_quantized_model(exported, reference, fmt)
         assert _rel(fc_gate[..., gate_out.shape[-1]:], caps[f"model.layers.{i}.mlp.up_proj"][1]) < per_linear
     logits = rt.engine.logits(rt._forward([PROMPT], [0], [0])[0])
     agree = float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean())
-    assert _rel(logits, ref_logits) < 1e-5 and agree == 1.0, (_rel(logits, ref_logits), agree)
+    # A format that quantizes activations rounds every linear's input to a coarse grid (W4A8: FP8, SmoothQuant:
+    # INT8, NVFP4: FP4): where the runtime's float32 input and the reference's differ in the last bit (a CPU
+    # reduction in another order), an element at a rounding tie moves by a whole step, and the layers after
+    # carry it on. W4A8 measured 3.4e-5 on a CPU with AVX-512 and AMX (below 1e-5 on another): the greedy tokens
+    # must still agree.
+    bound = 1e-4 if fmt in ("w4a8_awq", "int8_sq", "nvfp4") else 1e-5
+    assert _rel(logits, ref_logits) < bound and agree == 1.0, (_rel(logits, ref_logits), agree)
     described = rt.describe()
     assert described["weight_format"] == fmt and described["linear"].startswith(f"emulated ({fmt}")
 
