@@ -1,10 +1,10 @@
 """A split-K GEMV's partials summed exactly and in any order: int64 fixed point.
 
 Each program of a split-K launch adds its float32 partial, as an integer count of 2^-32, into an int64
-accumulator by a reduction atomic that returns nothing (``red.global.add.u64``: the program does not wait for
-it). Integer addition is associative, so the total does not depend on the order in which the programs finish:
-the consumer reads the exact sum of the partials (each exact where its magnitude is at least 2^-8, cut at
-2^-32 below that) and rounds it to float32 once, which is closer to the true sum than any float32 order.
+accumulator by a reduction atomic that returns nothing (``REDG.E.ADD.64`` in the SASS: the program does not wait
+for it). Integer addition is associative, so the total does not depend on the order in which the programs
+finish: the consumer reads the exact sum of the partials (each exact where its magnitude is at least 2^-8, cut
+at 2^-32 below that) and rounds it to float32 once, which is closer to the true sum than any float32 order.
 
 It replaces the row tile's last program summing the splits in split order, which cost every program of the
 launch a barrier and a counter atomic and the last one a round trip to L2 and a serial pass (H200, 7B
@@ -62,10 +62,9 @@ def accumulator(*shape: int, device) -> torch.Tensor:
 
 def to_float(units: torch.Tensor) -> torch.Tensor:
     """What ``load`` reads, on the host side (the tests and benchmarks)."""
-    return units.to(torch.float32) * 2.0**-32
+    return units.to(torch.float32) * UNIT.value
 
 
 def is_accumulator(t: torch.Tensor | None) -> bool:
     """Whether a linear's output handed to its consumer is an accumulator (else float32 split partials)."""
     return t is not None and t.dtype == torch.int64
-

@@ -35,8 +35,8 @@ class Greedy:
     @classmethod
     def empty(cls, tokens: torch.Tensor) -> "Greedy":
         batch, dev = tokens.shape[0], tokens.device
-        return cls(tokens, torch.empty(batch, PARTS, device=dev), torch.empty(batch, PARTS, dtype=torch.int32,
-                                                                              device=dev),
+        return cls(tokens, torch.empty(batch, PARTS, device=dev),
+                   torch.empty(batch, PARTS, dtype=torch.int32, device=dev),
                    torch.zeros(batch, dtype=torch.int32, device=dev))
 
 
