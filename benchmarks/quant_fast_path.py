@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import (attention, decode_step, fixed_sum, linear, norm, quant_gemv, quant_gemv_ws,
-                                           quant_linear, support)
+from trtllm_pipeline.runtimes.cuda import (attention, decode_step, fixed_sum, l2_prefetch, linear, norm, quant_gemv,
+                                           quant_gemv_ws, quant_linear, support)
 from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -500,6 +500,10 @@ def _attention_option(option: str) -> list[tuple[object, str, object]]:
         undo = [(attention, "PREFETCH_KV", attention.PREFETCH_KV)]
         attention.PREFETCH_KV = False
         return undo
+    if option == "preload":  # each program's cached tiles loaded into registers, the first before the PDL wait
+        undo = [(attention, "PRELOAD_KV", attention.PRELOAD_KV)]
+        attention.PRELOAD_KV = True
+        return undo
     if option.startswith("splits"):
         undo = [(attention, "pick_splits", attention.pick_splits)]
         attention.pick_splits = lambda *args, n=int(option[6:]), **kwargs: n
@@ -507,6 +511,22 @@ def _attention_option(option: str) -> list[tuple[object, str, object]]:
     attr = {"warps": "ATTENTION_WARPS", "stages": "ATTENTION_STAGES", "tile": "BLOCK_T"}[option.rstrip("0123456789")]
     undo = [(attention, attr, getattr(attention, attr))]
     setattr(attention, attr, int(option[len(option.rstrip("0123456789")):]))
+    return undo
+
+
+def _l2_side(options: list[str]) -> list[tuple[object, str, object]]:
+    """A patch for variant "l2side:<tiles>[:dense][:p<programs>][:lines]" (decode_step.SIDE_GLU_TILES, ...)."""
+    undo = [(decode_step, "SIDE_GLU_TILES", decode_step.SIDE_GLU_TILES),
+            (decode_step, "SIDE_DENSE", decode_step.SIDE_DENSE),
+            (l2_prefetch, "PROGRAMS", l2_prefetch.PROGRAMS), (l2_prefetch, "LINES", l2_prefetch.LINES)]
+    decode_step.SIDE_GLU_TILES = int(options[0])
+    for option in options[1:]:
+        if option == "dense":
+            decode_step.SIDE_DENSE = True
+        elif option == "lines":
+            l2_prefetch.LINES = True
+        else:
+            l2_prefetch.PROGRAMS = int(option.lstrip("p"))
     return undo
 
 
@@ -552,8 +572,9 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     programs of one K tile only), more warps for the residual + RMSNorm kernel (norm<warps>) and for the
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
-    empty kernel on its grid), attention's options (attn:nokvpre,
-    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch).
+    empty kernel on its grid), attention's options (attn:nokvpre, attn:preload,
+    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch), a side stream's L2 prefetch of each layer's dense weights and first GLU
+    K tiles (l2side:<tiles>[:dense][:p<programs>][:lines]).
     The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
@@ -569,6 +590,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 undo += _skip(part[5:])
             elif part.startswith("attn:"):  # attention's launch: nokvpre, warps<n>, stages<n>, tile<n>, splits<n>
                 undo += _attention_option(part[5:])
+            elif part.startswith("l2side:"):  # side-stream L2 prefetch: l2side:<GLU tiles>[:dense][:p<programs>][:lines]
+                undo += _l2_side(part.split(":")[1:])
             elif part == "argmax:torch":
                 decode_step.GREEDY_KERNEL = False
             elif part.startswith("norm"):

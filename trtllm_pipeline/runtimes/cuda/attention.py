@@ -33,6 +33,9 @@ COMBINE_WARPS = 1  # one program per (request, head): D values, a few splits eac
 # Under PDL, each program fetches its share of the cached keys and values into L2 before waiting for the QKV
 # linear: no kernel of the step writes them (H200, 7B INT4 step: 1.789 -> 1.779 ms, run 87)
 PREFETCH_KV = True
+# Each program loads its first tile of cached keys and values into registers before the PDL wait (and each next
+# tile while the current one is used) instead of after the query is ready
+PRELOAD_KV = False
 # the attention launch's shape (the benchmark's "attn:" variants time others)
 ATTENTION_WARPS = 4
 ATTENTION_STAGES = 2
@@ -44,6 +47,15 @@ def _prefetch_l2(ptrs):
     """An L2 prefetch of the lines at ``ptrs`` (no registers filled, nothing waited for)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)
+
+
+@triton.jit
+def _cached_tile(k_base, v_base, t, d, stride_ct, end, pos):
+    """Cached keys and values at positions ``t`` [BLOCK_T] (zero past ``end`` and at the new token's ``pos``)."""
+    cached = (t < end) & (t != pos)
+    offs = t[:, None] * stride_ct + d[None, :]
+    return (tl.load(k_base + offs, mask=cached[:, None], other=0.0),
+            tl.load(v_base + offs, mask=cached[:, None], other=0.0))
 
 
 @triton.jit
@@ -77,7 +89,7 @@ def _decode_attention_kernel(
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, COMPUTE: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, PRELOAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -97,11 +109,16 @@ def _decode_attention_kernel(
             lines = t[:, None] * stride_ct + tl.arange(0, D // 64)[None, :] * 64
             _prefetch_l2(k_cache_ptr + base + lines)
             _prefetch_l2(v_cache_ptr + base + lines)
+    d = tl.arange(0, D)
+    t_in = tl.arange(0, BLOCK_T)
+    k_base = k_cache_ptr + slot * stride_cs + kvh * stride_ch
+    v_base = v_cache_ptr + slot * stride_cs + kvh * stride_ch
+    if PRELOAD:  # the split's first tile into registers before the wait: no kernel of the step writes it
+        kt, vt = _cached_tile(k_base, v_base, start + t_in, d, stride_ct, end, pos)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
 
-    d = tl.arange(0, D)
     half = D // 2
     d_rot = (d + half) % D
     sign = tl.where(d < half, -1.0, 1.0)
@@ -127,8 +144,6 @@ def _decode_attention_kernel(
     v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d,
                        QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
     v = v.to(COMPUTE)
-    k_base = k_cache_ptr + slot * stride_cs + kvh * stride_ch
-    v_base = v_cache_ptr + slot * stride_cs + kvh * stride_ch
     if split == 0:
         tl.store(k_base + pos * stride_ct + d, k)
         tl.store(v_base + pos * stride_ct + d, v)
@@ -141,12 +156,12 @@ def _decode_attention_kernel(
     # and back to shared memory: H200, 7B INT4 step 1.807 -> 1.789 ms, run 87.)
     here = (pos >= start) & (pos < end)
     s_new = tl.where(here, tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale, float("-inf"))
-    t_in = tl.arange(0, BLOCK_T)
     for t0 in range(start, end, BLOCK_T):
         t = t0 + t_in
         cached = (t < end) & (t != pos)
-        offs = t[:, None] * stride_ct + d[None, :]
-        kt = tl.load(k_base + offs, mask=cached[:, None], other=0.0)
+        if not PRELOAD:
+            offs = t[:, None] * stride_ct + d[None, :]
+            kt = tl.load(k_base + offs, mask=cached[:, None], other=0.0)
         s = tl.dot(q, tl.trans(kt)) * qk_scale
         s = tl.where(cached[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -154,9 +169,12 @@ def _decode_attention_kernel(
         p = tl.exp2(s - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(v_base + offs, mask=cached[:, None], other=0.0)
+        if not PRELOAD:
+            vt = tl.load(v_base + offs, mask=cached[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), vt)
         m_i = m_new
+        if PRELOAD:  # the next tile (none past the split's last: all masked)
+            kt, vt = _cached_tile(k_base, v_base, t0 + BLOCK_T + t_in, d, stride_ct, end, pos)
     # last, as if in the split's last tile: its p against the final maximum, rounded as the tiles' are
     m_new = tl.maximum(m_i, s_new)
     alpha = tl.where(here, tl.exp2(m_i - m_new), 1.0)
@@ -239,7 +257,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         LOG2E / d**0.5,
         H=heads, KVH=kv_heads, D=d, GROUP=group, QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
         SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t or BLOCK_T, COMPUTE=dt,
-        PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
+        PDL=pdl, PREFETCH=PREFETCH_KV and pdl, PRELOAD=PRELOAD_KV,
         num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,
     )
     p = prepared
