@@ -562,7 +562,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     fresh graphs over ``DecodeStep(engine, **step_options)``), a variant being one or more of these joined
     by "+": the GEMV loading its weights to registers (regs), Hopper's copy-engine GEMV without warp
     specialization (tma), the warp-specialized one copying its first weights after the PDL wait (late) or
-    reading a tile-by-tile copy of its weights (tiled: quant_gemv_ws.tile_weights), the kernel sweep's fastest
+    reading a tile-by-tile copy of its weights (tiled: quant_gemv_ws.tile_weights) or its consumer warps reading
+    the input from L2 themselves (ldg, ldg:short: quant_gemv_ws.INPUT_LOADS), the kernel sweep's fastest
     GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the
     tensor-core kernels (dot),
     the driver's shared-memory carveout per kernel (nocarveout) or another one pinned (carveout:<percent>),
@@ -581,7 +582,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     rows = []
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
-    tiled = quant_gemv_ws.TILED_WEIGHTS
+    tiled, ldg = quant_gemv_ws.TILED_WEIGHTS, quant_gemv_ws.INPUT_LOADS
     greedy_kernel = decode_step.GREEDY_KERNEL
     for name in INT4_VARIANTS:
         options, overrides, undo = {}, {}, []
@@ -608,6 +609,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 quant_gemv.WARP_SPECIALIZED = False
             elif part == "late":  # the warp-specialized GEMV copying its first weights after the PDL wait
                 quant_gemv_ws.EARLY_WEIGHTS = False
+            elif part.startswith("ldg"):  # the warp-specialized GEMV's consumer warps reading the input themselves
+                quant_gemv_ws.INPUT_LOADS = part.split(":")[1] if ":" in part else "all"
             elif part == "tiled":  # the warp-specialized GEMV reading a tile-by-tile copy of its weights
                 quant_gemv_ws.TILED_WEIGHTS = True
             elif part.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
@@ -648,7 +651,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
         finally:
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
-            quant_gemv_ws.TILED_WEIGHTS = tiled
+            quant_gemv_ws.TILED_WEIGHTS, quant_gemv_ws.INPUT_LOADS = tiled, ldg
             decode_step.GREEDY_KERNEL = greedy_kernel
             for module, attr, original in reversed(undo):
                 setattr(module, attr, original)
