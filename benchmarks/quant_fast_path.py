@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import (attention, decode_step, fixed_sum, l2_prefetch, linear, norm, quant_gemv,
-                                           quant_gemv_ws, quant_linear, support)
+from trtllm_pipeline.runtimes.cuda import (attention, decode_step, fixed_sum, greedy, l2_prefetch, linear, norm,
+                                           quant_gemv, quant_gemv_ws, quant_linear, support)
 from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -500,6 +500,16 @@ def _attention_option(option: str) -> list[tuple[object, str, object]]:
         undo = [(attention, "PREFETCH_KV", attention.PREFETCH_KV)]
         attention.PREFETCH_KV = False
         return undo
+    if option == "old":  # TEMP A/B: the attention module as of 5f6f73d
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("old_attention", os.path.join(os.path.dirname(__file__), "old_attention.py"))
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        undo = [(attention, "decode_attention", attention.decode_attention),
+                (decode_step, "CARVEOUT_MODULES", decode_step.CARVEOUT_MODULES)]
+        attention.decode_attention = old.decode_attention
+        decode_step.CARVEOUT_MODULES = decode_step.CARVEOUT_MODULES + (old,)
+        return undo
     if option == "preload":  # each program's cached tiles loaded into registers, the first before the PDL wait
         undo = [(attention, "PRELOAD_KV", attention.PRELOAD_KV)]
         attention.PRELOAD_KV = True
@@ -591,6 +601,10 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 undo += _skip(part[5:])
             elif part.startswith("attn:"):  # attention's launch: nokvpre, warps<n>, stages<n>, tile<n>, splits<n>
                 undo += _attention_option(part[5:])
+            elif part.startswith("pin:"):  # the carveout pinned on more modules' kernels: pin:greedy, pin:all
+                extra = (greedy,) if part == "pin:greedy" else (greedy, linear)
+                undo.append((decode_step, "CARVEOUT_MODULES", decode_step.CARVEOUT_MODULES))
+                decode_step.CARVEOUT_MODULES = decode_step.CARVEOUT_MODULES + extra
             elif part.startswith("l2side:"):  # side-stream L2 prefetch: l2side:<GLU tiles>[:dense][:p<programs>][:lines]
                 undo += _l2_side(part.split(":")[1:])
             elif part == "argmax:torch":
@@ -630,7 +644,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 quant_linear.pick_config = _gemv_variant(part)
         if overrides:  # over the variant's other GEMV configs
             quant_linear.pick_config = _with_configs(overrides, quant_linear.pick_config)
-        support.set_carveout(CARVEOUT_MODULES, -1)  # the last step's pinned carveout undone
+        support.set_carveout(CARVEOUT_MODULES + (greedy, linear), -1)  # the last step's pinned carveout undone
         try:
             graphs = graphs_for(**options)
             wall, replay = time_step(graphs, ctx, steps)

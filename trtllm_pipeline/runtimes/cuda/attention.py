@@ -59,23 +59,32 @@ def _cached_tile(k_base, v_base, t, d, stride_ct, end, pos):
 
 
 @triton.jit
-def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr,
-                HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
-    """The projection output at ``cols`` and at the rotate-half partner columns (its split partials summed, or
-    FIXED: its int64 accumulators' values), rounded as eager."""
-    x = tl.zeros(cols.shape, dtype=tl.float32)
-    xr = tl.zeros(cols.shape, dtype=tl.float32)
+def _projected(qkv_ptr, stride_qs, cols, mask, QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr):
+    """The QKV projection's float32 output at ``cols``: its split partials summed, or (FIXED) its int64
+    accumulators' values (zero where not ``mask``)."""
     if FIXED:
-        x = fixed_sum.load(qkv_ptr + cols, mask)
-        xr = fixed_sum.load(qkv_ptr + rot_cols, mask)
-    else:
-        for s in tl.static_range(QKV_SPLITS):
-            x += tl.load(qkv_ptr + s * stride_qs + cols, mask=mask, other=0.0)
-            xr += tl.load(qkv_ptr + s * stride_qs + rot_cols, mask=mask, other=0.0)
+        return fixed_sum.load(qkv_ptr + cols, mask)
+    x = tl.zeros(cols.shape, dtype=tl.float32)
+    for s in tl.static_range(QKV_SPLITS):
+        x += tl.load(qkv_ptr + s * stride_qs + cols, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
+def _bias(bias_ptr, cols, mask, HAS_BIAS: tl.constexpr):
+    """The projection's bias at ``cols`` in float32 (zeros without one: ``_rounded`` then adds nothing)."""
+    bias = tl.zeros(cols.shape, dtype=tl.float32)
     if HAS_BIAS:
-        x += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        xr += tl.load(bias_ptr + rot_cols, mask=mask, other=0.0).to(tl.float32)
-    return x.to(COMPUTE).to(tl.float32), xr.to(COMPUTE).to(tl.float32)
+        bias = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return bias
+
+
+@triton.jit
+def _rounded(x, bias, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
+    """Output plus bias, rounded to the compute dtype as the eager linear's output is."""
+    if HAS_BIAS:
+        x += bias
+    return x.to(COMPUTE).to(tl.float32)
 
 
 @triton.jit
@@ -115,35 +124,46 @@ def _decode_attention_kernel(
     v_base = v_cache_ptr + slot * stride_cs + kvh * stride_ch
     if PRELOAD:  # the split's first tile into registers before the wait: no kernel of the step writes it
         kt, vt = _cached_tile(k_base, v_base, start + t_in, d, stride_ct, end, pos)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-
     half = D // 2
     d_rot = (d + half) % D
     sign = tl.where(d < half, -1.0, 1.0)
-    cos = tl.load(cos_ptr + pos * stride_rot + d)
-    sin = tl.load(sin_ptr + pos * stride_rot + d)
     row = qkv_ptr + b * stride_qb
-
-    # Query heads of this KV head, rotated: [BLOCK_H, D] (rows past GROUP are padding).
+    # Query heads of this KV head: [BLOCK_H, D] (rows past GROUP are padding); the new key and value: [D].
     hh = tl.arange(0, BLOCK_H)
     h_ok = hh < GROUP
     q_head = kvh * GROUP + hh
     q_cols = q_head[:, None] * D + d[None, :]
     q_rot_cols = q_head[:, None] * D + d_rot[None, :]
-    q, qr = _rope_input(row, stride_qs, bias_ptr, q_cols, q_rot_cols, h_ok[:, None], QKV_SPLITS, FIXED, HAS_BIAS,
-                        COMPUTE)
-    q = (q * cos[None, :] + sign[None, :] * qr * sin[None, :]).to(COMPUTE)
-
-    # The new key (rotated) and value: [D].
+    k_cols = (H + kvh) * D + d
+    k_rot_cols = (H + kvh) * D + d_rot
+    v_cols = (H + KVH + kvh) * D + d
     all_d = d < D
-    k, kr = _rope_input(row, stride_qs, bias_ptr, (H + kvh) * D + d, (H + kvh) * D + d_rot, all_d,
-                        QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
+    # What no kernel of the step writes (the rotary tables, the bias) is read before the wait, and every read of the
+    # projection is issued before any of them is used: one round trip to L2 after the wait, not one per operand.
+    cos = tl.load(cos_ptr + pos * stride_rot + d)
+    sin = tl.load(sin_ptr + pos * stride_rot + d)
+    bq = _bias(bias_ptr, q_cols, h_ok[:, None], HAS_BIAS)
+    bqr = _bias(bias_ptr, q_rot_cols, h_ok[:, None], HAS_BIAS)
+    bk = _bias(bias_ptr, k_cols, all_d, HAS_BIAS)
+    bkr = _bias(bias_ptr, k_rot_cols, all_d, HAS_BIAS)
+    bv = _bias(bias_ptr, v_cols, all_d, HAS_BIAS)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    xk = _projected(row, stride_qs, k_cols, all_d, QKV_SPLITS, FIXED)
+    xkr = _projected(row, stride_qs, k_rot_cols, all_d, QKV_SPLITS, FIXED)
+    xv = _projected(row, stride_qs, v_cols, all_d, QKV_SPLITS, FIXED)
+    xq = _projected(row, stride_qs, q_cols, h_ok[:, None], QKV_SPLITS, FIXED)
+    xqr = _projected(row, stride_qs, q_rot_cols, h_ok[:, None], QKV_SPLITS, FIXED)
+
+    # rotated as the eager model rotates the rounded projection
+    q = _rounded(xq, bq, HAS_BIAS, COMPUTE)
+    qr = _rounded(xqr, bqr, HAS_BIAS, COMPUTE)
+    q = (q * cos[None, :] + sign[None, :] * qr * sin[None, :]).to(COMPUTE)
+    k = _rounded(xk, bk, HAS_BIAS, COMPUTE)
+    kr = _rounded(xkr, bkr, HAS_BIAS, COMPUTE)
     k = (k * cos + sign * kr * sin).to(COMPUTE)
-    v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d,
-                       QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
-    v = v.to(COMPUTE)
+    v = _rounded(xv, bv, HAS_BIAS, COMPUTE).to(COMPUTE)
     if split == 0:
         tl.store(k_base + pos * stride_ct + d, k)
         tl.store(v_base + pos * stride_ct + d, v)
