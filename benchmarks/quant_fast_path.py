@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import (attention, decode_step, fixed_sum, greedy, l2_prefetch, linear, norm,
-                                           quant_gemv, quant_gemv_ws, quant_linear, support)
+from trtllm_pipeline.runtimes.cuda import (attention, decode_step, fixed_sum, linear, norm, quant_gemv, quant_gemv_ws,
+                                           quant_linear, support)
 from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
 from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
@@ -500,20 +500,6 @@ def _attention_option(option: str) -> list[tuple[object, str, object]]:
         undo = [(attention, "PREFETCH_KV", attention.PREFETCH_KV)]
         attention.PREFETCH_KV = False
         return undo
-    if option == "old":  # TEMP A/B: the attention module as of 5f6f73d
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("old_attention", os.path.join(os.path.dirname(__file__), "old_attention.py"))
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
-        undo = [(attention, "decode_attention", attention.decode_attention),
-                (decode_step, "CARVEOUT_MODULES", decode_step.CARVEOUT_MODULES)]
-        attention.decode_attention = old.decode_attention
-        decode_step.CARVEOUT_MODULES = decode_step.CARVEOUT_MODULES + (old,)
-        return undo
-    if option == "preload":  # each program's cached tiles loaded into registers, the first before the PDL wait
-        undo = [(attention, "PRELOAD_KV", attention.PRELOAD_KV)]
-        attention.PRELOAD_KV = True
-        return undo
     if option.startswith("splits"):
         undo = [(attention, "pick_splits", attention.pick_splits)]
         attention.pick_splits = lambda *args, n=int(option[6:]), **kwargs: n
@@ -521,22 +507,6 @@ def _attention_option(option: str) -> list[tuple[object, str, object]]:
     attr = {"warps": "ATTENTION_WARPS", "stages": "ATTENTION_STAGES", "tile": "BLOCK_T"}[option.rstrip("0123456789")]
     undo = [(attention, attr, getattr(attention, attr))]
     setattr(attention, attr, int(option[len(option.rstrip("0123456789")):]))
-    return undo
-
-
-def _l2_side(options: list[str]) -> list[tuple[object, str, object]]:
-    """A patch for variant "l2side:<tiles>[:dense][:p<programs>][:lines]" (decode_step.SIDE_GLU_TILES, ...)."""
-    undo = [(decode_step, "SIDE_GLU_TILES", decode_step.SIDE_GLU_TILES),
-            (decode_step, "SIDE_DENSE", decode_step.SIDE_DENSE),
-            (l2_prefetch, "PROGRAMS", l2_prefetch.PROGRAMS), (l2_prefetch, "LINES", l2_prefetch.LINES)]
-    decode_step.SIDE_GLU_TILES = int(options[0])
-    for option in options[1:]:
-        if option == "dense":
-            decode_step.SIDE_DENSE = True
-        elif option == "lines":
-            l2_prefetch.LINES = True
-        else:
-            l2_prefetch.PROGRAMS = int(option.lstrip("p"))
     return undo
 
 
@@ -572,8 +542,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     fresh graphs over ``DecodeStep(engine, **step_options)``), a variant being one or more of these joined
     by "+": the GEMV loading its weights to registers (regs), Hopper's copy-engine GEMV without warp
     specialization (tma), the warp-specialized one copying its first weights after the PDL wait (late) or
-    reading a tile-by-tile copy of its weights (tiled: quant_gemv_ws.tile_weights) or its consumer warps reading
-    the input from L2 themselves (ldg, ldg:short: quant_gemv_ws.INPUT_LOADS), the kernel sweep's fastest
+    reading a tile-by-tile copy of its weights (tiled: quant_gemv_ws.tile_weights), the kernel sweep's fastest
     GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the
     tensor-core kernels (dot),
     the driver's shared-memory carveout per kernel (nocarveout) or another one pinned (carveout:<percent>),
@@ -583,16 +552,15 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     programs of one K tile only), more warps for the residual + RMSNorm kernel (norm<warps>) and for the
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
-    empty kernel on its grid), attention's options (attn:nokvpre, attn:preload,
-    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch), a side stream's L2 prefetch of each layer's dense weights and first GLU
-    K tiles (l2side:<tiles>[:dense][:p<programs>][:lines]).
+    empty kernel on its grid), attention's options (attn:nokvpre,
+    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch).
     The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
     rows = []
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
-    tiled, ldg = quant_gemv_ws.TILED_WEIGHTS, quant_gemv_ws.INPUT_LOADS
+    tiled = quant_gemv_ws.TILED_WEIGHTS
     greedy_kernel = decode_step.GREEDY_KERNEL
     for name in INT4_VARIANTS:
         options, overrides, undo = {}, {}, []
@@ -601,12 +569,6 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 undo += _skip(part[5:])
             elif part.startswith("attn:"):  # attention's launch: nokvpre, warps<n>, stages<n>, tile<n>, splits<n>
                 undo += _attention_option(part[5:])
-            elif part.startswith("pin:"):  # the carveout pinned on more modules' kernels: pin:greedy, pin:all
-                extra = (greedy,) if part == "pin:greedy" else (greedy, linear)
-                undo.append((decode_step, "CARVEOUT_MODULES", decode_step.CARVEOUT_MODULES))
-                decode_step.CARVEOUT_MODULES = decode_step.CARVEOUT_MODULES + extra
-            elif part.startswith("l2side:"):  # side-stream L2 prefetch: l2side:<GLU tiles>[:dense][:p<programs>][:lines]
-                undo += _l2_side(part.split(":")[1:])
             elif part == "argmax:torch":
                 decode_step.GREEDY_KERNEL = False
             elif part.startswith("norm"):
@@ -623,8 +585,6 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 quant_gemv.WARP_SPECIALIZED = False
             elif part == "late":  # the warp-specialized GEMV copying its first weights after the PDL wait
                 quant_gemv_ws.EARLY_WEIGHTS = False
-            elif part.startswith("ldg"):  # the warp-specialized GEMV's consumer warps reading the input themselves
-                quant_gemv_ws.INPUT_LOADS = part.split(":")[1] if ":" in part else "all"
             elif part == "tiled":  # the warp-specialized GEMV reading a tile-by-tile copy of its weights
                 quant_gemv_ws.TILED_WEIGHTS = True
             elif part.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
@@ -644,7 +604,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 quant_linear.pick_config = _gemv_variant(part)
         if overrides:  # over the variant's other GEMV configs
             quant_linear.pick_config = _with_configs(overrides, quant_linear.pick_config)
-        support.set_carveout(CARVEOUT_MODULES + (greedy, linear), -1)  # the last step's pinned carveout undone
+        support.set_carveout(CARVEOUT_MODULES, -1)  # the last step's pinned carveout undone
         try:
             graphs = graphs_for(**options)
             wall, replay = time_step(graphs, ctx, steps)
@@ -665,7 +625,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
         finally:
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
-            quant_gemv_ws.TILED_WEIGHTS, quant_gemv_ws.INPUT_LOADS = tiled, ldg
+            quant_gemv_ws.TILED_WEIGHTS = tiled
             decode_step.GREEDY_KERNEL = greedy_kernel
             for module, attr, original in reversed(undo):
                 setattr(module, attr, original)

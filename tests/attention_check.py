@@ -1,7 +1,6 @@
 """Run by tests/test_fast_decode.py in a subprocess: the decode attention kernel (and its split combine)
 through Triton's interpreter, against attention computed in float64 by torch, at positions where the new
-token opens a tile, closes one, sits alone in the last tile of its split, or is the only key; with the cached
-tiles loaded after the query (the default) and each loaded a tile ahead (``PRELOAD_KV``). Prints JSON.
+token opens a tile, closes one, sits alone in the last tile of its split, or is the only key. Prints JSON.
 
     python tests/attention_check.py
 """
@@ -40,14 +39,6 @@ def main() -> None:
     angles = torch.rand(MAX_LEN, D, generator=gen) * 6.28
     cos, sin = angles.cos(), angles.sin()
     rows = []
-    for preload in (False, True):
-        attention.PRELOAD_KV = preload
-        rows += cases(cos, sin, gen, preload)
-    print(json.dumps(rows))
-
-
-def cases(cos, sin, gen, preload: bool) -> list[dict]:
-    rows = []
     # length 1; the new token opening a tile; closing one; alone in its split's last tile (65 = 64 + 1 keys);
     # a long range of two tiles per split
     for pos in (0, 64, 127, 64 * SPLITS, 300):
@@ -62,10 +53,10 @@ def cases(cos, sin, gen, preload: bool) -> list[dict]:
                                    o, lse, out, None, heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16)
         new_key = rope(qkv[0, 0].view(-1, D)[HEADS:HEADS + KV_HEADS].bfloat16().double(), cos[pos].double(),
                        sin[pos].double())
-        rows.append({"pos": pos, "preload": preload, "finite": bool(out.isfinite().all()),
+        rows.append({"pos": pos, "finite": bool(out.isfinite().all()),
                      "rel_err": ((out[0].double() - expected).norm() / expected.norm()).item(),
                      "cache_written": torch.equal(k_cache[1, :, pos].double(), new_key)})
-    return rows
+    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

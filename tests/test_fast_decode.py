@@ -109,11 +109,8 @@ def test_gemv_input_planes_are_the_block_floating_point_values():
 def test_decode_attention_scores_the_new_token_apart_from_the_cached_tiles():
     """attention's kernel and combine through the interpreter, against float64 attention: the new token (scored
     from registers by the split that holds it) alone, opening a tile, closing one, alone in its split's last
-    tile, and among two tiles per split; within the bfloat16 output's rounding, its key written to the cache; with
-    the cached tiles loaded after the query and a tile ahead (PRELOAD_KV) alike."""
-    cases = _interpreted(None, "attention_check.py")
-    assert {c["preload"] for c in cases} == {False, True}
-    for case in cases:
+    tile, and among two tiles per split; within the bfloat16 output's rounding, its key written to the cache."""
+    for case in _interpreted(None, "attention_check.py"):
         assert case["finite"] and case["cache_written"] and case["rel_err"] < 4e-3, case
 
 
@@ -140,8 +137,7 @@ def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_
 
     fn = attention._decode_attention_kernel
     consts = dict(H=28, KVH=4, D=128, GROUP=7, QKV_SPLITS=1, HAS_BIAS=True, SPLITS=32, BLOCK_H=16,
-                  BLOCK_T=attention.BLOCK_T, COMPUTE=triton.language.bfloat16, PDL=True, PREFETCH=True,
-                  PRELOAD=attention.PRELOAD_KV)
+                  BLOCK_T=attention.BLOCK_T, COMPUTE=triton.language.bfloat16, PDL=True, PREFETCH=True)
     types = {"qkv_ptr": "*fp32", "bias_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*fp32",
              "lse_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i64",
              "slot_ptr": "*i64", "qk_scale": "fp32"}

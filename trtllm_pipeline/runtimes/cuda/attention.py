@@ -33,9 +33,6 @@ COMBINE_WARPS = 1  # one program per (request, head): D values, a few splits eac
 # Under PDL, each program fetches its share of the cached keys and values into L2 before waiting for the QKV
 # linear: no kernel of the step writes them (H200, 7B INT4 step: 1.789 -> 1.779 ms, run 87)
 PREFETCH_KV = True
-# Each program loads its first tile of cached keys and values into registers before the PDL wait (and each next
-# tile while the current one is used) instead of after the query is ready
-PRELOAD_KV = False
 # the attention launch's shape (the benchmark's "attn:" variants time others)
 ATTENTION_WARPS = 4
 ATTENTION_STAGES = 2
@@ -50,41 +47,23 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _cached_tile(k_base, v_base, t, d, stride_ct, end, pos):
-    """Cached keys and values at positions ``t`` [BLOCK_T] (zero past ``end`` and at the new token's ``pos``)."""
-    cached = (t < end) & (t != pos)
-    offs = t[:, None] * stride_ct + d[None, :]
-    return (tl.load(k_base + offs, mask=cached[:, None], other=0.0),
-            tl.load(v_base + offs, mask=cached[:, None], other=0.0))
-
-
-@triton.jit
-def _projected(qkv_ptr, stride_qs, cols, mask, QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr):
-    """The QKV projection's float32 output at ``cols``: its split partials summed, or (FIXED) its int64
-    accumulators' values (zero where not ``mask``)."""
-    if FIXED:
-        return fixed_sum.load(qkv_ptr + cols, mask)
+def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr,
+                HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
+    """The projection output at ``cols`` and at the rotate-half partner columns (its split partials summed, or
+    FIXED: its int64 accumulators' values), rounded as eager."""
     x = tl.zeros(cols.shape, dtype=tl.float32)
-    for s in tl.static_range(QKV_SPLITS):
-        x += tl.load(qkv_ptr + s * stride_qs + cols, mask=mask, other=0.0)
-    return x
-
-
-@triton.jit
-def _bias(bias_ptr, cols, mask, HAS_BIAS: tl.constexpr):
-    """The projection's bias at ``cols`` in float32 (zeros without one: ``_rounded`` then adds nothing)."""
-    bias = tl.zeros(cols.shape, dtype=tl.float32)
+    xr = tl.zeros(cols.shape, dtype=tl.float32)
+    if FIXED:
+        x = fixed_sum.load(qkv_ptr + cols, mask)
+        xr = fixed_sum.load(qkv_ptr + rot_cols, mask)
+    else:
+        for s in tl.static_range(QKV_SPLITS):
+            x += tl.load(qkv_ptr + s * stride_qs + cols, mask=mask, other=0.0)
+            xr += tl.load(qkv_ptr + s * stride_qs + rot_cols, mask=mask, other=0.0)
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return bias
-
-
-@triton.jit
-def _rounded(x, bias, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
-    """Output plus bias, rounded to the compute dtype as the eager linear's output is."""
-    if HAS_BIAS:
-        x += bias
-    return x.to(COMPUTE).to(tl.float32)
+        x += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        xr += tl.load(bias_ptr + rot_cols, mask=mask, other=0.0).to(tl.float32)
+    return x.to(COMPUTE).to(tl.float32), xr.to(COMPUTE).to(tl.float32)
 
 
 @triton.jit
@@ -98,7 +77,7 @@ def _decode_attention_kernel(
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, COMPUTE: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, PRELOAD: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -118,52 +97,38 @@ def _decode_attention_kernel(
             lines = t[:, None] * stride_ct + tl.arange(0, D // 64)[None, :] * 64
             _prefetch_l2(k_cache_ptr + base + lines)
             _prefetch_l2(v_cache_ptr + base + lines)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
     d = tl.arange(0, D)
-    t_in = tl.arange(0, BLOCK_T)
-    k_base = k_cache_ptr + slot * stride_cs + kvh * stride_ch
-    v_base = v_cache_ptr + slot * stride_cs + kvh * stride_ch
-    if PRELOAD:  # the split's first tile into registers before the wait: no kernel of the step writes it
-        kt, vt = _cached_tile(k_base, v_base, start + t_in, d, stride_ct, end, pos)
     half = D // 2
     d_rot = (d + half) % D
     sign = tl.where(d < half, -1.0, 1.0)
+    cos = tl.load(cos_ptr + pos * stride_rot + d)
+    sin = tl.load(sin_ptr + pos * stride_rot + d)
     row = qkv_ptr + b * stride_qb
-    # Query heads of this KV head: [BLOCK_H, D] (rows past GROUP are padding); the new key and value: [D].
+
+    # Query heads of this KV head, rotated: [BLOCK_H, D] (rows past GROUP are padding).
     hh = tl.arange(0, BLOCK_H)
     h_ok = hh < GROUP
     q_head = kvh * GROUP + hh
     q_cols = q_head[:, None] * D + d[None, :]
     q_rot_cols = q_head[:, None] * D + d_rot[None, :]
-    k_cols = (H + kvh) * D + d
-    k_rot_cols = (H + kvh) * D + d_rot
-    v_cols = (H + KVH + kvh) * D + d
-    all_d = d < D
-    # What no kernel of the step writes (the rotary tables, the bias) is read before the wait, and every read of the
-    # projection is issued before any of them is used: one round trip to L2 after the wait, not one per operand.
-    cos = tl.load(cos_ptr + pos * stride_rot + d)
-    sin = tl.load(sin_ptr + pos * stride_rot + d)
-    bq = _bias(bias_ptr, q_cols, h_ok[:, None], HAS_BIAS)
-    bqr = _bias(bias_ptr, q_rot_cols, h_ok[:, None], HAS_BIAS)
-    bk = _bias(bias_ptr, k_cols, all_d, HAS_BIAS)
-    bkr = _bias(bias_ptr, k_rot_cols, all_d, HAS_BIAS)
-    bv = _bias(bias_ptr, v_cols, all_d, HAS_BIAS)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    xk = _projected(row, stride_qs, k_cols, all_d, QKV_SPLITS, FIXED)
-    xkr = _projected(row, stride_qs, k_rot_cols, all_d, QKV_SPLITS, FIXED)
-    xv = _projected(row, stride_qs, v_cols, all_d, QKV_SPLITS, FIXED)
-    xq = _projected(row, stride_qs, q_cols, h_ok[:, None], QKV_SPLITS, FIXED)
-    xqr = _projected(row, stride_qs, q_rot_cols, h_ok[:, None], QKV_SPLITS, FIXED)
-
-    # rotated as the eager model rotates the rounded projection
-    q = _rounded(xq, bq, HAS_BIAS, COMPUTE)
-    qr = _rounded(xqr, bqr, HAS_BIAS, COMPUTE)
+    q, qr = _rope_input(row, stride_qs, bias_ptr, q_cols, q_rot_cols, h_ok[:, None], QKV_SPLITS, FIXED, HAS_BIAS,
+                        COMPUTE)
     q = (q * cos[None, :] + sign[None, :] * qr * sin[None, :]).to(COMPUTE)
-    k = _rounded(xk, bk, HAS_BIAS, COMPUTE)
-    kr = _rounded(xkr, bkr, HAS_BIAS, COMPUTE)
+
+    # The new key (rotated) and value: [D].
+    all_d = d < D
+    k, kr = _rope_input(row, stride_qs, bias_ptr, (H + kvh) * D + d, (H + kvh) * D + d_rot, all_d,
+                        QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
     k = (k * cos + sign * kr * sin).to(COMPUTE)
-    v = _rounded(xv, bv, HAS_BIAS, COMPUTE).to(COMPUTE)
+    v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d,
+                       QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
+    v = v.to(COMPUTE)
+    k_base = k_cache_ptr + slot * stride_cs + kvh * stride_ch
+    v_base = v_cache_ptr + slot * stride_cs + kvh * stride_ch
     if split == 0:
         tl.store(k_base + pos * stride_ct + d, k)
         tl.store(v_base + pos * stride_ct + d, v)
@@ -176,12 +141,12 @@ def _decode_attention_kernel(
     # and back to shared memory: H200, 7B INT4 step 1.807 -> 1.789 ms, run 87.)
     here = (pos >= start) & (pos < end)
     s_new = tl.where(here, tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale, float("-inf"))
+    t_in = tl.arange(0, BLOCK_T)
     for t0 in range(start, end, BLOCK_T):
         t = t0 + t_in
         cached = (t < end) & (t != pos)
-        if not PRELOAD:
-            offs = t[:, None] * stride_ct + d[None, :]
-            kt = tl.load(k_base + offs, mask=cached[:, None], other=0.0)
+        offs = t[:, None] * stride_ct + d[None, :]
+        kt = tl.load(k_base + offs, mask=cached[:, None], other=0.0)
         s = tl.dot(q, tl.trans(kt)) * qk_scale
         s = tl.where(cached[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -189,12 +154,9 @@ def _decode_attention_kernel(
         p = tl.exp2(s - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if not PRELOAD:
-            vt = tl.load(v_base + offs, mask=cached[:, None], other=0.0)
+        vt = tl.load(v_base + offs, mask=cached[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), vt)
         m_i = m_new
-        if PRELOAD:  # the next tile (none past the split's last: all masked)
-            kt, vt = _cached_tile(k_base, v_base, t0 + BLOCK_T + t_in, d, stride_ct, end, pos)
     # last, as if in the split's last tile: its p against the final maximum, rounded as the tiles' are
     m_new = tl.maximum(m_i, s_new)
     alpha = tl.where(here, tl.exp2(m_i - m_new), 1.0)
@@ -277,7 +239,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         LOG2E / d**0.5,
         H=heads, KVH=kv_heads, D=d, GROUP=group, QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
         SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t or BLOCK_T, COMPUTE=dt,
-        PDL=pdl, PREFETCH=PREFETCH_KV and pdl, PRELOAD=PRELOAD_KV,
+        PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
         num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,
     )
     p = prepared

@@ -33,8 +33,8 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import (attention, fixed_sum, gemv_input, greedy, l2_prefetch, linear, norm,
-                                           quant_gemv, quant_gemv_ws, quant_linear, support)
+from trtllm_pipeline.runtimes.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, quant_gemv,
+                                           quant_gemv_ws, quant_linear, support)
 from trtllm_pipeline.runtimes.cuda.support import interpreting
 
 
@@ -94,7 +94,6 @@ class StepBuffers:
     sums: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
-    l2_plans: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per layer: the side stream's prefetch
 
     @property
     def tokens(self) -> torch.Tensor:  # the token each row feeds back
@@ -124,11 +123,6 @@ class _TpBuffers:
 CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
-# What a side stream fetches into L2 for each layer while its attention runs (l2_prefetch), forked after the
-# layer's input norm: attention.dense's weights (SIDE_DENSE) and the first SIDE_GLU_TILES K tiles of mlp.fc's and
-# mlp.gate's (INT4 GEMVs of the warp-specialized kernel only; 0 and False: no side stream)
-SIDE_DENSE = False
-SIDE_GLU_TILES = 0
 
 
 class Unsupported(Exception):
@@ -175,7 +169,6 @@ class DecodeStep:
         # a rank's partials go to its all-reduce as float32 rows (_all_reduce)
         self.split_sum = "last" if split_sum == "fixed" and self.comm is not None else split_sum
         self.carveout = carveout
-        self._side: torch.cuda.Stream | None = None  # the L2 prefetch's stream (SIDE_DENSE, SIDE_GLU_TILES)
         # Between ranks' collectives the launches are ordinary stream order (not measured with PDL yet).
         self.pdl = self.pdl and self.comm is None
         self.hidden = engine.embedding.shape[1]
@@ -263,27 +256,7 @@ class DecodeStep:
             sums=sums,
             glu_workspace=glu_ws,
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
-            l2_plans=self._l2_plans(configs),
         )
-
-    def _l2_plans(self, configs: dict[str, linear.LinearConfig]) -> list[torch.Tensor]:
-        """Each layer's side-stream L2 prefetch (SIDE_DENSE, SIDE_GLU_TILES), for warp-specialized INT4 GEMVs
-        reading the checkpoint's layout on one CUDA device; none otherwise."""
-        wanted = SIDE_DENSE or SIDE_GLU_TILES > 0
-        ws = all(configs[c].ws for c in ("dense", "glu")) and not quant_gemv_ws.TILED_WEIGHTS
-        if not wanted or not ws or self.comm is not None or interpreting():
-            return []
-        plans = []
-        for layer in self.layers:
-            regions = []
-            if SIDE_DENSE:
-                regions += [l2_prefetch.whole(layer.dense.quant.weight), l2_prefetch.whole(layer.dense.quant.scales)]
-            for q in (layer.fc.quant, layer.gate.quant):
-                tiles = min(SIDE_GLU_TILES, q.k // 128)  # K tiles of 128 inputs: 128 bytes of a packed row each
-                if tiles:
-                    regions += [l2_prefetch.columns(q.weight, 0, 128 * tiles), l2_prefetch.whole(q.scales[:tiles])]
-            plans.append(l2_prefetch.plan(regions, self.engine.cache_k.device))
-        return plans
 
     def _tile_weights(self, configs: dict[str, linear.LinearConfig]) -> None:
         """The warp-specialized GEMVs' weights re-laid tile by tile for their row tiles (once per engine and
@@ -375,12 +348,7 @@ class DecodeStep:
             norm.residual_rmsnorm(buf.residual, None, self.layers[0].input_norm, buf.normed,
                                   self.layers[0].qkv.in_inv, e.eps, dt, tokens=buf.tokens, embedding=e.embedding,
                                   prepared=_inputs(buf, 0, "qkv"), pdl=pdl)
-        side = self._side_stream() if buf.l2_plans else None
         for i, layer in enumerate(self.layers):
-            if side is not None:  # fork after the layer's input norm: the chain does not wait for it
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    l2_prefetch.launch(buf.l2_plans[i])
             prep = buf.prepared[i] if buf.prepared else {}
             qkv = buf.partials[: cfg["qkv"].splits]
             # Each accumulator is cleared by a launch between its last reader and its next writer (fixed_sum): the
@@ -419,13 +387,6 @@ class DecodeStep:
             greedy.argmax(buf.logits, buf.argmax, pdl)
         else:
             torch.argmax(buf.logits, dim=-1, out=buf.greedy)
-        if side is not None:  # join: a graph's capture ends with every stream it forked
-            torch.cuda.current_stream().wait_stream(side)
-
-    def _side_stream(self) -> torch.cuda.Stream:
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.engine.cache_k.device)
-        return self._side
 
     def _all_reduce(self, partials: torch.Tensor, buf: StepBuffers) -> torch.Tensor:
         """A row-parallel linear's output as the next kernel reads it: its split-K partials (one rank), or

@@ -46,11 +46,6 @@ EARLY_WEIGHTS = True
 # Off: on the H200 it gained 0.5-2% of the 7B step (runs 76-81) for a second copy of every INT4 weight on
 # the device (the benchmark's variant "tiled")
 TILED_WEIGHTS = False
-# The input (the previous kernel's prepared planes and block terms) read by the consumer warps straight from L2
-# (``ld.global.cg``, each tile's issued before waiting for its weights) instead of copied by the producer's copy
-# engine into the stages with the weights: "all" launches, "short" those whose programs take no more K tiles than
-# there are stages (QKV's and dense's), "" none
-INPUT_LOADS = ""
 
 
 @gluon.jit
@@ -97,11 +92,11 @@ def _copy_input(x_desc, ce_desc, bufs, s, bar, kt):
 
 @gluon.jit
 def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU: gl.constexpr,
-              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, LDG: gl.constexpr):
+              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr):
     w_desc, x_desc, s_desc, ce_desc = descs
     w2_desc, x2_desc, s2_desc, ce2_desc = descs2
-    IN_BYTES: gl.constexpr = 0 if LDG else x_desc.block_type.nbytes + ce_desc.block_type.nbytes
-    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + s_desc.block_type.nbytes + IN_BYTES) * (2 if GLU else 1)
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
+                            + ce_desc.block_type.nbytes) * (2 if GLU else 1)  # a stage: both matrices' tiles
     # Under PDL (EARLY) the first stages' weights and scales are copied before waiting for the previous kernel,
     # so their DRAM latency overlaps its tail; only the input waits (the wait is per thread).
     first = 0
@@ -113,7 +108,7 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
         _copy_weights(w_desc, s_desc, bufs, i, bar, row0, k0 + i, k_tiles, TILED)
         if GLU:
             _copy_weights(w2_desc, s2_desc, bufs2, i, bar, row0, k0 + i, k_tiles, TILED)
-    if PDL and not LDG:
+    if PDL:
         gdc_wait()
     for i in range(k_iters):
         s = i % STAGES
@@ -124,44 +119,29 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
             _copy_weights(w_desc, s_desc, bufs, s, bar, row0, k0 + i, k_tiles, TILED)
             if GLU:
                 _copy_weights(w2_desc, s2_desc, bufs2, s, bar, row0, k0 + i, k_tiles, TILED)
-        if not LDG:
-            _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
-            if GLU:
-                _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
+        _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
+        if GLU:
+            _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
 
 
 @gluon.jit
-def _read_tile(bufs, s, x, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, LDG: gl.constexpr):
+def _read_tile(bufs, s, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr):
     """Stage ``s`` into registers: the weights' and planes' words by block [HALF, 8] x 4, the even and odd rows'
-    scales [HALF, 1], the block sums and powers of two [1, 8] (LDG: the input's from ``x``, ``_load_input``'s)."""
+    scales [HALF, 1], the block sums and powers of two [1, 8]."""
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     w_bufs, x_bufs, s_bufs, ce_bufs = bufs
     u = _quarters(w_bufs.index(s).load(B2), A2)
+    xb = x_bufs.index(s)._reinterpret(gl.int32, [2, 32], ROWS)
+    h = _quarters(xb.slice(0, 1, dim=0).load(B2), A2)
+    lo = _quarters(xb.slice(1, 1, dim=0).load(B2), A2)
     # (a permuted [1, HALF] view read the wrong rows' scales: the box's two rows as one plain vector instead)
     sb = s_bufs.index(s)._reinterpret(gl.float32, [2 * HALF], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     s_lo = gl.expand_dims(sb.slice(0, HALF).load(gl.SliceLayout(1, A2)), 1)
     s_hi = gl.expand_dims(sb.slice(HALF, HALF).load(gl.SliceLayout(1, A2)), 1)
-    if LDG:
-        xh, xl, c, e = x
-    else:
-        xb = x_bufs.index(s)._reinterpret(gl.int32, [2, 32], ROWS)
-        xh = xb.slice(0, 1, dim=0).load(B2)
-        xl = xb.slice(1, 1, dim=0).load(B2)
-        ce = ce_bufs.index(2 * s)._reinterpret(gl.int32, [2, 8], ROWS)
-        c = ce.slice(0, 1, dim=0).load(A2)
-        e = ce.slice(1, 1, dim=0).load(A2)
-    return u, _quarters(xh, A2), _quarters(xl, A2), s_lo, s_hi, c, e.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _load_input(x_ptr, kt, K, B2: gl.constexpr, A2: gl.constexpr):
-    """K tile ``kt`` of a prepared input row (gemv_input's layout) from L2, as ``_read_tile`` takes it: the two
-    planes' 32 words [1, 32] and the 8 block sums and powers of two [1, 8]."""
-    words = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, B2)), 0) + kt * 32
-    blocks = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, A2)), 0) + kt * 8
-    return (gl.load(x_ptr + words, cache_modifier=".cg"), gl.load(x_ptr + K // 4 + words, cache_modifier=".cg"),
-            gl.load(x_ptr + K // 2 + blocks, cache_modifier=".cg"),
-            gl.load(x_ptr + K // 2 + K // 16 + blocks, cache_modifier=".cg"))
+    ce = ce_bufs.index(2 * s)._reinterpret(gl.int32, [2, 8], ROWS)
+    c = ce.slice(0, 1, dim=0).load(A2)
+    step = ce.slice(1, 1, dim=0).load(A2).to(gl.float32, bitcast=True)
+    return u, h, lo, s_lo, s_hi, c, step
 
 
 @gluon.jit
@@ -179,9 +159,8 @@ def _accumulate(t, acc_lo, acc_hi, masks):
 
 
 @gluon.jit
-def _consumer(bufs, bufs2, ready, empty, k_iters, masks, x_ptr, x2_ptr, k0, K, GLU: gl.constexpr,
-              HALF: gl.constexpr, STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr,
-              LDG: gl.constexpr):
+def _consumer(bufs, bufs2, ready, empty, k_iters, masks, GLU: gl.constexpr, HALF: gl.constexpr,
+              STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr):
     if PDL:  # its epilogue writes buffers the previous kernels read: not before they are done
         gdc_wait()
         gdc_launch_dependents()
@@ -191,16 +170,10 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, masks, x_ptr, x2_ptr, k0, K, G
     acc2_hi = gl.zeros([HALF, 8], gl.float32, A2)
     for i in range(k_iters):
         s = i % STAGES
-        x = 0
-        x2 = 0
-        if LDG:  # in flight while the weights are waited for
-            x = _load_input(x_ptr, k0 + i, K, B2, A2)
-            if GLU:
-                x2 = _load_input(x2_ptr, k0 + i, K, B2, A2)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        t = _read_tile(bufs, s, x, HALF, B2, A2, LDG)
+        t = _read_tile(bufs, s, HALF, B2, A2)
         if GLU:
-            t2 = _read_tile(bufs2, s, x2, HALF, B2, A2, LDG)
+            t2 = _read_tile(bufs2, s, HALF, B2, A2)
         fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
         mbarrier.arrive(empty.index(s), count=1)
         acc_lo, acc_hi = _accumulate(t, acc_lo, acc_hi, masks)
@@ -257,12 +230,11 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 @gluon.jit
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
-    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr, x_ptr, x2_ptr,
-    N, K, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n,
+    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
+    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, FIXED: gl.constexpr, CLEAR: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr,
-    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, LDG: gl.constexpr,
-    num_warps: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -284,10 +256,9 @@ def _ws_gemv_kernel(
     row0 = pid_n * HALF
     masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
     acc_lo, acc_hi, acc2_lo, acc2_hi = gl.warp_specialize([
-        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, x_ptr, x2_ptr, k0, K, GLU, HALF, STAGES, B2, A2, PDL,
-                     LDG)),
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, GLU, HALF, STAGES, B2, A2, PDL)),
         (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU, STAGES, PDL, EARLY,
-                     TILED, LDG)),
+                     TILED)),
     ], [1], [40])
     if CLEAR:  # another linear's accumulators, between their last reader and their next writer (fixed_sum)
         lanes = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
@@ -398,11 +369,10 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
         assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
     return _ws_gemv_kernel[grid](
         *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
-        clear if clear is not None else dst.planes, x.planes, (x2 or x).planes, q.n, q.k, k_tiles, per_split,
+        clear if clear is not None else dst.planes, q.n, k_tiles, per_split,
         0 if glu or fixed or out.dim() == 2 else out.stride(0), *masks, clear.numel() if clear is not None else 0,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None, COMPUTE=tl_dtype(compute), HALF=half,
         STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
-        TILED=tiled, LDG=INPUT_LOADS == "all" or INPUT_LOADS == "short" and per_split <= cfg.num_stages,
-        num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+        TILED=tiled, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )
