@@ -553,8 +553,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
     empty kernel on its grid), attention's options (attn:nokvpre,
-    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch), attention's split combine by
-    its own launch instead of by dense's GEMV (nofold).
+    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch).
     The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
@@ -570,9 +569,6 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 undo += _skip(part[5:])
             elif part.startswith("attn:"):  # attention's launch: nokvpre, warps<n>, stages<n>, tile<n>, splits<n>
                 undo += _attention_option(part[5:])
-            elif part == "nofold":  # attention's split combine by its own launch, not by dense's GEMV
-                undo.append((decode_step, "FOLD_COMBINE", decode_step.FOLD_COMBINE))
-                decode_step.FOLD_COMBINE = False
             elif part == "argmax:torch":
                 decode_step.GREEDY_KERNEL = False
             elif part.startswith("norm"):

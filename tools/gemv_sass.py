@@ -59,12 +59,10 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
-def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS,
-               combine: bool = False):
+def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS):
     """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input,
     the others adding into int64 accumulators, each clearing another linear's; ``tiled``: reading the
-    tile-by-tile copy of the weights; ``combine``: attention.dense's, combining attention's 32 split partials
-    into its input itself)."""
+    tile-by-tile copy of the weights)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
@@ -77,11 +75,10 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
              "ce_desc": desc([2, 8])}
     consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=False, FIXED=not glu,
                   CLEAR=True, COMPUTE=tl.bfloat16, HALF=half, STAGES=stages, PDL=True,
-                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, COMBINE=combine, A_SPLITS=32,
-                  PER=triton.cdiv(28, splits), HAS_PQS_IN=True, num_warps=4)
+                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, num_warps=4)
     sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
            "out_ptr": "*bf16" if glu else "*i64", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
-           "clear_ptr": "*i64", "o_ptr": "*fp32", "lse_ptr": "*fp32", "pqs_in_ptr": "*bf16",
+           "clear_ptr": "*i64",
            **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi",
                             "clear_n"), "i32"),
            **dict.fromkeys(consts, "constexpr")}
@@ -131,13 +128,11 @@ def main() -> None:
     ap.add_argument("--tma", action="store_true", help="weight tiles by the bulk tensor copy engine, --stages deep")
     ap.add_argument("--ws", action="store_true", help="the warp-specialized kernel (quant_gemv_ws), --stages deep")
     ap.add_argument("--tiled", action="store_true", help="with --ws: the weights' tile-by-tile copy")
-    ap.add_argument("--combine", action="store_true",
-                    help="with --ws: attention.dense's kernel making its input from attention's split partials")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.ws:
-        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS, a.combine)
+        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS)
     else:
         kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits,
                                 tma=a.tma)

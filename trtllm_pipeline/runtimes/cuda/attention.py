@@ -213,16 +213,14 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                      o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
                      *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int | None = None,
-                     prepared: Prepared | None = None, combine: bool = True, pdl: bool = False) -> None:
+                     prepared: Prepared | None = None, pdl: bool = False) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
     int64 accumulators [B, (heads + 2 kv_heads) D] (fixed_sum);
     ``k_cache``/``v_cache``: one layer's [slots, kv_heads, max_len, D]; ``o_work``: [B, heads, SPLITS, D]
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
-    ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``); ``combine``
-    False: the splits are left in ``o_work`` and ``lse_work`` for a consumer that combines them itself
-    (``quant_gemv_ws``), and ``out`` is not written.
+    ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``).
     """
     fixed = fixed_sum.is_accumulator(qkv_partials)
     if fixed:  # one row of sums per request: as a single split
@@ -244,8 +242,6 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
         num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,
     )
-    if not combine:
-        return
     p = prepared
     assert p is None or p.k == heads * d and d % p.block == 0
     _combine_kernel[(batch, heads)](

@@ -94,8 +94,6 @@ class StepBuffers:
     sums: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
-    # attention.dense's warp-specialized GEMV combines attention's splits itself (FOLD_COMBINE): no combine launch
-    fold_combine: bool = False
 
     @property
     def tokens(self) -> torch.Tensor:  # the token each row feeds back
@@ -125,9 +123,6 @@ class _TpBuffers:
 CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
-# attention.dense's warp-specialized INT4 GEMV combines attention's split partials into its input itself, in place
-# of the combine launch (one launch a layer fewer, for the splits' re-reads by every row tile: quant_gemv_ws)
-FOLD_COMBINE = True
 
 
 class Unsupported(Exception):
@@ -261,8 +256,6 @@ class DecodeStep:
             sums=sums,
             glu_workspace=glu_ws,
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
-            # (the dense GEMV's K tiles are whole heads; its programs split the key range's partials in a warp)
-            fold_combine=FOLD_COMBINE and bool(sums) and configs["dense"].ws and d == 128 and splits % 8 == 0,
         )
 
     def _tile_weights(self, configs: dict[str, linear.LinearConfig]) -> None:
@@ -310,12 +303,10 @@ class DecodeStep:
 
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
                   buf: StepBuffers, prepared: gemv_input.Prepared | None = None,
-                  sums: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-                  combine: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  sums: torch.Tensor | None = None, clear: torch.Tensor | None = None) -> torch.Tensor:
         """Launch one linear into ``out`` (split-K partials); returns what its consumer reads: the INT4 GEMV's
-        accumulators ``sums`` (split_sum "fixed", the GEMV setting the accumulators ``clear`` to zero too, and
-        with ``combine`` making its input from attention's split partials), or its partials summed into the
-        first split ("last")."""
+        accumulators ``sums`` (split_sum "fixed", the GEMV setting the accumulators ``clear`` to zero too), or
+        its partials summed into the first split ("last")."""
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
             return out
@@ -323,8 +314,7 @@ class DecodeStep:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
             return out
         if sums is not None:
-            quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear,
-                                        combine=combine)
+            quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear)
             return sums
         quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
@@ -369,11 +359,10 @@ class DecodeStep:
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
-                                       prepared=prep.get("dense"), combine=not buf.fold_combine, pdl=pdl)
+                                       prepared=prep.get("dense"), pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
-                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"),
-                                   combine=(buf.attn_o, buf.attn_lse) if buf.fold_combine else None)
+                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"))
             dense = self._all_reduce(dense, buf)
             norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
                                   prepared=_inputs(buf, i, "fc", "gate"), pdl=pdl)

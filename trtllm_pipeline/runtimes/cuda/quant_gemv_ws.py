@@ -92,13 +92,11 @@ def _copy_input(x_desc, ce_desc, bufs, s, bar, kt):
 
 @gluon.jit
 def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU: gl.constexpr,
-              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr,
-              COMBINE: gl.constexpr):
+              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr):
     w_desc, x_desc, s_desc, ce_desc = descs
     w2_desc, x2_desc, s2_desc, ce2_desc = descs2
-    # a stage: both matrices' tiles (COMBINE: the weights and scales only, the consumers make the input)
-    IN_BYTES: gl.constexpr = 0 if COMBINE else x_desc.block_type.nbytes + ce_desc.block_type.nbytes
-    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + s_desc.block_type.nbytes + IN_BYTES) * (2 if GLU else 1)
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
+                            + ce_desc.block_type.nbytes) * (2 if GLU else 1)  # a stage: both matrices' tiles
     # Under PDL (EARLY) the first stages' weights and scales are copied before waiting for the previous kernel,
     # so their DRAM latency overlaps its tail; only the input waits (the wait is per thread).
     first = 0
@@ -110,7 +108,7 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
         _copy_weights(w_desc, s_desc, bufs, i, bar, row0, k0 + i, k_tiles, TILED)
         if GLU:
             _copy_weights(w2_desc, s2_desc, bufs2, i, bar, row0, k0 + i, k_tiles, TILED)
-    if PDL and not COMBINE:
+    if PDL:
         gdc_wait()
     for i in range(k_iters):
         s = i % STAGES
@@ -121,68 +119,29 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
             _copy_weights(w_desc, s_desc, bufs, s, bar, row0, k0 + i, k_tiles, TILED)
             if GLU:
                 _copy_weights(w2_desc, s2_desc, bufs2, s, bar, row0, k0 + i, k_tiles, TILED)
-        if not COMBINE:
-            _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
-            if GLU:
-                _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
+        _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
+        if GLU:
+            _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
 
 
 @gluon.jit
-def _read_tile(bufs, s, x_in, ce_in, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr):
+def _read_tile(bufs, s, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr):
     """Stage ``s`` into registers: the weights' and planes' words by block [HALF, 8] x 4, the even and odd rows'
-    scales [HALF, 1], the block sums and powers of two [1, 8] (the input's from ``x_in`` [2, 32] and ``ce_in``
-    [2, 8]: the stage's copies, or the tile a COMBINE kernel's consumers made)."""
+    scales [HALF, 1], the block sums and powers of two [1, 8]."""
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     w_bufs, x_bufs, s_bufs, ce_bufs = bufs
     u = _quarters(w_bufs.index(s).load(B2), A2)
-    xb = x_in._reinterpret(gl.int32, [2, 32], ROWS)
+    xb = x_bufs.index(s)._reinterpret(gl.int32, [2, 32], ROWS)
     h = _quarters(xb.slice(0, 1, dim=0).load(B2), A2)
     lo = _quarters(xb.slice(1, 1, dim=0).load(B2), A2)
     # (a permuted [1, HALF] view read the wrong rows' scales: the box's two rows as one plain vector instead)
     sb = s_bufs.index(s)._reinterpret(gl.float32, [2 * HALF], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     s_lo = gl.expand_dims(sb.slice(0, HALF).load(gl.SliceLayout(1, A2)), 1)
     s_hi = gl.expand_dims(sb.slice(HALF, HALF).load(gl.SliceLayout(1, A2)), 1)
-    ce = ce_in._reinterpret(gl.int32, [2, 8], ROWS)
+    ce = ce_bufs.index(2 * s)._reinterpret(gl.int32, [2, 8], ROWS)
     c = ce.slice(0, 1, dim=0).load(A2)
     step = ce.slice(1, 1, dim=0).load(A2).to(gl.float32, bitcast=True)
     return u, h, lo, s_lo, s_hi, c, step
-
-
-@gluon.jit
-def _combined_tile(o_ptr, lse_ptr, pqs_ptr, head, x_dst, ce_dst, A_SPLITS: gl.constexpr, HAS_PQS: gl.constexpr,
-                   COMPUTE: gl.constexpr):
-    """attention.dense's K tile ``head`` (one head's 128 inputs) made from attention's split partials: their
-    log-sum-exp combine (attention's ``_combine_kernel``, term for term), rounded to the compute dtype, times
-    the pre-quant scale, in gemv_input's planes: the words into ``x_dst`` [2, 32], the block sums and powers of
-    two into ``ce_dst`` [2, 8]. Every consumer warp holds all of the head's splits for its 32 inputs (the split
-    sums stay within a warp); the words are written by the warps that hold them."""
-    L: gl.constexpr = gl.BlockedLayout([A_SPLITS // 8, 4], [8, 4], [1, 4], [1, 0])  # [A_SPLITS, 128]
-    sp = gl.arange(0, A_SPLITS, layout=gl.SliceLayout(1, L))
-    d = gl.arange(0, 128, layout=gl.SliceLayout(0, L))
-    lse = gl.load(lse_ptr + head * A_SPLITS + sp, cache_modifier=".cg")
-    weight = gl.exp2(lse - gl.max(lse, axis=0))  # every head has a live key, so the max is finite
-    parts = gl.load(o_ptr + (head * A_SPLITS + gl.expand_dims(sp, 1)) * 128 + gl.expand_dims(d, 0),
-                    cache_modifier=".cg")
-    y = (gl.sum(parts * gl.expand_dims(weight, 1), axis=0) / gl.sum(weight, axis=0)).to(COMPUTE)
-    cols = head * 128 + d
-    v = consumer_input(y, pqs_ptr, cols, cols >= 0, HAS_PQS, COMPUTE)
-    # gemv_input.store_planes on [8 blocks, 4 words, 4 bytes]: a thread holds a word
-    W3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [1, 1, 4], [2, 1, 0])
-    vb = gl.convert_layout(gl.reshape(v, [8, 4, 4]), W3)
-    amax = gl.max(gl.max(gl.abs(vb), axis=2), axis=1)
-    e = gl.maximum((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF, 15)
-    inv = gl.expand_dims(gl.expand_dims(((268 - e) << 23).to(gl.float32, bitcast=True), 1), 2)
-    step = ((e - 14) << 23).to(gl.float32, bitcast=True)
-    xi = (((vb * inv) + gemv_input.ROUND) - gemv_input.ROUND).to(gl.int32)
-    sh = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, W3))) * 8
-    sh = gl.expand_dims(gl.expand_dims(sh, 0), 0)
-    xh = gl.sum(((xi >> 8) & 0xFF) << sh, axis=2)  # [8, 4]: word 4 b + m of the tile
-    xl = gl.sum((xi & 0xFF) << sh, axis=2)
-    c = -8 * gl.sum(gl.sum(xi, axis=2), axis=1)
-    x_dst.slice(0, 1, dim=0).store(gl.reshape(xh, [1, 32]))
-    x_dst.slice(1, 1, dim=0).store(gl.reshape(xl, [1, 32]))
-    ce_dst.slice(0, 1, dim=0).store(gl.reshape(c, [1, 8]))
-    ce_dst.slice(1, 1, dim=0).store(gl.reshape(step.to(gl.int32, bitcast=True), [1, 8]))
 
 
 @gluon.jit
@@ -200,18 +159,11 @@ def _accumulate(t, acc_lo, acc_hi, masks):
 
 
 @gluon.jit
-def _consumer(bufs, bufs2, ready, empty, k_iters, masks, combine, GLU: gl.constexpr, HALF: gl.constexpr,
-              STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr, COMBINE: gl.constexpr,
-              A_SPLITS: gl.constexpr, HAS_PQS_IN: gl.constexpr, COMPUTE: gl.constexpr):
+def _consumer(bufs, bufs2, ready, empty, k_iters, masks, GLU: gl.constexpr, HALF: gl.constexpr,
+              STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr):
     if PDL:  # its epilogue writes buffers the previous kernels read: not before they are done
         gdc_wait()
         gdc_launch_dependents()
-    o_ptr, lse_ptr, pqs_ptr, x_made, ce_made, k0 = combine
-    if COMBINE:  # the input's tiles from attention's split partials, while the first weights land
-        for i in range(k_iters):
-            _combined_tile(o_ptr, lse_ptr, pqs_ptr, k0 + i, x_made.index(i), ce_made.index(i), A_SPLITS,
-                           HAS_PQS_IN, COMPUTE)
-        gl.thread_barrier()  # every consumer warp's tiles written before any reads them
     acc_lo = gl.zeros([HALF, 8], gl.float32, A2)
     acc_hi = gl.zeros([HALF, 8], gl.float32, A2)
     acc2_lo = gl.zeros([HALF, 8], gl.float32, A2)
@@ -219,12 +171,9 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, masks, combine, GLU: gl.conste
     for i in range(k_iters):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        if COMBINE:
-            t = _read_tile(bufs, s, x_made.index(i), ce_made.index(i), HALF, B2, A2)
-        else:
-            t = _read_tile(bufs, s, bufs[1].index(s), bufs[3].index(2 * s), HALF, B2, A2)
+        t = _read_tile(bufs, s, HALF, B2, A2)
         if GLU:
-            t2 = _read_tile(bufs2, s, bufs2[1].index(s), bufs2[3].index(2 * s), HALF, B2, A2)
+            t2 = _read_tile(bufs2, s, HALF, B2, A2)
         fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
         mbarrier.arrive(empty.index(s), count=1)
         acc_lo, acc_hi = _accumulate(t, acc_lo, acc_hi, masks)
@@ -281,12 +230,11 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 @gluon.jit
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
-    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr, o_ptr, lse_ptr, pqs_in_ptr,
+    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
     N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, FIXED: gl.constexpr, CLEAR: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr,
-    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, COMBINE: gl.constexpr,
-    A_SPLITS: gl.constexpr, PER: gl.constexpr, HAS_PQS_IN: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -307,16 +255,10 @@ def _ws_gemv_kernel(
     k_iters = gl.minimum(per_split, k_tiles - k0)
     row0 = pid_n * HALF
     masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
-    ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    # COMBINE: the input tiles the consumers make (attention.dense taking attention's split partials)
-    x_made = gl.allocate_shared_memory(gl.int32, [PER if COMBINE else 1, 2, 32], ROWS)
-    ce_made = gl.allocate_shared_memory(gl.int32, [PER if COMBINE else 1, 2, 8], ROWS)
-    combine = (o_ptr, lse_ptr, pqs_in_ptr, x_made, ce_made, k0)
     acc_lo, acc_hi, acc2_lo, acc2_hi = gl.warp_specialize([
-        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, combine, GLU, HALF, STAGES, B2, A2, PDL, COMBINE,
-                     A_SPLITS, HAS_PQS_IN, COMPUTE)),
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, GLU, HALF, STAGES, B2, A2, PDL)),
         (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU, STAGES, PDL, EARLY,
-                     TILED, COMBINE)),
+                     TILED)),
     ], [1], [40])
     if CLEAR:  # another linear's accumulators, between their last reader and their next writer (fixed_sum)
         lanes = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
@@ -403,13 +345,10 @@ def _tiled(q, half: int) -> bool:
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
            counters: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-           combine: tuple[torch.Tensor, torch.Tensor] | None = None, masks: tuple[int, int, int, int]):
+           masks: tuple[int, int, int, int]):
     """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
     quant_gemv's nibble masks and XORs (low, then high nibbles); an int64 ``out``: the accumulators the splits
-    are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero; ``combine``: attention's
-    split partials and log-sum-exps (``attention.decode_attention``'s ``o_work`` [1, heads, S, 128] and
-    ``lse_work``), which the consumer warps combine into the input themselves (``x``'s planes are not read;
-    attention.dense at 128-dim heads: a K tile is a head)."""
+    are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero."""
     glu = q2 is not None
     assert fits(q, cfg.block_n) and cfg.block_k == 128 and x.planes.shape[0] == 1
     assert not glu or cfg.splits == 1, "the warp-specialized GLU does not split K"
@@ -426,20 +365,14 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
     descs = _descriptors(x, q, half)
     descs += _descriptors(x2, q2, half) if glu else descs
     dst = prepare_out or x
-    o_work, lse_work = combine if combine is not None else (dst.planes, dst.planes)
-    if combine is not None:
-        assert not glu and fixed and o_work.shape[0] == 1 and o_work.shape[-1] == 128 and q.k == 128 * o_work.shape[1]
-        assert o_work.shape[2] % 8 == 0 and o_work.is_contiguous() and lse_work.is_contiguous()
     if prepare_out is not None:
         assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
     return _ws_gemv_kernel[grid](
         *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
-        clear if clear is not None else dst.planes, o_work, lse_work, x.pqs if x.pqs is not None else dst.planes,
-        q.n, k_tiles, per_split,
+        clear if clear is not None else dst.planes, q.n, k_tiles, per_split,
         0 if glu or fixed or out.dim() == 2 else out.stride(0), *masks, clear.numel() if clear is not None else 0,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None, COMPUTE=tl_dtype(compute), HALF=half,
         STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
-        TILED=tiled, COMBINE=combine is not None, A_SPLITS=o_work.shape[2] if combine is not None else 8,
-        PER=per_split, HAS_PQS_IN=x.pqs is not None, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+        TILED=tiled, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )
