@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,10 +69,18 @@ class StubHandler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
 
 
+class QuietServer(ThreadingHTTPServer):
+    """Load generators drop connections on purpose (timeouts, cancellation): no traceback in the test output."""
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 @contextlib.contextmanager
 def stub_server() -> Iterator[str]:
     """Serve StubHandler on a free loopback port; yields ``host:port``."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StubHandler)
+    server = QuietServer(("127.0.0.1", 0), StubHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

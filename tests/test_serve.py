@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -212,6 +213,22 @@ def test_bad_http_requests_are_400s_naming_the_field(server, endpoint, body, mes
         response = post(server, model, endpoint, body)
         assert response.status_code == 400, (model, response.status_code, response.text)
         assert message in error_of(response), (model, response.text)
+    assert ready(server)
+
+
+def test_a_client_that_resets_mid_request_is_one_line_in_the_log(server):
+    """The HTTP front, when a client resets its connection before its headers are done: a line naming the client in
+    the server log, not socketserver's traceback, and the server stays ready."""
+    log = Path(server.log)
+    start = log.stat().st_size
+    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
+        sock.sendall(b"POST /v2/models/ensemble/generate HTTP/1.1\r\nHost: x\r\n")  # no end of headers
+        time.sleep(0.2)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    deadline = time.monotonic() + 10
+    while b"went away" not in (new := log.read_bytes()[start:]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert b"http front: client 127.0.0.1 went away" in new and b"Traceback" not in new, new[-2000:]
     assert ready(server)
 
 

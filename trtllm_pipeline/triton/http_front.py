@@ -143,6 +143,15 @@ class Front(http.server.ThreadingHTTPServer):
         super().__init__(listen, Handler)
         self.upstream, self.limits, self.stop_address = upstream, limits, stop_address
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that goes away mid-request (reset, broken pipe, timeout) is ordinary for a server: one line in
+        the log instead of socketserver's traceback; anything else keeps the traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            print(f"http front: client {client_address[0]} went away: {exc}", file=sys.stderr, flush=True)
+            return
+        super().handle_error(request, client_address)
+
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
