@@ -51,15 +51,8 @@ def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, QKV_SPLITS: 
                 HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
     """The projection output at ``cols`` and at the rotate-half partner columns (its split partials summed, or
     FIXED: its int64 accumulators' values), rounded as eager."""
-    x = tl.zeros(cols.shape, dtype=tl.float32)
-    xr = tl.zeros(cols.shape, dtype=tl.float32)
-    if FIXED:
-        x = fixed_sum.load(qkv_ptr + cols, mask)
-        xr = fixed_sum.load(qkv_ptr + rot_cols, mask)
-    else:
-        for s in tl.static_range(QKV_SPLITS):
-            x += tl.load(qkv_ptr + s * stride_qs + cols, mask=mask, other=0.0)
-            xr += tl.load(qkv_ptr + s * stride_qs + rot_cols, mask=mask, other=0.0)
+    x = fixed_sum.summed(qkv_ptr, stride_qs, cols, mask, QKV_SPLITS, FIXED)
+    xr = fixed_sum.summed(qkv_ptr, stride_qs, rot_cols, mask, QKV_SPLITS, FIXED)
     if HAS_BIAS:
         x += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         xr += tl.load(bias_ptr + rot_cols, mask=mask, other=0.0).to(tl.float32)
@@ -222,9 +215,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
     ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``).
     """
-    fixed = fixed_sum.is_accumulator(qkv_partials)
-    if fixed:  # one row of sums per request: as a single split
-        qkv_partials = qkv_partials[None]
+    qkv_partials, fixed = fixed_sum.as_partials(qkv_partials)
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
     d = k_cache.shape[-1]
     splits = o_work.shape[2]

@@ -45,6 +45,25 @@ def load(ptr, mask):
 
 
 @triton.jit
+def summed(ptr, stride_s, offs, mask, SPLITS: tl.constexpr, FIXED: tl.constexpr):
+    """A linear's float32 output at ``offs`` as its consumer reads it: the accumulators' values (FIXED), or
+    the SPLITS split partials ``stride_s`` apart summed in split order (0 where not ``mask``)."""
+    if FIXED:
+        return load(ptr + offs, mask)
+    y = tl.zeros(offs.shape, dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        y += tl.load(ptr + s * stride_s + offs, mask=mask, other=0.0)
+    return y
+
+
+def as_partials(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A linear's output as ``summed`` takes it: [S, B, N] split partials as they are, int64 accumulators [B, N]
+    as one split; and whether they are accumulators."""
+    fixed = is_accumulator(t)
+    return (t[None] if fixed else t), fixed
+
+
+@triton.jit
 def clear(ptr, n, pid, programs, lanes):
     """Program ``pid`` of ``programs`` sets its share of the ``n`` accumulators at ``ptr`` to zero; ``lanes``:
     ``arange(0, L)`` in the caller's layout (Gluon or Triton)."""

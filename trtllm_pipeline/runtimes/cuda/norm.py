@@ -43,12 +43,7 @@ def _residual_rmsnorm_kernel(
         token = tl.load(tok_ptr + b)
         x = tl.load(emb_ptr + token * stride_emb + cols, mask=ok, other=0.0).to(tl.float32)
     else:
-        y = tl.zeros((BLOCK,), dtype=tl.float32)
-        if FIXED:  # the linear's exact split sum
-            y = fixed_sum.load(part_ptr + b * stride_pb + cols, ok)
-        else:
-            for s in tl.static_range(PARTS):
-                y += tl.load(part_ptr + s * stride_ps + b * stride_pb + cols, mask=ok, other=0.0)
+        y = fixed_sum.summed(part_ptr + b * stride_pb, stride_ps, cols, ok, PARTS, FIXED)
         y = y.to(COMPUTE).to(tl.float32)
         x = tl.load(x_ptr + b * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
         x = (x + y).to(COMPUTE).to(tl.float32)
@@ -92,9 +87,9 @@ def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: tor
     """
     batch, hidden = x.shape
     embed = partials is None
-    fixed = fixed_sum.is_accumulator(partials)
-    if fixed:
-        partials = partials[None]
+    fixed = False
+    if not embed:
+        partials, fixed = fixed_sum.as_partials(partials)
     assert len(prepared) <= 2 and all(p.k == hidden and p.block == prepared[0].block for p in prepared)
     a, b = (list(prepared) + [None, None])[:2]
     block = triton.next_power_of_2(hidden)

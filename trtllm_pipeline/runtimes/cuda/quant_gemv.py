@@ -484,6 +484,8 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     if isinstance(x, torch.Tensor):
         assert x.shape[0] == 1
         x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
+    fixed = fixed_sum.is_accumulator(out)
+    assert not fixed or q2 is None and out.numel() >= q.n, "int64 accumulators take a split GEMV's whole output"
     if cfg.ws:
         return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
                                     counters=counters, clear=clear,
@@ -501,8 +503,6 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     even = k % cfg.block_k == 0 and k_iters % splits == 0 and (q.n // 2) % half == 0
     words, words2 = q.weight.view(torch.int32), q2.weight.view(torch.int32)
     assert words.stride() == words2.stride() and words.stride(1) == 1
-    fixed = fixed_sum.is_accumulator(out)
-    assert not fixed or not glu and out.numel() >= q.n
     stride_os = 0 if glu or fixed or out.dim() == 2 else out.stride(0)
     if prepare_out is not None:
         assert glu and cfg.block_n % prepare_out.block == 0 and prepare_out.k == q.n
