@@ -553,9 +553,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
     empty kernel on its grid), attention's options (attn:nokvpre,
-    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch),
-    mlp.proj's splits each waiting for the GLU programs of their rows only, or for the whole GLU launch
-    (handoff, nohandoff: ``decode_step.GLU_HANDOFF``).
+    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch).
     The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
@@ -563,7 +561,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
     tiled = quant_gemv_ws.TILED_WEIGHTS
-    greedy_kernel, handoff = decode_step.GREEDY_KERNEL, decode_step.GLU_HANDOFF
+    greedy_kernel = decode_step.GREEDY_KERNEL
     for name in INT4_VARIANTS:
         options, overrides, undo = {}, {}, []
         for part in name.split("+"):
@@ -573,8 +571,6 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 undo += _attention_option(part[5:])
             elif part == "argmax:torch":
                 decode_step.GREEDY_KERNEL = False
-            elif part in ("handoff", "nohandoff"):  # mlp.proj's splits waiting for their GLU rows only, or not
-                decode_step.GLU_HANDOFF = part == "handoff"
             elif part.startswith("norm"):
                 norm.default_warps = lambda hidden, w=int(part[4:]): w
             elif part.startswith("combine"):
@@ -630,7 +626,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
             quant_gemv_ws.TILED_WEIGHTS = tiled
-            decode_step.GREEDY_KERNEL, decode_step.GLU_HANDOFF = greedy_kernel, handoff
+            decode_step.GREEDY_KERNEL = greedy_kernel
             for module, attr, original in reversed(undo):
                 setattr(module, attr, original)
         log(f"quant step int4_awq variant {rows[-1]}")

@@ -59,11 +59,10 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
-def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS,
-               handoff: bool = False):
+def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS):
     """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input,
     the others adding into int64 accumulators, each clearing another linear's; ``tiled``: reading the
-    tile-by-tile copy of the weights; ``handoff``: the GLU signalling its rows to proj, proj waiting for them)."""
+    tile-by-tile copy of the weights)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
@@ -76,13 +75,12 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
              "ce_desc": desc([2, 8])}
     consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=False, FIXED=not glu,
                   CLEAR=True, COMPUTE=tl.bfloat16, HALF=half, STAGES=stages, PDL=True,
-                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, SIGNAL=handoff and glu, AWAIT=handoff and not glu,
-                  num_warps=4)
+                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, num_warps=4)
     sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
            "out_ptr": "*bf16" if glu else "*i64", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
-           "clear_ptr": "*i64", "flag_ptr": "*i64",
+           "clear_ptr": "*i64",
            **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi",
-                            "clear_n", "flag_per", "flag_total"), "i32"),
+                            "clear_n"), "i32"),
            **dict.fromkeys(consts, "constexpr")}
     src = GluonASTSource(quant_gemv_ws._ws_gemv_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -94,7 +94,6 @@ class StepBuffers:
     sums: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
-    handoff: quant_gemv_ws.Handoff | None = None  # the GLU's rows to mlp.proj split by split (GLU_HANDOFF)
 
     @property
     def tokens(self) -> torch.Tensor:  # the token each row feeds back
@@ -124,9 +123,6 @@ class _TpBuffers:
 CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
-# mlp.proj's K splits each start once the GLU programs writing their inputs are done, rather than when the whole
-# GLU launch is (quant_gemv_ws.Handoff; warp-specialized GEMVs with int64 accumulators under PDL)
-GLU_HANDOFF = False
 
 
 class Unsupported(Exception):
@@ -234,14 +230,6 @@ class DecodeStep:
             # (the GEMVs clear them too: every one of them has to run the GEMV kernel)
             sums = {"qkv": fixed_sum.accumulator(batch, self.qkv_width, device=dev),
                     "hidden": fixed_sum.accumulator(batch, self.hidden, device=dev)}
-        handoff = None
-        if sums and GLU_HANDOFF and self.pdl and batch == 1:
-            # mlp.proj's own accumulators, its split counters after them (cleared with them by QKV's GEMV)
-            mlp = fixed_sum.accumulator(batch, self.hidden + 64, device=dev)
-            handoff = quant_gemv_ws.handoff(mlp[0, self.hidden:], first.fc.quant, configs["glu"], first.proj.quant,
-                                            configs["proj"])
-            if handoff is not None:
-                sums["mlp"] = mlp
         glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, configs["glu"]))
                   if counters is not None and configs["glu"].gemv and configs["glu"].splits > 1 else None)
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
@@ -268,7 +256,6 @@ class DecodeStep:
             sums=sums,
             glu_workspace=glu_ws,
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
-            handoff=handoff,
         )
 
     def _tile_weights(self, configs: dict[str, linear.LinearConfig]) -> None:
@@ -316,8 +303,7 @@ class DecodeStep:
 
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
                   buf: StepBuffers, prepared: gemv_input.Prepared | None = None,
-                  sums: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-                  handoff: quant_gemv_ws.Handoff | None = None) -> torch.Tensor:
+                  sums: torch.Tensor | None = None, clear: torch.Tensor | None = None) -> torch.Tensor:
         """Launch one linear into ``out`` (split-K partials); returns what its consumer reads: the INT4 GEMV's
         accumulators ``sums`` (split_sum "fixed", the GEMV setting the accumulators ``clear`` to zero too), or
         its partials summed into the first split ("last")."""
@@ -328,8 +314,7 @@ class DecodeStep:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
             return out
         if sums is not None:
-            more = {"handoff": handoff} if handoff is not None else {}
-            quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear, **more)
+            quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear)
             return sums
         quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
@@ -340,8 +325,6 @@ class DecodeStep:
             fc, gate = prep.get("fc"), prep.get("gate")
             gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters, workspace=buf.glu_workspace,
                         clear=buf.sums.get("hidden")) if fc and gate else {}
-            if buf.handoff is not None:
-                gemv["handoff"] = buf.handoff
             quant_linear.quant_glu(fc or x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl, **gemv)
         else:
             linear.glu(x, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, out, cfg,
@@ -369,11 +352,10 @@ class DecodeStep:
             prep = buf.prepared[i] if buf.prepared else {}
             qkv = buf.partials[: cfg["qkv"].splits]
             # Each accumulator is cleared by a launch between its last reader and its next writer (fixed_sum): the
-            # hidden ones (read by the norm before) by QKV's GEMV (mlp.proj's, and the Handoff's counters after
-            # them) and the GLU's (attention.dense's), the QKV ones (read by attention) by dense's.
-            proj_sums = buf.sums.get("mlp", buf.sums.get("hidden"))
+            # hidden ones (read by the norm before) by QKV's GEMV and the GLU's, the QKV ones (read by attention)
+            # by dense's.
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
-                                 clear=proj_sums)
+                                 clear=buf.sums.get("hidden"))
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
@@ -388,8 +370,7 @@ class DecodeStep:
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
             proj_in = prep.get("proj") if "fc" in prep else None
-            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in, proj_sums,
-                                  handoff=buf.handoff)
+            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in, buf.sums.get("hidden"))
             proj = self._all_reduce(proj, buf)
             last = i + 1 == n
             following = None if last else self.layers[i + 1]

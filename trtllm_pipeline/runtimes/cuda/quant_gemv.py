@@ -468,7 +468,7 @@ def launch_input(x: torch.Tensor, q, compute: torch.dtype) -> gemv_input.Prepare
 def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
            counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-           clear: torch.Tensor | None = None, handoff: "quant_gemv_ws.Handoff | None" = None):
+           clear: torch.Tensor | None = None):
     """``out[s] = x W[:, K_s]^T`` per split (float32 [splits, 1, N]), or with ``q2`` ``out = silu(x W^T) *
     (x W2^T)`` (compute dtype [1, N]; ``prepare_out``: also written there as the next GEMV's input).
 
@@ -477,8 +477,7 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     (``row_tiles``; left zero again): the splits are summed into ``out[0]`` by each row tile's last program.
     The GLU splits K only with ``counters`` and a float32 ``workspace`` of ``glu_workspace`` elements: its
     last program per row tile sums fc and gate there, then applies SiLU. ``clear``: int64 accumulators of another
-    linear that the launch sets to zero (``fixed_sum.clear``; after its PDL wait). ``handoff``: the GLU's rows
-    handed to mlp.proj split by split (warp-specialized configs only: ``quant_gemv_ws.Handoff``).
+    linear that the launch sets to zero (``fixed_sum.clear``; after its PDL wait).
 
     ``x``: the input as its producer prepared it for ``q`` (``gemv_input.Prepared``; ``x2`` for ``q2``), or a
     [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch)."""
@@ -489,9 +488,8 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     assert not fixed or q2 is None and out.numel() >= q.n, "int64 accumulators take a split GEMV's whole output"
     if cfg.ws:
         return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
-                                    counters=counters, clear=clear, handoff=handoff,
+                                    counters=counters, clear=clear,
                                     masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH))
-    assert handoff is None, "only the warp-specialized GEMV hands the GLU's rows on"
     glu = q2 is not None
     x2, q2 = (x2, q2) if glu else (x, q)
     k = q.k

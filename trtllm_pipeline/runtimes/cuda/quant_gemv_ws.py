@@ -70,39 +70,6 @@ def _block_dot(u, h, lo, c):
     return a
 
 
-@dataclasses.dataclass
-class Handoff:
-    """The GLU's output handed to mlp.proj split by split instead of launch to launch: each GLU program, once its
-    rows of proj's prepared input are stored, adds one to the counter of the proj K split they belong to
-    (release), and proj's producer warp waits for its split's count (acquire) where it would wait under PDL for
-    the whole GLU launch, so a split whose rows are done starts while the GLU's last programs finish.
-    ``flags``: int64, one per proj split, zero before the GLU (they sit after an accumulator that an earlier
-    launch of the step clears); ``per``: GLU programs per proj split; ``total``: GLU programs."""
-
-    flags: torch.Tensor
-    per: int
-    total: int
-
-
-@gluon.jit
-def _ld_acquire(ptrs):
-    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [ptrs], dtype=gl.int64,
-                                     is_pure=False, pack=1)
-
-
-@gluon.jit
-def _await_count(ptr, target):
-    """One warp spins until the int64 counter at ``ptr`` reaches ``target``; then the copy engine's reads (the
-    async proxy) are ordered after what the counter's writers stored before adding (the generic proxy)."""
-    LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    ptrs = ptr + gl.zeros([32], gl.int32, LANES)
-    c = _ld_acquire(ptrs)
-    while gl.min(c, 0) < target:
-        c = _ld_acquire(ptrs)
-    gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
 @gluon.jit
 def _copy_weights(w_desc, s_desc, bufs, s, bar, row0, kt, k_tiles, TILED: gl.constexpr):
     """K tile ``kt``'s packed words and scales into stage ``s`` (they do not depend on the previous kernel)."""
@@ -124,9 +91,8 @@ def _copy_input(x_desc, ce_desc, bufs, s, bar, kt):
 
 
 @gluon.jit
-def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, handoff, GLU: gl.constexpr,
-              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr,
-              AWAIT: gl.constexpr):
+def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU: gl.constexpr,
+              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr):
     w_desc, x_desc, s_desc, ce_desc = descs
     w2_desc, x2_desc, s2_desc, ce2_desc = descs2
     NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
@@ -142,10 +108,7 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
         _copy_weights(w_desc, s_desc, bufs, i, bar, row0, k0 + i, k_tiles, TILED)
         if GLU:
             _copy_weights(w2_desc, s2_desc, bufs2, i, bar, row0, k0 + i, k_tiles, TILED)
-    if AWAIT:  # only this split's rows of the GLU's output (Handoff)
-        flag_ptr, target = handoff
-        _await_count(flag_ptr, target)
-    elif PDL:
+    if PDL:
         gdc_wait()
     for i in range(k_iters):
         s = i % STAGES
@@ -197,10 +160,9 @@ def _accumulate(t, acc_lo, acc_hi, masks):
 
 @gluon.jit
 def _consumer(bufs, bufs2, ready, empty, k_iters, masks, GLU: gl.constexpr, HALF: gl.constexpr,
-              STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr, AWAIT: gl.constexpr):
+              STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr):
     if PDL:  # its epilogue writes buffers the previous kernels read: not before they are done
-        if not AWAIT:  # (Handoff: proj's epilogue adds into accumulators that no kernel still running reads)
-            gdc_wait()
+        gdc_wait()
         gdc_launch_dependents()
     acc_lo = gl.zeros([HALF, 8], gl.float32, A2)
     acc_hi = gl.zeros([HALF, 8], gl.float32, A2)
@@ -268,12 +230,11 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 @gluon.jit
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
-    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr, flag_ptr,
-    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n, flag_per, flag_total,
+    out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
+    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, FIXED: gl.constexpr, CLEAR: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr,
-    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, SIGNAL: gl.constexpr,
-    AWAIT: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -294,11 +255,10 @@ def _ws_gemv_kernel(
     k_iters = gl.minimum(per_split, k_tiles - k0)
     row0 = pid_n * HALF
     masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
-    handoff = (flag_ptr + pid_s, gl.minimum(flag_per, flag_total - pid_s * flag_per))
     acc_lo, acc_hi, acc2_lo, acc2_hi = gl.warp_specialize([
-        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, GLU, HALF, STAGES, B2, A2, PDL, AWAIT)),
-        (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, handoff, GLU, STAGES,
-                     PDL, EARLY, TILED, AWAIT)),
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, GLU, HALF, STAGES, B2, A2, PDL)),
+        (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU, STAGES, PDL, EARLY,
+                     TILED)),
     ], [1], [40])
     if CLEAR:  # another linear's accumulators, between their last reader and their next writer (fixed_sum)
         lanes = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
@@ -317,9 +277,6 @@ def _ws_gemv_kernel(
             v_lo = consumer_input(act_lo, pqs_out_ptr, 2 * rows, ok, HAS_PQS_OUT, COMPUTE)
             v_hi = consumer_input(act_hi, pqs_out_ptr, 2 * rows + 1, ok, HAS_PQS_OUT, COMPUTE)
             _store_planes(v_lo, v_hi, 2 * row0, N, xp_out_ptr, HALF)
-            if SIGNAL:  # these rows of proj's input are stored (Handoff): the barrier orders every thread's stores
-                gl.thread_barrier()  # before the one release below
-                gl.atomic_add(flag_ptr + pid_n // flag_per, 1, sem="release", scope="gpu")
     elif FIXED:  # into the int64 accumulators: the splits' exact sum, whatever order they finish in
         fixed_sum.add(out_ptr + 2 * rows, y_lo, ok)
         fixed_sum.add(out_ptr + 2 * rows + 1, y_hi, ok)
@@ -369,20 +326,6 @@ def untile_weights(tiled: torch.Tensor, n: int, k: int, half: int) -> torch.Tens
     return words[: n // 2].contiguous().view(torch.int8)
 
 
-def handoff(flags: torch.Tensor, fc, glu_cfg, proj, proj_cfg) -> Handoff | None:
-    """The ``Handoff`` between the GLU over ``fc`` (and its gate) and mlp.proj over ``proj`` when both run this
-    kernel and each proj split starts where a GLU program's rows do; None otherwise."""
-    if not (glu_cfg.ws and proj_cfg.ws and glu_cfg.splits == 1 and proj.k == fc.n):
-        return None
-    half = glu_cfg.block_n // 2
-    k_tiles = triton.cdiv(proj.k, 128)
-    per_split = triton.cdiv(k_tiles, proj_cfg.splits)
-    inputs = per_split * 128  # proj's inputs per split; a GLU program writes 2 HALF of them
-    if inputs % (2 * half) or triton.cdiv(k_tiles, per_split) > flags.numel():
-        return None
-    return Handoff(flags, inputs // (2 * half), triton.cdiv(fc.n // 2, half))
-
-
 def _descriptors(x: gemv_input.Prepared, q, half: int) -> list:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -402,11 +345,10 @@ def _tiled(q, half: int) -> bool:
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
            counters: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-           handoff: Handoff | None = None, masks: tuple[int, int, int, int]):
+           masks: tuple[int, int, int, int]):
     """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
     quant_gemv's nibble masks and XORs (low, then high nibbles); an int64 ``out``: the accumulators the splits
-    are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero; ``handoff``: the GLU signals
-    its rows of mlp.proj's input, and mlp.proj waits for them (``Handoff``; both under PDL)."""
+    are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero."""
     glu = q2 is not None
     assert fits(q, cfg.block_n) and cfg.block_k == 128 and x.planes.shape[0] == 1
     assert not glu or cfg.splits == 1, "the warp-specialized GLU does not split K"
@@ -422,20 +364,14 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
     descs = _descriptors(x, q, half)
     descs += _descriptors(x2, q2, half) if glu else descs
     dst = prepare_out or x
-    if handoff is not None:  # the GLU hands proj's input on (its prepared planes); proj adds into accumulators
-        assert pdl and handoff.flags.dtype == torch.int64 and (prepare_out is not None if glu else fixed)
-        assert handoff.total == grid[0] if glu else splits <= handoff.flags.numel()
     if prepare_out is not None:
         assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
     return _ws_gemv_kernel[grid](
         *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
-        clear if clear is not None else dst.planes, handoff.flags if handoff is not None else dst.planes,
-        q.n, k_tiles, per_split,
+        clear if clear is not None else dst.planes, q.n, k_tiles, per_split,
         0 if glu or fixed or out.dim() == 2 else out.stride(0), *masks, clear.numel() if clear is not None else 0,
-        handoff.per if handoff else 1, handoff.total if handoff else 1,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None, COMPUTE=tl_dtype(compute), HALF=half,
         STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
-        TILED=tiled, SIGNAL=handoff is not None and glu, AWAIT=handoff is not None and not glu,
-        num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+        TILED=tiled, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )
