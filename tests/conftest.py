@@ -21,25 +21,73 @@ CONFIGS = REPO / "build_configs"
 # trtllm_pipeline import so subprocesses and Triton's Python stubs inherit it.
 os.environ.setdefault("TRTLLM_PIPELINE_CACHE", str(Path(tempfile.gettempdir()) / "trtllm-pipeline-test-cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under xdist the workers share the cores: torch's default of a thread per core in every worker (and in every
+# process a test starts, servers included) oversubscribes them, and OpenMP's waiting threads spin on the cores
+# the other worker needs (two tiny AWQ calibrations at once took 75 s each, against 8 s alone). Each worker's
+# share instead, set before torch is imported (OpenBLAS, under numpy, reads it too).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0))
+                                                     // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 
 # How `make test` (-n auto --dist loadgroup) shares the tests out between xdist's workers. SPREAD_FILES: one by
 # one (each runs a long subprocess of its own, Triton's interpreter, and needs only session fixtures).
-# SERVER_FILES: all on one worker, in order, as in a single-process run: they start real servers (tritonserver,
-# its Python-backend stubs, the fronts), and two workers' servers side by side once wedged a served model under
-# test_openai's 32 streams (every request timed out; not understood yet, so not risked). Every other file runs
-# whole on one worker, so its module fixtures (quantized builds) are made once.
+# SERVER_FILES and SERVER_TESTS: all on one worker, in order, as in a single-process run: they start real servers
+# (tritonserver, its Python-backend stubs, the fronts), and two workers' servers side by side once wedged a served
+# model under test_openai's 32 streams (every request timed out; not understood yet, so not risked). Every other
+# file runs whole on one worker, so its module fixtures (quantized builds) are made once.
 SPREAD_FILES = {"test_fast_decode.py"}
-SERVER_FILES = {"test_bench_triton.py", "test_demo.py", "test_deploy.py", "test_eval.py", "test_openai.py",
-                "test_serve.py", "test_soak.py", "test_tensor_parallel.py", "test_trtllm_pytorch.py"}
+SERVER_FILES = {"test_bench_triton.py", "test_demo.py", "test_openai.py", "test_serve.py", "test_soak.py"}
+SERVER_TESTS = {"test_eval.py::test_served_model_scores_like_the_engine_in_process",
+                "test_tensor_parallel.py::test_served_tp2_answers_the_benchmark_and_stop_leaves_no_worker"}
+# The units started first, longest first (seconds on a 2-core machine), so that no long one is left for the end
+# while the other worker idles; the others follow in collection order.
+START_FIRST = ("servers",  # 420 s
+               "test_fast_decode.py::test_fast_kernels_give_eager_greedy_tokens_int4_awq",  # 160 s
+               "test_fast_decode.py::test_fast_kernels_run_tensor_parallel",  # 130 + 85 s
+               "test_fast_decode.py",  # 30-65 s each
+               "test_tensor_parallel.py", "test_trtllm_pytorch.py", "test_architecture.py", "test_build.py",  # 50-65 s
+               "test_formats.py", "test_eval.py")  # 40 s
+
+
+def group_of(nodeid: str) -> str:
+    """The work unit a test belongs to under ``--dist loadgroup`` (tests of one unit run on one worker, in order)."""
+    path, _, name = nodeid.partition("::")
+    file = path.rsplit("/", 1)[-1]
+    if file in SPREAD_FILES:
+        return nodeid
+    return "servers" if file in SERVER_FILES or f"{file}::{name.split('[', 1)[0]}" in SERVER_TESTS else file
+
+
+def start_rank(nodeid: str) -> int:
+    path, _, name = nodeid.partition("::")
+    group, test = group_of(nodeid), f"{path.rsplit('/', 1)[-1]}::{name}"
+    return next((i for i, first in enumerate(START_FIRST) if group == first or test.startswith(first)),
+                len(START_FIRST))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """loadgroup's scheduler, grouping by ``group_of`` rather than by xdist_group marks: with pytest 9.2 and
+    pytest-xdist 3.8 the marks are silently ignored (xdist renames ``item._nodeid``, which pytest no longer
+    reads: pytest-dev/pytest-xdist#1386), and every test became a unit of its own, its module and session
+    fixtures made again on each worker and two session servers running side by side. The units start in
+    collection order (``pytest_collection_modifyitems``), not xdist's most-tests-first."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return FileGroups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in SERVER_FILES:
-            item.add_marker(pytest.mark.xdist_group("servers"))
-        elif item.path.name not in SPREAD_FILES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the order units start in (a stable sort: files stay in order)
+        items.sort(key=lambda item: start_rank(item.nodeid))
 
 
 @pytest.fixture(scope="session")

@@ -78,7 +78,10 @@ class TorchBackend(Backend):
                f"--http-address={ports.http_bind}", f"--http-port={ports.http}",
                f"--grpc-address={ports.host}", f"--grpc-port={ports.grpc}",
                f"--metrics-address={ports.host}", f"--metrics-port={ports.metrics}",
-               f"--exit-timeout-secs={SERVER_EXIT_TIMEOUT_S}", "--pinned-memory-pool-byte-size=0"]
+               f"--exit-timeout-secs={SERVER_EXIT_TIMEOUT_S}", "--pinned-memory-pool-byte-size=0",
+               # deploy writes every config.pbtxt whole: completing them would start one more Python-backend
+               # stub per model, importing its model.py (torch, transformers) only to be asked for nothing
+               "--disable-auto-complete-config"]
         if not gpus():
             cmd.append("--allow-gpu-metrics=false")
         return cmd, env
