@@ -441,6 +441,17 @@ def _with_configs(configs: dict[tuple[int, int, bool], linear.LinearConfig], pic
     return pick_variant
 
 
+# the whole-step variants' parts by name (variant_rows), and by prefix
+VARIANT_PARTS = ("default", "argmax:torch", "nofold", "tail", "partials", "sum:last", "nopdl", "tma", "late", "tiled",
+                 "nocarveout", "dot", "regs", "glu32", "glu32p")
+VARIANT_PREFIXES = ("skip:", "attn:", "norm", "combine", "early:", "carveout:", "splits/")
+
+
+def _known_part(part: str) -> bool:
+    return (part in VARIANT_PARTS or part.startswith(VARIANT_PREFIXES) or part in SWEEP_BEST
+            or part.split(":")[0] in LINEAR_KEYS)
+
+
 def _gemv_variant(name: str):
     """A replacement for quant_linear.pick_config: the batch-1 INT4 step with other tiles or split counts,
     timed whole (split-K trades kernel time against the reduction in the next kernel, which the per-kernel
@@ -553,7 +564,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     split combine (combine<warps>), or without one kind of launch (skip:<norm|attention|combine|qkv|dense|glu|
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
     empty kernel on its grid), attention's options (attn:nokvpre,
-    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch).
+    attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch),
+    the input RMSNorm by its own launch instead of folded into the QKV GEMV (nofold).
     The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
@@ -561,7 +573,10 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
     tiled = quant_gemv_ws.TILED_WEIGHTS
-    greedy_kernel = decode_step.GREEDY_KERNEL
+    greedy_kernel, fold, tail = decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM, decode_step.TAIL_POST_NORM
+    unknown = [p for name in INT4_VARIANTS for p in name.split("+") if not _known_part(p)]
+    if unknown:  # (timed as the default, an unknown name would read as a measurement of something else)
+        raise ValueError(f"unknown INT4_VARIANTS parts: {unknown}")
     for name in INT4_VARIANTS:
         options, overrides, undo = {}, {}, []
         for part in name.split("+"):
@@ -571,6 +586,10 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 undo += _attention_option(part[5:])
             elif part == "argmax:torch":
                 decode_step.GREEDY_KERNEL = False
+            elif part == "nofold":  # the input RMSNorm by its own launch, not folded into the QKV GEMV
+                decode_step.FOLD_INPUT_NORM = False
+            elif part == "tail":  # the post-attention RMSNorm by attention.dense's last programs per row tile
+                decode_step.TAIL_POST_NORM = True
             elif part.startswith("norm"):
                 norm.default_warps = lambda hidden, w=int(part[4:]): w
             elif part.startswith("combine"):
@@ -626,7 +645,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
             quant_gemv_ws.TILED_WEIGHTS = tiled
-            decode_step.GREEDY_KERNEL = greedy_kernel
+            decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM, decode_step.TAIL_POST_NORM = greedy_kernel, fold, tail
             for module, attr, original in reversed(undo):
                 setattr(module, attr, original)
         log(f"quant step int4_awq variant {rows[-1]}")

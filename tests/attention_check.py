@@ -1,6 +1,8 @@
 """Run by tests/test_fast_decode.py in a subprocess: the decode attention kernel (and its split combine)
 through Triton's interpreter, against attention computed in float64 by torch, at positions where the new
-token opens a tile, closes one, sits alone in the last tile of its split, or is the only key. Prints JSON.
+token opens a tile, closes one, sits alone in the last tile of its split, or is the only key; and once with the
+projection as int64 accumulators of the unnormalized input whose 1 / rms the kernel applies (the input norm
+folded into the QKV GEMV, gemv_input.NormFold). Prints JSON.
 
     python tests/attention_check.py
 """
@@ -12,7 +14,7 @@ import json
 import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 
-from trtllm_pipeline.runtimes.cuda import attention
+from trtllm_pipeline.runtimes.cuda import attention, fixed_sum
 
 HEADS, KV_HEADS, D, SPLITS, MAX_LEN = 8, 2, 128, 4, 320
 
@@ -56,7 +58,35 @@ def main() -> None:
         rows.append({"pos": pos, "finite": bool(out.isfinite().all()),
                      "rel_err": ((out[0].double() - expected).norm() / expected.norm()).item(),
                      "cache_written": torch.equal(k_cache[1, :, pos].double(), new_key)})
+    rows.append(folded_norm(gen, cos, sin))
     print(json.dumps(rows))
+
+
+def folded_norm(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: int = 200, hidden: int = 96,
+                eps: float = 1e-6) -> dict:
+    """The projection handed over unnormalized, as int64 accumulators, with 3 K splits' sums of squares: the
+    kernel's 1 / sqrt(sum / hidden + eps) times them is the projection ``qkv`` the reference attends with."""
+    qkv = torch.randn(1, 1, (HEADS + 2 * KV_HEADS) * D, generator=gen)
+    sumsq = torch.rand(3, generator=gen) * 50 + 10
+    rstd = torch.rsqrt(sumsq.double().sum() / hidden + eps)
+    units = torch.round(qkv[0].double() / rstd * 2.0**32).long()  # [1, N]: fixed_sum's accumulators
+    k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+    v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+    expected = reference(qkv, cos, sin, k_cache, v_cache, pos)
+    o = torch.empty(1, HEADS, SPLITS, D)
+    lse = torch.empty(1, HEADS, SPLITS)
+    out = torch.empty(1, HEADS * D, dtype=torch.bfloat16)
+    assert fixed_sum.is_accumulator(units)
+    attention.decode_attention(units, None, cos, sin, k_cache, v_cache, torch.tensor([pos]), torch.tensor([1]),
+                               o, lse, out, None, heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16,
+                               norm_sumsq=sumsq, hidden=hidden, eps=eps)
+    new_key = rope(qkv[0, 0].view(-1, D)[HEADS:HEADS + KV_HEADS].bfloat16().double(), cos[pos].double(),
+                   sin[pos].double())
+    written = k_cache[1, :, pos].double()
+    return {"pos": pos, "folded_norm": True, "finite": bool(out.isfinite().all()),
+            "rel_err": ((out[0].double() - expected).norm() / expected.norm()).item(),
+            # the key as the kernel rounds it: within a bfloat16 step of the reference's
+            "cache_written": bool(((written - new_key).abs() <= new_key.abs() * 2**-7 + 1e-6).all())}
 
 
 if __name__ == "__main__":

@@ -114,6 +114,15 @@ def test_decode_attention_scores_the_new_token_apart_from_the_cached_tiles():
         assert case["finite"] and case["cache_written"] and case["rel_err"] < 4e-3, case
 
 
+def test_residual_norm_reads_the_exact_sums_and_can_write_the_residual_elsewhere():
+    """The residual add + RMSNorm through the interpreter, reading a linear's int64 accumulators: the new residual
+    (the sum rounded as eager rounds it) written to a second buffer, the first left as it was (the decode step's
+    two residual buffers when its norms are folded into the GEMVs), the normed output the eager roundings'."""
+    r = _interpreted(None, "norm_check.py")
+    assert r["x_out_is_the_sum"] and r["residual_untouched"], r
+    assert r["normed_max_diff"] <= r["normed_max"] * 2**-8, r
+
+
 def test_greedy_token_kernel_takes_the_first_of_equal_maxima():
     """The step's argmax over the logits (greedy.py, one launch after lm_head): torch.argmax's index on every row,
     the first of two equal maxima that lie in different parts of the row, index 0 on a row of equal logits, and
@@ -137,10 +146,11 @@ def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_
 
     fn = attention._decode_attention_kernel
     consts = dict(H=28, KVH=4, D=128, GROUP=7, QKV_SPLITS=1, HAS_BIAS=True, SPLITS=32, BLOCK_H=16,
-                  BLOCK_T=attention.BLOCK_T, COMPUTE=triton.language.bfloat16, PDL=True, PREFETCH=True)
-    types = {"qkv_ptr": "*fp32", "bias_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*fp32",
+                  BLOCK_T=attention.BLOCK_T, COMPUTE=triton.language.bfloat16, PDL=True, PREFETCH=True,
+                  NORM_PARTS=10, NORM_BLOCK=16, FIXED=True)
+    types = {"qkv_ptr": "*i64", "bias_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*fp32",
              "lse_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i64",
-             "slot_ptr": "*i64", "qk_scale": "fp32"}
+             "slot_ptr": "*i64", "qk_scale": "fp32", "sq_ptr": "*fp32", "eps": "fp32"}
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     # as the launch specializes them: 16-byte aligned pointers, strides multiples of 16
@@ -241,7 +251,8 @@ def test_int4_gemv_on_hopper_is_warp_specialized():
     (UTMALDG), no cp.async (LDGSTS) and no global load, only shared-memory reads and the dp4a work: half an
     IDP.4A and about a quarter LOP3 per weight, under 1.6 instructions per weight in all (the copy-engine
     kernel: 2.4-2.6), in <= 80 registers and <= 32 KB of shared memory (three programs per SM in the 100 KB of
-    the carveout the decode step pins for it, CARVEOUT_WS)."""
+    the carveout the decode step pins for it, CARVEOUT_WS), nothing spilled; QKV's with the input norm folded in
+    (its consumers making their input tiles before the loop) the same."""
     from trtllm_pipeline.runtimes.cuda import quant_gemv
 
     glu = quant_gemv.pick_config(_hopper_shape(18944, 3584), 132, glu=True, tma=True)
@@ -250,9 +261,14 @@ def test_int4_gemv_on_hopper_is_warp_specialized():
     assert (proj.block_n, proj.splits, proj.num_stages, proj.ws) == (128, 14, 3, True)
     assert quant_gemv.carveout([glu, proj]) == quant_gemv.CARVEOUT_WS
     assert quant_gemv.carveout([dataclasses.replace(proj, ws=False)]) == quant_gemv.CARVEOUT
-    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, []), ("proj, tiled weights", proj, ["--tiled"])):
+    qkv = quant_gemv.pick_config(_hopper_shape(4608, 3584), 132, tma=True)
+    assert (qkv.block_n, qkv.splits, qkv.ws) == (128, 10, True)
+    folded = ["--fold", str(-(-28 // qkv.splits))]  # the input norm folded in (gemv_input.NormFold): 3 K tiles
+    for name, cfg, extra in (("glu", glu, ["--glu"]), ("proj", proj, []), ("proj, tiled weights", proj, ["--tiled"]),
+                             ("qkv, the norm folded in", qkv, folded)):
         r = _gemv_sass([*extra, "--ws", "--block-n", str(cfg.block_n), "--splits", str(cfg.splits),
                         "--stages", str(cfg.num_stages)])
+        assert r["local_memory_ops"] == 0, (name, r)  # nothing spilled under the 80-register cap
         per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LOP3", "FADD")}
         assert not {"UTMALDG", "LDGSTS", "LDG"} & set(r["mix"]), (name, r)
         assert per_weight["IDP"] == 0.5 and per_weight["LOP3"] <= 0.26 and per_weight["FADD"] == 0, (name, r)

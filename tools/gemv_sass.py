@@ -59,10 +59,13 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
-def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS):
+def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS,
+               fold: int = 0, tail: bool = False, rms: int = 0):
     """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input,
     the others adding into int64 accumulators, each clearing another linear's; ``tiled``: reading the
-    tile-by-tile copy of the weights)."""
+    tile-by-tile copy of the weights; ``fold``: making its input from the residual and the previous linear's sums,
+    that many K tiles per program (gemv_input.NormFold); ``tail``: the norm after it by its row tiles' last
+    programs (gemv_input.NormTail); ``rms``: a GLU applying the 1 / rms of that many row tiles' sums)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
@@ -75,12 +78,14 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
              "ce_desc": desc([2, 8])}
     consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=False, FIXED=not glu,
                   CLEAR=True, COMPUTE=tl.bfloat16, HALF=half, STAGES=stages, PDL=True,
-                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, num_warps=4)
+                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, FOLD=fold > 0,
+                  PER=triton.next_power_of_2(fold) if fold else 1, TAIL=tail, NORM_PARTS=rms, num_warps=4)
     sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
            "out_ptr": "*bf16" if glu else "*i64", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
-           "clear_ptr": "*i64",
+           "clear_ptr": "*i64", "sums_ptr": "*i64", "res_ptr": "*bf16", "res_out_ptr": "*bf16", "scale_ptr": "*fp32",
+           "sq_ptr": "*fp32", "scale2_ptr": "*fp32", "xp2_out_ptr": "*i32", "eps": "fp32",
            **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi",
-                            "clear_n"), "i32"),
+                            "clear_n", "width"), "i32"),
            **dict.fromkeys(consts, "constexpr")}
     src = GluonASTSource(quant_gemv_ws._ws_gemv_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -128,11 +133,16 @@ def main() -> None:
     ap.add_argument("--tma", action="store_true", help="weight tiles by the bulk tensor copy engine, --stages deep")
     ap.add_argument("--ws", action="store_true", help="the warp-specialized kernel (quant_gemv_ws), --stages deep")
     ap.add_argument("--tiled", action="store_true", help="with --ws: the weights' tile-by-tile copy")
+    ap.add_argument("--fold", type=int, default=0,
+                    help="with --ws: the norm folded in (gemv_input.NormFold), this many K tiles per program")
+    ap.add_argument("--tail", action="store_true", help="with --ws: the norm after it (gemv_input.NormTail)")
+    ap.add_argument("--rms", type=int, default=0, help="with --ws --glu: the 1 / rms of this many row tiles' sums")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.ws:
-        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS)
+        kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS, a.fold,
+                            a.tail, a.rms)
     else:
         kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits,
                                 tma=a.tma)
@@ -141,8 +151,10 @@ def main() -> None:
     per_thread = sum(mix.values())
     weights = a.block_n * a.block_k * (2 if a.glu else 1)
     if a.json:
+        spills = sum(1 for line in sass.splitlines() if (o := OPCODE.search(line)) and o.group(1) in ("LDL", "STL"))
         print(json.dumps({"registers": regs, "threads": 32 * a.warps, "weights": weights,
-                          "loop_per_thread": per_thread, "mix": dict(mix), "shared_bytes": kernel.metadata.shared}))
+                          "loop_per_thread": per_thread, "mix": dict(mix), "shared_bytes": kernel.metadata.shared,
+                          "local_memory_ops": spills}))
         return
     print(f"block {a.block_n} x {a.block_k}{' GLU' if a.glu else ''}, {a.warps} warps, {a.stages} stages: "
           f"{regs} registers, loop {per_thread} instructions per thread, "

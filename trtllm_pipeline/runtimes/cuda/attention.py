@@ -47,12 +47,13 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr,
-                HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
+def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, rstd, QKV_SPLITS: tl.constexpr,
+                FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
     """The projection output at ``cols`` and at the rotate-half partner columns (its split partials summed, or
-    FIXED: its int64 accumulators' values), rounded as eager."""
-    x = fixed_sum.summed(qkv_ptr, stride_qs, cols, mask, QKV_SPLITS, FIXED)
-    xr = fixed_sum.summed(qkv_ptr, stride_qs, rot_cols, mask, QKV_SPLITS, FIXED)
+    FIXED: its int64 accumulators' values; times ``rstd``, the input norm's 1 / rms where the QKV GEMV left it
+    to this kernel), rounded as eager."""
+    x = fixed_sum.summed(qkv_ptr, stride_qs, cols, mask, QKV_SPLITS, FIXED) * rstd
+    xr = fixed_sum.summed(qkv_ptr, stride_qs, rot_cols, mask, QKV_SPLITS, FIXED) * rstd
     if HAS_BIAS:
         x += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         xr += tl.load(bias_ptr + rot_cols, mask=mask, other=0.0).to(tl.float32)
@@ -66,8 +67,9 @@ def _decode_attention_kernel(
     k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct,
     pos_ptr, slot_ptr,
     o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
-    qk_scale,
-    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
+    qk_scale, sq_ptr, hidden, eps,
+    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, NORM_PARTS: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, COMPUTE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
@@ -101,6 +103,11 @@ def _decode_attention_kernel(
     cos = tl.load(cos_ptr + pos * stride_rot + d)
     sin = tl.load(sin_ptr + pos * stride_rot + d)
     row = qkv_ptr + b * stride_qb
+    rstd = 1.0
+    if NORM_PARTS > 0:  # the QKV GEMV folded the input norm in: the sum of its splits' sums of squares
+        parts = tl.arange(0, NORM_BLOCK)
+        sq = tl.load(sq_ptr + parts, mask=parts < NORM_PARTS, other=0.0, cache_modifier=".cg")
+        rstd = tl.math.rsqrt(tl.sum(sq, 0) / hidden + eps)
 
     # Query heads of this KV head, rotated: [BLOCK_H, D] (rows past GROUP are padding).
     hh = tl.arange(0, BLOCK_H)
@@ -108,16 +115,16 @@ def _decode_attention_kernel(
     q_head = kvh * GROUP + hh
     q_cols = q_head[:, None] * D + d[None, :]
     q_rot_cols = q_head[:, None] * D + d_rot[None, :]
-    q, qr = _rope_input(row, stride_qs, bias_ptr, q_cols, q_rot_cols, h_ok[:, None], QKV_SPLITS, FIXED, HAS_BIAS,
-                        COMPUTE)
+    q, qr = _rope_input(row, stride_qs, bias_ptr, q_cols, q_rot_cols, h_ok[:, None], rstd, QKV_SPLITS, FIXED,
+                        HAS_BIAS, COMPUTE)
     q = (q * cos[None, :] + sign[None, :] * qr * sin[None, :]).to(COMPUTE)
 
     # The new key (rotated) and value: [D].
     all_d = d < D
-    k, kr = _rope_input(row, stride_qs, bias_ptr, (H + kvh) * D + d, (H + kvh) * D + d_rot, all_d,
+    k, kr = _rope_input(row, stride_qs, bias_ptr, (H + kvh) * D + d, (H + kvh) * D + d_rot, all_d, rstd,
                         QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
     k = (k * cos + sign * kr * sin).to(COMPUTE)
-    v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d,
+    v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d, rstd,
                        QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
     v = v.to(COMPUTE)
     k_base = k_cache_ptr + slot * stride_cs + kvh * stride_ch
@@ -206,17 +213,21 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                      o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
                      *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int | None = None,
-                     prepared: Prepared | None = None, pdl: bool = False) -> None:
+                     prepared: Prepared | None = None, norm_sumsq: torch.Tensor | None = None, hidden: int = 0,
+                     eps: float = 0.0, pdl: bool = False) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
     int64 accumulators [B, (heads + 2 kv_heads) D] (fixed_sum);
     ``k_cache``/``v_cache``: one layer's [slots, kv_heads, max_len, D]; ``o_work``: [B, heads, SPLITS, D]
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
-    ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``).
+    ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``); ``norm_sumsq``:
+    float32 [S'] where the QKV GEMV folded the input RMSNorm in (``gemv_input.NormFold``): its K splits' sums of
+    squares of the ``hidden`` residual values, whose ``1 / sqrt(sum / hidden + eps)`` multiplies the projection.
     """
     qkv_partials, fixed = fixed_sum.as_partials(qkv_partials)
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
+    assert norm_sumsq is None or batch == 1 and fixed, "the folded norm: one row, the QKV GEMV's accumulators"
     d = k_cache.shape[-1]
     splits = o_work.shape[2]
     group = heads // kv_heads
@@ -227,8 +238,10 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         positions, slots,
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
-        LOG2E / d**0.5,
-        H=heads, KVH=kv_heads, D=d, GROUP=group, QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
+        LOG2E / d**0.5, norm_sumsq if norm_sumsq is not None else o_work, hidden, eps,
+        H=heads, KVH=kv_heads, D=d, GROUP=group, NORM_PARTS=norm_sumsq.numel() if norm_sumsq is not None else 0,
+        NORM_BLOCK=triton.next_power_of_2(norm_sumsq.numel()) if norm_sumsq is not None else 1,
+        QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
         SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t or BLOCK_T, COMPUTE=dt,
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
         num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,

@@ -7,12 +7,15 @@ fc/gate linear with its SiLU gate (quantized for mlp.proj), mlp.proj (partials),
 + the next layer's input RMSNorm. Then the final norm's output goes through lm_head into float32
 logits, whose argmax (the greedy token) is taken inside the step too (``greedy``). The INT4 GEMVs at batch 1
 add their split-K partials into int64 accumulators instead (``fixed_sum``), which the next kernel reads as
-one exact row and a later GEMV clears. Every buffer is allocated once
+one exact row and a later GEMV clears; on Hopper their QKV GEMV also makes its own input from the residual and
+mlp.proj's sums (the input RMSNorm folded in, its 1 / rms applied by attention: ``gemv_input.NormFold``), so
+those layers have seven launches. Every buffer is allocated once
 per batch size (``StepBuffers``), so the whole step can be captured in a CUDA graph and replayed with
 new tokens, slots and positions copied into its inputs.
 
 Weights are the engine's own tensors (no copy); the math and its rounding points are the eager
-model's, so the two agree up to accumulation order (checked in ``benchmarks/gpu_fast_path.py`` and,
+model's (but where a norm is folded into a GEMV: ``gemv_input.NormFold`` says what it rounds otherwise), so the
+two agree up to accumulation order (checked in ``benchmarks/gpu_fast_path.py`` and,
 through Triton's interpreter, in the CPU tests). BF16 and FP8 linears run ``linear``'s kernels; INT4-AWQ,
 W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run ``quant_linear``'s, which read the checkpoint's packed
 tensors and apply the pre-quant scale and activation quantizer to their input themselves (so for these
@@ -91,7 +94,15 @@ class StepBuffers:
     prepared: list[dict[str, gemv_input.Prepared]] = dataclasses.field(default_factory=list)
     counters: torch.Tensor | None = None  # int32 zeros: the GEMV's split counters (its last program per tile sums)
     # the INT4 GEMVs' int64 accumulators (fixed_sum), by output: "qkv" [B, qkv width], "hidden" [B, hidden]
+    # (attention.dense's), "mlp" (mlp.proj's: "hidden" itself unless the next QKV GEMV folds the norm in)
     sums: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # The RMSNorms folded into the GEMVs around them (``DecodeStep.fold_norms``), per layer: the input norm into
+    # its QKV GEMV (gemv_input.NormFold; None for layer 0, whose input is the embedding's norm), the post-attention
+    # norm into attention.dense's (gemv_input.NormTail). Empty: the norm kernel runs them.
+    folds: list[gemv_input.NormFold | None] = dataclasses.field(default_factory=list)
+    tails: list[gemv_input.NormTail] = dataclasses.field(default_factory=list)
+    # with folds: the residual stream's second buffer (the add before attention writes it, the one after reads it)
+    residual_new: torch.Tensor | None = None
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
 
@@ -123,6 +134,12 @@ class _TpBuffers:
 CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
+# The input RMSNorm of layers 1.. made by their warp-specialized QKV GEMV's programs, its 1 / rms applied by
+# attention (gemv_input.NormFold), and (TAIL_POST_NORM) the post-attention one by attention.dense's last programs
+# per row tile, its 1 / rms applied by the GLU (gemv_input.NormTail): two launches fewer a layer, for the eager
+# rounding of the normed input (False: the norm kernel; the benchmark's variants "nofold" and "notail")
+FOLD_INPUT_NORM = True
+TAIL_POST_NORM = False
 
 
 class Unsupported(Exception):
@@ -230,13 +247,16 @@ class DecodeStep:
             # (the GEMVs clear them too: every one of them has to run the GEMV kernel)
             sums = {"qkv": fixed_sum.accumulator(batch, self.qkv_width, device=dev),
                     "hidden": fixed_sum.accumulator(batch, self.hidden, device=dev)}
+            sums["mlp"] = sums["hidden"]
+            if self._folding(configs, batch):
+                sums["mlp"] = fixed_sum.accumulator(batch, self.hidden, device=dev)
         glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, configs["glu"]))
                   if counters is not None and configs["glu"].gemv and configs["glu"].splits > 1 else None)
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
         logits = empty(batch, self.vocab) if tp is None else tp.padded_logits[:, : self.engine.vocab]
         tokens = torch.zeros(batch, dtype=torch.long, device=dev)
 
-        return StepBuffers(
+        buf = StepBuffers(
             batch=batch,
             inputs=torch.zeros((3, batch), dtype=torch.long, device=dev),
             residual=empty(batch, self.hidden, dtype=self.dtype),
@@ -257,6 +277,38 @@ class DecodeStep:
             glu_workspace=glu_ws,
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
         )
+        if "mlp" in sums and sums["mlp"] is not sums["hidden"]:
+            self._fold_norms(buf)
+        return buf
+
+    def _folding(self, configs: dict[str, linear.LinearConfig], batch: int) -> bool:
+        """Whether this batch's step folds its norms into the GEMVs (FOLD_INPUT_NORM: the warp-specialized
+        INT4 GEMVs at batch 1, one rank)."""
+        return FOLD_INPUT_NORM and batch == 1 and self.comm is None and all(
+            configs[c].ws for c in ("qkv", "dense", "glu", "proj"))
+
+    def _fold_norms(self, buf: StepBuffers) -> None:
+        """The RMSNorms inside the GEMVs (``StepBuffers.folds`` and ``tails``). The residual stream alternates
+        between two buffers so that no program overwrites what another still reads: the embedding's norm and each
+        QKV GEMV (layers 1..: ``residual`` plus mlp.proj's sums) write ``residual_new``, and the post-attention
+        add (its norm kernel, or attention.dense's tail) reads it back into ``residual``."""
+        dev = self.engine.cache_k.device
+        buf.residual_new = torch.empty_like(buf.residual)
+        qkv_sumsq = torch.empty(buf.configs["qkv"].splits, dtype=torch.float32, device=dev)
+        buf.folds = [None]
+        for layer in self.layers[1:]:
+            buf.folds.append(gemv_input.NormFold(buf.sums["mlp"], buf.residual, buf.residual_new,
+                                                 _norm_scale(layer.input_norm, layer.qkv), qkv_sumsq))
+        if not TAIL_POST_NORM:
+            return
+        dense_sumsq = torch.empty(quant_gemv.row_tiles(self.layers[0].dense.quant, buf.configs["dense"]),
+                                  dtype=torch.float32, device=dev)
+        for i, layer in enumerate(self.layers):
+            prep = buf.prepared[i]
+            buf.tails.append(gemv_input.NormTail(
+                buf.residual_new, buf.residual, (_norm_scale(layer.post_norm, layer.fc),
+                                                 _norm_scale(layer.post_norm, layer.gate)),
+                (prep["fc"], prep["gate"]), dense_sumsq, buf.counters))
 
     def _tile_weights(self, configs: dict[str, linear.LinearConfig]) -> None:
         """The warp-specialized GEMVs' weights re-laid tile by tile for their row tiles (once per engine and
@@ -303,10 +355,12 @@ class DecodeStep:
 
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
                   buf: StepBuffers, prepared: gemv_input.Prepared | None = None,
-                  sums: torch.Tensor | None = None, clear: torch.Tensor | None = None) -> torch.Tensor:
+                  sums: torch.Tensor | None = None, clear: torch.Tensor | None = None,
+                  fold: gemv_input.NormFold | None = None, tail: gemv_input.NormTail | None = None) -> torch.Tensor:
         """Launch one linear into ``out`` (split-K partials); returns what its consumer reads: the INT4 GEMV's
         accumulators ``sums`` (split_sum "fixed", the GEMV setting the accumulators ``clear`` to zero too), or
-        its partials summed into the first split ("last")."""
+        its partials summed into the first split ("last"); ``fold``: the norm before it made by its programs,
+        ``tail``: the one after it."""
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
             return out
@@ -314,17 +368,21 @@ class DecodeStep:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
             return out
         if sums is not None:
-            quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear)
+            norms = {k: v for k, v in (("fold", fold), ("tail", tail)) if v is not None}
+            quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear,
+                                        **norms)
             return sums
         quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
 
     def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers,
-             prep: dict[str, gemv_input.Prepared]):
+             prep: dict[str, gemv_input.Prepared], rms: tuple[torch.Tensor, float] | None = None):
         if layer.fc.quant is not None:
             fc, gate = prep.get("fc"), prep.get("gate")
             gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters, workspace=buf.glu_workspace,
-                        clear=buf.sums.get("hidden")) if fc and gate else {}
+                        clear=buf.sums.get("mlp")) if fc and gate else {}
+            if rms is not None:
+                gemv["rms"] = rms
             quant_linear.quant_glu(fc or x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl, **gemv)
         else:
             linear.glu(x, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, out, cfg,
@@ -347,33 +405,43 @@ class DecodeStep:
         else:
             norm.residual_rmsnorm(buf.residual, None, self.layers[0].input_norm, buf.normed,
                                   self.layers[0].qkv.in_inv, e.eps, dt, tokens=buf.tokens, embedding=e.embedding,
-                                  prepared=_inputs(buf, 0, "qkv"), pdl=pdl)
+                                  prepared=_inputs(buf, 0, "qkv"), x_out=buf.residual_new, pdl=pdl)
         for i, layer in enumerate(self.layers):
             prep = buf.prepared[i] if buf.prepared else {}
             qkv = buf.partials[: cfg["qkv"].splits]
             # Each accumulator is cleared by a launch between its last reader and its next writer (fixed_sum): the
             # hidden ones (read by the norm before) by QKV's GEMV and the GLU's, the QKV ones (read by attention)
             # by dense's.
+            # With the norms folded in (buf.folds), mlp.proj's accumulators are their own ("mlp"): the QKV GEMV reads
+            # them, the GLU clears them.
+            fold = buf.folds[i] if buf.folds else None
+            tail = buf.tails[i] if buf.tails else None
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
-                                 clear=buf.sums.get("hidden"))
+                                 clear=buf.sums.get("hidden"), fold=fold)
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
-                                       prepared=prep.get("dense"), pdl=pdl)
+                                       prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
+                                       hidden=self.hidden, eps=e.eps, pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
-                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"))
+                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"), tail=tail)
             dense = self._all_reduce(dense, buf)
-            norm.residual_rmsnorm(buf.residual, dense, layer.post_norm, buf.normed, layer.fc.in_inv, e.eps, dt,
-                                  prepared=_inputs(buf, i, "fc", "gate"), pdl=pdl)
-            self._glu(buf.normed, layer, buf.act, cfg["glu"], buf, prep)
+            if tail is None:
+                folded = buf.residual_new is not None
+                norm.residual_rmsnorm(buf.residual_new if folded else buf.residual, dense, layer.post_norm,
+                                      buf.normed, layer.fc.in_inv, e.eps, dt, prepared=_inputs(buf, i, "fc", "gate"),
+                                      x_out=buf.residual if folded else None, pdl=pdl)
+            self._glu(buf.normed, layer, buf.act, cfg["glu"], buf, prep, rms=tail and (tail.sumsq, e.eps))
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
             proj_in = prep.get("proj") if "fc" in prep else None
-            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in, buf.sums.get("hidden"))
+            proj = self._partials(buf.act, layer.proj, proj, cfg["proj"], buf, proj_in, buf.sums.get("mlp"))
             proj = self._all_reduce(proj, buf)
             last = i + 1 == n
             following = None if last else self.layers[i + 1]
+            if not last and buf.folds and buf.folds[i + 1] is not None:
+                continue  # the next QKV GEMV adds and normalizes itself
             norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else following.input_norm,
                                   buf.final if last else buf.normed, None if last else following.qkv.in_inv,
                                   e.eps, dt, prepared=() if last else _inputs(buf, i + 1, "qkv"), pdl=pdl)
@@ -403,6 +471,12 @@ def _inputs(buf: StepBuffers, layer: int, *names: str) -> tuple[gemv_input.Prepa
     to write (none where the consumers take the producer's output as is)."""
     prep = buf.prepared[layer] if buf.prepared else {}
     return tuple(prep[n] for n in names if n in prep)
+
+
+def _norm_scale(weight: torch.Tensor, lin: _Linear) -> torch.Tensor:
+    """A folded norm's input scale for ``lin``: the norm's weight times its pre-quant scale, float32."""
+    pqs = lin.quant.pqs
+    return (weight.float() * (pqs.float() if pqs is not None else 1.0)).contiguous()
 
 
 def _linear(module) -> _Linear:

@@ -50,6 +50,48 @@ class Prepared:
         return self.planes.shape[1] * 2 * self.block // (self.block + 4)
 
 
+@dataclasses.dataclass
+class NormFold:
+    """The residual add and RMSNorm before a warp-specialized INT4 GEMV, done by that GEMV's own programs
+    instead of a norm launch between it and the linear before (``quant_gemv_ws``, ``FOLD``).
+
+    Each program needs only its K slice: it reads the previous linear's int64 accumulators (``fixed_sum``) and
+    the residual there, adds them as the norm kernel does (each rounded to the compute dtype), and prepares
+    ``x * scale`` (``scale``: the norm's weight times the GEMV's pre-quant scale, float32) as its input tile.
+    The norm's ``1 / rms(x)`` multiplies the GEMV's output instead, in its reader (attention), which sums the
+    K splits' ``sumsq`` first: ``(x * w) W^T / rms(x) = (x / rms(x) * w) W^T``. Exact as math, not as the
+    eager model rounds it (eager rounds ``x / rms``, then ``* w``, then ``* pre_quant_scale`` to the compute
+    dtype before the product: here the product takes ``x * scale`` unrounded, in the planes' 15 bits). The
+    programs of the first row tile write the residual after the add to ``residual_out`` (another buffer than
+    ``residual``, which every other program still reads) and their split's sum of squares to ``sumsq``."""
+
+    sums: torch.Tensor  # int64 [1, >= K]: the previous linear's accumulators
+    residual: torch.Tensor  # [1, K] compute dtype: the residual stream before the add
+    residual_out: torch.Tensor  # [1, K] compute dtype: after it
+    scale: torch.Tensor  # float32 [K]
+    sumsq: torch.Tensor  # float32 [>= the GEMV's K splits]
+
+
+@dataclasses.dataclass
+class NormTail:
+    """The residual add and RMSNorm after a split-K warp-specialized INT4 GEMV (attention.dense), done by the
+    last program of each of its row tiles to finish instead of by a norm launch before the next GEMV (the GLU).
+
+    Every program adds its partials into the int64 accumulators (``fixed_sum``) and counts itself on its row
+    tile's counter; the last one reads its rows' exact sums, adds them to ``residual`` as the norm kernel does,
+    writes the result to ``residual_out`` (another buffer: it is read and written by different threads) and its
+    rows' sum of squares to ``sumsq[row tile]``, and prepares ``x * scale`` for each consumer (``scales``: the
+    norm's weight times that consumer's pre-quant scale, float32) into its ``prepared`` planes, as
+    ``NormFold`` does: the norm's 1 / rms is applied by the consumer to its output (the GLU, before SiLU)."""
+
+    residual: torch.Tensor  # [1, N] compute dtype
+    residual_out: torch.Tensor  # [1, N] compute dtype
+    scales: tuple[torch.Tensor, torch.Tensor]  # float32 [N] each: mlp.fc's, mlp.gate's
+    prepared: tuple[Prepared, Prepared]  # their inputs
+    sumsq: torch.Tensor  # float32 [row tiles]
+    counters: torch.Tensor  # int32 [>= row tiles], zeros (left zero)
+
+
 def block_inputs(group: int) -> int | None:
     """Inputs per shared exponent for a scale group: 16, or the whole group when it is 4 or 8 (a block must
     lie in one group, and the GEMV chains 1, 2 or 4 words per block); None: no block fits."""

@@ -22,7 +22,8 @@ from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
 
 @triton.jit
 def _residual_rmsnorm_kernel(
-    x_ptr, part_ptr, tok_ptr, emb_ptr, w_ptr, out_ptr, out_inv_ptr, pqs_a_ptr, prep_a_ptr, pqs_b_ptr, prep_b_ptr,
+    x_ptr, x_out_ptr, part_ptr, tok_ptr, emb_ptr, w_ptr, out_ptr, out_inv_ptr, pqs_a_ptr, prep_a_ptr, pqs_b_ptr,
+    prep_b_ptr,
     stride_x, stride_ps, stride_pb, stride_emb, stride_out, stride_prep,
     HIDDEN, eps,
     PARTS: tl.constexpr, FIXED: tl.constexpr, EMBED: tl.constexpr, QUANT_OUT: tl.constexpr, PREPARE: tl.constexpr,
@@ -47,7 +48,7 @@ def _residual_rmsnorm_kernel(
         y = y.to(COMPUTE).to(tl.float32)
         x = tl.load(x_ptr + b * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
         x = (x + y).to(COMPUTE).to(tl.float32)
-    tl.store(x_ptr + b * stride_x + cols, x.to(COMPUTE), mask=ok)
+    tl.store(x_out_ptr + b * stride_x + cols, x.to(COMPUTE), mask=ok)
     rstd = tl.math.rsqrt(tl.sum(x * x, 0) / HIDDEN + eps)
     h = ((x * rstd).to(COMPUTE).to(tl.float32) * w.to(tl.float32)).to(COMPUTE)
     if QUANT_OUT:
@@ -77,10 +78,11 @@ def _params(w_ptr, pqs_a_ptr, pqs_b_ptr, cols, ok, PREPARE: tl.constexpr, PQS_A:
 def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,
                      out_inv: torch.Tensor | None, eps: float, compute: torch.dtype, *,
                      tokens: torch.Tensor | None = None, embedding: torch.Tensor | None = None,
-                     prepared: tuple[Prepared, ...] = (), pdl: bool = False) -> None:
+                     prepared: tuple[Prepared, ...] = (), x_out: torch.Tensor | None = None, pdl: bool = False) -> None:
     """``x += sum(partials)`` (or ``x = embedding[tokens]``), then ``out = rmsnorm(x) * weight``.
 
-    ``x``: [B, hidden] residual stream in the compute dtype, updated in place; ``partials``: [S, B, >= hidden]
+    ``x``: [B, hidden] residual stream in the compute dtype, updated in place (or written to ``x_out``, laid out
+    as ``x``); ``partials``: [S, B, >= hidden]
     float32, or int64 accumulators [B, >= hidden] (``fixed_sum``); ``out``: [B, hidden], FP8 when ``out_inv``
     (1 / activation scale) is given; ``prepared``: up to two INT4 GEMV inputs to write ``out`` into as well
     (``gemv_input``).
@@ -97,9 +99,10 @@ def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: tor
     def ptr(t):  # a pointer argument the kernel's flags leave unread
         return t if t is not None else x
 
+    assert x_out is None or x_out.shape == x.shape and x_out.stride() == x.stride()
     _residual_rmsnorm_kernel[(batch,)](
-        x, x if embed else partials, tokens if embed else x, embedding if embed else x, weight, out, ptr(out_inv),
-        ptr(a and a.pqs), ptr(a and a.planes), ptr(b and b.pqs), ptr(b and b.planes),
+        x, x if x_out is None else x_out, x if embed else partials, tokens if embed else x,
+        embedding if embed else x, weight, out, ptr(out_inv), ptr(a and a.pqs), ptr(a and a.planes), ptr(b and b.pqs), ptr(b and b.planes),
         x.stride(0), 0 if embed else partials.stride(0), 0 if embed else partials.stride(1),
         embedding.stride(0) if embed else 0, out.stride(0), a.planes.stride(0) if a else 0,
         hidden, eps,

@@ -92,11 +92,13 @@ def _copy_input(x_desc, ce_desc, bufs, s, bar, kt):
 
 @gluon.jit
 def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU: gl.constexpr,
-              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr):
+              STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr,
+              FOLD: gl.constexpr):
     w_desc, x_desc, s_desc, ce_desc = descs
     w2_desc, x2_desc, s2_desc, ce2_desc = descs2
-    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
-                            + ce_desc.block_type.nbytes) * (2 if GLU else 1)  # a stage: both matrices' tiles
+    # a stage: both matrices' tiles (FOLD: the weights and scales only, the consumers make the input)
+    IN_BYTES: gl.constexpr = 0 if FOLD else x_desc.block_type.nbytes + ce_desc.block_type.nbytes
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + s_desc.block_type.nbytes + IN_BYTES) * (2 if GLU else 1)
     # Under PDL (EARLY) the first stages' weights and scales are copied before waiting for the previous kernel,
     # so their DRAM latency overlaps its tail; only the input waits (the wait is per thread).
     first = 0
@@ -108,7 +110,7 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
         _copy_weights(w_desc, s_desc, bufs, i, bar, row0, k0 + i, k_tiles, TILED)
         if GLU:
             _copy_weights(w2_desc, s2_desc, bufs2, i, bar, row0, k0 + i, k_tiles, TILED)
-    if PDL:
+    if PDL and not FOLD:
         gdc_wait()
     for i in range(k_iters):
         s = i % STAGES
@@ -119,29 +121,93 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
             _copy_weights(w_desc, s_desc, bufs, s, bar, row0, k0 + i, k_tiles, TILED)
             if GLU:
                 _copy_weights(w2_desc, s2_desc, bufs2, s, bar, row0, k0 + i, k_tiles, TILED)
-        _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
-        if GLU:
-            _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
+        if not FOLD:
+            _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
+            if GLU:
+                _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
 
 
 @gluon.jit
-def _read_tile(bufs, s, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr):
-    """Stage ``s`` into registers: the weights' and planes' words by block [HALF, 8] x 4, the even and odd rows'
-    scales [HALF, 1], the block sums and powers of two [1, 8]."""
+def _copied_input(bufs, s):
+    """Stage ``s``'s input as the copy engine wrote it: the high and low planes' words [1, 32], the block sums
+    and the powers of two [1, 8]."""
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    xb = bufs[1].index(s)._reinterpret(gl.int32, [2, 32], ROWS)
+    ce = bufs[3].index(2 * s)._reinterpret(gl.int32, [2, 8], ROWS)
+    return xb.slice(0, 1, dim=0), xb.slice(1, 1, dim=0), ce.slice(0, 1, dim=0), ce.slice(1, 1, dim=0)
+
+
+@gluon.jit
+def _made_input(made, i):
+    """Tile ``i`` of the input a FOLD kernel's consumers made, as ``_copied_input`` gives a stage's."""
+    ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    per: gl.constexpr = made[0].shape[0]
+    return (made[0]._reinterpret(gl.int32, [per, 1, 32], ROWS).index(i),
+            made[1]._reinterpret(gl.int32, [per, 1, 32], ROWS).index(i),
+            made[2]._reinterpret(gl.int32, [per, 1, 8], ROWS).index(i),
+            made[3]._reinterpret(gl.int32, [per, 1, 8], ROWS).index(i))
+
+
+@gluon.jit
+def _read_tile(bufs, s, inp, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr):
+    """Stage ``s`` into registers: the weights' and planes' words by block [HALF, 8] x 4, the even and odd rows'
+    scales [HALF, 1], the block sums and powers of two [1, 8] (the input's from ``inp``: the stage's copies,
+    ``_copied_input``, or the tile a FOLD kernel's consumers made, ``_made_input``)."""
     w_bufs, x_bufs, s_bufs, ce_bufs = bufs
+    xh_in, xl_in, c_in, e_in = inp
     u = _quarters(w_bufs.index(s).load(B2), A2)
-    xb = x_bufs.index(s)._reinterpret(gl.int32, [2, 32], ROWS)
-    h = _quarters(xb.slice(0, 1, dim=0).load(B2), A2)
-    lo = _quarters(xb.slice(1, 1, dim=0).load(B2), A2)
+    h = _quarters(xh_in.load(B2), A2)
+    lo = _quarters(xl_in.load(B2), A2)
     # (a permuted [1, HALF] view read the wrong rows' scales: the box's two rows as one plain vector instead)
     sb = s_bufs.index(s)._reinterpret(gl.float32, [2 * HALF], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     s_lo = gl.expand_dims(sb.slice(0, HALF).load(gl.SliceLayout(1, A2)), 1)
     s_hi = gl.expand_dims(sb.slice(HALF, HALF).load(gl.SliceLayout(1, A2)), 1)
-    ce = ce_bufs.index(2 * s)._reinterpret(gl.int32, [2, 8], ROWS)
-    c = ce.slice(0, 1, dim=0).load(A2)
-    step = ce.slice(1, 1, dim=0).load(A2).to(gl.float32, bitcast=True)
+    c = c_in.load(A2)
+    step = e_in.load(A2).to(gl.float32, bitcast=True)
     return u, h, lo, s_lo, s_hi, c, step
+
+
+@gluon.jit
+def _normed_tiles(fold, scale, k0, k_iters, first_rows, made, PER: gl.constexpr, COMPUTE: gl.constexpr):
+    """This program's K tiles of a FOLD GEMV's input (gemv_input.NormFold), made from the previous linear's
+    accumulators and the residual: ``x = residual + y`` rounded as the norm kernel rounds it, then
+    ``x * scale`` in gemv_input's planes (store_planes, term for term): the high and low planes' words into
+    ``made[0]`` and ``made[1]`` [PER, 32], the block sums and powers of two into ``made[2]`` and ``made[3]``
+    [PER, 8]. A warp makes a tile (a thread a word). The first row tile's programs (``first_rows``) also write x
+    to the residual's other buffer and their K slice's sum of squares of x to ``sumsq[split]``."""
+    sums_ptr, res_ptr, res_out_ptr, sq_ptr, split = fold
+    L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [PER, 128]: tile, input
+    cols, ok = _tile_cols(k0, k_iters, PER, L)
+    y = fixed_sum.load(sums_ptr + cols, ok).to(COMPUTE).to(gl.float32)
+    x = (gl.load(res_ptr + cols, mask=ok, other=0.0).to(gl.float32) + y).to(COMPUTE)
+    gl.store(res_out_ptr + cols, x, mask=ok & first_rows)
+    xf = x.to(gl.float32)
+    gl.store(sq_ptr + split, gl.sum(gl.sum(xf * xf, axis=1), axis=0), mask=first_rows)
+    # store_planes on [PER, 8 blocks, 4 words, 4 bytes]: the same elements per thread as L
+    L4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [4, 1, 1, 1], [3, 2, 1, 0])
+    vb = gl.convert_layout(gl.reshape(xf * scale, [PER, 8, 4, 4]), L4)
+    amax = gl.max(gl.max(gl.abs(vb), axis=3), axis=2)
+    e = gl.maximum((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF, 15)
+    inv = gl.expand_dims(gl.expand_dims(((268 - e) << 23).to(gl.float32, bitcast=True), 2), 3)
+    step = ((e - 14) << 23).to(gl.float32, bitcast=True)
+    xi = (((vb * inv) + gemv_input.ROUND) - gemv_input.ROUND).to(gl.int32)
+    sh = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, L4)))) * 8
+    sh = gl.expand_dims(gl.expand_dims(gl.expand_dims(sh, 0), 0), 0)
+    xh = gl.sum(((xi >> 8) & 0xFF) << sh, axis=3)  # [PER, 8, 4]: word 4 b + m of each tile
+    xl = gl.sum((xi & 0xFF) << sh, axis=3)
+    c = -8 * gl.sum(gl.sum(xi, axis=3), axis=2)
+    made[0].store(gl.reshape(xh, [PER, 32]))
+    made[1].store(gl.reshape(xl, [PER, 32]))
+    made[2].store(c)
+    made[3].store(step.to(gl.int32, bitcast=True))
+
+
+@gluon.jit
+def _tile_cols(k0, k_iters, PER: gl.constexpr, L: gl.constexpr):
+    """The inputs of this program's K tiles as [PER, 128] in layout ``L``, and which are its own."""
+    t = gl.expand_dims(gl.arange(0, PER, layout=gl.SliceLayout(1, L)), 1)
+    d = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, L)), 0)
+    return (k0 + t) * 128 + d, (t < k_iters) & (d < 128)
 
 
 @gluon.jit
@@ -159,11 +225,20 @@ def _accumulate(t, acc_lo, acc_hi, masks):
 
 
 @gluon.jit
-def _consumer(bufs, bufs2, ready, empty, k_iters, masks, GLU: gl.constexpr, HALF: gl.constexpr,
-              STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr):
+def _consumer(bufs, bufs2, ready, empty, k_iters, masks, fold, GLU: gl.constexpr, HALF: gl.constexpr,
+              STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr, FOLD: gl.constexpr,
+              PER: gl.constexpr, COMPUTE: gl.constexpr):
+    fold_ptrs, scale_ptr, k0, first_rows, made = fold
+    if FOLD:  # the norm's scale (no kernel writes it) before the wait
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+        cols, ok = _tile_cols(k0, k_iters, PER, L)
+        scale = gl.load(scale_ptr + cols, mask=ok, other=0.0)
     if PDL:  # its epilogue writes buffers the previous kernels read: not before they are done
         gdc_wait()
         gdc_launch_dependents()
+    if FOLD:  # the input's tiles from the previous linear's sums, while the first weights land
+        _normed_tiles(fold_ptrs, scale, k0, k_iters, first_rows, made, PER, COMPUTE)
+        gl.thread_barrier()  # every consumer warp's tiles written before any reads them
     acc_lo = gl.zeros([HALF, 8], gl.float32, A2)
     acc_hi = gl.zeros([HALF, 8], gl.float32, A2)
     acc2_lo = gl.zeros([HALF, 8], gl.float32, A2)
@@ -171,9 +246,12 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, masks, GLU: gl.constexpr, HALF
     for i in range(k_iters):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        t = _read_tile(bufs, s, HALF, B2, A2)
+        if FOLD:
+            t = _read_tile(bufs, s, _made_input(made, i), HALF, B2, A2)
+        else:
+            t = _read_tile(bufs, s, _copied_input(bufs, s), HALF, B2, A2)
         if GLU:
-            t2 = _read_tile(bufs2, s, HALF, B2, A2)
+            t2 = _read_tile(bufs2, s, _copied_input(bufs2, s), HALF, B2, A2)
         fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
         mbarrier.arrive(empty.index(s), count=1)
         acc_lo, acc_hi = _accumulate(t, acc_lo, acc_hi, masks)
@@ -231,10 +309,12 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
     out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
-    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n,
+    sums_ptr, res_ptr, res_out_ptr, scale_ptr, sq_ptr, scale2_ptr, xp2_out_ptr,
+    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n, width, eps,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, FIXED: gl.constexpr, CLEAR: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr,
-    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, FOLD: gl.constexpr,
+    PER: gl.constexpr, TAIL: gl.constexpr, NORM_PARTS: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -255,10 +335,17 @@ def _ws_gemv_kernel(
     k_iters = gl.minimum(per_split, k_tiles - k0)
     row0 = pid_n * HALF
     masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
+    # FOLD: the input tiles the consumers make (gemv_input.NormFold), PER of them at most
+    MADE: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # per tile: plain rows
+    T: gl.constexpr = PER if FOLD else 1
+    made = (gl.allocate_shared_memory(gl.int32, [T, 32], MADE), gl.allocate_shared_memory(gl.int32, [T, 32], MADE),
+            gl.allocate_shared_memory(gl.int32, [T, 8], MADE), gl.allocate_shared_memory(gl.int32, [T, 8], MADE))
+    fold = ((sums_ptr, res_ptr, res_out_ptr, sq_ptr, pid_s), scale_ptr, k0, pid_n == 0, made)
     acc_lo, acc_hi, acc2_lo, acc2_hi = gl.warp_specialize([
-        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, GLU, HALF, STAGES, B2, A2, PDL)),
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, fold, GLU, HALF, STAGES, B2, A2, PDL, FOLD, PER,
+                     COMPUTE)),
         (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU, STAGES, PDL, EARLY,
-                     TILED)),
+                     TILED, FOLD)),
     ], [1], [40])
     if CLEAR:  # another linear's accumulators, between their last reader and their next writer (fixed_sum)
         lanes = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
@@ -269,8 +356,13 @@ def _ws_gemv_kernel(
     y_lo = gl.sum(acc_lo, axis=1)
     y_hi = gl.sum(acc_hi, axis=1)
     if GLU:
-        act_lo = silu_mul(y_lo, gl.sum(acc2_lo, axis=1), COMPUTE)
-        act_hi = silu_mul(y_hi, gl.sum(acc2_hi, axis=1), COMPUTE)
+        g_lo = gl.sum(acc2_lo, axis=1)
+        g_hi = gl.sum(acc2_hi, axis=1)
+        if NORM_PARTS > 0:  # the norm before it left its 1 / rms to this kernel (gemv_input.NormTail)
+            rstd = _rstd(sq_ptr, width, eps, NORM_PARTS, num_warps)
+            y_lo, y_hi, g_lo, g_hi = y_lo * rstd, y_hi * rstd, g_lo * rstd, g_hi * rstd
+        act_lo = silu_mul(y_lo, g_lo, COMPUTE)
+        act_hi = silu_mul(y_hi, g_hi, COMPUTE)
         gl.store(out_ptr + 2 * rows, act_lo, mask=ok)
         gl.store(out_ptr + 2 * rows + 1, act_hi, mask=ok)
         if PREPARE_OUT:  # mlp.proj's input
@@ -280,6 +372,14 @@ def _ws_gemv_kernel(
     elif FIXED:  # into the int64 accumulators: the splits' exact sum, whatever order they finish in
         fixed_sum.add(out_ptr + 2 * rows, y_lo, ok)
         fixed_sum.add(out_ptr + 2 * rows + 1, y_hi, ok)
+        if TAIL:  # the norm after it, by the row tile's last program (gemv_input.NormTail)
+            # what it needs besides the sums, read by every program before the count (no round trip after it)
+            operands = _tail_operands(res_ptr, (scale_ptr, scale2_ptr), rows, ok)
+            gl.thread_barrier()
+            if gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                _norm_tail(out_ptr, operands, res_out_ptr, (xp_out_ptr, xp2_out_ptr), sq_ptr + pid_n, rows, ok,
+                           2 * row0, N, HALF, COMPUTE)
+                gl.store(count_ptr + pid_n, 0)
     else:
         gl.store(out_ptr + pid_s * stride_os + 2 * rows, y_lo, mask=ok)
         gl.store(out_ptr + pid_s * stride_os + 2 * rows + 1, y_hi, mask=ok)
@@ -295,6 +395,48 @@ def _ws_gemv_kernel(
                 gl.store(out_ptr + 2 * rows, t_lo, mask=ok)
                 gl.store(out_ptr + 2 * rows + 1, t_hi, mask=ok)
                 gl.store(count_ptr + pid_n, 0)
+
+
+@gluon.jit
+def _tail_operands(res_ptr, scales, rows, ok):
+    """The residual at packed ``rows`` (even and odd outputs) and each consumer's scales there, float32."""
+    r_lo = gl.load(res_ptr + 2 * rows, mask=ok, other=0.0).to(gl.float32)
+    r_hi = gl.load(res_ptr + 2 * rows + 1, mask=ok, other=0.0).to(gl.float32)
+    s = ()
+    for c in gl.static_range(2):
+        s = s + (gl.load(scales[c] + 2 * rows, mask=ok, other=0.0), gl.load(scales[c] + 2 * rows + 1, mask=ok,
+                                                                             other=0.0))
+    return r_lo, r_hi, s
+
+
+@gluon.jit
+def _norm_tail(sums_ptr, operands, res_out_ptr, prepared, sq_ptr, rows, ok, k0, N, HALF: gl.constexpr,
+               COMPUTE: gl.constexpr):
+    """gemv_input.NormTail for this row tile's packed ``rows`` (outputs 2 j and 2 j + 1, from ``k0``): the exact
+    sums plus the residual (``operands``: ``_tail_operands``), rounded as the norm kernel rounds them, into the
+    residual's other buffer, their sum of squares, and ``x * scale`` as each consumer's planes
+    (``_store_planes``)."""
+    r_lo, r_hi, scales = operands
+    y_lo = fixed_sum.load(sums_ptr + 2 * rows, ok).to(COMPUTE).to(gl.float32)
+    y_hi = fixed_sum.load(sums_ptr + 2 * rows + 1, ok).to(COMPUTE).to(gl.float32)
+    x_lo = (r_lo + y_lo).to(COMPUTE)
+    x_hi = (r_hi + y_hi).to(COMPUTE)
+    gl.store(res_out_ptr + 2 * rows, x_lo, mask=ok)
+    gl.store(res_out_ptr + 2 * rows + 1, x_hi, mask=ok)
+    xf_lo = x_lo.to(gl.float32)
+    xf_hi = x_hi.to(gl.float32)
+    gl.store(sq_ptr, gl.sum(xf_lo * xf_lo + xf_hi * xf_hi, axis=0))
+    for c in gl.static_range(2):
+        _store_planes(xf_lo * scales[2 * c], xf_hi * scales[2 * c + 1], k0, N, prepared[c], HALF)
+
+
+@gluon.jit
+def _rstd(sq_ptr, width, eps, PARTS: gl.constexpr, num_warps: gl.constexpr):
+    """The norm's 1 / rms from the ``PARTS`` sums of squares its producer's row tiles left (``width`` values)."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    parts = gl.arange(0, 32 * num_warps, layout=L)
+    sq = gl.load(sq_ptr + parts, mask=parts < PARTS, other=0.0, cache_modifier=".cg")
+    return gl.rsqrt(gl.sum(sq, axis=0) / width + eps)
 
 
 def fits(q, block_n: int) -> bool:
@@ -345,10 +487,14 @@ def _tiled(q, half: int) -> bool:
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
            counters: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-           masks: tuple[int, int, int, int]):
+           fold: gemv_input.NormFold | None = None, tail: gemv_input.NormTail | None = None,
+           rms: tuple[torch.Tensor, float] | None = None, masks: tuple[int, int, int, int]):
     """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
     quant_gemv's nibble masks and XORs (low, then high nibbles); an int64 ``out``: the accumulators the splits
-    are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero."""
+    are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero; ``fold``: the residual
+    add and RMSNorm before this GEMV made by its programs (``x``'s planes are not read; gemv_input.NormFold);
+    ``tail``: the residual add and RMSNorm after it made by its row tiles' last programs (gemv_input.NormTail);
+    ``rms``: (the row tiles' sums of squares, eps) of such a tail before this GLU, whose 1 / rms it applies."""
     glu = q2 is not None
     assert fits(q, cfg.block_n) and cfg.block_k == 128 and x.planes.shape[0] == 1
     assert not glu or cfg.splits == 1, "the warp-specialized GLU does not split K"
@@ -364,14 +510,36 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
     descs = _descriptors(x, q, half)
     descs += _descriptors(x2, q2, half) if glu else descs
     dst = prepare_out or x
+    unread = dst.planes
     if prepare_out is not None:
         assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
+    # the norm's buffers: fold's, tail's, or the sums of squares a GLU's rms reads (pointers the flags leave unread)
+    sums = res = res_out = scale = scale2 = sumsq = unread
+    planes, planes2, count = dst.planes, unread, counters if reduce else unread
+    if fold is not None:
+        assert not glu and fixed and fold.sums.dtype == torch.int64 and fold.sums.numel() >= q.k
+        assert fold.residual.is_contiguous() and fold.residual_out.is_contiguous() and fold.scale.numel() == q.k
+        assert fold.scale.dtype == torch.float32 and fold.sumsq.numel() >= splits
+        sums, res, res_out, scale, sumsq = fold.sums, fold.residual, fold.residual_out, fold.scale, fold.sumsq
+    if tail is not None:
+        assert not glu and fixed and fold is None and tail.sumsq.numel() >= grid[0] >= 1
+        assert tail.counters.numel() >= grid[0] and cfg.block_n % 16 == 0
+        assert all(p.block == 16 and p.k == q.n for p in tail.prepared) and all(c.numel() == q.n for c in tail.scales)
+        res, res_out, (scale, scale2), sumsq = tail.residual, tail.residual_out, tail.scales, tail.sumsq
+        (planes, planes2), count = (p.planes for p in tail.prepared), tail.counters
+    parts = 0
+    if rms is not None:
+        sumsq, parts = rms[0], rms[0].numel()
+        assert glu and 0 < parts <= 32 * cfg.num_warps
     return _ws_gemv_kernel[grid](
-        *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
-        clear if clear is not None else dst.planes, q.n, k_tiles, per_split,
+        *descs, out, dst.pqs if dst.pqs is not None else out, planes, count,
+        clear if clear is not None else unread, sums, res, res_out, scale, sumsq, scale2, planes2,
+        q.n, k_tiles, per_split,
         0 if glu or fixed or out.dim() == 2 else out.stride(0), *masks, clear.numel() if clear is not None else 0,
+        q.k, rms[1] if rms is not None else 0.0,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None, COMPUTE=tl_dtype(compute), HALF=half,
         STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
-        TILED=tiled, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+        TILED=tiled, FOLD=fold is not None, PER=triton.next_power_of_2(per_split) if fold is not None else 1,
+        TAIL=tail is not None, NORM_PARTS=parts, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )
