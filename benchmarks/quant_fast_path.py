@@ -442,7 +442,7 @@ def _with_configs(configs: dict[tuple[int, int, bool], linear.LinearConfig], pic
 
 
 # the whole-step variants' parts by name (variant_rows), and by prefix
-VARIANT_PARTS = ("default", "argmax:torch", "nofold", "tail", "partials", "sum:last", "nopdl", "tma", "late", "tiled",
+VARIANT_PARTS = ("default", "argmax:torch", "nofold", "partials", "sum:last", "nopdl", "tma", "late", "tiled",
                  "nocarveout", "dot", "regs", "glu32", "glu32p")
 VARIANT_PREFIXES = ("skip:", "attn:", "norm", "combine", "early:", "carveout:", "splits/")
 
@@ -573,7 +573,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
     tiled = quant_gemv_ws.TILED_WEIGHTS
-    greedy_kernel, fold, tail = decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM, decode_step.TAIL_POST_NORM
+    greedy_kernel, fold = decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM
     unknown = [p for name in INT4_VARIANTS for p in name.split("+") if not _known_part(p)]
     if unknown:  # (timed as the default, an unknown name would read as a measurement of something else)
         raise ValueError(f"unknown INT4_VARIANTS parts: {unknown}")
@@ -588,8 +588,6 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 decode_step.GREEDY_KERNEL = False
             elif part == "nofold":  # the input RMSNorm by its own launch, not folded into the QKV GEMV
                 decode_step.FOLD_INPUT_NORM = False
-            elif part == "tail":  # the post-attention RMSNorm by attention.dense's last programs per row tile
-                decode_step.TAIL_POST_NORM = True
             elif part.startswith("norm"):
                 norm.default_warps = lambda hidden, w=int(part[4:]): w
             elif part.startswith("combine"):
@@ -645,7 +643,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
             quant_gemv_ws.TILED_WEIGHTS = tiled
-            decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM, decode_step.TAIL_POST_NORM = greedy_kernel, fold, tail
+            decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM = greedy_kernel, fold
             for module, attr, original in reversed(undo):
                 setattr(module, attr, original)
         log(f"quant step int4_awq variant {rows[-1]}")

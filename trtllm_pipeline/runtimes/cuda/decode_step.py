@@ -96,11 +96,9 @@ class StepBuffers:
     # the INT4 GEMVs' int64 accumulators (fixed_sum), by output: "qkv" [B, qkv width], "hidden" [B, hidden]
     # (attention.dense's), "mlp" (mlp.proj's: "hidden" itself unless the next QKV GEMV folds the norm in)
     sums: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
-    # The RMSNorms folded into the GEMVs around them (``DecodeStep.fold_norms``), per layer: the input norm into
-    # its QKV GEMV (gemv_input.NormFold; None for layer 0, whose input is the embedding's norm), the post-attention
-    # norm into attention.dense's (gemv_input.NormTail). Empty: the norm kernel runs them.
+    # per layer, the input RMSNorm folded into its QKV GEMV (gemv_input.NormFold; None for layer 0, whose input is
+    # the embedding's norm). Empty: the norm kernel runs them all (``DecodeStep._fold_norms``).
     folds: list[gemv_input.NormFold | None] = dataclasses.field(default_factory=list)
-    tails: list[gemv_input.NormTail] = dataclasses.field(default_factory=list)
     # with folds: the residual stream's second buffer (the add before attention writes it, the one after reads it)
     residual_new: torch.Tensor | None = None
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
@@ -135,11 +133,10 @@ CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
 # The input RMSNorm of layers 1.. made by their warp-specialized QKV GEMV's programs, its 1 / rms applied by
-# attention (gemv_input.NormFold), and (TAIL_POST_NORM) the post-attention one by attention.dense's last programs
-# per row tile, its 1 / rms applied by the GLU (gemv_input.NormTail): two launches fewer a layer, for the eager
-# rounding of the normed input (False: the norm kernel; the benchmark's variants "nofold" and "notail")
+# attention (gemv_input.NormFold): one launch fewer a layer, for the eager rounding of the normed input (H200, 7B
+# INT4-AWQ step: 1.648-1.651 ms against 1.697-1.701, runs 118 and 120; False: the norm kernel, the benchmark's
+# variant "nofold")
 FOLD_INPUT_NORM = True
-TAIL_POST_NORM = False
 
 
 class Unsupported(Exception):
@@ -282,16 +279,16 @@ class DecodeStep:
         return buf
 
     def _folding(self, configs: dict[str, linear.LinearConfig], batch: int) -> bool:
-        """Whether this batch's step folds its norms into the GEMVs (FOLD_INPUT_NORM: the warp-specialized
-        INT4 GEMVs at batch 1, one rank)."""
+        """Whether this batch's step folds its input norms into the QKV GEMVs (FOLD_INPUT_NORM: the
+        warp-specialized INT4 GEMVs at batch 1, one rank)."""
         return FOLD_INPUT_NORM and batch == 1 and self.comm is None and all(
             configs[c].ws for c in ("qkv", "dense", "glu", "proj"))
 
     def _fold_norms(self, buf: StepBuffers) -> None:
-        """The RMSNorms inside the GEMVs (``StepBuffers.folds`` and ``tails``). The residual stream alternates
-        between two buffers so that no program overwrites what another still reads: the embedding's norm and each
-        QKV GEMV (layers 1..: ``residual`` plus mlp.proj's sums) write ``residual_new``, and the post-attention
-        add (its norm kernel, or attention.dense's tail) reads it back into ``residual``."""
+        """The input RMSNorms inside the QKV GEMVs (``StepBuffers.folds``). The residual stream alternates between
+        two buffers so that no program overwrites what another still reads: the embedding's norm and each QKV
+        GEMV (layers 1..: ``residual`` plus mlp.proj's sums) write ``residual_new``, and the post-attention norm
+        reads it back into ``residual``."""
         dev = self.engine.cache_k.device
         buf.residual_new = torch.empty_like(buf.residual)
         qkv_sumsq = torch.empty(buf.configs["qkv"].splits, dtype=torch.float32, device=dev)
@@ -299,16 +296,6 @@ class DecodeStep:
         for layer in self.layers[1:]:
             buf.folds.append(gemv_input.NormFold(buf.sums["mlp"], buf.residual, buf.residual_new,
                                                  _norm_scale(layer.input_norm, layer.qkv), qkv_sumsq))
-        if not TAIL_POST_NORM:
-            return
-        dense_sumsq = torch.empty(quant_gemv.row_tiles(self.layers[0].dense.quant, buf.configs["dense"]),
-                                  dtype=torch.float32, device=dev)
-        for i, layer in enumerate(self.layers):
-            prep = buf.prepared[i]
-            buf.tails.append(gemv_input.NormTail(
-                buf.residual_new, buf.residual, (_norm_scale(layer.post_norm, layer.fc),
-                                                 _norm_scale(layer.post_norm, layer.gate)),
-                (prep["fc"], prep["gate"]), dense_sumsq, buf.counters))
 
     def _tile_weights(self, configs: dict[str, linear.LinearConfig]) -> None:
         """The warp-specialized GEMVs' weights re-laid tile by tile for their row tiles (once per engine and
@@ -356,11 +343,10 @@ class DecodeStep:
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
                   buf: StepBuffers, prepared: gemv_input.Prepared | None = None,
                   sums: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-                  fold: gemv_input.NormFold | None = None, tail: gemv_input.NormTail | None = None) -> torch.Tensor:
+                  fold: gemv_input.NormFold | None = None) -> torch.Tensor:
         """Launch one linear into ``out`` (split-K partials); returns what its consumer reads: the INT4 GEMV's
         accumulators ``sums`` (split_sum "fixed", the GEMV setting the accumulators ``clear`` to zero too), or
-        its partials summed into the first split ("last"); ``fold``: the norm before it made by its programs,
-        ``tail``: the one after it."""
+        its partials summed into the first split ("last"); ``fold``: the norm before it made by its programs."""
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
             return out
@@ -368,21 +354,19 @@ class DecodeStep:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
             return out
         if sums is not None:
-            norms = {k: v for k, v in (("fold", fold), ("tail", tail)) if v is not None}
+            folded = {"fold": fold} if fold is not None else {}
             quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear,
-                                        **norms)
+                                        **folded)
             return sums
         quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
 
     def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers,
-             prep: dict[str, gemv_input.Prepared], rms: tuple[torch.Tensor, float] | None = None):
+             prep: dict[str, gemv_input.Prepared]):
         if layer.fc.quant is not None:
             fc, gate = prep.get("fc"), prep.get("gate")
             gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters, workspace=buf.glu_workspace,
                         clear=buf.sums.get("mlp")) if fc and gate else {}
-            if rms is not None:
-                gemv["rms"] = rms
             quant_linear.quant_glu(fc or x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl, **gemv)
         else:
             linear.glu(x, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, out, cfg,
@@ -415,7 +399,6 @@ class DecodeStep:
             # With the norms folded in (buf.folds), mlp.proj's accumulators are their own ("mlp"): the QKV GEMV reads
             # them, the GLU clears them.
             fold = buf.folds[i] if buf.folds else None
-            tail = buf.tails[i] if buf.tails else None
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
                                  clear=buf.sums.get("hidden"), fold=fold)
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
@@ -425,14 +408,13 @@ class DecodeStep:
                                        hidden=self.hidden, eps=e.eps, pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
-                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"), tail=tail)
+                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"))
             dense = self._all_reduce(dense, buf)
-            if tail is None:
-                folded = buf.residual_new is not None
-                norm.residual_rmsnorm(buf.residual_new if folded else buf.residual, dense, layer.post_norm,
-                                      buf.normed, layer.fc.in_inv, e.eps, dt, prepared=_inputs(buf, i, "fc", "gate"),
-                                      x_out=buf.residual if folded else None, pdl=pdl)
-            self._glu(buf.normed, layer, buf.act, cfg["glu"], buf, prep, rms=tail and (tail.sumsq, e.eps))
+            folded = buf.residual_new is not None
+            norm.residual_rmsnorm(buf.residual_new if folded else buf.residual, dense, layer.post_norm, buf.normed,
+                                  layer.fc.in_inv, e.eps, dt, prepared=_inputs(buf, i, "fc", "gate"),
+                                  x_out=buf.residual if folded else None, pdl=pdl)
+            self._glu(buf.normed, layer, buf.act, cfg["glu"], buf, prep)
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
             proj_in = prep.get("proj") if "fc" in prep else None

@@ -72,26 +72,6 @@ class NormFold:
     sumsq: torch.Tensor  # float32 [>= the GEMV's K splits]
 
 
-@dataclasses.dataclass
-class NormTail:
-    """The residual add and RMSNorm after a split-K warp-specialized INT4 GEMV (attention.dense), done by the
-    last program of each of its row tiles to finish instead of by a norm launch before the next GEMV (the GLU).
-
-    Every program adds its partials into the int64 accumulators (``fixed_sum``) and counts itself on its row
-    tile's counter; the last one reads its rows' exact sums, adds them to ``residual`` as the norm kernel does,
-    writes the result to ``residual_out`` (another buffer: it is read and written by different threads) and its
-    rows' sum of squares to ``sumsq[row tile]``, and prepares ``x * scale`` for each consumer (``scales``: the
-    norm's weight times that consumer's pre-quant scale, float32) into its ``prepared`` planes, as
-    ``NormFold`` does: the norm's 1 / rms is applied by the consumer to its output (the GLU, before SiLU)."""
-
-    residual: torch.Tensor  # [1, N] compute dtype
-    residual_out: torch.Tensor  # [1, N] compute dtype
-    scales: tuple[torch.Tensor, torch.Tensor]  # float32 [N] each: mlp.fc's, mlp.gate's
-    prepared: tuple[Prepared, Prepared]  # their inputs
-    sumsq: torch.Tensor  # float32 [row tiles]
-    counters: torch.Tensor  # int32 [>= row tiles], zeros (left zero)
-
-
 def block_inputs(group: int) -> int | None:
     """Inputs per shared exponent for a scale group: 16, or the whole group when it is 4 or 8 (a block must
     lie in one group, and the GEMV chains 1, 2 or 4 words per block); None: no block fits."""

@@ -13,8 +13,11 @@ INT4-AWQ step 1.87 ms against 2.11 (docs/perf-notes.md).
 The arithmetic is quant_gemv's, term for term (the same int32 block sums, the same float32 products and order), so
 the results are its results: the same split-K partials, added into int64 accumulators (FIXED, ``fixed_sum``: the
 decode step's) or summed by each row tile's last program (REDUCE), or for the GLU ``silu(fc) * gate`` and
-mlp.proj's prepared input. Gluon kernels do not run in Triton's interpreter: on the CPU the tests compile this one
-for sm_90 and count its instructions; the H200 benchmark checks its numbers (benchmarks/quant_fast_path.py).
+mlp.proj's prepared input. With a ``gemv_input.NormFold`` (the QKV GEMV of the decode step's layers 1..) the
+consumer warps make their input tiles themselves, from the residual and the previous linear's accumulators, and
+the producer copies only weights and scales. Gluon kernels do not run in Triton's interpreter: on the CPU the
+tests compile this one for sm_90 and count its instructions; the H200 benchmark checks its numbers
+(benchmarks/quant_fast_path.py, benchmarks/split_sum_check.py).
 """
 
 from __future__ import annotations
@@ -207,7 +210,7 @@ def _tile_cols(k0, k_iters, PER: gl.constexpr, L: gl.constexpr):
     """The inputs of this program's K tiles as [PER, 128] in layout ``L``, and which are its own."""
     t = gl.expand_dims(gl.arange(0, PER, layout=gl.SliceLayout(1, L)), 1)
     d = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, L)), 0)
-    return (k0 + t) * 128 + d, (t < k_iters) & (d < 128)
+    return (k0 + t) * 128 + d, (t < k_iters) & (d < 128)  # (d < 128: the mask at the full shape)
 
 
 @gluon.jit
@@ -309,12 +312,12 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
     out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
-    sums_ptr, res_ptr, res_out_ptr, scale_ptr, sq_ptr, scale2_ptr, xp2_out_ptr,
-    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n, width, eps,
+    sums_ptr, res_ptr, res_out_ptr, scale_ptr, sq_ptr,
+    N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, FIXED: gl.constexpr, CLEAR: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr,
     STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, FOLD: gl.constexpr,
-    PER: gl.constexpr, TAIL: gl.constexpr, NORM_PARTS: gl.constexpr, num_warps: gl.constexpr,
+    PER: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -356,13 +359,8 @@ def _ws_gemv_kernel(
     y_lo = gl.sum(acc_lo, axis=1)
     y_hi = gl.sum(acc_hi, axis=1)
     if GLU:
-        g_lo = gl.sum(acc2_lo, axis=1)
-        g_hi = gl.sum(acc2_hi, axis=1)
-        if NORM_PARTS > 0:  # the norm before it left its 1 / rms to this kernel (gemv_input.NormTail)
-            rstd = _rstd(sq_ptr, width, eps, NORM_PARTS, num_warps)
-            y_lo, y_hi, g_lo, g_hi = y_lo * rstd, y_hi * rstd, g_lo * rstd, g_hi * rstd
-        act_lo = silu_mul(y_lo, g_lo, COMPUTE)
-        act_hi = silu_mul(y_hi, g_hi, COMPUTE)
+        act_lo = silu_mul(y_lo, gl.sum(acc2_lo, axis=1), COMPUTE)
+        act_hi = silu_mul(y_hi, gl.sum(acc2_hi, axis=1), COMPUTE)
         gl.store(out_ptr + 2 * rows, act_lo, mask=ok)
         gl.store(out_ptr + 2 * rows + 1, act_hi, mask=ok)
         if PREPARE_OUT:  # mlp.proj's input
@@ -372,14 +370,6 @@ def _ws_gemv_kernel(
     elif FIXED:  # into the int64 accumulators: the splits' exact sum, whatever order they finish in
         fixed_sum.add(out_ptr + 2 * rows, y_lo, ok)
         fixed_sum.add(out_ptr + 2 * rows + 1, y_hi, ok)
-        if TAIL:  # the norm after it, by the row tile's last program (gemv_input.NormTail)
-            # what it needs besides the sums, read by every program before the count (no round trip after it)
-            operands = _tail_operands(res_ptr, (scale_ptr, scale2_ptr), rows, ok)
-            gl.thread_barrier()
-            if gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                _norm_tail(out_ptr, operands, res_out_ptr, (xp_out_ptr, xp2_out_ptr), sq_ptr + pid_n, rows, ok,
-                           2 * row0, N, HALF, COMPUTE)
-                gl.store(count_ptr + pid_n, 0)
     else:
         gl.store(out_ptr + pid_s * stride_os + 2 * rows, y_lo, mask=ok)
         gl.store(out_ptr + pid_s * stride_os + 2 * rows + 1, y_hi, mask=ok)
@@ -395,48 +385,6 @@ def _ws_gemv_kernel(
                 gl.store(out_ptr + 2 * rows, t_lo, mask=ok)
                 gl.store(out_ptr + 2 * rows + 1, t_hi, mask=ok)
                 gl.store(count_ptr + pid_n, 0)
-
-
-@gluon.jit
-def _tail_operands(res_ptr, scales, rows, ok):
-    """The residual at packed ``rows`` (even and odd outputs) and each consumer's scales there, float32."""
-    r_lo = gl.load(res_ptr + 2 * rows, mask=ok, other=0.0).to(gl.float32)
-    r_hi = gl.load(res_ptr + 2 * rows + 1, mask=ok, other=0.0).to(gl.float32)
-    s = ()
-    for c in gl.static_range(2):
-        s = s + (gl.load(scales[c] + 2 * rows, mask=ok, other=0.0), gl.load(scales[c] + 2 * rows + 1, mask=ok,
-                                                                             other=0.0))
-    return r_lo, r_hi, s
-
-
-@gluon.jit
-def _norm_tail(sums_ptr, operands, res_out_ptr, prepared, sq_ptr, rows, ok, k0, N, HALF: gl.constexpr,
-               COMPUTE: gl.constexpr):
-    """gemv_input.NormTail for this row tile's packed ``rows`` (outputs 2 j and 2 j + 1, from ``k0``): the exact
-    sums plus the residual (``operands``: ``_tail_operands``), rounded as the norm kernel rounds them, into the
-    residual's other buffer, their sum of squares, and ``x * scale`` as each consumer's planes
-    (``_store_planes``)."""
-    r_lo, r_hi, scales = operands
-    y_lo = fixed_sum.load(sums_ptr + 2 * rows, ok).to(COMPUTE).to(gl.float32)
-    y_hi = fixed_sum.load(sums_ptr + 2 * rows + 1, ok).to(COMPUTE).to(gl.float32)
-    x_lo = (r_lo + y_lo).to(COMPUTE)
-    x_hi = (r_hi + y_hi).to(COMPUTE)
-    gl.store(res_out_ptr + 2 * rows, x_lo, mask=ok)
-    gl.store(res_out_ptr + 2 * rows + 1, x_hi, mask=ok)
-    xf_lo = x_lo.to(gl.float32)
-    xf_hi = x_hi.to(gl.float32)
-    gl.store(sq_ptr, gl.sum(xf_lo * xf_lo + xf_hi * xf_hi, axis=0))
-    for c in gl.static_range(2):
-        _store_planes(xf_lo * scales[2 * c], xf_hi * scales[2 * c + 1], k0, N, prepared[c], HALF)
-
-
-@gluon.jit
-def _rstd(sq_ptr, width, eps, PARTS: gl.constexpr, num_warps: gl.constexpr):
-    """The norm's 1 / rms from the ``PARTS`` sums of squares its producer's row tiles left (``width`` values)."""
-    L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    parts = gl.arange(0, 32 * num_warps, layout=L)
-    sq = gl.load(sq_ptr + parts, mask=parts < PARTS, other=0.0, cache_modifier=".cg")
-    return gl.rsqrt(gl.sum(sq, axis=0) / width + eps)
 
 
 def fits(q, block_n: int) -> bool:
@@ -487,14 +435,11 @@ def _tiled(q, half: int) -> bool:
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
            counters: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-           fold: gemv_input.NormFold | None = None, tail: gemv_input.NormTail | None = None,
-           rms: tuple[torch.Tensor, float] | None = None, masks: tuple[int, int, int, int]):
+           fold: gemv_input.NormFold | None = None, masks: tuple[int, int, int, int]):
     """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
     quant_gemv's nibble masks and XORs (low, then high nibbles); an int64 ``out``: the accumulators the splits
     are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero; ``fold``: the residual
-    add and RMSNorm before this GEMV made by its programs (``x``'s planes are not read; gemv_input.NormFold);
-    ``tail``: the residual add and RMSNorm after it made by its row tiles' last programs (gemv_input.NormTail);
-    ``rms``: (the row tiles' sums of squares, eps) of such a tail before this GLU, whose 1 / rms it applies."""
+    add and RMSNorm before this GEMV made by its programs (``x``'s planes are not read; gemv_input.NormFold)."""
     glu = q2 is not None
     assert fits(q, cfg.block_n) and cfg.block_k == 128 and x.planes.shape[0] == 1
     assert not glu or cfg.splits == 1, "the warp-specialized GLU does not split K"
@@ -513,33 +458,19 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
     unread = dst.planes
     if prepare_out is not None:
         assert glu and prepare_out.block == 16 and cfg.block_n % 16 == 0 and prepare_out.k == q.n
-    # the norm's buffers: fold's, tail's, or the sums of squares a GLU's rms reads (pointers the flags leave unread)
-    sums = res = res_out = scale = scale2 = sumsq = unread
-    planes, planes2, count = dst.planes, unread, counters if reduce else unread
+    sums = res = res_out = scale = sumsq = unread  # the fold's buffers (pointers FOLD leaves unread without it)
     if fold is not None:
         assert not glu and fixed and fold.sums.dtype == torch.int64 and fold.sums.numel() >= q.k
         assert fold.residual.is_contiguous() and fold.residual_out.is_contiguous() and fold.scale.numel() == q.k
         assert fold.scale.dtype == torch.float32 and fold.sumsq.numel() >= splits
         sums, res, res_out, scale, sumsq = fold.sums, fold.residual, fold.residual_out, fold.scale, fold.sumsq
-    if tail is not None:
-        assert not glu and fixed and fold is None and tail.sumsq.numel() >= grid[0] >= 1
-        assert tail.counters.numel() >= grid[0] and cfg.block_n % 16 == 0
-        assert all(p.block == 16 and p.k == q.n for p in tail.prepared) and all(c.numel() == q.n for c in tail.scales)
-        res, res_out, (scale, scale2), sumsq = tail.residual, tail.residual_out, tail.scales, tail.sumsq
-        (planes, planes2), count = (p.planes for p in tail.prepared), tail.counters
-    parts = 0
-    if rms is not None:
-        sumsq, parts = rms[0], rms[0].numel()
-        assert glu and 0 < parts <= 32 * cfg.num_warps
     return _ws_gemv_kernel[grid](
-        *descs, out, dst.pqs if dst.pqs is not None else out, planes, count,
-        clear if clear is not None else unread, sums, res, res_out, scale, sumsq, scale2, planes2,
-        q.n, k_tiles, per_split,
+        *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else unread,
+        clear if clear is not None else unread, sums, res, res_out, scale, sumsq, q.n, k_tiles, per_split,
         0 if glu or fixed or out.dim() == 2 else out.stride(0), *masks, clear.numel() if clear is not None else 0,
-        q.k, rms[1] if rms is not None else 0.0,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None, COMPUTE=tl_dtype(compute), HALF=half,
         STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
         TILED=tiled, FOLD=fold is not None, PER=triton.next_power_of_2(per_split) if fold is not None else 1,
-        TAIL=tail is not None, NORM_PARTS=parts, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+        num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )
