@@ -102,7 +102,8 @@ def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: tor
     assert x_out is None or x_out.shape == x.shape and x_out.stride() == x.stride()
     _residual_rmsnorm_kernel[(batch,)](
         x, x if x_out is None else x_out, x if embed else partials, tokens if embed else x,
-        embedding if embed else x, weight, out, ptr(out_inv), ptr(a and a.pqs), ptr(a and a.planes), ptr(b and b.pqs), ptr(b and b.planes),
+        embedding if embed else x, weight, out, ptr(out_inv), ptr(a and a.pqs), ptr(a and a.planes),
+        ptr(b and b.pqs), ptr(b and b.planes),
         x.stride(0), 0 if embed else partials.stride(0), 0 if embed else partials.stride(1),
         embedding.stride(0) if embed else 0, out.stride(0), a.planes.stride(0) if a else 0,
         hidden, eps,
