@@ -45,21 +45,30 @@ def main() -> None:
     # a long range of two tiles per split
     for pos in (0, 64, 127, 64 * SPLITS, 300):
         qkv = torch.randn(1, 1, (HEADS + 2 * KV_HEADS) * D, generator=gen)
-        k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
-        v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
-        expected = reference(qkv, cos, sin, k_cache, v_cache, pos)
-        o = torch.empty(1, HEADS, SPLITS, D)
-        lse = torch.empty(1, HEADS, SPLITS)
-        out = torch.empty(1, HEADS * D, dtype=torch.bfloat16)
-        attention.decode_attention(qkv, None, cos, sin, k_cache, v_cache, torch.tensor([pos]), torch.tensor([1]),
-                                   o, lse, out, None, heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16)
-        new_key = rope(qkv[0, 0].view(-1, D)[HEADS:HEADS + KV_HEADS].bfloat16().double(), cos[pos].double(),
-                       sin[pos].double())
-        rows.append({"pos": pos, "finite": bool(out.isfinite().all()),
-                     "rel_err": ((out[0].double() - expected).norm() / expected.norm()).item(),
-                     "cache_written": torch.equal(k_cache[1, :, pos].double(), new_key)})
+        row, written, new_key = run_case(gen, cos, sin, pos, qkv, qkv)
+        rows.append({**row, "cache_written": torch.equal(written, new_key)})
     rows.append(folded_norm(gen, cos, sin))
     print(json.dumps(rows))
+
+
+def run_case(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: int, qkv: torch.Tensor,
+             given: torch.Tensor, **options) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """The kernel over random caches at ``pos``, handed the projection as ``given`` (with decode_attention's
+    ``options``), against the reference's attention over ``qkv``: (its row, the key it wrote to the cache, the
+    reference's new key)."""
+    k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+    v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+    expected = reference(qkv, cos, sin, k_cache, v_cache, pos)
+    o = torch.empty(1, HEADS, SPLITS, D)
+    lse = torch.empty(1, HEADS, SPLITS)
+    out = torch.empty(1, HEADS * D, dtype=torch.bfloat16)
+    attention.decode_attention(given, None, cos, sin, k_cache, v_cache, torch.tensor([pos]), torch.tensor([1]),
+                               o, lse, out, None, heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16, **options)
+    new_key = rope(qkv[0, 0].view(-1, D)[HEADS:HEADS + KV_HEADS].bfloat16().double(), cos[pos].double(),
+                   sin[pos].double())
+    row = {"pos": pos, "finite": bool(out.isfinite().all()),
+           "rel_err": ((out[0].double() - expected).norm() / expected.norm()).item()}
+    return row, k_cache[1, :, pos].double(), new_key
 
 
 def folded_norm(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: int = 200, hidden: int = 96,
@@ -70,22 +79,10 @@ def folded_norm(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos:
     sumsq = torch.rand(3, generator=gen) * 50 + 10
     rstd = torch.rsqrt(sumsq.double().sum() / hidden + eps)
     units = torch.round(qkv[0].double() / rstd * 2.0**32).long()  # [1, N]: fixed_sum's accumulators
-    k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
-    v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
-    expected = reference(qkv, cos, sin, k_cache, v_cache, pos)
-    o = torch.empty(1, HEADS, SPLITS, D)
-    lse = torch.empty(1, HEADS, SPLITS)
-    out = torch.empty(1, HEADS * D, dtype=torch.bfloat16)
     assert fixed_sum.is_accumulator(units)
-    attention.decode_attention(units, None, cos, sin, k_cache, v_cache, torch.tensor([pos]), torch.tensor([1]),
-                               o, lse, out, None, heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16,
-                               norm_sumsq=sumsq, hidden=hidden, eps=eps)
-    new_key = rope(qkv[0, 0].view(-1, D)[HEADS:HEADS + KV_HEADS].bfloat16().double(), cos[pos].double(),
-                   sin[pos].double())
-    written = k_cache[1, :, pos].double()
-    return {"pos": pos, "folded_norm": True, "finite": bool(out.isfinite().all()),
-            "rel_err": ((out[0].double() - expected).norm() / expected.norm()).item(),
-            # the key as the kernel rounds it: within a bfloat16 step of the reference's
+    row, written, new_key = run_case(gen, cos, sin, pos, qkv, units, norm_sumsq=sumsq, hidden=hidden, eps=eps)
+    # the key as the kernel rounds it: within a bfloat16 step of the reference's
+    return {**row, "folded_norm": True,
             "cache_written": bool(((written - new_key).abs() <= new_key.abs() * 2**-7 + 1e-6).all())}
 
 

@@ -240,13 +240,13 @@ class DecodeStep:
         counting = tiles and self.split_sum != "none"
         counters = torch.zeros(max(tiles), dtype=torch.int32, device=dev) if counting else None
         sums = {}
+        folding = False
         if self.split_sum == "fixed" and all(configs[c].gemv for c in ("qkv", "dense", "glu", "proj")):
             # (the GEMVs clear them too: every one of them has to run the GEMV kernel)
             sums = {"qkv": fixed_sum.accumulator(batch, self.qkv_width, device=dev),
                     "hidden": fixed_sum.accumulator(batch, self.hidden, device=dev)}
-            sums["mlp"] = sums["hidden"]
-            if self._folding(configs, batch):
-                sums["mlp"] = fixed_sum.accumulator(batch, self.hidden, device=dev)
+            folding = self._folding(configs, batch)
+            sums["mlp"] = fixed_sum.accumulator(batch, self.hidden, device=dev) if folding else sums["hidden"]
         glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, configs["glu"]))
                   if counters is not None and configs["glu"].gemv and configs["glu"].splits > 1 else None)
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
@@ -274,7 +274,7 @@ class DecodeStep:
             glu_workspace=glu_ws,
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
         )
-        if "mlp" in sums and sums["mlp"] is not sums["hidden"]:
+        if folding:
             self._fold_norms(buf)
         return buf
 
@@ -354,9 +354,8 @@ class DecodeStep:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
             return out
         if sums is not None:
-            folded = {"fold": fold} if fold is not None else {}
             quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear,
-                                        **folded)
+                                        fold=fold)
             return sums
         quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out

@@ -171,22 +171,20 @@ def _read_tile(bufs, s, inp, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.conste
 
 
 @gluon.jit
-def _normed_tiles(fold, scale, k0, k_iters, first_rows, made, PER: gl.constexpr, COMPUTE: gl.constexpr):
-    """This program's K tiles of a FOLD GEMV's input (gemv_input.NormFold), made from the previous linear's
-    accumulators and the residual: ``x = residual + y`` rounded as the norm kernel rounds it, then
+def _normed_tiles(fold, scale, cols, ok, first_rows, made, PER: gl.constexpr, COMPUTE: gl.constexpr):
+    """This program's K tiles of a FOLD GEMV's input (gemv_input.NormFold; inputs ``cols`` [PER, 128], ``ok``
+    where they are its own, ``scale`` there), made from the previous linear's accumulators and the residual: ``x = residual + y`` rounded as the norm kernel rounds it, then
     ``x * scale`` in gemv_input's planes (store_planes, term for term): the high and low planes' words into
     ``made[0]`` and ``made[1]`` [PER, 32], the block sums and powers of two into ``made[2]`` and ``made[3]``
     [PER, 8]. A warp makes a tile (a thread a word). The first row tile's programs (``first_rows``) also write x
     to the residual's other buffer and their K slice's sum of squares of x to ``sumsq[split]``."""
     sums_ptr, res_ptr, res_out_ptr, sq_ptr, split = fold
-    L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [PER, 128]: tile, input
-    cols, ok = _tile_cols(k0, k_iters, PER, L)
     y = fixed_sum.load(sums_ptr + cols, ok).to(COMPUTE).to(gl.float32)
     x = (gl.load(res_ptr + cols, mask=ok, other=0.0).to(gl.float32) + y).to(COMPUTE)
     gl.store(res_out_ptr + cols, x, mask=ok & first_rows)
     xf = x.to(gl.float32)
     gl.store(sq_ptr + split, gl.sum(gl.sum(xf * xf, axis=1), axis=0), mask=first_rows)
-    # store_planes on [PER, 8 blocks, 4 words, 4 bytes]: the same elements per thread as L
+    # store_planes on [PER, 8 blocks, 4 words, 4 bytes]: the same elements per thread as ``cols`` [PER, 128]
     L4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [4, 1, 1, 1], [3, 2, 1, 0])
     vb = gl.convert_layout(gl.reshape(xf * scale, [PER, 8, 4, 4]), L4)
     amax = gl.max(gl.max(gl.abs(vb), axis=3), axis=2)
@@ -233,14 +231,14 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, masks, fold, GLU: gl.constexpr
               PER: gl.constexpr, COMPUTE: gl.constexpr):
     fold_ptrs, scale_ptr, k0, first_rows, made = fold
     if FOLD:  # the norm's scale (no kernel writes it) before the wait
-        L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [PER, 128]: a warp a tile
         cols, ok = _tile_cols(k0, k_iters, PER, L)
         scale = gl.load(scale_ptr + cols, mask=ok, other=0.0)
     if PDL:  # its epilogue writes buffers the previous kernels read: not before they are done
         gdc_wait()
         gdc_launch_dependents()
     if FOLD:  # the input's tiles from the previous linear's sums, while the first weights land
-        _normed_tiles(fold_ptrs, scale, k0, k_iters, first_rows, made, PER, COMPUTE)
+        _normed_tiles(fold_ptrs, scale, cols, ok, first_rows, made, PER, COMPUTE)
         gl.thread_barrier()  # every consumer warp's tiles written before any reads them
     acc_lo = gl.zeros([HALF, 8], gl.float32, A2)
     acc_hi = gl.zeros([HALF, 8], gl.float32, A2)
