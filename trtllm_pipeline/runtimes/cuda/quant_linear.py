@@ -76,6 +76,9 @@ class QuantWeight:
     # tiles' packed rows (None: the kernels read ``weight``)
     tiled: torch.Tensor | None = None
     tile_rows: int = 0
+    # INT4 at batch 1 on Hopper: ``scales`` as 16-bit values where each is one exactly (quant_gemv_ws reads them:
+    # half the scale bytes), else None
+    scales16: torch.Tensor | None = None
 
     @property
     def int4(self) -> bool:
@@ -98,7 +101,8 @@ class QuantWeight:
             weight, scales = self.weight[start:stop], self.scales[:, start:stop]
         else:
             weight, scales = self.weight[start:stop], self.scales[start:stop]
-        return dataclasses.replace(self, weight=weight, scales=scales.contiguous(), n=stop - start, tiled=None)
+        return dataclasses.replace(self, weight=weight, scales=scales.contiguous(), n=stop - start, tiled=None,
+                                   scales16=None)
 
     @classmethod
     def of(cls, lin) -> "QuantWeight":
