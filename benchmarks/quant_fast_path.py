@@ -443,7 +443,7 @@ def _with_configs(configs: dict[tuple[int, int, bool], linear.LinearConfig], pic
 
 # the whole-step variants' parts by name (variant_rows), and by prefix
 VARIANT_PARTS = ("default", "argmax:torch", "nofold", "partials", "sum:last", "nopdl", "tma", "late", "tiled",
-                 "untiled", "scales16", "combinefold", "nocarveout", "dot", "regs", "glu32", "glu32p")
+                 "untiled", "scales32", "nocarveout", "dot", "regs", "glu32", "glu32p")
 VARIANT_PREFIXES = ("skip:", "attn:", "norm", "combine", "early:", "carveout:", "splits/")
 
 
@@ -554,7 +554,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     by "+": the GEMV loading its weights to registers (regs), Hopper's copy-engine GEMV without warp
     specialization (tma), the warp-specialized one copying its first weights after the PDL wait (late) or
     reading a tile-by-tile copy of its weights (tiled: quant_gemv_ws.tile_weights, the default; untiled: the
-    checkpoint's layout) or its scales rounded to bfloat16 (scales16: other numbers), the kernel sweep's fastest
+    checkpoint's layout) or the float32 copy of its scales (scales32: the same values), the kernel sweep's fastest
     GEMV configs (best; best-tma: of the copy-engine ones), per-linear configs ("<linear>:..."), the
     tensor-core kernels (dot),
     the driver's shared-memory carveout per kernel (nocarveout) or another one pinned (carveout:<percent>),
@@ -566,16 +566,15 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
     proj|lm_head>: wrong numbers, the time that kernel adds to the step; skip:empty-<attention|combine|norm>: an
     empty kernel on its grid), attention's options (attn:nokvpre,
     attn:warps<n>, attn:stages<n>, attn:tile<n>, attn:splits<n>), the greedy token by torch.argmax (argmax:torch),
-    the input RMSNorm by its own launch instead of folded into the QKV GEMV (nofold), attention's split combine
-    made by attention.dense's GEMV instead of its own launch (combinefold, a trial).
+    the input RMSNorm by its own launch instead of folded into the QKV GEMV (nofold).
     The first variant also gets its kernels' times (``breakdown``), and
     with ``reference`` (token, position, the default step's logits there) each variant's logits of that
     step are compared with the default's: kernels that only sum in another order differ by rounding."""
     rows = []
     pick, warps, combine_warps = quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS
     early, ws, ws_early = quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS
-    tiled, rounded = quant_gemv_ws.TILED_WEIGHTS, quant_gemv_ws.ROUNDED_SCALES
-    greedy_kernel, fold, combine_fold = decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM, decode_step.FOLD_COMBINE
+    tiled, scales16 = quant_gemv_ws.TILED_WEIGHTS, quant_gemv_ws.SCALES_16BIT
+    greedy_kernel, fold = decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM
     unknown = [p for name in INT4_VARIANTS for p in name.split("+") if not _known_part(p)]
     if unknown:  # (timed as the default, an unknown name would read as a measurement of something else)
         raise ValueError(f"unknown INT4_VARIANTS parts: {unknown}")
@@ -590,8 +589,6 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 decode_step.GREEDY_KERNEL = False
             elif part == "nofold":  # the input RMSNorm by its own launch, not folded into the QKV GEMV
                 decode_step.FOLD_INPUT_NORM = False
-            elif part == "combinefold":  # attention's split combine made by attention.dense's GEMV (a trial)
-                decode_step.FOLD_COMBINE = True
             elif part.startswith("norm"):
                 norm.default_warps = lambda hidden, w=int(part[4:]): w
             elif part.startswith("combine"):
@@ -608,8 +605,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
                 quant_gemv_ws.EARLY_WEIGHTS = False
             elif part in ("tiled", "untiled"):  # the warp-specialized GEMV reading a tile-by-tile copy of its weights
                 quant_gemv_ws.TILED_WEIGHTS = part == "tiled"
-            elif part == "scales16":  # ... and its scales rounded to bfloat16 (a trial: other numbers)
-                quant_gemv_ws.ROUNDED_SCALES = True
+            elif part == "scales32":  # ... or its scales' float32 copy (the same values, twice the bytes)
+                quant_gemv_ws.SCALES_16BIT = False
             elif part.startswith("early:"):  # which GEMV programs load their first weights before the PDL wait
                 quant_gemv.EARLY_WEIGHTS = part.split(":")[1]
             elif part.startswith("carveout:"):  # another carveout pinned on the layer kernels
@@ -648,9 +645,8 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
         finally:
             quant_linear.pick_config, norm.default_warps, attention.COMBINE_WARPS = pick, warps, combine_warps
             quant_gemv.EARLY_WEIGHTS, quant_gemv.WARP_SPECIALIZED, quant_gemv_ws.EARLY_WEIGHTS = early, ws, ws_early
-            quant_gemv_ws.TILED_WEIGHTS, quant_gemv_ws.ROUNDED_SCALES = tiled, rounded
+            quant_gemv_ws.TILED_WEIGHTS, quant_gemv_ws.SCALES_16BIT = tiled, scales16
             decode_step.GREEDY_KERNEL, decode_step.FOLD_INPUT_NORM = greedy_kernel, fold
-            decode_step.FOLD_COMBINE = combine_fold
             for module, attr, original in reversed(undo):
                 setattr(module, attr, original)
         log(f"quant step int4_awq variant {rows[-1]}")

@@ -53,21 +53,18 @@ def main() -> None:
         eager = engine.logits(engine(torch.tensor([[token]], device=DEV), zero, torch.tensor([pos], device=DEV),
                                      -(-(pos + 1) // 64) * 64)[:, -1]).float()
     rows = []
-    # "fixed" with the input norms folded into the QKV GEMVs (gemv_input.NormFold) and without, and with attention's
-    # split combine in attention.dense's GEMV too (gemv_input.SplitCombine)
-    for split_sum, fold in (("last", False), ("fixed", False), ("fixed", True), ("fixed", "combine"),
-                            ("none", False)):
+    # "fixed" with the input norms folded into the QKV GEMVs (gemv_input.NormFold) and without
+    for split_sum, fold in (("last", False), ("fixed", False), ("fixed", True), ("none", False)):
         for pdl in (False, True):
             for graphs in (False, True):
                 engine.cache_k.copy_(snap[0])
                 engine.cache_v.copy_(snap[1])
-                decode_step.FOLD_INPUT_NORM = bool(fold)
-                decode_step.FOLD_COMBINE = fold == "combine"
+                decode_step.FOLD_INPUT_NORM = fold
                 step = DecodeStep(engine, pdl=pdl, split_sum=split_sum)
                 g = DecodeGraphs(step, [1], scratch_slot=1, use_graphs=graphs)
                 g.prepare()
                 runs = [g.decode([token], [0], [pos]).clone() for _ in range(3)]
-                row = {"split_sum": split_sum + ("+fold" if fold else "") + ("+combine" if fold == "combine" else ""), "pdl": step.pdl, "graphs": g.use_graphs,
+                row = {"split_sum": split_sum + ("+fold" if fold else ""), "pdl": step.pdl, "graphs": g.use_graphs,
                        "rel_vs_eager": rel(runs[-1], eager), "runs_equal": all(torch.equal(r, runs[0]) for r in runs),
                        "greedy_is_argmax": int(g.greedy(1)[0]) == int(runs[-1].argmax())}
                 rows.append(row)
@@ -75,9 +72,9 @@ def main() -> None:
                 del g, step
     Path(a.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "layers": a.layers, "rows": rows},
                                       indent=1))
-    print(f"{'split_sum':18} {'pdl':5} {'graphs':6} {'rel vs eager':>12} {'runs equal':>10} {'greedy ok':>9}")
+    print(f"{'split_sum':10} {'pdl':5} {'graphs':6} {'rel vs eager':>12} {'runs equal':>10} {'greedy ok':>9}")
     for r in rows:
-        print(f"{r['split_sum']:18} {r['pdl']!s:5} {r['graphs']!s:6} {r['rel_vs_eager']:12.3e} {r['runs_equal']!s:>10} "
+        print(f"{r['split_sum']:10} {r['pdl']!s:5} {r['graphs']!s:6} {r['rel_vs_eager']:12.3e} {r['runs_equal']!s:>10} "
               f"{r['greedy_is_argmax']!s:>9}")
 
 

@@ -71,14 +71,15 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
         cfg = dataclasses.replace(cfg, tma=True, num_stages=3)
     out = torch.full((cfg.splits, m, n), float("nan"))
     quant_linear.quant_partials(x, q, out, cfg, dtype)
-    want = reference_input(lin32, x) @ lin32._dequantize().t()
+    # W as the runtime defines it for the compute dtype (INT4-AWQ: its scales in that dtype, Linear.group_scales)
+    want = reference_input(lin32, x) @ lin._dequantize().t()
     row = {"fmt": fmt, "m": m, "n": n, "k": k, "group": q.group, "dtype": str(dtype).removeprefix("torch."),
            "config": [cfg.block_n, cfg.block_k, cfg.splits], "tile_scale": q.group % cfg.block_k == 0,
            "gemv": cfg.gemv, "tma": cfg.tma,
            "kernel": errors(out.sum(0), want), "eager_bf16": errors(lin(x), want)}
     if cfg.gemv:  # against the input as the GEMV's int16 block floating point represents it
         planes_x = gemv_input.reference(reference_input(lin32, x), gemv_input.block_inputs(q.group))
-        row["kernel_vs_prepared"] = errors(out.sum(0), planes_x @ lin32._dequantize().t())
+        row["kernel_vs_prepared"] = errors(out.sum(0), planes_x @ lin._dequantize().t())
         # the splits summed by each row tile's last program, in split order: the same float32 sums
         counters = torch.zeros(8, dtype=torch.int32)
         reduced = out.clone()
@@ -95,7 +96,7 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
     act = torch.full((m, n), float("nan"), dtype=dtype)
     quant_linear.quant_glu(x, q, q2, act, cfg, dtype)
     fc = want.to(dtype).float()
-    gate = (reference_input(lin2_32, x) @ lin2_32._dequantize().t()).to(dtype).float()
+    gate = (reference_input(lin2_32, x) @ lin2._dequantize().t()).to(dtype).float()
     glu_want = F.silu(fc).to(dtype).float() * gate
     row["glu"] = errors(act, glu_want)
     row["glu_eager_bf16"] = errors(F.silu(lin(x)) * lin2(x), glu_want)

@@ -276,9 +276,36 @@ def test_int4_gemv_on_hopper_is_warp_specialized():
         assert r["registers"] <= 80 and r["shared_bytes"] <= 32 * 1024, (name, r)
 
 
+def test_int4_awq_scales_are_the_checkpoints_in_the_compute_dtype():
+    """INT4-AWQ's weight is its INT4 values times the checkpoint's float32 group scales rounded to the compute
+    dtype, as TensorRT-LLM holds them: in the eager layer's dequantized copy and in every kernel's view
+    (QuantWeight: the float32 ``scales`` and the 16-bit ``scales16`` the warp-specialized GEMV reads hold the
+    same values); W4A8 keeps ModelOpt's float32 step."""
+    from trtllm_pipeline.runtimes.cuda import quant_linear
+    from trtllm_pipeline.runtimes.torch_model import Linear, unpack_int4_rows
+
+    gen = torch.Generator().manual_seed(0)
+    n, k, group = 8, 256, 128
+    t = {"p.weight": torch.randint(-128, 128, (n // 2, k), dtype=torch.int8, generator=gen),
+         "p.weights_scaling_factor": (0.5 + torch.rand(n, k // group, generator=gen)) * 0.01,
+         "p.prequant_scaling_factor": torch.ones(k, dtype=torch.bfloat16)}
+    lin = Linear(t, "p", torch.bfloat16, torch.device("cpu"), "int4_awq", group)
+    s16 = t["p.weights_scaling_factor"].to(torch.bfloat16)
+    assert not torch.equal(s16.float(), t["p.weights_scaling_factor"])  # the rounding is real at these values
+    want = unpack_int4_rows(t["p.weight"]).float() * s16.float().repeat_interleave(group, dim=1)
+    assert torch.equal(lin.dequantized, want.to(torch.bfloat16))
+    q = quant_linear.QuantWeight.of(lin)
+    assert q.scales16.dtype == torch.bfloat16 and torch.equal(q.scales16.float(), q.scales)
+    assert torch.equal(q.scales[0, 0], s16[0::2, 0].float()) and torch.equal(q.scales[1, 1], s16[1::2, 1].float())
+    t8 = {**t, "p.weights_scaling_factor_2": torch.tensor([0.02]), "p.activation_scaling_factor": torch.tensor([0.1])}
+    w4a8 = quant_linear.QuantWeight.of(Linear(t8, "p", torch.bfloat16, torch.device("cpu"), "w4a8_awq", group))
+    assert w4a8.scales16 is None
+
+
 def test_int4_weights_tiled_for_the_warp_specialized_gemv_are_the_same_words():
-    """quant_gemv_ws.tile_weights (the opt-in layout, TILED_WEIGHTS): row tile r's K tile t is box r * K/128 + t
-    of the copy, word for word; N/2 padded with zero rows to whole tiles; the checkpoint's layout comes back."""
+    """quant_gemv_ws.tile_weights (the decode step's layout on Hopper, TILED_WEIGHTS): row tile r's K tile t is box
+    r * K/128 + t of the copy, word for word; N/2 padded with zero rows to whole tiles; the checkpoint's layout
+    comes back."""
     from trtllm_pipeline.runtimes.cuda import quant_gemv_ws
 
     n, k, half = 200, 384, 32  # 100 packed rows: 4 row tiles, the last one 4 rows full

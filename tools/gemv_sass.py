@@ -60,12 +60,11 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
 
 
 def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = quant_gemv_ws.TILED_WEIGHTS,
-               fold: int = 0, scales16: bool = False, combine: int = 0):
+               fold: int = 0, scales16: bool = quant_gemv_ws.SCALES_16BIT):
     """quant_gemv_ws's kernel (Gluon) for sm_90, as the decode step launches it (the GLU preparing proj's input,
     the others adding into int64 accumulators, each clearing another linear's; ``tiled``: reading the
     tile-by-tile copy of the weights; ``fold``: making its input from the residual and the previous linear's sums,
-    that many K tiles per program (gemv_input.NormFold); ``scales16``: bfloat16 scales; ``combine``: making its
-    input from attention's that many split partials, as attention.dense does (gemv_input.SplitCombine))."""
+    that many K tiles per program (gemv_input.NormFold); ``scales16``: bfloat16 scales, else float32)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
@@ -80,13 +79,12 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
              "ce_desc": desc([2, 8])}
     consts = dict(GLU=glu, PREPARE_OUT=glu, HAS_PQS_OUT=True, SPLITS=splits, REDUCE=False, FIXED=not glu,
                   CLEAR=True, COMPUTE=tl.bfloat16, HALF=half, STAGES=stages, PDL=True,
-                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, FOLD=fold > 0, COMBINE=combine > 0,
-                  PER=triton.next_power_of_2(fold or -(-28 // splits) if fold or combine else 1),
-                  A_SPLITS=combine or 1, BLOCK_T=64, HAS_PQS_IN=combine > 0, num_warps=4)
+                  EARLY=quant_gemv_ws.EARLY_WEIGHTS, TILED=tiled, FOLD=fold > 0,
+                  PER=triton.next_power_of_2(fold) if fold else 1, num_warps=4)
     sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
            "out_ptr": "*bf16" if glu else "*i64", "pqs_out_ptr": "*bf16", "xp_out_ptr": "*i32", "count_ptr": "*i32",
            "clear_ptr": "*i64", "sums_ptr": "*i64", "res_ptr": "*bf16", "res_out_ptr": "*bf16", "scale_ptr": "*fp32",
-           "sq_ptr": "*fp32", "o_ptr": "*fp32", "lse_ptr": "*fp32", "pos_ptr": "*i64", "pqs_in_ptr": "*bf16",
+           "sq_ptr": "*fp32",
            **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "m_nib", "m_xor", "m_nib_hi", "m_xor_hi",
                             "clear_n"), "i32"),
            **dict.fromkeys(consts, "constexpr")}
@@ -138,15 +136,13 @@ def main() -> None:
     ap.add_argument("--tiled", action="store_true", help="with --ws: the weights' tile-by-tile copy")
     ap.add_argument("--fold", type=int, default=0,
                     help="with --ws: the norm folded in (gemv_input.NormFold), this many K tiles per program")
-    ap.add_argument("--combine", type=int, default=0,
-                    help="with --ws: attention's split combine folded in (gemv_input.SplitCombine), of this many splits")
-    ap.add_argument("--scales16", action="store_true", help="with --ws: bfloat16 scales (ROUNDED_SCALES)")
+    ap.add_argument("--scales32", action="store_true", help="with --ws: float32 scales (SCALES_16BIT off)")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.ws:
         kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS, a.fold,
-                            a.scales16, a.combine)
+                            quant_gemv_ws.SCALES_16BIT and not a.scales32)
     else:
         kernel = compile_kernel(a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits,
                                 tma=a.tma)

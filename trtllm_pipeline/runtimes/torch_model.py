@@ -9,7 +9,9 @@ with ``torch._scaled_mm`` (a real FP8 GEMM); every other quantized format, and F
 emulation: the stored weights dequantized as the format defines them (INT4 groups with their scales,
 SmoothQuant and INT8 per-channel scales, NVFP4's two-level scales), the input multiplied by its
 pre-quant scale and quantized as the format's activation quantizer does, then a compute-dtype matmul.
-That gives the numbers of ModelOpt's fake-quantized model, up to accumulation order.
+That gives the numbers of ModelOpt's fake-quantized model, up to accumulation order; but INT4-AWQ's group
+scales are taken in the compute dtype, as TensorRT-LLM holds them (``Linear.group_scales``: ~1e-3 from the
+fake-quantized model's linears).
 
 The KV cache is static ([slots, kv_heads, max_seq_len, head_dim] per layer) and every call is
 ``forward(tokens, slots, start_pos)``: prefill, decode and scoring are the same code path, and
@@ -166,17 +168,26 @@ class Linear(torch.nn.Module):
             self.a_inv = 1.0 / self.a_scale
         self.dequantized = self._dequantize().to(dtype)
 
+    def group_scales(self) -> torch.Tensor:
+        """INT4-AWQ's per-group scales (the checkpoint's amax / 7, float32) in the compute dtype, as TensorRT-LLM
+        holds them (``WeightOnlyGroupwiseQuantLinear``'s ``weights_scaling_factor`` has the model's dtype, and
+        ``postprocess_weight_only_groupwise`` casts the checkpoint's to it): the weight is the INT4 values times
+        these. They differ from ModelOpt's float32 step by its rounding to the compute dtype (2^-9 relative in
+        bfloat16), so a linear's output differs from the fake-quantized model's by ~1e-3."""
+        return self.scales.to(self.dtype)
+
     def _dequantize(self) -> torch.Tensor:
         """The weight as the format defines it, in float32."""
         w, s = self.weight, self.scales
-        if self.format in ("int4_awq", "w4a8_awq"):
+        if self.format == "int4_awq":
+            values = unpack_int4_rows(w).float()
+            return values * _per_group(self.group_scales(), values.shape[1])
+        if self.format == "w4a8_awq":
             values = unpack_int4_rows(w).float()
             # q / (7 / amax), as ModelOpt's fake quantizer computes it (the checkpoint stores amax / 7)
             q_scale = torch.tensor(7.0, device=w.device) / (_per_group(s, values.shape[1]) * 7.0)
-            deq = values / q_scale
-            if self.format == "w4a8_awq":  # the INT4 values are stepped in FP8 with the second-level scale
-                deq = fake_fp8(deq, self.scale_2)
-            return deq
+            # the INT4 values are stepped in FP8 with the second-level scale
+            return fake_fp8(values / q_scale, self.scale_2)
         if self.format == "int8_sq":
             return w.float() * s.float()[:, None]
         if self.format == "int8_wo":

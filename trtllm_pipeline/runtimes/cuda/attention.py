@@ -214,7 +214,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
                      *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int | None = None,
                      prepared: Prepared | None = None, norm_sumsq: torch.Tensor | None = None, hidden: int = 0,
-                     eps: float = 0.0, combine: bool = True, pdl: bool = False) -> None:
+                     eps: float = 0.0, pdl: bool = False) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
@@ -223,9 +223,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
     ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``); ``norm_sumsq``:
     float32 [S'] where the QKV GEMV folded the input RMSNorm in (``gemv_input.NormFold``): its K splits' sums of
-    squares of the ``hidden`` residual values, whose ``1 / sqrt(sum / hidden + eps)`` multiplies the projection;
-    ``combine`` False: the splits stay in ``o_work`` and ``lse_work`` for a consumer that combines them itself
-    (``gemv_input.SplitCombine``), and ``out`` is not written.
+    squares of the ``hidden`` residual values, whose ``1 / sqrt(sum / hidden + eps)`` multiplies the projection.
     """
     qkv_partials, fixed = fixed_sum.as_partials(qkv_partials)
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
@@ -248,8 +246,6 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
         num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,
     )
-    if not combine:
-        return
     p = prepared
     assert p is None or p.k == heads * d and d % p.block == 0
     _combine_kernel[(batch, heads)](

@@ -101,7 +101,6 @@ class StepBuffers:
     folds: list[gemv_input.NormFold | None] = dataclasses.field(default_factory=list)
     # with folds: the residual stream's second buffer (the add before attention writes it, the one after reads it)
     residual_new: torch.Tensor | None = None
-    combine: gemv_input.SplitCombine | None = None  # attention's splits combined by attention.dense (FOLD_COMBINE)
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
 
@@ -138,9 +137,6 @@ GREEDY_KERNEL = True
 # INT4-AWQ step: 1.648-1.651 ms against 1.697-1.701, runs 118 and 120; False: the norm kernel, the benchmark's
 # variant "nofold")
 FOLD_INPUT_NORM = True
-# A trial (the benchmark's variant "combinefold"): attention's split combine made by attention.dense's
-# warp-specialized GEMV from the live splits (gemv_input.SplitCombine), one launch fewer a layer
-FOLD_COMBINE = False
 
 
 class Unsupported(Exception):
@@ -225,7 +221,7 @@ class DecodeStep:
             "lm_head": linear.pick_config(batch, self.vocab, self.hidden, e.lm_head.element_size(), self.sm_count,
                                           splits=1),
         }
-        if quant_gemv_ws.TILED_WEIGHTS or quant_gemv_ws.ROUNDED_SCALES:
+        if quant_gemv_ws.TILED_WEIGHTS:
             self._tile_weights(configs)
         max_splits = max(c.splits for c in configs.values())
         splits = attention.pick_splits(batch, e.kv_heads, self.sm_count)
@@ -280,8 +276,6 @@ class DecodeStep:
         )
         if folding:
             self._fold_norms(buf)
-        if folding and FOLD_COMBINE and d == 128 and heads * d == first.dense.quant.k:
-            buf.combine = gemv_input.SplitCombine(buf.attn_o, buf.attn_lse, buf.positions, attention.BLOCK_T)
         return buf
 
     def _folding(self, configs: dict[str, linear.LinearConfig], batch: int) -> bool:
@@ -305,16 +299,12 @@ class DecodeStep:
 
     def _tile_weights(self, configs: dict[str, linear.LinearConfig]) -> None:
         """The warp-specialized GEMVs' weights re-laid tile by tile for their row tiles (once per engine and
-        tile: ``quant_gemv_ws.tile_weights``; a copy of each INT4 weight on the device), and (a trial,
-        ``quant_gemv_ws.ROUNDED_SCALES``) their scales rounded to bfloat16."""
+        tile: ``quant_gemv_ws.tile_weights``; a copy of each INT4 weight on the device)."""
         for layer in self.layers:
             for name, cfg in (("qkv", "qkv"), ("dense", "dense"), ("fc", "glu"), ("gate", "glu"), ("proj", "proj")):
                 lin = getattr(layer, name)
                 if configs[cfg].ws and lin.quant is not None:
-                    if quant_gemv_ws.TILED_WEIGHTS:
-                        lin.quant = quant_gemv_ws.tile_weights(lin.quant, configs[cfg].block_n // 2)
-                    if quant_gemv_ws.ROUNDED_SCALES and lin.quant.scales16 is None:
-                        lin.quant = dataclasses.replace(lin.quant, scales16=lin.quant.scales.to(torch.bfloat16))
+                    lin.quant = quant_gemv_ws.tile_weights(lin.quant, configs[cfg].block_n // 2)
 
     def _tp_buffers(self, batch: int) -> _TpBuffers:
         dev = self.engine.cache_k.device
@@ -353,12 +343,10 @@ class DecodeStep:
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
                   buf: StepBuffers, prepared: gemv_input.Prepared | None = None,
                   sums: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-                  fold: gemv_input.NormFold | None = None,
-                  combine: gemv_input.SplitCombine | None = None) -> torch.Tensor:
+                  fold: gemv_input.NormFold | None = None) -> torch.Tensor:
         """Launch one linear into ``out`` (split-K partials); returns what its consumer reads: the INT4 GEMV's
         accumulators ``sums`` (split_sum "fixed", the GEMV setting the accumulators ``clear`` to zero too), or
-        its partials summed into the first split ("last"); ``fold``: the norm before it made by its programs,
-        ``combine``: attention's split combine."""
+        its partials summed into the first split ("last"); ``fold``: the norm before it made by its programs."""
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
             return out
@@ -367,7 +355,7 @@ class DecodeStep:
             return out
         if sums is not None:
             quant_linear.quant_partials(prepared or x, lin.quant, sums, cfg, self.dtype, self.pdl, clear=clear,
-                                        fold=fold, combine=combine)
+                                        fold=fold)
             return sums
         quant_linear.quant_partials(prepared or x, lin.quant, out, cfg, self.dtype, self.pdl, counters=buf.counters)
         return out[:1] if buf.counters is not None else out
@@ -416,11 +404,10 @@ class DecodeStep:
                                        buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                        prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
-                                       hidden=self.hidden, eps=e.eps, combine=buf.combine is None,
-                                       block_t=buf.combine and buf.combine.block_t, pdl=pdl)
+                                       hidden=self.hidden, eps=e.eps, pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
-                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"), combine=buf.combine)
+                                   buf.sums.get("hidden"), clear=buf.sums.get("qkv"))
             dense = self._all_reduce(dense, buf)
             folded = buf.residual_new is not None
             norm.residual_rmsnorm(buf.residual_new if folded else buf.residual, dense, layer.post_norm, buf.normed,

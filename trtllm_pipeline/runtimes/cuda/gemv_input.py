@@ -72,24 +72,6 @@ class NormFold:
     sumsq: torch.Tensor  # float32 [>= the GEMV's K splits]
 
 
-@dataclasses.dataclass
-class SplitCombine:
-    """Attention's split combine done by attention.dense's warp-specialized INT4 GEMV instead of a combine launch
-    between them (``quant_gemv_ws``, ``COMBINE``; ``attention.decode_attention(combine=False)``).
-
-    dense's K tiles are whole heads (128-dim heads), so each program combines only its own heads: the splits'
-    outputs weighted by their log-sum-exps, as attention's combine kernel does term for term (its sums over the
-    splits in another order), rounded to the compute dtype, times the pre-quant scale, into its input planes.
-    Every row tile reads its heads' partials again, so it reads only the live splits (those holding keys at the
-    step's position: ``chunk`` and ``live`` as attention splits the key range), which the programs know before
-    the PDL wait from the step's position."""
-
-    o: torch.Tensor  # float32 [1, heads, SPLITS, D]: each split's output (zeros where it holds no key)
-    lse: torch.Tensor  # float32 [1, heads, SPLITS]: their log2-sum-exps (-inf where no key)
-    positions: torch.Tensor  # int64 [1]: the step's position (the live length is position + 1)
-    block_t: int  # attention's key tile: a split's share of the keys is whole tiles of it
-
-
 def block_inputs(group: int) -> int | None:
     """Inputs per shared exponent for a scale group: 16, or the whole group when it is 4 or 8 (a block must
     lie in one group, and the GEMV chains 1, 2 or 4 words per block); None: no block fits."""

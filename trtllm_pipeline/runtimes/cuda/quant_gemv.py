@@ -468,8 +468,7 @@ def launch_input(x: torch.Tensor, q, compute: torch.dtype) -> gemv_input.Prepare
 def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
            counters: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-           clear: torch.Tensor | None = None, fold: gemv_input.NormFold | None = None,
-           combine: gemv_input.SplitCombine | None = None):
+           clear: torch.Tensor | None = None, fold: gemv_input.NormFold | None = None):
     """``out[s] = x W[:, K_s]^T`` per split (float32 [splits, 1, N]), or with ``q2`` ``out = silu(x W^T) *
     (x W2^T)`` (compute dtype [1, N]; ``prepare_out``: also written there as the next GEMV's input).
 
@@ -479,8 +478,7 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     The GLU splits K only with ``counters`` and a float32 ``workspace`` of ``glu_workspace`` elements: its
     last program per row tile sums fc and gate there, then applies SiLU. ``clear``: int64 accumulators of another
     linear that the launch sets to zero (``fixed_sum.clear``; after its PDL wait). ``fold``: the residual add and
-    RMSNorm before the GEMV made by its own programs (``gemv_input.NormFold``; the warp-specialized kernel only), and
-    ``combine`` attention's split combine likewise (``gemv_input.SplitCombine``).
+    RMSNorm before the GEMV made by its own programs (``gemv_input.NormFold``; the warp-specialized kernel only).
 
     ``x``: the input as its producer prepared it for ``q`` (``gemv_input.Prepared``; ``x2`` for ``q2``), or a
     [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch)."""
@@ -491,9 +489,9 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     assert not fixed or q2 is None and out.numel() >= q.n, "int64 accumulators take a split GEMV's whole output"
     if cfg.ws:
         return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
-                                    counters=counters, clear=clear, fold=fold, combine=combine,
+                                    counters=counters, clear=clear, fold=fold,
                                     masks=(MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH))
-    assert fold is None and combine is None, "only the warp-specialized GEMV makes its own input"
+    assert fold is None, "only the warp-specialized GEMV folds the norm in"
     glu = q2 is not None
     x2, q2 = (x2, q2) if glu else (x, q)
     k = q.k

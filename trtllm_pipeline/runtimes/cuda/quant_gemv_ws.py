@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.cuda import fixed_sum, gemv_input
-from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, scaled_input
+from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input
 from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
 
@@ -47,14 +47,14 @@ MAX_REGISTERS = 80
 EARLY_WEIGHTS = True
 # True: the decode step gives the kernel a copy of its packed weights laid tile by tile (``tile_weights``), so
 # that each stage's copy reads one contiguous 4-8 KB run instead of HALF rows of 128 bytes K/2 bytes apart
-# (H200, 7B INT4-AWQ step: 1.615-1.626 ms against 1.637-1.651, runs 120-121), for a second copy of every INT4
-# weight on the device: 3.5 GB at 7B, beside the 14 GB of the dequantized bfloat16 copy the eager prefill
-# multiplies with (False: the checkpoint's layout, the benchmark's variant "untiled")
+# (H200, 7B INT4-AWQ step: 1.615-1.626 ms against 1.637-1.651, runs 120-121; 1.646-1.657 against 1.668, run
+# 122), for a second copy of every INT4 weight on the device: 3.5 GB at 7B, beside the 14 GB of the bfloat16
+# copy the eager prefill multiplies with (False: the checkpoint's layout, the benchmark's variant "untiled")
 TILED_WEIGHTS = True
-# A trial (the benchmark's variant "scales16"): the kernel reading its scales rounded to bfloat16, half their
-# bytes, as TensorRT-LLM's groupwise INT4 layers hold them (WeightOnlyGroupwiseQuantLinear: the model dtype);
-# not the checkpoint's numbers, so off
-ROUNDED_SCALES = False
+# True: the kernel reads an INT4-AWQ weight's scales in its 16-bit copy (``QuantWeight.scales16``: the same
+# values, as TensorRT-LLM holds them), half the scale bytes of a step (H200, 7B step: -0.02 to -0.03 ms, runs
+# 122-123; False: their float32 copy, the benchmark's variant "scales32")
+SCALES_16BIT = True
 
 
 @gluon.jit
@@ -102,11 +102,11 @@ def _copy_input(x_desc, ce_desc, bufs, s, bar, kt):
 @gluon.jit
 def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU: gl.constexpr,
               STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr,
-              MADE: gl.constexpr):
+              FOLD: gl.constexpr):
     w_desc, x_desc, s_desc, ce_desc = descs
     w2_desc, x2_desc, s2_desc, ce2_desc = descs2
-    # a stage: both matrices' tiles (MADE: the weights and scales only, the consumers make the input)
-    IN_BYTES: gl.constexpr = 0 if MADE else x_desc.block_type.nbytes + ce_desc.block_type.nbytes
+    # a stage: both matrices' tiles (FOLD: the weights and scales only, the consumers make the input)
+    IN_BYTES: gl.constexpr = 0 if FOLD else x_desc.block_type.nbytes + ce_desc.block_type.nbytes
     NBYTES: gl.constexpr = (w_desc.block_type.nbytes + s_desc.block_type.nbytes + IN_BYTES) * (2 if GLU else 1)
     # Under PDL (EARLY) the first stages' weights and scales are copied before waiting for the previous kernel,
     # so their DRAM latency overlaps its tail; only the input waits (the wait is per thread).
@@ -119,7 +119,7 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
         _copy_weights(w_desc, s_desc, bufs, i, bar, row0, k0 + i, k_tiles, TILED)
         if GLU:
             _copy_weights(w2_desc, s2_desc, bufs2, i, bar, row0, k0 + i, k_tiles, TILED)
-    if PDL and not MADE:
+    if PDL and not FOLD:
         gdc_wait()
     for i in range(k_iters):
         s = i % STAGES
@@ -130,7 +130,7 @@ def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_til
             _copy_weights(w_desc, s_desc, bufs, s, bar, row0, k0 + i, k_tiles, TILED)
             if GLU:
                 _copy_weights(w2_desc, s2_desc, bufs2, s, bar, row0, k0 + i, k_tiles, TILED)
-        if not MADE:
+        if not FOLD:
             _copy_input(x_desc, ce_desc, bufs, s, bar, k0 + i)
             if GLU:
                 _copy_input(x2_desc, ce2_desc, bufs2, s, bar, k0 + i)
@@ -148,7 +148,7 @@ def _copied_input(bufs, s):
 
 @gluon.jit
 def _made_input(made, i):
-    """Tile ``i`` of the input a FOLD or COMBINE kernel's consumers made, as ``_copied_input`` gives a stage's."""
+    """Tile ``i`` of the input a FOLD kernel's consumers made, as ``_copied_input`` gives a stage's."""
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     per: gl.constexpr = made[0].shape[0]
     return (made[0]._reinterpret(gl.int32, [per, 1, 32], ROWS).index(i),
@@ -161,7 +161,7 @@ def _made_input(made, i):
 def _read_tile(bufs, s, inp, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr):
     """Stage ``s`` into registers: the weights' and planes' words by block [HALF, 8] x 4, the even and odd rows'
     scales [HALF, 1], the block sums and powers of two [1, 8] (the input's from ``inp``: the stage's copies,
-    ``_copied_input``, or the tile a FOLD or COMBINE kernel's consumers made, ``_made_input``)."""
+    ``_copied_input``, or the tile a FOLD kernel's consumers made, ``_made_input``)."""
     w_bufs, x_bufs, s_bufs, ce_bufs = bufs
     xh_in, xl_in, c_in, e_in = inp
     u = _quarters(w_bufs.index(s).load(B2), A2)
@@ -177,7 +177,7 @@ def _read_tile(bufs, s, inp, HALF: gl.constexpr, B2: gl.constexpr, A2: gl.conste
 
 
 @gluon.jit
-def _normed_tiles(fold, scale, cols, ok, first_rows, made, COMPUTE: gl.constexpr):
+def _normed_tiles(fold, scale, cols, ok, first_rows, made, PER: gl.constexpr, COMPUTE: gl.constexpr):
     """This program's K tiles of a FOLD GEMV's input (gemv_input.NormFold; inputs ``cols`` [PER, 128], ``ok``
     where they are its own, ``scale`` there), made from the previous linear's accumulators and the residual: ``x = residual + y`` rounded as the norm kernel rounds it, then
     ``x * scale`` in gemv_input's planes (store_planes, term for term): the high and low planes' words into
@@ -190,18 +190,9 @@ def _normed_tiles(fold, scale, cols, ok, first_rows, made, COMPUTE: gl.constexpr
     gl.store(res_out_ptr + cols, x, mask=ok & first_rows)
     xf = x.to(gl.float32)
     gl.store(sq_ptr + split, gl.sum(gl.sum(xf * xf, axis=1), axis=0), mask=first_rows)
-    _store_made(xf * scale, made)
-
-
-@gluon.jit
-def _store_made(v, made):
-    """Input tiles ``v`` [R, 128] (float32, each input times its scale) in gemv_input's planes (store_planes,
-    term for term): the high and low planes' words into ``made[0]`` and ``made[1]`` [R, 32], the block sums and
-    powers of two into ``made[2]`` and ``made[3]`` [R, 8]. A warp makes a tile (a thread a word)."""
-    R: gl.constexpr = v.shape[0]
-    # store_planes on [R, 8 blocks, 4 words, 4 bytes]: the same elements per thread as ``_tile_cols``' [R, 128]
+    # store_planes on [PER, 8 blocks, 4 words, 4 bytes]: the same elements per thread as ``cols`` [PER, 128]
     L4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [4, 1, 1, 1], [3, 2, 1, 0])
-    vb = gl.convert_layout(gl.reshape(v, [R, 8, 4, 4]), L4)
+    vb = gl.convert_layout(gl.reshape(xf * scale, [PER, 8, 4, 4]), L4)
     amax = gl.max(gl.max(gl.abs(vb), axis=3), axis=2)
     e = gl.maximum((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF, 15)
     inv = gl.expand_dims(gl.expand_dims(((268 - e) << 23).to(gl.float32, bitcast=True), 2), 3)
@@ -209,54 +200,13 @@ def _store_made(v, made):
     xi = (((vb * inv) + gemv_input.ROUND) - gemv_input.ROUND).to(gl.int32)
     sh = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, L4)))) * 8
     sh = gl.expand_dims(gl.expand_dims(gl.expand_dims(sh, 0), 0), 0)
-    xh = gl.sum(((xi >> 8) & 0xFF) << sh, axis=3)  # [R, 8, 4]: word 4 b + m of each tile
+    xh = gl.sum(((xi >> 8) & 0xFF) << sh, axis=3)  # [PER, 8, 4]: word 4 b + m of each tile
     xl = gl.sum((xi & 0xFF) << sh, axis=3)
     c = -8 * gl.sum(gl.sum(xi, axis=3), axis=2)
-    made[0].store(gl.reshape(xh, [R, 32]))
-    made[1].store(gl.reshape(xl, [R, 32]))
+    made[0].store(gl.reshape(xh, [PER, 32]))
+    made[1].store(gl.reshape(xl, [PER, 32]))
     made[2].store(c)
     made[3].store(step.to(gl.int32, bitcast=True))
-
-
-@gluon.jit
-def _live_splits(pos_ptr, A_SPLITS: gl.constexpr, BLOCK_T: gl.constexpr):
-    """How many of attention's A_SPLITS key-range splits hold keys at the step's position (attention's
-    ``chunk``: whole BLOCK_T tiles; the rest wrote zeros and -inf)."""
-    length = gl.load(pos_ptr) + 1
-    chunk = (length + A_SPLITS - 1) // A_SPLITS
-    chunk = (chunk + BLOCK_T - 1) // BLOCK_T * BLOCK_T
-    return (length + chunk - 1) // chunk
-
-
-@gluon.jit
-def _combined_tiles(o_ptr, lse_ptr, pqs, k0, k_iters, live, made, L3: gl.constexpr, PER: gl.constexpr,
-                    A_SPLITS: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
-    """This program's K tiles of attention.dense's input (gemv_input.SplitCombine), a head each: the ``live``
-    splits' outputs weighted by their log-sum-exps as attention's combine kernel weights them (its sums over the
-    splits in another order), rounded to the compute dtype, times the pre-quant scale (``pqs`` [PER, 128], loaded
-    before the PDL wait), in gemv_input's planes (``_store_made``). ``L3``: [1, A_SPLITS, 128], a thread holding one input's every
-    split, so the split sums stay in the thread; splits past ``live`` hold no key and are not read. One head at
-    a time: two heads' splits at once would not fit the consumers' registers."""
-    LS: gl.constexpr = gl.SliceLayout(2, L3)  # [1, A_SPLITS]
-    LH: gl.constexpr = gl.SliceLayout(1, L3)  # [1, 128]
-    sp = gl.expand_dims(gl.arange(0, A_SPLITS, layout=gl.SliceLayout(0, LS)), 0)
-    d = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, LH)), 0)
-    t = gl.expand_dims(gl.arange(0, PER, layout=gl.SliceLayout(1, LH)), 1)
-    for h in gl.static_range(PER):
-        p_h = 1.0
-        if HAS_PQS:  # head h's row of pqs (a thread holds its input's every head)
-            p_h = gl.expand_dims(gl.sum(gl.where(t == h, pqs, 0.0), axis=0), 0)
-        alive = (sp < live) & (h < k_iters)
-        row = (k0 + h) * A_SPLITS + sp  # the head's split rows of o and lse
-        offs = gl.expand_dims(row, 2) * 128 + gl.expand_dims(d, 1)
-        lse = gl.load(lse_ptr + row, mask=alive, other=float("-inf"), cache_modifier=".cg")
-        parts = gl.load(o_ptr + offs, mask=gl.expand_dims(alive, 2) & (offs >= 0), other=0.0, cache_modifier=".cg")
-        top = gl.max(lse, axis=1)
-        weight = gl.exp2(lse - gl.expand_dims(gl.where(top == float("-inf"), 0.0, top), 1))  # (-inf: no head)
-        total = gl.convert_layout(gl.sum(weight, axis=1), gl.SliceLayout(1, LH))
-        y = (gl.sum(parts * gl.expand_dims(weight, 2), axis=1) / gl.expand_dims(total, 1)).to(COMPUTE)
-        v = scaled_input(y, p_h, (d < 128) & (h < k_iters), HAS_PQS, COMPUTE)
-        _store_made(v, (made[0].slice(h, 1), made[1].slice(h, 1), made[2].slice(h, 1), made[3].slice(h, 1)))
 
 
 @gluon.jit
@@ -282,32 +232,20 @@ def _accumulate(t, acc_lo, acc_hi, masks):
 
 
 @gluon.jit
-def _consumer(bufs, bufs2, ready, empty, k_iters, masks, fold, comb, GLU: gl.constexpr, HALF: gl.constexpr,
+def _consumer(bufs, bufs2, ready, empty, k_iters, masks, fold, GLU: gl.constexpr, HALF: gl.constexpr,
               STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr, FOLD: gl.constexpr,
-              COMBINE: gl.constexpr, PER: gl.constexpr, A_SPLITS: gl.constexpr, BLOCK_T: gl.constexpr,
-              HAS_PQS_IN: gl.constexpr, COMPUTE: gl.constexpr):
+              PER: gl.constexpr, COMPUTE: gl.constexpr):
     fold_ptrs, scale_ptr, k0, first_rows, made = fold
     if FOLD:  # the norm's scale (no kernel writes it) before the wait
         L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [PER, 128]: a warp a tile
         cols, ok = _tile_cols(k0, k_iters, PER, L)
         scale = gl.load(scale_ptr + cols, mask=ok, other=0.0)
-    if COMBINE:  # the pre-quant scale and the live splits (from the step's position, an input) before the wait
-        o_ptr, lse_ptr, pos_ptr, pqs_ptr = comb
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 1, 32], [1, 1, 4], [2, 1, 0])  # [1, A_SPLITS, 128]
-        pcols, pok = _tile_cols(k0, k_iters, PER, gl.SliceLayout(1, L3))
-        pqs = 1.0
-        if HAS_PQS_IN:
-            pqs = gl.load(pqs_ptr + pcols, mask=pok, other=0.0).to(gl.float32)
-        live = _live_splits(pos_ptr, A_SPLITS, BLOCK_T)
     if PDL:  # its epilogue writes buffers the previous kernels read: not before they are done
         gdc_wait()
         gdc_launch_dependents()
     if FOLD:  # the input's tiles from the previous linear's sums, while the first weights land
-        _normed_tiles(fold_ptrs, scale, cols, ok, first_rows, made, COMPUTE)
+        _normed_tiles(fold_ptrs, scale, cols, ok, first_rows, made, PER, COMPUTE)
         gl.thread_barrier()  # every consumer warp's tiles written before any reads them
-    if COMBINE:  # the input's tiles from attention's splits, likewise
-        _combined_tiles(o_ptr, lse_ptr, pqs, k0, k_iters, live, made, L3, PER, A_SPLITS, HAS_PQS_IN, COMPUTE)
-        gl.thread_barrier()
     acc_lo = gl.zeros([HALF, 8], gl.float32, A2)
     acc_hi = gl.zeros([HALF, 8], gl.float32, A2)
     acc2_lo = gl.zeros([HALF, 8], gl.float32, A2)
@@ -315,7 +253,7 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, masks, fold, comb, GLU: gl.con
     for i in range(k_iters):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        if FOLD or COMBINE:
+        if FOLD:
             t = _read_tile(bufs, s, _made_input(made, i), HALF, B2, A2)
         else:
             t = _read_tile(bufs, s, _copied_input(bufs, s), HALF, B2, A2)
@@ -378,13 +316,12 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
     out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
-    sums_ptr, res_ptr, res_out_ptr, scale_ptr, sq_ptr, o_ptr, lse_ptr, pos_ptr, pqs_in_ptr,
+    sums_ptr, res_ptr, res_out_ptr, scale_ptr, sq_ptr,
     N, k_tiles, per_split, stride_os, m_nib, m_xor, m_nib_hi, m_xor_hi, clear_n,
     GLU: gl.constexpr, PREPARE_OUT: gl.constexpr, HAS_PQS_OUT: gl.constexpr, SPLITS: gl.constexpr,
     REDUCE: gl.constexpr, FIXED: gl.constexpr, CLEAR: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr,
     STAGES: gl.constexpr, PDL: gl.constexpr, EARLY: gl.constexpr, TILED: gl.constexpr, FOLD: gl.constexpr,
-    COMBINE: gl.constexpr, PER: gl.constexpr, A_SPLITS: gl.constexpr, BLOCK_T: gl.constexpr,
-    HAS_PQS_IN: gl.constexpr, num_warps: gl.constexpr,
+    PER: gl.constexpr, num_warps: gl.constexpr,
 ):
     B2: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     A2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])
@@ -405,20 +342,17 @@ def _ws_gemv_kernel(
     k_iters = gl.minimum(per_split, k_tiles - k0)
     row0 = pid_n * HALF
     masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
-    # FOLD (gemv_input.NormFold) or COMBINE (gemv_input.SplitCombine): the input tiles the consumers make, PER of
-    # them at most
-    MADE: gl.constexpr = FOLD or COMBINE
-    ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # per tile: plain rows
-    T: gl.constexpr = PER if MADE else 1
-    made = (gl.allocate_shared_memory(gl.int32, [T, 32], ROWS), gl.allocate_shared_memory(gl.int32, [T, 32], ROWS),
-            gl.allocate_shared_memory(gl.int32, [T, 8], ROWS), gl.allocate_shared_memory(gl.int32, [T, 8], ROWS))
+    # FOLD: the input tiles the consumers make (gemv_input.NormFold), PER of them at most
+    MADE: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # per tile: plain rows
+    T: gl.constexpr = PER if FOLD else 1
+    made = (gl.allocate_shared_memory(gl.int32, [T, 32], MADE), gl.allocate_shared_memory(gl.int32, [T, 32], MADE),
+            gl.allocate_shared_memory(gl.int32, [T, 8], MADE), gl.allocate_shared_memory(gl.int32, [T, 8], MADE))
     fold = ((sums_ptr, res_ptr, res_out_ptr, sq_ptr, pid_s), scale_ptr, k0, pid_n == 0, made)
-    comb = (o_ptr, lse_ptr, pos_ptr, pqs_in_ptr)
     acc_lo, acc_hi, acc2_lo, acc2_hi = gl.warp_specialize([
-        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, fold, comb, GLU, HALF, STAGES, B2, A2, PDL, FOLD,
-                     COMBINE, PER, A_SPLITS, BLOCK_T, HAS_PQS_IN, COMPUTE)),
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, masks, fold, GLU, HALF, STAGES, B2, A2, PDL, FOLD, PER,
+                     COMPUTE)),
         (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, k_tiles, GLU, STAGES, PDL, EARLY,
-                     TILED, MADE)),
+                     TILED, FOLD)),
     ], [1], [40])
     if CLEAR:  # another linear's accumulators, between their last reader and their next writer (fixed_sum)
         lanes = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
@@ -499,10 +433,11 @@ def _descriptors(x: gemv_input.Prepared, q, half: int) -> list:
 
 
 def _scale_descriptor(q, half: int):
-    """The scales' [2, HALF] boxes (a K tile's even and odd rows): float32, or the 16-bit copy (``scales16``)."""
+    """The scales' [2, HALF] boxes (a K tile's even and odd rows): the 16-bit copy (``scales16``) where the
+    weight has one and SCALES_16BIT, else float32."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    if q.scales16 is not None:
+    if q.scales16 is not None and SCALES_16BIT:
         return TensorDescriptor.from_tensor(q.scales16.view(-1, q.n // 2), [2, half], PLAIN16)
     return TensorDescriptor.from_tensor(q.scales.view(-1, q.n // 2), [2, half], PLAIN)
 
@@ -514,13 +449,11 @@ def _tiled(q, half: int) -> bool:
 def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch.dtype, pdl: bool, *,
            x2: gemv_input.Prepared | None = None, prepare_out: gemv_input.Prepared | None = None,
            counters: torch.Tensor | None = None, clear: torch.Tensor | None = None,
-           fold: gemv_input.NormFold | None = None, combine: gemv_input.SplitCombine | None = None,
-           masks: tuple[int, int, int, int]):
+           fold: gemv_input.NormFold | None = None, masks: tuple[int, int, int, int]):
     """quant_gemv.launch's contract for a warp-specialized config (``cfg.ws``), the GLU unsplit; ``masks``:
     quant_gemv's nibble masks and XORs (low, then high nibbles); an int64 ``out``: the accumulators the splits
     are added into (fixed_sum); ``clear``: int64 accumulators the launch sets to zero; ``fold``: the residual
-    add and RMSNorm before this GEMV made by its programs (``x``'s planes are not read; gemv_input.NormFold);
-    ``combine``: attention's split combine made by them likewise (gemv_input.SplitCombine; attention.dense)."""
+    add and RMSNorm before this GEMV made by its programs (``x``'s planes are not read; gemv_input.NormFold)."""
     glu = q2 is not None
     assert fits(q, cfg.block_n) and cfg.block_k == 128 and x.planes.shape[0] == 1
     assert not glu or cfg.splits == 1, "the warp-specialized GLU does not split K"
@@ -545,23 +478,13 @@ def launch(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg, compute: torch
         assert fold.residual.is_contiguous() and fold.residual_out.is_contiguous() and fold.scale.numel() == q.k
         assert fold.scale.dtype == torch.float32 and fold.sumsq.numel() >= splits
         sums, res, res_out, scale, sumsq = fold.sums, fold.residual, fold.residual_out, fold.scale, fold.sumsq
-    o = lse = pos = unread  # the combine's (likewise)
-    if combine is not None:
-        assert not glu and fold is None and fixed and (x.pqs is None or x.pqs.numel() == q.k)
-        o, lse, pos = combine.o, combine.lse, combine.positions
-        assert o.shape[0] == 1 and o.shape[-1] == 128 and o.shape[1] * 128 == q.k and o.is_contiguous()
-        assert lse.is_contiguous() and lse.shape == o.shape[:3] and triton.next_power_of_2(per_split) <= 4
-    made = fold is not None or combine is not None
     return _ws_gemv_kernel[grid](
         *descs, out, dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else unread,
-        clear if clear is not None else unread, sums, res, res_out, scale, sumsq, o, lse, pos,
-        x.pqs if x.pqs is not None else unread, q.n, k_tiles, per_split,
+        clear if clear is not None else unread, sums, res, res_out, scale, sumsq, q.n, k_tiles, per_split,
         0 if glu or fixed or out.dim() == 2 else out.stride(0), *masks, clear.numel() if clear is not None else 0,
         GLU=glu, PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, SPLITS=splits,
         REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None, COMPUTE=tl_dtype(compute), HALF=half,
         STAGES=cfg.num_stages, PDL=pdl, EARLY=EARLY_WEIGHTS,
-        TILED=tiled, FOLD=fold is not None, COMBINE=combine is not None,
-        PER=triton.next_power_of_2(per_split) if made else 1, A_SPLITS=o.shape[2] if combine is not None else 1,
-        BLOCK_T=combine.block_t if combine is not None else 1, HAS_PQS_IN=x.pqs is not None,
+        TILED=tiled, FOLD=fold is not None, PER=triton.next_power_of_2(per_split) if fold is not None else 1,
         num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
     )

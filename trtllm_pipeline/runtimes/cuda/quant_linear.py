@@ -76,8 +76,7 @@ class QuantWeight:
     # tiles' packed rows (None: the kernels read ``weight``)
     tiled: torch.Tensor | None = None
     tile_rows: int = 0
-    # INT4 at batch 1 on Hopper: ``scales`` as 16-bit values where each is one exactly (quant_gemv_ws reads them:
-    # half the scale bytes), else None
+    # INT4-AWQ: ``scales`` in the compute dtype, whose values they are (quant_gemv_ws reads them: half the bytes)
     scales16: torch.Tensor | None = None
 
     @property
@@ -114,17 +113,20 @@ class QuantWeight:
             n, k = 2 * w.shape[0], w.shape[1]
             s = lin.scales.to(f32)
             g = k // s.shape[1]
-            # 1 / (7 / (amax / 7 * 7)): the step ModelOpt's fake quantizer divides the INT4 values by
-            step = 1.0 / (torch.tensor(7.0, device=s.device) / (s * 7.0))
-            act_q = out_scale = None
+            act_q = out_scale = scales16 = None
+            if fmt == "int4_awq":  # the group scale as the eager layer takes it: in the compute dtype (torch_model)
+                step = lin.group_scales().to(f32)
+                scales16 = _int4_layout(lin.group_scales(), n)
+            else:
+                # 1 / (7 / (amax / 7 * 7)): the step ModelOpt's fake quantizer divides the INT4 values by
+                step = 1.0 / (torch.tensor(7.0, device=s.device) / (s * 7.0))
             if fmt == "w4a8_awq":  # the INT4 step in units of the FP8 step of scale_2 (TensorRT-LLM: scales / scale_2)
                 # 448 / amax exactly as torch_model.fake_fp8 computes it (a float over a tensor), so ties round alike
                 q2 = FP8_MAX / (lin.scale_2.float() * FP8_MAX)
                 qa = FP8_MAX / (lin.a_scale.float() * FP8_MAX)
                 step = step * q2
                 act_q, out_scale = qa.reshape(1), ((1 / qa) * (1 / q2)).reshape(1)
-            scales = step.t().reshape(s.shape[1], n // 2, 2).permute(0, 2, 1).contiguous()  # [G, 2, N/2]
-            return cls(fmt, w, scales, g, pqs, act_q, out_scale, n, k)
+            return cls(fmt, w, _int4_layout(step, n), g, pqs, act_q, out_scale, n, k, scales16=scales16)
         if fmt == "int8_sq":
             qa = torch.tensor(127.0, device=w.device) / (lin.a_scale.float() * 127.0)
             scales = (lin.scales.float() * (1 / qa)).contiguous()
@@ -133,6 +135,11 @@ class QuantWeight:
             s = lin.scales.float()
             return cls(fmt, w, s.t().contiguous(), w.shape[1] // s.shape[1], pqs, None, None, w.shape[0], w.shape[1])
         raise ValueError(f"no fast kernel for {fmt} weights")
+
+
+def _int4_layout(scales: torch.Tensor, n: int) -> torch.Tensor:
+    """Per-group scales [N, G] as the INT4 kernels read them: [G, 2, N/2], group-major, even rows then odd."""
+    return scales.t().reshape(scales.shape[1], n // 2, 2).permute(0, 2, 1).contiguous()
 
 
 def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
