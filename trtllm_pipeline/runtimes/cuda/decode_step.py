@@ -315,14 +315,19 @@ class DecodeStep:
                           padded_logits=torch.empty(batch, self.vocab * self.comm.size, device=dev))
 
     def weight_bytes(self) -> int:
-        """Bytes of weights one step reads: the kernels' tensors (packed, with their scales), lm_head and norms."""
+        """Bytes of weights one step at batch 1 reads: the kernels' tensors (packed, with their scales as its
+        kernels read them), lm_head and norms."""
         e = self.engine
         tensors = [e.lm_head, e.final_norm]
         size = 0
         for layer in self.layers:
             tensors += [layer.input_norm, layer.post_norm]
             for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj):
-                size += lin.quant.nbytes() if lin.quant is not None else lin.weight.numel() * lin.weight.element_size()
+                if lin.quant is None:
+                    size += lin.weight.numel() * lin.weight.element_size()
+                    continue
+                ws = quant_gemv_ws.SCALES_16BIT and quant_linear.pick_config(lin.quant, 1, self.sm_count).ws
+                size += lin.quant.nbytes(scales16=ws)
                 tensors += [lin.bias] if lin.bias is not None else []
         return size + sum(t.numel() * t.element_size() for t in tensors)
 

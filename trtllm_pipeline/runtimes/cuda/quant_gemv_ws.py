@@ -15,7 +15,9 @@ the results are its results: the same split-K partials, added into int64 accumul
 decode step's) or summed by each row tile's last program (REDUCE), or for the GLU ``silu(fc) * gate`` and
 mlp.proj's prepared input. With a ``gemv_input.NormFold`` (the QKV GEMV of the decode step's layers 1..) the
 consumer warps make their input tiles themselves, from the residual and the previous linear's accumulators, and
-the producer copies only weights and scales. Gluon kernels do not run in Triton's interpreter: on the CPU the
+the producer copies only weights and scales. On the decode step's path the weights come from a tile-by-tile copy
+(TILED_WEIGHTS) and INT4-AWQ's scales from their 16-bit copy (SCALES_16BIT: the compute dtype's values, which
+every INT4-AWQ path uses). Gluon kernels do not run in Triton's interpreter: on the CPU the
 tests compile this one for sm_90 and count its instructions; the H200 benchmark checks its numbers
 (benchmarks/quant_fast_path.py, benchmarks/split_sum_check.py).
 """

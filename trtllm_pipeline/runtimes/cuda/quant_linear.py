@@ -87,9 +87,11 @@ class QuantWeight:
     def act(self) -> int:
         return {"w4a8_awq": ACT_FP8, "int8_sq": ACT_INT8}.get(self.fmt, ACT_NONE)
 
-    def nbytes(self) -> int:
-        """Bytes one pass over this layer reads: the packed weight and its scales."""
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.pqs) if t is not None)
+    def nbytes(self, scales16: bool = False) -> int:
+        """Bytes one pass over this layer reads: the packed weight and its scales (``scales16``: their 16-bit copy,
+        as the warp-specialized GEMV reads them)."""
+        scales = self.scales16 if scales16 and self.scales16 is not None else self.scales
+        return sum(t.numel() * t.element_size() for t in (self.weight, scales, self.pqs) if t is not None)
 
     def rows(self, start: int, stop: int) -> "QuantWeight":
         """Output rows [start, stop) (an even start and stop for INT4): mlp.fc and mlp.gate of a fused matrix."""
