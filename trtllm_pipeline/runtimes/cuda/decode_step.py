@@ -325,9 +325,9 @@ class DecodeStep:
             for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj):
                 if lin.quant is None:
                     size += lin.weight.numel() * lin.weight.element_size()
-                    continue
-                ws = quant_gemv_ws.SCALES_16BIT and quant_linear.pick_config(lin.quant, 1, self.sm_count).ws
-                size += lin.quant.nbytes(scales16=ws)
+                else:
+                    ws = quant_gemv_ws.SCALES_16BIT and quant_linear.pick_config(lin.quant, 1, self.sm_count).ws
+                    size += lin.quant.nbytes(scales16=ws)
                 tensors += [lin.bias] if lin.bias is not None else []
         return size + sum(t.numel() * t.element_size() for t in tensors)
 

@@ -117,8 +117,8 @@ class QuantWeight:
             g = k // s.shape[1]
             act_q = out_scale = scales16 = None
             if fmt == "int4_awq":  # the group scale as the eager layer takes it: in the compute dtype (torch_model)
-                step = lin.group_scales().to(f32)
-                scales16 = _int4_layout(lin.group_scales(), n)
+                rounded = lin.group_scales()
+                step, scales16 = rounded.to(f32), _int4_layout(rounded, n)
             else:
                 # 1 / (7 / (amax / 7 * 7)): the step ModelOpt's fake quantizer divides the INT4 values by
                 step = 1.0 / (torch.tensor(7.0, device=s.device) / (s * 7.0))
