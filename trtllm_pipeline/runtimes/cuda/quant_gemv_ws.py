@@ -50,7 +50,7 @@ EARLY_WEIGHTS = True
 # True: the decode step gives the kernel a copy of its packed weights laid tile by tile (``tile_weights``), so
 # that each stage's copy reads one contiguous 4-8 KB run instead of HALF rows of 128 bytes K/2 bytes apart
 # (H200, 7B INT4-AWQ step: 1.615-1.626 ms against 1.637-1.651, runs 120-121; 1.646-1.657 against 1.668, run
-# 122), for a second copy of every INT4 weight on the device: 3.5 GB at 7B, beside the 14 GB of the bfloat16
+# 122), for a second copy of every INT4 weight on the device: 3.3 GB at 7B, beside the 13 GB of the bfloat16
 # copy the eager prefill multiplies with (False: the checkpoint's layout, the benchmark's variant "untiled")
 TILED_WEIGHTS = True
 # True: the kernel reads an INT4-AWQ weight's scales in its 16-bit copy (``QuantWeight.scales16``: the same
