@@ -428,20 +428,13 @@ def _descriptors(x: gemv_input.Prepared, q, half: int) -> list:
     k, n = q.k, q.n
     planes = x.planes[0]
     weight = q.tiled if _tiled(q, half) else q.weight.view(torch.int32)
+    # the scales' 16-bit copy where the weight has one (SCALES_16BIT), else float32
+    sixteen = q.scales16 is not None and SCALES_16BIT
+    scales = (q.scales16 if sixteen else q.scales).view(-1, n // 2)
     return [TensorDescriptor.from_tensor(weight, [half, 32], W_LAYOUT),
             TensorDescriptor.from_tensor(planes[:k // 2].view(2, k // 4), [2, 32], PLAIN),
-            _scale_descriptor(q, half),
+            TensorDescriptor.from_tensor(scales, [2, half], PLAIN16 if sixteen else PLAIN),
             TensorDescriptor.from_tensor(planes[k // 2:k // 2 + 2 * (k // 16)].view(2, k // 16), [2, 8], PLAIN)]
-
-
-def _scale_descriptor(q, half: int):
-    """The scales' [2, HALF] boxes (a K tile's even and odd rows): the 16-bit copy (``scales16``) where the
-    weight has one and SCALES_16BIT, else float32."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    if q.scales16 is not None and SCALES_16BIT:
-        return TensorDescriptor.from_tensor(q.scales16.view(-1, q.n // 2), [2, half], PLAIN16)
-    return TensorDescriptor.from_tensor(q.scales.view(-1, q.n // 2), [2, half], PLAIN)
 
 
 def _tiled(q, half: int) -> bool:
