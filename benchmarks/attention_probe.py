@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import attention, gemv_input, norm
+from trtllm_pipeline.runtimes.torch_engine.cuda import attention, gemv_input, norm
 
 HEADS, KV, D, HIDDEN, CTX, MAX_LEN = 28, 4, 128, 3584, 2048, 4096
 

@@ -16,7 +16,7 @@ Parts (each one's failure is recorded and the next part still runs):
   hf         Hugging Face transformers generate on the same random BF16 weights, and ours beside it
   runtime    TorchRuntime (submit/step, sampling, continuous batching) on the tiny pipeline checkpoints,
              fast path against eager; then on the 7B-shaped checkpoints written to disk: ms/token by batch
-  quant      (only when named) the 4/8-bit kernels of runtimes/cuda/quant_linear.py at the 7B shapes, batch 1
+  quant      (only when named) the 4/8-bit kernels of runtimes/torch_engine/cuda/quant_linear.py at the 7B shapes, batch 1
              and 32: error against float32 x @ W^T (W dequantized as the format defines it), time and GB/s of
              weight bytes, a tile/split sweep at batch 1, BF16 and FP8 linears beside; then the whole decode
              step at batch 1, context 2048, per --formats (bf16 and fp8 may be added), on 7B-shaped engines
@@ -49,10 +49,10 @@ import quant_fast_path  # noqa: E402
 from torch_runtime_gpu import synthetic_tensors  # noqa: E402
 
 from trtllm_pipeline.model.catalog import KNOWN_MODELS  # noqa: E402
-from trtllm_pipeline.runtimes.cuda import attention, linear  # noqa: E402
-from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep  # noqa: E402
-from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs  # noqa: E402
-from trtllm_pipeline.runtimes.torch_model import Qwen2Engine  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda import attention, linear  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine  # noqa: E402
 
 SHAPE = KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"]
 DEV = torch.device("cuda")
@@ -585,7 +585,7 @@ def _runtime_generate(rt, prompts, params_list, stagger: bool):
 def runtime_part() -> dict:
     """The torch runtime users run: the tiny pipeline checkpoints, then the 7B-shaped one, on CUDA."""
     from trtllm_pipeline.runtimes.base import SamplingParams
-    from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+    from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
     root = Path(__file__).resolve().parents[1] / "engines"
     out = {"tiny": [], "bench": []}
@@ -652,7 +652,7 @@ def runtime_part() -> dict:
 def tiny_part() -> dict:
     """The tiny pipeline checkpoints on CUDA: fast and eager BF16 against eager float32, logits and tokens."""
     from trtllm_pipeline.runtimes.base import SamplingParams
-    from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+    from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
     root = Path(__file__).resolve().parents[1] / "engines"
     out = []

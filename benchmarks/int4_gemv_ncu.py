@@ -1,4 +1,4 @@
-"""The INT4-AWQ batch-1 GEMV (runtimes/cuda/quant_gemv.py) at the 7B GLU and proj shapes, for Nsight Compute
+"""The INT4-AWQ batch-1 GEMV (runtimes/torch_engine/cuda/quant_gemv.py) at the 7B GLU and proj shapes, for Nsight Compute
 (a CUDA GPU; the device tool's H200 has ncu): each config launched once to compile, then once each to be
 profiled, the register-load kernels first (the driver's carveout), then Hopper's default (warp-specialized) under
 the carveout the decode step pins for them (``quant_gemv.carveout``; warp-specialized: ``CARVEOUT_WS``):
@@ -19,8 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quant_fast_path as qf  # noqa: E402
 
-from trtllm_pipeline.runtimes.cuda import quant_gemv, quant_gemv_ws, quant_linear, support  # noqa: E402
-from trtllm_pipeline.runtimes.torch_model import Linear  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_ws, quant_linear, support  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.model import Linear  # noqa: E402
 
 
 def main() -> None:

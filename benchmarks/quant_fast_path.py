@@ -26,11 +26,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import (attention, decode_step, fixed_sum, linear, norm, quant_gemv, quant_gemv_ws,
+from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, decode_step, fixed_sum, linear, norm, quant_gemv, quant_gemv_ws,
                                            quant_linear, support)
-from trtllm_pipeline.runtimes.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
-from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs
-from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine, fake_fp8, fake_int8
+from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import CARVEOUT_MODULES, DecodeStep
+from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
+from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine, fake_fp8, fake_int8
 
 QUANT_FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo")
 QUANT_ALGO = {"int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16",

@@ -25,10 +25,10 @@ from quant_fast_path import input_amax, quantized_checkpoint, rel  # noqa: E402
 from torch_runtime_gpu import synthetic_tensors  # noqa: E402
 
 from trtllm_pipeline.model.catalog import KNOWN_MODELS  # noqa: E402
-from trtllm_pipeline.runtimes.cuda import decode_step  # noqa: E402
-from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep  # noqa: E402
-from trtllm_pipeline.runtimes.cuda.graphs import DecodeGraphs  # noqa: E402
-from trtllm_pipeline.runtimes.torch_model import Qwen2Engine  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda import decode_step  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine  # noqa: E402
 
 DEV = torch.device("cuda")
 CTX = 2048

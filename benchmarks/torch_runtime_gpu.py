@@ -22,8 +22,8 @@ import torch
 
 from trtllm_pipeline.model.catalog import KNOWN_MODELS
 from trtllm_pipeline.runtimes.base import SamplingParams
-from trtllm_pipeline.runtimes.torch_model import Qwen2Engine
-from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 
 def check_linears(rt: TorchRuntime) -> dict:

@@ -1,6 +1,6 @@
 """The collectives of one tensor-parallel fast decode step, measured alone: all-reduce time per token.
 
-The distributed fast path (``runtimes/cuda/decode_step.py`` over a ``ShardedQwen2Engine`` rank) runs, per
+The distributed fast path (``runtimes/torch_engine/cuda/decode_step.py`` over a ``ShardedQwen2Engine`` rank) runs, per
 step, one all-reduce of the embedding rows, two per layer (after attention.dense and mlp.proj) of
 [batch, hidden] in the compute dtype, and one all-gather of the ranks' float32 lm_head slices. This
 script runs exactly those, with the runtime's own ``tp.comm.Comm`` (NCCL, one GPU per rank; gloo on
@@ -36,8 +36,8 @@ import torch.multiprocessing as mp
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trtllm_pipeline.runtimes.tp.comm import Comm  # noqa: E402
-from trtllm_pipeline.runtimes.tp.launcher import listening_socket  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.tp.comm import Comm  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.tp.launcher import listening_socket  # noqa: E402
 
 
 def step_collectives(comm: Comm, batch: int, hidden: int, layers: int, vocab: int, dtype: torch.dtype):

@@ -14,7 +14,7 @@ import json
 import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 
-from trtllm_pipeline.runtimes.cuda import attention, fixed_sum
+from trtllm_pipeline.runtimes.torch_engine.cuda import attention, fixed_sum
 
 HEADS, KV_HEADS, D, SPLITS, MAX_LEN = 8, 2, 128, 4, 320
 

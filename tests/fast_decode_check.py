@@ -20,7 +20,7 @@ import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 
 from trtllm_pipeline.runtimes.base import SamplingParams
-from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 
 def runtime(ckpt: Path, dtype: str, fast: bool, tp_mode: str = "merged") -> TorchRuntime:

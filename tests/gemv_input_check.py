@@ -1,4 +1,4 @@
-"""Run by tests/test_fast_decode.py in a subprocess: the INT4 GEMV's prepared input (runtimes/cuda/gemv_input.py)
+"""Run by tests/test_fast_decode.py in a subprocess: the INT4 GEMV's prepared input (runtimes/torch_engine/cuda/gemv_input.py)
 written by its standalone kernel through Triton's interpreter, read back from the planes and compared with
 ``gemv_input.reference``. Prints JSON: one row per (dtype, block)."""
 
@@ -9,7 +9,7 @@ import json
 import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 
-from trtllm_pipeline.runtimes.cuda import gemv_input
+from trtllm_pipeline.runtimes.torch_engine.cuda import gemv_input
 
 
 def planes_values(planes: torch.Tensor, k: int, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

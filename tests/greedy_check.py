@@ -1,4 +1,4 @@
-"""Run by tests/test_fast_decode.py in a subprocess: the step's greedy-token kernel (runtimes/cuda/greedy.py)
+"""Run by tests/test_fast_decode.py in a subprocess: the step's greedy-token kernel (runtimes/torch_engine/cuda/greedy.py)
 through Triton's interpreter, against torch.argmax, on rows where the maximum sits in the first or last part of
 the row, where it appears twice (the first is taken), where every logit is equal, and on widths that leave a
 short last part, with the counters left at zero for the next launch. Prints JSON.
@@ -13,7 +13,7 @@ import json
 import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 
-from trtllm_pipeline.runtimes.cuda import greedy
+from trtllm_pipeline.runtimes.torch_engine.cuda import greedy
 
 
 def main() -> None:

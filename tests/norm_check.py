@@ -1,4 +1,4 @@
-"""Run by tests/test_fast_decode.py in a subprocess: the residual add + RMSNorm kernel (runtimes/cuda/norm.py)
+"""Run by tests/test_fast_decode.py in a subprocess: the residual add + RMSNorm kernel (runtimes/torch_engine/cuda/norm.py)
 through Triton's interpreter, reading a linear's int64 accumulators (fixed_sum) and writing the residual after the
 add into another buffer (``x_out``, as the decode step does when its norms are folded into the GEMVs), against
 the eager model's roundings computed by torch. Prints JSON.
@@ -13,7 +13,7 @@ import json
 import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 
-from trtllm_pipeline.runtimes.cuda import fixed_sum, norm
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, norm
 
 HIDDEN, EPS = 96, 1e-6
 

@@ -1,4 +1,4 @@
-"""Run by tests/test_fast_decode.py in a subprocess: the 4/8-bit decode kernels (runtimes/cuda/quant_linear.py)
+"""Run by tests/test_fast_decode.py in a subprocess: the 4/8-bit decode kernels (runtimes/torch_engine/cuda/quant_linear.py)
 through Triton's interpreter against ``x @ W^T`` with W the format's float32 dequantized weight and x the input as
 the format's activation quantizer leaves it (in float32 after the eager bf16 ``x * pre_quant_scale``). Prints JSON:
 one row per case, with the kernel's and the eager bf16 module's relative and absolute errors.
@@ -17,8 +17,8 @@ import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 import torch.nn.functional as F
 
-from trtllm_pipeline.runtimes.cuda import fixed_sum, gemv_input, quant_linear
-from trtllm_pipeline.runtimes.torch_model import Linear
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, gemv_input, quant_linear
+from trtllm_pipeline.runtimes.torch_engine.model import Linear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from quant_fast_path import reference_input  # noqa: E402  (the GPU benchmark checks against the same input)

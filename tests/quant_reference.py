@@ -86,7 +86,7 @@ def carry_exported_weights(model, export_dir: Path) -> None:
     weights themselves are checked against the fake quantizer in test_formats, ties counted.
     """
     from trtllm_pipeline import checkpoint
-    from trtllm_pipeline.runtimes.torch_model import Linear
+    from trtllm_pipeline.runtimes.torch_engine.model import Linear
 
     config, tensors = checkpoint.load_checkpoint(export_dir)
     layout = checkpoint.CheckpointLayout(config)

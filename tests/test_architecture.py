@@ -158,13 +158,13 @@ def test_runtimes_and_the_served_model_are_what_tasks_need():
 
 
 def test_the_tensor_parallel_package_sits_behind_the_torch_runtime_seam():
-    # runtimes/tp is the torch runtime's TpExecutor and what it needs; the stages reach it only through
+    # runtimes/torch_engine/tp is the torch runtime's TpExecutor and what it needs; the stages reach it only through
     # TorchRuntime (docs/architecture.md, "Tensor parallelism").
-    outside = [f"{e.source} -> {e.target}" for e in EDGES if e.target.startswith("runtimes.tp")
-               and not e.source.startswith("runtimes.tp") and e.source != "runtimes.torch_runtime"]
+    outside = [f"{e.source} -> {e.target}" for e in EDGES if e.target.startswith("runtimes.torch_engine.tp")
+               and not e.source.startswith("runtimes.torch_engine.tp") and e.source != "runtimes.torch_engine.runtime"]
     assert outside == []
-    assert {m for m in MODULES if m.startswith("runtimes.tp.")} == {
-        f"runtimes.tp.{m}" for m in ("comm", "executor", "launcher", "mode", "sharded_model", "worker")}
+    assert {m for m in MODULES if m.startswith("runtimes.torch_engine.tp.")} == {
+        f"runtimes.torch_engine.tp.{m}" for m in ("comm", "executor", "launcher", "mode", "sharded_model", "worker")}
 
 
 def test_the_tensor_parallel_wire_format_never_unpickles():
@@ -172,7 +172,7 @@ def test_the_tensor_parallel_wire_format_never_unpickles():
     # torch.distributed *_object collectives, no torch.load of anything a peer sent.
     forbidden = {"pickle", "marshal", "dill", "broadcast_object_list", "all_gather_object", "gather_object",
                  "scatter_object_list", "send_object_list", "recv_object_list"}
-    for path in sorted((REPO / "trtllm_pipeline" / "runtimes" / "tp").glob("*.py")):
+    for path in sorted((REPO / "trtllm_pipeline" / "runtimes" / "torch_engine" / "tp").glob("*.py")):
         tree = ast.parse(path.read_text())
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}

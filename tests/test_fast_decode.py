@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_pipeline.runtimes import sampling
+from trtllm_pipeline.runtimes.torch_engine import sampling
 from trtllm_pipeline.runtimes.base import SamplingParams
-from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 pytest.importorskip("triton")  # the test extra installs it; the kernels' module needs it to import
 
-from trtllm_pipeline.runtimes.cuda.graphs import batch_buckets, bucket_for, padded_inputs  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets, bucket_for, padded_inputs  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 
@@ -142,7 +142,7 @@ def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from trtllm_pipeline.runtimes.cuda import attention
+    from trtllm_pipeline.runtimes.torch_engine.cuda import attention
 
     fn = attention._decode_attention_kernel
     consts = dict(H=28, KVH=4, D=128, GROUP=7, QKV_SPLITS=1, HAS_BIAS=True, SPLITS=32, BLOCK_H=16,
@@ -221,7 +221,7 @@ def test_int4_gemv_on_hopper_takes_its_tiles_from_the_copy_engine():
     rows' nibbles used in place (no shift per word: SHF <= 1 per thread and tile), and the pipeline's per-tile
     bookkeeping kept under 2.8 instructions per weight (GLU: 64 x 128 tiles of two matrices, 3.0 before the
     planes shared a box and the shift went; proj: 128 x 128) in <= 80 registers."""
-    from trtllm_pipeline.runtimes.cuda import quant_gemv
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv
 
     q = _hopper_shape(18944, 3584)
     glu = quant_gemv.pick_config(q, 132, glu=True, tma=True)
@@ -240,7 +240,7 @@ def test_int4_gemv_on_hopper_takes_its_tiles_from_the_copy_engine():
         assert r["registers"] <= 80, (name, r)
 
 def _hopper_shape(n, k):  # pick_config reads the shape, the group and the weight's device
-    from trtllm_pipeline.runtimes.cuda import quant_linear
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_linear
 
     return quant_linear.QuantWeight("int4_awq", torch.empty(0, dtype=torch.int8), None, 128, None, None, None, n, k)
 
@@ -253,7 +253,7 @@ def test_int4_gemv_on_hopper_is_warp_specialized():
     kernel: 2.4-2.6), in <= 80 registers and <= 32 KB of shared memory (three programs per SM in the 100 KB of
     the carveout the decode step pins for it, CARVEOUT_WS), nothing spilled; QKV's with the input norm folded in
     (its consumers making their input tiles before the loop) the same."""
-    from trtllm_pipeline.runtimes.cuda import quant_gemv
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv
 
     glu = quant_gemv.pick_config(_hopper_shape(18944, 3584), 132, glu=True, tma=True)
     proj = quant_gemv.pick_config(_hopper_shape(3584, 18944), 132, tma=True)
@@ -281,8 +281,8 @@ def test_int4_awq_scales_are_the_checkpoints_in_the_compute_dtype():
     dtype, as TensorRT-LLM holds them: in the eager layer's dequantized copy and in every kernel's view
     (QuantWeight: the float32 ``scales`` and the 16-bit ``scales16`` the warp-specialized GEMV reads hold the
     same values); W4A8 keeps ModelOpt's float32 step."""
-    from trtllm_pipeline.runtimes.cuda import quant_linear
-    from trtllm_pipeline.runtimes.torch_model import Linear, unpack_int4_rows
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_linear
+    from trtllm_pipeline.runtimes.torch_engine.model import Linear, unpack_int4_rows
 
     gen = torch.Generator().manual_seed(0)
     n, k, group = 8, 256, 128
@@ -306,7 +306,7 @@ def test_int4_weights_tiled_for_the_warp_specialized_gemv_are_the_same_words():
     """quant_gemv_ws.tile_weights (the decode step's layout on Hopper, TILED_WEIGHTS): row tile r's K tile t is box
     r * K/128 + t of the copy, word for word; N/2 padded with zero rows to whole tiles; the checkpoint's layout
     comes back."""
-    from trtllm_pipeline.runtimes.cuda import quant_gemv_ws
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_ws
 
     n, k, half = 200, 384, 32  # 100 packed rows: 4 row tiles, the last one 4 rows full
     gen = torch.Generator().manual_seed(0)
@@ -362,8 +362,8 @@ def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():
     from torch_runtime_gpu import synthetic_tensors
 
     from trtllm_pipeline.model.catalog import KNOWN_MODELS
-    from trtllm_pipeline.runtimes.cuda.decode_step import _linear
-    from trtllm_pipeline.runtimes.torch_model import Qwen2Engine, unpack_int4_rows
+    from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import _linear
+    from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine, unpack_int4_rows
 
     v = torch.randint(-8, 8, (6, 32))
     assert torch.equal(unpack_int4_rows(qf.pack_int4_rows(v)).long(), v)

@@ -34,8 +34,8 @@ from trtllm_pipeline.config import config_from_dict
 from trtllm_pipeline.errors import ConfigError
 from trtllm_pipeline.quantize import quantize
 from trtllm_pipeline.runtimes.base import SamplingParams
-from trtllm_pipeline.runtimes.torch_model import Linear, unpack_fp4_cols, unpack_int4_rows
-from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+from trtllm_pipeline.runtimes.torch_engine.model import Linear, unpack_fp4_cols, unpack_int4_rows
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "nvfp4")
 # NVFP4's blocks of 16 do not fit the tiny model's 88 mlp.proj inputs per rank at tp=4 (352 / 4): that
@@ -166,7 +166,7 @@ def test_fp8_kv_cache_combines_where_trtllm_allows(engines_dir, fmt, tp, build):
     assert merged["transformer.layers.0.attention.kv_cache_scaling_factor"].dtype == torch.float32
     rt = _runtime(result.checkpoint_dir)
     assert rt.generate([PROMPT], SamplingParams(max_tokens=4, end_id=-1))[0].token_ids
-    flags = " ".join(__import__("trtllm_pipeline.runtimes.trtllm_commands", fromlist=["x"]).trtllm_build_command(
+    flags = " ".join(__import__("trtllm_pipeline.runtimes.trtllm.commands", fromlist=["x"]).trtllm_build_command(
         cfg, "c", "o", gpu_count=tp))
     assert ("--use_fp8_context_fmha enable" in flags) == (fmt != "int4_awq")
 
@@ -334,12 +334,12 @@ def test_int8_weight_only_is_quantized_per_rank_as_trtllm_build_does(exported):
 
 
 def test_the_fast_cuda_path_refuses_formats_it_has_no_kernels_for(exported):
-    from trtllm_pipeline.runtimes.cuda.decode_step import Unsupported, _linear
+    from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import Unsupported, _linear
 
     rt = _runtime(exported("nvfp4", 1).checkpoint_dir)
     with pytest.raises(Unsupported, match="nvfp4 weights .*no FP4 tensor cores"):
         _linear(rt.engine.layers[0]["qkv"])
-    # the 4/8-bit integer formats have kernels (runtimes/cuda/quant_linear.py; tests/test_fast_decode.py)
+    # the 4/8-bit integer formats have kernels (runtimes/torch_engine/cuda/quant_linear.py; tests/test_fast_decode.py)
     rt = _runtime(exported("int4_awq", 1).checkpoint_dir)
     assert _linear(rt.engine.layers[0]["qkv"]).quant.fmt == "int4_awq"
 
@@ -452,7 +452,7 @@ def test_1_5b_int4_awq_tp4_needs_block_64(tmp_path):
 def test_preflight_knows_which_gpus_build_each_format(fmt, sm, problem):
     from conftest import CONFIGS as _  # noqa: F401
     from trtllm_pipeline import machine
-    from trtllm_pipeline.runtimes.trtllm_preflight import preflight
+    from trtllm_pipeline.runtimes.trtllm.preflight import preflight
 
     cfg = config(fmt)
     found = [str(p) for p in preflight(cfg, gpus=[machine.Gpu(0, "test GPU", sm, 139.0, 139.0)])

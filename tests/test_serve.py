@@ -566,7 +566,7 @@ def test_python_models_see_the_serving_module_path_that_the_stub_ignores(tmp_pat
     backend = tmp_path / "backends" / "python"
     backend.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(only_here), os.environ.get("PYTHONPATH", "")])}
-    write = ("from pathlib import Path; from trtllm_pipeline.runtimes.torch_backend import write_sys_path_module; "
+    write = ("from pathlib import Path; from trtllm_pipeline.runtimes.torch_engine.backend import write_sys_path_module; "
              f"write_sys_path_module(Path({str(backend)!r}))")
     assert subprocess.run([sys.executable, "-c", write], env=env).returncode == 0
     stub_like = f"import sys; sys.path.insert(0, {str(backend)!r}); import serving_sys_path, marker_package_xyz; " \
@@ -588,7 +588,7 @@ def test_the_stubs_backend_utils_run_after_the_serving_module_path_is_set(tmp_pa
     backend = tmp_path / "backends" / "python"
     backend.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(only_here), os.environ.get("PYTHONPATH", "")])}
-    write = ("from pathlib import Path; from trtllm_pipeline.runtimes import torch_backend as t; "
+    write = ("from pathlib import Path; from trtllm_pipeline.runtimes.torch_engine import backend as t; "
              f"t.write_sys_path_module(Path({str(backend)!r})); "
              f"t.write_backend_utils(Path({str(backend)!r}), Path({str(original)!r}))")
     assert subprocess.run([sys.executable, "-c", write], env=env).returncode == 0

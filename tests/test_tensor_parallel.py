@@ -1,6 +1,6 @@
 """Tensor parallelism in the torch runtime, for real: one process per rank, gloo on 127.0.0.1, no mocks.
 
-What holds the distributed path (``runtimes/tp``) to the tp=1 model: the same greedy tokens and
+What holds the distributed path (``runtimes/torch_engine/tp``) to the tp=1 model: the same greedy tokens and
 logits within float32 rounding (bf16 weights computed in float32, and int4_awq, whose activations
 are not quantized), FP8 within its tolerance (a row-parallel partial sum rounds its last bit
 differently from the whole GEMM, and an FP8 activation quantizer can turn that into one FP8 step
@@ -26,7 +26,7 @@ from conftest import CONFIGS, REPO, free_ports, load, run_cli
 from trtllm_pipeline.config import config_from_dict, load_yaml
 from trtllm_pipeline.errors import UnavailableError
 from trtllm_pipeline.runtimes.base import SamplingParams
-from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 PROMPTS = [list(range(100, 164)), list(range(300, 340))]
 SHARDED = ("embedding", "lm_head", "layers")  # all sharded here: the checkpoint splits the embedding too
@@ -79,7 +79,7 @@ def _workers_of(ckpt: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"trtllm_pipeline.runtimes.tp.worker" in argv and str(ckpt).encode() in argv and _alive(int(entry.name)):
+        if b"trtllm_pipeline.runtimes.torch_engine.tp.worker" in argv and str(ckpt).encode() in argv and _alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
@@ -196,7 +196,7 @@ def test_workers_die_with_their_leader(built):
     ckpt = _ckpt(built, "tiny-qwen2-bf16-tp4")
     leader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+        from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
         rt = TorchRuntime({str(ckpt)!r}, {str(ckpt / 'tokenizer')!r}, max_batch_size=2, max_seq_len=256,
                           dtype="float32", tp_mode="distributed")
         print(*rt.processes[1:], flush=True)

@@ -9,7 +9,7 @@ from conftest import load
 from trtllm_pipeline import checkpoint, quantize
 from trtllm_pipeline.runtimes.base import SamplingParams, TextStream
 from trtllm_pipeline.runtimes.registry import load_runtime
-from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 PROMPT = list(range(100, 164))
 
@@ -242,7 +242,7 @@ def _run_all(rt, prompts, params):
 
 
 def test_a_request_that_fails_inside_a_step_fails_alone(built, engines_dir, monkeypatch):
-    from trtllm_pipeline.runtimes import sampling
+    from trtllm_pipeline.runtimes.torch_engine import sampling
     from trtllm_pipeline.runtimes.base import RequestFailed
 
     rt = _runtime(built, engines_dir, "tiny-qwen2-fp8-tp1")
@@ -283,7 +283,7 @@ def test_a_request_that_fails_inside_a_step_fails_alone(built, engines_dir, monk
 
 def test_a_kv_cache_that_cannot_fit_is_refused_before_it_is_allocated(built, engines_dir, monkeypatch):
     from trtllm_pipeline.errors import UnavailableError
-    from trtllm_pipeline.runtimes import torch_runtime
+    from trtllm_pipeline.runtimes.torch_engine import runtime as torch_runtime
 
     monkeypatch.setattr(torch_runtime, "_available_host_memory", lambda: 2**30)  # whatever this machine has
     ckpt = built("tiny-qwen2-fp8-tp1").engine_dir.parent / "checkpoint"

@@ -21,9 +21,9 @@ from trtllm_pipeline import machine
 from trtllm_pipeline.config import config_from_dict
 from trtllm_pipeline.errors import UnavailableError
 from trtllm_pipeline.model.catalog import KNOWN_MODELS
-from trtllm_pipeline.runtimes import trtllm_backend, trtllm_build, trtllm_runtime
-from trtllm_pipeline.runtimes import trtllm_commands as trt
-from trtllm_pipeline.runtimes.trtllm_preflight import estimate_memory, preflight
+from trtllm_pipeline.runtimes.trtllm import backend as trtllm_backend, build as trtllm_build, runtime as trtllm_runtime
+from trtllm_pipeline.runtimes.trtllm import commands as trt
+from trtllm_pipeline.runtimes.trtllm.preflight import estimate_memory, preflight
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BUILD_ARGS = json.loads((FIXTURES / "trtllm_1_2_build_args.json").read_text())
@@ -620,7 +620,7 @@ def test_memory_per_format():
 
 
 def test_trtllm_takes_only_its_kernels_group_sizes():
-    from trtllm_pipeline.runtimes.trtllm_preflight import GROUP_SIZES
+    from trtllm_pipeline.runtimes.trtllm.preflight import GROUP_SIZES
 
     kernels = QUANT["groupwise_kernels"]
     assert list(GROUP_SIZES["int4_awq"]) == kernels["group_sizes"]

@@ -14,7 +14,7 @@ from conftest import CONFIGS, REPO, free_ports, load, run_cli
 
 from trtllm_pipeline.config import BACKEND_NEEDS, config_from_dict, load_yaml
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.runtimes import trtllm_pytorch_deploy as tp
+from trtllm_pipeline.runtimes.trtllm import pytorch_deploy as tp
 from trtllm_pipeline.triton import model_config as mc
 
 FACTS = json.loads((REPO / "tests" / "fixtures" / "trtllm_pytorch_llmapi.json").read_text())

@@ -1,4 +1,4 @@
-"""Compile the INT4 GEMV (runtimes/cuda/quant_gemv.py) for an H200 (sm_90) on a machine without a GPU and
+"""Compile the INT4 GEMV (runtimes/torch_engine/cuda/quant_gemv.py) for an H200 (sm_90) on a machine without a GPU and
 count the instructions of its K loop: registers, instructions per thread and per weight, the mix.
 
 Triton's wheel carries ptxas, cuobjdump and nvdisasm, so the SASS the GPU would run is readable here; that
@@ -30,7 +30,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from trtllm_pipeline.runtimes.cuda import quant_gemv, quant_gemv_ws
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_ws
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")

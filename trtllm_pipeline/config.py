@@ -62,7 +62,7 @@ BACKEND_NEEDS = {
                             "the only flow from 1.3 on)",
     "torch": "no TensorRT-LLM (the checkpoint run in PyTorch, CPU or CUDA)",
 }
-TP_MODES = ("auto", "merged", "distributed")  # runtime.tp_mode and --tp-mode (runtimes/tp/mode.py)
+TP_MODES = ("auto", "merged", "distributed")  # runtime.tp_mode and --tp-mode (runtimes/torch_engine/tp/mode.py)
 
 PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "fp8", "nvfp4", "disable"]
 

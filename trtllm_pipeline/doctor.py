@@ -18,7 +18,7 @@ from trtllm_pipeline.config import BuildConfig, load_config
 from trtllm_pipeline.errors import PipelineError
 from trtllm_pipeline.machine import gpus, package_version, stub_numpy_problem, trtllm_status, tritonserver_binaries
 from trtllm_pipeline.runtimes.registry import BACKENDS, select_backend
-from trtllm_pipeline.runtimes.trtllm_pytorch_backend import version_problem
+from trtllm_pipeline.runtimes.trtllm.pytorch_backend import version_problem
 
 
 def report() -> dict[str, Any]:

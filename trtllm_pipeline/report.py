@@ -160,7 +160,7 @@ def gather(cfg: BuildConfig, engines_dir: str | Path, gates: gating.GatesFile | 
 def weight_bytes(cfg: BuildConfig) -> int | None:
     """Bytes of the model's weights as the engine holds them in the config's format (None: shape unknown)."""
     from trtllm_pipeline.model.source import known_shape
-    from trtllm_pipeline.runtimes.trtllm_preflight import estimate_memory
+    from trtllm_pipeline.runtimes.trtllm.preflight import estimate_memory
 
     shape = known_shape(cfg.model)
     if shape is None:

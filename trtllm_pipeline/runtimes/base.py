@@ -109,7 +109,7 @@ class Completion:
 
 
 class Runtime(abc.ABC):
-    """A loaded engine. Implementations: ``torch_runtime.TorchRuntime``, ``trtllm_runtime.TrtllmRuntime``."""
+    """A loaded engine. Implementations: ``torch_engine/runtime.TorchRuntime``, ``trtllm/runtime.TrtllmRuntime``."""
 
     name: ClassVar[str]
 

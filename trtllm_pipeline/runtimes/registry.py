@@ -14,9 +14,9 @@ from trtllm_pipeline import artifacts
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.base import Runtime
-from trtllm_pipeline.runtimes.torch_backend import TorchBackend
-from trtllm_pipeline.runtimes.trtllm_backend import TrtllmBackend
-from trtllm_pipeline.runtimes.trtllm_pytorch_backend import TrtllmPytorchBackend
+from trtllm_pipeline.runtimes.torch_engine.backend import TorchBackend
+from trtllm_pipeline.runtimes.trtllm.backend import TrtllmBackend
+from trtllm_pipeline.runtimes.trtllm.pytorch_backend import TrtllmPytorchBackend
 
 if TYPE_CHECKING:
     from trtllm_pipeline.config import BuildConfig

@@ -6,7 +6,7 @@ same incremental detokenizer as in-process generation) and it is passed on; no t
 each response on its own.
 """
 
-try:  # the serving process's module path, before any package import (runtimes/torch_backend.py)
+try:  # the serving process's module path, before any package import (runtimes/torch_engine/backend.py)
     import serving_sys_path  # noqa: F401
 except ImportError:  # a server this project did not start (TensorRT-LLM's container)
     pass

@@ -4,7 +4,7 @@ Requests outside the engine's limits get an error response here, before any engi
 The work is ``trtllm_pipeline.triton.tensors.Preprocessor``; this file adapts it to Triton.
 """
 
-try:  # the serving process's module path, before any package import (runtimes/torch_backend.py)
+try:  # the serving process's module path, before any package import (runtimes/torch_engine/backend.py)
     import serving_sys_path  # noqa: F401
 except ImportError:  # a server this project did not start (TensorRT-LLM's container)
     pass

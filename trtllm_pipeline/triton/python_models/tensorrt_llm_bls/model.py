@@ -18,7 +18,7 @@ step or two and the engine's slot is free. Required inputs and the front door's 
 checked first (``contract.RequestLimits``), before preprocessing tokenizes anything.
 """
 
-try:  # the serving process's module path, before any package import (runtimes/torch_backend.py)
+try:  # the serving process's module path, before any package import (runtimes/torch_engine/backend.py)
     import serving_sys_path  # noqa: F401
 except ImportError:  # a server this project did not start (TensorRT-LLM's container)
     pass

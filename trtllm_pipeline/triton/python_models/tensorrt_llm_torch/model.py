@@ -4,7 +4,7 @@ It loads the build's engine with the runtime its build manifest names, from the 
 that deploy wrote beside this model, and serves TensorRT-LLM's tensor contract.
 """
 
-try:  # the serving process's module path, before any package import (runtimes/torch_backend.py)
+try:  # the serving process's module path, before any package import (runtimes/torch_engine/backend.py)
     import serving_sys_path  # noqa: F401
 except ImportError:  # a server this project did not start (TensorRT-LLM's container)
     pass

@@ -33,10 +33,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import fixed_sum, gemv_input
-from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input
-from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
-from trtllm_pipeline.runtimes.cuda.linear import silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, gemv_input
+from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import consumer_input
+from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import silu_mul, tl_dtype
 
 # the packed weights' tiles (128-byte rows) swizzled; the small boxes as the plain rows the copy engine writes
 W_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)

@@ -3,7 +3,7 @@
 Building checks every shard (names, shapes, dtypes, finite positive scales) and records it; the
 Triton ``tensorrt_llm`` model is a decoupled Python model running ``TorchRuntime``
 (``triton.torch_repo``), served by the tritonserver bundled with nvidia-pytriton. The runtime
-itself is ``torch_runtime`` and ``torch_model``; this module is only the glue the stages ask.
+itself is ``torch_engine/runtime`` and ``torch_engine/model``; this module is only the glue the stages ask.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class TorchBackend(Backend):
 
     def runtime_class(self) -> type["Runtime"]:
         # Imported when an engine is loaded, not when a command starts: it imports torch.
-        from trtllm_pipeline.runtimes.torch_runtime import TorchRuntime
+        from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
         return TorchRuntime
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="trtllm_pipeline.runtimes.tp.worker")
+    p = argparse.ArgumentParser(prog="trtllm_pipeline.runtimes.torch_engine.tp.worker")
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world-size", type=int, required=True)
@@ -37,7 +37,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    from trtllm_pipeline.runtimes.tp import launcher
+    from trtllm_pipeline.runtimes.torch_engine.tp import launcher
 
     from trtllm_pipeline.errors import PipelineError
 
@@ -60,9 +60,9 @@ def serve(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from trtllm_pipeline.runtimes.torch_executor import rank_stats
-    from trtllm_pipeline.runtimes.tp import comm as wire
-    from trtllm_pipeline.runtimes.tp.sharded_model import load_shard, run_command
+    from trtllm_pipeline.runtimes.torch_engine.executor import rank_stats
+    from trtllm_pipeline.runtimes.torch_engine.tp import comm as wire
+    from trtllm_pipeline.runtimes.torch_engine.tp.sharded_model import load_shard, run_command
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

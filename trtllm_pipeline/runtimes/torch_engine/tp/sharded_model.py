@@ -19,7 +19,7 @@ TensorRT-LLM's layout, as the checkpoint has it (``checkpoint`` module docstring
   R1-distill 7B, 1.1 GB of bf16 per GPU) to save one gather of ``rows x vocab`` float32 per step.
 
 Quantized linears need nothing of their own: each rank file carries its own scales (per tensor,
-per channel or per group, split with the features they scale), so ``torch_model.Linear`` runs a
+per channel or per group, split with the features they scale), so ``torch_engine/model.Linear`` runs a
 rank's slice exactly as it runs a whole layer, and an activation quantized per tensor with the
 calibrated scale is the same numbers sliced or whole.
 """
@@ -34,9 +34,9 @@ import torch.nn.functional as F
 
 from trtllm_pipeline import checkpoint
 from trtllm_pipeline.checkpoint import CheckpointLayout
-from trtllm_pipeline.runtimes.torch_model import Linear, Qwen2Engine
-from trtllm_pipeline.runtimes.tp import comm as wire
-from trtllm_pipeline.runtimes.tp.comm import Comm
+from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine
+from trtllm_pipeline.runtimes.torch_engine.tp import comm as wire
+from trtllm_pipeline.runtimes.torch_engine.tp.comm import Comm
 
 
 class RowParallelLinear(Linear):
@@ -119,7 +119,7 @@ def run_command(engine: ShardedQwen2Engine, op: int, ints: list[int], payload: t
         engine.comm.all_reduce(torch.zeros(1, device=engine.comm.device))
         return None
     if op == wire.FAST_PREPARE:  # the CUDA fast path (Triton): imported where it is asked for
-        from trtllm_pipeline.runtimes.cuda import graphs
+        from trtllm_pipeline.runtimes.torch_engine.cuda import graphs
 
         engine.fast = graphs.prepared(engine, payload.tolist(), ints[1], use_graphs=bool(ints[2]),
                                       step=getattr(engine, "fast_step", None))  # rank 0 built its step already

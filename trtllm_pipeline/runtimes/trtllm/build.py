@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.errors import Problem, StageFailed, UnavailableError, bullets
 from trtllm_pipeline.machine import trtllm_status
-from trtllm_pipeline.runtimes.trtllm_commands import read_engine_config, trtllm_build_command
-from trtllm_pipeline.runtimes.trtllm_preflight import preflight
+from trtllm_pipeline.runtimes.trtllm.commands import read_engine_config, trtllm_build_command
+from trtllm_pipeline.runtimes.trtllm.preflight import preflight
 
 if TYPE_CHECKING:
     from trtllm_pipeline.config import BuildConfig

@@ -43,11 +43,11 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from trtllm_pipeline.runtimes.cuda import fixed_sum, gemv_input, quant_gemv_ws
-from trtllm_pipeline.runtimes.cuda.dp4a import dp4a
-from trtllm_pipeline.runtimes.cuda.gemv_input import consumer_input, store_planes, width
-from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.cuda.support import interpreting
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, gemv_input, quant_gemv_ws
+from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
+from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import consumer_input, store_planes, width
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
 
 @triton.jit

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import tl_dtype
 
 # 1.5 * 2^23: adding and subtracting it rounds a float32 below 2^22 to an integer, ties to even
 ROUND = tl.constexpr(12582912.0)

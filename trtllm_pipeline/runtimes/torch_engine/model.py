@@ -297,7 +297,7 @@ class _Pair(torch.nn.Module):
 class Qwen2Engine(torch.nn.Module):
     """The network plus its static KV cache, whole on one device (TP shards merged).
 
-    ``runtimes/tp/sharded_model.ShardedQwen2Engine`` is one rank's shard of it; the hooks it overrides
+    ``runtimes/torch_engine/tp/sharded_model.ShardedQwen2Engine`` is one rank's shard of it; the hooks it overrides
     are ``_local_heads``, ``_row_linear``, ``_embed`` and ``logits``.
     """
 

@@ -1,8 +1,8 @@
 """The TensorRT-LLM backend: trtllm-build engines, served by TensorRT-LLM's C++ Triton backend under mpirun.
 
-The parts, one concern each: ``trtllm_preflight`` (can this machine do it, and the memory
-estimate), ``trtllm_commands`` (the command lines), ``trtllm_build`` (running trtllm-build),
-``trtllm_runtime`` (the engine in-process) and ``triton.trtllm_repo`` (the repository's
+The parts, one concern each: ``trtllm/preflight`` (can this machine do it, and the memory
+estimate), ``trtllm/commands`` (the command lines), ``trtllm/build`` (running trtllm-build),
+``trtllm/runtime`` (the engine in-process) and ``triton.trtllm_repo`` (the repository's
 ``tensorrt_llm`` model). This module is the glue the stages ask.
 """
 
@@ -17,11 +17,11 @@ from trtllm_pipeline.errors import Problem
 from trtllm_pipeline.machine import NGC_TRITONSERVER, gpus, trtllm_status, tritonserver_binaries
 from trtllm_pipeline.model.source import known_shape
 from trtllm_pipeline.runtimes.backend import Backend
-from trtllm_pipeline.runtimes.trtllm_build import build_engine
-from trtllm_pipeline.runtimes.trtllm_commands import (build_notes, engine_run_command, generate_argv, quoted,
+from trtllm_pipeline.runtimes.trtllm.build import build_engine
+from trtllm_pipeline.runtimes.trtllm.commands import (build_notes, engine_run_command, generate_argv, quoted,
                                                       server_launch_command, trtllm_build_command)
-from trtllm_pipeline.runtimes.trtllm_preflight import estimate_memory, memory_line, preflight
-from trtllm_pipeline.runtimes.trtllm_runtime import TrtllmRuntime
+from trtllm_pipeline.runtimes.trtllm.preflight import estimate_memory, memory_line, preflight
+from trtllm_pipeline.runtimes.trtllm.runtime import TrtllmRuntime
 from trtllm_pipeline.triton import trtllm_repo
 from trtllm_pipeline.triton.repository import EngineModel
 

@@ -95,6 +95,6 @@ class LocalExecutor(Executor):
         return [{**self._stats, "rss_bytes": rss_bytes(os.getpid())}]
 
     def fast_decoder(self, buckets, scratch_slot, use_graphs):
-        from trtllm_pipeline.runtimes.cuda import graphs  # Triton: imported where the fast path is asked for
+        from trtllm_pipeline.runtimes.torch_engine.cuda import graphs  # Triton: imported where the fast path is asked for
 
         return graphs.prepared(self.engine, buckets, scratch_slot, use_graphs=use_graphs)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep, StepBuffers
+from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep, StepBuffers
 
 log = logging.getLogger(__name__)
 

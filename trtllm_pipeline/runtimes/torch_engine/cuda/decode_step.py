@@ -22,7 +22,7 @@ tensors and apply the pre-quant scale and activation quantizer to their input th
 formats every activation buffer stays in the compute dtype, and an unfused mlp.fc / mlp.gate pair runs as
 one GLU launch); NVFP4 is refused (eager emulation runs it).
 
-Tensor parallel (one rank of ``runtimes/tp``'s ``ShardedQwen2Engine``, which carries the group's ``comm``):
+Tensor parallel (one rank of ``runtimes/torch_engine/tp``'s ``ShardedQwen2Engine``, which carries the group's ``comm``):
 the same kernels over the rank's heads and slices, plus the eager shard's exchanges as collectives in the
 step (captured in the CUDA graph with it): the vocabulary-parallel embedding's all-reduce, after
 attention.dense and mlp.proj the rank's partial sum reduced over its splits, rounded to the compute dtype
@@ -36,9 +36,9 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, quant_gemv,
+from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, quant_gemv,
                                            quant_gemv_ws, quant_linear, support)
-from trtllm_pipeline.runtimes.cuda.support import interpreting
+from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
 
 @dataclasses.dataclass
@@ -466,7 +466,7 @@ def _norm_scale(weight: torch.Tensor, lin: _Linear) -> torch.Tensor:
 
 
 def _linear(module) -> _Linear:
-    """The fast path's view of a ``torch_model.Linear`` (whose FP8 weights are FP8 values; the 4/8-bit formats'
+    """The fast path's view of a ``torch_engine/model.Linear`` (whose FP8 weights are FP8 values; the 4/8-bit formats'
     tensors as the checkpoint stores them, their scales re-laid once for quant_linear's kernels)."""
     fmt = getattr(module, "format", "none")
     if fmt in quant_linear.FORMATS:

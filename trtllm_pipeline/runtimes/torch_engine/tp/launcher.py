@@ -1,6 +1,6 @@
 """Starting the tensor-parallel workers, and tying their lives to the leader's.
 
-A worker is ``python -m trtllm_pipeline.runtimes.tp.worker`` with an argument list (no shell), with
+A worker is ``python -m trtllm_pipeline.runtimes.torch_engine.tp.worker`` with an argument list (no shell), with
 the leader's module search path (``PYTHONPATH``: the Triton stub that runs the leader ignores it, its
 own path is set in code) and its output in a log file the leader quotes when the worker dies.
 
@@ -49,7 +49,7 @@ def spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     with open(log_path, "wb") as log:
-        return subprocess.Popen([python_executable(), "-m", "trtllm_pipeline.runtimes.tp.worker", *argv],
+        return subprocess.Popen([python_executable(), "-m", "trtllm_pipeline.runtimes.torch_engine.tp.worker", *argv],
                                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, close_fds=True)
 
 

@@ -4,7 +4,7 @@ Every flag used here was checked against TensorRT-LLM's own sources of the 1.2 l
 in ``tests/fixtures/trtllm_1_2_build_args.json`` (file, commit, type, choices, default):
 ``tensorrt_llm/commands/build.py`` (parse_arguments), ``tensorrt_llm/plugin/plugin.py``
 (PluginConfig, cli_plugin_args) and ``triton_backend/scripts/launch_triton_server.py`` (the mpirun
-line). ``trtllm_backend.plan`` prints them all, with the pre-flight verdicts, for ``build --dry-run``.
+line). ``trtllm/backend.plan`` prints them all, with the pre-flight verdicts, for ``build --dry-run``.
 """
 
 from __future__ import annotations

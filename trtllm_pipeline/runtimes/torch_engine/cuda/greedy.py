@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda.linear import last_program
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import last_program
 
 PARTS = 64  # programs per row
 BLOCK = 2048  # logits a program reads per iteration

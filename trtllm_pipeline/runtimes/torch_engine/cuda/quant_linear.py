@@ -49,9 +49,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import fixed_sum, quant_gemv
-from trtllm_pipeline.runtimes.cuda.linear import LinearConfig, silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.cuda.quant_gemv import int4_scales
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, quant_gemv
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 
 FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo")
 FP8_MAX = 448.0
@@ -61,7 +61,7 @@ ACT_NONE, ACT_FP8, ACT_INT8 = 0, 1, 2
 
 @dataclasses.dataclass
 class QuantWeight:
-    """One quantized linear as the kernels read it (``of`` builds it from a ``torch_model.Linear``)."""
+    """One quantized linear as the kernels read it (``of`` builds it from a ``torch_engine/model.Linear``)."""
 
     fmt: str
     weight: torch.Tensor  # the checkpoint's tensor: int8 [N/2, K] (INT4 pairs) or int8 [N, K]
@@ -107,7 +107,7 @@ class QuantWeight:
 
     @classmethod
     def of(cls, lin) -> "QuantWeight":
-        """The kernels' view of a quantized ``torch_model.Linear`` (its tensors as the checkpoint stores them)."""
+        """The kernels' view of a quantized ``torch_engine/model.Linear`` (its tensors as the checkpoint stores them)."""
         fmt, w = lin.format, lin.weight
         f32 = torch.float32
         pqs = lin.pre_quant_scale.contiguous() if lin.pre_quant_scale is not None else None

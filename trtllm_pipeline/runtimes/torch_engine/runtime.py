@@ -4,8 +4,8 @@ The "engine" of this runtime is the validated checkpoint itself (``engines/<conf
 plus the build manifest that names it. A TP checkpoint runs as ``runtime.tp_mode`` says: merged
 (every rank's slice reassembled at load time, checked for consistency, run on one device by a
 ``LocalExecutor``) or distributed (one process per rank, each loading only its own shard, this
-process rank 0: ``runtimes/tp``, a ``TpExecutor``); the math is the engine's (see ``torch_model``).
-The executor (``torch_executor``) is the seam: this class keeps the scheduler and the sampling, the
+process rank 0: ``runtimes/torch_engine/tp``, a ``TpExecutor``); the math is the engine's (see ``torch_engine/model``).
+The executor (``torch_engine/executor``) is the seam: this class keeps the scheduler and the sampling, the
 executor runs the model. Scheduling is continuous batching over ``max_batch_size`` cache slots:
 each ``step`` prefills admitted requests (at most ``prefill_chunk_tokens`` prompt tokens a step, so
 a long prompt is spread over steps instead of stalling the requests already decoding) and decodes
@@ -25,12 +25,12 @@ import torch
 
 from trtllm_pipeline import artifacts, checkpoint
 from trtllm_pipeline.errors import InputError, UnavailableError
-from trtllm_pipeline.runtimes import sampling
+from trtllm_pipeline.runtimes.torch_engine import sampling
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
-from trtllm_pipeline.runtimes.torch_executor import Executor, ExecutorLost, LocalExecutor
-from trtllm_pipeline.runtimes.torch_model import Qwen2Engine
-from trtllm_pipeline.runtimes.tp.executor import TpExecutor
-from trtllm_pipeline.runtimes.tp.mode import resolve_tp_mode
+from trtllm_pipeline.runtimes.torch_engine.executor import Executor, ExecutorLost, LocalExecutor
+from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
+from trtllm_pipeline.runtimes.torch_engine.tp.executor import TpExecutor
+from trtllm_pipeline.runtimes.torch_engine.tp.mode import resolve_tp_mode
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class TorchRuntime(Runtime):
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
-        from trtllm_pipeline.runtimes.cuda import support
+        from trtllm_pipeline.runtimes.torch_engine.cuda import support
 
         if self.device.type != "cuda" and not support.interpreting():
             return None, "eager (CPU)"
@@ -174,8 +174,8 @@ class TorchRuntime(Runtime):
         if not usable:
             log.warning("the fast CUDA decode path is off: %s; decoding eagerly", why)
             return None, f"eager ({why})"
-        from trtllm_pipeline.runtimes.cuda.decode_step import Unsupported
-        from trtllm_pipeline.runtimes.cuda.graphs import batch_buckets
+        from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import Unsupported
+        from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets
 
         try:
             decoder = self.executor.fast_decoder(batch_buckets(self.max_batch_size, sizes), self.max_batch_size,

@@ -37,10 +37,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trtllm_pipeline.runtimes.torch_executor import Executor, ExecutorLost, rank_stats, rss_bytes
-from trtllm_pipeline.runtimes.tp import comm as wire
-from trtllm_pipeline.runtimes.tp import launcher
-from trtllm_pipeline.runtimes.tp.sharded_model import load_shard, run_command
+from trtllm_pipeline.runtimes.torch_engine.executor import Executor, ExecutorLost, rank_stats, rss_bytes
+from trtllm_pipeline.runtimes.torch_engine.tp import comm as wire
+from trtllm_pipeline.runtimes.torch_engine.tp import launcher
+from trtllm_pipeline.runtimes.torch_engine.tp.sharded_model import load_shard, run_command
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class TpExecutor(Executor):
         return [{**s, "rss_bytes": rss_bytes(s["pid"])} for s in self._stats]
 
     def fast_decoder(self, buckets, scratch_slot, use_graphs):
-        from trtllm_pipeline.runtimes.cuda.decode_step import DecodeStep  # Triton: where the fast path is asked for
+        from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep  # Triton: where the fast path is asked for
 
         # Unsupported here, before any rank starts (the ranks' shards are alike); FAST_PREPARE reuses it
         self.engine.fast_step = DecodeStep(self.engine)

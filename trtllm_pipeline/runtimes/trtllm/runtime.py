@@ -18,7 +18,7 @@ from trtllm_pipeline import artifacts
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
 from trtllm_pipeline.machine import gpus, package_version, trtllm_status
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
-from trtllm_pipeline.runtimes.trtllm_commands import (engine_run_command, engine_world_size, generate_argv, quoted,
+from trtllm_pipeline.runtimes.trtllm.commands import (engine_run_command, engine_world_size, generate_argv, quoted,
                                                       read_engine_config)
 
 if TYPE_CHECKING:

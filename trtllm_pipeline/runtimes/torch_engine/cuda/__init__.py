@@ -6,7 +6,7 @@ activations between small ops (removed by fusing norms, rotary, the KV-cache wri
 into the kernels around them) and GEMMs that cannot keep enough loads in flight at M=1 (replaced by
 split-K weight-streaming kernels). ``decode_step`` composes the kernels; ``graphs`` captures them per
 batch bucket. Everything here needs CUDA and Triton; ``support.available()`` says whether this
-process has both, and the eager path in ``torch_model`` stays the reference the fast path is checked
+process has both, and the eager path in ``torch_engine/model`` stays the reference the fast path is checked
 against.
 """
 

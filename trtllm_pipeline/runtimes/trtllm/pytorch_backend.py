@@ -9,7 +9,7 @@ launch (its ``--extra_llm_api_options`` YAML and the command). ``serve`` starts 
 TensorRT-LLM is importable and exits 3 with the way out where it is not; ``serve --dry-run``
 prints the command anywhere. Both speak their own protocols (llmapi's ``text_input`` /
 ``sampling_param_*``; trtllm-serve is itself an OpenAI server), not the client contract, so the
-OpenAI front is not put before them. The facts: ``trtllm_pytorch_deploy``.
+OpenAI front is not put before them. The facts: ``trtllm/pytorch_deploy``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from trtllm_pipeline.endpoints import Ports
 from trtllm_pipeline.errors import InputError, Problem, UnavailableError, bullets
 from trtllm_pipeline.machine import NGC_TRITONSERVER, gpus, package_version, tritonserver_binaries
 from trtllm_pipeline.model.source import resolve_model
-from trtllm_pipeline.runtimes import trtllm_pytorch_deploy as tp
+from trtllm_pipeline.runtimes.trtllm import pytorch_deploy as tp
 from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.base import Runtime
 from trtllm_pipeline.triton import model_config as mc

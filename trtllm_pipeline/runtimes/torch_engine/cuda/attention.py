@@ -24,9 +24,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import fixed_sum
-from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, consumer_input, store_planes
-from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum
+from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import Prepared, consumer_input, store_planes
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import tl_dtype
 
 LOG2E = 1.4426950408889634
 COMBINE_WARPS = 1  # one program per (request, head): D values, a few splits each

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.cuda import fixed_sum
-from trtllm_pipeline.runtimes.cuda.gemv_input import Prepared, scaled_input, store_planes
-from trtllm_pipeline.runtimes.cuda.linear import tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum
+from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import Prepared, scaled_input, store_planes
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import tl_dtype
 
 
 @triton.jit

@@ -16,7 +16,7 @@ from trtllm_pipeline.machine import Gpu, trtllm_status
 from trtllm_pipeline.machine import gpus as machine_gpus
 from trtllm_pipeline.model.catalog import ModelShape
 from trtllm_pipeline.model.source import known_shape
-from trtllm_pipeline.runtimes.trtllm_commands import FP8_PLUGINS
+from trtllm_pipeline.runtimes.trtllm.commands import FP8_PLUGINS
 
 if TYPE_CHECKING:
     from trtllm_pipeline.config import BuildConfig
