@@ -71,6 +71,9 @@ def main() -> None:
     cache = fast.engine.cache_k
     padding_ok = bool(cache[:, 3].abs().sum() == 0 and cache[:, scratch, :, 0].abs().sum() > 0)
     greedy = SamplingParams(max_tokens=4, end_id=-1)  # 4: the suite's time; batches still change size
+    greedy_eager = [c.token_ids for c in eager.generate(prompts, greedy)]
+    # The first row ends on its end id after two tokens while the third step was launched ahead for every row.
+    ending = SamplingParams(max_tokens=4, end_id=greedy_eager[0][1])
     result = {
         "padding_wrote_scratch_only": padding_ok,
         "decode_path": fast.describe()["decode_path"],
@@ -78,7 +81,10 @@ def main() -> None:
         "fast_vs_fp32": rel("fast", "fp32"), "eager_vs_fp32": rel("eager", "fp32"),
         "argmax_equal": logits["fast"].argmax(-1).tolist() == logits["eager"].argmax(-1).tolist(),
         "greedy_fast": [c.token_ids for c in fast.generate(prompts, greedy)],
-        "greedy_eager": [c.token_ids for c in eager.generate(prompts, greedy)],
+        "greedy_eager": greedy_eager,
+        "steps_ahead": fast.steps_ahead,
+        "ending_fast": [c.token_ids for c in fast.generate(prompts, ending)],
+        "ending_eager": [c.token_ids for c in eager.generate(prompts, ending)],
         "staggered_fast": staggered(fast, prompts, greedy),
         "staggered_eager": staggered(eager, prompts, greedy),
         "world_size": fast.describe()["world_size"],

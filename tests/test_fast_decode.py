@@ -45,6 +45,9 @@ def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
     assert r["decode_path"].startswith("triton kernels")
     assert r["greedy_fast"] == r["greedy_eager"]
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]  # batches of changing size
+    # Steps launched ahead from the device's tokens; a row ending on its end id meanwhile changes nothing.
+    assert r["steps_ahead"] > 0
+    assert r["ending_fast"] == r["ending_eager"] != r["greedy_eager"]
     assert r["padding_wrote_scratch_only"]
     assert r["weight_bytes_fast"] == r["weight_bytes_eager"]  # the same tensors, read once per step
     # Same rounding points as eager, other accumulation order: as close to float32 as eager is.

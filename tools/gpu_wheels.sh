@@ -1,14 +1,33 @@
 #!/usr/bin/env bash
-# The wheels an H200 machine of the device tool lacks (its image has torch, Triton, transformers; no
-# ModelOpt, pydantic, tritonclient or PyTriton), for its Python 3.12, into .whl/ (git-ignored), where
-# pip can reach PyPI. benchmarks/h200_run.sh installs them there. About 62 MB: PuLP (16 MB) is left
-# out and stood in for by benchmarks/gpu_shims, so that everything fits one 64 MiB transfer.
+# What an H200 machine of the device tool lacks (its image has torch, Triton, transformers, numpy 2; no ModelOpt,
+# pydantic, tritonclient or PyTriton), for its Python 3.12, into .whl/ (git-ignored), where pip can reach PyPI.
+# benchmarks/h200_run.sh installs them there. One call carries at most 64 MiB, so:
+#   .whl/*.whl                    the small wheels (ModelOpt, pydantic, tritonclient, ...): ~7 MB
+#   .whl/pytriton-server.tar.xz   PyTriton 0.7.0's tritonserver, repacked: the Python 3.12 stub only, without the
+#                                 bundled libpython 3.13 (the image has libpython3.12): 27 MB instead of 55
+#   .whl/stub/numpy-1.26.4-*.whl  numpy<2 for the Python-backend stub's environment (serve --stub-wheels): 18 MB
+# PuLP (16 MB) is left out and stood in for by benchmarks/gpu_shims.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "/.whl/" >> .git/info/exclude; }
-python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
-  nvidia-modelopt==0.47.0 omegaconf==2.4.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
-  typing-inspection==0.4.5 tritonclient==2.73.0 python-rapidjson==1.25 nvidia-pytriton==0.7.0
+download() {
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 "$@"
+}
+download -d .whl nvidia-modelopt==0.47.0 omegaconf==2.4.0 pydantic==2.14.4 pydantic-core==2.50.5 \
+  annotated-types==0.8.0 typing-inspection==0.4.5 tritonclient==2.73.0 python-rapidjson==1.25
+download -d .whl/stub numpy==1.26.4
+if [ ! -f .whl/pytriton-server.tar.xz ]; then
+  tmp=$(mktemp -d)
+  download -d "$tmp" nvidia-pytriton==0.7.0
+  mkdir "$tmp/tree" && (cd "$tmp/tree" && python3 -m zipfile -e "$tmp"/nvidia_pytriton-*.whl .)
+  rm -f "$tmp"/tree/nvidia_pytriton.libs/libpython3-*.so*
+  for v in 3.8 3.9 3.10 3.11 3.13; do rm -rf "$tmp/tree/pytriton/tritonserver/python_backend_stubs/$v"; done
+  chmod +x "$tmp/tree/pytriton/tritonserver/bin/tritonserver" \
+    "$tmp"/tree/pytriton/tritonserver/python_backend_stubs/*/triton_python_backend_stub
+  tar -cJf .whl/pytriton-server.tar.xz.part -C "$tmp/tree" . && mv .whl/pytriton-server.tar.xz.part .whl/pytriton-server.tar.xz
+  rm -rf "$tmp"
+fi
+rm -f .whl/nvidia_pytriton-*.whl
 du -sh .whl

@@ -307,6 +307,9 @@ class RuntimeSection(_Section):
         True, description="torch runtime on CUDA: decode with fused Triton kernels (off: eager PyTorch ops)")
     cuda_graphs: bool = Field(
         True, description="torch runtime on CUDA: replay the fast decode step from CUDA graphs, one per batch bucket")
+    decode_ahead: bool = Field(
+        True, description="torch runtime's fast path: while a greedy batch stays the same, launch its next step "
+        "before reading this one's tokens, so the host's work per token overlaps the GPU's next step")
     graph_batch_sizes: list[BatchSize] | None = Field(
         None, description="batch buckets captured as CUDA graphs; default: powers of two up to build.max_batch_size")
     prefill_chunk_tokens: int = Field(
@@ -331,6 +334,9 @@ class ServingSection(_Section):
     instance_count: int = Field(
         2, ge=1, le=64, description="preprocessing model instances, tokenizing in parallel (two: one long prompt "
         "does not hold up the others); postprocessing keeps one, so that a stream's responses stay in order")
+    instance_kind: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="torch runtime: the tensorrt_llm model's Triton instance group; auto = KIND_GPU (GPU 0) "
+        "where the runtime will run on CUDA, else KIND_CPU (Triton refuses KIND_GPU on a machine without GPUs)")
     http_front: bool = Field(
         True, description="validate HTTP generate requests in front of Triton's HTTP endpoint: 400 naming the "
         "field for malformed JSON and wrong types, size limits before parsing (Triton 2.51 answers those with "

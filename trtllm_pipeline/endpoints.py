@@ -91,6 +91,7 @@ class Server:
     openai_port: int | None = None  # the OpenAI front, a process of its own (None: not started)
     openai_pid: int | None = None
     openai_log: str | None = None
+    ready_s: float | None = None  # from launch to ready: loading, compiling and capturing the engine included
     process: subprocess.Popen | None = dataclasses.field(default=None, repr=False, compare=False)
     openai_process: subprocess.Popen | None = dataclasses.field(default=None, repr=False, compare=False)
 

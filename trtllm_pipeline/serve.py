@@ -113,6 +113,7 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
         cmd = http_front.command(ports.host, ports.http, inner.http, deployment.manifest["limits"],
                                  deployment.repo_dir, cmd)
     log_path = state_dir / LOG_FILE
+    launched = time.monotonic()
     with open(log_path, "wb") as log_file:
         # A session of its own: Ctrl-C in the terminal reaches us, not the server, which we stop in order.
         process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -129,6 +130,8 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
         wait_ready(server, timeout_s=cfg.serving.startup_timeout_s, path=served.ready_path(cfg))
         if server.openai_port is not None:
             wait_front_ready(server, timeout_s=cfg.serving.startup_timeout_s)
+        server.ready_s = round(time.monotonic() - launched, 1)
+        artifacts.write_json_atomic(state_dir / STATE_FILE, server.state())
     except BaseException:
         stop_server(server, state_dir)
         raise
@@ -357,7 +360,8 @@ def _log_fix(server: Server, path: str | None = None) -> str:
 
 
 def started_lines(cfg: BuildConfig, server: Server, *, detach: bool) -> list[str]:
-    lines = [f"serving {cfg.name} ({server.runtime} runtime, pid {server.pid}, log {server.log}):"]
+    ready = f"ready in {server.ready_s:.1f} s of at most {cfg.serving.startup_timeout_s:.0f}, " if server.ready_s else ""
+    lines = [f"serving {cfg.name} ({server.runtime} runtime, {ready}pid {server.pid}, log {server.log}):"]
     lines += [f"  {line}" for line in server.endpoints()]
     return lines + [f"stop it with: trtllm-pipeline serve -c {cfg.file_arg} --stop" if detach else "Ctrl-C stops it."]
 

@@ -11,7 +11,7 @@ the bandwidth floor (100% would be a step that only reads its bytes once at copy
 
 Results file (JSON, ``schema`` ``inprocess-1``): ``settings``, ``runtime`` (its ``describe()``),
 ``copy_gbps``, and ``runs``, one per batch x context: ``decode_ms`` (median wall time per step,
-the host's part included), ``decode_ms_p90``, ``tokens_per_s``, ``prefill_ms``, ``bytes_per_step``,
+the host's part included), ``decode_ms_p90``, ``graph_replay_ms`` (CUDA: the step's graph alone), ``tokens_per_s``, ``prefill_ms``, ``bytes_per_step``,
 ``achieved_gbps``, ``floor_ms``, ``fraction_of_floor``, ``peak_memory_gib``, ``steps_timed``; and
 ``rss_after``, each process's resident set size after the runs (one per tensor-parallel rank).
 Numbers are the named runtime's on the named device, never another's.
@@ -75,11 +75,12 @@ class InProcessResult:
         def cell(value, spec):
             return "n/a" if value is None else format(value, spec)
 
-        lines = [f"{'batch':>5} {'context':>7} {'ms/step':>8} {'p90':>7} {'tokens/s':>9} {'GB/s':>6} "
+        lines = [f"{'batch':>5} {'context':>7} {'ms/step':>8} {'p90':>7} {'replay':>7} {'tokens/s':>9} {'GB/s':>6} "
                  f"{'of floor':>8} {'prefill ms':>10} {'peak GiB':>8}"]
         for r in self.data["runs"]:
             floor = None if r["fraction_of_floor"] is None else f"{100 * r['fraction_of_floor']:.0f}%"
             lines.append(f"{r['batch']:>5} {r['context']:>7} {r['decode_ms']:>8.3f} {r['decode_ms_p90']:>7.3f} "
+                         f"{cell(r.get('graph_replay_ms'), '7.3f'):>7} "
                          f"{r['tokens_per_s']:>9.0f} {cell(r['achieved_gbps'], '6.0f'):>6} {floor or 'n/a':>8} "
                          f"{r['prefill_ms']:>10.1f} {cell(r['peak_memory_gib'], '8.2f'):>8}")
         rt = self.data["runtime"]
@@ -147,13 +148,16 @@ def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSetti
     for i in range(batch):
         rt.submit(("decode", i), prompt(), params)
     decoding, times = set(), []
+    # A step is the time between two steps' tokens reaching this loop, as a streaming client sees them: no
+    # device sync of our own, so a step launched ahead of the host's work (runtime.decode_ahead) counts as it runs.
+    last = _now(cuda)
     while rt.has_work():
         all_decoding = len(decoding) == batch
-        start = _now(cuda)
         events = rt.step()
-        elapsed = _now(cuda) - start
+        now = time.perf_counter()
         if all_decoding:
-            times.append(elapsed)
+            times.append(now - last)
+        last = now
         decoding.update(e.request_id for e in events)
     timed = times[settings.warmup_steps:] or times
     decode_ms = statistics.median(timed) * 1000
@@ -167,9 +171,17 @@ def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSetti
     floor_ms = step_bytes / (copy_gbps * 1e9) * 1000 if step_bytes and copy_gbps else None
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     return {"batch": batch, "context": context, "output_tokens": settings.output_tokens, "steps_timed": len(timed),
+            "graph_replay_ms": _graph_replay_ms(rt, batch) if cuda else None,
             "decode_ms": decode_ms, "decode_ms_p90": p90, "tokens_per_s": batch * 1000 / decode_ms,
             "prefill_ms": prefill_ms, "bytes_per_step": step_bytes, "achieved_gbps": achieved, "floor_ms": floor_ms,
             "fraction_of_floor": floor_ms / decode_ms if floor_ms else None, "peak_memory_gib": peak}
+
+
+def _graph_replay_ms(rt: Runtime, batch: int) -> float | None:
+    """The GPU's time per decode step without the host's (the step's CUDA graph replayed back to back), which a
+    step in the loop above approaches as the host's work overlaps it; None where the runtime has no such graph."""
+    time_replay = getattr(getattr(rt, "decoder", None), "time_replay", None)
+    return time_replay(batch) if time_replay else None
 
 
 def _now(cuda: bool) -> float:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trtllm_pipeline import artifacts
+from trtllm_pipeline import artifacts, machine
 from trtllm_pipeline.config import BuildConfig, config_from_dict
 from trtllm_pipeline.triton import model_config as mc
 from trtllm_pipeline.triton.model_config import tensor
@@ -39,13 +39,22 @@ def model_config(cfg: BuildConfig, *, engines_dir: Path) -> dict[str, Any]:
             tensor("output_text", "TYPE_STRING", [-1]),
         ],
         # One instance: it owns the runtime, whose loop thread batches every request continuously.
-        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+        "instance_group": [instance_group(cfg)],
         "parameters": mc.parameters({
             "engines_dir": Path(engines_dir).resolve(),
             "build_config": BUILD_CONFIG_FILE,
             "exclude_input_in_output": cfg.serving.exclude_input_in_output,
         }),
     }
+
+
+def instance_group(cfg: BuildConfig) -> dict[str, Any]:
+    """KIND_GPU on GPU 0 where the runtime runs on CUDA (Triton then counts the model on that GPU and gives the
+    instance its device id), else KIND_CPU."""
+    kind = cfg.serving.instance_kind
+    if kind == "auto":
+        kind = "gpu" if cfg.runtime.device != "cpu" and machine.gpus() else "cpu"
+    return {"count": 1, "kind": "KIND_GPU", "gpus": [0]} if kind == "gpu" else {"count": 1, "kind": "KIND_CPU"}
 
 
 def write_build_config(cfg: BuildConfig, model_dir: Path) -> None:

@@ -109,7 +109,7 @@ class TorchRuntime(Runtime):
                  max_batch_size: int = 8, max_seq_len: int = 4096, max_input_len: int | None = None,
                  dtype: str | None = None, fast_decode: bool = True, cuda_graphs: bool = True,
                  graph_batch_sizes: Sequence[int] | None = None, prefill_chunk_tokens: int = 2048,
-                 tp_mode: str = "auto"):
+                 tp_mode: str = "auto", decode_ahead: bool = True):
         """``dtype`` overrides the checkpoint's compute dtype (FP8 weights stay FP8 values).
 
         ``tp_mode``: ``auto`` | ``merged`` | ``distributed`` for a tp>1 checkpoint (``tp.mode``); for
@@ -117,7 +117,8 @@ class TorchRuntime(Runtime):
 
         ``fast_decode``/``cuda_graphs``: the CUDA decode path's Triton kernels and their graphs
         (ignored on CPU); ``graph_batch_sizes``: the batch buckets captured (default: powers of two
-        up to ``max_batch_size``); ``prefill_chunk_tokens``: prompt tokens prefilled per step.
+        up to ``max_batch_size``); ``prefill_chunk_tokens``: prompt tokens prefilled per step; ``decode_ahead``: on
+        the fast path, launch a steady greedy batch's next step before reading this one's tokens.
         """
         self.device = resolve_device(device)
         config = checkpoint.read_config(checkpoint_dir)
@@ -146,12 +147,13 @@ class TorchRuntime(Runtime):
             del tensors
         self.engine = self.executor.engine
         try:
-            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes)
+            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes, decode_ahead)
         except BaseException:
             self.executor.close()
             raise
 
-    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes) -> None:
+    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes,
+                     decode_ahead: bool) -> None:
         from transformers import AutoTokenizer
 
         config = self.config
@@ -160,7 +162,11 @@ class TorchRuntime(Runtime):
         self._waiting: list[_Request] = []
         self._running: dict[int, _Request] = {}  # slot -> request (prefilling or decoding)
         self._ids: set[Any] = set()
+        self._ahead: _Ahead | None = None
+        self.steps_ahead = 0  # decode steps that were launched before the host read the step before
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes)
+        # the next greedy step launched before this one's tokens are read (where the decoder can: one rank)
+        self.decode_ahead = decode_ahead and hasattr(self.decoder, "decode_ahead")
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
@@ -201,7 +207,7 @@ class TorchRuntime(Runtime):
         return cls(ckpt, artifacts.checkpoint_tokenizer(ckpt), device=device or rt.device,
                    max_batch_size=cfg.build.max_batch_size, max_seq_len=cfg.build.max_seq_len,
                    max_input_len=cfg.build.max_input_len, dtype=dtype, fast_decode=rt.fast_decode,
-                   cuda_graphs=rt.cuda_graphs, graph_batch_sizes=rt.graph_batch_sizes,
+                   cuda_graphs=rt.cuda_graphs, graph_batch_sizes=rt.graph_batch_sizes, decode_ahead=rt.decode_ahead,
                    prefill_chunk_tokens=rt.prefill_chunk_tokens, tp_mode=tp_mode or rt.tp_mode)
 
     def describe(self) -> dict[str, Any]:
@@ -226,6 +232,7 @@ class TorchRuntime(Runtime):
             "world_size": self.executor.world_size,
             **({"tp_notice": self.tp_notice} if self.tp_notice else {}),
             "decode_path": self.decode_path,
+            "decode_ahead": self.decode_ahead,
             # What a step reads over every rank: the fast path's packed weights where it runs, else the
             # eager model's (replicated KV heads are read by each rank holding them).
             "weight_bytes": (self.decoder.weight_bytes() if self.decoder is not None
@@ -362,12 +369,33 @@ class TorchRuntime(Runtime):
     def _decode(self, reqs: list[_Request]) -> list[TokenEvent]:
         tokens, slots, positions = [r.generated[-1] for r in reqs], [r.slot for r in reqs], [r.length - 1 for r in reqs]
         if self.decoder is not None:
-            if max(positions) >= self.max_seq_len:
-                raise InputError(f"a sequence exceeds this engine's max_seq_len {self.max_seq_len}.")
-            logits = self.decoder.decode(tokens, slots, positions)
-            return self._record_all(reqs, self._sample(reqs, logits, greedy=self.decoder.greedy(len(reqs))))
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and len(ahead.reqs) == len(reqs) and all(a is r for a, r in zip(ahead.reqs, reqs)):
+                launch = ahead.launch  # this step was launched during the last one, from the tokens on the device
+                self.steps_ahead += 1
+            else:  # a launch ahead for another batch is dropped: its rows decode again from the host's tokens
+                if max(positions) >= self.max_seq_len:
+                    raise InputError(f"a sequence exceeds this engine's max_seq_len {self.max_seq_len}.")
+                logits = self.decoder.decode(tokens, slots, positions)
+                launch = getattr(self.decoder, "last", None)
+                if launch is None or not _plain_greedy(reqs):
+                    return self._record_all(reqs, self._sample(reqs, logits, greedy=self.decoder.greedy(len(reqs))))
+            if self._may_decode_ahead(reqs):
+                self._ahead = _Ahead(reqs, self.decoder.decode_ahead())
+            return self._record_all(reqs, launch.tokens())
         hidden = self._forward([[t] for t in tokens], slots, positions)
         return self._record_all(reqs, self._sample(reqs, self.executor.logits(hidden[:, -1])))
+
+    def _may_decode_ahead(self, reqs: list[_Request]) -> bool:
+        """Whether the next step is these rows again, each taking its argmax: nothing to admit or prefill, and no
+        row that this step's token ends by length or that min_tokens or bad words constrain next (one that ends on
+        its end id is dropped from the launch ahead when its token is read)."""
+        if not self.decode_ahead or len(self._running) != len(reqs) or (self._waiting and
+                                                                      len(self._running) < self.max_batch_size):
+            return False
+        return all(not r.bad_ids and len(r.generated) + 1 >= r.params.min_tokens and
+                   len(r.generated) + 1 < r.params.max_tokens and r.length + 1 < self.max_seq_len
+                   for r in reqs) and _plain_greedy(reqs)
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None = None) -> list[int | Exception]:
@@ -471,6 +499,19 @@ class TorchRuntime(Runtime):
                     results[i] = (float(rows.gather(-1, target[:, None]).sum()),
                                   bool(torch.equal(rows.argmax(-1), target)))
         return results
+
+
+@dataclasses.dataclass
+class _Ahead:
+    """A decode step launched before the host read the last one's tokens (``cuda.graphs.DecodeGraphs.decode_ahead``)."""
+
+    reqs: list[_Request]
+    launch: Any  # cuda.graphs.Launch
+
+
+def _plain_greedy(reqs: list[_Request]) -> bool:
+    """Every row takes its argmax over the whole vocabulary this step."""
+    return all(r.params.greedy for r in reqs) and not any(r.banned() for r in reqs)
 
 
 def _common_prefix(seqs: list[tuple[int, ...]]) -> int:

@@ -6,11 +6,19 @@ CUDA graph, a step is one launch. Batches are padded up to the next bucket (powe
 ``max_batch_size``): padding rows decode a dummy token into a scratch cache slot that no request
 owns, so they cost a little bandwidth and change nothing. Without CUDA (the Triton interpreter in the
 CPU tests) the same class runs the kernels directly, so the padding logic is tested everywhere.
+
+Look-ahead (``decode_ahead``): while a batch of greedy rows stays the same, the next step is launched before
+the host has read this one's tokens, each row feeding back the token the step chose, on the device. The host's
+work for a step (reading its tokens, the runtime's bookkeeping, streaming them out) then overlaps the GPU's next
+step instead of sitting between steps. The tokens of every launch are copied to pinned host memory right after
+its replay (``Launch.tokens`` waits on that copy's event alone, with the GIL released), so a launch ahead never
+overwrites what the host has not read yet.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import time
 from typing import Sequence
@@ -52,6 +60,21 @@ def padded_inputs(tokens: Sequence[int], slots: Sequence[int], positions: Sequen
     return rows
 
 
+@dataclasses.dataclass
+class Launch:
+    """One launched step's greedy tokens, copied to pinned host memory behind it on the stream."""
+
+    n: int  # real rows
+    copy: torch.Tensor
+    event: "torch.cuda.Event | None"  # None: the copy was synchronous (no CUDA)
+
+    def tokens(self) -> list[int]:
+        """Waits for this launch's copy alone (a later launch may be running), with the GIL released."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.copy[: self.n].tolist()
+
+
 class DecodeGraphs:
     """Decode steps for any batch up to ``buckets[-1]``, each bucket captured once (on CUDA)."""
 
@@ -64,6 +87,12 @@ class DecodeGraphs:
         self.staging: dict[int, torch.Tensor] = {}  # pinned host copies of each bucket's inputs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.setup_seconds = 0.0
+        # Each launch's greedy tokens, copied out after its replay: two pinned buffers per bucket, alternating,
+        # so a launch ahead writes one while the host reads the other.
+        self.readback: dict[int, list[torch.Tensor]] = {}
+        self._launches = 0
+        self._batch = 0  # the bucket of the last launch
+        self.last: Launch | None = None  # the last launch: its rows' greedy tokens once read back
 
     def prepare(self) -> None:
         """Compile every kernel for every bucket and capture the graphs (once per process)."""
@@ -72,6 +101,7 @@ class DecodeGraphs:
             buf = self.buffers[batch] = self.step.buffers(batch)
             pinned = self.use_graphs  # pinned memory needs a CUDA device
             self.staging[batch] = torch.zeros((3, batch), dtype=torch.long, pin_memory=pinned)
+            self.readback[batch] = [torch.zeros(batch, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
             self._fill(batch, [], [], [])
             self.step.run(buf)  # compiles the kernels outside the capture
             if self.use_graphs:
@@ -94,11 +124,51 @@ class DecodeGraphs:
         batch = bucket_for(len(tokens), self.buckets)
         buf = self.buffers[batch]
         self._fill(batch, tokens, slots, positions)
+        self._launch(batch, len(tokens))
+        return buf.logits[: len(tokens)]
+
+    def decode_ahead(self) -> "Launch":
+        """Launch the next step of the rows of the last launch, before the host has read its tokens: each row
+        feeds back the token that launch chose (its argmax), one position further on, in the same slot. Right
+        only where every row takes its argmax; the caller drops rows that ended meanwhile (a padding row's work
+        lands in the scratch slot, a finished row's in a slot that stream order frees before any reuse)."""
+        if self.last is None:
+            raise RuntimeError("decode_ahead() follows a decode()")
+        buf = self.buffers[self._batch]
+        buf.tokens.copy_(buf.greedy)  # device to device, after the last replay in stream order
+        buf.positions.add_(1)
+        return self._launch(self._batch, self.last.n)
+
+    def _launch(self, batch: int, n: int) -> "Launch":
+        buf = self.buffers[batch]
         if self.use_graphs:
             self.graphs[batch].replay()
         else:
             self.step.run(buf)
-        return buf.logits[: len(tokens)]
+        self._launches += 1
+        copy = self.readback[batch][self._launches % 2]
+        copy.copy_(buf.greedy, non_blocking=self.use_graphs)
+        event = None
+        if self.use_graphs:
+            event = torch.cuda.Event()
+            event.record()
+        self._batch, self.last = batch, Launch(n, copy, event)
+        return self.last
+
+    def time_replay(self, batch: int, replays: int = 50) -> float | None:
+        """Milliseconds per replay of the graph holding ``batch`` rows, back to back, by CUDA events (its inputs:
+        the last step's, so call it with the runtime idle); None without graphs."""
+        graph = self.graphs.get(bucket_for(batch, self.buckets))
+        if graph is None:
+            return None
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / replays
 
     def weight_bytes(self) -> int:
         """Bytes of weights a step reads (this engine's; a tensor-parallel rank's shard)."""

@@ -24,7 +24,10 @@ class TritonPythonModel:
     def initialize(self, args):
         params = string_parameters(json.loads(args["model_config"]))
         cfg = torch_repo.read_build_config(Path(args["model_repository"]))
-        self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"]), pb_utils,
+        # A GPU instance group: the GPU Triton gave this instance (the runtime compiles and captures its decode
+        # graphs here, before Triton reports the model ready).
+        device = {"device": f"cuda:{args['model_instance_device_id']}"} if args.get("model_instance_kind") == "GPU" else {}
+        self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"], **device), pb_utils,
                                        exclude_input_in_output=params["exclude_input_in_output"] == "true",
                                        stop_address=stops.address(Path(args["model_repository"]).parent))
 
