@@ -17,7 +17,14 @@ part=${1:?pipeline, served, kernels, quant, tp1 or tp}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
+wheels=${WHEELS:-.whl}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
+# PyTriton's server, repacked to fit one call (tools/gpu_wheels.sh): unpacked where pip would have put it
+if [ -f "$wheels/pytriton-server.tar.xz" ] && [ ! -d /tmp/site/pytriton ]; then
+  tar -xJf "$wheels/pytriton-server.tar.xz" -C /tmp/site
+fi
+# numpy<2 for the Python-backend stub's environment, which serve prepares (the image's numpy is 2)
+[ -d "$wheels/stub" ] && export TRTLLM_PIPELINE_STUB_WHEELS=$PWD/$wheels/stub
 export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD
 export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 # NVLink multicast stays off on the device tool's machines (its KINDS.md), whatever the image sets
@@ -35,25 +42,66 @@ case "$part" in
         --context 128,2048,8192 --output-tokens 256 -o "$out/inprocess-$variant.json"
     done ;;
   served)
+    # Issue 30: the random 7B FP8 build served by tritonserver on this GPU, against in-process in the same call.
+    # SERVED_PHASES (default all): any of cold, bench, openai, soak, warm, inprocess.
     c=$(config fp8)
-    log="$engines/r1-distill-qwen-7b-random-fp8-tp1/serve/tritonserver.log"
+    phases=" ${SERVED_PHASES:-cold bench openai soak warm inprocess} "
+    has() { [[ "$phases" == *" $1 "* ]]; }
+    state="$engines/r1-distill-qwen-7b-random-fp8-tp1/serve"
+    status=0
     tp build -c "$c" --engines-dir "$engines"
     tp deploy -c "$c" --engines-dir "$engines"
-    tp serve -c "$c" --engines-dir "$engines" --detach
-    status=0
-    # One request first: a server that cannot answer shows in seconds, with its log.
-    if ! timeout 120 python3 -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" --url default \
-        --max-tokens 16 "Hello" >"$out/probe.txt" 2>&1; then
-      cat "$out/probe.txt"; tail -n 40 "$log"; tp serve -c "$c" --engines-dir "$engines" --stop || true; exit 1
+    start_server() {  # $1: cold or warm (the kernel cache as the first start left it)
+      tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-$1.txt"
+      python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ready_s'])" "$state/server.json" \
+        > "$out/ready-$1.txt" || true
+      # One request first: a server that cannot answer shows in seconds, with its log.
+      if ! timeout 120 python3 -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" --url default \
+          --max-tokens 16 "Hello" >"$out/probe-$1.txt" 2>&1; then
+        cat "$out/probe-$1.txt"; tail -n 60 "$state"/*.log; tp serve -c "$c" --engines-dir "$engines" --stop || true
+        exit 1
+      fi
+    }
+    start_server cold
+    if has bench; then
+      tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1 --input-tokens 128 \
+        --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-grpc-c1.json" || status=$?
+      tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 8,32,64 --input-tokens 128 \
+        --output-tokens 256 --requests 128 --warmup 4 -o "$out/served-grpc.json" || status=$?
     fi
-    tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1,8,32,64 --input-tokens 128 \
-      --output-tokens 256 --requests "${REQUESTS:-64}" --warmup 4 -o "$out/served-fp8.json" || status=$?
-    if [ -z "${SKIP_INPROCESS:-}" ]; then
-      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,32 --context 128 --output-tokens 256 \
-        -o "$out/inprocess-fp8-c128.json" || status=$?
+    if has openai; then
+      tp bench -c "$c" --engines-dir "$engines" --protocol openai --concurrency 1 --input-tokens 128 \
+        --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-openai-c1.json" || status=$?
+      tp bench -c "$c" --engines-dir "$engines" --protocol openai --concurrency 32 --input-tokens 128 \
+        --output-tokens 256 --requests 64 --warmup 4 -o "$out/served-openai-c32.json" || status=$?
     fi
     tp serve -c "$c" --engines-dir "$engines" --stop || true
-    cp "$log" "$out/" 2>/dev/null || true
+    cp "$state"/*.log "$out/" 2>/dev/null || true
+    if has soak; then  # starts and stops a server of its own (the kernel cache warm by now)
+      python3 benchmarks/soak.py -c "$c" --engines-dir "$engines" --seconds "${SOAK_SECONDS:-60}" \
+        --baseline-seconds 15 --streams 64 -o "$out/soak.json" | tail -n 25 || status=$?
+    fi
+    if has warm; then
+      start_server warm
+      tp serve -c "$c" --engines-dir "$engines" --stop || true
+    fi
+    if has inprocess; then
+      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
+        -o "$out/inprocess-fp8-c128.json" || status=$?
+      # The same build with runtime.decode_ahead off: the step before the host's work overlapped the GPU's.
+      python3 - "$c" "$engines" "$out/inprocess-fp8-c128-no-ahead.json" <<'PY' || status=$?
+import sys
+from pathlib import Path
+from trtllm_pipeline.bench.inprocess import InProcessSettings, run_inprocess
+from trtllm_pipeline.config import load_config
+cfg = load_config(sys.argv[1])
+cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"decode_ahead": False})})
+result = run_inprocess(cfg, engines_dir=Path(sys.argv[2]), output=Path(sys.argv[3]),
+                       settings=InProcessSettings(batches=(1, 64), contexts=(128,), output_tokens=256))
+print("\n".join(result.table()))
+PY
+    fi
+    python3 benchmarks/served_table.py "$out" | tee "$out/served-table.md"
     exit $status ;;
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;

@@ -24,6 +24,7 @@ spec.loader.exec_module(import_graph)
 # Lowest first; a module may import its own layer and the layers below, never one above.
 LAYERS = [
     ("core", ["errors", "machine", "console", "cost", "chat", "results", "artifacts", "runtimes", "runtimes.base",
+              "runtimes.engine_loop",
               "model", "model.catalog", "model.builtin", ""]),
     ("tasks", ["tasks", "tasks.*"]),
     ("config", ["config"]),

@@ -31,6 +31,7 @@ from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.results import INPROCESS_PREFIX, INPROCESS_SCHEMA
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams
+from trtllm_pipeline.runtimes.engine_loop import EngineLoop
 from trtllm_pipeline.runtimes.registry import load_runtime
 
 
@@ -147,18 +148,11 @@ def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSetti
     params = SamplingParams(max_tokens=settings.output_tokens, min_tokens=settings.output_tokens, end_id=-1)
     for i in range(batch):
         rt.submit(("decode", i), prompt(), params)
-    decoding, times = set(), []
-    # A step is the time between two steps' tokens reaching this loop, as a streaming client sees them: no
-    # device sync of our own, so a step launched ahead of the host's work (runtime.decode_ahead) counts as it runs.
-    last = _now(cuda)
+    timer = _StepTimer(batch, _now(cuda))
+    loop = EngineLoop(rt, timer)  # the loop a server drives the runtime with
     while rt.has_work():
-        all_decoding = len(decoding) == batch
-        events = rt.step()
-        now = time.perf_counter()
-        if all_decoding:
-            times.append(now - last)
-        last = now
-        decoding.update(e.request_id for e in events)
+        loop.turn()
+    times = timer.times
     timed = times[settings.warmup_steps:] or times
     decode_ms = statistics.median(timed) * 1000
     p90 = sorted(timed)[int(0.9 * (len(timed) - 1))] * 1000
@@ -175,6 +169,33 @@ def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSetti
             "decode_ms": decode_ms, "decode_ms_p90": p90, "tokens_per_s": batch * 1000 / decode_ms,
             "prefill_ms": prefill_ms, "bytes_per_step": step_bytes, "achieved_gbps": achieved, "floor_ms": floor_ms,
             "fraction_of_floor": floor_ms / decode_ms if floor_ms else None, "peak_memory_gib": peak}
+
+
+class _StepTimer:
+    """The engine loop's host here: the requests are all submitted up front; each step is timed from one step's
+    tokens reaching the host to the next's, as a streaming client sees them, once every row decodes. No device
+    sync of its own, so a step launched ahead of the host's work (runtime.decode_ahead) counts as it runs."""
+
+    def __init__(self, batch: int, start: float):
+        self.batch, self.last = batch, start
+        self.decoding: set = set()
+        self.times: list[float] = []
+
+    def between_steps(self, block: bool) -> None:
+        pass
+
+    def idle(self) -> bool:
+        return True
+
+    def on_events(self, events) -> None:
+        now = time.perf_counter()
+        if len(self.decoding) == self.batch:
+            self.times.append(now - self.last)
+        self.last = now
+        self.decoding.update(e.request_id for e in events)
+
+    def on_failure(self, exc: Exception) -> None:
+        raise exc
 
 
 def _graph_replay_ms(rt: Runtime, batch: int) -> float | None:

@@ -1,8 +1,8 @@
 """The torch runtime behind Triton's decoupled ``tensorrt_llm`` model: continuous batching in one thread.
 
-``execute`` only parses requests and queues them; one loop thread owns the runtime (it is not
-thread-safe), admits queued requests between steps, runs ``step()`` and sends each request's new
-token as it comes. Text is made by a ``TextStream`` per request and the runtime's own event
+``execute`` only parses requests and queues them; the engine loop (``runtimes/engine_loop``, the one
+``bench --in-process`` runs too) owns the runtime in one thread: this class is its host, admitting queued
+requests between steps and sending each request's new token as it comes. Text is made by a ``TextStream`` per request and the runtime's own event
 handling (``Runtime.apply_event``), exactly as in-process ``generate`` makes it, so a streamed request's
 pieces concatenate to the non-streamed text.
 
@@ -34,7 +34,6 @@ import dataclasses
 import itertools
 import logging
 import queue
-import threading
 import time
 from typing import Any
 
@@ -42,6 +41,7 @@ import numpy as np
 
 from trtllm_pipeline.errors import InputError, PipelineError
 from trtllm_pipeline.runtimes import Runtime, SamplingParams, TextStream
+from trtllm_pipeline.runtimes.engine_loop import EngineLoop
 from trtllm_pipeline.triton import stops
 from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, STOP_ID_PREFIX
 from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_list
@@ -144,9 +144,7 @@ class TorchModelServer:
         self._jobs: dict[int, _Job] = {}  # submitted, by job number
         self._numbers = itertools.count()
         self._polled = self._polled_queue = 0.0
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="torch-runtime-loop", daemon=True)
-        self._thread.start()
+        self.loop = EngineLoop(runtime, self, name="torch-runtime-loop").start()
         self._stops = None
         if stop_address is not None:  # stop requests by datagram (triton/stops.py), besides Triton's own
             try:
@@ -169,9 +167,8 @@ class TorchModelServer:
     def close(self) -> None:
         if self._stops is not None:
             self._stops.close()
-        self._closing.set()
-        self._incoming.put(None)
-        self._thread.join(timeout=30)
+        self._incoming.put(None)  # wakes a loop waiting for work
+        self.loop.close(timeout=30)
         self.runtime.close()
 
     # ---- parsing ---------------------------------------------------------------------------------
@@ -244,24 +241,26 @@ class TorchModelServer:
         except InputError as exc:
             raise RequestError(_client_names(exc.message)) from None
 
-    # ---- the loop --------------------------------------------------------------------------------
+    # ---- the engine loop's host (runtimes/engine_loop.py), in the loop's thread -----------------------------
 
-    def _loop(self) -> None:
-        while not self._closing.is_set():
-            try:
-                self._take_incoming(block=not self.runtime.has_work() and not self._waiting)
-                self._drop_cancelled()
-                self._admit()
-                if self.runtime.has_work():
-                    events = self.runtime.step()
-                    for event in events:
-                        self._on_event(event)
-                    self.metrics.add("steps")
-                    self.metrics.add("tokens", sum(len(e.token_ids) for e in events))
-                self.metrics.active(len(self._jobs) + len(self._waiting))
-            except Exception as exc:  # the last resort (a request's own failure never gets here): fail what was in flight
-                log.exception("torch runtime loop")
-                self._fail_all(f"internal error in the torch runtime: {type(exc).__name__}: {exc}")
+    def between_steps(self, block: bool) -> None:
+        self._take_incoming(block)
+        self._drop_cancelled()
+        self._admit()
+        self.metrics.active(len(self._jobs) + len(self._waiting))
+
+    def idle(self) -> bool:
+        return not self._waiting
+
+    def on_events(self, events) -> None:
+        for event in events:
+            self._on_event(event)
+        self.metrics.add("steps")
+        self.metrics.add("tokens", sum(len(e.token_ids) for e in events))
+        self.metrics.active(len(self._jobs) + len(self._waiting))
+
+    def on_failure(self, exc: Exception) -> None:  # a request's own failure never gets here: fail what was in flight
+        self._fail_all(f"internal error in the torch runtime: {type(exc).__name__}: {exc}")
 
     def _take_incoming(self, block: bool) -> None:
         try:

@@ -1,0 +1,84 @@
+"""The served table of `benchmarks/h200_run.sh served` (issue 30): gRPC and OpenAI against in-process, one call.
+
+    python benchmarks/served_table.py RESULTS_DIR      # prints markdown; reads what the run wrote there
+
+Rows: each served load level (TTFT p50, ITL p50/p99, output tokens/s) beside the in-process figure of the same
+batch (ms/step, its graph's replay, tokens/s) and the served/in-process ratios the issue's goals name; then the
+start-up times (cold, warm) and the soak's figures. A file the run did not write is left out, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _served_levels(out: Path) -> list[tuple[str, dict]]:
+    levels = []
+    for name, protocol in (("served-grpc-c1.json", "gRPC"), ("served-grpc.json", "gRPC"),
+                           ("served-openai-c1.json", "OpenAI"), ("served-openai-c32.json", "OpenAI")):
+        data = _load(out / name)
+        for entry in (data or {}).get("summary", []):
+            levels.append((protocol, entry))
+    return levels
+
+
+def _inprocess(out: Path, name: str) -> dict[int, dict]:
+    data = _load(out / name) or {}
+    return {run["batch"]: run for run in data.get("runs", [])}
+
+
+def table(out: Path) -> list[str]:
+    inproc, no_ahead = _inprocess(out, "inprocess-fp8-c128.json"), _inprocess(out, "inprocess-fp8-c128-no-ahead.json")
+    lines = ["| protocol | concurrency | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | in-process ms/step "
+             "| served ITL / in-process | served tok/s / in-process |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    grpc_itl: dict[int, float] = {}
+    for protocol, entry in _served_levels(out):
+        c = entry.get("concurrency")
+        ref = inproc.get(c, {})
+        itl, rate = entry["itl_ms"].get("p50"), entry.get("output_tokens_per_s")
+        if protocol == "gRPC" and itl is not None:
+            grpc_itl[c] = itl
+        ratio_itl = itl / ref["decode_ms"] if itl and ref.get("decode_ms") else None
+        ratio_rate = rate / ref["tokens_per_s"] if rate and ref.get("tokens_per_s") else None
+        lines.append(f"| {protocol} | {c} | {_fmt(entry['ttft_ms'].get('p50'), '.1f')} | {_fmt(itl, '.3f')} | "
+                     f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
+                     f"{_fmt(ref.get('decode_ms'), '.3f')} | {_fmt(ratio_itl, '.3f')} | {_fmt(ratio_rate, '.3f')} |")
+    lines += ["", "| in-process batch | ms/step | graph replay ms | tokens/s | prefill ms | ms/step, decode_ahead off |",
+              "|---|---|---|---|---|---|"]
+    for batch, run in sorted(inproc.items()):
+        lines.append(f"| {batch} | {_fmt(run['decode_ms'], '.3f')} | {_fmt(run.get('graph_replay_ms'), '.3f')} | "
+                     f"{_fmt(run['tokens_per_s'], '.0f')} | {_fmt(run['prefill_ms'], '.1f')} | "
+                     f"{_fmt(no_ahead.get(batch, {}).get('decode_ms'), '.3f')} |")
+    ready = {kind: (out / f"ready-{kind}.txt").read_text().strip() for kind in ("cold", "warm")
+             if (out / f"ready-{kind}.txt").is_file()}
+    if ready:
+        lines += ["", "start-up, `serve --detach` to ready: " + ", ".join(f"{k} {v} s" for k, v in ready.items())]
+    soak = _load(out / "soak.json")
+    if soak:
+        s, m, d = soak.get("soak", {}), soak.get("malformed", {}), soak.get("disconnects", {})
+        lines += ["", f"soak (64 streams, ~20% malformed, disconnects): {s.get('valid_served')} of "
+                      f"{s.get('valid_requests')} valid requests served ({s.get('valid_lost')} lost); malformed "
+                      f"{m.get('refused_4xx_with_message')} of {m.get('requests')} refused with a 4xx; "
+                      f"{d.get('freed')} of {d.get('count')} disconnects freed, steps to free "
+                      f"{json.dumps(d.get('steps_to_free'))}; p99 latency soak/baseline "
+                      f"{_fmt(soak.get('p99_request_latency_ratio_soak_vs_baseline'))}; "
+                      f"ready after: {soak.get('server_ready_after')}"]
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(table(Path(sys.argv[1]))))
