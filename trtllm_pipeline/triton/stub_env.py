@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import importlib.util
 import json
 import os
 import site
@@ -125,7 +124,9 @@ def _prepare(prefix: Path, wheels: Path | None) -> tuple[str, Path]:
     # --target: numpy<2 goes into the environment's own site-packages whatever the serving Python has installed
     install = ["install", "--disable-pip-version-check", "--no-input", "--only-binary=:all:", "--target",
                str(target), *source, NUMPY_REQUIREMENT]
-    if importlib.util.find_spec("pip") is not None:
+    # Its metadata, not find_spec("pip"): setuptools' distutils hook takes a look-up of pip as "pip is running"
+    # and hands this process the standard library's distutils, which breaks torch's cpp_extension later.
+    if package_version("pip") is not None:
         pip = [sys.executable, "-m", "pip"]
     else:  # a serving Python without pip (uv's environments): the environment's own, from ensurepip's wheel
         _run([str(prefix / "bin" / "python"), "-m", "ensurepip", "--default-pip"], "install pip (ensurepip)", wheels)
