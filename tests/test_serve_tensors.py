@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from transformers import AutoTokenizer
 
-from trtllm_pipeline.model.builtin import builtin_model_dir
 from trtllm_pipeline.chat import encode_prompt
+from trtllm_pipeline.model.builtin import builtin_model_dir
 from trtllm_pipeline.triton.contract import RequestLimits
+from trtllm_pipeline.tokenizer import Tokenizer
 from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, decode_rows, word_list, words_from_list
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return AutoTokenizer.from_pretrained(builtin_model_dir("tiny-qwen2"))
+    return Tokenizer(builtin_model_dir("tiny-qwen2"))  # what preprocessing and postprocessing load
 
 
 @pytest.fixture

@@ -345,10 +345,14 @@ def deploy(config: Path, engines_dir: Path, runtime: str | None, force: bool) ->
 @click.option("--detach", is_flag=True, help="Return once the server is ready and leave it running.")
 @click.option("--stop", "stop_server", is_flag=True, help="Stop this config's server; returns once it has exited.")
 @click.option("--dry-run", is_flag=True, help="Print the launch command and endpoints; start nothing.")
+@click.option("--stub-wheels", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              envvar="TRTLLM_PIPELINE_STUB_WHEELS", show_envvar=True,
+              help="torch runtime, where this Python has numpy 2: a folder with a numpy<2 wheel for the environment "
+              "serve prepares for Triton's Python stub (offline machines); default: pip's index.")
 @tp_mode_option
 def serve(config: Path, engines_dir: Path, host: str | None, http_port: int | None, grpc_port: int | None,
           metrics_port: int | None, openai_port: int | None, detach: bool, stop_server: bool, dry_run: bool,
-          tp_mode: str | None) -> None:
+          stub_wheels: Path | None, tp_mode: str | None) -> None:
     """Run tritonserver on the build's model repository (deployed first if needed).
 
     TensorRT-LLM: the tritonserver on PATH under mpirun, one server per rank. torch runtime: the
@@ -364,7 +368,7 @@ def serve(config: Path, engines_dir: Path, host: str | None, http_port: int | No
     if dry_run:
         echo_lines(serve_stage.plan(cfg, engines_dir=engines_dir, **ports))
         return
-    server = serve_stage.start(cfg, engines_dir=engines_dir, **ports)
+    server = serve_stage.start(cfg, engines_dir=engines_dir, stub_wheels=stub_wheels, **ports)
     echo_lines(serve_stage.started_lines(cfg, server, detach=detach))
     if detach:
         return

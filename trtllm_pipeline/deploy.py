@@ -20,6 +20,7 @@ from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.model.source import known_shape
 from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.registry import backend, select_backend
+from trtllm_pipeline.tokenizer import Tokenizer
 from trtllm_pipeline.triton import repository
 from trtllm_pipeline.triton.contract import longest_token_bytes, request_limits
 
@@ -122,9 +123,7 @@ def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str, i
     R1-distill tokenizers name EOS as their pad token anyway).
     """
     if (tokenizer_dir / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer = Tokenizer(tokenizer_dir)  # as the served models load it
         end = tokenizer.eos_token_id
         return (end, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end, "tokenizer",
                 longest_token_bytes(tokenizer))

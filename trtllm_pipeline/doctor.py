@@ -16,9 +16,10 @@ from typing import Any
 
 from trtllm_pipeline.config import BuildConfig, load_config
 from trtllm_pipeline.errors import PipelineError
-from trtllm_pipeline.machine import gpus, package_version, stub_numpy_problem, trtllm_status, tritonserver_binaries
+from trtllm_pipeline.machine import gpus, package_version, trtllm_status, tritonserver_binaries
 from trtllm_pipeline.runtimes.registry import BACKENDS, select_backend
 from trtllm_pipeline.runtimes.trtllm.pytorch_backend import version_problem
+from trtllm_pipeline.triton import stub_env
 
 
 def report() -> dict[str, Any]:
@@ -39,7 +40,7 @@ def report() -> dict[str, Any]:
         "tensorrt_llm_pytorch_problem": str(problem) if (problem := version_problem()) else None,
         "tritonserver": tritonserver_binaries(),
         "numpy": package_version("numpy"),
-        "numpy_problem": str(stub_numpy) if (stub_numpy := stub_numpy_problem()) else None,
+        "stub_numpy": stub_env.describe(stub_env.wheels_dir()),
         "mpirun": shutil.which("mpirun"),
     }
 
@@ -87,7 +88,8 @@ def format_facts(facts: dict[str, Any], *, as_json: bool = False) -> list[str]:
         ("TensorRT-LLM", facts["tensorrt_llm"] or "not installed"),
         ("tritonserver (PATH)", facts["tritonserver"]["path"] or "not found"),
         ("tritonserver (PyTriton)", facts["tritonserver"]["pytriton"] or "not found"),
-        ("numpy", f"{facts['numpy']}" + (f" -- {facts['numpy_problem']}" if facts["numpy_problem"] else "")),
+        ("numpy", facts["numpy"]),
+        ("numpy in Triton's stub", facts["stub_numpy"]),
         ("mpirun", facts["mpirun"] or "not found"),
     ]
     width = max(len(k) for k, _ in rows)

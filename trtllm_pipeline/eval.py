@@ -30,6 +30,7 @@ from trtllm_pipeline.tasks.model import LanguageModel
 from trtllm_pipeline.tasks.registry import get_task, task_names
 from trtllm_pipeline.tasks.stats import wilson_interval
 from trtllm_pipeline.tasks.subset import stratified_subset
+from trtllm_pipeline.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +101,12 @@ def open_model(cfg: BuildConfig, engines_dir: str | Path, url: str | None, proto
     """The built engine in-process, or the model served at ``url`` (with the build's tokenizer)."""
     if url is None:
         return load_runtime(cfg, engines_dir)
-    from transformers import AutoTokenizer
-
     tokenizer_dir = artifacts.artifact_paths(engines_dir, cfg.name).tokenizer
     if not tokenizer_dir.is_dir():
         raise InputError(f"{tokenizer_dir} does not exist; --url needs the build's tokenizer to write the prompts.",
                          fix=f"run `trtllm-pipeline quantize -c {cfg.file_arg}`, or point --engines-dir at it")
     return ServedModel(resolve_url(url, protocol, cfg, engines_dir), protocol,
-                       AutoTokenizer.from_pretrained(tokenizer_dir), max_input_len=cfg.build.max_input_len,
+                       Tokenizer(tokenizer_dir), max_input_len=cfg.build.max_input_len,
                        max_seq_len=cfg.build.max_seq_len, concurrency=cfg.serving.max_batch_size)
 
 

@@ -21,6 +21,7 @@ from trtllm_pipeline.endpoints import is_openai_url, resolve_url
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TextStream
 from trtllm_pipeline.runtimes.registry import load_runtime
+from trtllm_pipeline.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
@@ -118,12 +119,10 @@ def stream_served(prompt: str, *, url: str, protocol: str = "grpc", cfg: BuildCo
     """Text pieces of ``prompt`` from a served model; templated with ``cfg``'s tokenizer unless ``raw``."""
     text = prompt
     if not raw and cfg is not None:
-        from transformers import AutoTokenizer
-
         tokenizer_dir = artifacts.artifact_paths(engines_dir, cfg.name).tokenizer
         if not tokenizer_dir.is_dir():
             raise InputError(f"{tokenizer_dir} does not exist, so the chat template cannot be applied here.",
                              fix="pass --raw to send the prompt as it is, or point --engines-dir at the build")
-        text = served_prompt(AutoTokenizer.from_pretrained(tokenizer_dir), prompt, system)
+        text = served_prompt(Tokenizer(tokenizer_dir), prompt, system)
     with connect(url, protocol) as client:
         yield from client.stream(text, **params)

@@ -54,20 +54,6 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def stub_numpy_problem() -> Problem | None:
-    """numpy 2 where the PyTriton server runs: tritonserver 2.51's Python-backend stub (nvidia-pytriton
-    0.7.0, which asks for numpy<2) was built against numpy 1. Seen with numpy 2.3 and 2.5: every
-    tensor it hands a model has stride 0, so each element reads as the first one (a BYTES input
-    "Hello" as nine bytes 0x05, an input_ids tensor one token repeated), and text inputs crash it."""
-    version = package_version("numpy") or "0"
-    if int(version.split(".")[0]) < 2:
-        return None
-    return Problem(f"numpy {version} is installed where the server runs; the Python-backend stub of the "
-                   "tritonserver in nvidia-pytriton 0.7.0 (Triton 2.51) reads numpy 2 arrays wrongly (every "
-                   "element the first one) and crashes on text inputs",
-                   "pip install 'numpy<2' in this environment (what nvidia-pytriton 0.7.0 requires)")
-
-
 def trtllm_status() -> tuple[str | None, Problem | None]:
     """(version, problem): problem is None when TensorRT-LLM is importable and in the supported range."""
     if importlib.util.find_spec("tensorrt_llm") is None:

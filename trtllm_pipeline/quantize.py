@@ -351,3 +351,9 @@ def _copy_tokenizer(model_dir: Path, out: Path) -> None:
         src = model_dir / name
         if src.is_file() and not (out / name).exists():
             shutil.copyfile(src, out / name)
+    if not (out / "tokenizer.json").exists():  # a slow tokenizer only: what serving loads is tokenizer.json
+        from transformers import AutoTokenizer
+
+        backend = getattr(AutoTokenizer.from_pretrained(model_dir), "backend_tokenizer", None)
+        if backend is not None:
+            backend.save(str(out / "tokenizer.json"))

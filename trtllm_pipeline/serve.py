@@ -87,8 +87,12 @@ def openai_command(cfg: BuildConfig, paths: artifacts.ArtifactPaths, ports: Port
                                  aliases=[cfg.model.source], reasoning_parser=cfg.serving.openai_reasoning_parser)
 
 
-def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) -> Server:
-    """Deploy (cached), launch the server in its own process group and wait until it is ready."""
+def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels: str | Path | None = None,
+          **port_args) -> Server:
+    """Deploy (cached), launch the server in its own process group and wait until it is ready.
+
+    ``stub_wheels``: a folder with a numpy<2 wheel for the Python-backend stub's environment, where the
+    serving Python has numpy 2 and pip has no index (else $TRTLLM_PIPELINE_STUB_WHEELS, else pip's index)."""
     paths = artifacts.artifact_paths(Path(engines_dir).resolve(), cfg.name)
     running = read_state(cfg, engines_dir)
     if running is not None:
@@ -108,7 +112,7 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
     served = backend(deployment.runtime)
     inner = ports.behind_front(http_front.free_loopback_port()) if cfg.serving.http_front else ports
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
-    served.prepare_server(cfg, cmd, state_dir)
+    served.prepare_server(cfg, cmd, env, state_dir, wheels=Path(stub_wheels) if stub_wheels else None)
     if cfg.serving.http_front:  # the front holds the HTTP port and runs the server as its child
         cmd = http_front.command(ports.host, ports.http, inner.http, deployment.manifest["limits"],
                                  deployment.repo_dir, cmd)

@@ -89,9 +89,11 @@ class Backend(abc.ABC):
                        state_dir: Path) -> tuple[list[str], dict[str, str]]:
         """The tritonserver argument list and environment for a repository of this backend."""
 
-    def prepare_server(self, cfg: "BuildConfig", command: list[str], state_dir: Path) -> None:
-        """Set up what the server command needs on disk, just before it starts (not for a dry run); raise
-        UnavailableError (exit 3) where this machine cannot run it."""
+    def prepare_server(self, cfg: "BuildConfig", command: list[str], env: dict[str, str], state_dir: Path, *,
+                       wheels: Path | None = None) -> None:
+        """Set up what the server command needs on disk, just before it starts (not for a dry run), adjusting
+        its environment ``env`` in place; raise UnavailableError (exit 3) where this machine cannot run it.
+        ``wheels``: a folder of wheels for what the server needs installed (offline machines)."""
 
     @abc.abstractmethod
     def runtime_class(self) -> type["Runtime"]:

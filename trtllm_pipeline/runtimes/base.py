@@ -113,7 +113,7 @@ class Runtime(abc.ABC):
 
     name: ClassVar[str]
 
-    tokenizer: Any  # a transformers tokenizer; encode/decode happen outside the runtime
+    tokenizer: Any  # trtllm_pipeline.tokenizer.Tokenizer (or transformers'); encode/decode happen outside the runtime
     max_batch_size: int
     max_seq_len: int
 

@@ -15,7 +15,7 @@ from trtllm_pipeline.runtimes.base import Completion, SamplingParams
 
 @runtime_checkable
 class LanguageModel(Protocol):
-    tokenizer: Any  # a transformers tokenizer: tasks tokenize their prompts themselves
+    tokenizer: Any  # trtllm_pipeline.tokenizer.Tokenizer (or transformers'): tasks tokenize their prompts themselves
     max_seq_len: int  # prompt plus output; a model may also say max_input_len
 
     def score(self, contexts: Sequence[Sequence[int]],

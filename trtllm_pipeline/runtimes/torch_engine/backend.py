@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from trtllm_pipeline import artifacts, checkpoint
 from trtllm_pipeline.endpoints import SERVER_EXIT_TIMEOUT_S
 from trtllm_pipeline.errors import UnavailableError
-from trtllm_pipeline.machine import gpus, stub_numpy_problem, tritonserver_binaries
+from trtllm_pipeline.machine import gpus, tritonserver_binaries
 from trtllm_pipeline.runtimes.backend import Backend
-from trtllm_pipeline.triton import torch_repo
+from trtllm_pipeline.triton import stub_env, torch_repo
 from trtllm_pipeline.triton.repository import EngineModel
 
 if TYPE_CHECKING:
@@ -86,11 +86,15 @@ class TorchBackend(Backend):
             cmd.append("--allow-gpu-metrics=false")
         return cmd, env
 
-    def prepare_server(self, cfg: "BuildConfig", command: list[str], state_dir: Path) -> None:
-        problem = stub_numpy_problem()
-        if problem:
-            raise UnavailableError(problem.problem + ".", fix=problem.fix)
-        python_backend_dir(command[0], state_dir)
+    def prepare_server(self, cfg: "BuildConfig", command: list[str], env: dict[str, str], state_dir: Path, *,
+                       wheels: Path | None = None) -> None:
+        """The backend directory with the stub; where the serving Python has numpy 2, the stub's numpy<2
+        environment (``triton.stub_env``, made once) first on the server's PATH: the stub takes its
+        interpreter, and with it its site-packages, from the first ``python3`` there."""
+        stub = stub_env.ensure(stub_env.wheels_dir(wheels)) if stub_env.needed() else None
+        if stub is not None:
+            env["PATH"] = os.pathsep.join([str(stub.bin), env.get("PATH", "")])
+        python_backend_dir(command[0], state_dir, keep_first=stub.site_packages if stub else None)
 
     def runtime_class(self) -> type["Runtime"]:
         # Imported when an engine is loaded, not when a command starts: it imports torch.
@@ -99,11 +103,12 @@ class TorchBackend(Backend):
         return TorchRuntime
 
 
-def python_backend_dir(binary: str, state_dir: Path) -> Path:
+def python_backend_dir(binary: str, state_dir: Path, keep_first: Path | None = None) -> Path:
     """``backends/python/`` holding the Python backend and the stub for this Python version.
 
     The bundled server looks for the stub only at ``<backend-directory>/python/``, while the wheel
-    keeps one stub per Python version under ``python_backend_stubs/<version>/``.
+    keeps one stub per Python version under ``python_backend_stubs/<version>/``. ``keep_first``: the
+    stub environment's site-packages, which stays ahead of the serving process's path.
     """
     root = Path(binary).resolve().parents[1]
     stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / \
@@ -119,7 +124,7 @@ def python_backend_dir(binary: str, state_dir: Path) -> Path:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(src)
-    write_sys_path_module(target)
+    write_sys_path_module(target, keep_first)
     write_backend_utils(target, root / "backends" / "python" / "triton_python_backend_utils.py")
     return target
 
@@ -127,23 +132,26 @@ def python_backend_dir(binary: str, state_dir: Path) -> Path:
 SYS_PATH_MODULE = "serving_sys_path"
 
 
-def write_sys_path_module(backend_dir: Path) -> Path:
+def write_sys_path_module(backend_dir: Path, keep_first: Path | None = None) -> Path:
     """A module that gives the Python models this process's module search path.
 
     The Python backend's stub configures its interpreter in isolation: it ignores PYTHONPATH (seen
     with the tritonserver 2.51 of nvidia-pytriton 0.7.0), so packages found only through it, as on a
     machine where the wheels were unpacked instead of installed, would not import in the models. The
     backend directory is on the stub's path; each model imports this module before anything else.
+    The entries go first, or right after ``keep_first`` (the stub environment's numpy<2) where given.
     """
     entries = [entry for entry in sys.path if entry]
+    first = str(keep_first) if keep_first else None
     path = backend_dir / f"{SYS_PATH_MODULE}.py"
     with artifacts.atomic_file(path) as tmp:
         tmp.write_text(
             '"""Written by `trtllm-pipeline serve`: the module search path of the process that started '
             'this server."""\n\nimport sys\n\n'
+            f"_AT = sys.path.index({first!r}) + 1 if {first!r} in sys.path else 0\n"
             f"for _entry in reversed({entries!r}):\n"
             "    if _entry not in sys.path:\n"
-            "        sys.path.insert(0, _entry)\n", encoding="utf-8")
+            "        sys.path.insert(_AT, _entry)\n", encoding="utf-8")
     return path
 
 
@@ -152,8 +160,9 @@ def write_backend_utils(backend_dir: Path, original: Path) -> Path:
 
     The stub imports this module (from the backend directory) before any model, and it imports
     numpy: on the stub's own path that may be another numpy than the serving process's (a
-    virtualenv's numpy 2 behind a numpy 1 on PYTHONPATH, as on the GPU machine). Giving it the
-    serving process's path first makes the stub's numpy the one `machine.stub_numpy_problem` checked.
+    virtualenv's numpy 2 behind a numpy 1 on PYTHONPATH). Giving it the serving process's path first
+    makes the stub's numpy the serving process's, or, with the stub environment, that environment's
+    numpy<2 (``triton.stub_env``), which stays first.
     """
     path = backend_dir / original.name
     if path.is_symlink():

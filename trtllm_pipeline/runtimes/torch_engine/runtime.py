@@ -154,10 +154,10 @@ class TorchRuntime(Runtime):
 
     def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes,
                      decode_ahead: bool) -> None:
-        from transformers import AutoTokenizer
+        from trtllm_pipeline.tokenizer import Tokenizer  # not transformers: this runs in Triton's stub too
 
         config = self.config
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.tokenizer = Tokenizer(tokenizer_dir)
         self.vocab_size = int(config["vocab_size"])
         self._waiting: list[_Request] = []
         self._running: dict[int, _Request] = {}  # slot -> request (prefilling or decoding)

@@ -111,7 +111,8 @@ class TrtllmPytorchBackend(Backend):
                        state_dir: Path) -> tuple[list[str], dict[str, str]]:
         return self._command(cfg, repo_dir, ports), dict(os.environ)
 
-    def prepare_server(self, cfg: "BuildConfig", command: list[str], state_dir: Path) -> None:
+    def prepare_server(self, cfg: "BuildConfig", command: list[str], env: dict[str, str], state_dir: Path, *,
+                       wheels: Path | None = None) -> None:
         """Exit 3 where TensorRT-LLM cannot run; for llmapi, link upstream's model.py and helpers.py into the
         repository's version directory."""
         if problems := self.preflight(cfg):

@@ -24,9 +24,9 @@ class TritonPythonModel:
         params = string_parameters(json.loads(args["model_config"]))
         self.tokenizer = None
         if params["detokenize"] == "true":
-            from transformers import AutoTokenizer
+            from trtllm_pipeline.tokenizer import Tokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"])
+            self.tokenizer = Tokenizer(params["tokenizer_dir"])
 
     def execute(self, requests):
         responses = []

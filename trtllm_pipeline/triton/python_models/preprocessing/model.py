@@ -12,8 +12,8 @@ except ImportError:  # a server this project did not start (TensorRT-LLM's conta
 import json
 
 import triton_python_backend_utils as pb_utils
-from transformers import AutoTokenizer
 
+from trtllm_pipeline.tokenizer import Tokenizer
 from trtllm_pipeline.triton.contract import RequestLimits
 from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, string_parameters
 
@@ -24,7 +24,7 @@ class TritonPythonModel:
     def initialize(self, args):
         params = string_parameters(json.loads(args["model_config"]))
         self.preprocess = Preprocessor(
-            AutoTokenizer.from_pretrained(params["tokenizer_dir"]), end_id=int(params["end_id"]),
+            Tokenizer(params["tokenizer_dir"]), end_id=int(params["end_id"]),
             pad_id=int(params["pad_id"]), limits=RequestLimits(**json.loads(params["limits"])))
 
     def execute(self, requests):

@@ -3,8 +3,8 @@
 Same client contract as ``ensemble``. It calls ``preprocessing`` and then ``tensorrt_llm`` and, as
 it sees a request's whole stream, detokenizes with a ``TextStream``: streamed text is exact for
 either runtime (TensorRT-LLM's C++ backend included), stop strings are cut as text. One prompt
-per request; each request runs in its own thread so that requests overlap. The tokenizer (and
-with it transformers and torch) loads on the first request: a deployment used through the
+per request; each request runs in its own thread so that requests overlap. The tokenizer
+(``trtllm_pipeline.tokenizer``, no transformers in the stub) loads on the first request: a deployment used through the
 ensemble does not pay for it at startup.
 
 This is the model clients are pointed at (``contract.FRONT_MODEL``), because it stops what its
@@ -57,9 +57,9 @@ class TritonPythonModel:
 
     @functools.cached_property
     def tokenizer(self):
-        from transformers import AutoTokenizer
+        from trtllm_pipeline.tokenizer import Tokenizer
 
-        return AutoTokenizer.from_pretrained(self.tokenizer_dir)
+        return Tokenizer(self.tokenizer_dir)
 
     def execute(self, requests):
         for request in requests:
