@@ -26,7 +26,8 @@ class TritonPythonModel:
         cfg = torch_repo.read_build_config(Path(args["model_repository"]))
         self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"]), pb_utils,
                                        exclude_input_in_output=params["exclude_input_in_output"] == "true",
-                                       stop_address=stops.address(Path(args["model_repository"]).parent))
+                                       stop_address=stops.address(Path(args["model_repository"]).parent),
+                                       model_name=cfg.name)
 
     def execute(self, requests):
         for request in requests:
