@@ -20,9 +20,13 @@ import openai
 import pytest
 import requests
 from conftest import free_ports
+from fastapi import FastAPI, Request  # at module level: the annotations below are strings (__future__)
+from fastapi.responses import HTMLResponse, StreamingResponse
 from test_metrics import engine_metrics
 from test_serve import wait_idle
 
+from trtllm_pipeline.openai import protocol
+from trtllm_pipeline.openai.page import add_chat_page
 from trtllm_pipeline.openai.protocol import OpenAIError
 
 pytestmark = pytest.mark.slow
@@ -303,3 +307,33 @@ def test_an_error_in_the_middle_of_the_stream_is_shown(browser):
     assert [m["role"] for m in shown] == ["user", "assistant", "error"]
     assert shown[1]["text"] == "Four, becaus" and shown[1]["state"] == "failed"
     assert shown[2]["text"] == "internal error in the torch runtime, for this request only: boom"
+
+
+def test_a_malformed_stream_and_a_proxys_html_error_are_shown_as_errors(browser):
+    """What no front of ours sends, but a proxy before it or a broken server may: a stream event that is not
+    JSON, and an error page in HTML. The page's own files, a server that answers just that."""
+    app, seen = FastAPI(), []
+    add_chat_page(app)
+    app.get("/v1/models")(lambda: protocol.models("broken", 0))
+
+    @app.post("/v1/chat/completions")
+    async def broken(request: Request):
+        seen.append(dict(request.headers))
+        if len(seen) == 1:
+            return StreamingResponse(iter([b'data: {"choices": [{"delta": {"content": "Fo"}}]}\n\n',
+                                           b"data: {not json at all\n\n"]), media_type="text/event-stream")
+        return HTMLResponse("<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=502)
+
+    with front_in_thread(app) as url:
+        open_page(browser, f"{url}/chat", model="broken")
+        send(browser, "Hello")
+        answered(browser, 3)
+        send(browser, "Hello again")
+        shown = answered(browser, 5)
+    assert [m["role"] for m in shown] == ["user", "assistant", "error", "user", "error"]
+    assert shown[1]["text"] == "Fo" and shown[1]["state"] == "failed"
+    assert shown[2]["text"] == "the server sent a malformed event: {not json at all"
+    assert shown[4]["text"] == "HTTP 502: <html><body><h1>502 Bad Gateway</h1></body></html>"
+    assert not browser.find_elements("css selector", "#conversation h1")
+    # what the fronts' hardening asks of a client: a JSON body said to be JSON, from the page's own origin
+    assert all(h["content-type"] == "application/json" and h["sec-fetch-site"] == "same-origin" for h in seen)
