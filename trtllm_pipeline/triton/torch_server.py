@@ -43,8 +43,8 @@ import numpy as np
 from trtllm_pipeline.errors import InputError, PipelineError
 from trtllm_pipeline.runtimes import Runtime, SamplingParams, TextStream
 from trtllm_pipeline.triton import stops
-from trtllm_pipeline.triton.engine_metrics import RequestTimes, engine_metrics, outcome_of
 from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, STOP_ID_PREFIX
+from trtllm_pipeline.triton.engine_metrics import RequestTimes, engine_metrics, outcome_of
 from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_list
 
 log = logging.getLogger(__name__)
