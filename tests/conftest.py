@@ -37,7 +37,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # model under test_openai's 32 streams (every request timed out; not understood yet, so not risked). Every other
 # file runs whole on one worker, so its module fixtures (quantized builds) are made once.
 SPREAD_FILES = {"test_fast_decode.py"}
-SERVER_FILES = {"test_bench_triton.py", "test_demo.py", "test_openai.py", "test_serve.py", "test_soak.py"}
+SERVER_FILES = {"test_bench_triton.py", "test_chat_page.py", "test_demo.py", "test_metrics.py", "test_openai.py",
+                "test_serve.py", "test_soak.py"}
 SERVER_TESTS = {"test_eval.py::test_served_model_scores_like_the_engine_in_process",
                 "test_tensor_parallel.py::test_served_tp2_answers_the_benchmark_and_stop_leaves_no_worker"}
 # The units started first, longest first (seconds on a 2-core machine), so that no long one is left for the end

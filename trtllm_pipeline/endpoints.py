@@ -73,6 +73,11 @@ def openai_base_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/v1"
 
 
+def chat_page_url(host: str, port: int) -> str:
+    """The OpenAI front's chat page (``openai/page``), beside its ``/v1``."""
+    return openai_base_url(host, port).removesuffix("/v1") + "/chat"
+
+
 def is_openai_url(url: str) -> bool:
     """Whether ``url`` is an OpenAI API base URL (``http://HOST:PORT/v1``) rather than Triton's HOST:PORT."""
     return url.startswith(("http://", "https://")) and url.rstrip("/").endswith("/v1")
@@ -109,7 +114,8 @@ class Server:
                 " also ensemble)",
                 f"gRPC     {h}:{self.grpc_port}  (model tensorrt_llm_bls, or ensemble; decoupled: stream API)",
                 f"metrics  http://{h}:{self.metrics_port}/metrics  (Prometheus)"] + (
-                [f"OpenAI   {openai_base_url(h, self.openai_port)}  (/models, /completions, /chat/completions)"]
+                [f"OpenAI   {openai_base_url(h, self.openai_port)}  (/models, /completions, /chat/completions)",
+                 f"chat     {chat_page_url(h, self.openai_port)}  (a page to talk to the model, in a browser)"]
                 if self.openai_port else [])
 
     def state(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
+(and the chat page on them, ``page``).
 
 Each request is parsed (``protocol``), translated and checked against the engine's limits
 (``translate``) before anything is sent upstream, so a bad one is a 400 naming the field and costs
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from trtllm_pipeline.openai import protocol, reasoning
+from trtllm_pipeline.openai.page import add_chat_page
 from trtllm_pipeline.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from trtllm_pipeline.openai.translate import Prepared, finish_reason, prepare
 from trtllm_pipeline.triton.contract import RequestLimits
@@ -49,6 +51,8 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
     async def http_error(request: Request, exc: HTTPException):  # unknown routes and methods, OpenAI-shaped
         return JSONResponse(OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").body(),
                             status_code=exc.status_code)
+
+    add_chat_page(app)
 
     @app.get("/health")
     async def health():

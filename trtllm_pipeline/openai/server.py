@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     upstream = Upstream(args.triton_grpc)
     app = create_app(upstream, tokenizer, RequestLimits(**json.loads(args.limits)), args.model_id,
                      aliases=tuple(args.alias), reasoning_parser=args.reasoning_parser)
-    print(f"openai front: http://{args.listen}/v1 -> Triton gRPC at {args.triton_grpc} (model {args.model_id})",
-          file=sys.stderr, flush=True)
+    print(f"openai front: http://{args.listen}/v1 -> Triton gRPC at {args.triton_grpc} (model {args.model_id}); "
+          f"chat page: http://{args.listen}/chat", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S, backlog=1024,
                             access_log=False)
     try:

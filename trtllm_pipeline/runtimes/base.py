@@ -147,6 +147,13 @@ class Runtime(abc.ABC):
         logits, log-softmaxed), for servers that return ``generation_logits``."""
         raise NotImplementedError(f"the {self.name} runtime does not return next-token log-probabilities")
 
+    def stats(self) -> dict[str, float]:
+        """What the scheduler knows now, for the serving process's metrics (``triton/engine_metrics``):
+        ``requests_running`` and ``requests_waiting`` (now), ``kv_cache_usage`` (0-1, now),
+        ``prefix_cache_queries``, ``prefix_cache_hits`` (prompt tokens, since load), ``preemptions``
+        (since load). A key is absent where the runtime does not know it; every key given is exported."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         """What ran, for result files and manifests: runtime name, device, dtypes, quantization."""
         return {"runtime": self.name}

@@ -44,6 +44,7 @@ from trtllm_pipeline.runtimes import Runtime, SamplingParams, TextStream
 from trtllm_pipeline.runtimes.engine_loop import EngineLoop
 from trtllm_pipeline.triton import stops
 from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, STOP_ID_PREFIX
+from trtllm_pipeline.triton.engine_metrics import RequestTimes, engine_metrics, outcome_of
 from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_list
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class _Row:
     params: SamplingParams
     text: TextStream
     reason: str | None = None
+    times: RequestTimes = dataclasses.field(default_factory=RequestTimes)  # from its arrival, for the metrics
 
 
 @dataclasses.dataclass
@@ -81,7 +83,8 @@ class _Stop:
 
 class _Metrics:
     """The runtime loop on Triton's metrics port (Python-backend custom metrics): steps, tokens,
-    requests in the runtime, and requests cancelled or failed; a few IPC calls per step."""
+    requests in the runtime, and requests cancelled or failed; a few IPC calls per step. What the cancellation
+    tests and the soak read; the engine's metrics for operators are ``engine_metrics``."""
 
     FAMILIES = {
         "steps": ("COUNTER", "trtllm_pipeline_runtime_steps_total", "steps run by the torch runtime"),
@@ -130,7 +133,8 @@ class _NoMetrics:
 
 
 class TorchModelServer:
-    def __init__(self, runtime: Runtime, pb_utils, *, exclude_input_in_output: bool, stop_address: str | None = None):
+    def __init__(self, runtime: Runtime, pb_utils, *, exclude_input_in_output: bool, stop_address: str | None = None,
+                 model_name: str = "tensorrt_llm"):
         self.runtime = runtime
         self.pb = pb_utils
         try:
@@ -138,6 +142,7 @@ class TorchModelServer:
         except Exception as exc:  # a Python backend without custom metrics
             log.info("no custom metrics: %s", exc)
             self.metrics = _NoMetrics()
+        self.engine = engine_metrics(pb_utils, model_name)
         self.exclude_input_default = exclude_input_in_output
         self._incoming: queue.Queue = queue.Queue()
         self._waiting: list[_Job] = []  # parsed, not yet submitted (a logits job waits for an idle runtime)
@@ -248,6 +253,7 @@ class TorchModelServer:
         self._drop_cancelled()
         self._admit()
         self.metrics.active(len(self._jobs) + len(self._waiting))
+        self.engine.stats(self._stats())
 
     def idle(self) -> bool:
         return not self._waiting
@@ -255,12 +261,24 @@ class TorchModelServer:
     def on_events(self, events) -> None:
         for event in events:
             self._on_event(event)
+        tokens = sum(len(e.token_ids) for e in events)
         self.metrics.add("steps")
-        self.metrics.add("tokens", sum(len(e.token_ids) for e in events))
+        self.metrics.add("tokens", tokens)
+        self.engine.generated(tokens)
         self.metrics.active(len(self._jobs) + len(self._waiting))
 
     def on_failure(self, exc: Exception) -> None:  # a request's own failure never gets here: fail what was in flight
         self._fail_all(f"internal error in the torch runtime: {type(exc).__name__}: {exc}")
+
+    def _stats(self) -> dict[str, float]:
+        """The runtime's figures, with the requests parsed here and not yet submitted counted as waiting."""
+        stats = {"requests_running": sum(len(j.rows) for j in self._jobs.values()), **self.runtime.stats()}
+        stats["requests_waiting"] = stats.get("requests_waiting", 0) + sum(len(j.rows) for j in self._waiting)
+        return stats
+
+    def _ended(self, job: _Job, outcome: str) -> None:
+        for row in job.rows:
+            self.engine.ended(row.times, outcome)
 
     def _take_incoming(self, block: bool) -> None:
         try:
@@ -279,6 +297,7 @@ class TorchModelServer:
         for job in [j for j in self._waiting if j.request_id == stop.request_id]:
             self._waiting.remove(job)
             self.metrics.add("cancelled")
+            self._ended(job, "aborted")
             self._send(job, None, final=True)
         for number, job in list(self._jobs.items()):
             if job.request_id == stop.request_id:
@@ -293,6 +312,7 @@ class TorchModelServer:
     def _end(self, number: int, job: _Job) -> None:
         """Drop a request its client no longer wants (cancelled, gone, or a stop request)."""
         self.metrics.add("cancelled")
+        self._ended(job, "aborted")
         for row in job.rows:
             self.runtime.cancel(row.key)
         self._jobs.pop(number, None)
@@ -312,6 +332,7 @@ class TorchModelServer:
                 for row in job.rows:
                     self.runtime.submit(row.key, row.prompt, row.params)
             except Exception as exc:  # this job's fault or not, it is this job's error
+                self._ended(job, "failed")
                 for row in job.rows:
                     self.runtime.cancel(row.key)
                 invalid = isinstance(exc, (PipelineError, ValueError))
@@ -320,6 +341,7 @@ class TorchModelServer:
                 self._fail(job.sender, getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}",
                            invalid=isinstance(exc, InputError))
                 continue
+            self.engine.admitted(sum(len(row.prompt) for row in job.rows))
             self._jobs[number] = job
 
     def _first_step_logprobs(self, prompt: list[int]) -> np.ndarray:
@@ -344,6 +366,7 @@ class TorchModelServer:
             for job in [j for j in self._waiting if _polled(j) and _cancelled(j)]:
                 self._waiting.remove(job)
                 self.metrics.add("cancelled")
+                self._ended(job, "aborted")
                 self._send(job, None, final=True)
 
     def _on_event(self, event) -> None:
@@ -353,6 +376,7 @@ class TorchModelServer:
             return
         if event.finish_reason == "error":  # this request failed inside a step; the others went on
             self.metrics.add("failed")
+            self._ended(job, "failed")
             for row in job.rows:
                 self.runtime.cancel(row.key)
             self._jobs.pop(number, None)
@@ -364,12 +388,16 @@ class TorchModelServer:
             piece = self.runtime.apply_event(event, {event.request_id: row.text}, reasons)
         except Exception as exc:  # detokenizing this request's token failed: its error alone
             log.exception("detokenizing a response")
+            self._ended(job, "failed")
             for r in job.rows:
                 self.runtime.cancel(r.key)
             self._jobs.pop(number, None)
             self._fail(job.sender, f"internal error making the text: {type(exc).__name__}: {exc}")
             return
         row.reason = reasons.get(event.request_id)
+        self.engine.tokens(row.times, len(event.token_ids))
+        if row.reason is not None:
+            self.engine.ended(row.times, outcome_of(row.reason))
         if job.streaming:
             final = row.reason is not None
             if event.token_ids or piece:
@@ -413,6 +441,7 @@ class TorchModelServer:
                 job.sender.send(response, flags=flags)
         except Exception as exc:  # the client went away: stop generating for it
             log.info("dropping a request whose response could not be sent: %s", exc)
+            self._ended(job, "aborted")
             for row in job.rows:
                 self.runtime.cancel(row.key)
             self._jobs.pop(job.rows[0].key[0], None)
@@ -431,6 +460,7 @@ class TorchModelServer:
     def _fail_all(self, message: str) -> None:
         """The loop itself failed: every request in flight gets the error (their state is unknown)."""
         for job in [*self._jobs.values(), *self._waiting]:
+            self._ended(job, "failed")
             for row in job.rows:
                 self.runtime.cancel(row.key)
             try:

@@ -288,6 +288,9 @@ class TorchRuntime(Runtime):
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
+    def stats(self) -> dict[str, float]:
+        return {"requests_running": len(self._running), "requests_waiting": len(self._waiting)}
+
     def step(self) -> list[TokenEvent]:
         """Admit, prefill and decode; a request whose part of the step fails is dropped with an
         ``error`` event and the step goes on for the others (``_isolated``)."""

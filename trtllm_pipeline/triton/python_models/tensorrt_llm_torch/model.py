@@ -29,7 +29,8 @@ class TritonPythonModel:
         device = {"device": f"cuda:{args['model_instance_device_id']}"} if args.get("model_instance_kind") == "GPU" else {}
         self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"], **device), pb_utils,
                                        exclude_input_in_output=params["exclude_input_in_output"] == "true",
-                                       stop_address=stops.address(Path(args["model_repository"]).parent))
+                                       stop_address=stops.address(Path(args["model_repository"]).parent),
+                                       model_name=cfg.name)
 
     def execute(self, requests):
         for request in requests:
