@@ -104,7 +104,7 @@ stop: setup
 
 # Build, serve, benchmark and stop one variant: make bench-fp8-tp1 [MODEL=tiny-qwen2] [BENCH_ARGS=...].
 # The server is stopped whatever happened; the exit status is the first failure's.
-BENCH_ARGS ?= --concurrency 1,4,16 --input-tokens 128 --output-tokens 256 --requests 32
+BENCH_ARGS ?= --concurrency 1,4,8 --input-tokens 128 --output-tokens 256 --requests 32
 bench-%: setup
 	$(CLI) build -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR)
 	$(CLI) deploy -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR)

@@ -389,7 +389,7 @@ def _number_list(kind: type):
         try:
             return [kind(v) for v in value.split(",") if v.strip()]
         except ValueError:
-            raise click.BadParameter(f"expected comma-separated {kind.__name__}s such as 1,4,16, got {value!r}")
+            raise click.BadParameter(f"expected comma-separated {kind.__name__}s such as 1,4,8, got {value!r}")
     return parse
 
 

@@ -26,7 +26,7 @@ from trtllm_pipeline import artifacts, cost, gating
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import PipelineError
 from trtllm_pipeline.model.catalog import REFERENCE_RECIPE_MS_PER_TOKEN
-from trtllm_pipeline.results import INPROCESS_PREFIX, is_bench, is_inprocess, level_label, read_json
+from trtllm_pipeline.results import INPROCESS_PREFIX, is_bench, is_inprocess, level_label, number_cell, read_json
 from trtllm_pipeline.tasks.registry import TASKS
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ def gate_verdicts(name: str, evals: dict[str, Any], gates: gating.GatesFile | No
 
 
 def fmt(value: float | None, spec: str = ".1f", missing: str = NOT_MEASURED) -> str:
-    return missing if value is None else format(value, spec)
+    return number_cell(value, spec, missing)
 
 
 def _label(task: str) -> str:
@@ -220,11 +220,11 @@ def runtime_cell(b: BuildData) -> str:
 
 
 def device_cell(b: BuildData) -> str:
-    """Where the measurements ran: the eval's runtime description (the bench client cannot see it)."""
-    for results in b.evals.values():
-        device = (results.get("runtime_info") or {}).get("device")
-        if device:
-            return CPU if str(device).startswith("cpu") else str(device)
+    """Where the measurements ran: the eval's runtime description, else where bench found the server computing."""
+    devices = [(results.get("runtime_info") or {}).get("device") for results in b.evals.values()]
+    devices.append(((b.bench or {}).get("settings") or {}).get("device"))
+    for device in filter(None, devices):
+        return CPU if str(device).startswith("cpu") else str(device)
     return NOT_MEASURED
 
 
@@ -392,9 +392,10 @@ def _inprocess_section(b: BuildData) -> list[str]:
     rt = b.inprocess["runtime"]
     lines = [f"In-process decode (`{b.inprocess_path.name}`): {rt.get('runtime')} runtime on {rt.get('device')}, "
              f"decode {rt.get('decode_path', 'n/a')}.", ""]
+    floor = [None if r["fraction_of_floor"] is None else 100 * r["fraction_of_floor"] for r in b.inprocess["runs"]]
     rows = [[r["batch"], r["context"], fmt(r["decode_ms"], ".3f"), fmt(r["tokens_per_s"], ".0f"),
-             fmt(r["achieved_gbps"], ".0f"), fmt(r["fraction_of_floor"] and 100 * r["fraction_of_floor"], ".0f"),
-             fmt(r["prefill_ms"]), fmt(r["peak_memory_gib"], ".2f")] for r in b.inprocess["runs"]]
+             fmt(r["achieved_gbps"], ".0f", "n/a"), fmt(f, ".0f", "n/a"),  # n/a: no copy speed (CPU), no floor
+             fmt(r["prefill_ms"]), fmt(r["peak_memory_gib"], ".2f", "n/a")] for r, f in zip(b.inprocess["runs"], floor)]
     return lines + _table(["batch", "context", "ms/token", "tokens/s", "GB/s", "% of floor", "prefill ms",
                            "peak GiB"], rows) + [""]
 
