@@ -83,6 +83,18 @@ def known_shape(model: "ModelSection") -> ModelShape | None:
     return KNOWN_MODELS.get(model.source)
 
 
+def fetch_needed(model: "ModelSection") -> str | None:
+    """What resolving the model would first do on this machine: ``download`` (hub, not cached), ``generate``
+    (a built-in not generated yet), or None (already here: a cached snapshot, a local directory)."""
+    if model.is_builtin:
+        name = model.source.removeprefix(builtin.BUILTIN_PREFIX)
+        known = name in builtin.BUILTIN_MODELS
+        return "generate" if known and not (builtin.builtin_model_path(name) / "config.json").is_file() else None
+    if model.is_local:
+        return None
+    return "download" if _cached_snapshot(model.source, model.revision) is None else None
+
+
 def _check_local_dir(path: Path) -> None:
     """An HF model directory whose weights are safetensors, the only weights ever loaded: its
     model.safetensors, or the shards its model.safetensors.index.json names. Pickled weights beside
