@@ -83,6 +83,28 @@ def test_a_small_measurement_is_never_printed_as_zero():
     assert row == "| 1 | 16 | 40.000 | 25 | 0.31 | n/a | 9.0 | n/a |"
 
 
+def test_the_itl_plot_never_puts_a_cpu_and_a_gpu_on_one_axis(tmp_path):
+    def build(name, device, served=None, single=None):
+        bench_data = {"settings": {"device": device}, "summary": [
+            {"concurrency": 1, "requests": 4, "ttft_ms": {"p50": 9.0}, "itl_ms": {"p50": served}}]} if served else None
+        inprocess = {"runtime": {"device": device}, "runs": [{"batch": 1, "context": 16, "decode_ms": single}]}
+        return report.BuildData(load(name), None, {}, [], None, bench_data, None, inprocess if single else None)
+
+    builds = [build("tiny-qwen2-fp8-tp1", "cpu", served=15.0, single=1.8),
+              build("r1-distill-qwen-7b-random-fp8-tp1", "cuda:0 (NVIDIA H200)", single=2.7),
+              build("r1-distill-qwen-7b-fp8-tp4", "cpu")]
+    panels, missing = report.itl_panels(builds)
+    assert list(panels) == ["CPU", "GPU: NVIDIA H200"] and missing == ["r1-distill-qwen-7b-fp8-tp4"]
+    assert panels["CPU"] == [("tiny-qwen2-fp8-tp1", [(15.0, "served"), (1.8, "in-process")])]
+    gpu_rows = dict(panels["GPU: NVIDIA H200"])  # the published H200 recipe beside the build measured on an H200
+    assert gpu_rows["r1-distill-qwen-7b-random-fp8-tp1"] == [(2.7, "in-process")]
+    assert gpu_rows["reference: TensorRT-LLM FP8"] == [(6.68, "published")]
+    cpu_only, _ = report.itl_panels(builds[:1])  # no GPU measured: the published figures get a panel of their own
+    assert list(cpu_only) == ["CPU", "published reference (TensorRT-LLM, H200)"]
+    for plot in (report.plot_itl, report.plot_formats, report.plot_accuracy):
+        assert plot(builds, tmp_path / "p.png").read_bytes().startswith(PNG_MAGIC)
+
+
 def test_a_bad_gates_file_leaves_no_output_directory(tmp_path):
     gates = tmp_path / "gates.yaml"
     gates.write_text("max_drop: {mmlu: .nan}\n")

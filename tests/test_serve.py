@@ -517,7 +517,9 @@ def test_foreground_serve_stops_on_ctrl_c(built, engines_dir):
                 break
         state = serve.read_state(load(LIFECYCLE), engines_dir)
         assert state is not None and ready(state)
-        cli.send_signal(signal.SIGINT)
+        cli.send_signal(signal.SIGINT)  # at once, as the line is read: the handler is in place before it is printed
+        time.sleep(0.3)
+        cli.send_signal(signal.SIGINT)  # an impatient second Ctrl-C while it stops: the stop still runs to its end
         try:
             out, err = cli.communicate(timeout=120)
         except subprocess.TimeoutExpired as exc:

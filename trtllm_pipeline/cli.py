@@ -371,11 +371,12 @@ def serve(config: Path, engines_dir: Path, host: str | None, http_port: int | No
     if dry_run:
         echo_lines(serve_stage.plan(cfg, engines_dir=engines_dir, **ports))
         return
-    server = serve_stage.start(cfg, engines_dir=engines_dir, **ports)
-    echo_lines(serve_stage.started_lines(cfg, server, detach=detach))
-    if detach:
-        return
-    serve_stage.run_until_interrupted(server, engines_dir=engines_dir, cfg=cfg)
+    with serve_stage.interrupts() as interrupted:  # before the start: no Ctrl-C may leave the server running
+        server = serve_stage.start(cfg, engines_dir=engines_dir, interrupted=interrupted, **ports)
+        echo_lines(serve_stage.started_lines(cfg, server, detach=detach))
+        if detach:
+            return
+        serve_stage.run_until_interrupted(server, engines_dir=engines_dir, cfg=cfg, interrupted=interrupted)
     click.echo("stopped")
 
 
