@@ -35,8 +35,10 @@ def test_doctor_says_what_a_7b_needs_and_never_ready_on_a_small_cpu_machine():
                    free_disk_bytes=500 * 10**9, cores=16)
     random_7b = load("r1-distill-qwen-7b-random-fp8-tp1")
     verdict = config_verdict(random_7b, small)
-    assert verdict.startswith("torch: not ready here: needs ") and "ready" not in verdict.removeprefix("torch: not ready")
-    for need in ("GB of disk (80 free)", "a GPU with ~", "(none here)", "GB of memory (23 here)", "s a token on 2 core"):
+    assert verdict.startswith("torch: not ready here: needs ")
+    assert "ready" not in verdict.removeprefix("torch: not ready")
+    for need in ("GB of disk (80 free)", "a GPU with ~", "(none here)", "GB of memory (23 here)",
+                 "s a token on 2 core"):
         assert need in verdict, need
     assert config_verdict(random_7b, h200) == "torch: ready"
     hub_7b = config_verdict(load("r1-distill-qwen-7b-fp8-tp4"), small)

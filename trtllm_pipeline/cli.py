@@ -129,8 +129,8 @@ def echo_stream(generation: generate_stage.Generation) -> None:
 @click.group(cls=_Group, help=STAGES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging (-v: debug and tracebacks, -vv: third parties too).")
 @click.option("--allow-download", is_flag=True,
-              help=f"Download a model of more than {ASK_ABOVE_BYTES // 10**9} GB from the hub without asking (the same as "
-                   f"{ALLOW_DOWNLOAD_ENV}=1); otherwise a stage asks on a terminal and refuses elsewhere.")
+              help=f"Download a model of more than {ASK_ABOVE_BYTES // 10**9} GB from the hub without asking (the "
+                   f"same as {ALLOW_DOWNLOAD_ENV}=1); otherwise a stage asks on a terminal and refuses elsewhere.")
 @click.version_option(__version__, prog_name="trtllm-pipeline")
 def main(verbose: int, allow_download: bool) -> None:
     setup_logging(verbose)

@@ -546,7 +546,8 @@ def plot_itl(builds: Sequence[BuildData], path: Path) -> Path:
         ax.set_title(panel, fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("ms per token (each panel its own axis: devices are not compared)")
-    kinds = [k for k in ITL_STYLES if any(kind == k for rows in panels.values() for _, bars in rows for _, kind in bars)]
+    shown = {kind for rows in panels.values() for _, bars in rows for _, kind in bars}
+    kinds = [k for k in ITL_STYLES if k in shown]
     handles = [Patch(facecolor=ITL_STYLES[k][0], hatch=ITL_STYLES[k][1],
                                         edgecolor="gray" if ITL_STYLES[k][1] else None) for k in kinds]
     fig.legend(handles, [ITL_STYLES[k][2] for k in kinds], loc="upper right", fontsize=7, frameon=False,
@@ -598,7 +599,8 @@ def _accuracy_scatter(builds: Sequence[BuildData], path: Path, x_of, name_of, xl
     for ax, panel in zip(axes, order):
         xs = []
         for b, x in points.get(panel, []):
-            color = colors(len(build_handles) % 10) if b.name not in build_handles else build_handles[b.name].get_color()
+            known = build_handles.get(b.name)
+            color = known.get_color() if known else colors(len(build_handles) % 10)
             for task, results in b.evals.items():
                 handle = ax.scatter(x, 100 * results["score"], marker=markers.get(task, "^"), color=color, s=46,
                                     edgecolors="black", linewidths=0.4, alpha=0.9)

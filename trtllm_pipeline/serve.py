@@ -134,7 +134,8 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", interrupted:
             server.openai_port = front.openai
             start_openai_front(server, openai_command(cfg, paths, front, deployment.manifest["limits"]), state_dir)
         artifacts.write_json_atomic(state_dir / STATE_FILE, server.state())
-        wait_ready(server, timeout_s=cfg.serving.startup_timeout_s, path=served.ready_path(cfg), interrupted=interrupted)
+        wait_ready(server, timeout_s=cfg.serving.startup_timeout_s, path=served.ready_path(cfg),
+                   interrupted=interrupted)
         if server.openai_port is not None:
             wait_front_ready(server, timeout_s=cfg.serving.startup_timeout_s, interrupted=interrupted)
     except BaseException:
@@ -235,11 +236,13 @@ def interrupts() -> Iterator[threading.Event]:
     looked alive for ever: every stop waited out its timeouts and killed), in a finalizer (printed and ignored:
     the Ctrl-C lost), or in the middle of ``stop_server`` on a second Ctrl-C (the server left running); and,
     installed only after the "Ctrl-C stops it" line, a signal sent as soon as that line was read ended the command
-    and left the server running in its own session. So it is installed before the server starts, and covers SIGINT even where it arrives ignored (a process started in
-    the background by a non-interactive shell, CI or ``nohup ... &``, inherits SIGINT as ignored).
+    and left the server running in its own session. So it is installed before the server starts, and covers SIGINT
+    even where it arrives ignored (a process started in the background by a non-interactive shell, CI or ``nohup ...
+    &``, inherits SIGINT as ignored).
     """
     requested = threading.Event()
-    previous = {sig: signal.signal(sig, lambda signum, frame: requested.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, lambda signum, frame: requested.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield requested
     finally:

@@ -42,7 +42,8 @@ from trtllm_pipeline.model.source import resolve_model
 from trtllm_pipeline.results import BENCH_SCHEMA, level_label
 
 __all__ = ["BenchResult", "BenchSettings", "LoadLevel", "bench", "config_tokenizer_dir", "dataset_prompts",
-           "default_output", "describe_level", "load_tokenizer", "queue_note", "run", "served_device", "synthetic_prompts"]
+           "default_output", "describe_level", "load_tokenizer", "queue_note", "run", "served_device",
+           "synthetic_prompts"]
 
 log = logging.getLogger(__name__)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")  # a server there runs on this machine
@@ -57,7 +58,8 @@ class BenchResult:
         """The cost at each measured load level; none for a server computing on a CPU (a GPU price does not
         describe it: the report says n/a (CPU) too)."""
         if self.data["settings"].get("device") == "cpu":
-            return ["cost: n/a (CPU): the server computes on this machine's CPU, which a GPU-hour price does not describe"]
+            return ["cost: n/a (CPU): the server computes on this machine's CPU, which a GPU-hour price does not "
+                    "describe"]
         lines = []
         for entry in self.data["summary"]:
             if entry["cost"]:
