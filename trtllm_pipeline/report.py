@@ -478,6 +478,16 @@ def inprocess_device(b: BuildData) -> str | None:
     return ((b.inprocess or {}).get("runtime") or {}).get("device")
 
 
+def _log_x(ax) -> None:
+    """A log x axis labelled in plain numbers (2, 5, 10, 20 ms rather than 2x10^0)."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _panels(plt, rows_per_panel: Sequence[int], width: float):
     """Stacked panels, each as tall as its rows, each with an x axis of its own."""
     heights = [max(rows, 1) for rows in rows_per_panel]
@@ -539,7 +549,7 @@ def plot_itl(builds: Sequence[BuildData], path: Path) -> Path:
         ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
         ax.set_ylim(len(rows) - 0.5, -0.5)
         if max(values) > 10 * min(values):
-            ax.set_xscale("log")
+            _log_x(ax)
             ax.set_xlim(min(values) / 2, max(values) * 4)
         else:
             ax.set_xlim(0, max(values) * 1.35)
@@ -601,9 +611,10 @@ def _accuracy_scatter(builds: Sequence[BuildData], path: Path, x_of, name_of, xl
         for b, x in points.get(panel, []):
             known = build_handles.get(b.name)
             color = known.get_color() if known else colors(len(build_handles) % 10)
+            size = max(110 - 22 * len(build_handles), 20)  # later builds smaller: equal points show as rings
             for task, results in b.evals.items():
-                handle = ax.scatter(x, 100 * results["score"], marker=markers.get(task, "^"), color=color, s=46,
-                                    edgecolors="black", linewidths=0.4, alpha=0.9)
+                ax.scatter(x, 100 * results["score"], marker=markers.get(task, "^"), color=color, s=size,
+                           edgecolors="black", linewidths=0.4)
                 build_handles.setdefault(b.name, ax.plot([], [], "o", color=color, label=name_of(b))[0])
                 task_handles.setdefault(task, ax.plot([], [], markers.get(task, "^"), color="gray",
                                                       label=_label(task))[0])
@@ -613,7 +624,7 @@ def _accuracy_scatter(builds: Sequence[BuildData], path: Path, x_of, name_of, xl
         ax.set_title(f"{title}: {panel}" if points else title, fontsize=9)
         ax.grid(alpha=0.3)
         if xs and max(xs) > 10 * min(xs):
-            ax.set_xscale("log")
+            _log_x(ax)
         if not points:
             ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
     if build_handles:
