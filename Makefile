@@ -14,6 +14,9 @@ ENGINES_DIR ?= engines
 # Real MMLU/GSM8K files for tests and the demo (the product never assumes this path).
 DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/../shared/data /work/shared/data))
 ARGS ?=
+# A model download of more than 2 GB needs consent: ALLOW_DOWNLOAD=1 gives it; make never asks (CI stays non-interactive).
+ALLOW_DOWNLOAD ?= $(or $(TRTLLM_PIPELINE_ALLOW_DOWNLOAD),0)
+export TRTLLM_PIPELINE_ALLOW_DOWNLOAD := $(ALLOW_DOWNLOAD)
 
 BIN := $(VENV)/bin
 CLI := $(BIN)/trtllm-pipeline
@@ -22,9 +25,13 @@ STAMP := $(VENV)/.installed
 .PHONY: help setup test test-fast demo doctor clean quantize-% build-% eval-% gate deploy-% serve stop bench-% bench-inprocess-% report
 
 help:
+	@echo "make setup                .venv with the package and its test extras (every target runs it first)"
 	@echo "make demo                 the whole pipeline on the built-in tiny model (torch runtime)"
-	@echo "make test                 the test suite"
-	@echo "make build-fp8-tp4        build build_configs/\$$(MODEL)-fp8-tp4.yaml (MODEL=$(MODEL))"
+	@echo "make test                 the test suite (TEST_WORKERS=0: one process; ARGS= pytest options)"
+	@echo "make test-fast            the suite without the tests marked slow"
+	@echo "make doctor               what this machine can run"
+	@echo "make build-fp8-tp4        build build_configs/\$$(MODEL)-fp8-tp4.yaml (MODEL=$(MODEL): TensorRT-LLM and 4 GPUs;"
+	@echo "                          MODEL=tiny-qwen2 is what runs on a machine without a GPU)"
 	@echo "make quantize-<variant>   quantize only; variants: bf16-tp1 fp8-tp1 fp8-tp2 fp8-tp4 int4-awq-tp1 w4a8-awq-tp1 int8-sq-tp1"
 	@echo "make eval-fp8-tp1         MMLU + GSM8K accuracy of one variant (TASKS=, LIMIT=; data: DATA_DIR or the hub)"
 	@echo "make gate                 the accuracy gates of eval/gates.yaml for MODEL's builds (exit 1 fail, 2 cannot judge)"
@@ -34,7 +41,9 @@ help:
 	@echo "make bench-fp8-tp1        build, serve, benchmark and stop one variant (MODEL=tiny-qwen2 runs here)"
 	@echo "make bench-inprocess-fp8-tp1  the build's runtime timed in-process by batch x context (a GPU: MODEL=r1-distill-qwen-7b-random)"
 	@echo "make report               reports/report.md: accuracy, latency, throughput and cost per build"
-	@echo "make doctor               what this machine can run"
+	@echo "make clean                remove $(ENGINES_DIR)/, reports/ and pytest's cache (not .venv nor downloaded models)"
+	@echo "ALLOW_DOWNLOAD=1          let a stage download a model of more than 2 GB from the hub (make refuses otherwise)"
+	@echo "tools/make TARGET ...     as make, but exits with the failing command's own code (3: this machine lacks it)"
 
 setup: $(STAMP)
 
@@ -95,7 +104,7 @@ stop: setup
 
 # Build, serve, benchmark and stop one variant: make bench-fp8-tp1 [MODEL=tiny-qwen2] [BENCH_ARGS=...].
 # The server is stopped whatever happened; the exit status is the first failure's.
-BENCH_ARGS ?= --concurrency 1,4,16 --input-tokens 128 --output-tokens 256 --requests 32
+BENCH_ARGS ?= --concurrency 1,4,8 --input-tokens 128 --output-tokens 256 --requests 32
 bench-%: setup
 	$(CLI) build -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR)
 	$(CLI) deploy -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR)

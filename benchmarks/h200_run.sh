@@ -51,16 +51,30 @@ case "$part" in
     status=0
     tp build -c "$c" --engines-dir "$engines"
     tp deploy -c "$c" --engines-dir "$engines"
+    # The runtime alone first (its fast path, decode ahead; a kernel cache of its own, so the server starts cold): a
+    # hang dumps every thread's stack (faulthandler).
+    TRITON_CACHE_DIR=/tmp/triton-cache-probe timeout -s ABRT 150 python3 -X faulthandler -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" \
+      --max-tokens 16 "Hello" > "$out/inprocess-generate.txt" 2>&1 || { tail -n 60 "$out/inprocess-generate.txt"; exit 1; }
+    probe() {  # one request: a server that cannot answer shows in a minute, with the client's stack and the logs
+      timeout -s ABRT 60 python3 -X faulthandler -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" \
+        --url default --max-tokens 16 "Hello" >"$out/probe-$1.txt" 2>&1
+    }
     start_server() {  # $1: cold or warm (the kernel cache as the first start left it)
       tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-$1.txt"
       python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ready_s'])" "$state/server.json" \
         > "$out/ready-$1.txt" || true
-      # One request first: a server that cannot answer shows in seconds, with its log.
-      if ! timeout 120 python3 -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" --url default \
-          --max-tokens 16 "Hello" >"$out/probe-$1.txt" 2>&1; then
-        cat "$out/probe-$1.txt"; tail -n 60 "$state"/*.log; tp serve -c "$c" --engines-dir "$engines" --stop || true
-        exit 1
-      fi
+      if probe "$1"; then return 0; fi
+      tail -n 40 "$out/probe-$1.txt"; tail -n 30 "$state"/*.log
+      tp serve -c "$c" --engines-dir "$engines" --stop || true
+      # The same build with a CPU instance group (serving is not in the build's inputs: only deploy runs again)
+      mkdir -p /tmp/cpu-instance && sed 's/^serving:/serving:\n  instance_kind: cpu/' "$c" \
+        > "/tmp/cpu-instance/$(basename "$c")" && c="/tmp/cpu-instance/$(basename "$c")"
+      echo "KIND_GPU did not answer; serving with a CPU instance group from here on" | tee "$out/instance-kind.txt"
+      tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-$1-cpu.txt"
+      python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ready_s'])" "$state/server.json" \
+        > "$out/ready-$1.txt" || true
+      probe "$1-cpu" || { tail -n 40 "$out/probe-$1-cpu.txt"; tail -n 30 "$state"/*.log; \
+        tp serve -c "$c" --engines-dir "$engines" --stop || true; exit 1; }
     }
     start_server cold
     if has bench; then

@@ -12,11 +12,12 @@ import json
 import pytest
 
 from bench_stub import FIRST_S, GAP_S, StubHandler, stub_server
-from conftest import CONFIGS, run_cli
+from conftest import CONFIGS, load, run_cli
 from trtllm_pipeline import bench
 from trtllm_pipeline.bench.protocols import connect
 from trtllm_pipeline.model.builtin import builtin_model_dir
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
+from trtllm_pipeline.machine import gpus
 
 @pytest.fixture(scope="module")
 def tokenizer_dir():
@@ -92,6 +93,33 @@ def test_closed_loop_forced_length_and_consistent_metrics(stub_url, tokenizer, t
         assert len(r["token_times_ms"]) == 10 and r["token_times_ms"] == sorted(r["token_times_ms"])
         assert r["e2e_ms"] == pytest.approx(r["ttft_ms"] + 9 * r["itl_ms"], rel=0.10)
         assert r["ttft_ms"] == r["token_times_ms"][0] and r["e2e_ms"] == r["token_times_ms"][-1]
+
+
+def test_a_server_on_a_cpu_has_no_cost_and_queueing_levels_say_so(stub_url, tokenizer, tmp_path):
+    levels = (bench.LoadLevel(concurrency=1), bench.LoadLevel(concurrency=3))
+    result = bench.bench(settings(stub_url, levels=levels, requests=3, warmup=0), tokenizer=tokenizer,
+                         tokenizer_source="tiny", output=tmp_path / "r.json", device="cpu", server_max_batch=2)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["settings"]["device"] == "cpu" and data["settings"]["server_max_batch_size"] == 2
+    assert [e["cost"] for e in data["summary"]] == [None, None]  # as the report: n/a (CPU), never a GPU price
+    assert result.cost_lines() == [
+        "cost: n/a (CPU): the server computes on this machine's CPU, which a GPU-hour price does not describe"]
+    low, high = data["summary"]
+    assert "note" not in low
+    assert high["note"].startswith("requests queue: concurrency 3 > the server's max batch size 2")
+
+
+def test_the_served_device_is_the_builds_runtime_on_this_machine(tmp_path):
+    from trtllm_pipeline import artifacts
+
+    cfg = load("tiny-qwen2-fp8-tp1")
+    assert bench.served_device(cfg, tmp_path) is None  # not built
+    engine = artifacts.artifact_paths(tmp_path, cfg.name).engine
+    engine.mkdir(parents=True)
+    artifacts.write_manifest(engine, {"runtime": "torch"})
+    assert bench.served_device(cfg, tmp_path) == ("cuda" if gpus() else "cpu")  # runtime.device: auto
+    artifacts.write_manifest(engine, {"runtime": "tensorrt_llm"})
+    assert bench.served_device(cfg, tmp_path) == "cuda"
 
 
 def test_open_loop_levels(stub_url, tokenizer, tmp_path):

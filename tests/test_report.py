@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from bench_stub import stub_server
 from conftest import CONFIGS, REPO, load, run_cli
 from trtllm_pipeline import bench, report
 from trtllm_pipeline.eval import evaluate
+from trtllm_pipeline.results import number_cell
 
 SEVEN_B = ["r1-distill-qwen-7b-bf16-tp1", "r1-distill-qwen-7b-fp8-tp1", "r1-distill-qwen-7b-fp8-tp2",
            "r1-distill-qwen-7b-fp8-tp4"]
@@ -67,6 +69,40 @@ def measured_engines(built, engines_dir, data_dir, tmp_path_factory):
                     tokenizer_source="checkpoint", output=bench.default_output(root, cfg.name, settings),
                     config_name=cfg.name, engines_dir=root, gpus=1, gpu_hour_usd=2.0)
     return root
+
+
+def test_a_small_measurement_is_never_printed_as_zero():
+    assert number_cell(0.3, ".0f") == "0.3" and number_cell(0.004, ".2f") == "0.004"
+    assert number_cell(12.34, ".1f") == "12.3" and number_cell(0, ".0f") == "0"  # a true zero stays
+    assert number_cell(None, ".0f") == "n/a"
+    run = {"batch": 1, "context": 16, "decode_ms": 40.0, "tokens_per_s": 25.0, "achieved_gbps": 0.31,
+           "fraction_of_floor": None, "prefill_ms": 9.0, "peak_memory_gib": None}
+    data = report.BuildData(load("tiny-qwen2-fp8-tp1"), None, {}, [], None, None, None,
+                            {"runtime": {"runtime": "torch", "device": "cpu"}, "runs": [run]}, Path("inprocess-x.json"))
+    (row,) = [line for line in report._inprocess_section(data) if line.startswith("| 1 |")]
+    assert row == "| 1 | 16 | 40.000 | 25 | 0.31 | n/a | 9.0 | n/a |"
+
+
+def test_the_itl_plot_never_puts_a_cpu_and_a_gpu_on_one_axis(tmp_path):
+    def build(name, device, served=None, single=None):
+        bench_data = {"settings": {"device": device}, "summary": [
+            {"concurrency": 1, "requests": 4, "ttft_ms": {"p50": 9.0}, "itl_ms": {"p50": served}}]} if served else None
+        inprocess = {"runtime": {"device": device}, "runs": [{"batch": 1, "context": 16, "decode_ms": single}]}
+        return report.BuildData(load(name), None, {}, [], None, bench_data, None, inprocess if single else None)
+
+    builds = [build("tiny-qwen2-fp8-tp1", "cpu", served=15.0, single=1.8),
+              build("r1-distill-qwen-7b-random-fp8-tp1", "cuda:0 (NVIDIA H200)", single=2.7),
+              build("r1-distill-qwen-7b-fp8-tp4", "cpu")]
+    panels, missing = report.itl_panels(builds)
+    assert list(panels) == ["CPU", "GPU: NVIDIA H200"] and missing == ["r1-distill-qwen-7b-fp8-tp4"]
+    assert panels["CPU"] == [("tiny-qwen2-fp8-tp1", [(15.0, "served"), (1.8, "in-process")])]
+    gpu_rows = dict(panels["GPU: NVIDIA H200"])  # the published H200 recipe beside the build measured on an H200
+    assert gpu_rows["r1-distill-qwen-7b-random-fp8-tp1"] == [(2.7, "in-process")]
+    assert gpu_rows["reference: TensorRT-LLM FP8"] == [(6.68, "published")]
+    cpu_only, _ = report.itl_panels(builds[:1])  # no GPU measured: the published figures get a panel of their own
+    assert list(cpu_only) == ["CPU", "published reference (TensorRT-LLM, H200)"]
+    for plot in (report.plot_itl, report.plot_formats, report.plot_accuracy):
+        assert plot(builds, tmp_path / "p.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_a_bad_gates_file_leaves_no_output_directory(tmp_path):

@@ -9,6 +9,7 @@ with their code, never as a traceback (``-v`` shows tracebacks of unexpected fai
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Iterable
@@ -31,6 +32,7 @@ from trtllm_pipeline.bench.settings import DATASETS
 from trtllm_pipeline.config import BACKEND_NAMES, TP_MODES, load_config
 from trtllm_pipeline.console import exit_status, setup_logging
 from trtllm_pipeline.cost import DEFAULT_GPU_HOUR_USD, REFERENCE_REQUEST_TOKENS
+from trtllm_pipeline.model.source import ALLOW_DOWNLOAD_ENV, ASK_ABOVE_BYTES
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.tasks.registry import TASKS
 
@@ -126,9 +128,14 @@ def echo_stream(generation: generate_stage.Generation) -> None:
 
 @click.group(cls=_Group, help=STAGES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging (-v: debug and tracebacks, -vv: third parties too).")
+@click.option("--allow-download", is_flag=True,
+              help=f"Download a model of more than {ASK_ABOVE_BYTES // 10**9} GB from the hub without asking (the "
+                   f"same as {ALLOW_DOWNLOAD_ENV}=1); otherwise a stage asks on a terminal and refuses elsewhere.")
 @click.version_option(__version__, prog_name="trtllm-pipeline")
-def main(verbose: int) -> None:
+def main(verbose: int, allow_download: bool) -> None:
     setup_logging(verbose)
+    if allow_download:  # the environment, so that every stage and the processes it starts see it
+        os.environ[ALLOW_DOWNLOAD_ENV] = "1"
 
 
 # --------------------------------------------------------------------------- doctor
@@ -368,11 +375,13 @@ def serve(config: Path, engines_dir: Path, host: str | None, http_port: int | No
     if dry_run:
         echo_lines(serve_stage.plan(cfg, engines_dir=engines_dir, **ports))
         return
-    server = serve_stage.start(cfg, engines_dir=engines_dir, stub_wheels=stub_wheels, **ports)
-    echo_lines(serve_stage.started_lines(cfg, server, detach=detach))
-    if detach:
-        return
-    serve_stage.run_until_interrupted(server, engines_dir=engines_dir, cfg=cfg)
+    with serve_stage.interrupts() as interrupted:  # before the start: no Ctrl-C may leave the server running
+        server = serve_stage.start(cfg, engines_dir=engines_dir, interrupted=interrupted, stub_wheels=stub_wheels,
+                                   **ports)
+        echo_lines(serve_stage.started_lines(cfg, server, detach=detach))
+        if detach:
+            return
+        serve_stage.run_until_interrupted(server, engines_dir=engines_dir, cfg=cfg, interrupted=interrupted)
     click.echo("stopped")
 
 
@@ -386,7 +395,7 @@ def _number_list(kind: type):
         try:
             return [kind(v) for v in value.split(",") if v.strip()]
         except ValueError:
-            raise click.BadParameter(f"expected comma-separated {kind.__name__}s such as 1,4,16, got {value!r}")
+            raise click.BadParameter(f"expected comma-separated {kind.__name__}s such as 1,4,8, got {value!r}")
     return parse
 
 

@@ -192,7 +192,7 @@ class TritonClient:
 
     def _http_stream(self, values: dict[str, Any]) -> Iterator[str]:
         with self._post("generate_stream", values, stream=True) as response:
-            for line in response.iter_lines(decode_unicode=False):
+            for line in response.iter_lines(chunk_size=None, decode_unicode=False):  # each chunk as it lands
                 if not line.startswith(b"data:"):
                     continue
                 event = json.loads(line[len(b"data:"):])
@@ -272,7 +272,7 @@ class OpenAIClient:
         with self._session.post(f"{self.url}/completions", json=body, stream=True, timeout=self.timeout_s) as response:
             if response.status_code != 200:
                 raise ServerError(f"{self.url}: HTTP {response.status_code}: {_openai_message(response)}")
-            for line in response.iter_lines(decode_unicode=False):
+            for line in response.iter_lines(chunk_size=None, decode_unicode=False):  # each chunk as it lands
                 if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
                     continue
                 event = json.loads(line[5:])

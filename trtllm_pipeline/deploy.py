@@ -26,7 +26,7 @@ from trtllm_pipeline.triton.contract import longest_token_bytes, request_limits
 
 log = logging.getLogger(__name__)
 
-DEPLOY_REVISION = 2  # bump when what deploy writes changes without its inputs changing
+DEPLOY_REVISION = 3  # bump when what deploy writes changes without its inputs changing
 # Without the build's tokenizer (a repository written before quantize): a bound on the bytes one token
 # can stand for that no tokenizer here exceeds, so the byte limit refuses nothing the engine would take.
 UNKNOWN_TOKEN_BYTES = 1024

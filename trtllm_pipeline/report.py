@@ -26,7 +26,7 @@ from trtllm_pipeline import artifacts, cost, gating
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import PipelineError
 from trtllm_pipeline.model.catalog import REFERENCE_RECIPE_MS_PER_TOKEN
-from trtllm_pipeline.results import INPROCESS_PREFIX, is_bench, is_inprocess, level_label, read_json
+from trtllm_pipeline.results import INPROCESS_PREFIX, is_bench, is_inprocess, level_label, number_cell, read_json
 from trtllm_pipeline.tasks.registry import TASKS
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ def gate_verdicts(name: str, evals: dict[str, Any], gates: gating.GatesFile | No
 
 
 def fmt(value: float | None, spec: str = ".1f", missing: str = NOT_MEASURED) -> str:
-    return missing if value is None else format(value, spec)
+    return number_cell(value, spec, missing)
 
 
 def _label(task: str) -> str:
@@ -220,11 +220,11 @@ def runtime_cell(b: BuildData) -> str:
 
 
 def device_cell(b: BuildData) -> str:
-    """Where the measurements ran: the eval's runtime description (the bench client cannot see it)."""
-    for results in b.evals.values():
-        device = (results.get("runtime_info") or {}).get("device")
-        if device:
-            return CPU if str(device).startswith("cpu") else str(device)
+    """Where the measurements ran: the eval's runtime description, else where bench found the server computing."""
+    devices = [(results.get("runtime_info") or {}).get("device") for results in b.evals.values()]
+    devices.append(((b.bench or {}).get("settings") or {}).get("device"))
+    for device in filter(None, devices):
+        return CPU if str(device).startswith("cpu") else str(device)
     return NOT_MEASURED
 
 
@@ -392,9 +392,10 @@ def _inprocess_section(b: BuildData) -> list[str]:
     rt = b.inprocess["runtime"]
     lines = [f"In-process decode (`{b.inprocess_path.name}`): {rt.get('runtime')} runtime on {rt.get('device')}, "
              f"decode {rt.get('decode_path', 'n/a')}.", ""]
+    floor = [None if r["fraction_of_floor"] is None else 100 * r["fraction_of_floor"] for r in b.inprocess["runs"]]
     rows = [[r["batch"], r["context"], fmt(r["decode_ms"], ".3f"), fmt(r["tokens_per_s"], ".0f"),
-             fmt(r["achieved_gbps"], ".0f"), fmt(r["fraction_of_floor"] and 100 * r["fraction_of_floor"], ".0f"),
-             fmt(r["prefill_ms"]), fmt(r["peak_memory_gib"], ".2f")] for r in b.inprocess["runs"]]
+             fmt(r["achieved_gbps"], ".0f", "n/a"), fmt(f, ".0f", "n/a"),  # n/a: no copy speed (CPU), no floor
+             fmt(r["prefill_ms"]), fmt(r["peak_memory_gib"], ".2f", "n/a")] for r, f in zip(b.inprocess["runs"], floor)]
     return lines + _table(["batch", "context", "ms/token", "tokens/s", "GB/s", "% of floor", "prefill ms",
                            "peak GiB"], rows) + [""]
 
@@ -402,20 +403,27 @@ def _inprocess_section(b: BuildData) -> list[str]:
 # --------------------------------------------------------------------------- plots
 
 
-def _figure(ncols: int = 1, height: float = 4.4, width: float = 6.4):
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _figure(ncols: int = 1, height: float = 4.4, width: float = 6.4):
+    plt = _pyplot()
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return plt, fig, list(axes[0])
 
 
-def _save(plt, fig, path: Path, missing: Sequence[str]) -> Path:
+def _save(plt, fig, path: Path, missing: Sequence[str], layout: bool = True) -> Path:
+    """``layout``: False where the caller laid the figure out itself (room for a figure legend)."""
     if missing:
         fig.text(0.01, 0.01, f"{NOT_MEASURED}: " + ", ".join(missing), fontsize=7, color="dimgray", va="bottom")
-    fig.tight_layout(rect=(0, 0.04 if missing else 0, 1, 1))
+    if layout:
+        fig.tight_layout(rect=(0, 0.04 if missing else 0, 1, 1))
     with artifacts.atomic_file(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
@@ -449,83 +457,179 @@ def plot_latency(builds: Sequence[BuildData], path: Path) -> Path:
     return _save(plt, fig, path, missing)
 
 
-def plot_itl(builds: Sequence[BuildData], path: Path) -> Path:
-    """Horizontal bars of ITL per build (served at the lowest load; in-process at batch 1), then the
-    reference recipe's published figures; unmeasured builds keep their row, without a bar."""
-    rows = len(builds) + len(REFERENCE_RECIPE_MS_PER_TOKEN)
-    plt, fig, (ax,) = _figure(height=1.4 + 0.45 * rows, width=9.0)
-    names, longest = [b.name for b in builds], max(v for _, v in REFERENCE_RECIPE_MS_PER_TOKEN)
-    for i, b in enumerate(builds):
+def device_label(device: str | None) -> str:
+    """A panel's name for a device as the runtimes name it (``cpu``, ``cuda:0 (NVIDIA H200)``, ``cuda``)."""
+    device = str(device or "")
+    if not device:
+        return "device not recorded"
+    if device.startswith("cpu"):
+        return "CPU"
+    name = device.split("(", 1)[1].rstrip(")") if "(" in device else ""
+    return f"GPU: {name}" if name else "GPU"
+
+
+def served_device(b: BuildData) -> str | None:
+    """Where the served (bench) and eval numbers ran."""
+    cell = device_cell(b)
+    return None if cell == NOT_MEASURED else ("cpu" if cell == CPU else cell)
+
+
+def inprocess_device(b: BuildData) -> str | None:
+    return ((b.inprocess or {}).get("runtime") or {}).get("device")
+
+
+def _log_x(ax) -> None:
+    """A log x axis labelled in plain numbers (2, 5, 10, 20 ms rather than 2x10^0)."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _panels(plt, rows_per_panel: Sequence[int], width: float):
+    """Stacked panels, each as tall as its rows, each with an x axis of its own."""
+    heights = [max(rows, 1) for rows in rows_per_panel]
+    fig, axes = plt.subplots(len(heights), 1, figsize=(width, 1.3 * len(heights) + 0.42 * sum(heights)),
+                             squeeze=False, gridspec_kw={"height_ratios": heights})
+    return fig, [row[0] for row in axes]
+
+
+ITL_STYLES = {"served": ("tab:green", None, "served: p50 ITL at the lowest concurrency"),
+              "in-process": ("tab:blue", None, "in-process: decode ms/token at batch 1"),
+              "published": ("lightgray", "//", "published by NVIDIA (TensorRT-LLM, H200), not measured here")}
+
+
+def itl_panels(builds: Sequence[BuildData]) -> tuple[dict[str, list[tuple[str, list[tuple[float, str]]]]], list[str]]:
+    """The ITL plot's panels: {device panel: [(row name, [(ms, "served" | "in-process" | "published")])]}, and the
+    builds with nothing to show. TensorRT-LLM's published H200 figures join the one GPU panel, else their own."""
+    panels: dict[str, list[tuple[str, list[tuple[float, str]]]]] = {}
+    missing = []
+    for b in builds:
         low, single = b.lowest_load(), b.inprocess_single()
-        served = low["itl_ms"]["p50"] if low else None
-        bars = [(served, "tab:green", f"served, c={low['concurrency']}" if low else ""),
-                (single["decode_ms"] if single else None, "tab:blue", "in-process, batch 1")]
-        bars = [bar for bar in bars if bar[0] is not None]
+        bars = []
+        if low and low["itl_ms"]["p50"] is not None:
+            bars.append((device_label(served_device(b)), low["itl_ms"]["p50"], "served"))
+        if single:
+            bars.append((device_label(inprocess_device(b)), single["decode_ms"], "in-process"))
         if not bars:
-            ax.text(0, i, f"  {NOT_MEASURED}", va="center", fontsize=8, color="dimgray")
-            continue
-        longest = max(longest, *(value for value, _, _ in bars))
-        for j, (value, color, label) in enumerate(bars):
-            y = i + (j - (len(bars) - 1) / 2) * 0.36
-            ax.barh(y, value, height=0.34 if len(bars) > 1 else 0.7, color=color)
-            ax.text(value, y, f" {value:.2f} ms ({label})", va="center", fontsize=7)
-    for k, (label, value) in enumerate(REFERENCE_RECIPE_MS_PER_TOKEN):
-        y = len(builds) + k
-        ax.barh(y, value, color="lightgray", hatch="//", edgecolor="gray")
-        ax.text(value, y, f" {value:.2f} ms (published)", va="center", fontsize=7, color="dimgray")
-        names.append(f"reference: TensorRT-LLM {label}")
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.set_ylim(len(names) - 0.5, -0.5)  # first build on top, every row fully inside
-    ax.axhline(len(builds) - 0.5, color="gray", linewidth=0.6)
-    ax.set_xlabel("ms per token (served: p50 ITL at the lowest concurrency; in-process: batch 1)")
-    ax.set_title("ITL by build, with TensorRT-LLM's published H200 recipe (DeepSeek-R1-Distill-Qwen-7B)", fontsize=9)
-    ax.set_xlim(0, longest * 1.5)
-    return _save(plt, fig, path, [])
+            missing.append(b.name)
+        for panel in dict.fromkeys(p for p, _, _ in bars):
+            panels.setdefault(panel, []).append((b.name, [(v, kind) for p, v, kind in bars if p == panel]))
+    gpu_panels = [p for p in panels if p.startswith("GPU")]
+    reference_panel = gpu_panels[0] if len(gpu_panels) == 1 else "published reference (TensorRT-LLM, H200)"
+    panels.setdefault(reference_panel, [])
+    panels[reference_panel] += [(f"reference: TensorRT-LLM {label}", [(value, "published")])
+                                for label, value in REFERENCE_RECIPE_MS_PER_TOKEN]
+    return panels, missing
+
+
+def plot_itl(builds: Sequence[BuildData], path: Path) -> Path:
+    """Horizontal bars of ms/token per build, one panel per device (a tiny model on a CPU never shares an axis
+    with a 7B on a GPU), bars told apart by colour with a legend: served ITL at the lowest load, in-process
+    decode at batch 1; TensorRT-LLM's published H200 recipe in the GPU panel (its own panel when no build ran
+    on a GPU, or on several). A log axis where a panel's values span more than 10x."""
+    from matplotlib.patches import Patch
+
+    plt = _pyplot()
+    panels, missing = itl_panels(builds)
+    order = sorted(panels, key=lambda p: (not p.startswith("CPU"), p))
+    fig, axes = _panels(plt, [len(panels[p]) for p in order], width=9.0)
+    for ax, panel in zip(axes, order):
+        rows = panels[panel]
+        values = [v for _, bars in rows for v, _ in bars]
+        for i, (name, bars) in enumerate(rows):
+            for j, (value, kind) in enumerate(bars):
+                color, hatch, _ = ITL_STYLES[kind]
+                y = i + (j - (len(bars) - 1) / 2) * 0.38
+                ax.barh(y, value, height=0.36 if len(bars) > 1 else 0.7, color=color, hatch=hatch,
+                        edgecolor="gray" if hatch else None)
+                ax.text(value, y, f" {value:.2f} ms", va="center", fontsize=7)
+        ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        if max(values) > 10 * min(values):
+            _log_x(ax)
+            ax.set_xlim(min(values) / 2, max(values) * 4)
+        else:
+            ax.set_xlim(0, max(values) * 1.35)
+        ax.set_title(panel, fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("ms per token (each panel its own axis: devices are not compared)")
+    shown = {kind for rows in panels.values() for _, bars in rows for _, kind in bars}
+    kinds = [k for k in ITL_STYLES if k in shown]
+    handles = [Patch(facecolor=ITL_STYLES[k][0], hatch=ITL_STYLES[k][1],
+                                        edgecolor="gray" if ITL_STYLES[k][1] else None) for k in kinds]
+    fig.legend(handles, [ITL_STYLES[k][2] for k in kinds], loc="upper right", fontsize=7, frameon=False,
+               title="ms per token by build, one panel per device", title_fontsize=8)
+    top = (0.2 * len(kinds) + 0.3) / fig.get_figheight()  # room for the legend above the first panel
+    fig.tight_layout(rect=(0, 0.04 if missing else 0, 1, 1 - top))
+    return _save(plt, fig, path, missing, layout=False)
 
 
 def plot_accuracy(builds: Sequence[BuildData], path: Path) -> Path:
-    def served_itl(b: BuildData) -> float | None:
+    def served_itl(b: BuildData) -> tuple[float, str] | None:
         low = b.lowest_load()
-        return low["itl_ms"]["p50"] if low else None
+        return (low["itl_ms"]["p50"], device_label(served_device(b))) if low else None
 
-    return _accuracy_scatter(builds, path, served_itl, lambda b, task: f"{b.name} {_label(task)}", "tab:blue",
+    return _accuracy_scatter(builds, path, served_itl, lambda b: b.name,
                              "inter-token latency at the lowest concurrency, p50 (ms)", "accuracy against latency")
 
 
 def plot_formats(builds: Sequence[BuildData], path: Path) -> Path:
-    """Accuracy against in-process ms/token (batch 1), one point per build and task, labelled by format."""
-    def inprocess_ms(b: BuildData) -> float | None:
+    """Accuracy against in-process ms/token (batch 1), one point per build and task, a colour per build."""
+    def inprocess_ms(b: BuildData) -> tuple[float, str] | None:
         low = b.inprocess_at(LATENCY_BATCH)
-        return low["decode_ms"] if low else None
+        return (low["decode_ms"], device_label(inprocess_device(b))) if low else None
 
-    return _accuracy_scatter(builds, path, inprocess_ms, lambda b, task: f"{b.precision} ({b.name})", "tab:purple",
+    return _accuracy_scatter(builds, path, inprocess_ms, lambda b: f"{b.precision} ({b.name})",
                              f"in-process decode, batch {LATENCY_BATCH} (ms/token)",
                              "accuracy against ms/token, per weight format")
 
 
-def _accuracy_scatter(builds: Sequence[BuildData], path: Path, x_of, name_of, color: str, xlabel: str,
-                      title: str) -> Path:
-    """One point per build and task: accuracy against ``x_of(build)``; builds without it or evals are missing."""
-    plt, fig, (ax,) = _figure()
-    missing, labelled = [], set()
-    markers = dict(zip(TASKS, MARKERS))
+def _accuracy_scatter(builds: Sequence[BuildData], path: Path, x_of, name_of, xlabel: str, title: str) -> Path:
+    """One point per build and task: accuracy against ``x_of(build)`` -> (x, device panel); a colour per build and
+    a marker per task, named in legends (labels beside points overlapped where builds sit close); one panel
+    per device. Builds without an x or evals are listed as not measured."""
+    plt = _pyplot()
+    points: dict[str, list[tuple[BuildData, float]]] = {}
+    missing = []
     for b in builds:
-        x = x_of(b)
-        if x is None or not b.evals:
+        found = x_of(b)
+        if found is None or not b.evals:
             missing.append(b.name)
             continue
-        for task, results in b.evals.items():
-            label = None if task in labelled else _label(task)
-            labelled.add(task)
-            ax.scatter(x, 100 * results["score"], marker=markers.get(task, "^"), color=color, label=label)
-            ax.annotate(name_of(b, task), (x, 100 * results["score"]), fontsize=7, xytext=(4, 2),
-                        textcoords="offset points")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if labelled:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
-    return _save(plt, fig, path, missing)
+        points.setdefault(found[1], []).append((b, found[0]))
+    order = sorted(points, key=lambda p: (not p.startswith("CPU"), p)) or ["not measured"]
+    fig, axes = plt.subplots(1, len(order), figsize=(6.4 * len(order) + 2.6, 4.6), squeeze=False)
+    axes = list(axes[0])
+    markers = dict(zip(TASKS, MARKERS))
+    colors = plt.get_cmap("tab10")
+    build_handles, task_handles = {}, {}
+    for ax, panel in zip(axes, order):
+        xs = []
+        for b, x in points.get(panel, []):
+            known = build_handles.get(b.name)
+            color = known.get_color() if known else colors(len(build_handles) % 10)
+            size = max(110 - 22 * len(build_handles), 20)  # later builds smaller: equal points show as rings
+            for task, results in b.evals.items():
+                ax.scatter(x, 100 * results["score"], marker=markers.get(task, "^"), color=color, s=size,
+                           edgecolors="black", linewidths=0.4)
+                build_handles.setdefault(b.name, ax.plot([], [], "o", color=color, label=name_of(b))[0])
+                task_handles.setdefault(task, ax.plot([], [], markers.get(task, "^"), color="gray",
+                                                      label=_label(task))[0])
+            xs.append(x)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(f"{title}: {panel}" if points else title, fontsize=9)
+        ax.grid(alpha=0.3)
+        if xs and max(xs) > 10 * min(xs):
+            _log_x(ax)
+        if not points:
+            ax.text(0.5, 0.5, NOT_MEASURED, ha="center", va="center", transform=ax.transAxes, color="dimgray")
+    if build_handles:
+        fig.legend(list(build_handles.values()) + list(task_handles.values()),
+                   [h.get_label() for h in build_handles.values()] + [h.get_label() for h in task_handles.values()],
+                   loc="center right", fontsize=7, frameon=False)
+        fig.tight_layout(rect=(0, 0.04 if missing else 0, 1 - 2.6 / (6.4 * len(order) + 2.6), 1))
+    return _save(plt, fig, path, missing, layout=not build_handles)

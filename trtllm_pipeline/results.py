@@ -20,6 +20,17 @@ INPROCESS_SCHEMA = "inprocess-1"  # bench --in-process: the runtime timed in thi
 INPROCESS_PREFIX = "inprocess-"  # its files in a build's bench/ directory
 
 
+def number_cell(value: float | None, spec: str = ".1f", missing: str = "n/a") -> str:
+    """A measured number as text in ``spec``, or ``missing`` when nothing was measured. Never a zero for a
+    non-zero measurement: where ``spec`` would round it away (0.3 GB/s as ``.0f``), two significant digits."""
+    if value is None:
+        return missing
+    text = format(value, spec)
+    if value != 0 and not any(c in "123456789" for c in text.split("e")[0]):
+        text = format(value, ".2g")
+    return text
+
+
 def load_eval(path: str | Path) -> dict[str, Any]:
     """An eval results file that can be judged; InputError (cannot judge) for anything else."""
     path = Path(path)

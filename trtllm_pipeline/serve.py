@@ -12,6 +12,7 @@ reported with the tail of its log.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -20,9 +21,11 @@ import shlex
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig
@@ -88,11 +91,13 @@ def openai_command(cfg: BuildConfig, paths: artifacts.ArtifactPaths, ports: Port
 
 
 def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels: str | Path | None = None,
-          **port_args) -> Server:
+          interrupted: threading.Event | None = None, **port_args) -> Server:
     """Deploy (cached), launch the server in its own process group and wait until it is ready.
 
     ``stub_wheels``: a folder with a numpy<2 wheel for the Python-backend stub's environment, where the
-    serving Python has numpy 2 and pip has no index (else $TRTLLM_PIPELINE_STUB_WHEELS, else pip's index)."""
+    serving Python has numpy 2 and pip has no index (else $TRTLLM_PIPELINE_STUB_WHEELS, else pip's index).
+    ``interrupted`` (``interrupts()``): once set, the start is abandoned, the server stopped and KeyboardInterrupt
+    raised."""
     paths = artifacts.artifact_paths(Path(engines_dir).resolve(), cfg.name)
     running = read_state(cfg, engines_dir)
     if running is not None:
@@ -106,6 +111,7 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels:
     if problem := engine_problem(cfg, deployment.manifest):
         raise InputError(f"cannot serve {cfg.name}: {problem}.")
     check_ports_free(ports)
+    _check_interrupted(interrupted)
     state_dir = paths.serve_state
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / STOP_FILE).unlink(missing_ok=True)
@@ -131,9 +137,10 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels:
             server.openai_port = front.openai
             start_openai_front(server, openai_command(cfg, paths, front, deployment.manifest["limits"]), state_dir)
         artifacts.write_json_atomic(state_dir / STATE_FILE, server.state())
-        wait_ready(server, timeout_s=cfg.serving.startup_timeout_s, path=served.ready_path(cfg))
+        wait_ready(server, timeout_s=cfg.serving.startup_timeout_s, path=served.ready_path(cfg),
+                   interrupted=interrupted)
         if server.openai_port is not None:
-            wait_front_ready(server, timeout_s=cfg.serving.startup_timeout_s)
+            wait_front_ready(server, timeout_s=cfg.serving.startup_timeout_s, interrupted=interrupted)
         server.ready_s = round(time.monotonic() - launched, 1)
         artifacts.write_json_atomic(state_dir / STATE_FILE, server.state())
     except BaseException:
@@ -151,11 +158,17 @@ def start_openai_front(server: Server, cmd: list[str], state_dir: Path) -> None:
     server.openai_pid, server.openai_process, server.openai_log = front.pid, front, str(log_path)
 
 
-def wait_front_ready(server: Server, *, timeout_s: float) -> None:
+def _check_interrupted(interrupted: threading.Event | None) -> None:
+    if interrupted is not None and interrupted.is_set():
+        raise KeyboardInterrupt
+
+
+def wait_front_ready(server: Server, *, timeout_s: float, interrupted: threading.Event | None = None) -> None:
     host = client_host(server.host)
     url = f"http://{f'[{host}]' if ':' in host else host}:{server.openai_port}/health"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        _check_interrupted(interrupted)
         if not server.front_alive():
             raise StageFailed(f"the OpenAI front exited during startup. Log tail ({server.openai_log}):\n"
                               f"{log_tail(server.openai_log)}", fix=_log_fix(server, server.openai_log))
@@ -183,10 +196,12 @@ def exposure_warning(host: str) -> str | None:
             "authentication; bind 127.0.0.1 (serving.host, --host) unless that is intended")
 
 
-def wait_ready(server: Server, *, timeout_s: float, path: str = "/v2/health/ready") -> None:
+def wait_ready(server: Server, *, timeout_s: float, path: str = "/v2/health/ready",
+               interrupted: threading.Event | None = None) -> None:
     url = f"http://{server.client_host}:{server.http_port}{path}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        _check_interrupted(interrupted)
         if not server.alive():
             raise StageFailed(f"tritonserver exited during startup (code {_exit_code(server)}). "
                               + _failure_summary(server.log), fix=_log_fix(server))
@@ -216,25 +231,39 @@ def check_ports_free(ports: Ports) -> None:
                                  fix=f"stop what uses it, or choose another port with {flag}") from None
 
 
-def run_until_interrupted(server: Server, *, cfg: BuildConfig, engines_dir: str | Path = "engines") -> None:
-    """Foreground serving: wait for Ctrl-C (or SIGTERM), then stop the server; fail if it dies first."""
-    state_dir = serve_state_dir(cfg, engines_dir)
+@contextlib.contextmanager
+def interrupts() -> Iterator[threading.Event]:
+    """An event that SIGINT (Ctrl-C) and SIGTERM set, for as long as the block runs.
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    # SIGINT too: a process started in the background by a non-interactive shell (CI, nohup ... &)
-    # inherits SIGINT as *ignored*, and Python then never raises KeyboardInterrupt for it.
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    The handler only records the signal: ``start`` and ``run_until_interrupted`` look at the event at points of
+    their own choosing. A handler that raised KeyboardInterrupt wherever the main thread happened to be could
+    land inside ``Popen.poll`` between taking its waitpid lock and the ``try`` that releases it (the server then
+    looked alive for ever: every stop waited out its timeouts and killed), in a finalizer (printed and ignored:
+    the Ctrl-C lost), or in the middle of ``stop_server`` on a second Ctrl-C (the server left running); and,
+    installed only after the "Ctrl-C stops it" line, a signal sent as soon as that line was read ended the command
+    and left the server running in its own session. So it is installed before the server starts, and covers SIGINT
+    even where it arrives ignored (a process started in the background by a non-interactive shell, CI or ``nohup ...
+    &``, inherits SIGINT as ignored).
+    """
+    requested = threading.Event()
+    previous = {sig: signal.signal(sig, lambda signum, frame: requested.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while server.alive() and server.front_alive():
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        stop_server(server, state_dir)
-        return
+        yield requested
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_until_interrupted(server: Server, *, cfg: BuildConfig, engines_dir: str | Path = "engines",
+                          interrupted: threading.Event) -> None:
+    """Foreground serving: wait for ``interrupted`` (``interrupts()``: Ctrl-C or SIGTERM), then stop the server;
+    fail if it dies first."""
+    state_dir = serve_state_dir(cfg, engines_dir)
+    while server.alive() and server.front_alive():
+        if interrupted.wait(0.5):
+            stop_server(server, state_dir)  # a second Ctrl-C only sets the event again: the stop runs to its end
+            return
     front_died = server.alive()  # the loop ended with Triton running: the front is what exited
     stop_server(server, state_dir)  # whatever the server left behind
     if _read_text(state_dir / STOP_FILE) == str(server.pid):

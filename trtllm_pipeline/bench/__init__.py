@@ -15,7 +15,8 @@ run measures again.
 Results file (JSON, ``schema`` 1): ``settings``; ``summary``, one entry per load level with
 ``concurrency`` or ``request_rate``, ``requests``, ``errors``, ``output_tokens_mean``,
 ``ttft_ms``/``itl_ms``/``tpot_ms``/``e2e_ms`` (each ``mean``, ``p50``, ``p90``, ``p99``),
-``output_tokens_per_s``, ``requests_per_s`` and ``cost``; ``requests``, one record per request.
+``output_tokens_per_s``, ``requests_per_s`` and ``cost`` (null for a server on a CPU), and ``note`` where the
+level's requests queue (concurrency above the server's batch); ``requests``, one record per request.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from trtllm_pipeline import artifacts, cost
 from trtllm_pipeline.bench.load import Job, run_level
@@ -35,13 +37,16 @@ from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.console import quiet
 from trtllm_pipeline.endpoints import resolve_url
 from trtllm_pipeline.errors import InputError, StageFailed
+from trtllm_pipeline.machine import gpus as gpus_here
 from trtllm_pipeline.model.source import resolve_model
 from trtllm_pipeline.results import BENCH_SCHEMA, level_label
 
 __all__ = ["BenchResult", "BenchSettings", "LoadLevel", "bench", "config_tokenizer_dir", "dataset_prompts",
-           "default_output", "describe_level", "load_tokenizer", "run", "synthetic_prompts"]
+           "default_output", "describe_level", "load_tokenizer", "queue_note", "run", "served_device",
+           "synthetic_prompts"]
 
 log = logging.getLogger(__name__)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")  # a server there runs on this machine
 
 
 @dataclasses.dataclass
@@ -50,7 +55,11 @@ class BenchResult:
     data: dict[str, Any]
 
     def cost_lines(self) -> list[str]:
-        """The cost at each measured load level."""
+        """The cost at each measured load level; none for a server computing on a CPU (a GPU price does not
+        describe it: the report says n/a (CPU) too)."""
+        if self.data["settings"].get("device") == "cpu":
+            return ["cost: n/a (CPU): the server computes on this machine's CPU, which a GPU-hour price does not "
+                    "describe"]
         lines = []
         for entry in self.data["summary"]:
             if entry["cost"]:
@@ -73,6 +82,7 @@ def run(*, cfg: BuildConfig | None, url: str | None, protocol: str, concurrency:
     tokenizer, the GPU count and where the results go, unless given. ``options`` are BenchSettings fields
     (input_tokens, output_tokens, requests, ...), plus gpu_hour_usd."""
     gpu_hour_usd = options.pop("gpu_hour_usd", cost.DEFAULT_GPU_HOUR_USD)
+    local = url is None or urlsplit(url if "//" in url else f"//{url}").hostname in LOOPBACK_HOSTS
     if url is None:
         url = resolve_url("default", TRITON_PROTOCOLS.get(protocol, "openai"), cfg, engines_dir)
     settings = BenchSettings(protocol=protocol, url=url, levels=load_levels(concurrency, request_rate), **options)
@@ -80,13 +90,40 @@ def run(*, cfg: BuildConfig | None, url: str | None, protocol: str, concurrency:
     return bench(settings, tokenizer=load_tokenizer(source), tokenizer_source=str(source),
                  output=output or default_output(engines_dir, cfg.name, settings),
                  config_name=cfg.name if cfg else None, engines_dir=engines_dir,
-                 gpus=gpus or (cfg.parallelism.world_size if cfg else 1), gpu_hour_usd=gpu_hour_usd, progress=progress)
+                 gpus=gpus or (cfg.parallelism.world_size if cfg else 1), gpu_hour_usd=gpu_hour_usd, progress=progress,
+                 device=served_device(cfg, engines_dir) if cfg and local else None,
+                 server_max_batch=cfg.build.max_batch_size if cfg else None)
+
+
+def served_device(cfg: BuildConfig, engines_dir: Path) -> str | None:
+    """Where a server on this machine computes the build: ``cpu`` or ``cuda`` (None: not built). TensorRT-LLM
+    runs on GPUs only; the torch runtime on its ``runtime.device``, ``auto`` meaning a GPU where there is one."""
+    runtime = (artifacts.read_manifest(artifacts.artifact_paths(engines_dir, cfg.name).engine) or {}).get("runtime")
+    if runtime is None:
+        return None
+    if runtime != "torch":
+        return "cuda"
+    device = cfg.runtime.device
+    return device.split(":")[0] if device != "auto" else ("cuda" if gpus_here() else "cpu")
+
+
+def queue_note(level: LoadLevel, server_max_batch: int | None) -> str | None:
+    """Why TTFT jumps at a closed-loop level beyond the server's batch: the requests above it wait in its queue."""
+    if server_max_batch is None or level.concurrency is None or level.concurrency <= server_max_batch:
+        return None
+    return (f"requests queue: concurrency {level.concurrency} > the server's max batch size {server_max_batch} "
+            f"(build.max_batch_size), so up to {level.concurrency - server_max_batch} wait for a slot and TTFT "
+            "includes that wait")
 
 
 def bench(settings: BenchSettings, *, tokenizer, tokenizer_source: str, output: Path,
           config_name: str | None = None, engines_dir: Path | None = None, gpus: int = 1,
-          gpu_hour_usd: float = cost.DEFAULT_GPU_HOUR_USD, progress: Callable[[str], None] = log.info) -> BenchResult:
+          gpu_hour_usd: float = cost.DEFAULT_GPU_HOUR_USD, progress: Callable[[str], None] = log.info,
+          device: str | None = None, server_max_batch: int | None = None) -> BenchResult:
     """Run every load level against the server and write the results file to ``output``.
+
+    ``device`` (where the server computes, when known): on ``cpu`` no level has a cost. ``server_max_batch``
+    (when known): a closed-loop level above it carries a ``note`` that its requests queue.
 
     When ``output`` is in the config's ``bench/`` artifact directory, that directory's manifest is
     rewritten to name it as the latest results (the report reads it from there).
@@ -108,10 +145,12 @@ def bench(settings: BenchSettings, *, tokenizer, tokenizer_source: str, output: 
         entry = summarize_level(level.key, results)
         entry["input_tokens_mean"] = round(sum(j.input_tokens for j in measured) / len(measured), 3)
         estimate = cost.estimate(entry["output_tokens_per_s"], gpus=gpus, gpu_hour_usd=gpu_hour_usd)
-        entry["cost"] = estimate.to_dict() if estimate else None
+        entry["cost"] = estimate.to_dict() if estimate and device != "cpu" else None
+        if note := queue_note(level, server_max_batch):
+            entry["note"] = note
         summary.append(entry)
         records += [r.to_record() for r in results]
-        progress("bench: " + describe_level(entry))
+        progress("bench: " + describe_level(entry) + (f"\n  note: {note}" if note else ""))
         for error in sorted({r.error for r in results if r.error})[:3]:
             log.warning("bench: %s: %s", level, error)
     data = {
@@ -123,7 +162,8 @@ def bench(settings: BenchSettings, *, tokenizer, tokenizer_source: str, output: 
             "input_tokens": settings.input_tokens if settings.dataset == "synthetic" else None,
             "output_tokens": settings.output_tokens, "requests": settings.requests, "warmup": settings.warmup,
             "dataset": settings.dataset, "data_source": data_source, "tokenizer": tokenizer_source,
-            "seed": settings.seed, "gpus": gpus, "gpu_hour_usd": gpu_hour_usd,
+            "seed": settings.seed, "gpus": gpus, "gpu_hour_usd": gpu_hour_usd, "device": device,
+            "server_max_batch_size": server_max_batch,
             "started_at": started, "finished_at": artifacts.now_iso(),
             "versions": artifacts.package_versions("tritonclient"),
         },

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.results import INPROCESS_PREFIX, INPROCESS_SCHEMA
+from trtllm_pipeline.results import INPROCESS_PREFIX, INPROCESS_SCHEMA, number_cell
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams
 from trtllm_pipeline.runtimes.engine_loop import EngineLoop
 from trtllm_pipeline.runtimes.registry import load_runtime
@@ -73,17 +73,14 @@ class InProcessResult:
 
     def table(self) -> list[str]:
         """The runs as a fixed-width table for the terminal."""
-        def cell(value, spec):
-            return "n/a" if value is None else format(value, spec)
-
         lines = [f"{'batch':>5} {'context':>7} {'ms/step':>8} {'p90':>7} {'replay':>7} {'tokens/s':>9} {'GB/s':>6} "
                  f"{'of floor':>8} {'prefill ms':>10} {'peak GiB':>8}"]
         for r in self.data["runs"]:
             floor = None if r["fraction_of_floor"] is None else f"{100 * r['fraction_of_floor']:.0f}%"
             lines.append(f"{r['batch']:>5} {r['context']:>7} {r['decode_ms']:>8.3f} {r['decode_ms_p90']:>7.3f} "
-                         f"{cell(r.get('graph_replay_ms'), '7.3f'):>7} "
-                         f"{r['tokens_per_s']:>9.0f} {cell(r['achieved_gbps'], '6.0f'):>6} {floor or 'n/a':>8} "
-                         f"{r['prefill_ms']:>10.1f} {cell(r['peak_memory_gib'], '8.2f'):>8}")
+                         f"{number_cell(r.get('graph_replay_ms'), '7.3f'):>7} "
+                         f"{r['tokens_per_s']:>9.0f} {number_cell(r['achieved_gbps'], '6.0f'):>6} {floor or 'n/a':>8} "
+                         f"{r['prefill_ms']:>10.1f} {number_cell(r['peak_memory_gib'], '8.2f'):>8}")
         rt = self.data["runtime"]
         tp = f", tp {rt.get('world_size')} {rt.get('tp_mode')}" if rt.get("tp_mode") else ""
         lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}{tp}; "

@@ -43,7 +43,7 @@ class BenchSettings:
 
     def check(self) -> None:
         if not self.levels:
-            raise InputError("no load level given.", fix="pass --concurrency 1,4,16 and/or --request-rate 2,4")
+            raise InputError("no load level given.", fix="pass --concurrency 1,4,8 and/or --request-rate 2,4")
         if any(lv.concurrency is not None and lv.concurrency < 1 for lv in self.levels):
             raise InputError("--concurrency values must be at least 1.")
         if any(lv.request_rate is not None and lv.request_rate <= 0 for lv in self.levels):

@@ -103,12 +103,17 @@ def tokenizer_asset() -> Path:
     return Path(str(resources.files("trtllm_pipeline") / "assets" / "tiny_qwen2_tokenizer.json"))
 
 
+def builtin_model_path(name: str) -> Path:
+    """Where the generated model lives, whether or not it has been generated yet."""
+    if name not in BUILTIN_MODELS:
+        raise KeyError(name)
+    return cache_root() / "models" / f"{name}-{BUILTIN_MODELS[name]}"
+
+
 def builtin_model_dir(name: str) -> Path:
     """The generated model's directory, creating it on first use (atomically: about a second for the
     tiny model, a minute or two and 15 GB of disk for the random 7B)."""
-    if name not in BUILTIN_MODELS:
-        raise KeyError(name)
-    target = cache_root() / "models" / f"{name}-{BUILTIN_MODELS[name]}"
+    target = builtin_model_path(name)
     if not (target / "config.json").is_file():
         with atomic_dir(target) as tmp:
             if name == TINY_QWEN2:

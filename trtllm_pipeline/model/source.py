@@ -8,10 +8,13 @@ a local directory, or ``builtin:<name>`` (generated here, see ``model.builtin``)
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import logging
 import os
 import shlex
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +33,11 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tik
 SAFETENSORS_WEIGHTS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+# A download above this many bytes is said first and needs consent (a 7B checkpoint is 15 GB).
+ASK_ABOVE_BYTES = 2 * 10**9
+# 1: download without asking (what --allow-download sets); 0: refuse without asking (make's default);
+# unset: ask on a terminal, refuse elsewhere.
+ALLOW_DOWNLOAD_ENV = "TRTLLM_PIPELINE_ALLOW_DOWNLOAD"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +81,18 @@ def known_shape(model: "ModelSection") -> ModelShape | None:
     if cached is not None:
         return ModelShape.from_model_dir(cached)
     return KNOWN_MODELS.get(model.source)
+
+
+def fetch_needed(model: "ModelSection") -> str | None:
+    """What resolving the model would first do on this machine: ``download`` (hub, not cached), ``generate``
+    (a built-in not generated yet), or None (already here: a cached snapshot, a local directory)."""
+    if model.is_builtin:
+        name = model.source.removeprefix(builtin.BUILTIN_PREFIX)
+        known = name in builtin.BUILTIN_MODELS
+        return "generate" if known and not (builtin.builtin_model_path(name) / "config.json").is_file() else None
+    if model.is_local:
+        return None
+    return "download" if _cached_snapshot(model.source, model.revision) is None else None
 
 
 def _check_local_dir(path: Path) -> None:
@@ -130,6 +150,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
             fix=f"download it where the hub is reachable (`hf download {shlex.quote(repo_id)}`) with the same HF_HOME, "
             "or set model.source to a local model directory",
         )
+    _consent_to_download(repo_id, revision)
     log.info("downloading %s from the Hugging Face hub into %s", repo_id, _hf_home())
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS))
@@ -149,6 +170,49 @@ def _download(repo_id: str, revision: str | None) -> Path:
             fix="check network access to huggingface.co (or HF_ENDPOINT), or copy the model here and set "
             "model.source to its directory, or pre-fill HF_HOME and set HF_HUB_OFFLINE=1",
         ) from None
+
+
+def _consent_to_download(repo_id: str, revision: str | None) -> None:
+    """Say how much a large download is and where it goes; go on only with consent (flag, env or a yes)."""
+    size = download_size(repo_id, revision)
+    if size is None or size <= ASK_ABOVE_BYTES:  # None: the hub did not answer, so the download cannot start either
+        return
+    from huggingface_hub import constants
+
+    cache = Path(constants.HF_HUB_CACHE)
+    existing = next((p for p in (cache, *cache.parents) if p.exists()), None)
+    free = f", {shutil.disk_usage(existing).free / 1e9:.0f} GB free there" if existing else ""
+    message = (f"model.source: {repo_id} is not in the local Hugging Face cache; fetching it downloads about "
+               f"{size / 1e9:.1f} GB into {cache}{free}.")
+    setting = os.environ.get(ALLOW_DOWNLOAD_ENV, "").strip().lower()
+    if setting in ("1", "true", "yes"):
+        log.warning("%s (%s=1)", message, ALLOW_DOWNLOAD_ENV)
+        return
+    if setting == "" and sys.stdin.isatty() and sys.stderr.isatty():
+        print(message, file=sys.stderr)
+        if input("Download it? [y/N] ").strip().lower() in ("y", "yes"):
+            return
+    raise InputError(
+        f"{message} Not started: a download this large needs consent.",
+        fix=f"pass --allow-download (`trtllm-pipeline --allow-download <stage> ...`; make: ALLOW_DOWNLOAD=1; or set "
+        f"{ALLOW_DOWNLOAD_ENV}=1), or run the built-in tiny model instead (make: MODEL=tiny-qwen2; "
+        "model.source: builtin:tiny-qwen2), which is what runs on a machine without a GPU",
+    )
+
+
+def download_size(repo_id: str, revision: str | None) -> int | None:
+    """Bytes a download of ``repo_id`` fetches: the catalog's weights (bf16, as published) offline, else the
+    hub's file sizes for the patterns fetched; None when neither says."""
+    shape = KNOWN_MODELS.get(repo_id)
+    if shape is not None:
+        return shape.num_params * 2
+    try:
+        from huggingface_hub import HfApi
+
+        files = HfApi().model_info(repo_id, revision=revision, files_metadata=True).siblings or []
+    except Exception:  # unreachable hub or unknown id: the download itself reports it
+        return None
+    return sum(f.size or 0 for f in files if any(fnmatch.fnmatch(f.rfilename, p) for p in HUB_PATTERNS))
 
 
 def _hf_home() -> str:

@@ -46,7 +46,9 @@ class TrtllmBackend(Backend):
     def unavailable_fix(self, cfg: "BuildConfig") -> str:
         return (f"run on a machine that has them, or build for the torch runtime instead (the FP8 checkpoint run "
                 f"in PyTorch, CPU or CUDA): `trtllm-pipeline build -c {cfg.file_arg} --runtime torch` (with make: "
-                "RUNTIME=torch; MODEL=tiny-qwen2 runs the whole pipeline on any machine)")
+                "RUNTIME=torch, which first fetches the model's checkpoint from the hub if it is not here: "
+                "ALLOW_DOWNLOAD=1); on a machine without a GPU, MODEL=tiny-qwen2 is what runs (the same make target "
+                "with MODEL=tiny-qwen2, or `make demo`)")
 
     def build(self, cfg: "BuildConfig", checkpoint_dir: Path, engine_dir: Path, clock: "Stopwatch") -> dict[str, Any]:
         with clock.time("trtllm_build_s"):
