@@ -45,7 +45,7 @@ def _greedy(rt: TorchRuntime, n: int = 16) -> list[list[int]]:
 
 
 def _logits(rt: TorchRuntime, ids: list[int]) -> torch.Tensor:
-    return rt.executor.logits(rt._forward([ids], [0], [0])[0])
+    return rt.executor.logits(rt.hidden_states(ids))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

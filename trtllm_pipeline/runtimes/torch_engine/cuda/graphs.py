@@ -3,8 +3,10 @@
 A decode step is ~230 small kernels; launched one by one from Python the host cannot keep up with the
 GPU (17-29 ms/token at the 7B shape, against ~2 ms of GPU work). Captured once per batch size in a
 CUDA graph, a step is one launch. Batches are padded up to the next bucket (powers of two up to
-``max_batch_size``): padding rows decode a dummy token into a scratch cache slot that no request
-owns, so they cost a little bandwidth and change nothing. Without CUDA (the Triton interpreter in the
+``max_batch_size``): padding rows decode a dummy token at position 0 of the null block (``kv_cache``), which
+no request owns, so they cost a little bandwidth and change nothing. Each row's block table is a column of the
+step's inputs ([2 + W, B]: tokens, positions, tables of W = max_seq_len / block size entries), copied in with
+them in one transfer. Without CUDA (the Triton interpreter in the
 CPU tests) the same class runs the kernels directly, so the padding logic is tested everywhere.
 """
 
@@ -18,6 +20,7 @@ from typing import Sequence
 import torch
 
 from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep, StepBuffers
+from trtllm_pipeline.runtimes.torch_engine.plan import decode_inputs
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +43,14 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     return buckets[i]
 
 
-def padded_inputs(tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int], batch: int,
-                  scratch_slot: int) -> torch.Tensor:
-    """[3, batch] int64 host tensor of tokens, slots and positions; padding rows use the scratch slot."""
-    n = len(tokens)
-    rows = torch.zeros((3, batch), dtype=torch.long)
-    rows[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
-    rows[1, :n] = torch.as_tensor(slots, dtype=torch.long)
-    rows[1, n:] = scratch_slot
-    rows[2, :n] = torch.as_tensor(positions, dtype=torch.long)
-    return rows
-
-
 class DecodeGraphs:
     """Decode steps for any batch up to ``buckets[-1]``, each bucket captured once (on CUDA)."""
 
-    def __init__(self, step: DecodeStep, buckets: Sequence[int], scratch_slot: int, *, use_graphs: bool = True):
+    def __init__(self, step: DecodeStep, buckets: Sequence[int], *, use_graphs: bool = True):
         self.step = step
         self.buckets = list(buckets)
-        self.scratch_slot = scratch_slot
-        self.use_graphs = use_graphs and step.engine.cache_k.device.type == "cuda"
+        self.width = step.engine.slot_blocks  # block table entries a row can have (max_seq_len / block size)
+        self.use_graphs = use_graphs and step.engine.device.type == "cuda"
         self.buffers: dict[int, StepBuffers] = {}
         self.staging: dict[int, torch.Tensor] = {}  # pinned host copies of each bucket's inputs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -71,8 +62,8 @@ class DecodeGraphs:
         for batch in reversed(self.buckets):  # largest first: later captures reuse its memory
             buf = self.buffers[batch] = self.step.buffers(batch)
             pinned = self.use_graphs  # pinned memory needs a CUDA device
-            self.staging[batch] = torch.zeros((3, batch), dtype=torch.long, pin_memory=pinned)
-            self._fill(batch, [], [], [])
+            self.staging[batch] = torch.zeros((2 + self.width, batch), dtype=torch.long, pin_memory=pinned)
+            self._fill(batch, torch.zeros((2 + self.width, 0), dtype=torch.long))
             self.step.run(buf)  # compiles the kernels outside the capture
             if self.use_graphs:
                 self.step.pin_carveout(buf)
@@ -87,18 +78,24 @@ class DecodeGraphs:
         log.info("fast decode path ready: %d batch buckets %s, %s, in %.1f s", len(self.buckets), self.buckets,
                  "CUDA graphs" if self.use_graphs else "direct launches", self.setup_seconds)
 
-    def decode(self, tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Float32 logits [len(tokens), vocab] of one decode step (a view valid until the next call)."""
+    def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int]) -> torch.Tensor:
+        """Float32 logits [len(tokens), vocab] of one decode step: row i's token at ``positions[i]``, its K/V in
+        the blocks ``tables[i]`` (a view valid until the next call)."""
+        return self.decode_padded(decode_inputs(tokens, tables, positions, len(tokens), self.width))
+
+    def decode_padded(self, rows: torch.Tensor) -> torch.Tensor:
+        """``decode`` of the inputs as ``plan.decode_inputs`` lays them out ([2 + width, n] int64)."""
         if not self.buffers:
             self.prepare()
-        batch = bucket_for(len(tokens), self.buckets)
+        n = rows.shape[1]
+        batch = bucket_for(n, self.buckets)
         buf = self.buffers[batch]
-        self._fill(batch, tokens, slots, positions)
+        self._fill(batch, rows)
         if self.use_graphs:
             self.graphs[batch].replay()
         else:
             self.step.run(buf)
-        return buf.logits[: len(tokens)]
+        return buf.logits[:n]
 
     def weight_bytes(self) -> int:
         """Bytes of weights a step reads (this engine's; a tensor-parallel rank's shard)."""
@@ -108,19 +105,20 @@ class DecodeGraphs:
         """The argmax tokens of the last ``decode`` of ``n`` rows, computed inside the step."""
         return self.buffers[bucket_for(n, self.buckets)].greedy[:n]
 
-    def _fill(self, batch: int, tokens, slots, positions) -> None:
+    def _fill(self, batch: int, rows: torch.Tensor) -> None:
         # The previous step's tokens were read back before this one is filled, so the pinned
         # buffer is free and the copy can run asynchronously, ahead of the replay on the stream.
         staging = self.staging[batch]
-        staging.copy_(padded_inputs(tokens, slots, positions, batch, self.scratch_slot))
+        staging[:, rows.shape[1] :] = 0  # padding rows: token 0 at position 0 of the null block
+        staging[:, : rows.shape[1]] = rows
         self.buffers[batch].inputs.copy_(staging, non_blocking=True)
 
 
-def prepared(engine, buckets: Sequence[int], scratch_slot: int, *, use_graphs: bool = True,
+def prepared(engine, buckets: Sequence[int], *, use_graphs: bool = True,
              step: DecodeStep | None = None) -> DecodeGraphs:
     """The fast decode path over ``engine`` (or its already built ``step``), compiled and captured;
     ``decode_step.Unsupported`` if it cannot run it. A tensor-parallel rank's engine gets its collectives in
     the step, so every rank of the group must prepare, and then decode, in step with the others."""
-    graphs = DecodeGraphs(step or DecodeStep(engine), buckets, scratch_slot, use_graphs=use_graphs)
+    graphs = DecodeGraphs(step or DecodeStep(engine), buckets, use_graphs=use_graphs)
     graphs.prepare()
     return graphs
