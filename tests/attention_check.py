@@ -71,7 +71,8 @@ def run_case(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: in
     o = torch.empty(1, HEADS, SPLITS, D)
     lse = torch.empty(1, HEADS, SPLITS)
     out = torch.empty(1, HEADS * D, dtype=torch.bfloat16)
-    attention.decode_attention(given, None, cos, sin, k_pool, v_pool, torch.tensor([pos]), table[None],
+    attention.decode_attention(given, None, cos, sin, k_pool, v_pool, torch.tensor([pos]), torch.tensor([1]),
+                               torch.stack([torch.zeros_like(table), table]),
                                o, lse, out, None, heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16, **options)
     new_key = rope(qkv[0, 0].view(-1, D)[HEADS:HEADS + KV_HEADS].bfloat16().double(), cos[pos].double(),
                    sin[pos].double())

@@ -151,7 +151,7 @@ def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_
                   NORM_PARTS=10, NORM_BLOCK=16, FIXED=True)
     types = {"qkv_ptr": "*i64", "bias_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*fp32",
              "lse_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i64",
-             "bt_ptr": "*i64", "qk_scale": "fp32", "sq_ptr": "*fp32", "eps": "fp32"}
+             "slot_ptr": "*i64", "bt_ptr": "*i64", "qk_scale": "fp32", "sq_ptr": "*fp32", "eps": "fp32"}
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     # as the launch specializes them: 16-byte aligned pointers, strides multiples of 16

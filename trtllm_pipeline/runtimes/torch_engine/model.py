@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_pipeline.checkpoint import FORMAT_NAMES, CheckpointLayout
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MIN, INT8_MAX = -128, 127
@@ -395,6 +396,14 @@ class Qwen2Engine(torch.nn.Module):
             return attention(i, q)
 
         return self._layers(batch.tokens, positions, attend)
+
+    def forward_slots(self, tokens: torch.Tensor, slots, starts, key_len: int | None = None) -> torch.Tensor:
+        """``tokens`` [B, T] of fixed-table slots (an engine built with ``max_slots``) from positions ``starts``:
+        hidden states [B, T, hidden]. For benchmarks and checks that think in slots (``key_len``: ignored)."""
+        b, t = tokens.shape
+        slots, starts = [int(s) for s in slots], [int(s) for s in starts]
+        rows = [(tokens[i].tolist(), starts[i], table) for i, table in enumerate(self.slot_tables(slots))]
+        return self(PagedBatch.of(rows).to(self.device)).view(b, t, -1)
 
     @torch.inference_mode()
     def forward_contiguous(self, tokens: torch.Tensor) -> torch.Tensor:

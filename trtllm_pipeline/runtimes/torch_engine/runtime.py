@@ -301,9 +301,9 @@ class TorchRuntime(Runtime):
         self.scheduler.add(req)
 
     def cancel(self, request_id: Any) -> None:
-        req = self._requests.pop(request_id, None)
+        req = self._requests.get(request_id)
         if req is not None:
-            self.scheduler.finish(req)
+            self._finish(req)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -313,6 +313,8 @@ class TorchRuntime(Runtime):
         chunks; every row without the fast path) through the eager model, in one forward. A request whose part of
         the step fails is dropped with an ``error`` event and the step goes on for the others (``_isolated``)."""
         plan = self.scheduler.schedule()
+        if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
+            self.decoder.release(plan.preempted)
         fast = [r for r in plan.rows if r.is_decode and r.sample] if self.decoder is not None else []
         eager = [r for r in plan.rows if not any(r is f for f in fast)]
         try:
@@ -323,8 +325,7 @@ class TorchRuntime(Runtime):
     def _fail_everything(self, exc: ExecutorLost) -> list[TokenEvent]:
         reqs = list(self._requests.values())
         for req in reqs:
-            self.scheduler.finish(req)
-        self._requests.clear()
+            self._finish(req)
         return [TokenEvent(r.request_id, [], "error", error=f"{exc.message} ({exc.fix})") for r in reqs]
 
     def _isolated(self, phase, rows: list[PlanRow]) -> list[TokenEvent]:
@@ -375,7 +376,7 @@ class TorchRuntime(Runtime):
     def _run_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
         reqs = [self._requests[r.request_id] for r in rows]
         logits = self.decoder.decode([r.tokens[0] for r in rows], [r.block_table for r in rows],
-                                     [r.start for r in rows])
+                                     [r.start for r in rows], [r.request_id for r in rows])
         tokens = self._sample(reqs, logits, greedy=self.decoder.greedy(len(rows)))
         for req in reqs:
             self.scheduler.advance(req, 1)
@@ -420,6 +421,8 @@ class TorchRuntime(Runtime):
 
     def _finish(self, req: _Request) -> None:
         self.scheduler.finish(req)
+        if self.decoder is not None:
+            self.decoder.release([req.request_id])
         self._requests.pop(req.request_id, None)
 
     def _forward(self, rows: list[PlanRow]) -> torch.Tensor:

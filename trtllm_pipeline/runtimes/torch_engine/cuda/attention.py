@@ -6,8 +6,8 @@ GEMM output is rounded), applies the rotary embedding, writes the new key and va
 (split 0 only) and attends over its share of the *live* length ``position + 1`` read from device
 memory, so a CUDA graph captured once serves every length. Keys and values are read through the request's
 block table ([num_blocks, kv_heads, BS, D] per layer: a block's keys of one head are one contiguous run; each
-tile's rows look their block up in the table, a static input of the graph like the positions, so a tile may
-span blocks of any size). All of a KV head's query heads (GQA)
+tile's rows look their block up in the table, which stays on the device between steps, row b's table named by
+a static input of the graph like the positions; a tile may span blocks of any size). All of a KV head's query heads (GQA)
 ride in one tile, so each cached key and value is read once. A second small kernel combines the
 splits by their log-sum-exp and quantizes the result for ``attention.dense`` (or prepares it as the
 INT4 GEMV's input). (Combining inside the
@@ -68,7 +68,7 @@ def _decode_attention_kernel(
     qkv_ptr, stride_qs, stride_qb, bias_ptr,
     cos_ptr, sin_ptr, stride_rot,
     k_cache_ptr, v_cache_ptr, stride_cb, stride_ch, stride_ct,
-    pos_ptr, bt_ptr, stride_btb, stride_btj,
+    pos_ptr, slot_ptr, bt_ptr, stride_btb, stride_btj,
     o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
     qk_scale, sq_ptr, hidden, eps,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, NORM_PARTS: tl.constexpr,
@@ -80,9 +80,10 @@ def _decode_attention_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    # positions and block tables are the step's inputs, copied in before its first kernel
+    # positions and table rows are the step's inputs, copied in before its first kernel (the tables themselves
+    # stay on the device between steps, their rows rewritten only where a request's table has grown)
     pos = tl.load(pos_ptr + b)
-    table = bt_ptr + b * stride_btb
+    table = bt_ptr + tl.load(slot_ptr + b) * stride_btb
     head = kvh * stride_ch
     length = pos + 1
     # This split's share of the live keys, in whole BLOCK_T tiles.
@@ -214,7 +215,8 @@ def pick_splits(batch: int, kv_heads: int, sm_count: int, max_splits: int = 32) 
 
 
 def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                     k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, table_rows: torch.Tensor,
+                     block_tables: torch.Tensor,
                      o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
                      *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int | None = None,
                      prepared: Prepared | None = None, norm_sumsq: torch.Tensor | None = None, hidden: int = 0,
@@ -223,8 +225,9 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
     int64 accumulators [B, (heads + 2 kv_heads) D] (fixed_sum);
-    ``k_cache``/``v_cache``: one layer's block pool [num_blocks, kv_heads, block_size, D]; ``block_tables``: [B, W]
-    int64 (any strides), row b's blocks in order (W covers its position); ``o_work``: [B, heads, SPLITS, D]
+    ``k_cache``/``v_cache``: one layer's block pool [num_blocks, kv_heads, block_size, D]; ``block_tables``: [S, W]
+    int64 block tables, ``table_rows`` [B] which of them is row b's (its blocks in order; W covers its position);
+    ``o_work``: [B, heads, SPLITS, D]
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
     ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``); ``norm_sumsq``:
     float32 [S'] where the QKV GEMV folded the input RMSNorm in (``gemv_input.NormFold``): its K splits' sums of
@@ -241,7 +244,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         qkv_partials, qkv_partials.stride(0), qkv_partials.stride(1), bias if bias is not None else qkv_partials,
         cos, sin, cos.stride(0),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        positions, block_tables, block_tables.stride(0), block_tables.stride(1),
+        positions, table_rows, block_tables, block_tables.stride(0), block_tables.stride(1),
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
         LOG2E / d**0.5, norm_sumsq if norm_sumsq is not None else o_work, hidden, eps,
         H=heads, KVH=kv_heads, D=d, GROUP=group, NORM_PARTS=norm_sumsq.numel() if norm_sumsq is not None else 0,

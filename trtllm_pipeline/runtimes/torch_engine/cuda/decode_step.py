@@ -76,7 +76,8 @@ class StepBuffers:
     """The static inputs, scratch and outputs of one decode step at one batch size."""
 
     batch: int
-    inputs: torch.Tensor  # [2 + W, B] int64: each row's token, position and block table (one copy per step)
+    inputs: torch.Tensor  # [3, B] int64: each row's token, position and block-table row (one copy per step)
+    block_tables: torch.Tensor  # [S, W] int64: the block tables on the device (``graphs.DecodeGraphs`` keeps them)
     residual: torch.Tensor  # [B, hidden], compute dtype
     normed: torch.Tensor  # [B, hidden], FP8 or compute dtype: input of QKV / fc+gate
     partials: torch.Tensor  # [S, B, max(qkv, hidden)] float32 split-K partial sums
@@ -113,8 +114,8 @@ class StepBuffers:
         return self.inputs[1]
 
     @property
-    def block_tables(self) -> torch.Tensor:  # [B, W]: row b's KV blocks (a column of ``inputs`` each)
-        return self.inputs[2:].t()
+    def table_rows(self) -> torch.Tensor:  # which row of ``block_tables`` holds each row's KV blocks
+        return self.inputs[2]
 
 
 @dataclasses.dataclass
@@ -207,7 +208,7 @@ class DecodeStep:
             raise Unsupported("attention.dense or mlp.proj has a bias (the residual kernels add none)")
         return _Layer(layer["input_norm"], layer["post_norm"], qkv, dense, fc, gate, proj)
 
-    def buffers(self, batch: int) -> StepBuffers:
+    def buffers(self, batch: int, block_tables: torch.Tensor) -> StepBuffers:
         e, dev = self.engine, self.engine.device
         act_dtype = torch.float8_e4m3fn if self.fp8 else self.dtype
         wbytes = self.layers[0].qkv.weight.element_size()
@@ -255,7 +256,8 @@ class DecodeStep:
 
         buf = StepBuffers(
             batch=batch,
-            inputs=torch.zeros((2 + e.slot_blocks, batch), dtype=torch.long, device=dev),
+            inputs=torch.zeros((3, batch), dtype=torch.long, device=dev),
+            block_tables=block_tables,
             residual=empty(batch, self.hidden, dtype=self.dtype),
             normed=empty(batch, self.hidden, dtype=act_dtype),
             partials=empty(max_splits, batch, max(self.qkv_width, self.hidden)),
@@ -406,7 +408,7 @@ class DecodeStep:
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
                                  clear=buf.sums.get("hidden"), fold=fold)
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
-                                       buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
+                                       buf.table_rows, buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                        prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
                                        hidden=self.hidden, eps=e.eps, pdl=pdl)

@@ -4,9 +4,8 @@ A decode step is ~230 small kernels; launched one by one from Python the host ca
 GPU (17-29 ms/token at the 7B shape, against ~2 ms of GPU work). Captured once per batch size in a
 CUDA graph, a step is one launch. Batches are padded up to the next bucket (powers of two up to
 ``max_batch_size``): padding rows decode a dummy token at position 0 of the null block (``kv_cache``), which
-no request owns, so they cost a little bandwidth and change nothing. Each row's block table is a column of the
-step's inputs ([2 + W, B]: tokens, positions, tables of W = max_seq_len / block size entries), copied in with
-them in one transfer. Without CUDA (the Triton interpreter in the
+no request owns, so they cost a little bandwidth and change nothing. The block tables stay on the device
+between steps (``DecodeGraphs``): a step's inputs are each row's token, position and table row. Without CUDA (the Triton interpreter in the
 CPU tests) the same class runs the kernels directly, so the padding logic is tested everywhere.
 """
 
@@ -20,7 +19,6 @@ from typing import Sequence
 import torch
 
 from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep, StepBuffers
-from trtllm_pipeline.runtimes.torch_engine.plan import decode_inputs
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +42,14 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
 
 
 class DecodeGraphs:
-    """Decode steps for any batch up to ``buckets[-1]``, each bucket captured once (on CUDA)."""
+    """Decode steps for any batch up to ``buckets[-1]``, each bucket captured once (on CUDA).
+
+    The block tables live on the device ([S, W], S = the largest bucket + 1, W = max_seq_len / block size), in
+    rows this class hands out per request (``decode``'s ``request_ids``; ``release`` gives a row back) and keeps
+    up to date from a pinned host copy: a step copies in only its [3, B] inputs (token, position, table row),
+    plus the whole table once when a request's table has changed (a new block every block_size tokens), not the
+    B x W tables every step. The last row stays all null blocks: the padding rows'.
+    """
 
     def __init__(self, step: DecodeStep, buckets: Sequence[int], *, use_graphs: bool = True):
         self.step = step
@@ -55,15 +60,23 @@ class DecodeGraphs:
         self.staging: dict[int, torch.Tensor] = {}  # pinned host copies of each bucket's inputs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.setup_seconds = 0.0
+        rows = self.buckets[-1] + 1
+        self.padding_row = rows - 1
+        self.tables = torch.zeros((rows, self.width), dtype=torch.long, device=step.engine.device)
+        self.tables_host = torch.zeros((rows, self.width), dtype=torch.long, pin_memory=self.use_graphs)
+        self._host = self.tables_host.numpy()
+        self._row_of: dict = {}  # request id -> its table row
+        self._known = [0] * rows  # entries of each row's table already written
+        self._free_rows = list(range(rows - 2, -1, -1))
 
     def prepare(self) -> None:
         """Compile every kernel for every bucket and capture the graphs (once per process)."""
         start = time.perf_counter()
         for batch in reversed(self.buckets):  # largest first: later captures reuse its memory
-            buf = self.buffers[batch] = self.step.buffers(batch)
+            buf = self.buffers[batch] = self.step.buffers(batch, self.tables)
             pinned = self.use_graphs  # pinned memory needs a CUDA device
-            self.staging[batch] = torch.zeros((2 + self.width, batch), dtype=torch.long, pin_memory=pinned)
-            self._fill(batch, torch.zeros((2 + self.width, 0), dtype=torch.long))
+            self.staging[batch] = torch.zeros((3, batch), dtype=torch.long, pin_memory=pinned)
+            self._fill(batch, [], [], [])
             self.step.run(buf)  # compiles the kernels outside the capture
             if self.use_graphs:
                 self.step.pin_carveout(buf)
@@ -78,24 +91,53 @@ class DecodeGraphs:
         log.info("fast decode path ready: %d batch buckets %s, %s, in %.1f s", len(self.buckets), self.buckets,
                  "CUDA graphs" if self.use_graphs else "direct launches", self.setup_seconds)
 
-    def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int]) -> torch.Tensor:
+    def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int],
+               request_ids: Sequence | None = None) -> torch.Tensor:
         """Float32 logits [len(tokens), vocab] of one decode step: row i's token at ``positions[i]``, its K/V in
-        the blocks ``tables[i]`` (a view valid until the next call)."""
-        return self.decode_padded(decode_inputs(tokens, tables, positions, len(tokens), self.width))
-
-    def decode_padded(self, rows: torch.Tensor) -> torch.Tensor:
-        """``decode`` of the inputs as ``plan.decode_inputs`` lays them out ([2 + width, n] int64)."""
+        the blocks ``tables[i]`` (a view valid until the next call). ``request_ids``: each row's request, whose
+        table row persists between steps (``release`` it when the request leaves); None: rows 0.. this step."""
+        keys = request_ids if request_ids is not None else [("row", i) for i in range(len(tokens))]
+        rows, changed = [], False
+        for key, table in zip(keys, tables):
+            row = self._row_of.get(key)
+            if row is None:
+                row = self._row_of[key] = self._free_rows.pop()
+                self._known[row] = 0
+            known = self._known[row]
+            if known > len(table) or (known and self._host[row, known - 1] != table[known - 1]):
+                known = 0  # another table than the one written (the request was recomputed): write it all
+            if len(table) > known:
+                self._host[row, known : len(table)] = table[known:]
+                self._known[row] = len(table)
+                changed = True
+            rows.append(row)
+        if request_ids is None:
+            self.release(keys)
+        if changed:  # the previous step's copy is done: its logits were read back
+            self.tables.copy_(self.tables_host, non_blocking=True)
         if not self.buffers:
             self.prepare()
-        n = rows.shape[1]
-        batch = bucket_for(n, self.buckets)
+        batch = bucket_for(len(tokens), self.buckets)
         buf = self.buffers[batch]
-        self._fill(batch, rows)
+        self._fill(batch, tokens, positions, rows)
         if self.use_graphs:
             self.graphs[batch].replay()
         else:
             self.step.run(buf)
-        return buf.logits[:n]
+        return buf.logits[: len(tokens)]
+
+    def decode_padded(self, rows: torch.Tensor) -> torch.Tensor:
+        """``decode`` of the inputs as ``plan.decode_inputs`` lays them out ([2 + width, n] int64: tokens,
+        positions, each row's whole table down its column): a tensor-parallel rank's step."""
+        tables = rows[2:].t().tolist()
+        return self.decode(rows[0].tolist(), tables, rows[1].tolist())
+
+    def release(self, request_ids) -> None:
+        """These requests decode no more (finished, or preempted): their table rows go back."""
+        for key in request_ids:
+            row = self._row_of.pop(key, None)
+            if row is not None:
+                self._free_rows.append(row)
 
     def weight_bytes(self) -> int:
         """Bytes of weights a step reads (this engine's; a tensor-parallel rank's shard)."""
@@ -105,13 +147,25 @@ class DecodeGraphs:
         """The argmax tokens of the last ``decode`` of ``n`` rows, computed inside the step."""
         return self.buffers[bucket_for(n, self.buckets)].greedy[:n]
 
-    def _fill(self, batch: int, rows: torch.Tensor) -> None:
+    def _fill(self, batch: int, tokens, positions, rows) -> None:
         # The previous step's tokens were read back before this one is filled, so the pinned
         # buffer is free and the copy can run asynchronously, ahead of the replay on the stream.
         staging = self.staging[batch]
-        staging[:, rows.shape[1] :] = 0  # padding rows: token 0 at position 0 of the null block
-        staging[:, : rows.shape[1]] = rows
+        staging.copy_(step_inputs(tokens, positions, rows, batch, self.padding_row))
         self.buffers[batch].inputs.copy_(staging, non_blocking=True)
+
+
+def step_inputs(tokens: Sequence[int], positions: Sequence[int], rows: Sequence[int], batch: int,
+                padding_row: int) -> torch.Tensor:
+    """[3, batch] int64 host tensor of tokens, positions and table rows; padding rows: token 0 at position 0, in
+    the padding table row (all null blocks)."""
+    n = len(tokens)
+    out = torch.zeros((3, batch), dtype=torch.long)
+    out[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
+    out[1, :n] = torch.as_tensor(positions, dtype=torch.long)
+    out[2, :n] = torch.as_tensor(rows, dtype=torch.long)
+    out[2, n:] = padding_row
+    return out
 
 
 def prepared(engine, buckets: Sequence[int], *, use_graphs: bool = True,

@@ -275,9 +275,13 @@ class TpDecoder:
         self.buckets, self.use_graphs = self.local.buckets, self.local.use_graphs
         self.setup_seconds = self.local.setup_seconds
 
-    def decode(self, tokens, tables, positions) -> torch.Tensor:
+    def decode(self, tokens, tables, positions, request_ids=None) -> torch.Tensor:
+        """Every row's whole table goes to the ranks each step (each rank rewrites its device copy)."""
         rows = decode_inputs(tokens, tables, positions, len(tokens), self.local.width)
         return self.executor._call(wire.FAST_DECODE, (len(tokens), self.local.width), rows.reshape(-1))
+
+    def release(self, request_ids) -> None:
+        """Nothing kept per request: the tables come with each step."""
 
     def greedy(self, n: int) -> torch.Tensor:
         return self.local.greedy(n)
