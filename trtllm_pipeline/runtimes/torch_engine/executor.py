@@ -36,6 +36,7 @@ def rank_stats(engine, rank: int) -> dict[str, Any]:
 def device_free_bytes(device: torch.device) -> int | None:
     """Bytes free on a CUDA device (after what this process holds), or the host's available memory."""
     if device.type == "cuda":
+        torch.cuda.empty_cache()  # what the caching allocator holds unused (the loaded checkpoint's copies) counts
         return torch.cuda.mem_get_info(device)[0]
     try:
         with open("/proc/meminfo", encoding="ascii") as f:

@@ -75,10 +75,6 @@ class PagedBatch:
         n, b = tokens, rows
         return cls(flat[:n], flat[n : n + b], flat[n + b : n + 2 * b], flat[n + 2 * b :].view(b, width))
 
-    def last_token_index(self) -> torch.Tensor:
-        """Each row's last token's index among the packed tokens."""
-        return torch.cumsum(self.lengths, 0) - 1
-
 
 def decode_inputs(tokens, tables, positions, batch: int, width: int) -> torch.Tensor:
     """A decode step's inputs as the fast path reads them: [2 + width, batch] int64 host tensor, row 0 the tokens,

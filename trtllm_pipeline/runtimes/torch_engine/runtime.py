@@ -17,6 +17,7 @@ run through the eager model, which stays the CPU path and the reference the kern
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -315,8 +316,9 @@ class TorchRuntime(Runtime):
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
             self.decoder.release(plan.preempted)
-        fast = [r for r in plan.rows if r.is_decode and r.sample] if self.decoder is not None else []
-        eager = [r for r in plan.rows if not any(r is f for f in fast)]
+        fast, eager = [], []
+        for row in plan.rows:
+            (fast if self.decoder is not None and row.is_decode and row.sample else eager).append(row)
         try:
             return self._isolated(self._run_eager, eager) + self._isolated(self._run_fast, fast)
         except ExecutorLost as exc:  # no request can go on: each ends with the reason
@@ -362,12 +364,12 @@ class TorchRuntime(Runtime):
     def _run_eager(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """The rows through the eager model in one forward; the sampling rows' last tokens' logits sampled."""
         hidden = self._forward(rows)
-        last = PagedBatch.of(rows).last_token_index()
+        last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
         sampled = [i for i, r in enumerate(rows) if r.sample]
         reqs = [self._requests[r.request_id] for r in rows]
         tokens = []
         if sampled:
-            index = last[sampled].to(hidden.device)
+            index = torch.tensor([last[i] - 1 for i in sampled], device=hidden.device)
             tokens = self._sample([reqs[i] for i in sampled], self.executor.logits(hidden[index]))
         for row, req in zip(rows, reqs):  # the step succeeded: now it counts
             self.scheduler.advance(req, len(row.tokens))

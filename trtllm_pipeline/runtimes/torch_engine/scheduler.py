@@ -72,13 +72,14 @@ class Scheduler:
             if n == 0:
                 i += 1
                 continue
+            lost = False
             while not self.kv.grow(seq.request_id, seq.computed + n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 plan.preempted.append(victim.request_id)
-                if victim is seq:
+                if lost := victim is seq:
                     break
-            if seq in self.running:
+            if not lost:
                 plan.rows.append(self._row(seq, n))
                 budget -= n
                 prefill -= n if n > 1 or seq.computed < len(seq.prompt) else 0
