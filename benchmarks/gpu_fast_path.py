@@ -332,7 +332,7 @@ def weight_bytes(engine) -> int:
 def _prefill(engine, prompts):
     firsts = []
     for b, p in enumerate(prompts):
-        h = engine(p, torch.tensor([b], device=DEV), torch.tensor([0], device=DEV), 256)
+        h = engine.forward_slots(p, torch.tensor([b], device=DEV), torch.tensor([0], device=DEV), 256)
         firsts.append(int(engine.logits(h[:, -1]).argmax(-1)))
     return firsts
 
@@ -340,7 +340,7 @@ def _prefill(engine, prompts):
 def _eager_step(engine, tokens, lens, s):
     tok = torch.tensor(tokens, device=DEV)[:, None]
     pos = torch.tensor([n + s for n in lens], device=DEV)
-    h = engine(tok, torch.arange(len(tokens), device=DEV), pos, 512)
+    h = engine.forward_slots(tok, torch.arange(len(tokens), device=DEV), pos, 512)
     return engine.logits(h[:, -1]).float()
 
 
@@ -357,16 +357,16 @@ def check_against_eager(fp8: bool, graphs, engine, n_check=32) -> dict:
     del ref
     torch.cuda.empty_cache()
     firsts_bf16 = _prefill(engine, prompts)
-    snap_k, snap_v = engine.cache_k[:, :4].clone(), engine.cache_v[:, :4].clone()
+    snap_k, snap_v = engine.cache_k[:, : 1 + 4 * engine.slot_blocks].clone(), engine.cache_v[:, : 1 + 4 * engine.slot_blocks].clone()
     eager_tokens, eager_logits = [firsts_bf16], None
     for s in range(n_check):
         lg = _eager_step(engine, eager_tokens[-1], lens, s)
         eager_logits = lg.clone() if s == 0 else eager_logits
         eager_tokens.append(lg.argmax(-1).tolist())
-    engine.cache_k[:, :4], engine.cache_v[:, :4] = snap_k, snap_v
+    engine.cache_k[:, : 1 + 4 * engine.slot_blocks], engine.cache_v[:, : 1 + 4 * engine.slot_blocks] = snap_k, snap_v
     fast_tokens, fast_logits = [firsts_bf16], None
     for s in range(n_check):
-        lg = graphs.decode(fast_tokens[-1], [0, 1, 2, 3], [n + s for n in lens])
+        lg = graphs.decode(fast_tokens[-1], graphs.step.engine.slot_tables([0, 1, 2, 3]), [n + s for n in lens])
         fast_logits = lg.clone() if s == 0 else fast_logits
         fast_tokens.append(graphs.greedy(4).tolist())
     same = sum(a == b for ea, fa in zip(eager_tokens[1:], fast_tokens[1:]) for a, b in zip(ea, fa))
@@ -382,13 +382,14 @@ def check_against_eager(fp8: bool, graphs, engine, n_check=32) -> dict:
 
 def _time_decode(graphs, batch, ctx, steps):
     slots, tokens = list(range(batch)), [1] * batch
+    tables = graphs.step.engine.slot_tables(slots)  # resident on the device after the first step (request ids)
     for w in range(3):
-        graphs.decode(tokens, slots, [ctx + w] * batch)
+        graphs.decode(tokens, tables, [ctx + w] * batch, slots)
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     wall0 = time.perf_counter()
     for s in range(steps):
-        graphs.decode(tokens, slots, [ctx + s] * batch)
+        graphs.decode(tokens, tables, [ctx + s] * batch, slots)
         tokens = graphs.greedy(batch).tolist()  # the one copy a served token needs
     wall = (time.perf_counter() - wall0) / steps * 1000
     a.record()
@@ -407,7 +408,7 @@ def step_part(batches=(1, 8, 32, 64), contexts=(128, 2048, 8192), steps=128) -> 
         engine = make_engine(fp8, max_slots=max_b + 1, max_seq_len=max(contexts) + steps + 16)
         wbytes = weight_bytes(engine)
         for pdl in (True, False):
-            graphs = DecodeGraphs(DecodeStep(engine, pdl=pdl), [1, 64], scratch_slot=max_b)
+            graphs = DecodeGraphs(DecodeStep(engine, pdl=pdl), [1, 64])
             graphs.prepare()
             for batch in (1, 64):
                 wall, replay = _time_decode(graphs, batch, 2048, 32)
@@ -416,7 +417,7 @@ def step_part(batches=(1, 8, 32, 64), contexts=(128, 2048, 8192), steps=128) -> 
                 out["variants"].append(v)
                 print(f"variant {v}", flush=True)
             del graphs
-        graphs = DecodeGraphs(DecodeStep(engine), list(batches), scratch_slot=max_b)
+        graphs = DecodeGraphs(DecodeStep(engine), list(batches))
         t0 = time.perf_counter()
         graphs.prepare()
         setup = time.perf_counter() - t0
@@ -456,7 +457,7 @@ def prefill_part(n=2048) -> dict:
         for i in range(6):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            h = engine(prompt, slot, start, key_len)
+            h = engine.forward_slots(prompt, slot, start, key_len)
             engine.logits(h[:, -1])
             b.record()
             b.synchronize()
@@ -529,14 +530,14 @@ def hf_part(new_tokens=64, ctx=512) -> dict:
               "quantization": {"quant_algo": None}}
     engine = Qwen2Engine(config, t, device=DEV, max_slots=2, max_seq_len=ctx + new_tokens + 64)
     del t, sd
-    graphs = DecodeGraphs(DecodeStep(engine), [1], scratch_slot=1)
+    graphs = DecodeGraphs(DecodeStep(engine), [1])
     graphs.prepare()
-    h = engine(prompt, torch.zeros(1, dtype=torch.long, device=DEV), torch.zeros(1, dtype=torch.long, device=DEV), ctx)
+    h = engine.forward_slots(prompt, torch.zeros(1, dtype=torch.long, device=DEV), torch.zeros(1, dtype=torch.long, device=DEV), ctx)
     tokens = [int(engine.logits(h[:, -1]).argmax(-1))]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for s in range(new_tokens - 1):
-        graphs.decode([tokens[-1]], [0], [ctx + s])
+        graphs.decode([tokens[-1]], graphs.step.engine.slot_tables([0]), [ctx + s])
         tokens.append(int(graphs.greedy(1)[0]))
     torch.cuda.synchronize()
     res["ours_bf16_ms_per_token"] = (time.perf_counter() - t0) * 1000 / (new_tokens - 1)
@@ -652,6 +653,7 @@ def runtime_part() -> dict:
 def tiny_part() -> dict:
     """The tiny pipeline checkpoints on CUDA: fast and eager BF16 against eager float32, logits and tokens."""
     from trtllm_pipeline.runtimes.base import SamplingParams
+    from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
     from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
     root = Path(__file__).resolve().parents[1] / "engines"
@@ -665,13 +667,19 @@ def tiny_part() -> dict:
         prompts = [torch.randint(100, 2000, (n,), generator=gen).tolist() for n in (5, 40, 77, 130, 9, 300)]
         logits = {}
         for label, rt in rts.items():
-            for slot, p in enumerate(prompts):
-                rt._forward([p], [slot], [0])
-            slots, pos = list(range(len(prompts))), [len(p) for p in prompts]
+            rows = []
+            for i, p in enumerate(prompts):  # each prompt in blocks of the runtime's pool
+                rt.kv.admit(("check", i), p, len(p) + 1, use_cache=False, watermark=False)
+                rows.append(PlanRow(("check", i), p, 0, rt.kv.tables[("check", i)], False))
+            rt._forward(rows)
+            tables, pos = [r.block_table for r in rows], [len(p) for p in prompts]
             if rt.decoder is not None:
-                logits[label] = rt.decoder.decode([7] * len(prompts), slots, pos).float().clone()
+                logits[label] = rt.decoder.decode([7] * len(prompts), tables, pos).float().clone()
             else:
-                logits[label] = rt.engine.logits(rt._forward([[7]] * len(prompts), slots, pos)[:, -1]).float()
+                logits[label] = rt.engine.logits(rt._forward([PlanRow(r.request_id, [7], n, r.block_table, True)
+                                                              for r, n in zip(rows, pos)])).float()
+            for i in range(len(prompts)):
+                rt.kv.free(("check", i))
         tokens = {label: [c.token_ids for c in rt.generate(prompts, SamplingParams(max_tokens=48, end_id=-1))]
                   for label, rt in rts.items()}
 

@@ -9,11 +9,18 @@
 #   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
 #                                          # text per TP, the step's collectives timed alone (tp_collectives.py),
 #                                          # then the random 7B FP8 build, bench --in-process distributed
+#   bash benchmarks/h200_run.sh throughput # random 7B FP8 sized for load (-load config: 256 in flight, paged KV
+#                                          # pool from kv_cache_free_gpu_mem_fraction): bench --in-process
+#                                          # --throughput for each LENGTHS pair (default the five TensorRT-LLM
+#                                          # rows; REQUESTS each, default 1000; one pair per call keeps a call
+#                                          # under 10 minutes: LENGTHS=128/2048), then batch-1 ms/step
+#   bash benchmarks/h200_run.sh prefix     # the same build: a PREFIX-token (1500) shared system prompt + 100-token
+#                                          # questions, 64 output tokens, 512 requests, without then with reuse
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, kernels, quant, tp1 or tp}
+part=${1:?pipeline, served, kernels, quant, tp1, tp, throughput or prefix}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -102,18 +109,6 @@ case "$part" in
     if has inprocess; then
       tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
         -o "$out/inprocess-fp8-c128.json" || status=$?
-      # The same build with runtime.decode_ahead off: the step before the host's work overlapped the GPU's.
-      python3 - "$c" "$engines" "$out/inprocess-fp8-c128-no-ahead.json" <<'PY' || status=$?
-import sys
-from pathlib import Path
-from trtllm_pipeline.bench.inprocess import InProcessSettings, run_inprocess
-from trtllm_pipeline.config import load_config
-cfg = load_config(sys.argv[1])
-cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"decode_ahead": False})})
-result = run_inprocess(cfg, engines_dir=Path(sys.argv[2]), output=Path(sys.argv[3]),
-                       settings=InProcessSettings(batches=(1, 64), contexts=(128,), output_tokens=256))
-print("\n".join(result.table()))
-PY
     fi
     python3 benchmarks/served_table.py "$out" | tee "$out/served-table.md"
     exit $status ;;
@@ -148,6 +143,24 @@ PY
       tp bench --in-process -c "$c" --engines-dir "$engines" --tp-mode distributed --batch 1,8,32 --context 2048 \
         -o "$out/inprocess-fp8-tp$n.json"
     done ;;
+  throughput)
+    c=$(config fp8)
+    c=${c%.yaml}-load.yaml
+    tp build -c "$c" --engines-dir "$engines"
+    for pair in ${LENGTHS:-128/2048 500/2000 1000/1000 2048/2048 2048/128}; do
+      tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths "$pair" \
+        --requests "${REQUESTS:-1000}" -o "$out/throughput-${pair/\//x}.json"
+    done
+    if [ -z "${SKIP_BATCH1:-}" ]; then  # paging must cost nothing at batch 1 (before: FP8 2.62-2.75 ms/step)
+      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1 --context 128,2048 --output-tokens 256 \
+        -o "$out/inprocess-fp8-batch1-paged.json"
+    fi ;;
+  prefix)
+    c=$(config fp8)
+    c=${c%.yaml}-load.yaml
+    tp build -c "$c" --engines-dir "$engines"
+    tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 100/64 \
+      --shared-prefix "${PREFIX:-1500}" --requests "${REQUESTS:-512}" -o "$out/throughput-prefix.json" ;;
   *)
-    echo "unknown part $part: pipeline, served, kernels, quant, tp1 or tp" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, kernels, quant, tp1, tp, throughput or prefix" >&2; exit 2 ;;
 esac

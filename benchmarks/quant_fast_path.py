@@ -106,7 +106,7 @@ def input_amax(config: dict, tensors: dict, device, prompt_len: int = 512) -> di
     gen = torch.Generator(device=device).manual_seed(2)
     prompt = torch.randint(0, config["vocab_size"], (1, prompt_len), device=device, generator=gen)
     zero = torch.zeros(1, dtype=torch.long, device=device)
-    eng(prompt, zero, zero, prompt_len)
+    eng.forward_slots(prompt, zero, zero, prompt_len)
     for h in hooks:
         h.remove()
     return amax
@@ -342,9 +342,9 @@ def check_step(graphs: DecodeGraphs, engine: Qwen2Engine, prompt_len: int = 64, 
     gen = torch.Generator(device=dev).manual_seed(1)
     prompt = torch.randint(0, engine.lm_head.shape[0], (1, prompt_len), device=dev, generator=gen)
     zero = torch.zeros(1, dtype=torch.long, device=dev)
-    h = engine(prompt, zero, zero, prompt_len)
+    h = engine.forward_slots(prompt, zero, zero, prompt_len)
     first = int(engine.logits(h[:, -1]).argmax(-1))
-    snap_k, snap_v = engine.cache_k[:, :1].clone(), engine.cache_v[:, :1].clone()
+    snap_k, snap_v = engine.cache_k[:, : 1 + engine.slot_blocks].clone(), engine.cache_v[:, : 1 + engine.slot_blocks].clone()
     eager, eager0 = [first], None
     key_len = -(-(prompt_len + steps + 1) // 64) * 64
     for s in range(steps):
@@ -352,10 +352,10 @@ def check_step(graphs: DecodeGraphs, engine: Qwen2Engine, prompt_len: int = 64, 
         lg = engine.logits(engine(tok, zero, torch.tensor([prompt_len + s], device=dev), key_len)[:, -1]).float()
         eager0 = lg.clone() if s == 0 else eager0
         eager.append(int(lg.argmax(-1)))
-    engine.cache_k[:, :1], engine.cache_v[:, :1] = snap_k, snap_v
+    engine.cache_k[:, : 1 + engine.slot_blocks], engine.cache_v[:, : 1 + engine.slot_blocks] = snap_k, snap_v
     fast, fast0, argmax_ok = [first], None, 0
     for s in range(steps):
-        lg = graphs.decode([fast[-1]], [0], [prompt_len + s])
+        lg = graphs.decode([fast[-1]], graphs.step.engine.slot_tables([0]), [prompt_len + s])
         fast0 = lg.clone() if s == 0 else fast0
         fast.append(int(graphs.greedy(1)[0]))
         argmax_ok += fast[-1] == int(lg.argmax(-1))  # the step's greedy token is its logits' argmax
@@ -371,11 +371,11 @@ def time_step(graphs: DecodeGraphs, ctx: int, steps: int) -> tuple[float, float]
     """(ms per step as the runtime runs it: input copy, replay, token read back; ms per graph replay)."""
     tokens = [1]
     for w in range(3):
-        graphs.decode(tokens, [0], [ctx + w])
+        graphs.decode(tokens, graphs.step.engine.slot_tables([0]), [ctx + w])
     torch.cuda.synchronize()
     wall0 = time.perf_counter()
     for s in range(steps):
-        graphs.decode(tokens, [0], [ctx + s])
+        graphs.decode(tokens, graphs.step.engine.slot_tables([0]), [ctx + s])
         tokens = graphs.greedy(1).tolist()
     wall = (time.perf_counter() - wall0) / steps * 1000
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -397,7 +397,7 @@ def kernel_breakdown(engine: Qwen2Engine, replays: int = 5) -> dict:
     by the launch gaps PDL hides; its time is returned beside)."""
     from torch.profiler import ProfilerActivity, profile
 
-    graphs = DecodeGraphs(DecodeStep(engine, pdl=False), [1], scratch_slot=1)
+    graphs = DecodeGraphs(DecodeStep(engine, pdl=False), [1])
     graphs.prepare()
     graphs.graphs[1].replay()
     torch.cuda.synchronize()
@@ -631,7 +631,7 @@ def variant_rows(graphs_for, ctx: int, steps: int, log=print, breakdown=None, re
             rows.append({"variant": name, "graph_replay_ms": replay, "ms_per_step": wall})
             if reference is not None:
                 token, pos, ref = reference
-                logits = graphs.decode([token], [0], [pos])
+                logits = graphs.decode([token], graphs.step.engine.slot_tables([0]), [pos])
                 rows[-1]["logits_rel_vs_default"] = rel(logits, ref)
                 rows[-1]["greedy_is_logits_argmax"] = int(graphs.greedy(1)[0]) == int(logits.argmax(-1))
             best = next((p for p in name.split("+") if p in SWEEP_BEST), None)
@@ -671,7 +671,7 @@ def step_rows(formats, bf16_tensors, device, *, ctx: int = 2048, steps: int = 64
             engine = Qwen2Engine(cfg, tensors, device=device, max_slots=2, max_seq_len=ctx + steps + 80)
             del tensors
             step = DecodeStep(engine)
-            graphs = DecodeGraphs(step, [1], scratch_slot=1)
+            graphs = DecodeGraphs(step, [1])
             graphs.prepare()
             row["setup_s"] = time.perf_counter() - t0
             row["fc_gate"] = "pair" if hasattr(engine.layers[0]["fc_gate"], "first") else "fused"
@@ -694,10 +694,10 @@ def step_rows(formats, bf16_tensors, device, *, ctx: int = 2048, steps: int = 64
                     row["kernels_without_pdl"] = repr(exc)[:300]
                 if fmt == "int4_awq":
                     def graphs_for(engine=engine, **options):
-                        g = DecodeGraphs(DecodeStep(engine, **options), [1], scratch_slot=1)
+                        g = DecodeGraphs(DecodeStep(engine, **options), [1])
                         g.prepare()
                         return g
-                    ref = graphs.decode([7], [0], [ctx]).clone()
+                    ref = graphs.decode([7], graphs.step.engine.slot_tables([0]), [ctx]).clone()
                     row["variants"] = variant_rows(graphs_for, ctx, steps, log, lambda: kernel_breakdown(engine),
                                                    (7, ctx, ref))
             log(f"quant step {fmt:8}: {row}")

@@ -41,7 +41,7 @@ def _inprocess(out: Path, name: str) -> dict[int, dict]:
 
 
 def table(out: Path) -> list[str]:
-    inproc, no_ahead = _inprocess(out, "inprocess-fp8-c128.json"), _inprocess(out, "inprocess-fp8-c128-no-ahead.json")
+    inproc = _inprocess(out, "inprocess-fp8-c128.json")
     lines = ["| protocol | concurrency | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | in-process ms/step "
              "| served ITL / in-process | served tok/s / in-process |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -57,12 +57,11 @@ def table(out: Path) -> list[str]:
         lines.append(f"| {protocol} | {c} | {_fmt(entry['ttft_ms'].get('p50'), '.1f')} | {_fmt(itl, '.3f')} | "
                      f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
                      f"{_fmt(ref.get('decode_ms'), '.3f')} | {_fmt(ratio_itl, '.3f')} | {_fmt(ratio_rate, '.3f')} |")
-    lines += ["", "| in-process batch | ms/step | graph replay ms | tokens/s | prefill ms | ms/step, decode_ahead off |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| in-process batch | ms/step | graph replay ms | tokens/s | prefill ms |",
+              "|---|---|---|---|---|"]
     for batch, run in sorted(inproc.items()):
         lines.append(f"| {batch} | {_fmt(run['decode_ms'], '.3f')} | {_fmt(run.get('graph_replay_ms'), '.3f')} | "
-                     f"{_fmt(run['tokens_per_s'], '.0f')} | {_fmt(run['prefill_ms'], '.1f')} | "
-                     f"{_fmt(no_ahead.get(batch, {}).get('decode_ms'), '.3f')} |")
+                     f"{_fmt(run['tokens_per_s'], '.0f')} | {_fmt(run['prefill_ms'], '.1f')} |")
     ready = {kind: (out / f"ready-{kind}.txt").read_text().strip() for kind in ("cold", "warm")
              if (out / f"ready-{kind}.txt").is_file()}
     if ready:

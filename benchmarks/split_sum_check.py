@@ -61,9 +61,9 @@ def main() -> None:
                 engine.cache_v.copy_(snap[1])
                 decode_step.FOLD_INPUT_NORM = fold
                 step = DecodeStep(engine, pdl=pdl, split_sum=split_sum)
-                g = DecodeGraphs(step, [1], scratch_slot=1, use_graphs=graphs)
+                g = DecodeGraphs(step, [1], use_graphs=graphs)
                 g.prepare()
-                runs = [g.decode([token], [0], [pos]).clone() for _ in range(3)]
+                runs = [g.decode([token], g.step.engine.slot_tables([0]), [pos]).clone() for _ in range(3)]
                 row = {"split_sum": split_sum + ("+fold" if fold else ""), "pdl": step.pdl, "graphs": g.use_graphs,
                        "rel_vs_eager": rel(runs[-1], eager), "runs_equal": all(torch.equal(r, runs[0]) for r in runs),
                        "greedy_is_argmax": int(g.greedy(1)[0]) == int(runs[-1].argmax())}

@@ -44,12 +44,12 @@ def check_checkpoint(ckpt: Path) -> dict:
     prompt = list(range(100, 164))
     cuda = TorchRuntime(ckpt, ckpt / "tokenizer", device="cuda", max_batch_size=2, max_seq_len=1024)
     cpu = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", dtype="float32", max_batch_size=2, max_seq_len=1024)
-    logits = [rt.engine.logits(rt._forward([prompt], [0], [0])[0]).float().cpu() for rt in (cuda, cpu)]
+    logits = [rt.engine.logits(rt.hidden_states(prompt)).float().cpu() for rt in (cuda, cpu)]
     params = SamplingParams(max_tokens=32, end_id=-1)
     tokens = [rt.generate([prompt], params)[0].token_ids for rt in (cuda, cpu)]
     agree = sum(a == b for a, b in zip(*tokens))
     cuda32 = TorchRuntime(ckpt, ckpt / "tokenizer", device="cuda", dtype="float32", max_batch_size=2, max_seq_len=1024)
-    logits32 = cuda32.engine.logits(cuda32._forward([prompt], [0], [0])[0]).float().cpu()
+    logits32 = cuda32.engine.logits(cuda32.hidden_states(prompt)).float().cpu()
     return {
         **check_linears(cuda),
         "logits_rel_err_cuda_fp32_vs_cpu_fp32": float((logits32 - logits[1]).norm() / logits[1].norm()),
@@ -109,7 +109,7 @@ def time_decode(fp8: bool, context: int, steps: int) -> dict:
     del tensors
     slot = torch.zeros(1, dtype=torch.long, device=device)
     prompt = torch.randint(0, shape.vocab_size, (1, context), device=device)
-    engine(prompt, slot, torch.zeros(1, dtype=torch.long, device=device), context + steps + 64)
+    engine.forward_slots(prompt, slot, torch.zeros(1, dtype=torch.long, device=device), context + steps + 64)
     token = torch.ones((1, 1), dtype=torch.long, device=device)
     key_len = context + steps + 64
     for warm in range(5):

@@ -1,6 +1,7 @@
 """Run by tests/test_fast_decode.py in a subprocess: the decode attention kernel (and its split combine)
 through Triton's interpreter, against attention computed in float64 by torch, at positions where the new
-token opens a tile, closes one, sits alone in the last tile of its split, or is the only key; and once with the
+token opens a tile, closes one, sits alone in the last tile of its split, or is the only key, its keys read
+through a shuffled block table (blocks of 16 in a pool); and once with the
 projection as int64 accumulators of the unnormalized input whose 1 / rms the kernel applies (the input norm
 folded into the QKV GEMV, gemv_input.NormFold). Prints JSON.
 
@@ -17,6 +18,7 @@ import torch
 from trtllm_pipeline.runtimes.torch_engine.cuda import attention, fixed_sum
 
 HEADS, KV_HEADS, D, SPLITS, MAX_LEN = 8, 2, 128, 4, 320
+BS, POOL = 16, 24  # KV blocks of 16 tokens (a 64-key tile spans four), a pool of 24 with null block 0
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -25,7 +27,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def reference(qkv, cos, sin, k_cache, v_cache, pos: int) -> torch.Tensor:
-    """The new token's attention output over keys 0..pos of slot 1, the new key and value at pos."""
+    """The new token's attention output over keys 0..pos of sequence 1 (contiguous), the new key and value at pos."""
     x = qkv[0, 0].view(HEADS + 2 * KV_HEADS, D).bfloat16().double()
     q = rope(x[:HEADS], cos[pos].double(), sin[pos].double())
     k = rope(x[HEADS:HEADS + KV_HEADS], cos[pos].double(), sin[pos].double())
@@ -59,16 +61,24 @@ def run_case(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: in
     k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
     v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
     expected = reference(qkv, cos, sin, k_cache, v_cache, pos)
+    # slot 1's keys and values paged: its blocks scattered over the pool in a shuffled table
+    table = (torch.randperm(POOL - 1, generator=gen)[: MAX_LEN // BS] + 1)
+    k_pool = torch.zeros(POOL, KV_HEADS, BS, D, dtype=torch.bfloat16)
+    v_pool = torch.zeros_like(k_pool)
+    for j, block in enumerate(table.tolist()):
+        k_pool[block] = k_cache[1, :, j * BS : (j + 1) * BS]
+        v_pool[block] = v_cache[1, :, j * BS : (j + 1) * BS]
     o = torch.empty(1, HEADS, SPLITS, D)
     lse = torch.empty(1, HEADS, SPLITS)
     out = torch.empty(1, HEADS * D, dtype=torch.bfloat16)
-    attention.decode_attention(given, None, cos, sin, k_cache, v_cache, torch.tensor([pos]), torch.tensor([1]),
+    attention.decode_attention(given, None, cos, sin, k_pool, v_pool, torch.tensor([pos]), torch.tensor([1]),
+                               torch.stack([torch.zeros_like(table), table]),
                                o, lse, out, None, heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16, **options)
     new_key = rope(qkv[0, 0].view(-1, D)[HEADS:HEADS + KV_HEADS].bfloat16().double(), cos[pos].double(),
                    sin[pos].double())
     row = {"pos": pos, "finite": bool(out.isfinite().all()),
            "rel_err": ((out[0].double() - expected).norm() / expected.norm()).item()}
-    return row, k_cache[1, :, pos].double(), new_key
+    return row, k_pool[table[pos // BS], :, pos % BS].double(), new_key
 
 
 def folded_norm(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: int = 200, hidden: int = 96,

@@ -202,3 +202,27 @@ def test_in_process_bench_times_decode_steps_by_batch_and_context(built, engines
     too_big = run_cli("bench", "--in-process", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"), "--engines-dir",
                       str(engines_dir), "--batch", "64", "--context", "16", "--output-tokens", "30", "-o", str(out))
     assert too_big.returncode == 2 and "build.max_batch_size" in too_big.stderr
+
+
+def test_throughput_bench_runs_requests_through_the_scheduler_and_the_shared_prefix_with_and_without_reuse(
+        built, engines_dir, tmp_path):
+    built("tiny-qwen2-fp8-tp1")
+    out = tmp_path / "throughput.json"
+    proc = run_cli("bench", "--in-process", "--throughput", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"),
+                   "--engines-dir", str(engines_dir), "--lengths", "12/6", "--shared-prefix", "64", "--requests", "10",
+                   "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["schema"] == "throughput-1" and data["reference"]["output_tokens_per_s"]["128/2048"] == 26221
+    off, on = data["runs"]
+    assert (off["reuse"], on["reuse"]) == (False, True) and on["same_outputs_as_without_reuse"]
+    for r in (off, on):
+        assert r["output_tokens_total"] == 10 * 6 and r["requests"] == 10 and r["shared_prefix"] == 64
+        assert r["output_tokens_per_s"] == pytest.approx(60 / r["seconds"])
+        assert 0 < r["ttft_ms"]["p50"] <= r["ttft_ms"]["p99"] and r["itl_ms"]["p50"] > 0
+        assert 0 < r["kv_usage_peak"] <= 1 and r["preemptions"] == 0
+    assert off["prefix_cache_hits"] == 0 and on["prefix_cache_hits"] > 0  # the 64-token prompt reused
+    assert "out tok/s" in proc.stdout and "reference only" in proc.stdout
+    bad = run_cli("bench", "--in-process", "--throughput", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"),
+                  "--engines-dir", str(engines_dir), "--lengths", "12", "-o", str(out))
+    assert bad.returncode == 2 and "INPUT/OUTPUT" in bad.stderr

@@ -295,7 +295,7 @@ def test_runtime_matches_modelopt_fake_quantized_model(exported, reference, fmt)
         fc_gate = layer["fc_gate"](x)  # [fc (gate_proj) | gate (up_proj)]
         assert _rel(fc_gate[..., : gate_out.shape[-1]], gate_out) < per_linear
         assert _rel(fc_gate[..., gate_out.shape[-1]:], caps[f"model.layers.{i}.mlp.up_proj"][1]) < per_linear
-    logits = rt.engine.logits(rt._forward([PROMPT], [0], [0])[0])
+    logits = rt.engine.logits(rt.hidden_states(PROMPT))
     agree = float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean())
     # A format that quantizes activations rounds every linear's input to a coarse grid (W4A8: FP8, SmoothQuant:
     # INT8, NVFP4: FP4): where the runtime's float32 input and the reference's differ in the last bit (a CPU
@@ -325,7 +325,7 @@ def test_int8_weight_only_is_quantized_per_rank_as_trtllm_build_does(exported):
     logits = {}
     for tp in (1, 2, 4):
         rt = _runtime(exported("int8_wo", tp).checkpoint_dir)
-        logits[tp] = rt.engine.logits(rt._forward([PROMPT], [0], [0])[0])
+        logits[tp] = rt.engine.logits(rt.hidden_states(PROMPT))
         dense = rt.engine.layers[0]["dense"]
         assert tuple(dense.scales.shape) == (dense.dequantized.shape[0], tp)  # a scale per rank slice
         assert tuple(rt.engine.layers[0]["qkv"].scales.shape[1:]) == (1,)  # column-parallel: the whole row

@@ -45,7 +45,7 @@ def _greedy(rt: TorchRuntime, n: int = 16) -> list[list[int]]:
 
 
 def _logits(rt: TorchRuntime, ids: list[int]) -> torch.Tensor:
-    return rt.executor.logits(rt._forward([ids], [0], [0])[0])
+    return rt.executor.logits(rt.hidden_states(ids))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -164,6 +164,30 @@ def test_one_rank_runs_the_distributed_code_path(built):
     finally:
         rt.close()
         ref.close()
+
+
+def test_distributed_ranks_run_the_same_plan_with_prefix_reuse_and_preemption(built):
+    """tp=2 with a pool too small for four requests (blocks of 4, 30 of them) and the prefix cache on: every rank
+    runs the plan's rows through the same block tables, preempted requests are recomputed, and the greedy tokens
+    are the merged tp=1 model's with a pool large enough for all."""
+    system = list(range(1000, 1040))
+    prompts = [system + list(range(2000 + 9 * i, 2006 + 9 * i)) for i in range(4)]
+    params = SamplingParams(max_tokens=20, end_id=-1)
+    ref = _open(_ckpt(built, "tiny-qwen2-bf16-tp1"), "merged")
+    try:
+        want = [c.token_ids for c in ref.generate(prompts, params)]
+    finally:
+        ref.close()
+    rt = TorchRuntime(_ckpt(built, "tiny-qwen2-bf16-tp2"), _ckpt(built, "tiny-qwen2-bf16-tp2") / "tokenizer",
+                      max_batch_size=4, max_seq_len=512, dtype="float32", tp_mode="distributed", kv_block_size=4,
+                      kv_cache_blocks=30, enable_kv_cache_reuse=True)
+    try:
+        assert [c.token_ids for c in rt.generate(prompts[:1], params)] == want[:1]
+        assert [c.token_ids for c in rt.generate(prompts, params)] == want
+        stats = rt.stats()
+        assert stats["preemptions"] > 0 and stats["prefix_cache_hits"] >= 3 * len(system)
+    finally:
+        rt.close()
 
 
 def test_a_killed_worker_fails_the_requests_within_seconds(built):

@@ -23,7 +23,7 @@ def _runtime(built, engines_dir, name, **kw) -> TorchRuntime:
 
 
 def _logits(rt: TorchRuntime, ids: list[int]) -> torch.Tensor:
-    return rt.engine.logits(rt._forward([ids], [0], [0])[0])
+    return rt.engine.logits(rt.hidden_states(ids))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -266,11 +266,11 @@ def test_a_request_that_fails_inside_a_step_fails_alone(built, engines_dir, monk
     assert [tokens[0], tokens[1]] == alone  # the others: exactly their tokens, seeded sampling included
     assert finished[0] == finished[1] == ("length", None)
     assert finished[2][0] == "error" and "probability tensor" in finished[2][1]
-    assert not rt.has_work() and not rt._running
-    # A forward pass that fails for one request's slot: that request alone is dropped.
+    assert not rt.has_work() and not rt.scheduler.running and rt.kv.free_blocks == rt.kv.usable_blocks
+    # A forward pass that fails for one request's row: that request alone is dropped.
     real_forward = rt._forward
-    monkeypatch.setattr(rt, "_forward", lambda inputs, slots, starts: (_ for _ in ()).throw(RuntimeError("boom"))
-                        if 2 in slots else real_forward(inputs, slots, starts))
+    monkeypatch.setattr(rt, "_forward", lambda rows: (_ for _ in ()).throw(RuntimeError("boom"))
+                        if any(r.request_id == 2 for r in rows) else real_forward(rows))
     tokens, finished = _run_all(rt, prompts, [SamplingParams(max_tokens=10, end_id=-1)] * 3)
     assert tokens[0] == alone[0] and finished[2] == ("error", "RuntimeError: boom")
     # In-process generate: the failure is raised, and the runtime is idle and usable afterwards.
@@ -283,9 +283,9 @@ def test_a_request_that_fails_inside_a_step_fails_alone(built, engines_dir, monk
 
 def test_a_kv_cache_that_cannot_fit_is_refused_before_it_is_allocated(built, engines_dir, monkeypatch):
     from trtllm_pipeline.errors import UnavailableError
-    from trtllm_pipeline.runtimes.torch_engine import runtime as torch_runtime
+    from trtllm_pipeline.runtimes.torch_engine import executor
 
-    monkeypatch.setattr(torch_runtime, "_available_host_memory", lambda: 2**30)  # whatever this machine has
+    monkeypatch.setattr(executor, "device_free_bytes", lambda device: 2**30)  # whatever this machine has
     ckpt = built("tiny-qwen2-fp8-tp1").engine_dir.parent / "checkpoint"
     with pytest.raises(UnavailableError, match=r"KV cache for build.max_batch_size 4096 x build.max_seq_len 8192 "
                                                r"needs [\d.]+ GiB") as exc:

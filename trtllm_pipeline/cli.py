@@ -28,6 +28,7 @@ from trtllm_pipeline import quantize as quantize_stage
 from trtllm_pipeline import report as report_stage
 from trtllm_pipeline import serve as serve_stage
 from trtllm_pipeline.bench import inprocess
+from trtllm_pipeline.bench import throughput as throughput_bench
 from trtllm_pipeline.bench.settings import DATASETS
 from trtllm_pipeline.config import BACKEND_NAMES, TP_MODES, load_config
 from trtllm_pipeline.console import exit_status, setup_logging
@@ -399,6 +400,19 @@ def _number_list(kind: type):
     return parse
 
 
+def _length_pairs(ctx, param, value):
+    """``128/2048,2048/128`` -> ((128, 2048), (2048, 128))."""
+    if value is None:
+        return None
+    try:
+        pairs = [tuple(int(x) for x in pair.split("/", 1)) for pair in value.split(",") if pair.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(value)
+        return pairs
+    except ValueError:
+        raise click.BadParameter(f"expected INPUT/OUTPUT token pairs such as 128/2048,2048/128, got {value!r}")
+
+
 @main.command()
 @click.option("--in-process", "in_process", is_flag=True,
               help="No server: load the build's runtime in this process and time its decode steps by batch and "
@@ -407,6 +421,14 @@ def _number_list(kind: type):
               help="--in-process: batch sizes, comma separated [default: 1,8,32,64].")
 @click.option("--context", "contexts", callback=_number_list(int), default=None,
               help="--in-process: prompt lengths in tokens, comma separated [default: 128,2048,8192].")
+@click.option("--throughput", is_flag=True,
+              help="--in-process: submit --requests requests at once per --lengths pair through the runtime's "
+              "scheduler; output tokens/s, requests/s, TTFT / ITL percentiles, KV use, preemptions, peak memory.")
+@click.option("--lengths", callback=_length_pairs, default=None,
+              help="--throughput: input/output token pairs, comma separated [default: --input-tokens/--output-tokens].")
+@click.option("--shared-prefix", type=click.IntRange(min=0), default=0, show_default=True,
+              help="--throughput: a common system prompt of this many tokens before every prompt, run without and "
+              "with the prefix cache.")
 @click.option("--url", default=None, help="HOST:PORT of the server; default with -c: where `serve` runs that config.")
 @click.option("--protocol", type=click.Choice(["triton-grpc", "triton-http", "openai"]), default="triton-grpc",
               show_default=True, help="Triton (tensorrt_llm_bls, or --model ensemble) over gRPC or HTTP (SSE), or an OpenAI-compatible server "
@@ -443,7 +465,7 @@ def _number_list(kind: type):
               help="Seconds to wait for any one response.")
 @engines_dir_option
 @tp_mode_option
-def bench(in_process, batches, contexts, url, protocol, model, concurrency, request_rate, input_tokens,
+def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, engines_dir, tp_mode) -> None:
     """Measure TTFT, inter-token latency, throughput and cost of a served model.
@@ -455,9 +477,21 @@ def bench(in_process, batches, contexts, url, protocol, model, concurrency, requ
     timed (median ms/step, tokens/s, achieved GB/s and the fraction of the bandwidth floor, prefill
     ms, peak GPU memory) for every --batch x --context.
     """
+    if (throughput or lengths or shared_prefix) and not (in_process and throughput):
+        raise click.UsageError("--lengths and --shared-prefix go with --throughput, and --throughput with --in-process")
     if in_process:
         if config is None:
             raise click.UsageError("--in-process needs -c CONFIG: it loads that build's engine")
+        if throughput:
+            tp_settings = throughput_bench.ThroughputSettings(
+                lengths=tuple(lengths or ((input_tokens, output_tokens),)), requests=num_requests,
+                shared_prefix=shared_prefix, seed=seed)
+            result = throughput_bench.run_throughput(load_config(config).with_runtime(tp_mode=tp_mode),
+                                                     engines_dir=engines_dir, settings=tp_settings, output=output,
+                                                     progress=click.echo)
+            echo_lines(result.table())
+            click.echo(f"results: {result.path}")
+            return
         settings = inprocess.InProcessSettings(batches=tuple(batches or (1, 8, 32, 64)),
                                                contexts=tuple(contexts or (128, 2048, 8192)),
                                                output_tokens=output_tokens, seed=seed)

@@ -301,15 +301,22 @@ class RuntimeSection(_Section):
         description="torch runtime activations/matmuls: auto = the checkpoint dtype on CUDA, float32 on CPU "
         "(CPUs without bf16 units run bf16 matmuls ~3x slower); FP8 layers stay FP8 either way",
     )
-    kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
-    enable_kv_cache_reuse: bool = False
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        0.9, gt=0, le=1, description="KV pool size: this fraction of the GPU memory free once the weights are loaded "
+        "(TensorRT-LLM; the torch runtime on CUDA too)")
+    enable_kv_cache_reuse: bool = Field(
+        False, description="the prefix cache: full KV blocks of earlier requests reused by later ones with the same "
+        "prefix (TensorRT-LLM and the torch runtime)")
+    kv_block_size: int = Field(
+        32, ge=1, le=1024, description="torch runtime: tokens per KV block (prefix-cache granularity; 32 as "
+        "TensorRT-LLM's tokens_per_block)")
+    kv_cache_blocks: int | None = Field(
+        None, ge=1, description="torch runtime: KV blocks in the pool; default: on CUDA from "
+        "kv_cache_free_gpu_mem_fraction, on CPU enough for build.max_batch_size x build.max_seq_len")
     fast_decode: bool = Field(
         True, description="torch runtime on CUDA: decode with fused Triton kernels (off: eager PyTorch ops)")
     cuda_graphs: bool = Field(
         True, description="torch runtime on CUDA: replay the fast decode step from CUDA graphs, one per batch bucket")
-    decode_ahead: bool = Field(
-        True, description="torch runtime's fast path: while a greedy batch stays the same, launch its next step "
-        "before reading this one's tokens, so the host's work per token overlaps the GPU's next step")
     graph_batch_sizes: list[BatchSize] | None = Field(
         None, description="batch buckets captured as CUDA graphs; default: powers of two up to build.max_batch_size")
     prefill_chunk_tokens: int = Field(

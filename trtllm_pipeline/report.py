@@ -26,7 +26,8 @@ from trtllm_pipeline import artifacts, cost, gating
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import PipelineError
 from trtllm_pipeline.model.catalog import REFERENCE_RECIPE_MS_PER_TOKEN
-from trtllm_pipeline.results import INPROCESS_PREFIX, is_bench, is_inprocess, level_label, number_cell, read_json
+from trtllm_pipeline.results import (INPROCESS_PREFIX, THROUGHPUT_PREFIX, is_bench, is_inprocess, is_throughput,
+                                     level_label, number_cell, read_json)
 from trtllm_pipeline.tasks.registry import TASKS
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class BuildData:
     bench_path: Path | None
     inprocess: dict[str, Any] | None = None  # the latest `bench --in-process` results
     inprocess_path: Path | None = None
+    throughput: list[tuple[Path, dict[str, Any]]] = dataclasses.field(default_factory=list)  # bench --throughput files
 
     @property
     def name(self) -> str:
@@ -153,8 +155,10 @@ def gather(cfg: BuildConfig, engines_dir: str | Path, gates: gating.GatesFile | 
         log.warning("report: %s is not an in-process results file this version reads; shown as not measured",
                     inprocess_path)
         inprocess = None
+    throughput = [(p, d) for p in sorted(paths.bench.glob(f"{THROUGHPUT_PREFIX}*.json")) if paths.bench.is_dir()
+                  and is_throughput(d := read_json(p))]
     return BuildData(cfg, artifacts.read_manifest(paths.engine), evals, verdicts, role, bench, bench_path,
-                     inprocess, inprocess_path if inprocess else None)
+                     inprocess, inprocess_path if inprocess else None, throughput)
 
 
 def weight_bytes(cfg: BuildConfig) -> int | None:
@@ -174,10 +178,10 @@ def latest_bench(bench_dir: Path) -> Path | None:
     manifest = artifacts.read_manifest(bench_dir)
     if manifest and (bench_dir / str(manifest.get("latest", ""))).is_file():
         return bench_dir / manifest["latest"]
-    return _newest(bench_dir, "*.json", skip=(artifacts.MANIFEST,), skip_prefix=INPROCESS_PREFIX)
+    return _newest(bench_dir, "*.json", skip=(artifacts.MANIFEST,), skip_prefix=(INPROCESS_PREFIX, THROUGHPUT_PREFIX))
 
 
-def _newest(directory: Path, pattern: str, skip: Sequence[str] = (), skip_prefix: str | None = None) -> Path | None:
+def _newest(directory: Path, pattern: str, skip: Sequence[str] = (), skip_prefix: tuple[str, ...] = ()) -> Path | None:
     files = [p for p in directory.glob(pattern) if p.name not in skip and not (skip_prefix and p.name.startswith(
         skip_prefix))] if directory.is_dir() else []
     return max(files, key=lambda p: p.stat().st_mtime) if files else None
@@ -367,7 +371,7 @@ def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> li
                                f"{s['output_tokens']} output tokens, {s['requests']} requests per level"))
     else:
         facts.append(("bench", NOT_MEASURED))
-    lines = [f"## {b.name}", ""] + _table(["", ""], facts) + [""] + _inprocess_section(b)
+    lines = [f"## {b.name}", ""] + _table(["", ""], facts) + [""] + _inprocess_section(b) + _throughput_section(b)
     if not b.levels:
         return lines + [f"Latency and throughput: {NOT_MEASURED}.", ""]
     rows = []
@@ -398,6 +402,30 @@ def _inprocess_section(b: BuildData) -> list[str]:
              fmt(r["prefill_ms"]), fmt(r["peak_memory_gib"], ".2f", "n/a")] for r, f in zip(b.inprocess["runs"], floor)]
     return lines + _table(["batch", "context", "ms/token", "tokens/s", "GB/s", "% of floor", "prefill ms",
                            "peak GiB"], rows) + [""]
+
+
+def _throughput_section(b: BuildData) -> list[str]:
+    """Every `bench --in-process --throughput` file of the build, each run beside TensorRT-LLM's published row of
+    the same lengths (labelled: another model and engine)."""
+    lines: list[str] = []
+    for path, data in b.throughput:
+        ref = data.get("reference", {})
+        published = ref.get("output_tokens_per_s", {})
+        rt = data["runtime"]
+        lines += [f"In-process throughput (`{path.name}`): {rt.get('runtime')} runtime on {rt.get('device')}; "
+                  f"reference: {ref.get('source', 'none')} (another model and engine, for scale).", ""]
+        rows = []
+        for r in data["runs"]:
+            pair = f"{r['input_tokens']}/{r['output_tokens']}"
+            prefix = "-" if not r["shared_prefix"] else f"{r['shared_prefix']} ({'reuse' if r['reuse'] else 'no reuse'})"
+            rows.append([pair, r["requests"], prefix, fmt(r["output_tokens_per_s"]), fmt(r["requests_per_s"], ".2f"),
+                         fmt(r["ttft_ms"]["p50"]), fmt(r["itl_ms"]["p50"], ".2f"), fmt(r["itl_ms"]["p99"], ".2f"),
+                         fmt(r["kv_usage_peak"] and 100 * r["kv_usage_peak"], ".0f"), fmt(r["preemptions"], "d"),
+                         fmt(r["peak_memory_gib"], ".2f"), fmt(published.get(pair), ",d")])
+        lines += _table(["in/out", "requests", "shared prefix", "output tokens/s", "requests/s", "TTFT p50 ms",
+                         "ITL p50 ms", "ITL p99 ms", "KV peak %", "preemptions", "peak GiB",
+                         "TensorRT-LLM H200 (reference)"], rows) + [""]
+    return lines
 
 
 # --------------------------------------------------------------------------- plots

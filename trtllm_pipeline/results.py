@@ -18,6 +18,8 @@ EVAL_SCHEMA = 1
 BENCH_SCHEMA = 1
 INPROCESS_SCHEMA = "inprocess-1"  # bench --in-process: the runtime timed in this process
 INPROCESS_PREFIX = "inprocess-"  # its files in a build's bench/ directory
+THROUGHPUT_SCHEMA = "throughput-1"  # bench --in-process --throughput: N requests through the runtime's scheduler
+THROUGHPUT_PREFIX = "throughput-"  # its files in a build's bench/ directory
 
 
 def number_cell(value: float | None, spec: str = ".1f", missing: str = "n/a") -> str:
@@ -135,6 +137,11 @@ def is_bench(data: dict[str, Any] | None) -> bool:
 def is_inprocess(data: dict[str, Any] | None) -> bool:
     """Whether ``data`` is a ``bench --in-process`` results file this version reads."""
     return data is not None and data.get("schema") == INPROCESS_SCHEMA and isinstance(data.get("runs"), list)
+
+
+def is_throughput(data: dict[str, Any] | None) -> bool:
+    """Whether ``data`` is a ``bench --in-process --throughput`` results file this version reads."""
+    return data is not None and data.get("schema") == THROUGHPUT_SCHEMA and isinstance(data.get("runs"), list)
 
 
 def level_label(entry: dict[str, Any]) -> str:

@@ -170,8 +170,8 @@ def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSetti
 
 class _StepTimer:
     """The engine loop's host here: the requests are all submitted up front; each step is timed from one step's
-    tokens reaching the host to the next's, as a streaming client sees them, once every row decodes. No device
-    sync of its own, so a step launched ahead of the host's work (runtime.decode_ahead) counts as it runs."""
+    tokens reaching the host to the next's, as a streaming client sees them, once every row decodes (no device
+    sync of its own: work the runtime leaves running on the device when a step returns counts as it runs)."""
 
     def __init__(self, batch: int, start: float):
         self.batch, self.last = batch, start

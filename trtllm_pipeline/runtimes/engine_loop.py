@@ -3,9 +3,7 @@
 A runtime is not thread-safe and makes progress only when ``step()`` is called, so one thread owns it and
 turns: the host's work between steps (take new requests, drop cancelled ones, admit; ``Host.between_steps``),
 one ``step()``, then the host's handling of the step's events (detokenize, stream responses;
-``Host.on_events``). On the CUDA fast path the runtime launches a steady batch's next step before it returns
-this one's tokens (``runtime.decode_ahead``), so everything the host does after ``step()`` returns runs
-while the GPU computes the next step: the loop needs no thread of its own for responses.
+``Host.on_events``).
 
 A failure outside any one request's part of a step (a bug, a lost tensor-parallel worker) goes to
 ``Host.on_failure`` with the loop still running, so new requests get an answer.

@@ -1,8 +1,9 @@
 """The torch runtime's executor seam: what runs the engine, under the scheduler in ``TorchRuntime``.
 
-``TorchRuntime`` owns every request, the batching and the sampling; an executor only runs the model:
-``forward`` (tokens into cache slots, hidden states out), ``logits`` (hidden states to float32 logits
-over the whole vocabulary) and ``copy_prefix`` (share a computed prefix between cache slots).
+``TorchRuntime`` owns every request, the scheduler (``scheduler``), the KV block bookkeeping (``kv_cache``) and the
+sampling; an executor only runs the model: ``allocate_kv`` (the block pool, once its size is known),
+``forward`` (a step plan's rows as a ``plan.PagedBatch``: tokens written through block tables, hidden states out)
+and ``logits`` (hidden states to float32 logits over the whole vocabulary).
 
 * ``LocalExecutor``: the engine in this process, whole (a tp=1 checkpoint, or a tp>1 one merged).
 * ``runtimes.tp.executor.TpExecutor``: this process is rank 0 of a tensor-parallel group; each call is
@@ -19,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from trtllm_pipeline.errors import UnavailableError
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
 
 
 class ExecutorLost(UnavailableError):
@@ -27,8 +29,23 @@ class ExecutorLost(UnavailableError):
 
 def rank_stats(engine, rank: int) -> dict[str, Any]:
     """What one rank holds: its process, device, resident bytes by part, bytes a decode step reads."""
-    return {"rank": rank, "pid": os.getpid(), "device": str(engine.cache_k.device), "memory": engine.memory_bytes(),
+    return {"rank": rank, "pid": os.getpid(), "device": str(engine.device), "memory": engine.memory_bytes(),
             "weight_bytes": engine.weight_bytes(), "kv_bytes_per_token": engine.kv_bytes_per_token()}
+
+
+def device_free_bytes(device: torch.device) -> int | None:
+    """Bytes free on a CUDA device (after what this process holds), or the host's available memory."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # what the caching allocator holds unused (the loaded checkpoint's copies) counts
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -50,20 +67,26 @@ class Executor:
     world_size: int = 1
     failure: ExecutorLost | None = None
 
-    def forward(self, tokens: torch.Tensor, slots: Sequence[int], starts: Sequence[int], key_len: int) -> torch.Tensor:
+    def forward(self, batch: PagedBatch) -> torch.Tensor:
+        """Hidden states [N, hidden] of ``batch``'s packed tokens (their K/V written into the pool)."""
         raise NotImplementedError
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def copy_prefix(self, src_slot: int, dst_slots: Sequence[int], length: int) -> None:
+    def free_memory(self) -> int:
+        """Bytes free on the device now (the least over the ranks): what the KV pool is sized from on CUDA."""
+        raise NotImplementedError
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """The KV pool on every rank (each its KV heads): ``num_blocks`` blocks of ``block_size`` tokens."""
         raise NotImplementedError
 
     def ranks(self) -> list[dict[str, Any]]:
         """``rank_stats`` of every rank, with each process's current RSS (``rss_bytes``)."""
         raise NotImplementedError
 
-    def fast_decoder(self, buckets: Sequence[int], scratch_slot: int, use_graphs: bool):
+    def fast_decoder(self, buckets: Sequence[int], use_graphs: bool):
         """The CUDA fast path's decoder (``decode``, ``greedy``, ``weight_bytes``, ``buckets``, ``use_graphs``,
         ``setup_seconds``: ``cuda.graphs.DecodeGraphs``'s) over every rank, prepared; raises
         ``cuda.decode_step.Unsupported`` where the path cannot run the engine."""
@@ -78,23 +101,26 @@ class LocalExecutor(Executor):
 
     def __init__(self, engine):
         self.engine = engine
-        self.device = engine.cache_k.device
+        self.device = engine.device
         self._stats = rank_stats(engine, 0)
 
-    def forward(self, tokens, slots, starts, key_len):
-        return self.engine(tokens.to(self.device), torch.tensor(slots, device=self.device),
-                           torch.tensor(starts, device=self.device), key_len)
+    def forward(self, batch):
+        return self.engine(batch.to(self.device))
 
     def logits(self, hidden):
         return self.engine.logits(hidden)
 
-    def copy_prefix(self, src_slot, dst_slots, length):
-        self.engine.copy_prefix(src_slot, torch.tensor(list(dst_slots), device=self.device), length)
+    def free_memory(self):
+        return device_free_bytes(self.device)
+
+    def allocate_kv(self, num_blocks, block_size):
+        self.engine.allocate_kv(num_blocks, block_size)
+        self._stats = rank_stats(self.engine, 0)
 
     def ranks(self):
         return [{**self._stats, "rss_bytes": rss_bytes(os.getpid())}]
 
-    def fast_decoder(self, buckets, scratch_slot, use_graphs):
+    def fast_decoder(self, buckets, use_graphs):
         from trtllm_pipeline.runtimes.torch_engine.cuda import graphs  # Triton: imported where the fast path is asked for
 
-        return graphs.prepared(self.engine, buckets, scratch_slot, use_graphs=use_graphs)
+        return graphs.prepared(self.engine, buckets, use_graphs=use_graphs)

@@ -13,9 +13,12 @@ That gives the numbers of ModelOpt's fake-quantized model, up to accumulation or
 scales are taken in the compute dtype, as TensorRT-LLM holds them (``Linear.group_scales``: ~1e-3 from the
 fake-quantized model's linears).
 
-The KV cache is static ([slots, kv_heads, max_seq_len, head_dim] per layer) and every call is
-``forward(tokens, slots, start_pos)``: prefill, decode and scoring are the same code path, and
-shapes stay fixed enough for torch.compile and CUDA graphs later.
+The KV cache is paged: a pool of blocks ([num_blocks, kv_heads, block_size, head_dim] per layer; a block's
+keys of one head are one contiguous run, which is what the decode kernel's tiles read), handed out by
+``kv_cache.KVCacheManager``; every call is ``forward(batch)`` with a ``plan.PagedBatch`` (rows of any start
+and length packed together, each with its block table): prefill chunks, decodes and scoring are the same code
+path. ``forward_contiguous`` keeps the unpaged math (one sequence, no cache) as the reference the paged path
+is checked against.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_pipeline.checkpoint import FORMAT_NAMES, CheckpointLayout
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MIN, INT8_MAX = -128, 127
@@ -295,14 +299,19 @@ class _Pair(torch.nn.Module):
 
 
 class Qwen2Engine(torch.nn.Module):
-    """The network plus its static KV cache, whole on one device (TP shards merged).
+    """The network plus its paged KV pool, whole on one device (TP shards merged).
 
     ``runtimes/torch_engine/tp/sharded_model.ShardedQwen2Engine`` is one rank's shard of it; the hooks it overrides
     are ``_local_heads``, ``_row_linear``, ``_embed`` and ``logits``.
     """
 
     def __init__(self, config: dict[str, Any], tensors: dict[str, Any], *, device: torch.device,
-                 max_slots: int, max_seq_len: int, dtype: torch.dtype | None = None):
+                 max_seq_len: int, max_slots: int | None = None, num_blocks: int | None = None,
+                 block_size: int = 32, dtype: torch.dtype | None = None):
+        """The KV pool: ``num_blocks`` blocks of ``block_size`` tokens; or, given ``max_slots``, enough for that many
+        sequences of ``max_seq_len`` with a fixed table each (``slot_tables``: benchmarks and checks that think in
+        slots); or neither: no pool until ``allocate_kv`` (the runtime sizes it from the memory left after the
+        weights)."""
         super().__init__()
         layout = CheckpointLayout(config)
         self.dtype = dtype or getattr(torch, config["dtype"])
@@ -310,6 +319,7 @@ class Qwen2Engine(torch.nn.Module):
         self.head_dim = layout.head_size
         self.eps = float(config.get("norm_epsilon", 1e-6))
         self.max_seq_len = max_seq_len
+        self.device = torch.device(device)
         dt = self.dtype
         self.embedding = tensors["transformer.vocab_embedding.weight"].to(device=device, dtype=dt)
         self.final_norm = tensors["transformer.ln_f.weight"].to(device=device, dtype=dt)
@@ -329,9 +339,12 @@ class Qwen2Engine(torch.nn.Module):
             })
         base = float(config.get("rotary_base") or 10000.0)
         self.cos, self.sin = rotary_tables(max_seq_len, self.head_dim, base, device)
-        cache_shape = (len(self.layers), max_slots, self.kv_heads, max_seq_len, self.head_dim)
-        self.cache_k = torch.zeros(cache_shape, dtype=dt, device=device)
-        self.cache_v = torch.zeros(cache_shape, dtype=dt, device=device)
+        self.block_size, self.slot_blocks = block_size, -(-max_seq_len // block_size)
+        self.cache_k = self.cache_v = None
+        if max_slots is not None and num_blocks is None:
+            num_blocks = 1 + max_slots * self.slot_blocks
+        if num_blocks is not None:
+            self.allocate_kv(num_blocks, block_size)
 
     def _local_heads(self, layout: CheckpointLayout) -> tuple[int, int]:
         """(query heads, KV heads) this engine computes: all of them."""
@@ -344,42 +357,87 @@ class Qwen2Engine(torch.nn.Module):
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens, self.embedding)
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, start_pos: torch.Tensor,
-                key_len: int) -> torch.Tensor:
-        """Run ``tokens`` [B, T] of requests in cache ``slots`` [B] from ``start_pos`` [B].
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """The KV pool, zeroed: ``num_blocks`` blocks (block 0 the null block) of ``block_size`` tokens per layer."""
+        self.cache_k = self.cache_v = None  # the old pool goes first
+        self.block_size = block_size
+        self.slot_blocks = -(-self.max_seq_len // block_size)
+        shape = (len(self.layers), num_blocks, self.kv_heads, block_size, self.head_dim)
+        self.cache_k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.cache_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-        Writes their K/V into the cache and returns final hidden states [B, T, hidden].
-        Attention covers cache positions < ``key_len`` (>= every row's start_pos + T), masked
-        causally per row; positions a row has not written are never visible to it.
-        """
-        B, T = tokens.shape
-        positions = start_pos[:, None] + torch.arange(T, device=tokens.device)[None, :]
-        cos, sin = self.cos[positions], self.sin[positions]
-        key_pos = torch.arange(key_len, device=tokens.device)
-        visible = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, key_len]
-        # An additive mask, built once: SDPA would convert a boolean one in every layer.
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=tokens.device).masked_fill_(~visible, float("-inf"))
-        x = self._embed(tokens)
+    @property
+    def num_blocks(self) -> int:
+        return 0 if self.cache_k is None else self.cache_k.shape[1]
+
+    def slot_tables(self, slots) -> list[list[int]]:
+        """Fixed block tables of "slots" (an engine built with ``max_slots``): slot s owns its own run of blocks."""
+        w = self.slot_blocks
+        return [list(range(1 + int(s) * w, 1 + (int(s) + 1) * w)) for s in slots]
+
+    @torch.inference_mode()
+    def forward(self, batch) -> torch.Tensor:
+        """Run ``batch`` (a ``plan.PagedBatch`` on this device): each row's tokens at positions ``start ..``,
+        their K/V written through its block table; attention over the row's positions up to each token (keys
+        read through the table). Returns final hidden states [N, hidden], the rows' tokens packed."""
+        lengths, starts = batch.lengths.tolist(), batch.starts.tolist()  # one sync: the rows' shapes
+        dev, bs = batch.tokens.device, self.block_size
+        rows = torch.repeat_interleave(torch.arange(len(lengths), device=dev), batch.lengths)
+        first = torch.cumsum(batch.lengths, 0) - batch.lengths
+        positions = batch.starts[rows] + torch.arange(rows.shape[0], device=dev) - first[rows]
+        if positions.numel() and int(positions.max()) >= self.max_seq_len:
+            raise ValueError(f"a position exceeds this engine's max_seq_len {self.max_seq_len}")
+        blocks, within = batch.block_tables[rows, positions // bs], positions % bs
+        attention = _PagedAttention(self, batch.block_tables, starts, lengths)
+
+        def attend(i: int, q, k, v):
+            self.cache_k[i][blocks, :, within] = k
+            self.cache_v[i][blocks, :, within] = v
+            return attention(i, q)
+
+        return self._layers(batch.tokens, positions, attend)
+
+    def forward_slots(self, tokens: torch.Tensor, slots, starts, key_len: int | None = None) -> torch.Tensor:
+        """``tokens`` [B, T] of fixed-table slots (an engine built with ``max_slots``) from positions ``starts``:
+        hidden states [B, T, hidden]. For benchmarks and checks that think in slots (``key_len``: ignored)."""
+        b, t = tokens.shape
+        slots, starts = [int(s) for s in slots], [int(s) for s in starts]
+        rows = [(tokens[i].tolist(), starts[i], table) for i, table in enumerate(self.slot_tables(slots))]
+        return self(PagedBatch.of(rows).to(self.device)).view(b, t, -1)
+
+    @torch.inference_mode()
+    def forward_contiguous(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One sequence ``tokens`` [T] from position 0, attention over its own K/V, no cache: the unpaged math the
+        paged path must reproduce (tests). Hidden states [T, hidden]."""
+        positions = torch.arange(tokens.shape[0], device=tokens.device)
+
+        def attend(i: int, q, k, v):
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                 v.transpose(0, 1)[None], is_causal=True,
+                                                 scale=1.0 / math.sqrt(self.head_dim), enable_gqa=True)
+            return out[0].transpose(0, 1).reshape(tokens.shape[0], -1)
+
+        return self._layers(tokens, positions, attend)
+
+    def _layers(self, tokens: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+        """The network over packed tokens [N] at ``positions`` [N]; ``attend(layer, q, k, v)`` (rotated q [N, heads,
+        D], k and v [N, kv_heads, D]) gives the attention output [N, heads * D]."""
+        n = tokens.shape[0]
+        cos, sin = self.cos[positions][None], self.sin[positions][None]
+        x = self._embed(tokens[None])
         hd, nq, nkv = self.head_dim, self.heads, self.kv_heads
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer["input_norm"], self.eps)
             qkv = layer["qkv"](h)
-            q = qkv[..., : nq * hd].view(B, T, nq, hd)
-            k = qkv[..., nq * hd : (nq + nkv) * hd].view(B, T, nkv, hd)
-            v = qkv[..., (nq + nkv) * hd :].view(B, T, nkv, hd)
+            q = qkv[..., : nq * hd].view(1, n, nq, hd)
+            k = qkv[..., nq * hd : (nq + nkv) * hd].view(1, n, nkv, hd)
+            v = qkv[..., (nq + nkv) * hd :].view(1, n, nkv, hd)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            self.cache_k[i][slots[:, None], :, positions] = k
-            self.cache_v[i][slots[:, None], :, positions] = v
-            keys = self.cache_k[i][slots, :, :key_len]
-            values = self.cache_v[i][slots, :, :key_len]
-            attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                                  scale=1.0 / math.sqrt(hd), enable_gqa=True)
-            x = x + layer["dense"](attn.transpose(1, 2).reshape(B, T, nq * hd))
+            x = x + layer["dense"](attend(i, q[0], k[0], v[0])[None])
             h = rms_norm(x, layer["post_norm"], self.eps)
             fc, gate = layer["fc_gate"](h).chunk(2, dim=-1)
             x = x + layer["proj"](F.silu(fc) * gate)
-        return rms_norm(x, self.final_norm, self.eps)
+        return rms_norm(x, self.final_norm, self.eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (TensorRT-LLM's default logits dtype): bf16 logits tie too often."""
@@ -424,14 +482,72 @@ class Qwen2Engine(torch.nn.Module):
         for item in (self.final_norm, self.cos, self.sin):
             add("other", item)
         for item in (self.cache_k, self.cache_v):
-            add("kv_cache", item)
+            if item is not None:
+                add("kv_cache", item)
         return out
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one request's token occupies, over all layers (read once per decode step)."""
-        return 2 * len(self.layers) * self.kv_heads * self.head_dim * self.cache_k.element_size()
+        return 2 * len(self.layers) * self.kv_heads * self.head_dim * self.dtype.itemsize
 
-    def copy_prefix(self, src_slot: int, dst_slots: torch.Tensor, length: int) -> None:
-        """Share a computed prefix (e.g. MMLU's few-shot block) with other slots."""
-        self.cache_k[:, dst_slots, :, :length] = self.cache_k[:, src_slot : src_slot + 1, :, :length]
-        self.cache_v[:, dst_slots, :, :length] = self.cache_v[:, src_slot : src_slot + 1, :, :length]
+
+class _PagedAttention:
+    """One step's attention through block tables, the same for every layer: the rows of one token (decodes)
+    batched in one call over their gathered keys, each longer row (a prefill chunk) in a call of its own."""
+
+    def __init__(self, engine: Qwen2Engine, tables: torch.Tensor, starts: list[int], lengths: list[int]):
+        self.engine, self.tables, self.starts, self.lengths = engine, tables, starts, lengths
+        dev, bs = tables.device, engine.block_size
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        self.offsets = offsets
+        decodes = [r for r, n in enumerate(lengths) if n == 1]
+        self.decodes = torch.tensor(decodes, dtype=torch.long, device=dev)
+        self.decode_tokens = torch.tensor([offsets[r] for r in decodes], dtype=torch.long, device=dev)
+        self.others = [r for r, n in enumerate(lengths) if n > 1]
+        if decodes:
+            span = max(starts[r] for r in decodes) + 1
+            self.decode_blocks = -(-span // bs)
+            keys = torch.arange(self.decode_blocks * bs, device=dev)
+            visible = keys[None, :] <= torch.tensor([starts[r] for r in decodes], device=dev)[:, None]
+            self.decode_mask = _additive(visible[:, None, None, :], engine.dtype)  # [Bd, 1, 1, L]
+        self.masks = {}
+        for r in self.others:
+            if starts[r] > 0:  # a later chunk: its queries see the row's earlier positions too
+                keys = torch.arange(starts[r] + lengths[r], device=dev)
+                queries = starts[r] + torch.arange(lengths[r], device=dev)
+                self.masks[r] = _additive(keys[None, :] <= queries[:, None], engine.dtype)
+
+    def _gather(self, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """[rows, W] block ids -> the rows' keys (or values) [rows, kv_heads, W * block_size, D]."""
+        g = cache[tables]  # [rows, W, kv_heads, bs, D]
+        return g.transpose(1, 2).reshape(g.shape[0], g.shape[2], -1, g.shape[-1])
+
+    def __call__(self, i: int, q: torch.Tensor) -> torch.Tensor:
+        e = self.engine
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
+        scale = 1.0 / math.sqrt(e.head_dim)
+        if self.decodes.numel():
+            tables = self.tables[self.decodes, : self.decode_blocks]
+            k, v = self._gather(e.cache_k[i], tables), self._gather(e.cache_v[i], tables)
+            qd = q[self.decode_tokens][:, :, None]  # [Bd, heads, 1, D]
+            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=self.decode_mask, scale=scale, enable_gqa=True)
+            out[self.decode_tokens] = o.reshape(o.shape[0], -1)
+        for r in self.others:
+            a, b = self.offsets[r], self.offsets[r + 1]
+            span = self.starts[r] + self.lengths[r]
+            tables = self.tables[r : r + 1, : -(-span // e.block_size)]
+            k = self._gather(e.cache_k[i], tables)[:, :, :span]
+            v = self._gather(e.cache_v[i], tables)[:, :, :span]
+            qr = q[a:b].transpose(0, 1)[None]  # [1, heads, T, D]
+            mask = self.masks.get(r)
+            o = F.scaled_dot_product_attention(qr, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                               enable_gqa=True)
+            out[a:b] = o[0].transpose(0, 1).reshape(b - a, -1)
+        return out
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as the additive one SDPA takes as is (a boolean one it converts in every layer)."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))

@@ -5,17 +5,19 @@ plus the build manifest that names it. A TP checkpoint runs as ``runtime.tp_mode
 (every rank's slice reassembled at load time, checked for consistency, run on one device by a
 ``LocalExecutor``) or distributed (one process per rank, each loading only its own shard, this
 process rank 0: ``runtimes/torch_engine/tp``, a ``TpExecutor``); the math is the engine's (see ``torch_engine/model``).
-The executor (``torch_engine/executor``) is the seam: this class keeps the scheduler and the sampling, the
-executor runs the model. Scheduling is continuous batching over ``max_batch_size`` cache slots:
-each ``step`` prefills admitted requests (at most ``prefill_chunk_tokens`` prompt tokens a step, so
-a long prompt is spread over steps instead of stalling the requests already decoding) and decodes
-one token for the running ones. On CUDA the decode step runs as fused Triton kernels replayed from
-CUDA graphs (``cuda/``); eager PyTorch stays the CPU path and the reference it is checked against.
+
+The flow of a step: this class keeps the requests and the sampling; the ``scheduler`` plans the step (which
+requests run, how many tokens each: prefill chunks and decodes side by side under ``max_num_tokens``, with KV
+blocks from the ``kv_cache`` manager, which also reuses cached prefixes and whose pool runs out by preempting);
+the executor (``torch_engine/executor``) runs the plan's rows. On CUDA the rows of one decode token run as fused
+Triton kernels replayed from CUDA graphs (``cuda/``), reading K/V through the same block tables; the other rows
+run through the eager model, which stays the CPU path and the reference the kernels are checked against.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -25,33 +27,27 @@ import torch
 
 from trtllm_pipeline import artifacts, checkpoint
 from trtllm_pipeline.errors import InputError, UnavailableError
+from trtllm_pipeline.runtimes.torch_engine import executor as executor_module
 from trtllm_pipeline.runtimes.torch_engine import sampling
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
 from trtllm_pipeline.runtimes.torch_engine.executor import Executor, ExecutorLost, LocalExecutor
+from trtllm_pipeline.runtimes.torch_engine.kv_cache import KVCacheManager
 from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow
+from trtllm_pipeline.runtimes.torch_engine.scheduler import Scheduler, Sequence as _Sequence
 from trtllm_pipeline.runtimes.torch_engine.tp.executor import TpExecutor
 from trtllm_pipeline.runtimes.torch_engine.tp.mode import resolve_tp_mode
 
 log = logging.getLogger(__name__)
 
-KEY_BLOCK = 256  # attention spans cache positions rounded up to this, to keep shapes few
 
 
-@dataclasses.dataclass
-class _Request:
-    request_id: Any
-    prompt: list[int]
-    params: SamplingParams
-    end_id: int
-    slot: int = -1
-    prefilled: int = 0  # prompt tokens already in the cache
-    generated: list[int] = dataclasses.field(default_factory=list)
+@dataclasses.dataclass(eq=False)
+class _Request(_Sequence):
+    params: SamplingParams = None
+    end_id: int = -1
     generator: torch.Generator | None = None
     bad_ids: list[list[int]] = dataclasses.field(default_factory=list)  # bad words, tokenized once
-
-    @property
-    def length(self) -> int:  # tokens in the cache once the last generated token is fed back
-        return len(self.prompt) + len(self.generated)
 
     def banned(self) -> list[int]:
         """Tokens this request may not produce next: its end id before min_tokens, bad words' last tokens."""
@@ -62,35 +58,31 @@ class _Request:
         return out
 
 
-def _check_cache_fits(config: dict, device: torch.device, slots: int, max_seq_len: int, dtype: torch.dtype,
-                      ranks: int = 1) -> None:
-    """The static KV cache must fit in what the device has free; else say which limits to lower
-    (instead of an allocator failure naming exabytes). ``ranks`` > 1: each rank holds its KV heads;
-    on CPU they all share this machine's memory, on CUDA each has a GPU (checked: the first)."""
-    layout = checkpoint.CheckpointLayout(config)
-    kv_heads = layout.kv_heads_per_rank if ranks > 1 else layout.kv_heads
-    need = 2 * layout.layers * slots * kv_heads * max_seq_len * layout.head_size * dtype.itemsize
-    if device.type != "cuda":
-        need *= ranks
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = _available_host_memory()
-    if free is not None and need > free:
+def pool_blocks(*, device: torch.device, free_bytes: int | None, block_bytes: int, block_size: int,
+                max_batch_size: int, max_seq_len: int, fraction: float, blocks: int | None, ranks: int = 1) -> int:
+    """Blocks of the KV pool, the null block included: ``blocks`` if given; on CUDA ``fraction`` of the memory
+    free once the weights are loaded (TensorRT-LLM's ``kv_cache_free_gpu_mem_fraction``); on CPU as many as
+    ``max_batch_size`` sequences of ``max_seq_len`` need. ``block_bytes``: one block over all layers, one rank;
+    on CPU the ranks' pools share this machine's memory. Too many for the memory free: UnavailableError."""
+    if blocks is None and device.type == "cuda" and free_bytes is not None:
+        blocks = int(fraction * free_bytes) // block_bytes
+        if blocks < 2:
+            raise UnavailableError(
+                f"runtime.kv_cache_free_gpu_mem_fraction {fraction} of the {free_bytes / 2**30:.1f} GiB free after "
+                f"the weights holds no KV block of {block_bytes / 2**20:.1f} MiB.",
+                fix="raise runtime.kv_cache_free_gpu_mem_fraction, or free the GPU")
+        return blocks + 1
+    need_blocks = blocks if blocks is not None else -(-max_batch_size * max_seq_len // block_size) + 1
+    need = need_blocks * block_bytes * (ranks if device.type != "cuda" else 1)
+    if free_bytes is not None and need > free_bytes:
+        what = (f"runtime.kv_cache_blocks {blocks}" if blocks is not None else
+                f"build.max_batch_size {max_batch_size} x build.max_seq_len {max_seq_len}")
         raise UnavailableError(
-            f"the torch runtime's KV cache for build.max_batch_size {slots - 1} x build.max_seq_len {max_seq_len} "
-            f"needs {need / 2**30:.1f} GiB; {device} has {free / 2**30:.1f} GiB free.",
-            fix="lower build.max_batch_size or build.max_seq_len (the cache is allocated whole, at load)")
-
-
-def _available_host_memory() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+            f"the torch runtime's KV cache for {what} needs {need / 2**30:.1f} GiB; {device} has "
+            f"{free_bytes / 2**30:.1f} GiB free.",
+            fix="lower build.max_batch_size or build.max_seq_len, or set runtime.kv_cache_blocks (the pool is "
+                "allocated whole, at load)")
+    return need_blocks
 
 
 def resolve_device(requested: str | None) -> torch.device:
@@ -109,7 +101,9 @@ class TorchRuntime(Runtime):
                  max_batch_size: int = 8, max_seq_len: int = 4096, max_input_len: int | None = None,
                  dtype: str | None = None, fast_decode: bool = True, cuda_graphs: bool = True,
                  graph_batch_sizes: Sequence[int] | None = None, prefill_chunk_tokens: int = 2048,
-                 tp_mode: str = "auto", decode_ahead: bool = True):
+                 tp_mode: str = "auto", max_num_tokens: int = 8192, kv_block_size: int = 32,
+                 kv_cache_blocks: int | None = None, kv_cache_free_gpu_mem_fraction: float = 0.9,
+                 enable_kv_cache_reuse: bool = False):
         """``dtype`` overrides the checkpoint's compute dtype (FP8 weights stay FP8 values).
 
         ``tp_mode``: ``auto`` | ``merged`` | ``distributed`` for a tp>1 checkpoint (``tp.mode``); for
@@ -117,8 +111,12 @@ class TorchRuntime(Runtime):
 
         ``fast_decode``/``cuda_graphs``: the CUDA decode path's Triton kernels and their graphs
         (ignored on CPU); ``graph_batch_sizes``: the batch buckets captured (default: powers of two
-        up to ``max_batch_size``); ``prefill_chunk_tokens``: prompt tokens prefilled per step; ``decode_ahead``: on
-        the fast path, launch a steady greedy batch's next step before reading this one's tokens.
+        up to ``max_batch_size``); ``prefill_chunk_tokens``: prompt tokens prefilled per step;
+        ``max_num_tokens``: tokens a step runs at most (prefill chunks and decodes).
+
+        The KV pool (``kv_cache``): blocks of ``kv_block_size`` tokens; ``kv_cache_blocks`` of them if given, else
+        on CUDA ``kv_cache_free_gpu_mem_fraction`` of the memory free after the weights, on CPU enough for
+        ``max_batch_size`` x ``max_seq_len``; ``enable_kv_cache_reuse``: the prefix cache.
         """
         self.device = resolve_device(device)
         config = checkpoint.read_config(checkpoint_dir)
@@ -133,10 +131,16 @@ class TorchRuntime(Runtime):
         self.prefill_chunk_tokens = max(1, prefill_chunk_tokens)
         compute_dtype = getattr(torch, dtype) if dtype else getattr(torch, config["dtype"])
         ranks = layout.tp if self.tp_mode == "distributed" else 1
-        _check_cache_fits(config, self.device, max_batch_size + 1, self.max_seq_len, compute_dtype, ranks)
-        # One slot more than requests: padding rows of a CUDA-graph batch write there.
-        engine_args = dict(max_slots=max_batch_size + 1, max_seq_len=self.max_seq_len,
-                           dtype=getattr(torch, dtype) if dtype else None)
+        # On CPU the pool's size is known before the weights load: refuse at once what cannot fit.
+        kv_heads = layout.kv_heads_per_rank if ranks > 1 else layout.kv_heads
+        block_bytes = 2 * layout.layers * kv_heads * layout.head_size * compute_dtype.itemsize * kv_block_size
+        sizing = dict(device=self.device, block_bytes=block_bytes, block_size=kv_block_size,
+                      max_batch_size=max_batch_size, max_seq_len=self.max_seq_len,
+                      fraction=kv_cache_free_gpu_mem_fraction, blocks=kv_cache_blocks and kv_cache_blocks + 1,
+                      ranks=ranks)
+        if self.device.type != "cuda":
+            pool_blocks(free_bytes=executor_module.device_free_bytes(self.device), **sizing)
+        engine_args = dict(max_seq_len=self.max_seq_len, dtype=getattr(torch, dtype) if dtype else None)
         if self.tp_mode == "distributed":
             self.executor: Executor = TpExecutor(checkpoint_dir, world_size=layout.tp, device=self.device,
                                                  **engine_args)
@@ -147,26 +151,26 @@ class TorchRuntime(Runtime):
             del tensors
         self.engine = self.executor.engine
         try:
-            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes, decode_ahead)
+            num_blocks = pool_blocks(free_bytes=self.executor.free_memory(), **sizing)
+            self.executor.allocate_kv(num_blocks, kv_block_size)
+            self.kv = KVCacheManager(num_blocks, kv_block_size, enable_prefix_cache=enable_kv_cache_reuse)
+            self.scheduler = Scheduler(self.kv, max_running=max_batch_size, max_num_tokens=max_num_tokens,
+                                       prefill_chunk_tokens=self.prefill_chunk_tokens)
+            log.info("KV pool: %d blocks of %d tokens (%.2f GiB per rank), prefix cache %s", num_blocks - 1,
+                     kv_block_size, num_blocks * block_bytes / 2**30, "on" if enable_kv_cache_reuse else "off")
+            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes)
         except BaseException:
             self.executor.close()
             raise
 
-    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes,
-                     decode_ahead: bool) -> None:
+    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes) -> None:
         from trtllm_pipeline.tokenizer import Tokenizer  # not transformers: this runs in Triton's stub too
 
         config = self.config
         self.tokenizer = Tokenizer(tokenizer_dir)
         self.vocab_size = int(config["vocab_size"])
-        self._waiting: list[_Request] = []
-        self._running: dict[int, _Request] = {}  # slot -> request (prefilling or decoding)
-        self._ids: set[Any] = set()
-        self._ahead: _Ahead | None = None
-        self.steps_ahead = 0  # decode steps that were launched before the host read the step before
+        self._requests: dict[Any, _Request] = {}
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes)
-        # the next greedy step launched before this one's tokens are read (where the decoder can: one rank)
-        self.decode_ahead = decode_ahead and hasattr(self.decoder, "decode_ahead")
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
@@ -184,8 +188,7 @@ class TorchRuntime(Runtime):
         from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets
 
         try:
-            decoder = self.executor.fast_decoder(batch_buckets(self.max_batch_size, sizes), self.max_batch_size,
-                                                 graphs)
+            decoder = self.executor.fast_decoder(batch_buckets(self.max_batch_size, sizes), graphs)
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
@@ -207,8 +210,11 @@ class TorchRuntime(Runtime):
         return cls(ckpt, artifacts.checkpoint_tokenizer(ckpt), device=device or rt.device,
                    max_batch_size=cfg.build.max_batch_size, max_seq_len=cfg.build.max_seq_len,
                    max_input_len=cfg.build.max_input_len, dtype=dtype, fast_decode=rt.fast_decode,
-                   cuda_graphs=rt.cuda_graphs, graph_batch_sizes=rt.graph_batch_sizes, decode_ahead=rt.decode_ahead,
-                   prefill_chunk_tokens=rt.prefill_chunk_tokens, tp_mode=tp_mode or rt.tp_mode)
+                   cuda_graphs=rt.cuda_graphs, graph_batch_sizes=rt.graph_batch_sizes,
+                   prefill_chunk_tokens=rt.prefill_chunk_tokens, tp_mode=tp_mode or rt.tp_mode,
+                   max_num_tokens=cfg.build.max_num_tokens, kv_block_size=rt.kv_block_size,
+                   kv_cache_blocks=rt.kv_cache_blocks, kv_cache_free_gpu_mem_fraction=rt.kv_cache_free_gpu_mem_fraction,
+                   enable_kv_cache_reuse=rt.enable_kv_cache_reuse)
 
     def describe(self) -> dict[str, Any]:
         layout = checkpoint.CheckpointLayout(self.config)
@@ -232,12 +238,14 @@ class TorchRuntime(Runtime):
             "world_size": self.executor.world_size,
             **({"tp_notice": self.tp_notice} if self.tp_notice else {}),
             "decode_path": self.decode_path,
-            "decode_ahead": self.decode_ahead,
             # What a step reads over every rank: the fast path's packed weights where it runs, else the
             # eager model's (replicated KV heads are read by each rank holding them).
             "weight_bytes": (self.decoder.weight_bytes() if self.decoder is not None
                              else sum(r["weight_bytes"] for r in ranks)),
             "kv_bytes_per_token": sum(r["kv_bytes_per_token"] for r in ranks),
+            "kv_pool": {"blocks": self.kv.usable_blocks, "block_size": self.kv.block_size,
+                        "tokens": self.kv.usable_blocks * self.kv.block_size,
+                        "prefix_cache": self.kv.enable_prefix_cache},
             "ranks": ranks,
             "torch": torch.__version__,
         }
@@ -253,12 +261,18 @@ class TorchRuntime(Runtime):
 
     # ---- requests -------------------------------------------------------------------------------
 
+    def stats(self) -> dict[str, Any]:
+        """Requests running and waiting, and the KV pool's ``kv_stats``: usage 0..1, prefix-cache tokens queried and
+        hit, preemptions (a plain dict: the metrics endpoint reads it)."""
+        return {"requests_running": len(self.scheduler.running), "requests_waiting": len(self.scheduler.waiting),
+                **self.kv.stats()}
+
     def submit(self, request_id: Any, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         if self.executor.failure is not None:  # the tensor-parallel group is gone: say so, at once
             raise self.executor.failure
         params.check()
         prompt = [int(t) for t in prompt_ids]
-        if request_id in self._ids:
+        if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already active")
         if not prompt:
             raise InputError("the prompt is empty.", fix="send at least one token")
@@ -269,74 +283,75 @@ class TorchRuntime(Runtime):
             raise InputError(f"token ids {bad[:5]} are outside the vocabulary (0..{self.vocab_size - 1}).")
         if params.end_id is not None and params.end_id >= self.vocab_size:
             raise InputError(f"end_id {params.end_id} is outside the vocabulary (0..{self.vocab_size - 1}, or -1).")
+        # Its longest life: prompt + max_tokens, cut at max_seq_len (it ends with "length" there).
+        longest = min(len(prompt) + params.max_tokens, self.max_seq_len)
+        if not self.kv.fits_ever(longest):
+            raise InputError(f"the request needs up to {longest} tokens of KV cache; the whole pool holds "
+                             f"{self.kv.usable_blocks * self.kv.block_size} ({self.kv.usable_blocks} blocks of "
+                             f"{self.kv.block_size}).",
+                             fix="lower max_tokens or shorten the prompt, or give the pool more memory "
+                                 "(runtime.kv_cache_free_gpu_mem_fraction, runtime.kv_cache_blocks)")
         end_id = self.tokenizer.eos_token_id if params.end_id is None else params.end_id
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         bad_ids = [ids for ids in (self.tokenizer.encode(w, add_special_tokens=False) for w in params.bad_words) if ids]
-        self._waiting.append(_Request(request_id, prompt, params, end_id, generator=gen, bad_ids=bad_ids))
-        self._ids.add(request_id)
+        req = _Request(request_id, prompt, params=params, end_id=end_id, generator=gen, bad_ids=bad_ids)
+        self._requests[request_id] = req
+        self.scheduler.add(req)
 
     def cancel(self, request_id: Any) -> None:
-        self._waiting = [r for r in self._waiting if r.request_id != request_id]
-        for slot, req in list(self._running.items()):
-            if req.request_id == request_id:
-                del self._running[slot]
-        self._ids.discard(request_id)
+        req = self._requests.get(request_id)
+        if req is not None:
+            self._finish(req)
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
-
-    def stats(self) -> dict[str, float]:
-        return {"requests_running": len(self._running), "requests_waiting": len(self._waiting)}
+        return self.scheduler.has_work()
 
     def step(self) -> list[TokenEvent]:
-        """Admit, prefill and decode; a request whose part of the step fails is dropped with an
-        ``error`` event and the step goes on for the others (``_isolated``)."""
-        decoding = [r for r in self._running.values() if r.prefilled == len(r.prompt)]
-        free = [s for s in range(self.max_batch_size) if s not in self._running]
-        while self._waiting and free:
-            req = self._waiting.pop(0)
-            req.slot = free.pop(0)
-            self._running[req.slot] = req
-        events: list[TokenEvent] = []
+        """Plan the step (``scheduler``), run its rows: decodes on the fast path where it runs, the rest (prefill
+        chunks; every row without the fast path) through the eager model, in one forward. A request whose part of
+        the step fails is dropped with an ``error`` event and the step goes on for the others (``_isolated``)."""
+        plan = self.scheduler.schedule()
+        if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
+            self.decoder.release(plan.preempted)
+        fast, eager = [], []
+        for row in plan.rows:
+            (fast if self.decoder is not None and row.is_decode and row.sample else eager).append(row)
         try:
-            events += self._isolated(self._prefill, [r for r in self._running.values() if r.prefilled < len(r.prompt)])
-            decoding = [r for r in decoding if self._running.get(r.slot) is r]
-            return events + self._isolated(self._decode, decoding)
+            return self._isolated(self._run_eager, eager) + self._isolated(self._run_fast, fast)
         except ExecutorLost as exc:  # no request can go on: each ends with the reason
-            return events + self._fail_everything(exc)
+            return self._fail_everything(exc)
 
     def _fail_everything(self, exc: ExecutorLost) -> list[TokenEvent]:
-        reqs = list(self._running.values()) + self._waiting
-        self._running.clear()
-        self._waiting.clear()
-        self._ids.clear()
+        reqs = list(self._requests.values())
+        for req in reqs:
+            self._finish(req)
         return [TokenEvent(r.request_id, [], "error", error=f"{exc.message} ({exc.fix})") for r in reqs]
 
-    def _isolated(self, phase, reqs: list[_Request]) -> list[TokenEvent]:
-        """``phase(reqs)``; when it raises, the same phase once per request, so that only the requests
-        that fail on their own are dropped. Phases change no state until they have succeeded."""
-        if not reqs:
+    def _isolated(self, phase, rows: list[PlanRow]) -> list[TokenEvent]:
+        """``phase(rows)``; when it raises, the same phase once per row, so that only the requests that fail on
+        their own are dropped. Phases change no state until they have succeeded."""
+        if not rows:
             return []
         try:
-            return phase(reqs)
+            return phase(rows)
         except ExecutorLost:
             raise
         except Exception as exc:
-            if len(reqs) == 1:
-                return [self._failed(reqs[0], exc)]
-            log.warning("torch runtime: a %s step of %d requests failed (%s: %s); retrying them one by one",
-                        phase.__name__.strip("_"), len(reqs), type(exc).__name__, exc)
+            if len(rows) == 1:
+                return [self._failed(self._requests[rows[0].request_id], exc)]
+            log.warning("torch runtime: a %s step of %d rows failed (%s: %s); retrying them one by one",
+                        phase.__name__.strip("_"), len(rows), type(exc).__name__, exc)
         events: list[TokenEvent] = []
-        for req in reqs:
+        for row in rows:
             try:
-                events += phase([req])
+                events += phase([row])
             except ExecutorLost:
                 raise
             except Exception as exc:
-                events.append(self._failed(req, exc))
+                events.append(self._failed(self._requests[row.request_id], exc))
         return events
 
     def _failed(self, req: _Request, exc: Exception) -> TokenEvent:
@@ -346,59 +361,28 @@ class TorchRuntime(Runtime):
         message = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
         return TokenEvent(req.request_id, [], "error", error=message)
 
-    def _prefill(self, reqs: list[_Request]) -> list[TokenEvent]:
-        """The next chunk of each prefilling request's prompt, in admission order, within the budget."""
-        budget, chunks = self.prefill_chunk_tokens, []
-        for req in reqs:
-            if budget <= 0:
-                break
-            take = min(budget, len(req.prompt) - req.prefilled)
-            chunks.append((req, req.prompt[req.prefilled : req.prefilled + take]))
-            budget -= take
-        if not chunks:
-            return []
-        hidden = self._forward([c for _, c in chunks], [r.slot for r, _ in chunks], [r.prefilled for r, _ in chunks])
-        done = [(row, len(chunk) - 1, req) for row, (req, chunk) in enumerate(chunks)
-                if req.prefilled + len(chunk) == len(req.prompt)]
+    def _run_eager(self, rows: list[PlanRow]) -> list[TokenEvent]:
+        """The rows through the eager model in one forward; the sampling rows' last tokens' logits sampled."""
+        hidden = self._forward(rows)
+        last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
+        sampled = [i for i, r in enumerate(rows) if r.sample]
+        reqs = [self._requests[r.request_id] for r in rows]
         tokens = []
-        if done:
-            rows = torch.tensor([row for row, _, _ in done], device=self.device)
-            last = torch.tensor([col for _, col, _ in done], device=self.device)
-            tokens = self._sample([r for _, _, r in done], self.executor.logits(hidden[rows, last]))
-        for req, chunk in chunks:  # the step succeeded: now it counts
-            req.prefilled += len(chunk)
-        return self._record_all([r for _, _, r in done], tokens)
+        if sampled:
+            index = torch.tensor([last[i] - 1 for i in sampled], device=hidden.device)
+            tokens = self._sample([reqs[i] for i in sampled], self.executor.logits(hidden[index]))
+        for row, req in zip(rows, reqs):  # the step succeeded: now it counts
+            self.scheduler.advance(req, len(row.tokens))
+        return self._record_all([reqs[i] for i in sampled], tokens)
 
-    def _decode(self, reqs: list[_Request]) -> list[TokenEvent]:
-        tokens, slots, positions = [r.generated[-1] for r in reqs], [r.slot for r in reqs], [r.length - 1 for r in reqs]
-        if self.decoder is not None:
-            ahead, self._ahead = self._ahead, None
-            if ahead is not None and len(ahead.reqs) == len(reqs) and all(a is r for a, r in zip(ahead.reqs, reqs)):
-                launch = ahead.launch  # this step was launched during the last one, from the tokens on the device
-                self.steps_ahead += 1
-            else:  # a launch ahead for another batch is dropped: its rows decode again from the host's tokens
-                if max(positions) >= self.max_seq_len:
-                    raise InputError(f"a sequence exceeds this engine's max_seq_len {self.max_seq_len}.")
-                logits = self.decoder.decode(tokens, slots, positions)
-                launch = getattr(self.decoder, "last", None)
-                if launch is None or not _plain_greedy(reqs):
-                    return self._record_all(reqs, self._sample(reqs, logits, greedy=self.decoder.greedy(len(reqs))))
-            if self._may_decode_ahead(reqs):
-                self._ahead = _Ahead(reqs, self.decoder.decode_ahead())
-            return self._record_all(reqs, launch.tokens())
-        hidden = self._forward([[t] for t in tokens], slots, positions)
-        return self._record_all(reqs, self._sample(reqs, self.executor.logits(hidden[:, -1])))
-
-    def _may_decode_ahead(self, reqs: list[_Request]) -> bool:
-        """Whether the next step is these rows again, each taking its argmax: nothing to admit or prefill, and no
-        row that this step's token ends by length or that min_tokens or bad words constrain next (one that ends on
-        its end id is dropped from the launch ahead when its token is read)."""
-        if not self.decode_ahead or len(self._running) != len(reqs) or (self._waiting and
-                                                                      len(self._running) < self.max_batch_size):
-            return False
-        return all(not r.bad_ids and len(r.generated) + 1 >= r.params.min_tokens and
-                   len(r.generated) + 1 < r.params.max_tokens and r.length + 1 < self.max_seq_len
-                   for r in reqs) and _plain_greedy(reqs)
+    def _run_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
+        reqs = [self._requests[r.request_id] for r in rows]
+        logits = self.decoder.decode([r.tokens[0] for r in rows], [r.block_table for r in rows],
+                                     [r.start for r in rows], [r.request_id for r in rows])
+        tokens = self._sample(reqs, logits, greedy=self.decoder.greedy(len(rows)))
+        for req in reqs:
+            self.scheduler.advance(req, 1)
+        return self._record_all(reqs, tokens)
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None = None) -> list[int | Exception]:
@@ -438,34 +422,45 @@ class TorchRuntime(Runtime):
         return TokenEvent(req.request_id, [token])
 
     def _finish(self, req: _Request) -> None:
-        self._running.pop(req.slot, None)
-        self._ids.discard(req.request_id)
+        self.scheduler.finish(req)
+        if self.decoder is not None:
+            self.decoder.release([req.request_id])
+        self._requests.pop(req.request_id, None)
 
-    def _forward(self, inputs: list[list[int]], slots: list[int], starts: list[int]) -> torch.Tensor:
-        """Right-pad rows to one length and run them; padding lands after each row's real tokens."""
-        width = max(len(x) for x in inputs)
-        tokens = torch.zeros((len(inputs), width), dtype=torch.long)
-        for i, x in enumerate(inputs):
-            tokens[i, : len(x)] = torch.tensor(x)
-        end = max(s + width for s in starts)
+    def _forward(self, rows: list[PlanRow]) -> torch.Tensor:
+        """Hidden states [N, hidden] of the rows' tokens, packed in row order."""
+        end = max(r.start + len(r.tokens) for r in rows)
         if end > self.max_seq_len:
             raise InputError(f"a sequence of {end} tokens exceeds this engine's max_seq_len {self.max_seq_len}.")
-        key_len = min(self.max_seq_len, -(-end // KEY_BLOCK) * KEY_BLOCK)
-        return self.executor.forward(tokens, slots, starts, key_len)
+        return self.executor.forward(PagedBatch.of(rows))
 
     # ---- scoring --------------------------------------------------------------------------------
+
+    def hidden_states(self, ids: Sequence[int]) -> torch.Tensor:
+        """Final hidden states [T, hidden] of one whole sequence, run once in blocks of its own (tests, checks)."""
+        if self.has_work():
+            raise RuntimeError("hidden_states() cannot run while generation requests are active")
+        rid = ("hidden", 0)
+        if self.kv.admit(rid, list(ids), len(ids), use_cache=False, watermark=False) is None:
+            raise UnavailableError(f"{len(ids)} tokens do not fit the KV pool's free blocks.")
+        try:
+            return self._forward([PlanRow(rid, list(ids), 0, self.kv.tables[rid], True)])
+        finally:
+            self.kv.free(rid)
 
     def next_token_logprobs(self, context: Sequence[int]) -> list[float]:
         if self.has_work():
             raise RuntimeError("next_token_logprobs() cannot run while generation requests are active")
-        hidden = self._forward([list(context)], [0], [0])
-        return torch.log_softmax(self.executor.logits(hidden[0, -1]), dim=-1).tolist()
+        hidden = self.hidden_states(context)
+        return torch.log_softmax(self.executor.logits(hidden[-1]), dim=-1).tolist()
 
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[tuple[float, bool]]:
         """Log-likelihoods of continuations, computing a shared context prefix once.
 
         Requests whose inputs (context + continuation minus its last token) are identical, like
-        the four answer letters of one MMLU question, share a single forward pass.
+        the four answer letters of one MMLU question, share a single forward pass; the common prefix of all
+        (the few-shot block) is computed once and its full KV blocks shared by every row's block table through
+        the prefix cache (whatever ``enable_kv_cache_reuse`` says: these blocks are only this call's).
         """
         if self.has_work():
             raise RuntimeError("score() cannot run while generation requests are active")
@@ -482,39 +477,54 @@ class TorchRuntime(Runtime):
             groups.setdefault(tuple(s[:-1]), []).append(i)
         keys = list(groups)
         prefix = min(_common_prefix(keys), min(len(c) for c in contexts) - 1)
-        if prefix > 0:
-            self._forward([list(keys[0][:prefix])], [0], [0])
-        results: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
-        for start in range(0, len(keys), self.max_batch_size):
-            chunk = keys[start : start + self.max_batch_size]
-            slots = list(range(len(chunk)))
-            if prefix > 0 and len(chunk) > 1:
-                self.executor.copy_prefix(0, slots[1:], prefix)
-            hidden = self._forward([list(k[prefix:]) for k in chunk], slots, [prefix] * len(chunk))
-            for row, key in enumerate(chunk):
-                members = groups[key]
-                first = min(len(contexts[i]) for i in members) - 1  # first position whose logits we need
-                logprobs = torch.log_softmax(self.executor.logits(hidden[row, first - prefix :]), dim=-1)
-                for i in members:
-                    offset = len(contexts[i]) - 1 - first
-                    target = torch.tensor(continuations[i], device=self.device)
-                    rows = logprobs[offset : offset + len(target)]
-                    results[i] = (float(rows.gather(-1, target[:, None]).sum()),
-                                  bool(torch.equal(rows.argmax(-1), target)))
-        return results
+        shared = prefix // self.kv.block_size * self.kv.block_size  # its whole blocks, shared by table
+        held: list[Any] = []
+        try:
+            if shared > 0:
+                self._score_rows([(("score-prefix",), list(keys[0][:shared]), shared - 1)], held, commit=True)
+            results: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
+            for start in range(0, len(keys), self.max_batch_size):
+                chunk = keys[start : start + self.max_batch_size]
+                # the first position whose logits a group needs: the cache may give at most the positions before
+                firsts = [min(len(contexts[i]) for i in groups[key]) - 1 for key in chunk]
+                rows = [(("score", j), list(key), first) for j, (key, first) in enumerate(zip(chunk, firsts))]
+                hidden, plan_rows = self._score_rows(rows, held)
+                offset = 0
+                for row, key, first in zip(plan_rows, chunk, firsts):
+                    h = hidden[offset + first - row.start : offset + len(row.tokens)]
+                    offset += len(row.tokens)
+                    logprobs = torch.log_softmax(self.executor.logits(h), dim=-1)
+                    for i in groups[key]:
+                        skip = len(contexts[i]) - 1 - first
+                        target = torch.tensor(continuations[i], device=self.device)
+                        lp = logprobs[skip : skip + len(target)]
+                        results[i] = (float(lp.gather(-1, target[:, None]).sum()),
+                                      bool(torch.equal(lp.argmax(-1), target)))
+                for row in plan_rows:
+                    self.kv.free(row.request_id)
+                    held.remove(row.request_id)
+            return results
+        finally:
+            for rid in held:
+                self.kv.free(rid)
 
-
-@dataclasses.dataclass
-class _Ahead:
-    """A decode step launched before the host read the last one's tokens (``cuda.graphs.DecodeGraphs.decode_ahead``)."""
-
-    reqs: list[_Request]
-    launch: Any  # cuda.graphs.Launch
-
-
-def _plain_greedy(reqs: list[_Request]) -> bool:
-    """Every row takes its argmax over the whole vocabulary this step."""
-    return all(r.params.greedy for r in reqs) and not any(r.banned() for r in reqs)
+    def _score_rows(self, rows, held: list, commit: bool = False):
+        """Rows (id, tokens, first: the first position whose hidden state is needed) admitted through the prefix
+        cache and run in one forward; ``commit``: their full blocks keyed for the rows that follow."""
+        plan_rows = []
+        for rid, tokens, first in rows:
+            done = self.kv.admit(rid, tokens[: first + 1], len(tokens), use_cache=True, watermark=False)
+            if done is None:
+                raise UnavailableError(f"scoring {len(rows)} sequences of up to {max(len(t) for _, t, _ in rows)} "
+                                       "tokens needs more KV blocks than the pool has free.",
+                                       fix="score fewer or shorter sequences at once, or give the pool more memory")
+            held.append(rid)
+            plan_rows.append(PlanRow(rid, tokens[done:], done, self.kv.tables[rid], False))
+        hidden = self._forward(plan_rows)
+        if commit:
+            for rid, tokens, _ in rows:
+                self.kv.commit(rid, tokens, use_cache=True)
+        return hidden, plan_rows
 
 
 def _common_prefix(seqs: list[tuple[int, ...]]) -> int:

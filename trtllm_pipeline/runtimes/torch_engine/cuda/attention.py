@@ -1,10 +1,13 @@
-"""Decode attention over the static KV cache: one new token per request, flash-decoding style.
+"""Decode attention over the paged KV cache: one new token per request, flash-decoding style.
 
 One program per (request, KV head, split of the key range): it finishes the QKV projection for its
 heads (sums the split-K partials, adds the bias, rounds to the compute dtype as the eager model's
 GEMM output is rounded), applies the rotary embedding, writes the new key and value into the cache
 (split 0 only) and attends over its share of the *live* length ``position + 1`` read from device
-memory, so a CUDA graph captured once serves every length. All of a KV head's query heads (GQA)
+memory, so a CUDA graph captured once serves every length. Keys and values are read through the request's
+block table ([num_blocks, kv_heads, BS, D] per layer: a block's keys of one head are one contiguous run; each
+tile's rows look their block up in the table, which stays on the device between steps, row b's table named by
+a static input of the graph like the positions; a tile may span blocks of any size). All of a KV head's query heads (GQA)
 ride in one tile, so each cached key and value is read once. A second small kernel combines the
 splits by their log-sum-exp and quantizes the result for ``attention.dense`` (or prepares it as the
 INT4 GEMV's input). (Combining inside the
@@ -64,34 +67,36 @@ def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, rstd, QKV_SP
 def _decode_attention_kernel(
     qkv_ptr, stride_qs, stride_qb, bias_ptr,
     cos_ptr, sin_ptr, stride_rot,
-    k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct,
-    pos_ptr, slot_ptr,
+    k_cache_ptr, v_cache_ptr, stride_cb, stride_ch, stride_ct,
+    pos_ptr, slot_ptr, bt_ptr, stride_btb, stride_btj,
     o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
     qk_scale, sq_ptr, hidden, eps,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, NORM_PARTS: tl.constexpr,
     NORM_BLOCK: tl.constexpr,
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, COMPUTE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BS: tl.constexpr, COMPUTE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    # positions and slots are the step's inputs, copied in before its first kernel
+    # positions and table rows are the step's inputs, copied in before its first kernel (the tables themselves
+    # stay on the device between steps, their rows rewritten only where a request's table has grown)
     pos = tl.load(pos_ptr + b)
-    slot = tl.load(slot_ptr + b)
+    table = bt_ptr + tl.load(slot_ptr + b) * stride_btb
+    head = kvh * stride_ch
     length = pos + 1
     # This split's share of the live keys, in whole BLOCK_T tiles.
     chunk = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_T) * BLOCK_T
     start = split * chunk
     end = tl.minimum(start + chunk, length)
     if PREFETCH:
-        base = slot * stride_cs + kvh * stride_ch
         for t0 in range(start, end, BLOCK_T):
             t = tl.minimum(t0 + tl.arange(0, BLOCK_T), length - 1)  # 128-byte lines of live rows only
-            lines = t[:, None] * stride_ct + tl.arange(0, D // 64)[None, :] * 64
-            _prefetch_l2(k_cache_ptr + base + lines)
-            _prefetch_l2(v_cache_ptr + base + lines)
+            rows = tl.load(table + (t // BS) * stride_btj) * stride_cb + head + (t % BS) * stride_ct
+            lines = rows[:, None] + tl.arange(0, D // 64)[None, :] * 64
+            _prefetch_l2(k_cache_ptr + lines)
+            _prefetch_l2(v_cache_ptr + lines)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -127,11 +132,10 @@ def _decode_attention_kernel(
     v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d, rstd,
                        QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
     v = v.to(COMPUTE)
-    k_base = k_cache_ptr + slot * stride_cs + kvh * stride_ch
-    v_base = v_cache_ptr + slot * stride_cs + kvh * stride_ch
     if split == 0:
-        tl.store(k_base + pos * stride_ct + d, k)
-        tl.store(v_base + pos * stride_ct + d, v)
+        new_row = tl.load(table + (pos // BS) * stride_btj) * stride_cb + head + (pos % BS) * stride_ct
+        tl.store(k_cache_ptr + new_row + d, k)
+        tl.store(v_cache_ptr + new_row + d, v)
 
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
@@ -145,8 +149,9 @@ def _decode_attention_kernel(
     for t0 in range(start, end, BLOCK_T):
         t = t0 + t_in
         cached = (t < end) & (t != pos)
-        offs = t[:, None] * stride_ct + d[None, :]
-        kt = tl.load(k_base + offs, mask=cached[:, None], other=0.0)
+        blocks = tl.load(table + (t // BS) * stride_btj, mask=t < end, other=0)
+        offs = (blocks * stride_cb + head + (t % BS) * stride_ct)[:, None] + d[None, :]
+        kt = tl.load(k_cache_ptr + offs, mask=cached[:, None], other=0.0)
         s = tl.dot(q, tl.trans(kt)) * qk_scale
         s = tl.where(cached[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -154,7 +159,7 @@ def _decode_attention_kernel(
         p = tl.exp2(s - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(v_base + offs, mask=cached[:, None], other=0.0)
+        vt = tl.load(v_cache_ptr + offs, mask=cached[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), vt)
         m_i = m_new
     # last, as if in the split's last tile: its p against the final maximum, rounded as the tiles' are
@@ -210,7 +215,8 @@ def pick_splits(batch: int, kv_heads: int, sm_count: int, max_splits: int = 32) 
 
 
 def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                     k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, table_rows: torch.Tensor,
+                     block_tables: torch.Tensor,
                      o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
                      *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int | None = None,
                      prepared: Prepared | None = None, norm_sumsq: torch.Tensor | None = None, hidden: int = 0,
@@ -219,7 +225,9 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
     int64 accumulators [B, (heads + 2 kv_heads) D] (fixed_sum);
-    ``k_cache``/``v_cache``: one layer's [slots, kv_heads, max_len, D]; ``o_work``: [B, heads, SPLITS, D]
+    ``k_cache``/``v_cache``: one layer's block pool [num_blocks, kv_heads, block_size, D]; ``block_tables``: [S, W]
+    int64 block tables, ``table_rows`` [B] which of them is row b's (its blocks in order; W covers its position);
+    ``o_work``: [B, heads, SPLITS, D]
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
     ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``); ``norm_sumsq``:
     float32 [S'] where the QKV GEMV folded the input RMSNorm in (``gemv_input.NormFold``): its K splits' sums of
@@ -236,13 +244,14 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         qkv_partials, qkv_partials.stride(0), qkv_partials.stride(1), bias if bias is not None else qkv_partials,
         cos, sin, cos.stride(0),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        positions, slots,
+        positions, table_rows, block_tables, block_tables.stride(0), block_tables.stride(1),
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
         LOG2E / d**0.5, norm_sumsq if norm_sumsq is not None else o_work, hidden, eps,
         H=heads, KVH=kv_heads, D=d, GROUP=group, NORM_PARTS=norm_sumsq.numel() if norm_sumsq is not None else 0,
         NORM_BLOCK=triton.next_power_of_2(norm_sumsq.numel()) if norm_sumsq is not None else 1,
         QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
-        SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t or BLOCK_T, COMPUTE=dt,
+        SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t or BLOCK_T,
+        BS=k_cache.shape[2], COMPUTE=dt,
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
         num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,
     )

@@ -11,7 +11,7 @@ one exact row and a later GEMV clears; on Hopper their QKV GEMV also makes its o
 mlp.proj's sums (the input RMSNorm folded in, its 1 / rms applied by attention: ``gemv_input.NormFold``), so
 those layers have seven launches. Every buffer is allocated once
 per batch size (``StepBuffers``), so the whole step can be captured in a CUDA graph and replayed with
-new tokens, slots and positions copied into its inputs.
+new tokens, positions and block tables copied into its inputs.
 
 Weights are the engine's own tensors (no copy); the math and its rounding points are the eager
 model's (but where a norm is folded into a GEMV: ``gemv_input.NormFold`` says what it rounds otherwise), so the
@@ -76,7 +76,8 @@ class StepBuffers:
     """The static inputs, scratch and outputs of one decode step at one batch size."""
 
     batch: int
-    inputs: torch.Tensor  # [3, B] int64: each row's token, cache slot and position (one copy per step)
+    inputs: torch.Tensor  # [3, B] int64: each row's token, position and block-table row (one copy per step)
+    block_tables: torch.Tensor  # [S, W] int64: the block tables on the device (``graphs.DecodeGraphs`` keeps them)
     residual: torch.Tensor  # [B, hidden], compute dtype
     normed: torch.Tensor  # [B, hidden], FP8 or compute dtype: input of QKV / fc+gate
     partials: torch.Tensor  # [S, B, max(qkv, hidden)] float32 split-K partial sums
@@ -109,11 +110,11 @@ class StepBuffers:
         return self.inputs[0]
 
     @property
-    def slots(self) -> torch.Tensor:  # the cache slot of each row
+    def positions(self) -> torch.Tensor:  # where each row's token goes in the cache
         return self.inputs[1]
 
     @property
-    def positions(self) -> torch.Tensor:  # where each row's token goes in the cache
+    def table_rows(self) -> torch.Tensor:  # which row of ``block_tables`` holds each row's KV blocks
         return self.inputs[2]
 
 
@@ -157,7 +158,7 @@ class DecodeStep:
 
     def __init__(self, engine, sm_count: int | None = None, *, pdl: bool | None = None, split_sum: str = "fixed",
                  carveout: int | str | None = "auto"):
-        device = engine.cache_k.device
+        device = engine.device
         if device.type != "cuda" and not interpreting():
             raise Unsupported("the engine is not on a CUDA device")
         if engine.dtype not in (torch.bfloat16, torch.float16):
@@ -207,8 +208,8 @@ class DecodeStep:
             raise Unsupported("attention.dense or mlp.proj has a bias (the residual kernels add none)")
         return _Layer(layer["input_norm"], layer["post_norm"], qkv, dense, fc, gate, proj)
 
-    def buffers(self, batch: int) -> StepBuffers:
-        e, dev = self.engine, self.engine.cache_k.device
+    def buffers(self, batch: int, block_tables: torch.Tensor) -> StepBuffers:
+        e, dev = self.engine, self.engine.device
         act_dtype = torch.float8_e4m3fn if self.fp8 else self.dtype
         wbytes = self.layers[0].qkv.weight.element_size()
         heads, d = e.heads, e.head_dim
@@ -256,6 +257,7 @@ class DecodeStep:
         buf = StepBuffers(
             batch=batch,
             inputs=torch.zeros((3, batch), dtype=torch.long, device=dev),
+            block_tables=block_tables,
             residual=empty(batch, self.hidden, dtype=self.dtype),
             normed=empty(batch, self.hidden, dtype=act_dtype),
             partials=empty(max_splits, batch, max(self.qkv_width, self.hidden)),
@@ -289,7 +291,7 @@ class DecodeStep:
         two buffers so that no program overwrites what another still reads: the embedding's norm and each QKV
         GEMV (layers 1..: ``residual`` plus mlp.proj's sums) write ``residual_new``, and the post-attention norm
         reads it back into ``residual``."""
-        dev = self.engine.cache_k.device
+        dev = self.engine.device
         buf.residual_new = torch.empty_like(buf.residual)
         qkv_sumsq = torch.empty(buf.configs["qkv"].splits, dtype=torch.float32, device=dev)
         buf.folds = [None]
@@ -307,7 +309,7 @@ class DecodeStep:
                     lin.quant = quant_gemv_ws.tile_weights(lin.quant, configs[cfg].block_n // 2)
 
     def _tp_buffers(self, batch: int) -> _TpBuffers:
-        dev = self.engine.cache_k.device
+        dev = self.engine.device
         return _TpBuffers(summed=torch.empty(batch, self.hidden, device=dev),
                           reduced=torch.empty(1, batch, self.hidden, dtype=self.dtype, device=dev),
                           local_logits=torch.empty(batch, self.vocab, device=dev),
@@ -406,7 +408,7 @@ class DecodeStep:
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
                                  clear=buf.sums.get("hidden"), fold=fold)
             attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
-                                       buf.slots, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
+                                       buf.table_rows, buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                        heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                        prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
                                        hidden=self.hidden, eps=e.eps, pdl=pdl)

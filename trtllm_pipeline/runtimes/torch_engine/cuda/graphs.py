@@ -3,22 +3,15 @@
 A decode step is ~230 small kernels; launched one by one from Python the host cannot keep up with the
 GPU (17-29 ms/token at the 7B shape, against ~2 ms of GPU work). Captured once per batch size in a
 CUDA graph, a step is one launch. Batches are padded up to the next bucket (powers of two up to
-``max_batch_size``): padding rows decode a dummy token into a scratch cache slot that no request
-owns, so they cost a little bandwidth and change nothing. Without CUDA (the Triton interpreter in the
+``max_batch_size``): padding rows decode a dummy token at position 0 of the null block (``kv_cache``), which
+no request owns, so they cost a little bandwidth and change nothing. The block tables stay on the device
+between steps (``DecodeGraphs``): a step's inputs are each row's token, position and table row. Without CUDA (the Triton interpreter in the
 CPU tests) the same class runs the kernels directly, so the padding logic is tested everywhere.
-
-Look-ahead (``decode_ahead``): while a batch of greedy rows stays the same, the next step is launched before
-the host has read this one's tokens, each row feeding back the token the step chose, on the device. The host's
-work for a step (reading its tokens, the runtime's bookkeeping, streaming them out) then overlaps the GPU's next
-step instead of sitting between steps. The tokens of every launch are copied to pinned host memory right after
-its replay (``Launch.tokens`` waits on that copy's event alone, with the GIL released), so a launch ahead never
-overwrites what the host has not read yet.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 import time
 from typing import Sequence
@@ -48,60 +41,41 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     return buckets[i]
 
 
-def padded_inputs(tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int], batch: int,
-                  scratch_slot: int) -> torch.Tensor:
-    """[3, batch] int64 host tensor of tokens, slots and positions; padding rows use the scratch slot."""
-    n = len(tokens)
-    rows = torch.zeros((3, batch), dtype=torch.long)
-    rows[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
-    rows[1, :n] = torch.as_tensor(slots, dtype=torch.long)
-    rows[1, n:] = scratch_slot
-    rows[2, :n] = torch.as_tensor(positions, dtype=torch.long)
-    return rows
-
-
-@dataclasses.dataclass
-class Launch:
-    """One launched step's greedy tokens, copied to pinned host memory behind it on the stream."""
-
-    n: int  # real rows
-    copy: torch.Tensor
-    event: "torch.cuda.Event | None"  # None: the copy was synchronous (no CUDA)
-
-    def tokens(self) -> list[int]:
-        """Waits for this launch's copy alone (a later launch may be running), with the GIL released."""
-        if self.event is not None:
-            self.event.synchronize()
-        return self.copy[: self.n].tolist()
-
-
 class DecodeGraphs:
-    """Decode steps for any batch up to ``buckets[-1]``, each bucket captured once (on CUDA)."""
+    """Decode steps for any batch up to ``buckets[-1]``, each bucket captured once (on CUDA).
 
-    def __init__(self, step: DecodeStep, buckets: Sequence[int], scratch_slot: int, *, use_graphs: bool = True):
+    The block tables live on the device ([S, W], S = the largest bucket + 1, W = max_seq_len / block size), in
+    rows this class hands out per request (``decode``'s ``request_ids``; ``release`` gives a row back) and keeps
+    up to date from a pinned host copy: a step copies in only its [3, B] inputs (token, position, table row),
+    plus the whole table once when a request's table has changed (a new block every block_size tokens), not the
+    B x W tables every step. The last row stays all null blocks: the padding rows'.
+    """
+
+    def __init__(self, step: DecodeStep, buckets: Sequence[int], *, use_graphs: bool = True):
         self.step = step
         self.buckets = list(buckets)
-        self.scratch_slot = scratch_slot
-        self.use_graphs = use_graphs and step.engine.cache_k.device.type == "cuda"
+        self.width = step.engine.slot_blocks  # block table entries a row can have (max_seq_len / block size)
+        self.use_graphs = use_graphs and step.engine.device.type == "cuda"
         self.buffers: dict[int, StepBuffers] = {}
         self.staging: dict[int, torch.Tensor] = {}  # pinned host copies of each bucket's inputs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.setup_seconds = 0.0
-        # Each launch's greedy tokens, copied out after its replay: two pinned buffers per bucket, alternating,
-        # so a launch ahead writes one while the host reads the other.
-        self.readback: dict[int, list[torch.Tensor]] = {}
-        self._launches = 0
-        self._batch = 0  # the bucket of the last launch
-        self.last: Launch | None = None  # the last launch: its rows' greedy tokens once read back
+        rows = self.buckets[-1] + 1
+        self.padding_row = rows - 1
+        self.tables = torch.zeros((rows, self.width), dtype=torch.long, device=step.engine.device)
+        self.tables_host = torch.zeros((rows, self.width), dtype=torch.long, pin_memory=self.use_graphs)
+        self._host = self.tables_host.numpy()
+        self._row_of: dict = {}  # request id -> its table row
+        self._known = [0] * rows  # entries of each row's table already written
+        self._free_rows = list(range(rows - 2, -1, -1))
 
     def prepare(self) -> None:
         """Compile every kernel for every bucket and capture the graphs (once per process)."""
         start = time.perf_counter()
         for batch in reversed(self.buckets):  # largest first: later captures reuse its memory
-            buf = self.buffers[batch] = self.step.buffers(batch)
+            buf = self.buffers[batch] = self.step.buffers(batch, self.tables)
             pinned = self.use_graphs  # pinned memory needs a CUDA device
             self.staging[batch] = torch.zeros((3, batch), dtype=torch.long, pin_memory=pinned)
-            self.readback[batch] = [torch.zeros(batch, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
             self._fill(batch, [], [], [])
             self.step.run(buf)  # compiles the kernels outside the capture
             if self.use_graphs:
@@ -117,43 +91,53 @@ class DecodeGraphs:
         log.info("fast decode path ready: %d batch buckets %s, %s, in %.1f s", len(self.buckets), self.buckets,
                  "CUDA graphs" if self.use_graphs else "direct launches", self.setup_seconds)
 
-    def decode(self, tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Float32 logits [len(tokens), vocab] of one decode step (a view valid until the next call)."""
+    def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int],
+               request_ids: Sequence | None = None) -> torch.Tensor:
+        """Float32 logits [len(tokens), vocab] of one decode step: row i's token at ``positions[i]``, its K/V in
+        the blocks ``tables[i]`` (a view valid until the next call). ``request_ids``: each row's request, whose
+        table row persists between steps (``release`` it when the request leaves); None: rows 0.. this step."""
+        keys = request_ids if request_ids is not None else [("row", i) for i in range(len(tokens))]
+        rows, changed = [], False
+        for key, table in zip(keys, tables):
+            row = self._row_of.get(key)
+            if row is None:
+                row = self._row_of[key] = self._free_rows.pop()
+                self._known[row] = 0
+            known = self._known[row]
+            if known > len(table) or (known and self._host[row, known - 1] != table[known - 1]):
+                known = 0  # another table than the one written (the request was recomputed): write it all
+            if len(table) > known:
+                self._host[row, known : len(table)] = table[known:]
+                self._known[row] = len(table)
+                changed = True
+            rows.append(row)
+        if request_ids is None:
+            self.release(keys)
+        if changed:  # the previous step's copy is done: its logits were read back
+            self.tables.copy_(self.tables_host, non_blocking=True)
         if not self.buffers:
             self.prepare()
         batch = bucket_for(len(tokens), self.buckets)
         buf = self.buffers[batch]
-        self._fill(batch, tokens, slots, positions)
-        self._launch(batch, len(tokens))
-        return buf.logits[: len(tokens)]
-
-    def decode_ahead(self) -> "Launch":
-        """Launch the next step of the rows of the last launch, before the host has read its tokens: each row
-        feeds back the token that launch chose (its argmax), one position further on, in the same slot. Right
-        only where every row takes its argmax; the caller drops rows that ended meanwhile (a padding row's work
-        lands in the scratch slot, a finished row's in a slot that stream order frees before any reuse)."""
-        if self.last is None:
-            raise RuntimeError("decode_ahead() follows a decode()")
-        buf = self.buffers[self._batch]
-        buf.tokens.copy_(buf.greedy)  # device to device, after the last replay in stream order
-        buf.positions.add_(1)
-        return self._launch(self._batch, self.last.n)
-
-    def _launch(self, batch: int, n: int) -> "Launch":
-        buf = self.buffers[batch]
+        self._fill(batch, tokens, positions, rows)
         if self.use_graphs:
             self.graphs[batch].replay()
         else:
             self.step.run(buf)
-        self._launches += 1
-        copy = self.readback[batch][self._launches % 2]
-        copy.copy_(buf.greedy, non_blocking=self.use_graphs)
-        event = None
-        if self.use_graphs:
-            event = torch.cuda.Event()
-            event.record()
-        self._batch, self.last = batch, Launch(n, copy, event)
-        return self.last
+        return buf.logits[: len(tokens)]
+
+    def decode_padded(self, rows: torch.Tensor) -> torch.Tensor:
+        """``decode`` of the inputs as ``plan.decode_inputs`` lays them out ([2 + width, n] int64: tokens,
+        positions, each row's whole table down its column): a tensor-parallel rank's step."""
+        tables = rows[2:].t().tolist()
+        return self.decode(rows[0].tolist(), tables, rows[1].tolist())
+
+    def release(self, request_ids) -> None:
+        """These requests decode no more (finished, or preempted): their table rows go back."""
+        for key in request_ids:
+            row = self._row_of.pop(key, None)
+            if row is not None:
+                self._free_rows.append(row)
 
     def time_replay(self, batch: int, replays: int = 50) -> float | None:
         """Milliseconds per replay of the graph holding ``batch`` rows, back to back, by CUDA events (its inputs:
@@ -178,19 +162,32 @@ class DecodeGraphs:
         """The argmax tokens of the last ``decode`` of ``n`` rows, computed inside the step."""
         return self.buffers[bucket_for(n, self.buckets)].greedy[:n]
 
-    def _fill(self, batch: int, tokens, slots, positions) -> None:
+    def _fill(self, batch: int, tokens, positions, rows) -> None:
         # The previous step's tokens were read back before this one is filled, so the pinned
         # buffer is free and the copy can run asynchronously, ahead of the replay on the stream.
         staging = self.staging[batch]
-        staging.copy_(padded_inputs(tokens, slots, positions, batch, self.scratch_slot))
+        staging.copy_(step_inputs(tokens, positions, rows, batch, self.padding_row))
         self.buffers[batch].inputs.copy_(staging, non_blocking=True)
 
 
-def prepared(engine, buckets: Sequence[int], scratch_slot: int, *, use_graphs: bool = True,
+def step_inputs(tokens: Sequence[int], positions: Sequence[int], rows: Sequence[int], batch: int,
+                padding_row: int) -> torch.Tensor:
+    """[3, batch] int64 host tensor of tokens, positions and table rows; padding rows: token 0 at position 0, in
+    the padding table row (all null blocks)."""
+    n = len(tokens)
+    out = torch.zeros((3, batch), dtype=torch.long)
+    out[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
+    out[1, :n] = torch.as_tensor(positions, dtype=torch.long)
+    out[2, :n] = torch.as_tensor(rows, dtype=torch.long)
+    out[2, n:] = padding_row
+    return out
+
+
+def prepared(engine, buckets: Sequence[int], *, use_graphs: bool = True,
              step: DecodeStep | None = None) -> DecodeGraphs:
     """The fast decode path over ``engine`` (or its already built ``step``), compiled and captured;
     ``decode_step.Unsupported`` if it cannot run it. A tensor-parallel rank's engine gets its collectives in
     the step, so every rank of the group must prepare, and then decode, in step with the others."""
-    graphs = DecodeGraphs(step or DecodeStep(engine), buckets, scratch_slot, use_graphs=use_graphs)
+    graphs = DecodeGraphs(step or DecodeStep(engine), buckets, use_graphs=use_graphs)
     graphs.prepare()
     return graphs

@@ -19,14 +19,14 @@ import torch
 import torch.distributed as dist
 
 HEADER = 8
-# Op codes. FORWARD: B, T, key_len; payload int64 tokens (B*T), slots (B), start positions (B).
-# LOGITS: rows, hidden size, dtype code; payload the hidden states' rows (every rank computes its
-# vocabulary slice, rank 0 gathers them). COPY_PREFIX: source slot, destinations, length; payload the
-# destination slots. PING: nothing (a heartbeat; an all-reduce answers it). STOP: the worker exits.
-# FAST_PREPARE: bucket count, scratch slot, CUDA graphs (0/1); payload the batch buckets: every rank builds
-# and captures its fast decode step. FAST_DECODE: rows; payload tokens, slots and positions (3 x rows).
-FORWARD, LOGITS, COPY_PREFIX, PING, STOP, FAST_PREPARE, FAST_DECODE = 1, 2, 3, 4, 5, 6, 7
-OP_NAMES = {FORWARD: "forward", LOGITS: "logits", COPY_PREFIX: "copy_prefix", PING: "ping", STOP: "stop",
+# Op codes. FORWARD: rows B, tokens N, table width W; payload a ``plan.PagedBatch`` flat (int64 tokens N,
+# starts B, lengths B, block tables B*W). LOGITS: rows, hidden size, dtype code; payload the hidden states' rows
+# (every rank computes its vocabulary slice, rank 0 gathers them). ALLOCATE_KV: blocks, block size: every rank
+# allocates its KV pool. PING: nothing (a heartbeat; an all-reduce answers it). STOP: the worker exits.
+# FAST_PREPARE: bucket count, CUDA graphs (0/1); payload the batch buckets: every rank builds and captures its
+# fast decode step. FAST_DECODE: rows, table width W; payload tokens, positions and block tables ((2 + W) x rows).
+FORWARD, LOGITS, ALLOCATE_KV, PING, STOP, FAST_PREPARE, FAST_DECODE = 1, 2, 3, 4, 5, 6, 7
+OP_NAMES = {FORWARD: "forward", LOGITS: "logits", ALLOCATE_KV: "allocate_kv", PING: "ping", STOP: "stop",
             FAST_PREPARE: "fast_prepare", FAST_DECODE: "fast_decode"}
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -103,14 +103,12 @@ class Comm:
         op, ints = header[0], header[1:]
         payload = None
         if op == FORWARD:
-            b, t = ints[0], ints[1]
-            payload = self.broadcast(torch.empty(b * t + 2 * b, dtype=torch.long, device=self.device))
+            b, n, w = ints[0], ints[1], ints[2]
+            payload = self.broadcast(torch.empty(n + 2 * b + b * w, dtype=torch.long, device=self.device))
         elif op == LOGITS:
             payload = self.broadcast(torch.empty((ints[0], ints[1]), dtype=DTYPES[ints[2]], device=self.device))
-        elif op == COPY_PREFIX:
-            payload = self.broadcast(torch.empty(ints[1], dtype=torch.long, device=self.device))
         elif op == FAST_PREPARE:
             payload = self.broadcast(torch.empty(ints[0], dtype=torch.long, device=self.device))
         elif op == FAST_DECODE:
-            payload = self.broadcast(torch.empty(3 * ints[0], dtype=torch.long, device=self.device))
+            payload = self.broadcast(torch.empty((2 + ints[1]) * ints[0], dtype=torch.long, device=self.device))
         return op, ints, payload

@@ -37,9 +37,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trtllm_pipeline.runtimes.torch_engine.executor import Executor, ExecutorLost, rank_stats, rss_bytes
+from trtllm_pipeline.runtimes.torch_engine.executor import (Executor, ExecutorLost, device_free_bytes, rank_stats,
+                                                             rss_bytes)
 from trtllm_pipeline.runtimes.torch_engine.tp import comm as wire
 from trtllm_pipeline.runtimes.torch_engine.tp import launcher
+from trtllm_pipeline.runtimes.torch_engine.plan import decode_inputs
 from trtllm_pipeline.runtimes.torch_engine.tp.sharded_model import load_shard, run_command
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ class TpExecutor(Executor):
     """Rank 0 of ``world_size``; starts the workers, runs its own shard, and stops them on ``close``."""
 
     def __init__(self, checkpoint_dir: Path, *, world_size: int, device: torch.device, dtype: torch.dtype | None,
-                 max_slots: int, max_seq_len: int):
+                 max_seq_len: int):
         self.world_size, self.failure = world_size, None
         cuda = device.type == "cuda"
         self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -83,8 +85,7 @@ class TpExecutor(Executor):
                                     master_listen_fd=sock.detach())  # the store owns the socket now
         argvs = [["--checkpoint", str(checkpoint_dir), "--rank", str(rank), "--world-size", str(world_size),
                   "--port", str(port), "--leader-pid", str(os.getpid()),
-                  "--device", f"cuda:{rank}" if cuda else "cpu", "--max-slots", str(max_slots),
-                  "--max-seq-len", str(max_seq_len), "--threads", str(per_rank),
+                  "--device", f"cuda:{rank}" if cuda else "cpu", "--max-seq-len", str(max_seq_len), "--threads", str(per_rank),
                   "--timeout", str(COLLECTIVE_TIMEOUT_S), "--load-timeout", str(LOAD_TIMEOUT_S)]
                  + (["--dtype", str(dtype).removeprefix("torch.")] if dtype else [])
                  for rank in range(1, world_size)]
@@ -97,9 +98,9 @@ class TpExecutor(Executor):
         _LIVE.add(self)
         try:
             self.comm = wire.Comm(0, world_size, self.device, COLLECTIVE_TIMEOUT_S)
-            self.engine = load_shard(checkpoint_dir, self.comm, device=self.device, dtype=dtype, max_slots=max_slots,
+            self.engine = load_shard(checkpoint_dir, self.comm, device=self.device, dtype=dtype,
                                      max_seq_len=max_seq_len)
-            self._stats = [rank_stats(self.engine, 0)] + self._wait_ready()
+            self._stats = [{**rank_stats(self.engine, 0), "free_bytes": device_free_bytes(self.device)}] + self._wait_ready()
             self.comm.connect(self._store)
             self._connected = True
         except BaseException:
@@ -111,30 +112,34 @@ class TpExecutor(Executor):
 
     # ---- the executor interface ----------------------------------------------------------------
 
-    def forward(self, tokens, slots, starts, key_len):
-        b, t = tokens.shape
-        payload = torch.cat([tokens.reshape(-1).long(), torch.tensor(list(slots), dtype=torch.long),
-                             torch.tensor(list(starts), dtype=torch.long)])
-        return self._call(wire.FORWARD, (b, t, key_len), payload)
+    def forward(self, batch):
+        b, w = batch.block_tables.shape
+        return self._call(wire.FORWARD, (b, batch.tokens.shape[0], w), batch.flat())
 
     def logits(self, hidden):
         rows = hidden.reshape(-1, hidden.shape[-1])
         out = self._call(wire.LOGITS, (rows.shape[0], rows.shape[1], wire.DTYPES.index(rows.dtype)), rows)
         return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
-    def copy_prefix(self, src_slot, dst_slots, length):
-        dst = list(dst_slots)
-        self._call(wire.COPY_PREFIX, (src_slot, len(dst), length), torch.tensor(dst, dtype=torch.long))
+    def free_memory(self):
+        """The least over the ranks, each measured when it had loaded its shard (CUDA: every rank its own GPU)."""
+        free = [s.get("free_bytes") for s in self._stats]
+        return None if None in free else min(free)
+
+    def allocate_kv(self, num_blocks, block_size):
+        self._call(wire.ALLOCATE_KV, (num_blocks, block_size))
+        kv = num_blocks * block_size * self.engine.kv_bytes_per_token()  # the ranks' shares are alike
+        self._stats = [{**s, "memory": {**s["memory"], "kv_cache": kv}} for s in self._stats]
 
     def ranks(self) -> list[dict[str, Any]]:
         return [{**s, "rss_bytes": rss_bytes(s["pid"])} for s in self._stats]
 
-    def fast_decoder(self, buckets, scratch_slot, use_graphs):
+    def fast_decoder(self, buckets, use_graphs):
         from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep  # Triton: where the fast path is asked for
 
         # Unsupported here, before any rank starts (the ranks' shards are alike); FAST_PREPARE reuses it
         self.engine.fast_step = DecodeStep(self.engine)
-        self._call(wire.FAST_PREPARE, (len(buckets), scratch_slot, int(use_graphs)),
+        self._call(wire.FAST_PREPARE, (len(buckets), int(use_graphs)),
                    torch.tensor(list(buckets), dtype=torch.long))
         return TpDecoder(self)
 
@@ -270,9 +275,13 @@ class TpDecoder:
         self.buckets, self.use_graphs = self.local.buckets, self.local.use_graphs
         self.setup_seconds = self.local.setup_seconds
 
-    def decode(self, tokens, slots, positions) -> torch.Tensor:
-        payload = torch.tensor([list(tokens), list(slots), list(positions)], dtype=torch.long).reshape(-1)
-        return self.executor._call(wire.FAST_DECODE, (len(tokens),), payload)
+    def decode(self, tokens, tables, positions, request_ids=None) -> torch.Tensor:
+        """Every row's whole table goes to the ranks each step (each rank rewrites its device copy)."""
+        rows = decode_inputs(tokens, tables, positions, len(tokens), self.local.width)
+        return self.executor._call(wire.FAST_DECODE, (len(tokens), self.local.width), rows.reshape(-1))
+
+    def release(self, request_ids) -> None:
+        """Nothing kept per request: the tables come with each step."""
 
     def greedy(self, n: int) -> torch.Tensor:
         return self.local.greedy(n)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from trtllm_pipeline import checkpoint
 from trtllm_pipeline.checkpoint import CheckpointLayout
 from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
 from trtllm_pipeline.runtimes.torch_engine.tp import comm as wire
 from trtllm_pipeline.runtimes.torch_engine.tp.comm import Comm
 
@@ -93,27 +94,24 @@ class ShardedQwen2Engine(Qwen2Engine):
         return None if parts is None else torch.cat(parts, dim=-1)[..., : self.vocab]
 
 
-def load_shard(ckpt_dir: Path, comm: Comm, *, device: torch.device, dtype: torch.dtype | None, max_slots: int,
+def load_shard(ckpt_dir: Path, comm: Comm, *, device: torch.device, dtype: torch.dtype | None,
                max_seq_len: int) -> ShardedQwen2Engine:
     """Rank ``comm.rank``'s engine from its own file (W8A16 quantized from it as trtllm-build does per rank)."""
     config = checkpoint.read_config(ckpt_dir)
     tensors = checkpoint.load_rank_file(ckpt_dir, config, comm.rank)
     tensors = checkpoint.trtllm_build_quantize(config, [tensors])[0]
-    return ShardedQwen2Engine(config, tensors, comm, device=device, max_slots=max_slots, max_seq_len=max_seq_len,
-                              dtype=dtype)
+    return ShardedQwen2Engine(config, tensors, comm, device=device, max_seq_len=max_seq_len, dtype=dtype)
 
 
 @torch.inference_mode()
 def run_command(engine: ShardedQwen2Engine, op: int, ints: list[int], payload: torch.Tensor | None):
     """What every rank does for one command (``comm`` op codes); rank 0 gets the result."""
     if op == wire.FORWARD:
-        b, t, key_len = ints[0], ints[1], ints[2]
-        tokens = payload[: b * t].view(b, t)
-        return engine(tokens, payload[b * t : b * t + b], payload[b * t + b :], key_len)
+        return engine(PagedBatch.unflat(payload, ints[0], ints[1], ints[2]))
     if op == wire.LOGITS:
         return engine.logits(payload)
-    if op == wire.COPY_PREFIX:
-        engine.copy_prefix(ints[0], payload, ints[2])
+    if op == wire.ALLOCATE_KV:
+        engine.allocate_kv(ints[0], ints[1])
         return None
     if op == wire.PING:
         engine.comm.all_reduce(torch.zeros(1, device=engine.comm.device))
@@ -121,11 +119,11 @@ def run_command(engine: ShardedQwen2Engine, op: int, ints: list[int], payload: t
     if op == wire.FAST_PREPARE:  # the CUDA fast path (Triton): imported where it is asked for
         from trtllm_pipeline.runtimes.torch_engine.cuda import graphs
 
-        engine.fast = graphs.prepared(engine, payload.tolist(), ints[1], use_graphs=bool(ints[2]),
+        engine.fast = graphs.prepared(engine, payload.tolist(), use_graphs=bool(ints[1]),
                                       step=getattr(engine, "fast_step", None))  # rank 0 built its step already
         engine.fast_step = None
         return engine.fast
     if op == wire.FAST_DECODE:
-        tokens, slots, positions = payload.view(3, ints[0]).tolist()
-        return engine.fast.decode(tokens, slots, positions)
+        return engine.fast.decode_padded(payload.view(2 + ints[1], ints[0]))
     raise ValueError(f"unknown tensor-parallel command {op}")
+

@@ -27,7 +27,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--leader-pid", type=int, required=True)
     p.add_argument("--device", required=True, help="cpu or cuda:<rank>")
     p.add_argument("--dtype", default=None, help="compute dtype; default: the checkpoint's")
-    p.add_argument("--max-slots", type=int, required=True)
     p.add_argument("--max-seq-len", type=int, required=True)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     p.add_argument("--timeout", type=float, required=True, help="seconds a collective may wait")
@@ -60,7 +59,7 @@ def serve(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from trtllm_pipeline.runtimes.torch_engine.executor import rank_stats
+    from trtllm_pipeline.runtimes.torch_engine.executor import device_free_bytes, rank_stats
     from trtllm_pipeline.runtimes.torch_engine.tp import comm as wire
     from trtllm_pipeline.runtimes.torch_engine.tp.sharded_model import load_shard, run_command
 
@@ -71,8 +70,9 @@ def serve(args: argparse.Namespace) -> None:
                           timeout=datetime.timedelta(seconds=args.load_timeout))
     comm = wire.Comm(args.rank, args.world_size, device, args.timeout)
     engine = load_shard(args.checkpoint, comm, device=device, dtype=getattr(torch, args.dtype) if args.dtype else None,
-                        max_slots=args.max_slots, max_seq_len=args.max_seq_len)
-    store.set(f"ready/{args.rank}", json.dumps(rank_stats(engine, args.rank)))
+                        max_seq_len=args.max_seq_len)
+    free = device_free_bytes(device)  # what is left for this rank's KV pool (the leader sizes it over the ranks)
+    store.set(f"ready/{args.rank}", json.dumps({**rank_stats(engine, args.rank), "free_bytes": free}))
     comm.connect(store)
     while True:
         op, ints, payload = comm.receive()

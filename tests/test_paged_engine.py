@@ -1,0 +1,127 @@
+"""The torch engine under load on CPU: paged attention against the unpaged math, chunked prefill, the prefix cache,
+preemption and resume, more requests than blocks, refusal of what can never fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_pipeline.errors import InputError
+from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
+
+NAME = "tiny-qwen2-bf16-tp1"
+SYSTEM = list(range(1000, 1040))  # a shared "system prompt": 10 blocks of 4
+QUESTIONS = [list(range(2000 + 7 * i, 2000 + 7 * i + 5 + i)) for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def ckpt(built):
+    return built(NAME).engine_dir.parent / "checkpoint"
+
+
+@pytest.fixture(scope="module")
+def plain(ckpt):
+    """The references: a pool as large as before paging (4 x 256 tokens), no prefix cache, whole prefills."""
+    return _rt(ckpt, prefill_chunk_tokens=2048)
+
+
+def _rt(ckpt, **kw) -> TorchRuntime:
+    args = dict(max_batch_size=4, max_seq_len=256, dtype="float32", kv_block_size=4)
+    return TorchRuntime(ckpt, ckpt / "tokenizer", **{**args, **kw})
+
+
+def _greedy(rt: TorchRuntime, prompts, n: int = 12) -> list[list[int]]:
+    return [c.token_ids for c in rt.generate(prompts, SamplingParams(max_tokens=n, end_id=-1))]
+
+
+def _contiguous_greedy(rt: TorchRuntime, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens from the unpaged math: the whole sequence again for every token, no cache."""
+    seq, first = list(prompt), None
+    for _ in range(n):
+        logits = rt.engine.logits(rt.engine.forward_contiguous(torch.tensor(seq))[-1])
+        first = logits if first is None else first
+        seq.append(int(logits.argmax()))
+    return seq[len(prompt):], first
+
+
+def test_paged_chunked_prefill_and_decode_match_the_unpaged_math(ckpt, plain):
+    # prefill in chunks of 8 over blocks of 4, decodes batched beside other rows' chunks
+    rt = _rt(ckpt, prefill_chunk_tokens=8)
+    prompts = [SYSTEM + q for q in QUESTIONS[:3]]
+    outs = _greedy(rt, prompts, n=10)
+    for prompt, out in zip(prompts, outs):
+        ref, ref_logits = _contiguous_greedy(rt, prompt, 10)
+        assert out == ref
+        paged = rt.engine.logits(rt.hidden_states(prompt)[-1])
+        assert float((paged - ref_logits).norm() / ref_logits.norm()) < 1e-5
+    # whole prompts in one step each give the same tokens
+    assert _greedy(plain, prompts, n=10) == outs
+    assert rt.kv.free_blocks == rt.kv.usable_blocks  # every block back
+
+
+def test_prefix_cache_hits_evicts_and_changes_no_output(ckpt, plain):
+    prompts = [SYSTEM + q for q in QUESTIONS]
+    expected = _greedy(plain, prompts)
+    # a pool of 40 blocks: the six requests' cached prefixes cannot all stay, so old ones are evicted
+    rt = _rt(ckpt, enable_kv_cache_reuse=True, kv_cache_blocks=40, max_batch_size=2)
+    first = _greedy(rt, prompts[:1])
+    assert rt.stats()["prefix_cache_hits"] == 0 and rt.kv.cached  # full blocks kept, with no reference
+    again = [_greedy(rt, [p])[0] for p in prompts]  # one at a time: each finds the system prompt cached
+    stats = rt.stats()
+    assert first + again[1:] == expected and again[0] == expected[0]
+    assert stats["prefix_cache_hits"] >= 6 * len(SYSTEM)  # every later request reused the 10 system blocks
+    assert stats["prefix_cache_queries"] > stats["prefix_cache_hits"]
+    assert _greedy(rt, prompts) == expected  # side by side, sharing blocks
+    rt.kv.check()
+    # evictions: a long unrelated prompt needs blocks the cache holds; the LRU ones go, the output is unchanged
+    long = list(range(3000, 3120))
+    assert _greedy(rt, [long]) == _greedy(plain, [long])
+    assert len(rt.kv.cached) < 40 and stats["kv_cache_usage"] >= 0 and rt.stats()["kv_cache_usage"] == 0
+
+
+def test_preemption_recomputes_and_finishes_with_the_same_tokens(ckpt, plain):
+    prompts = [SYSTEM + q for q in QUESTIONS[:4]]
+    alone = _greedy(plain, prompts, n=24)
+    # 4 requests of ~45 tokens + 24 generated need ~70 blocks of 4; the pool has 40: decodes run out and the
+    # latest admitted request is preempted, then recomputed from its prompt and generated tokens
+    for reuse in (False, True):
+        rt = _rt(ckpt, kv_cache_blocks=40, enable_kv_cache_reuse=reuse)
+        assert _greedy(rt, prompts, n=24) == alone
+        assert rt.stats()["preemptions"] > 0
+        assert rt.kv.free_blocks == rt.kv.usable_blocks and not rt.kv.tables
+
+
+def test_more_requests_than_rows_and_blocks_all_finish_in_order(ckpt, plain):
+    rt = _rt(ckpt, kv_cache_blocks=24, max_batch_size=3, max_num_tokens=16)
+    prompts = [QUESTIONS[i % 6] + [i] for i in range(10)]
+    for i, p in enumerate(prompts):
+        rt.submit(i, p, SamplingParams(max_tokens=6, end_id=-1))
+    assert rt.stats()["requests_waiting"] == 10
+    order, tokens = [], {i: [] for i in range(10)}
+    while rt.has_work():
+        stats = rt.stats()
+        assert stats["requests_running"] <= 3
+        for e in rt.step():
+            tokens[e.request_id] += e.token_ids
+            if e.finish_reason:
+                assert e.finish_reason == "length"
+                order.append(e.request_id)
+    assert sorted(order) == list(range(10)) and all(len(t) == 6 for t in tokens.values())
+    assert [tokens[i] for i in range(10)] == _greedy(plain, prompts, n=6)
+
+
+def test_a_request_that_can_never_fit_is_refused_with_the_limit(ckpt):
+    rt = _rt(ckpt, kv_cache_blocks=10)
+    with pytest.raises(InputError, match=r"up to 50 tokens of KV cache; the whole pool holds 40 \(10 blocks of 4\)"):
+        rt.submit("big", list(range(100, 130)), SamplingParams(max_tokens=20))
+    rt.submit("ok", list(range(100, 130)), SamplingParams(max_tokens=10, end_id=-1))
+    assert len(_drain(rt)["ok"]) == 10
+
+
+def _drain(rt) -> dict:
+    out: dict = {}
+    while rt.has_work():
+        for e in rt.step():
+            out.setdefault(e.request_id, []).extend(e.token_ids)
+    return out

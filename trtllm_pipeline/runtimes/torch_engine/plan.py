@@ -1,0 +1,89 @@
+"""The step plan: what one engine step runs, as the scheduler decided it, for any executor to consume.
+
+A row is one request's part of the step: ``tokens`` to feed (a chunk of its prompt, the recomputation of a
+preempted request, or its last sampled token), written at positions ``start ..`` through its ``block_table``;
+``sample`` says whether the row's last token's logits give the request its next token (the last chunk of a
+prefill, every decode). Speculative decoding will add rows of ``1 + k`` tokens (the last sampled token and k
+drafted ones) whose logits are all read, then roll the table back past the rejected drafts (``KVCacheManager``
+frees whole blocks past the kept length).
+
+``PagedBatch`` is the tensor form the model runs (``model.Qwen2Engine.forward``): rows packed one after another
+(no padding between them), their start positions and lengths, and their block tables padded with the null block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+
+from trtllm_pipeline.runtimes.torch_engine.kv_cache import tables_padded
+
+
+@dataclasses.dataclass
+class PlanRow:
+    request_id: Any
+    tokens: list[int]
+    start: int
+    block_table: list[int]
+    sample: bool
+
+    @property
+    def is_decode(self) -> bool:  # one token: the CUDA fast path's kind of row
+        return len(self.tokens) == 1
+
+
+@dataclasses.dataclass
+class StepPlan:
+    rows: list[PlanRow] = dataclasses.field(default_factory=list)
+    preempted: list[Any] = dataclasses.field(default_factory=list)  # requests sent back to the queue this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.rows)
+
+
+@dataclasses.dataclass
+class PagedBatch:
+    """Rows packed: ``tokens`` [N], ``starts`` / ``lengths`` [B], ``block_tables`` [B, W] (int64)."""
+
+    tokens: torch.Tensor
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    block_tables: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: Sequence[PlanRow] | Sequence[tuple[Sequence[int], int, Sequence[int]]]) -> "PagedBatch":
+        """From plan rows, or (tokens, start, block table) triples."""
+        triples = [(r.tokens, r.start, r.block_table) if isinstance(r, PlanRow) else r for r in rows]
+        width = max(len(t) for _, _, t in triples)
+        return cls(tokens=torch.tensor([x for toks, _, _ in triples for x in toks], dtype=torch.long),
+                   starts=torch.tensor([s for _, s, _ in triples], dtype=torch.long),
+                   lengths=torch.tensor([len(toks) for toks, _, _ in triples], dtype=torch.long),
+                   block_tables=torch.tensor(tables_padded((t for _, _, t in triples), width), dtype=torch.long))
+
+    def to(self, device) -> "PagedBatch":
+        return PagedBatch(*(t.to(device) for t in dataclasses.astuple(self)))
+
+    def flat(self) -> torch.Tensor:
+        """One int64 tensor (the tensor-parallel wire format): tokens, starts, lengths, tables; ``unflat`` reads it."""
+        return torch.cat([self.tokens, self.starts, self.lengths, self.block_tables.reshape(-1)])
+
+    @classmethod
+    def unflat(cls, flat: torch.Tensor, rows: int, tokens: int, width: int) -> "PagedBatch":
+        n, b = tokens, rows
+        return cls(flat[:n], flat[n : n + b], flat[n + b : n + 2 * b], flat[n + 2 * b :].view(b, width))
+
+
+def decode_inputs(tokens, tables, positions, batch: int, width: int) -> torch.Tensor:
+    """A decode step's inputs as the fast path reads them: [2 + width, batch] int64 host tensor, row 0 the tokens,
+    row 1 the positions, rows 2.. the block tables (column b is row b's table, null blocks after its own; padding
+    rows: token 0 at position 0 in the null block)."""
+    n = len(tokens)
+    rows = torch.zeros((2 + width, batch), dtype=torch.long)
+    rows[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
+    rows[1, :n] = torch.as_tensor(positions, dtype=torch.long)
+    for b, table in enumerate(tables):
+        rows[2 : 2 + len(table), b] = torch.as_tensor(table, dtype=torch.long)
+    return rows

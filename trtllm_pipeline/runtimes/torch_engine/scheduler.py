@@ -1,0 +1,132 @@
+"""The scheduler: each step, which requests run, how many tokens each feeds, and in which KV blocks.
+
+A request is a list of known tokens (its prompt, then what it has generated) of which the first ``computed`` have
+their K/V in the cache. Each step (``schedule``) gives every running request, in admission order, its next
+tokens: one for a decoding request (its last sampled token), a chunk for a prefilling one (at most
+``prefill_chunk_tokens`` prompt tokens a step over all rows, so a long prompt is spread over steps instead of
+stalling the decodes), all under ``max_num_tokens`` tokens a step. Then waiting requests are admitted in order
+while there is room: a free row (``max_running``, the CUDA graphs' largest batch), the token budget, and KV
+blocks for the prompt and one token more (``KVCacheManager.admit``, which also reuses a cached prefix).
+A request that cannot be admitted waits, in order, and is never dropped.
+
+When a running request needs a block and the pool has none, the most recently admitted request is preempted:
+its blocks are freed and it goes back to the front of the queue with everything it has generated, to be
+recomputed when it is admitted again (a prefill of prompt + generated tokens, from whatever of it the prefix
+cache still holds), so that its output continues exactly where it was (greedy: the same tokens).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from trtllm_pipeline.runtimes.torch_engine.kv_cache import KVCacheManager
+from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow, StepPlan
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """The scheduler's view of a request: its tokens (prompt, then generated) and how many are in the cache."""
+
+    request_id: Any
+    prompt: list[int]
+    generated: list[int] = dataclasses.field(default_factory=list)
+    computed: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
+    def tokens(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """Tokens [start, stop) of prompt + generated (without joining the whole lists for a decode's one)."""
+        stop = self.length if stop is None else stop
+        p = len(self.prompt)
+        if start >= p:
+            return self.generated[start - p : stop - p]
+        return self.prompt[start:stop] + (self.generated[: stop - p] if stop > p else [])
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, *, max_running: int, max_num_tokens: int, prefill_chunk_tokens: int):
+        self.kv = kv
+        self.max_running = max_running
+        self.max_num_tokens = max(1, max_num_tokens)
+        self.prefill_chunk_tokens = max(1, prefill_chunk_tokens)
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []  # admission order: the last is preempted first
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget, prefill = self.max_num_tokens, self.prefill_chunk_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = self._take(seq, budget, prefill)
+            if n == 0:
+                i += 1
+                continue
+            lost = False
+            while not self.kv.grow(seq.request_id, seq.computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                plan.preempted.append(victim.request_id)
+                if lost := victim is seq:
+                    break
+            if not lost:
+                plan.rows.append(self._row(seq, n))
+                budget -= n
+                prefill -= n if n > 1 or seq.computed < len(seq.prompt) else 0
+                i += 1
+        # New requests only in a step that preempted none: room freed by preemption goes to the one preempted.
+        while self.waiting and not plan.preempted and len(self.running) < self.max_running and budget > 0:
+            seq = self.waiting[0]
+            done = self.kv.admit(seq.request_id, seq.tokens(), seq.length + 1, watermark=bool(self.running))
+            if done is None:
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            seq.computed = done
+            n = self._take(seq, budget, prefill)
+            if n:
+                plan.rows.append(self._row(seq, n))
+                budget -= n
+                prefill -= n
+        return plan
+
+    def _take(self, seq: Sequence, budget: int, prefill: int) -> int:
+        """Tokens ``seq`` feeds this step: its one decode token, or a chunk of what it has not computed yet."""
+        left = seq.length - seq.computed
+        if left == 1 and seq.generated:  # decoding: its last sampled token
+            return 1
+        return max(0, min(left, budget, prefill))
+
+    def _row(self, seq: Sequence, n: int) -> PlanRow:
+        return PlanRow(seq.request_id, seq.tokens(seq.computed, seq.computed + n), seq.computed,
+                       self.kv.tables[seq.request_id], sample=seq.computed + n == seq.length)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.preempted(seq.request_id)
+        seq.computed = 0
+        self.waiting.appendleft(seq)
+
+    def advance(self, seq: Sequence, n: int) -> None:
+        """``seq``'s row of ``n`` tokens ran: they are in the cache (full blocks keyed for the prefix cache)."""
+        before, seq.computed = seq.computed, seq.computed + n
+        if seq.computed // self.kv.block_size > before // self.kv.block_size:
+            self.kv.commit(seq.request_id, seq.tokens(0, seq.computed))
+
+    def finish(self, seq: Sequence) -> None:
+        """``seq`` is done (or cancelled, or failed): its blocks go back to the pool."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.kv.free(seq.request_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
