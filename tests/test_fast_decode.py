@@ -92,6 +92,25 @@ def test_quant_kernels_match_the_dequantized_reference():
         assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
 
 
+def test_quant_gemms_match_the_dequantized_reference():
+    """quant_gemm's tensor-core GEMMs (decode batches and prefill) against float32 ``x @ W^T``, W dequantized as the
+    format defines it, in both MMA orientations, with several row tiles, N / K tails and split K. Tolerances by
+    format: exact products (the INT4-AWQ group scale on a tile's dot result, W4A8's E4M3 weights x FP8 input,
+    SmoothQuant's int8 x int8, weight-only's per-channel scale on the sum) differ by float32 accumulation order only
+    (measured <= 2.4e-7 in bfloat16; float16's 1032 + q offset cancels to 2.4e-5); where each weight is scaled first
+    (groups smaller than a tile) the weight is rounded to the compute dtype as eager's copy is: within eager's own
+    error. The compute-dtype outputs (``linear`` with its bias, the GLU) add one rounding: within eager's."""
+    rows = _interpreted(None, "quant_gemm_check.py")
+    assert {r["fmt"] for r in rows} == {"int4_awq", "w4a8_awq", "int8_sq", "int8_wo"}
+    assert {r["swap"] for r in rows} == {True, False} and {r["exact"] for r in rows} == {True, False}
+    for r in rows:
+        bound = 5e-5 if r["dtype"] == "float16" else 1e-6
+        assert r["partials"]["rel"] < (bound if r["exact"] else 1.2 * r["eager_bf16"]["rel"]), r
+        if "linear" in r:
+            assert r["linear"]["rel"] < 1.2 * r["linear_eager_bf16"]["rel"] + 1e-5, r
+            assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
+
+
 def test_gemv_input_planes_are_the_block_floating_point_values():
     """The INT4 GEMV's prepared input (gemv_input, written by the standalone kernel through the interpreter):
     the byte planes and block sums rebuild ``x_int * 2^E`` exactly as ``gemv_input.reference`` defines it;
