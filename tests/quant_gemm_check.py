@@ -26,7 +26,7 @@ CPU = torch.device("cpu")
 
 
 def case(fmt, m, n, k, group, *, block_m=16, block_n=32, block_k=32, splits=1, swap=True, slices=1, seed=0,
-         dtype=torch.bfloat16):
+         dtype=torch.bfloat16, scale_weights=False):
     gen = torch.Generator().manual_seed(seed)
     t, t2 = tensors(fmt, n, k, group, gen, slices), tensors(fmt, n, k, group, gen, slices)
     t["p.bias"] = (torch.randn(n, generator=gen) * 0.1).to(dtype)
@@ -34,14 +34,14 @@ def case(fmt, m, n, k, group, *, block_m=16, block_n=32, block_k=32, splits=1, s
     lin2, lin2_32 = (Linear(t2, "p", dt, CPU, fmt, group) for dt in (dtype, torch.float32))
     q, q2 = quant_linear.QuantWeight.of(lin), quant_linear.QuantWeight.of(lin2)
     x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
-    cfg = LinearConfig(block_m, block_n, block_k, splits, 4, 2, gemm=True, swap=swap)
+    cfg = LinearConfig(block_m, block_n, block_k, splits, 4, 2, gemm=True, swap=swap, scale_weights=scale_weights)
     want = reference_input(lin32, x) @ lin._dequantize().t()
     out = torch.full((splits, m, n), float("nan"))
     quant_gemm.launch(x, q, None, out, cfg, dtype)
     row = {"fmt": fmt, "m": m, "n": n, "k": k, "group": q.group, "swap": swap, "splits": splits,
            "tile": [block_m, block_n, block_k], "dtype": str(dtype).removeprefix("torch."),
            # exact products where the scale goes on a tile's (or the whole sum's) dot result, or E4M3 / INT8 values
-           "exact": q.group % block_k == 0 or fmt in ("w4a8_awq", "int8_sq"),
+           "exact": q.group % block_k == 0 and not scale_weights or fmt in ("w4a8_awq", "int8_sq"),
            "partials": errors(out.sum(0), want), "eager_bf16": errors(F.linear(lin.quantize_input(x), lin.dequantized),
                                                                        want)}
     if splits == 1:
@@ -70,6 +70,7 @@ def main() -> None:
     rows.append(case("int4_awq", 33, 64, 256, 128, swap=False, block_m=32, block_n=64, block_k=64,
                      dtype=torch.float16))  # the 7B's group over two K tiles, float16
     rows.append(case("int8_wo", 17, 64, 128, 128, swap=False, dtype=torch.float16))  # the scale in the epilogue
+    rows.append(case("int4_awq", 5, 64, 256, 128, block_k=64, scale_weights=True))  # the scale on each weight
     print(json.dumps(rows))
 
 

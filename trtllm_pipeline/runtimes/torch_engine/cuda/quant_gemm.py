@@ -13,8 +13,9 @@ the GLU of mlp.fc/mlp.gate) and prefill (M in the thousands, ``linear``: the com
   bfloat16 without a conversion instruction: ``(nibble ^ 8) | 0x4300`` is the bits of ``136 + q``. Where a K tile
   lies inside one scale group (the 7B's 128), the MMA multiplies these integer values and the [BLOCK_M, BLOCK_N/2]
   result takes ``- 136 * rowsum(x)`` and the group scale (``POST_SCALE``: two operations per weight before the MMA,
-  the scale once per output and tile; exact products); otherwise each weight is scaled first and rounded to the
-  compute dtype, as the eager model's dequantized copy is.
+  the scale once per output and tile; exact products, but a fresh MMA result per tile); otherwise
+  (``LinearConfig.scale_weights``, or groups smaller than a tile) each weight is scaled first and rounded to the
+  compute dtype, as the eager model's dequantized copy is, and the MMAs chain on one accumulator.
 * **W4A8** (``w4a8_awq``): ``q x group step`` in units of ``weights_scaling_factor_2``, rounded to E4M3 in registers
   (ModelOpt's fake-quantized weight exactly), FP8 x FP8 on the FP8 tensor cores against the FP8-quantized input; the
   float32 sum scaled once by ``activation scale x scale_2``.
@@ -370,7 +371,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
             q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q), opt(q2.out_scale),
             opt(bias), out, m, q.n, k, q.scales.shape[0], per_split,
             x.stride(0), q.weight.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os, out.stride(-2),
-            ONE_GROUP=one_group, POST_SCALE=one_group and q.act == 0, EVEN_N=(q.n // 2) % (cfg.block_n // 2) == 0,
+            ONE_GROUP=one_group, POST_SCALE=one_group and q.act == 0 and not cfg.scale_weights, EVEN_N=(q.n // 2) % (cfg.block_n // 2) == 0,
             MAGIC=magic, OFFSET=offset, **common)
     # int8_wo with one scale per output row over the program's whole K range: in the epilogue
     scale_at = 0 if q.act != 0 or q.group >= k else 1 if q.group % cfg.block_k == 0 else 2
@@ -412,14 +413,15 @@ def _sm_count(device: torch.device) -> int:
 
 def default_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     """Tiles where the table has none. Decode batches (M <= 64): the weight on the MMA's M side (SWAP), 128 output
-    rows x 128 inputs (INT4: 8 KB of packed weight per stage; INT8: 64 rows, 8 KB), split K to ~2 waves of
-    programs, at most one split per 2 K tiles. Prefill: 128 x 128 output tiles, 64 inputs per stage, 8 warps."""
+    rows x 128 inputs (INT4: 8 KB of packed weight per stage; INT8: 64 rows, 8 KB), split K as the dot kernels
+    are (INT4 ~8 programs per SM and at least 2 K tiles per split, INT8 ~4 and 4). Prefill: 128 x 128 output tiles, 64 inputs per stage, 8 warps."""
     if m <= 64:
         block_m = max(16, triton.next_power_of_2(m))
         block_n = 128 if q.int4 else 64
         tiles = triton.cdiv(q.n, block_n)
         k_tiles = triton.cdiv(q.k, 128)
-        splits = 1 if glu else max(1, min(k_tiles // 2, round(2 * sm_count / tiles)))
+        per_sm, min_iters = (8, 2) if q.int4 else (4, 4)  # quant_linear.pick_config's (H200, run 15)
+        splits = 1 if glu else max(1, min(k_tiles // min_iters, round(per_sm * sm_count / tiles)))
         splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))  # no split left without tiles
         return LinearConfig(block_m, block_n, 128, splits, 4, 3, gemm=True, swap=True)
     return LinearConfig(128, 128, 64, 1, 8, 3, gemm=True)
@@ -431,8 +433,9 @@ def _load_table(path: Path) -> dict:
     for e in json.loads(path.read_text())["entries"]:
         cfg = None
         if e["kernel"] == "gemm":
-            bm, bn, bk, splits, warps, stages, swap = e["config"]
-            cfg = LinearConfig(bm, bn, bk, splits, warps, stages, gemm=True, swap=bool(swap))
+            bm, bn, bk, splits, warps, stages, swap, scale_weights = e["config"]
+            cfg = LinearConfig(bm, bn, bk, splits, warps, stages, gemm=True, swap=bool(swap),
+                               scale_weights=bool(scale_weights))
         entries.setdefault((e["format"], e["n"], e["k"], bool(e["glu"])), []).append((e["m"], e["kernel"], cfg))
     return {key: sorted(rows, key=lambda r: r[0]) for key, rows in entries.items()}
 
