@@ -2,7 +2,8 @@
 
     python3 benchmarks/quant_gemm.py --out DIR [--parts kernels,steps] [--formats int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16]
 
-Parts (each one's failure is recorded and the next part still runs; ~8 minutes together on an H200):
+Parts (each one's failure is recorded and the next part still runs; each ~4-7 minutes on an H200, so the device
+tool's 10-minute calls take one each: kernels first, its table copied into the package, then steps):
   kernels  each format x M in 1, 8, 32, 64, 256, 2048 x the 7B's four linears (qkv 3584 -> 4608, dense 3584 -> 3584,
            fc + gate 3584 -> 2 x 18944: the GLU launch at M <= 64, one of the pair's GEMMs at prefill sizes, proj
            18944 -> 3584): every candidate kernel (quant_gemm's GEMM at a few tiles, quant_gemv's GEMV at M = 1, the
@@ -12,7 +13,7 @@ Parts (each one's failure is recorded and the next part still runs; ~8 minutes t
            (max(bytes / 4.3 TB/s, flops / dense tensor-core peak)). The fastest correct kernel per (format, shape, M)
            goes to DIR/quant_gemm_table.json, which the runtime reads when copied to
            trtllm_pipeline/runtimes/torch_engine/cuda/quant_gemm_table.json (or named by $TRTLLM_PIPELINE_GEMM_TABLE).
-           The sweep beyond each default stops after KERNEL_SWEEP_S seconds (default 200).
+           The sweep beyond each default stops after KERNEL_SWEEP_S seconds (default 150).
   steps    per format a 7B engine of random BF16 weights quantized on the GPU (quant_fast_path.quantized_checkpoint):
            built first with the dequantized copies (the old memory: "before"), prefill of 2048 tokens timed and its
            peak taken, then the copies dropped ("after": prefill through quant_gemm, no copy) and: the prefill's
@@ -55,7 +56,7 @@ BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 # dense tensor-core peaks of an H200 SXM by the MMA's operand type (TFLOP/s or TOP/s)
 PEAK = {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12}
 MMA_TYPE = {"int4_awq": "bf16", "w4a8_awq": "fp8", "int8_sq": "int8", "int8_wo": "bf16", "fp8": "fp8", "bf16": "bf16"}
-KERNEL_SWEEP_S = float(os.environ.get("KERNEL_SWEEP_S", "200"))
+KERNEL_SWEEP_S = float(os.environ.get("KERNEL_SWEEP_S", "150"))
 # relative error against float32 x @ W^T above which a candidate does not enter the table
 MAX_ERR = {"int4_awq": 5e-3, "w4a8_awq": 5e-3, "int8_sq": 5e-3, "int8_wo": 5e-3, "fp8": 2e-2, "bf16": 1e-2}
 
@@ -65,24 +66,22 @@ def linears(hidden=3584, intermediate=18944, qkv=4608) -> list[tuple[str, int, i
 
 
 def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
-    """quant_gemm's default tiles first, then a few others: decode sizes in both MMA orientations and split counts,
-    prefill sizes at 64-256 output rows."""
+    """quant_gemm's default tiles first, then three others (each distinct config is a compilation: ~1-2 s): at
+    decode sizes the group scale on each weight (INT4-AWQ), the input on the MMA's M side, twice the splits (or
+    four stages for the GLU); at prefill sizes the scale on each weight, 128 x 256 and 64 x 128 x 128 tiles."""
     base = quant_gemm.default_config(q, m, sm, glu=glu)
     r = dataclasses.replace
+    int4_awq = q.fmt == "int4_awq"
     if m <= DECODE_M:
-        bm = max(16, 1 << (m - 1).bit_length())
-        others = [r(base, scale_weights=True) if q.fmt == "int4_awq" else None,
-                  r(base, num_stages=4), r(base, splits=max(1, base.splits * 2)) if not glu else None,
-                  r(base, block_n=base.block_n * 2, num_warps=8) if q.int4 else r(base, block_n=128),
-                  r(base, swap=False, block_m=max(bm, 16), block_k=64, num_stages=4),
-                  r(base, splits=max(1, base.splits // 2)) if not glu else None]
+        others = [r(base, scale_weights=True) if int4_awq else r(base, num_stages=4),
+                  r(base, swap=False, block_k=64, num_stages=4),
+                  r(base, num_stages=4) if glu else r(base, splits=base.splits * 2)]
     else:
-        others = [LinearConfig(128, 128, 64, 1, 8, 3, gemm=True, scale_weights=True) if q.fmt == "int4_awq" else None,
-                  LinearConfig(128, 256, 64, 1, 8, 3, gemm=True), LinearConfig(64, 128, 128, 1, 4, 3, gemm=True),
-                  LinearConfig(128, 128, 128, 1, 8, 3, gemm=True), LinearConfig(256, 128, 64, 1, 8, 3, gemm=True)]
+        others = [r(base, scale_weights=True) if int4_awq else LinearConfig(128, 128, 128, 1, 8, 3, gemm=True),
+                  LinearConfig(128, 256, 64, 1, 8, 3, gemm=True), LinearConfig(64, 128, 128, 1, 4, 3, gemm=True)]
     out = [base]
     for c in others:
-        if c is not None and c not in out:
+        if c not in out:
             out.append(c)
     return out
 
@@ -404,6 +403,10 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
             graphs = DecodeGraphs(step, list(batches), scratch_slot=max(batches))
             graphs.prepare()
             row["graphs_setup_s"] = time.perf_counter() - t0
+            # quant_gemv_ws.TILED_WEIGHTS: the batch-1 GEMV's tile-by-tile copy of each INT4 weight, in the peak
+            row["tiled_copy_gib"] = sum(lin.quant.tiled.numel() for layer in step.layers
+                                        for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj)
+                                        if lin.quant is not None and lin.quant.tiled is not None) / gib
             row["configs"] = {b: {k: dataclasses.astuple(c) for k, c in graphs.buffers[b].configs.items()}
                               for b in batches}
             engine.cache_k.normal_()
@@ -442,7 +445,7 @@ def step_table(rows: list[dict]) -> str:
         for s in r["steps"]:
             lines.append(f"{r['format']:8} {s['batch']:<5} {s['ms_per_step']:8.3f} {s['tokens_per_s']:8.0f}")
     lines += ["", "format   prefill 2048 ms (before: copy)  peak GiB after (before)  weights GiB  KV GiB  "
-                  "prefill logits vs copy  batch-8 step vs eager"]
+                  "prefill logits vs copy  batch-8 step vs eager  (tiled GEMV copy GiB)"]
     for r in rows:
         if "error" in r:
             continue
@@ -450,7 +453,8 @@ def step_table(rows: list[dict]) -> str:
         lines.append(f"{r['format']:8} {r['prefill_ms']:8.1f} ({r['prefill_ms_before']:6.1f})            "
                      f"{r['peak_gib']:6.2f} ({r['peak_gib_before']:6.2f})        {r['weights_gib']:7.2f}  "
                      f"{r['kv_gib']:6.2f}  {r['prefill_logits_rel_vs_copy']:.2e}            "
-                     f"{chk.get('logits_rel_fast_vs_eager', float('nan')):.2e} argmax {chk.get('argmax_equal', '-')}")
+                     f"{chk.get('logits_rel_fast_vs_eager', float('nan')):.2e} argmax {chk.get('argmax_equal', '-')}"
+                     f"  ({r.get('tiled_copy_gib', 0):.2f})")
     return "\n".join(lines)
 
 
