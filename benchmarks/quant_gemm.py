@@ -404,7 +404,7 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
             graphs.prepare()
             row["graphs_setup_s"] = time.perf_counter() - t0
             # quant_gemv_ws.TILED_WEIGHTS: the batch-1 GEMV's tile-by-tile copy of each INT4 weight, in the peak
-            row["tiled_copy_gib"] = sum(lin.quant.tiled.numel() for layer in step.layers
+            row["tiled_copy_gib"] = sum(lin.quant.tiled.numel() * 4 for layer in step.layers  # int32 words
                                         for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj)
                                         if lin.quant is not None and lin.quant.tiled is not None) / gib
             row["configs"] = {b: {k: dataclasses.astuple(c) for k, c in graphs.buffers[b].configs.items()}
