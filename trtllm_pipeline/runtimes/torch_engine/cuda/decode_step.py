@@ -17,7 +17,9 @@ Weights are the engine's own tensors (no copy); the math and its rounding points
 model's (but where a norm is folded into a GEMV: ``gemv_input.NormFold`` says what it rounds otherwise), so the
 two agree up to accumulation order (checked in ``benchmarks/gpu_fast_path.py`` and,
 through Triton's interpreter, in the CPU tests). BF16 and FP8 linears run ``linear``'s kernels; INT4-AWQ,
-W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run ``quant_linear``'s, which read the checkpoint's packed
+W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run the kernel ``quant_gemm.choose`` picks per shape and batch
+from its measured table (quant_gemv's GEMV, quant_gemm's tensor-core GEMM or quant_linear's dot kernel), which read
+the checkpoint's packed
 tensors and apply the pre-quant scale and activation quantizer to their input themselves (so for these
 formats every activation buffer stays in the compute dtype, and an unfused mlp.fc / mlp.gate pair runs as
 one GLU launch); NVFP4 is refused (eager emulation runs it).
