@@ -135,8 +135,9 @@ def kernel_rows(formats, time_fn, device, sm: int, *, ms=MS, deadline: float, l2
             copies = max(2, -(-4 * l2_bytes // nbytes_all)) if cuda else 1
             if quant:
                 qs = [lin.kernel_weight() for lin in lins]
-                sets = [qs] + [[dataclasses.replace(q, weight=q.weight.clone(), scales=q.scales.clone(),
-                                                    scales16=None, tiled=None) for q in qs] for _ in range(copies - 1)]
+                sets = [qs] + [[dataclasses.replace(q, weight=q.weight.clone(), scales=q.scales.clone(), tiled=None,
+                                                    scales16=None if q.scales16 is None else q.scales16.clone())
+                                for q in qs] for _ in range(copies - 1)]
             else:
                 sets = [[lin.weight for lin in lins]] + [[lin.weight.clone() for lin in lins] for _ in range(copies - 1)]
             for m in ms:
