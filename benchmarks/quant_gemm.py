@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import quant_fast_path as qf  # noqa: E402
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, linear, quant_gemm, quant_gemv, quant_linear  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, linear, quant_gemm, quant_gemv,  # noqa: E402
+                                                        quant_gemv_ws, quant_linear)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine  # noqa: E402
 
@@ -420,6 +421,20 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
                 log(f"step {fmt:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}), "
                     f"{b * 1000 / wall:.0f} tok/s")
             row["peak_gib"] = torch.cuda.max_memory_allocated(device) / gib
+            if row["tiled_copy_gib"]:  # batch 1 without the GEMV's tiled copy: its time against its memory
+                del graphs, step
+                graphs = None
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+                tiled, quant_gemv_ws.TILED_WEIGHTS = quant_gemv_ws.TILED_WEIGHTS, False
+                try:
+                    graphs = DecodeGraphs(DecodeStep(engine), [1], scratch_slot=max(batches))
+                    graphs.prepare()
+                    wall, replay = _time_decode(graphs, 1, ctx, steps)
+                finally:
+                    quant_gemv_ws.TILED_WEIGHTS = tiled
+                row["untiled_batch1"] = {"ms_per_step": wall, "graph_replay_ms": replay,
+                                         "peak_gib": torch.cuda.max_memory_allocated(device) / gib}
             log(f"steps {fmt}: { {k: v for k, v in row.items() if k not in ('steps', 'configs')} }")
         except Exception as exc:
             row["error"] = traceback.format_exc()[-2000:]
@@ -456,6 +471,10 @@ def step_table(rows: list[dict]) -> str:
                      f"{r['kv_gib']:6.2f}  {r['prefill_logits_rel_vs_copy']:.2e}            "
                      f"{chk.get('logits_rel_fast_vs_eager', float('nan')):.2e} argmax {chk.get('argmax_equal', '-')}"
                      f"  ({r.get('tiled_copy_gib', 0):.2f})")
+        if "untiled_batch1" in r:
+            u = r["untiled_batch1"]
+            lines.append(f"{'':8} without the tiled copy: batch 1 {u['ms_per_step']:.3f} ms/step (replay "
+                         f"{u['graph_replay_ms']:.3f}), peak {u['peak_gib']:.2f} GiB")
     return "\n".join(lines)
 
 
