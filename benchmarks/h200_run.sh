@@ -5,6 +5,9 @@
 #   bash benchmarks/h200_run.sh served     # random 7B FP8: the same build deployed, tritonserver, bench over gRPC
 #   bash benchmarks/h200_run.sh kernels    # benchmarks/gpu_fast_path.py: kernels, whole steps, HF transformers
 #   bash benchmarks/h200_run.sh quant      # the 4/8-bit kernels and whole steps at the 7B shape (QUANT_FORMATS)
+#   bash benchmarks/h200_run.sh quant_gemm # the 4/8-bit GEMMs at M 1..2048 (kernel table, the measured
+#                                          # quant_gemm_table.json), steps by format x batch 1/8/32/64, prefill,
+#                                          # peak memory before/after (QUANT_FORMATS, QG_PARTS=kernels,steps)
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
 #   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
 #                                          # text per TP, the step's collectives timed alone (tp_collectives.py),
@@ -20,7 +23,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, kernels, quant, tp1, tp, throughput or prefix}
+part=${1:?pipeline, served, kernels, quant, quant_gemm, tp1, tp, throughput or prefix}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -117,6 +120,9 @@ case "$part" in
   quant)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts quant --formats "${QUANT_FORMATS:-int4_awq,w4a8_awq,int8_sq,int8_wo}" \
       ${NO_SWEEP:+--no-quant-sweep} ;;
+  quant_gemm)
+    python3 benchmarks/quant_gemm.py --out "$out" --parts "${QG_PARTS:-kernels,steps}" \
+      --formats "${QUANT_FORMATS:-int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16}" ;;
   tp1)
     c=build_configs/tiny-qwen2-fp8-tp1.yaml
     for mode in merged distributed; do
@@ -162,5 +168,5 @@ case "$part" in
     tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 100/64 \
       --shared-prefix "${PREFIX:-1500}" --requests "${REQUESTS:-512}" -o "$out/throughput-prefix.json" ;;
   *)
-    echo "unknown part $part: pipeline, served, kernels, quant, tp1, tp, throughput or prefix" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, kernels, quant, quant_gemm, tp1, tp, throughput or prefix" >&2; exit 2 ;;
 esac

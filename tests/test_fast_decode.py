@@ -95,6 +95,72 @@ def test_quant_kernels_match_the_dequantized_reference():
         assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
 
 
+def test_quant_gemms_match_the_dequantized_reference():
+    """quant_gemm's tensor-core GEMMs (decode batches and prefill) against float32 ``x @ W^T``, W dequantized as the
+    format defines it, in both MMA orientations, with several row tiles, N / K tails and split K. Tolerances by
+    format: exact products (the INT4-AWQ group scale on a tile's dot result, W4A8's E4M3 weights x FP8 input,
+    SmoothQuant's int8 x int8, weight-only's per-channel scale on the sum) differ by float32 accumulation order only
+    (measured <= 2.4e-7 in bfloat16; float16's 1032 + q offset cancels to 2.4e-5); where each weight is scaled first
+    (groups smaller than a tile) the weight is rounded to the compute dtype as eager's copy is: within eager's own
+    error. The compute-dtype outputs (``linear`` with its bias, the GLU) add one rounding: within eager's."""
+    rows = _interpreted(None, "quant_gemm_check.py")
+    assert {r["fmt"] for r in rows} == {"int4_awq", "w4a8_awq", "int8_sq", "int8_wo"}
+    assert {r["swap"] for r in rows} == {True, False} and {r["exact"] for r in rows} == {True, False}
+    for r in rows:
+        bound = 5e-5 if r["dtype"] == "float16" else 1e-6
+        assert r["partials"]["rel"] < (bound if r["exact"] else 1.2 * r["eager_bf16"]["rel"]), r
+        if "linear" in r:
+            assert r["linear"]["rel"] < 1.2 * r["linear_eager_bf16"]["rel"] + 1e-5, r
+            assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
+
+
+def test_gemm_table_written_by_the_benchmark_picks_the_kernel_per_shape(tmp_path, monkeypatch):
+    """benchmarks/quant_gemm.py's table (the fastest correct kernel per format, shape and M) as quant_gemm reads it:
+    the measured M at or above the batch, the GEMV where batch 1 measured it, the dot kernel where it won, the
+    defaults where the table has no shape (or no batch 1), and candidates above the error bound left out."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    from quant_gemm import table_entries
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+    from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig
+
+    def row(m, kernel, us, config=None, err=1e-6, glu=False):
+        return {"format": "int4_awq", "n": 256, "k": 512, "glu": glu, "m": m, "kernel": kernel, "us": us,
+                "error": err, "config": dataclasses.astuple(config) if config else None}
+
+    fast = LinearConfig(16, 128, 128, 4, 4, 3, gemm=True, swap=True)
+    wide = LinearConfig(128, 256, 64, 1, 8, 3, gemm=True, scale_weights=True)
+    rows = [row(1, "gemv", 5.0), row(1, "gemm", 7.0, fast), row(8, "gemm", 9.0, fast), row(8, "dot", 12.0),
+            row(8, "gemm", 1.0, wide, err=0.5),  # fastest but wrong: not taken
+            row(32, "dot", 10.0), row(32, "gemm", 11.0, fast), row(2048, "gemm", 90.0, wide),
+            row(8, "linear.py", 0.5)]  # another format's kernel: not a choice
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"entries": table_entries(rows)}))
+    monkeypatch.setenv(quant_gemm.TABLE_ENV, str(path))
+
+    @dataclasses.dataclass
+    class Q:  # the fields the choice reads
+        fmt: str = "int4_awq"
+        n: int = 256
+        k: int = 512
+        group: int = 128
+        int4: bool = True
+        weight: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(128, 512, dtype=torch.int8))
+
+    q = Q()
+    assert quant_gemm.measured("int4_awq", 1, 256, 512, False) == ("gemv", None)
+    assert quant_gemm.choose(q, 1, 132).gemv
+    assert quant_gemm.measured("int4_awq", 5, 256, 512, False) == ("gemm", fast)
+    dot = quant_gemm.choose(q, 16, 132)  # M = 32's entry: the dot kernel, at its own tiles for 16 rows
+    assert not dot.gemm and not dot.gemv and dot.block_m == 16
+    assert quant_gemm.pick_config(q, 16, 132) == quant_gemm.default_config(q, 16, 132)  # the GEMM where dot won
+    assert quant_gemm.pick_config(q, 4096, 132) == wide  # past the largest measured M
+    assert quant_gemm.measured("int4_awq", 8, 256, 512, True) is None  # shape not measured: defaults
+    assert quant_gemm.choose(q, 8, 132, glu=True) == quant_gemm.default_config(q, 8, 132, glu=True)
+    monkeypatch.setenv(quant_gemm.TABLE_ENV, str(tmp_path / "absent.json"))
+    assert quant_gemm.choose(q, 1, 132).gemv and quant_gemm.choose(q, 8, 132) == quant_gemm.default_config(q, 8, 132)
+
+
 def test_gemv_input_planes_are_the_block_floating_point_values():
     """The INT4 GEMV's prepared input (gemv_input, written by the standalone kernel through the interpreter):
     the byte planes and block sums rebuild ``x_int * 2^E`` exactly as ``gemv_input.reference`` defines it;

@@ -5,10 +5,12 @@ GPT-NeoX rotary embedding, grouped-query attention over a KV cache, gated SiLU M
 TensorRT-LLM's naming (``fc`` is the activated gate branch, ``gate`` the up projection), RMSNorm.
 Quantized layers (``Linear``) follow their format: FP8 quantizes the input with the calibrated
 per-tensor activation scale and multiplies by the FP8 weight and its per-tensor scale, on SM89+ GPUs
-with ``torch._scaled_mm`` (a real FP8 GEMM); every other quantized format, and FP8 elsewhere, runs by
-emulation: the stored weights dequantized as the format defines them (INT4 groups with their scales,
-SmoothQuant and INT8 per-channel scales, NVFP4's two-level scales), the input multiplied by its
-pre-quant scale and quantized as the format's activation quantizer does, then a compute-dtype matmul.
+with ``torch._scaled_mm`` (a real FP8 GEMM); INT4-AWQ, W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run
+on CUDA through ``cuda/quant_gemm``'s tensor-core GEMMs from the stored weights (no dequantized copy is kept on
+a GPU); on the CPU, and for NVFP4, they run by emulation: the stored weights dequantized as the format defines
+them (INT4 groups with their scales, SmoothQuant and INT8 per-channel scales, NVFP4's two-level scales), the
+input multiplied by its pre-quant scale and quantized as the format's activation quantizer does, then a
+compute-dtype matmul (on a GPU with the dequantized weight made per call, never kept).
 That gives the numbers of ModelOpt's fake-quantized model, up to accumulation order; but INT4-AWQ's group
 scales are taken in the compute dtype, as TensorRT-LLM holds them (``Linear.group_scales``: ~1e-3 from the
 fake-quantized model's linears).
@@ -97,6 +99,10 @@ def unpack_fp4_cols(packed: torch.Tensor) -> torch.Tensor:
     return torch.where(codes >= 8, -values, values)
 
 
+# the formats whose CUDA forward is quant_gemm's GEMM (cuda/quant_linear.FORMATS)
+GEMM_FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo")
+
+
 def _per_group(scales: torch.Tensor, in_features: int) -> torch.Tensor:
     """(N, G) scales -> (N, K): each applies to its K / G consecutive input features."""
     return scales.float().repeat_interleave(in_features // scales.shape[1], dim=1)
@@ -106,8 +112,10 @@ class Linear(torch.nn.Module):
     """y = x W^T + b for every weight format a TensorRT-LLM checkpoint holds.
 
     The seam for fast kernels: a quantized layer keeps its weights and scales exactly as the
-    checkpoint stores them (TP shards merged), next to a ``dequantized`` (out, in) copy in the compute
-    dtype that the CPU path multiplies with (emulation: dequantized once in float32, rounded once).
+    checkpoint stores them (TP shards merged). On the CPU it keeps a ``dequantized`` (out, in) copy in the
+    compute dtype too, which the emulation multiplies with (dequantized once in float32, rounded once: the
+    reference the kernels are checked against); on CUDA ``dequantized`` is None (``KEEP_DEQUANTIZED`` keeps it,
+    for the benchmark's before/after) and the layer runs ``cuda/quant_gemm``'s GEMMs on ``kernel_weight()``.
 
     ``format``      none | fp8 | int4_awq | w4a8_awq | int8_sq | int8_wo | nvfp4
     ``weight``      as stored: compute dtype (none); float8_e4m3fn (out, in) (fp8); int8 (out/2, in), two
@@ -128,6 +136,9 @@ class Linear(torch.nn.Module):
     MLP's fc and gate) when they share their input: their per-tensor and per-input tensors must agree.
     """
 
+    # Keep the dequantized copy on CUDA too (the old memory: benchmarks/quant_gemm.py measures before and after)
+    KEEP_DEQUANTIZED = False
+
     def __init__(self, tensors: dict[str, Any], prefix: str | tuple[str, ...], dtype: torch.dtype,
                  device: torch.device, fmt: str = "none", group_size: int | None = None):
         super().__init__()
@@ -142,7 +153,9 @@ class Linear(torch.nn.Module):
         self.fp8 = self.format == "fp8"
         self.dtype = dtype
         self.group_size = group_size if self.format in ("int4_awq", "w4a8_awq", "nvfp4") else None
-        self.scaled_mm = False
+        self.scaled_mm = self.gemm = False
+        self._kernel_weight = None
+        keep = device.type != "cuda" or self.KEEP_DEQUANTIZED
         self.scales = self.scale_2 = self.a_scale = self.a_inv = self.pre_quant_scale = self.dequantized = None
         if self.format == "none":
             self.weight = weight.to(device=device, dtype=dtype)
@@ -161,7 +174,7 @@ class Linear(torch.nn.Module):
                 and all(d % 16 == 0 for d in weight.shape) and dtype in (torch.bfloat16, torch.float16)
             )
             # Emulation: dequantized once in float32 and rounded once, as the fake-quantized model does.
-            self.dequantized = None if self.scaled_mm else (self.weight.float() * self.w_scale).to(dtype)
+            self.dequantized = self._dequantize().to(dtype) if keep and not self.scaled_mm else None
             return
         self.scales = get("per_channel_scale") if self.format == "int8_wo" else get("weights_scaling_factor")
         self.scales = self.scales.to(device)
@@ -170,7 +183,9 @@ class Linear(torch.nn.Module):
         if get("activation_scaling_factor") is not None:
             self.a_scale = f32(get("activation_scaling_factor")).reshape(())
             self.a_inv = 1.0 / self.a_scale
-        self.dequantized = self._dequantize().to(dtype)
+        self.gemm = device.type == "cuda" and self.format in GEMM_FORMATS and dtype in (torch.bfloat16, torch.float16) \
+            and (self.format != "w4a8_awq" or torch.cuda.get_device_capability(device) >= (8, 9))  # FP8 tensor cores
+        self.dequantized = self._dequantize().to(dtype) if keep else None
 
     def group_scales(self) -> torch.Tensor:
         """INT4-AWQ's per-group scales (the checkpoint's amax / 7, float32) in the compute dtype, as TensorRT-LLM
@@ -183,6 +198,8 @@ class Linear(torch.nn.Module):
     def _dequantize(self) -> torch.Tensor:
         """The weight as the format defines it, in float32."""
         w, s = self.weight, self.scales
+        if self.format == "fp8":
+            return w.float() * self.w_scale
         if self.format == "int4_awq":
             values = unpack_int4_rows(w).float()
             return values * _per_group(self.group_scales(), values.shape[1])
@@ -215,11 +232,31 @@ class Linear(torch.nn.Module):
             return fake_nvfp4(x, self.a_scale).to(self.dtype)
         return x
 
+    def kernel_weight(self):
+        """The CUDA kernels' view of this layer (``cuda/quant_linear.QuantWeight``: the stored tensors, scales re-laid
+        once), made on first use and shared by the prefill GEMMs and the decode step."""
+        if self._kernel_weight is None:
+            from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import QuantWeight  # Triton: on first use
+
+            self._kernel_weight = QuantWeight.of(self)
+        return self._kernel_weight
+
+    def step_tensors(self) -> list[torch.Tensor]:
+        """The tensors one pass of this layer reads: the dequantized copy where it multiplies with one, else the
+        stored weight (and its scales, pre-quant scale) and bias."""
+        if self.dequantized is not None and not self.fp8:
+            tensors = [self.dequantized]
+        else:
+            tensors = [self.weight, self.scales, self.pre_quant_scale]
+        return [t for t in (*tensors, self.bias) if t is not None]
+
     def describe(self) -> str:
         if self.format == "none":
             return "dense matmul"
         if self.scaled_mm:
             return "torch._scaled_mm (FP8 tensor cores)"
+        if self.gemm and self.dequantized is None:
+            return f"quant_gemm ({self.format}: tensor-core GEMM from the stored weights)"
         return f"emulated ({self.format}: dequantized weights, quantized inputs where the format has them, " \
                "compute-dtype matmul)"
 
@@ -232,7 +269,14 @@ class Linear(torch.nn.Module):
             out = torch._scaled_mm(flat, self.weight.t(), scale_a=self.a_scale, scale_b=self.w_scale,
                                    bias=self.bias, out_dtype=self.dtype)
             return out.reshape(*x.shape[:-1], -1)
-        return F.linear(self.quantize_input(x), self.dequantized, self.bias)
+        if self.dequantized is not None:
+            return F.linear(self.quantize_input(x), self.dequantized, self.bias)
+        if self.gemm:
+            from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm  # Triton: on first use
+
+            return quant_gemm.linear(x, self.kernel_weight(), self.bias, self.dtype)
+        # NVFP4 (no Hopper kernel), FP8 without FP8 tensor cores: the dequantized weight made for this call only
+        return F.linear(self.quantize_input(x), self._dequantize().to(self.dtype), self.bias)
 
 
 # Tensors of a linear layer indexed by output features: concatenated when layers are fused.
@@ -452,9 +496,7 @@ class Qwen2Engine(torch.nn.Module):
             for key in ("qkv", "dense", "fc_gate", "proj"):
                 module = layer[key]
                 parts = [module.first, module.second] if isinstance(module, _Pair) else [module]
-                # Emulated formats multiply with their dequantized copy: that is what a step reads here.
-                tensors += [t for m in parts for t in (m.dequantized if m.format not in ("none", "fp8") else m.weight,
-                                                       m.bias) if t is not None]
+                tensors += [t for m in parts for t in m.step_tensors()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def memory_bytes(self) -> dict[str, int]:

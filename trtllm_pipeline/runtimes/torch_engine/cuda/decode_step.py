@@ -17,7 +17,9 @@ Weights are the engine's own tensors (no copy); the math and its rounding points
 model's (but where a norm is folded into a GEMV: ``gemv_input.NormFold`` says what it rounds otherwise), so the
 two agree up to accumulation order (checked in ``benchmarks/gpu_fast_path.py`` and,
 through Triton's interpreter, in the CPU tests). BF16 and FP8 linears run ``linear``'s kernels; INT4-AWQ,
-W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run ``quant_linear``'s, which read the checkpoint's packed
+W4A8-AWQ, INT8 SmoothQuant and INT8 weight-only run the kernel ``quant_gemm.choose`` picks per shape and batch
+from its measured table (quant_gemv's GEMV, quant_gemm's tensor-core GEMM or quant_linear's dot kernel), which read
+the checkpoint's packed
 tensors and apply the pre-quant scale and activation quantizer to their input themselves (so for these
 formats every activation buffer stays in the compute dtype, and an unfused mlp.fc / mlp.gate pair runs as
 one GLU launch); NVFP4 is refused (eager emulation runs it).
@@ -36,8 +38,8 @@ import dataclasses
 
 import torch
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, quant_gemv,
-                                           quant_gemv_ws, quant_linear, support)
+from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, quant_gemm,
+                                           quant_gemv, quant_gemv_ws, quant_linear, support)
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
 
@@ -343,8 +345,8 @@ class DecodeStep:
             support.set_carveout(CARVEOUT_MODULES, percent)
 
     def _config(self, lin: _Linear, batch: int, n: int, k: int, wbytes: int, glu: bool = False) -> linear.LinearConfig:
-        if lin.quant is not None:
-            return quant_linear.pick_config(lin.quant, batch, self.sm_count, glu=glu)
+        if lin.quant is not None:  # the GEMV, the GEMM or the dot kernel, as quant_gemm's measured table says
+            return quant_gemm.choose(lin.quant, batch, self.sm_count, glu=glu)
         return linear.pick_config(batch, n, k, wbytes, self.sm_count, glu=glu)
 
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
@@ -356,6 +358,9 @@ class DecodeStep:
         its partials summed into the first split ("last"); ``fold``: the norm before it made by its programs."""
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
+            return out
+        if cfg.gemm:
+            quant_gemm.launch(x, lin.quant, None, out, cfg, self.dtype, self.pdl)
             return out
         if not cfg.gemv:
             quant_linear.quant_partials(x, lin.quant, out, cfg, self.dtype, self.pdl)
@@ -369,7 +374,9 @@ class DecodeStep:
 
     def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers,
              prep: dict[str, gemv_input.Prepared]):
-        if layer.fc.quant is not None:
+        if layer.fc.quant is not None and cfg.gemm:
+            quant_gemm.launch(x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl)
+        elif layer.fc.quant is not None:
             fc, gate = prep.get("fc"), prep.get("gate")
             gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters, workspace=buf.glu_workspace,
                         clear=buf.sums.get("mlp")) if fc and gate else {}
@@ -471,8 +478,8 @@ def _linear(module) -> _Linear:
     """The fast path's view of a ``torch_engine/model.Linear`` (whose FP8 weights are FP8 values; the 4/8-bit formats'
     tensors as the checkpoint stores them, their scales re-laid once for quant_linear's kernels)."""
     fmt = getattr(module, "format", "none")
-    if fmt in quant_linear.FORMATS:
-        return _Linear(module.weight, None, None, module.bias, quant_linear.QuantWeight.of(module))
+    if fmt in quant_linear.FORMATS:  # the layer's own kernel view (its prefill GEMMs read the same tensors)
+        return _Linear(module.weight, None, None, module.bias, module.kernel_weight())
     if fmt == "nvfp4":
         raise Unsupported("nvfp4 weights (no fast kernels: Hopper has no FP4 tensor cores, and the eager path "
                           "emulates them)")

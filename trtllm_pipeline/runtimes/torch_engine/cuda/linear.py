@@ -42,6 +42,9 @@ class LinearConfig:
     gemv: bool = False  # quant_gemv's CUDA-core matrix-vector kernel (INT4-AWQ at batch 1), not the dot
     tma: bool = False  # the GEMV's weight tiles by the bulk tensor copy engine, num_stages deep (Hopper)
     ws: bool = False  # with tma: the warp-specialized GEMV (quant_gemv_ws: one warp copies, four compute)
+    gemm: bool = False  # quant_gemm's tensor-core GEMM (4/8-bit weights at M > 1, prefill)
+    swap: bool = False  # with gemm: the weight tile on the MMA's M side, the input rows on its N side
+    scale_weights: bool = False  # with gemm: INT4-AWQ's group scale on each weight, not on the tile's dot result
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,

@@ -1,0 +1,535 @@
+"""The 4/8-bit GEMMs at every batch size on one GPU (issue 32): per-kernel table, measured kernel table, whole steps.
+
+    python3 benchmarks/quant_gemm.py --out DIR [--parts kernels,steps] [--formats int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16]
+
+Parts (each one's failure is recorded and the next part still runs; each ~4-7 minutes on an H200, so the device
+tool's 10-minute calls take one each: kernels first, its table copied into the package, then steps):
+  kernels  each format x M in 1, 8, 32, 64, 256, 2048 x the 7B's four linears (qkv 3584 -> 4608, dense 3584 -> 3584,
+           fc + gate 3584 -> 2 x 18944: the GLU launch at M <= 64, one of the pair's GEMMs at prefill sizes, proj
+           18944 -> 3584): every candidate kernel (quant_gemm's GEMM at a few tiles, quant_gemv's GEMV at M = 1, the
+           older dot kernel at M <= 64; FP8 and BF16: linear.py's kernels and torch._scaled_mm / F.linear; SmoothQuant
+           also torch._int_mm) checked against float32 ``x @ W^T`` (W dequantized as the format defines it), then timed
+           over rotating weight copies larger than L2: us, GB/s of weight bytes, TFLOP/s, fraction of the roof
+           (max(bytes / 4.3 TB/s, flops / dense tensor-core peak)). The fastest correct kernel per (format, shape, M)
+           goes to DIR/quant_gemm_table.json, which the runtime reads when copied to
+           trtllm_pipeline/runtimes/torch_engine/cuda/quant_gemm_table.json (or named by $TRTLLM_PIPELINE_GEMM_TABLE).
+           The sweep beyond each default stops after KERNEL_SWEEP_S seconds (default 150).
+  steps    per format a 7B engine of random BF16 weights quantized on the GPU (quant_fast_path.quantized_checkpoint):
+           built first with the dequantized copies (the old memory: "before"), prefill of 2048 tokens timed and its
+           peak taken, then the copies dropped ("after": prefill through quant_gemm, no copy) and: the prefill's
+           last logits against the copy's, one decode step at batch 8 against the eager (copy) model, then decode
+           graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s, peak GiB. The table in DIR (when the kernels
+           part ran first) is the one the steps take.
+
+Results: DIR/quant_gemm.json, DIR/quant_gemm_table.json, DIR/quant_gemm.txt (the tables, also on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import quant_fast_path as qf  # noqa: E402
+
+from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, linear, quant_gemm, quant_gemv,  # noqa: E402
+                                                        quant_gemv_ws, quant_linear)
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine  # noqa: E402
+
+MS = (1, 8, 32, 64, 256, 2048)
+DECODE_M = 64  # the largest M timed as a decode launch (split-K partials, the GLU); above it prefill's linear
+BATCHES = (1, 8, 32, 64)
+FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "fp8", "bf16")
+BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
+# dense tensor-core peaks of an H200 SXM by the MMA's operand type (TFLOP/s or TOP/s)
+PEAK = {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12}
+MMA_TYPE = {"int4_awq": "bf16", "w4a8_awq": "fp8", "int8_sq": "int8", "int8_wo": "bf16", "fp8": "fp8", "bf16": "bf16"}
+KERNEL_SWEEP_S = float(os.environ.get("KERNEL_SWEEP_S", "150"))
+# relative error against float32 x @ W^T above which a candidate does not enter the table
+MAX_ERR = {"int4_awq": 5e-3, "w4a8_awq": 5e-3, "int8_sq": 5e-3, "int8_wo": 5e-3, "fp8": 2e-2, "bf16": 1e-2}
+
+
+def linears(hidden=3584, intermediate=18944, qkv=4608) -> list[tuple[str, int, int]]:
+    return [("qkv", qkv, hidden), ("dense", hidden, hidden), ("glu", intermediate, hidden), ("proj", hidden, intermediate)]
+
+
+def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
+    """quant_gemm's default tiles first, then three others (each distinct config is a compilation: ~1-2 s): at
+    decode sizes the group scale on each weight (INT4-AWQ), the input on the MMA's M side, twice the splits (or
+    four stages for the GLU); at prefill sizes the scale on each weight, 128 x 256 and 64 x 128 x 128 tiles."""
+    base = quant_gemm.default_config(q, m, sm, glu=glu)
+    r = dataclasses.replace
+    int4_awq = q.fmt == "int4_awq"
+    if m <= DECODE_M:
+        others = [r(base, scale_weights=True) if int4_awq else r(base, num_stages=4),
+                  r(base, swap=False, block_k=64, num_stages=4),
+                  r(base, num_stages=4) if glu else r(base, splits=base.splits * 2)]
+    else:
+        others = [r(base, scale_weights=True) if int4_awq else LinearConfig(128, 128, 128, 1, 8, 3, gemm=True),
+                  LinearConfig(128, 256, 64, 1, 8, 3, gemm=True), LinearConfig(64, 128, 128, 1, 4, 3, gemm=True)]
+    out = [base]
+    for c in others:
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def roof(fmt: str, m: int, n: int, k: int, nbytes: int, us: float) -> dict:
+    flops = 2 * m * n * k
+    t_roof = max(nbytes / BANDWIDTH, flops / PEAK[MMA_TYPE[fmt]])
+    s = us * 1e-6
+    return {"us": us, "gbps": nbytes / s / 1e9, "tflops": flops / s / 1e12, "of_roof": t_roof / s,
+            "bound": "bytes" if nbytes / BANDWIDTH >= flops / PEAK[MMA_TYPE[fmt]] else "flops"}
+
+
+def _weights(fmt: str, n: int, k: int, mats: int, gen, device, dt=torch.bfloat16) -> list[Linear]:
+    lins = []
+    ws = [(torch.randn(n, k, generator=gen, device=device) / k**0.5).to(dt) for _ in range(mats)]
+    shared = max(float(w.float().abs().max()) for w in ws) if fmt == "fp8" else None  # one FP8 GEMM's scales
+    for j, w in enumerate(ws):
+        a_amax = 5.0 * (1.01 if j and fmt in qf.QUANT_FORMATS else 1)  # the quant formats' fc and gate apart
+        t = {f"p.{s}": v for s, v in qf.quantize_linear(fmt, w, a_amax, gen, w_amax=shared).items()}
+        lins.append(Linear(t, "p", dt, device, fmt if fmt in qf.QUANT_FORMATS else "none" if fmt == "bf16" else fmt,
+                           qf.GROUP if fmt in qf.QUANT_FORMATS else None))
+    return lins
+
+
+def _reference(lin: Linear, x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x @ W^T``: W dequantized as the format defines it, x as its activation quantizer leaves it."""
+    if lin.format == "none":
+        return x.float() @ lin.weight.float().t()
+    xq = lin.quantize_input(x).float() if lin.fp8 else qf.reference_input(lin, x)
+    return xq @ lin._dequantize().t()
+
+
+def _nbytes(lins: list[Linear]) -> int:
+    return sum(t.numel() * t.element_size() for lin in lins for t in lin.step_tensors())
+
+
+def kernel_rows(formats, time_fn, device, sm: int, *, ms=MS, deadline: float, l2_bytes=60 * 2**20, log=print,
+                shapes=None):
+    """One row per (format, linear, M, candidate): error, time (``time_fn(fn, reps)``: us per call; None: not
+    timed, the CPU test's interpreter run at small ``shapes``), bandwidth, roof."""
+    rows = []
+    cuda = device.type == "cuda"
+    gen = torch.Generator(device=device).manual_seed(11)
+    dt = torch.bfloat16
+    for fmt in formats:
+        quant = fmt in qf.QUANT_FORMATS
+        for name, n, k in shapes or linears():
+            glu_mats = 2 if name == "glu" else 1
+            lins = _weights(fmt, n, k, glu_mats, gen, device)
+            nbytes_all = _nbytes(lins)
+            copies = max(2, -(-4 * l2_bytes // nbytes_all)) if cuda else 1
+            if quant:
+                qs = [lin.kernel_weight() for lin in lins]
+                sets = [qs] + [[dataclasses.replace(q, weight=q.weight.clone(), scales=q.scales.clone(), tiled=None,
+                                                    scales16=None if q.scales16 is None else q.scales16.clone())
+                                for q in qs] for _ in range(copies - 1)]
+            else:
+                sets = [[lin.weight for lin in lins]] + [[lin.weight.clone() for lin in lins] for _ in range(copies - 1)]
+            for m in ms:
+                decode = m <= DECODE_M
+                glu = decode and glu_mats == 2
+                used = lins if glu else lins[:1]  # prefill: one of the pair's GEMMs (fc)
+                nbytes = _nbytes(used)
+                x = (torch.randn(m, k, generator=gen, device=device) * 2).to(dt)
+                ref = [_reference(lin, x) for lin in used]
+                want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if glu else ref[0]
+                for kind, cfg, call, read in _candidates(fmt, used, sets, x, m, sm, glu, decode, device,
+                                                         time.perf_counter() < deadline):
+                    row = {"format": fmt, "linear": name, "m": m, "n": n, "k": k, "glu": glu, "kernel": kind,
+                           "config": dataclasses.astuple(cfg) if cfg is not None else None, "weight_bytes": nbytes}
+                    try:
+                        handle = call(0)
+                        row["error"] = qf.rel(read(), want)
+                        if hasattr(handle, "n_regs"):
+                            row["registers"], row["spills"] = handle.n_regs, handle.n_spills
+                        if time_fn is not None:
+                            it = iter(range(10**9))
+                            us = time_fn(lambda: call(next(it)), copies * 2 if decode else copies)
+                            row.update(roof(fmt, m, (2 if glu else 1) * n, k, nbytes, us))
+                    except Exception as exc:  # a config that does not compile or run is a finding, not a stop
+                        row["failed"] = repr(exc)[:300]
+                    rows.append(row)
+                    log(_line(row))
+            del sets, lins
+            if cuda:
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _candidates(fmt, lins, sets, x, m, sm, glu, decode, device, sweep: bool):
+    """(kind, config, call(i), read()) of every kernel to time for this case: ``call`` runs it on weight copy i."""
+    dt = torch.bfloat16
+    copies = len(sets)
+    quant = fmt in qf.QUANT_FORMATS
+    pdl = device.type == "cuda"
+    n = lins[0].weight.shape[0] * (2 if lins[0].format in ("int4_awq", "w4a8_awq") else 1)
+    if quant:
+        q0 = sets[0][0]
+        configs = gemm_candidates(q0, m, sm, glu)
+        for cfg in configs if sweep else configs[:1]:
+            if decode:
+                out = torch.empty(m, n, dtype=dt, device=device) if glu else torch.empty(cfg.splits, m, n,
+                                                                                          device=device)
+            else:
+                out = torch.empty(m, n, dtype=dt, device=device)
+
+            def call(i, cfg=cfg, out=out):
+                ws = sets[i % copies]
+                return quant_gemm.launch(x, ws[0], ws[1] if glu else None, out, cfg, dt, pdl=decode and pdl)
+            yield "gemm", cfg, call, (lambda out=out: out.float() if out.dim() == 2 else out.sum(0))
+        if decode:  # the older dot kernel (and at M = 1, INT4-AWQ's GEMV)
+            kinds = [("dot", quant_linear.pick_config(q0, m, sm, glu=glu, gemv=False))]
+            if quant_gemv.supported(q0, m):
+                kinds.insert(0, ("gemv", quant_linear.pick_config(q0, m, sm, glu=glu)))
+            for kind, cfg in kinds:
+                xin = [quant_gemv.launch_input(x, q, dt) for q in sets[0]] if cfg.gemv else [x, x]
+                if glu:
+                    out = torch.empty(m, n, dtype=dt, device=device)
+                elif cfg.gemv:
+                    out = fixed_sum.accumulator(m, n, device=device)
+                else:
+                    out = torch.empty(cfg.splits, m, n, device=device)
+                counters = torch.zeros(4096, dtype=torch.int32, device=device)
+                workspace = torch.empty(8 * 2 * n, device=device)
+
+                def call(i, cfg=cfg, out=out, xin=xin, counters=counters, workspace=workspace):
+                    ws = sets[i % copies]
+                    if glu:
+                        extra = {"x2": xin[1], "counters": counters, "workspace": workspace} if cfg.gemv else {}
+                        return quant_linear.quant_glu(xin[0], ws[0], ws[1], out, cfg, dt, pdl=pdl, **extra)
+                    return quant_linear.quant_partials(xin[0], ws[0], out, cfg, dt, pdl=pdl)
+
+                def read(out=out, cfg=cfg):
+                    if glu:
+                        return out.float()
+                    return fixed_sum.to_float(out) if cfg.gemv else out.sum(0)
+                yield kind, None if cfg.gemv else cfg, call, read
+        if fmt == "int8_sq" and m > 16:  # torch's int8 GEMM, the input quantized by torch ops (not timed apart)
+            lin = lins[0]
+            xq = torch.round(qf.reference_input(lin, x) / lin.a_scale).clamp(-128, 127).to(torch.int8)
+            out = {}
+
+            def call(i, lin=lin):
+                w = sets[i % copies][0].weight
+                out[0] = torch._int_mm(xq, w.t())
+            yield "torch._int_mm", None, call, lambda lin=lin: out[0].float() * (lin.a_scale * lin.scales.float())
+        return
+    w_scale = None if fmt == "bf16" else (lins[0].a_scale * lins[0].w_scale).reshape(1)
+    xin = x if fmt == "bf16" else (x.float() * lins[0].a_inv).clamp(-448, 448).to(torch.float8_e4m3fn)
+    if decode:  # linear.py's split-K / GLU kernels, as the decode step runs them
+        cfg = linear.pick_config(m, n, x.shape[1], lins[0].weight.element_size(), sm, glu=glu)
+        out = torch.empty(m, n, dtype=dt, device=device) if glu else torch.empty(cfg.splits, m, n, device=device)
+
+        def call(i, cfg=cfg):
+            ws = sets[i % copies]
+            if glu:
+                return linear.glu(xin, ws[0], ws[1], w_scale, None, out, cfg, dt, pdl=pdl)
+            return linear.linear_partials(xin, ws[0], w_scale, out, cfg, pdl=pdl)
+        yield "linear.py", cfg, call, lambda: out.float() if glu else out.sum(0)
+    if not glu:  # the library GEMM (what prefill runs)
+        res = {}
+
+        def call(i):
+            w = sets[i % copies][0]
+            if fmt == "bf16":
+                res[0] = F.linear(x, w)
+            else:
+                res[0] = torch._scaled_mm(xin, w.t(), scale_a=lins[0].a_scale, scale_b=lins[0].w_scale, out_dtype=dt)
+        yield "F.linear" if fmt == "bf16" else "torch._scaled_mm", None, call, lambda: res[0].float()
+
+
+def _line(r: dict) -> str:
+    head = f"{r['format']:8} {r['linear']:5} m={r['m']:<4} {r['kernel']:16} {str(r['config']):44}"
+    if "failed" in r:
+        return head + " FAILED " + r["failed"][:120]
+    if "us" not in r:
+        return head + f" (not timed)  err {r['error']:.1e}"
+    return head + (f" {r['us']:9.1f} us {r['gbps']:6.0f} GB/s {r['tflops']:6.1f} TF/s {r['of_roof']:5.0%} of roof"
+                   f" ({r['bound']})  err {r['error']:.1e}")
+
+
+def table_entries(rows: list[dict]) -> list[dict]:
+    """The fastest correct kernel per (format, n, k, glu, m) among the 4/8-bit formats' candidates, in the form
+    ``quant_gemm._load_table`` reads."""
+    best: dict = {}
+    for r in rows:
+        if r["format"] not in qf.QUANT_FORMATS or r["kernel"] not in quant_gemm.KERNELS or "us" not in r:
+            continue
+        if not r["error"] < MAX_ERR[r["format"]]:
+            continue
+        key = (r["format"], r["n"], r["k"], r["glu"], r["m"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    entries = []
+    for (fmt, n, k, glu, m), r in sorted(best.items()):
+        e = {"format": fmt, "n": n, "k": k, "glu": glu, "m": m, "kernel": r["kernel"], "us": round(r["us"], 2)}
+        if r["kernel"] == "gemm":
+            c = LinearConfig(*r["config"])
+            e["config"] = [c.block_m, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, int(c.swap),
+                           int(c.scale_weights)]
+        entries.append(e)
+    return entries
+
+
+def kernel_table(rows: list[dict]) -> str:
+    """Per (format, linear, M): the default GEMM, the fastest kernel, and the rest by name."""
+    lines = ["format   linear m     kernel            us      GB/s   TFLOP/s  of roof  bound   err      (GEMM default us)"]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["format"], r["linear"], r["m"]), []).append(r)
+    for (fmt, name, m), rs in groups.items():
+        ok = [r for r in rs if "us" in r]
+        if not ok:
+            lines.append(f"{fmt:8} {name:6} {m:<5} all failed")
+            continue
+        b = min(ok, key=lambda r: r["us"])
+        default = next((r for r in rs if r["kernel"] == "gemm" and "us" in r), None)
+        lines.append(f"{fmt:8} {name:6} {m:<5} {b['kernel']:16} {b['us']:8.1f} {b['gbps']:7.0f} {b['tflops']:8.1f} "
+                     f"{b['of_roof']:7.0%}  {b['bound']:6} {b['error']:.1e}   "
+                     f"{'%.1f' % default['us'] if default else '-'}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+
+def _time_prefill(engine, prompt, reps=3) -> tuple[float, torch.Tensor]:
+    dev = prompt.device
+    slot, start = torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
+    key_len = -(-prompt.shape[1] // 256) * 256
+    times, logits = [], None
+    for i in range(reps + 1):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        logits = engine.logits(engine(prompt, slot, start, key_len)[:, -1])
+        b.record()
+        b.synchronize()
+        if i:
+            times.append(a.elapsed_time(b))
+    return statistics.median(times), logits
+
+
+def _drop_copies(engine) -> int:
+    """Free every linear's dequantized copy (what the engine keeps without KEEP_DEQUANTIZED); bytes freed."""
+    freed = 0
+    for layer in engine.layers:
+        for key in ("qkv", "dense", "fc_gate", "proj"):
+            mod = layer[key]
+            for lin in ([mod.first, mod.second] if hasattr(mod, "first") else [mod]):
+                if lin.dequantized is not None and (lin.gemm or lin.scaled_mm):
+                    freed += lin.dequantized.numel() * lin.dequantized.element_size()
+                    lin.dequantized = None
+    return freed
+
+
+def _batch_check(engine, graphs, batch: int = 8, prompt_len: int = 48) -> dict:
+    """One decode step at ``batch`` rows: the fast path's logits against the eager model's (with its copies)."""
+    dev = engine.cache_k.device
+    gen = torch.Generator(device=dev).manual_seed(3)
+    slots = torch.arange(batch, device=dev)
+    prompts = torch.randint(0, engine.lm_head.shape[0], (batch, prompt_len), device=dev, generator=gen)
+    zero = torch.zeros(batch, dtype=torch.long, device=dev)
+    h = engine(prompts, slots, zero, prompt_len)
+    tokens = engine.logits(h[:, -1]).argmax(-1)
+    snap_k, snap_v = engine.cache_k[:, :batch].clone(), engine.cache_v[:, :batch].clone()
+    pos = torch.full((batch,), prompt_len, device=dev)
+    eager = engine.logits(engine(tokens[:, None], slots, pos, -(-(prompt_len + 1) // 64) * 64)[:, -1]).float()
+    engine.cache_k[:, :batch], engine.cache_v[:, :batch] = snap_k, snap_v
+    fast = graphs.decode(tokens.tolist(), list(range(batch)), [prompt_len] * batch).float()
+    return {"batch": batch, "logits_rel_fast_vs_eager": qf.rel(fast, eager),
+            "argmax_equal": f"{int((fast.argmax(-1) == eager.argmax(-1)).sum())}/{batch}"}
+
+
+def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps=32, prefill=2048, log=print):
+    from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
+    from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
+
+    rows = []
+    config, tensors = bf16_tensors()
+    amax = qf.input_amax(config, tensors, device)
+    del tensors
+    torch.cuda.empty_cache()
+    gib = 2**30
+    for fmt in formats:
+        row = {"format": fmt, "context": ctx, "prefill_tokens": prefill}
+        engine = graphs = None
+        try:
+            cfg, tensors = qf.quantized_checkpoint(fmt, *bf16_tensors(), amax, device)
+            Linear.KEEP_DEQUANTIZED = True  # "before": the copies a quantized engine used to keep
+            try:
+                engine = Qwen2Engine(cfg, tensors, device=device, max_slots=max(batches) + 1,
+                                     max_seq_len=max(ctx + steps + 16, prefill + 64))
+            finally:
+                Linear.KEEP_DEQUANTIZED = False
+            del tensors
+            torch.cuda.empty_cache()
+            gen = torch.Generator(device=device).manual_seed(4)
+            prompt = torch.randint(0, engine.lm_head.shape[0], (1, prefill), device=device, generator=gen)
+            torch.cuda.reset_peak_memory_stats(device)
+            row["prefill_ms_before"], logits_before = _time_prefill(engine, prompt)
+            row["peak_gib_before"] = torch.cuda.max_memory_allocated(device) / gib
+            row["resident_gib_before"] = torch.cuda.memory_allocated(device) / gib
+            mem = engine.memory_bytes()
+            row["kv_gib"] = mem["kv_cache"] / gib
+            # the step's eager reference runs with the copies (the emulation); the fast path reads the stored tensors
+            if fmt != "bf16":
+                graphs_ref = DecodeGraphs(DecodeStep(engine), [8], scratch_slot=max(batches))
+                graphs_ref.prepare()
+                row["check_batch8"] = _batch_check(engine, graphs_ref)
+                del graphs_ref
+            row["copy_gib_dropped"] = _drop_copies(engine) / gib
+            torch.cuda.empty_cache()
+            row["resident_gib_after"] = torch.cuda.memory_allocated(device) / gib
+            row["weights_gib"] = (mem["layers"] + mem["lm_head"] + mem["embedding"]) / gib - row["copy_gib_dropped"]
+            torch.cuda.reset_peak_memory_stats(device)
+            row["prefill_ms"], logits_after = _time_prefill(engine, prompt)
+            row["prefill_logits_rel_vs_copy"] = qf.rel(logits_after, logits_before)
+            t0 = time.perf_counter()
+            step = DecodeStep(engine)
+            graphs = DecodeGraphs(step, list(batches), scratch_slot=max(batches))
+            graphs.prepare()
+            row["graphs_setup_s"] = time.perf_counter() - t0
+            # quant_gemv_ws.TILED_WEIGHTS: the batch-1 GEMV's tile-by-tile copy of each INT4 weight, in the peak
+            row["tiled_copy_gib"] = sum(lin.quant.tiled.numel() * 4 for layer in step.layers  # int32 words
+                                        for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj)
+                                        if lin.quant is not None and lin.quant.tiled is not None) / gib
+            row["configs"] = {b: {k: dataclasses.astuple(c) for k, c in graphs.buffers[b].configs.items()}
+                              for b in batches}
+            engine.cache_k.normal_()
+            engine.cache_v.normal_()
+            row["steps"] = []
+            for b in batches:
+                wall, replay = _time_decode(graphs, b, ctx, steps)
+                row["steps"].append({"batch": b, "ms_per_step": wall, "graph_replay_ms": replay,
+                                     "tokens_per_s": b * 1000 / wall})
+                log(f"step {fmt:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}), "
+                    f"{b * 1000 / wall:.0f} tok/s")
+            row["peak_gib"] = torch.cuda.max_memory_allocated(device) / gib
+            if row["tiled_copy_gib"]:  # batch 1 without the GEMV's tiled copy: its time against its memory
+                del graphs, step
+                graphs = None
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+                tiled, quant_gemv_ws.TILED_WEIGHTS = quant_gemv_ws.TILED_WEIGHTS, False
+                try:
+                    graphs = DecodeGraphs(DecodeStep(engine), [1], scratch_slot=max(batches))
+                    graphs.prepare()
+                    wall, replay = _time_decode(graphs, 1, ctx, steps)
+                finally:
+                    quant_gemv_ws.TILED_WEIGHTS = tiled
+                row["untiled_batch1"] = {"ms_per_step": wall, "graph_replay_ms": replay,
+                                         "peak_gib": torch.cuda.max_memory_allocated(device) / gib}
+            log(f"steps {fmt}: { {k: v for k, v in row.items() if k not in ('steps', 'configs')} }")
+        except Exception as exc:
+            row["error"] = traceback.format_exc()[-2000:]
+            log(f"steps {fmt} FAILED: {exc!r}")
+        rows.append(row)
+        del engine, graphs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _time_decode(graphs, batch, ctx, steps):
+    from gpu_fast_path import _time_decode as timed
+
+    return timed(graphs, batch, ctx, steps)
+
+
+def step_table(rows: list[dict]) -> str:
+    lines = ["format   batch  ms/step  tok/s     (context 2048)",
+             ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['format']:8} FAILED: {r['error'].strip().splitlines()[-1]}")
+            continue
+        for s in r["steps"]:
+            lines.append(f"{r['format']:8} {s['batch']:<5} {s['ms_per_step']:8.3f} {s['tokens_per_s']:8.0f}")
+    lines += ["", "format   prefill 2048 ms (before: copy)  peak GiB after (before)  weights GiB  KV GiB  "
+                  "prefill logits vs copy  batch-8 step vs eager  (tiled GEMV copy GiB)"]
+    for r in rows:
+        if "error" in r:
+            continue
+        chk = r.get("check_batch8", {})
+        lines.append(f"{r['format']:8} {r['prefill_ms']:8.1f} ({r['prefill_ms_before']:6.1f})            "
+                     f"{r['peak_gib']:6.2f} ({r['peak_gib_before']:6.2f})        {r['weights_gib']:7.2f}  "
+                     f"{r['kv_gib']:6.2f}  {r['prefill_logits_rel_vs_copy']:.2e}            "
+                     f"{chk.get('logits_rel_fast_vs_eager', float('nan')):.2e} argmax {chk.get('argmax_equal', '-')}"
+                     f"  ({r.get('tiled_copy_gib', 0):.2f})")
+        if "untiled_batch1" in r:
+            u = r["untiled_batch1"]
+            lines.append(f"{'':8} without the tiled copy: batch 1 {u['ms_per_step']:.3f} ms/step (replay "
+                         f"{u['graph_replay_ms']:.3f}), peak {u['peak_gib']:.2f} GiB")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--parts", default="kernels,steps")
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        ap.error(f"--formats: unknown {sorted(unknown)}; choose from {FORMATS}")
+    from gpu_fast_path import SHAPE, time_graph
+    from torch_runtime_gpu import synthetic_tensors
+
+    dev = torch.device("cuda")
+    sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    import triton
+
+    result = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
+              "sm_count": sm, "formats": formats}
+    texts = []
+    out_json = args.out / "quant_gemm.json"
+    for part in args.parts.split(","):
+        t0 = time.perf_counter()
+        try:
+            if part == "kernels":
+                rows = kernel_rows(formats, time_graph, dev, sm, ms=[int(m) for m in args.ms.split(",")],
+                                   deadline=t0 + KERNEL_SWEEP_S, log=lambda s: print(s, flush=True))
+                result["kernels"] = rows
+                entries = table_entries(rows)
+                table_path = args.out / "quant_gemm_table.json"
+                table_path.write_text(json.dumps({"gpu": result["gpu"], "triton": triton.__version__,
+                                                  "entries": entries}, indent=1) + "\n")
+                os.environ[quant_gemm.TABLE_ENV] = str(table_path)  # the steps take the measured choices
+                texts.append(kernel_table(rows))
+            elif part == "steps":
+                result["steps"] = step_rows(formats, lambda: synthetic_tensors(SHAPE, False, dev), dev,
+                                            log=lambda s: print(s, flush=True))
+                texts.append(step_table(result["steps"]))
+            else:
+                raise ValueError(f"unknown part {part!r}: kernels, steps")
+        except Exception:
+            result[part] = {"error": traceback.format_exc()}
+            print(f"PART {part} FAILED:\n{traceback.format_exc()}", flush=True)
+        result[part + "_seconds"] = time.perf_counter() - t0
+        out_json.write_text(json.dumps(result, indent=1, default=str))
+        print(f"--- {part} done in {result[part + '_seconds']:.0f} s", flush=True)
+    text = "\n\n".join(texts)
+    (args.out / "quant_gemm.txt").write_text(text + "\n")
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
