@@ -359,6 +359,10 @@ class EvaluationSection(_Section):
     )
     gsm8k_max_new_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
                                              description="default: 256 (lm-eval), 4096 (reasoning)")
+    fidelity_reference: str | None = Field(
+        None, min_length=1, description="the build the fidelity task compares this one with: a config name in this "
+        "config's directory, or a config file; null: the build is its own reference (its perplexity only)"
+    )
 
 
 class BuildConfig(_Section):

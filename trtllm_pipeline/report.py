@@ -229,9 +229,12 @@ def device_cell(b: BuildData) -> str:
 
 
 def accuracy_cell(b: BuildData, task: str, detail: bool = False) -> str:
+    """A task's result as the task shows it (fidelity: KLD, top-1, PPL ratio), else the accuracy."""
     results = b.evals.get(task)
     if results is None:
         return NOT_MEASURED
+    if TASKS[task].cell is not None:
+        return TASKS[task].cell(results, detail)
     text = f"{100 * results['score']:.1f}%"
     if detail:
         low, high = results.get("ci95") or (None, None)
@@ -515,6 +518,8 @@ def _accuracy_scatter(builds: Sequence[BuildData], path: Path, x_of, name_of, co
             missing.append(b.name)
             continue
         for task, results in b.evals.items():
+            if TASKS[task].reference:  # not an accuracy
+                continue
             label = None if task in labelled else _label(task)
             labelled.add(task)
             ax.scatter(x, 100 * results["score"], marker=markers.get(task, "^"), color=color, label=label)

@@ -147,6 +147,12 @@ class Runtime(abc.ABC):
         logits, log-softmaxed), for servers that return ``generation_logits``."""
         raise NotImplementedError(f"the {self.name} runtime does not return next-token log-probabilities")
 
+    def sequence_logprobs(self, token_ids: Sequence[int], first: int):
+        """Log-probabilities of every vocabulary token after each prefix ``token_ids[:i + 1]``, for
+        ``i`` from ``first`` to the end: a float32 tensor ``[len(token_ids) - first, vocab]`` (one
+        forward pass; the fidelity task compares two builds' rows)."""
+        raise NotImplementedError(f"the {self.name} runtime does not return every position's log-probabilities")
+
     def describe(self) -> dict[str, Any]:
         """What ran, for result files and manifests: runtime name, device, dtypes, quantization."""
         return {"runtime": self.name}

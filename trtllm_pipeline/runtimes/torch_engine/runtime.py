@@ -430,6 +430,14 @@ class TorchRuntime(Runtime):
         hidden = self._forward([list(context)], [0], [0])
         return torch.log_softmax(self.executor.logits(hidden[0, -1]), dim=-1).tolist()
 
+    def sequence_logprobs(self, token_ids: Sequence[int], first: int) -> torch.Tensor:
+        if self.has_work():
+            raise RuntimeError("sequence_logprobs() cannot run while generation requests are active")
+        if not 0 <= first < len(token_ids):
+            raise InputError(f"sequence_logprobs(): position {first} is outside the {len(token_ids)} tokens.")
+        hidden = self._forward([list(token_ids)], [0], [0])
+        return torch.log_softmax(self.executor.logits(hidden[0, first:]), dim=-1)
+
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[tuple[float, bool]]:
         """Log-likelihoods of continuations, computing a shared context prefix once.
 
