@@ -19,7 +19,7 @@ BIN := $(VENV)/bin
 CLI := $(BIN)/trtllm-pipeline
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup test test-fast demo doctor clean quantize-% build-% eval-% gate deploy-% serve stop bench-% bench-inprocess-% report
+.PHONY: help setup test test-fast demo doctor clean quantize-% build-% eval-% gate deploy-% serve stop bench-% bench-inprocess-% report accuracy-table
 
 help:
 	@echo "make demo                 the whole pipeline on the built-in tiny model (torch runtime)"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench-fp8-tp1        build, serve, benchmark and stop one variant (MODEL=tiny-qwen2 runs here)"
 	@echo "make bench-inprocess-fp8-tp1  the build's runtime timed in-process by batch x context (a GPU: MODEL=r1-distill-qwen-7b-random)"
 	@echo "make report               reports/report.md: accuracy, latency, throughput and cost per build"
+	@echo "make accuracy-table       every format of the real model: MMLU, GSM8K, fidelity vs BF16, gate (~N min, 2 cores)"
 	@echo "make doctor               what this machine can run"
 
 setup: $(STAMP)
@@ -110,6 +111,16 @@ INPROCESS_ARGS ?= --batch 1,8,32,64 --context 128,2048,8192 --output-tokens 256
 bench-inprocess-%: setup
 	$(CLI) build -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(if $(RUNTIME),--runtime $(RUNTIME))
 	$(CLI) bench --in-process -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(INPROCESS_ARGS) $(ARGS)
+
+# Every weight format of MODEL (default here: the real model) built, evaluated (MMLU 5-shot and GSM8K subsets,
+# fidelity against BF16) and gated against BF16 on this machine: reports/accuracy.md and README.md's table,
+# then reports/report.md over those builds. ACCURACY_ARGS: e.g. --mmlu 57 --gsm8k 10.
+ACCURACY_MODEL ?= smollm2-135m-instruct
+accuracy-table: setup
+	$(BIN)/python tools/accuracy_table.py --model $(ACCURACY_MODEL) --engines-dir $(ENGINES_DIR) \
+	  --data-dir "$(DATA_DIR)" --readme README.md $(ACCURACY_ARGS)
+	$(CLI) report $(foreach f,bf16 fp8 int4-awq w4a8-awq int8-sq int8-wo nvfp4,build_configs/$(ACCURACY_MODEL)-$(f)-tp1.yaml) \
+	  --engines-dir $(ENGINES_DIR) --gates eval/gates.yaml
 
 # reports/report.md over every shipped config (what was not measured here shows as such).
 report: setup
