@@ -45,7 +45,7 @@ def rounded_checkpoint(cfg, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = resolve_model(cfg.model).path
+    source = resolve_model(cfg.model).model_dir
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     dtype = getattr(torch, cfg.dtype)
     with torch.no_grad():
@@ -117,12 +117,13 @@ def run_lm_eval(checkpoint: Path, tasks: dict[str, list[str]], include: Path, ba
 
 def compare(config: Path, engines_dir: Path, data_dir: Path, limit: int, batch_size: int = 8) -> dict:
     cfg = load_config(config)
-    start = time.perf_counter()
-    (ours,) = evaluate(cfg, engines_dir=engines_dir, tasks=["mmlu"], limit=limit, data_dir=data_dir, force=True)
-    ours_s = time.perf_counter() - start
-    items = ours.results["items"]
     with tempfile.TemporaryDirectory(prefix="lm-eval-mmlu-") as tmp:
         tmp = Path(tmp)
+        start = time.perf_counter()  # the build's own results stay as they are: this run writes here
+        (ours,) = evaluate(cfg, engines_dir=engines_dir, tasks=["mmlu"], limit=limit, data_dir=data_dir,
+                           output=tmp / "mmlu.json")
+        ours_s = time.perf_counter() - start
+        items = ours.results["items"]
         checkpoint = rounded_checkpoint(cfg, tmp / "checkpoint")
         (tmp / "tasks").mkdir()
         tasks = local_tasks(items, data_dir, tmp / "tasks")
