@@ -94,6 +94,27 @@ def test_gates_file_thresholds_and_the_cli_exit_codes(tmp_path):
     assert out.exit_code == 2 and "fidelity.max_mean_kld" in out.output
 
 
+def test_the_reference_is_a_config_name_beside_the_config_or_a_file(tmp_path):
+    import yaml
+
+    from trtllm_pipeline.config import config_from_dict
+    from trtllm_pipeline.errors import ConfigError
+    from trtllm_pipeline.eval import reference_config
+
+    data = yaml.safe_load((CONFIGS / f"{FP8}.yaml").read_text())
+
+    def with_reference(name):
+        data["evaluation"]["fidelity_reference"] = name
+        return config_from_dict(data, name=FP8, path=CONFIGS / f"{FP8}.yaml")
+
+    assert reference_config(with_reference(None), None) is None
+    assert reference_config(with_reference(BF16), None).name == BF16
+    assert reference_config(with_reference(FP8), None) is None  # itself
+    assert reference_config(with_reference(None), CONFIGS / f"{BF16}.yaml").name == BF16
+    with pytest.raises(ConfigError, match="no such config file"):
+        reference_config(with_reference("no-such-build"), None)
+
+
 def test_text_set_is_fixed_chunks_of_the_eval_data(data_dir):
     from transformers import PreTrainedTokenizerFast
 
