@@ -34,7 +34,7 @@ help:
 	@echo "make bench-fp8-tp1        build, serve, benchmark and stop one variant (MODEL=tiny-qwen2 runs here)"
 	@echo "make bench-inprocess-fp8-tp1  the build's runtime timed in-process by batch x context (a GPU: MODEL=r1-distill-qwen-7b-random)"
 	@echo "make report               reports/report.md: accuracy, latency, throughput and cost per build"
-	@echo "make accuracy-table       every format of the real model: MMLU, GSM8K, fidelity vs BF16, gate (~N min, 2 cores)"
+	@echo "make accuracy-table       every format of the real model built here: MMLU, GSM8K, fidelity vs BF16, gate verdicts"
 	@echo "make doctor               what this machine can run"
 
 setup: $(STAMP)
