@@ -22,7 +22,7 @@ BIN := $(VENV)/bin
 CLI := $(BIN)/trtllm-pipeline
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup test test-fast demo doctor clean quantize-% build-% eval-% gate deploy-% serve stop bench-% bench-inprocess-% report
+.PHONY: help setup test test-fast demo doctor clean quantize-% build-% eval-% gate deploy-% serve stop bench-% bench-inprocess-% report accuracy-table
 
 help:
 	@echo "make setup                .venv with the package and its test extras (every target runs it first)"
@@ -44,6 +44,7 @@ help:
 	@echo "make clean                remove $(ENGINES_DIR)/, reports/ and pytest's cache (not .venv nor downloaded models)"
 	@echo "ALLOW_DOWNLOAD=1          let a stage download a model of more than 2 GB from the hub (make refuses otherwise)"
 	@echo "tools/make TARGET ...     as make, but exits with the failing command's own code (3: this machine lacks it)"
+	@echo "make accuracy-table       every format of the real model built here: MMLU, GSM8K, fidelity vs BF16, gate verdicts"
 
 setup: $(STAMP)
 
@@ -119,6 +120,16 @@ INPROCESS_ARGS ?= --batch 1,8,32,64 --context 128,2048,8192 --output-tokens 256
 bench-inprocess-%: setup
 	$(CLI) build -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(if $(RUNTIME),--runtime $(RUNTIME))
 	$(CLI) bench --in-process -c build_configs/$(MODEL)-$*.yaml --engines-dir $(ENGINES_DIR) $(INPROCESS_ARGS) $(ARGS)
+
+# Every weight format of MODEL (default here: the real model) built, evaluated (MMLU 5-shot and GSM8K subsets,
+# fidelity against BF16) and gated against BF16 on this machine: reports/accuracy.md and README.md's table,
+# then reports/report.md over those builds. ACCURACY_ARGS: e.g. --mmlu 57 --gsm8k 10.
+ACCURACY_MODEL ?= smollm2-135m-instruct
+accuracy-table: setup
+	$(BIN)/python tools/accuracy_table.py --model $(ACCURACY_MODEL) --engines-dir $(ENGINES_DIR) \
+	  --data-dir "$(DATA_DIR)" --readme README.md $(ACCURACY_ARGS)
+	$(CLI) report $(foreach f,bf16 fp8 int4-awq w4a8-awq int8-sq int8-wo nvfp4,build_configs/$(ACCURACY_MODEL)-$(f)-tp1.yaml) \
+	  --engines-dir $(ENGINES_DIR) --gates eval/gates.yaml
 
 # reports/report.md over every shipped config (what was not measured here shows as such).
 report: setup

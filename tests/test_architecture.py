@@ -24,7 +24,8 @@ spec.loader.exec_module(import_graph)
 # Lowest first; a module may import its own layer and the layers below, never one above.
 LAYERS = [
     ("core", ["errors", "machine", "console", "cost", "chat", "results", "artifacts", "tokenizer", "runtimes",
-              "runtimes.base", "runtimes.engine_loop", "model", "model.catalog", "model.builtin", ""]),
+              "runtimes.base", "runtimes.engine_loop", "model", "model.catalog", "model.families", "model.gguf",
+              "model.builtin", ""]),
     ("tasks", ["tasks", "tasks.*"]),
     ("config", ["config"]),
     ("services", ["checkpoint", "calibration", "model.source", "endpoints", "client", "served_model", "gating",

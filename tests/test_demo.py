@@ -13,10 +13,11 @@ import pytest
 
 from conftest import REPO, free_ports, load
 from trtllm_pipeline import demo, report, serve
+from trtllm_pipeline.tasks.registry import TASKS
 
 pytestmark = pytest.mark.slow
 NAMES = (demo.BASELINE, *demo.CANDIDATES)
-STEPS = (["quantize"] * 4 + ["build"] * 4 + ["eval"] * 8 + ["gate"] * 6 + ["bench"] * 4
+STEPS = (["quantize"] * 4 + ["build"] * 4 + ["eval"] * 4 * len(TASKS) + ["gate"] * 3 * len(TASKS) + ["bench"] * 4
          + ["deploy", "serve", "generate", "bench", "serve", "report"])
 
 

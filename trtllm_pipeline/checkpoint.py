@@ -1,6 +1,6 @@
 """The TensorRT-LLM checkpoint format (1.x): ``config.json`` plus one ``rank{i}.safetensors`` per rank.
 
-Everything this project knows about the format lives here: the tensor names for a Qwen2 decoder,
+Everything this project knows about the format lives here: the tensor names for a Qwen2 or LLaMA decoder,
 the tensors each quantization format stores per linear layer (``FORMAT_TENSORS``: dtype, shape,
 which dimension runs over output and which over input features), how tensor parallelism shards
 them (TensorRT-LLM's rules, followed by ModelOpt's exporter), the ``config.json`` fields ModelOpt's
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_pipeline.errors import InputError
+from trtllm_pipeline.model import families
 
 LINEAR_MODULES = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 ROW_PARALLEL = ("attention.dense", "mlp.proj")  # split along input features (dim 1)
@@ -223,6 +224,10 @@ class CheckpointLayout:
         return rule.shape(out_features, in_features)
 
     @property
+    def attention_bias(self) -> bool:
+        return families.attention_bias(self.config)
+
+    @property
     def parallel_embedding(self) -> bool:
         return bool(self.config.get("use_parallel_embedding")) and self.tp > 1
 
@@ -242,7 +247,8 @@ class CheckpointLayout:
             p = f"transformer.layers.{i}."
             shapes[p + "input_layernorm.weight"] = (h,)
             shapes[p + "post_layernorm.weight"] = (h,)
-            shapes[p + "attention.qkv.bias"] = (qkv_rows,)
+            if self.attention_bias:
+                shapes[p + "attention.qkv.bias"] = (qkv_rows,)
             for module, (n, k) in features.items():
                 for rule in rules:
                     shapes[f"{p}{module}.{rule.suffix}"] = self.tensor_shape(rule, n, k)
@@ -289,6 +295,7 @@ def read_config(ckpt_dir: Path) -> dict[str, Any]:
                            "vocab_size", "mapping") if k not in config]
     if missing:
         raise CheckpointError(f"{path} lacks required fields {missing}.", fix="re-run quantize with --force")
+    families.check(config, where=str(path))  # an architecture or rope scaling the torch engine lacks: refused here
     return config
 
 
@@ -298,11 +305,14 @@ def complete_config(config: dict[str, Any], hf_config: dict[str, Any], *, dtype:
 
     ModelOpt writes one config.json whose ``rank`` is the last rank it exported, omits ``qwen_type``
     (TensorRT-LLM's QWen model class needs it to pick Qwen2's layout), and with transformers 5 drops
-    ``rotary_base``; ``architecture`` falls back to QWenForCausalLM without HF ``architectures``.
+    ``rotary_base`` and the rope scaling; ``architecture`` falls back to QWenForCausalLM without HF
+    ``architectures``. ``attn_bias`` is written for every family (tests/fixtures: Qwen2 and LLaMA differ).
     """
     config = dict(config)
     arch = (hf_config.get("architectures") or [config.get("architecture")])[0]
+    family = families.family(arch)
     config["architecture"] = arch
+    config["attn_bias"] = family.attention_bias  # stated: QWenConfig's default is True, LLaMAConfig's False
     config["dtype"] = dtype
     config["rank"] = 0
     config["mapping"] = {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
@@ -312,7 +322,10 @@ def complete_config(config: dict[str, Any], hf_config: dict[str, Any], *, dtype:
     rope_theta = hf_config.get("rope_theta") or (hf_config.get("rope_parameters") or {}).get("rope_theta")
     if rope_theta is not None:
         config["rotary_base"] = float(rope_theta)
-    config["rotary_scaling"] = hf_config.get("rope_scaling")
+    # TensorRT-LLM's attention reads the scaling's "type" (or "rope_type") and refuses "default" (plain rotary is
+    # null); transformers 5 moved HF's rope_scaling into rope_parameters, which ModelOpt does not carry over.
+    config["rotary_scaling"] = families.rope_scaling(hf_config)
+    config["tie_word_embeddings"] = bool(hf_config.get("tie_word_embeddings", False))
     config["norm_epsilon"] = hf_config.get("rms_norm_eps", config.get("norm_epsilon"))
     config["intermediate_size"] = hf_config.get("intermediate_size", config.get("intermediate_size"))
     config["max_position_embeddings"] = hf_config.get("max_position_embeddings", config.get("max_position_embeddings"))

@@ -45,7 +45,7 @@ Stages (each reads one build config, build_configs/*.yaml):
   quantize  FP8 post-training quantization with ModelOpt; TensorRT-LLM checkpoint for TP 1/2/4
   build     TensorRT-LLM engines (trtllm-build), or the torch runtime where TensorRT-LLM is missing
   generate  run the built engine in-process, or a deployed model (--url), streaming text
-  eval      MMLU and GSM8K accuracy of a build
+  eval      MMLU and GSM8K accuracy of a build; fidelity (KL divergence) against a reference build
   gate      fail CI when a candidate build loses accuracy against a baseline
   deploy    write the Triton model repository
   serve     run tritonserver on that repository
@@ -267,17 +267,23 @@ def generate(prompt: str, config: Path | None, engines_dir: Path, max_tokens: in
               "in-process; `default`: where `serve` runs this config. Results: <config>/eval/served/.")
 @click.option("--protocol", type=click.Choice(["grpc", "http", "openai"]), default="grpc", show_default=True,
               help="With --url: Triton gRPC or HTTP, or the OpenAI front.")
+@click.option("--reference", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Config of the build the fidelity task compares with (default: evaluation.fidelity_reference; "
+                   "none: the build is its own reference and fidelity gives its perplexity).")
 @tp_mode_option
 def eval_command(config: Path, engines_dir: Path, tasks: str | None, limit: int | None, data_dir: Path | None,
-                 output: Path | None, force: bool, url: str | None, protocol: str, tp_mode: str | None) -> None:
-    """Accuracy of the built engine of -c CONFIG on MMLU (5-shot) and GSM8K, with its runtime.
+                 output: Path | None, force: bool, url: str | None, protocol: str, reference: Path | None,
+                 tp_mode: str | None) -> None:
+    """Accuracy of the built engine of -c CONFIG on MMLU (5-shot) and GSM8K, with its runtime; and
+    fidelity: KL divergence, top-1 agreement and perplexity ratio against a reference build.
 
     Writes one JSON results file per task: score, 95% interval, sub-scores and every item, for
     `trtllm-pipeline gate`. Unchanged engine, data and settings are a cache hit.
     """
     for result in eval_stage.evaluate(load_config(config).with_runtime(tp_mode=tp_mode), engines_dir=engines_dir,
                                       tasks=tasks.split(",") if tasks else None, limit=limit, data_dir=data_dir,
-                                      output=output, force=force, url=url, protocol=protocol):
+                                      output=output, force=force, url=url, protocol=protocol,
+                                      reference=reference):
         click.echo(result.summary())
 
 

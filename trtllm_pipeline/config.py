@@ -93,16 +93,19 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    source: str = Field(description="hub id (org/name), local HF model directory, or builtin:tiny-qwen2")
+    source: str = Field(description="hub id (org/name), local HF model directory, gguf:PATH (a .gguf file or a "
+                        "directory holding one), or builtin:<name> (e.g. builtin:smollm2-135m-instruct)")
     revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
 
     @field_validator("source")
     @classmethod
     def _source_kind(cls, value: str) -> str:
         local = value.startswith((".", "/", "~")) or Path(os.path.expanduser(value)).exists()
-        if not (value.startswith("builtin:") or local or HUB_ID.match(value)):
-            raise ValueError(f"{value[:100]!r} is not a hub id (org/name), a local directory (./..., /..., ~/...) "
-                             "or builtin:<name>")
+        if value.startswith("gguf:") and not value.removeprefix("gguf:"):
+            raise ValueError("gguf: needs a path, e.g. gguf:/models/name.Q4_K_M.gguf")
+        if not (value.startswith(("builtin:", "gguf:")) or local or HUB_ID.match(value)):
+            raise ValueError(f"{value[:100]!r} is not a hub id (org/name), a local directory (./..., /..., ~/...), "
+                             "gguf:PATH or builtin:<name>")
         return value
 
     @field_validator("revision")
@@ -117,8 +120,12 @@ class ModelSection(_Section):
         return self.source.startswith("builtin:")
 
     @property
+    def is_gguf(self) -> bool:
+        return self.source.startswith("gguf:")
+
+    @property
     def is_local(self) -> bool:
-        return not self.is_builtin and (
+        return not self.is_builtin and not self.is_gguf and (
             self.source.startswith((".", "/", "~")) or Path(os.path.expanduser(self.source)).exists()
         )
 
@@ -372,6 +379,10 @@ class EvaluationSection(_Section):
     )
     gsm8k_max_new_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
                                              description="default: 256 (lm-eval), 4096 (reasoning)")
+    fidelity_reference: str | None = Field(
+        None, min_length=1, description="the build the fidelity task compares this one with: a config name in this "
+        "config's directory, or a config file; null: the build is its own reference (its perplexity only)"
+    )
 
 
 class BuildConfig(_Section):

@@ -1,6 +1,7 @@
 """``make demo``: the whole pipeline on the built-in tiny model with the torch runtime, end to end.
 
-quantize (BF16 baseline, FP8 at TP 1 and 2, INT4-AWQ) -> build -> eval on a small subset -> gate
+quantize (BF16 baseline, FP8 at TP 1 and 2, INT4-AWQ) -> build -> eval on a small subset (fidelity
+against the baseline) -> gate
 -> each build's in-process decode speed -> deploy -> serve -> a streamed generate -> a short bench ->
 stop the server -> report (with the formats table). Each step is the
 real CLI command, printed before it runs, so the demo doubles as a walkthrough; it runs them
@@ -95,9 +96,10 @@ class Demo:
     def evaluate(self, names: tuple[str, ...]) -> bool:
         data = ("--data-dir", str(self.data_dir)) if self.data_dir else ()
         for task in TASKS:
-            for name in names:
+            for name in names:  # fidelity: each candidate against the baseline
+                reference = ("--reference", self.config(BASELINE)) if TASKS[task].reference and name != BASELINE else ()
                 code = self.run("eval", "-c", self.config(name), "--tasks", task, "--limit",
-                                str(self.size.eval_limit(task)), *data,
+                                str(self.size.eval_limit(task)), *reference, *data,
                                 *self.engines(), allowed=(0, EXIT_UNAVAILABLE))
                 if code == EXIT_UNAVAILABLE:
                     click.secho("notice: no evaluation data here (no --data-dir / DATA_DIR, and the Hugging Face "

@@ -6,6 +6,11 @@ atomically: the task, config, runtime and model, the settings that make two runs
 ``id``, ``correct``, ``prediction``, ``target``, prompt hash) for the paired ``gate``. Each file
 carries the hash of its inputs (engine, task settings, selected data, eval code revision): a run
 whose inputs are unchanged is a cache hit and evaluates nothing.
+
+A task that compares the build with a reference build (``fidelity``) gets the reference's runtime
+as well, opened in this process from ``--reference CONFIG`` or ``evaluation.fidelity_reference``;
+its results name the reference and the hash of the reference's engine (``reference``), and every
+results file names its own engine's (``engine``), so that ``gate`` can tell a stale comparison.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_pipeline import artifacts
-from trtllm_pipeline.config import BuildConfig
+from trtllm_pipeline.config import BuildConfig, load_config
 from trtllm_pipeline.endpoints import resolve_url
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.results import EVAL_SCHEMA
@@ -49,14 +54,21 @@ class EvalResult:
         lo, hi = res["ci95"]
         state = "cache hit" if self.cache_hit else f"{res['timings']['items_per_s']:.2f} items/s"
         complete = "" if res["complete"] else f", INCOMPLETE ({res['n']} of {res['n_selected']} scored)"
-        return (f"{self.task}: {100 * res['score']:.2f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}) on {res['n']} items, "
-                f"{res['runtime']} runtime{complete} [{state}] -> {self.path}")
+        task = get_task(self.task)
+        shown = (task.cell(res, False) if task.cell else
+                 f"{100 * res['score']:.2f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f})")
+        return (f"{self.task}: {shown} on {res['n']} {task.unit}, {res['runtime']} runtime{complete} [{state}] "
+                f"-> {self.path}")
 
 
 def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: list[str] | None = None,
              limit: int | None = None, data_dir: str | Path | None = None, output: str | Path | None = None,
-             force: bool = False, url: str | None = None, protocol: str = "grpc") -> list[EvalResult]:
+             force: bool = False, url: str | None = None, protocol: str = "grpc",
+             reference: str | Path | None = None) -> list[EvalResult]:
     """Evaluate the built engine of ``cfg`` on ``tasks`` (default: the config's evaluation.tasks).
+
+    ``reference``: the config file of the build that reference tasks (fidelity) compare with
+    (default: ``evaluation.fidelity_reference``).
 
     With ``url`` (HOST:PORT, or ``default`` for where ``serve`` runs ``cfg``) the deployed model
     answers instead; its results go to ``eval/served/<task>.json`` and are never a cache hit (what
@@ -69,7 +81,8 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
     identity = {"served": url} if url else artifacts.engine_manifest(engines_dir, cfg)["inputs_hash"]
     default_dir = paths.eval / "served" if url else paths.eval
     outputs = {name: output_path(default_dir, name, output, several=len(names) > 1) for name in names}
-    runtime = None
+    ref_cfg = reference_config(cfg, reference) if any(get_task(n).reference for n in names) else None
+    runtime = ref_runtime = None
     done = []
     try:
         for name, path in outputs.items():
@@ -78,9 +91,16 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
             task_data = task.load(Path(data_dir) if data_dir else None)
             items = stratified_subset(task_data.items, limit, settings["seed"])
             settings["data_sha256"] = _data_fingerprint(items, task_data)
-            inputs_hash = artifacts.fingerprint({"engine": identity, "task": name, "settings": settings,
-                                                 "runtime": None if url else runtime_identity(cfg),
-                                                 "revision": EVAL_REVISION})
+            inputs = {"engine": identity, "task": name, "settings": settings,
+                      "runtime": None if url else runtime_identity(cfg), "revision": EVAL_REVISION}
+            ref_identity = None
+            if task.reference and ref_cfg is not None:
+                ref_identity = {"config": ref_cfg.name,
+                                "engine": artifacts.engine_manifest(engines_dir, ref_cfg)["inputs_hash"],
+                                "runtime": runtime_identity(ref_cfg)}
+            if task.reference:
+                inputs["reference"] = ref_identity
+            inputs_hash = artifacts.fingerprint(inputs)
             cached = None if force or url else cached_results(path, inputs_hash)
             if cached is not None:
                 log.info("eval %s: cache hit for %s (engine, data and settings unchanged); %s", name, cfg.name, path)
@@ -88,13 +108,36 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
                 continue
             if runtime is None:
                 runtime = open_model(cfg, engines_dir, url, protocol)
-            results = _run(cfg, task, runtime, items, task_data, settings, inputs_hash)
+            extra = {}
+            if task.reference:
+                if ref_identity is not None and ref_runtime is None:
+                    ref_runtime = load_runtime(ref_cfg, engines_dir)
+                extra["reference"] = ref_runtime
+            results = _run(cfg, task, runtime, items, task_data, settings, inputs_hash, **extra)
+            results["engine"] = identity
+            if task.reference:
+                results["reference"] = ref_identity
             artifacts.write_json_atomic(path, results)
             done.append(EvalResult(name, path, results, cache_hit=False))
     finally:
-        if runtime is not None:
-            runtime.close()
+        for opened in (runtime, ref_runtime):
+            if opened is not None:
+                opened.close()
     return done
+
+
+def reference_config(cfg: BuildConfig, reference: str | Path | None) -> BuildConfig | None:
+    """The build reference tasks compare ``cfg`` with: ``reference`` (a config file), else
+    ``evaluation.fidelity_reference`` (a config name beside ``cfg``'s file, or a file); None when
+    there is none, or it is ``cfg`` itself (the build is its own reference)."""
+    if reference is None:
+        name = cfg.evaluation.fidelity_reference
+        if name is None:
+            return None
+        here = cfg.path.parent if cfg.path else Path("build_configs")
+        reference = Path(name) if "/" in name or name.endswith((".yaml", ".yml")) else here / f"{name}.yaml"
+    ref = load_config(reference)
+    return None if ref.name == cfg.name else ref
 
 
 def open_model(cfg: BuildConfig, engines_dir: str | Path, url: str | None, protocol: str) -> LanguageModel:
@@ -155,7 +198,7 @@ def input_limit(cfg: BuildConfig, runtime: LanguageModel) -> int:
 
 
 def _run(cfg: BuildConfig, task: Task, runtime: LanguageModel, items: list[Item], task_data: TaskData,
-         settings: dict, inputs_hash: str) -> dict[str, Any]:
+         settings: dict, inputs_hash: str, **extra: Any) -> dict[str, Any]:
     from tqdm import tqdm
 
     name = task.name
@@ -165,10 +208,10 @@ def _run(cfg: BuildConfig, task: Task, runtime: LanguageModel, items: list[Item]
     start = time.perf_counter()
     with tqdm(total=len(items), desc=f"{name} {cfg.name}", unit="item", disable=None, dynamic_ncols=True) as bar:
         records = task.run(runtime, items, task_data, settings, batch_size=cfg.evaluation.batch_size,
-                           input_limit=input_limit(cfg, runtime), progress=bar)
+                           input_limit=input_limit(cfg, runtime), progress=bar, **extra)
     wall = time.perf_counter() - start
     scored = [r["correct"] for r in records if r.get("correct") is not None]
-    n, k = len(scored), sum(scored)
+    n, k, selected = len(scored), sum(scored), len(items) * task.records_per_item
     results = {
         "schema": EVAL_SCHEMA,
         "task": name,
@@ -184,11 +227,11 @@ def _run(cfg: BuildConfig, task: Task, runtime: LanguageModel, items: list[Item]
         "settings": settings,
         "data_source": task_data.source,
         "n": n,
-        "n_selected": len(items),
+        "n_selected": selected,
         "score": k / n if n else math.nan,
         "ci95": list(wilson_interval(k, n)),
         "subscores": task.subscores(records),
-        "complete": n == len(items) and n > 0,
+        "complete": n == selected and n > 0,
         "inputs_hash": inputs_hash,
         "created_at": artifacts.now_iso(),
         "timings": {"wall_s": round(wall, 3), "items_per_s": round(len(items) / wall, 3) if wall > 0 else None},
@@ -197,5 +240,5 @@ def _run(cfg: BuildConfig, task: Task, runtime: LanguageModel, items: list[Item]
     }
     if not results["complete"]:
         log.warning("eval %s: %d of %d items could not be scored (see their `error`); results are incomplete",
-                    name, len(items) - n, len(items))
+                    name, selected - n, selected)
     return results

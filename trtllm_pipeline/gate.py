@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.errors import InputError, StageFailed
-from trtllm_pipeline.gating import GatesFile, Verdict, gate_pair, load_gates
+from trtllm_pipeline.gating import FidelityLimits, GatesFile, Verdict, gate_pair, load_gates
 
 
 def run(*, baseline: Path | None, candidate: Path | None, gates_path: Path, engines_dir: str | Path,
@@ -69,21 +69,44 @@ COLUMNS = ("task", "candidate", "baseline", "n", "base %", "cand %", "drop", "dr
            "lost/gained", "max drop", "verdict")
 
 
+FIDELITY_COLUMNS = ("task", "candidate", "baseline", "tokens", "mean KLD", "KLD p99", "KLD max", "top-1 %",
+                    "PPL base", "PPL cand", "PPL ratio", "limits (KLD/top-1/ratio)", "verdict")
+
+
 def format_table(verdicts: list[Verdict]) -> str:
-    rows = [COLUMNS]
-    for v in verdicts:
-        c = v.comparison
-        if c is None:
-            rows.append((v.task, v.candidate, v.baseline, *["-"] * 8, v.status.upper()))
-            continue
-        rows.append((v.task, v.candidate, v.baseline, str(c.n), f"{100 * c.baseline_score:.2f}",
-                     f"{100 * c.candidate_score:.2f}", f"{c.drop:+.2f}",
-                     f"[{c.drop_ci95[0]:+.2f}, {c.drop_ci95[1]:+.2f}]", f"{c.p_value:.3g}", f"{c.lost}/{c.gained}",
-                     f"{v.limits.max_drop:g}", v.status.upper()))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    """The accuracy verdicts' table, the fidelity verdicts' table (where there are any), then each reason."""
+    accuracy = [v for v in verdicts if not isinstance(v.limits, FidelityLimits)]
+    fidelity = [v for v in verdicts if isinstance(v.limits, FidelityLimits)]
+    tables = ([_columns(COLUMNS, [_accuracy_row(v) for v in accuracy])] if accuracy or not fidelity else []) + \
+             ([_columns(FIDELITY_COLUMNS, [_fidelity_row(v) for v in fidelity])] if fidelity else [])
+    lines = ["\n\n".join(tables)]
     for v in verdicts:
         lines.append(f"{v.task} {v.candidate}: {v.status}: {v.reason}")
         lines.extend(f"  note: {note}" for note in v.notes)
     return "\n".join(lines)
+
+
+def _columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    rows = [header, *rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fidelity_row(v: Verdict) -> tuple[str, ...]:
+    s, lim = v.comparison, v.limits
+    return (v.task, v.candidate, v.baseline, str(s["tokens"]), f"{s['kld_mean']:.4f}", f"{s['kld_p99']:.4f}",
+            f"{s['kld_max']:.3f}", f"{100 * s['top1']:.2f}", f"{s['ppl_reference']:.3f}", f"{s['ppl']:.3f}",
+            f"{s['ppl_ratio']:.4f}", f"{lim.max_mean_kld:g}/{100 * lim.min_top1:g}%/{lim.max_ppl_ratio:g}",
+            v.status.upper())
+
+
+def _accuracy_row(v: Verdict) -> tuple[str, ...]:
+    c = v.comparison
+    if c is None:
+        return (v.task, v.candidate, v.baseline, *["-"] * 8, v.status.upper())
+    return (v.task, v.candidate, v.baseline, str(c.n), f"{100 * c.baseline_score:.2f}",
+            f"{100 * c.candidate_score:.2f}", f"{c.drop:+.2f}", f"[{c.drop_ci95[0]:+.2f}, {c.drop_ci95[1]:+.2f}]",
+            f"{c.p_value:.3g}", f"{c.lost}/{c.gained}", f"{v.limits.max_drop:g}", v.status.upper())
+

@@ -17,6 +17,13 @@ questions, so only the items where they disagree carry information). The verdict
 Thresholds come from the command line, else from ``eval/gates.yaml`` (the entry naming the two
 configs, else the file's per-task defaults), else from the task itself (``Task.max_drop``). The
 ``gate`` stage runs these rules; ``report`` shows their verdicts.
+
+The **fidelity** task is judged on its own rules (``judge_fidelity``): its candidate results were
+measured against a reference build, which must be the gate's baseline as built now (the engine
+hash in the candidate's results is the baseline's); the gate fails when the mean KL divergence
+exceeds ``max_mean_kld``, top-1 agreement falls below ``min_top1``, or the perplexity ratio
+exceeds ``max_ppl_ratio`` (the ``fidelity`` section of the gates file, or of its entry). These are
+measured over thousands of tokens of one fixed text: no significance test, the numbers are the verdict.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtllm_pipeline.config import load_yaml
 from trtllm_pipeline.errors import ConfigError, InputError
 from trtllm_pipeline.results import load_eval
+from trtllm_pipeline.tasks import fidelity
 from trtllm_pipeline.tasks.registry import TASKS, TaskName
 from trtllm_pipeline.tasks.stats import PairedComparison, compare_paired
 
@@ -52,18 +60,28 @@ MaxDrop = Annotated[float, Field(ge=0, le=100)]  # points
 Score = Annotated[float, Field(ge=0, le=1)]
 
 
+class FidelityLimits(_Strict):
+    """The fidelity task's thresholds (llama.cpp's `perplexity --kl-divergence` statistics)."""
+
+    max_mean_kld: float = Field(0.1, ge=0, description="largest mean KL(P_base || P_cand), nats per token")
+    min_top1: float = Field(0.85, ge=0, le=1, description="smallest top-1 agreement, 0..1")
+    max_ppl_ratio: float = Field(1.1, ge=1, description="largest PPL(candidate) / PPL(baseline)")
+
+
 class GateEntry(_Strict):
     baseline: str = Field(description="config name of the reference build")
     candidates: list[str] = Field(min_length=1, description="config names judged against it")
     tasks: list[TaskName] = Field(default_factory=lambda: list(TASKS))
     max_drop: dict[TaskName, MaxDrop] = Field(default_factory=dict, description="points; overrides the defaults")
     min_score: dict[TaskName, Score] = Field(default_factory=dict, description="0..1; overrides the defaults")
+    fidelity: FidelityLimits | None = Field(None, description="overrides the file's fidelity thresholds")
 
 
 class GatesFile(_Strict):
     alpha: float = Field(DEFAULT_ALPHA, gt=0, lt=1, description="significance level of the McNemar test")
     max_drop: dict[TaskName, MaxDrop] = Field(default_factory=dict, description="default allowed drop, points")
     min_score: dict[TaskName, Score] = Field(default_factory=dict, description="default absolute floor, 0..1")
+    fidelity: FidelityLimits = Field(default_factory=FidelityLimits)
     gates: list[GateEntry] = Field(default_factory=list)
 
     def entry(self, baseline: str, candidate: str) -> GateEntry | None:
@@ -141,15 +159,15 @@ class Verdict:
     task: str
     baseline: str  # config names
     candidate: str
-    comparison: PairedComparison | None
-    limits: Thresholds | None
+    comparison: PairedComparison | dict[str, Any] | None  # fidelity: ``fidelity.summarize``'s statistics
+    limits: Thresholds | FidelityLimits | None
     status: Literal["pass", "fail", "cannot judge"]
     reason: str
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def judge(baseline: dict[str, Any], candidate: dict[str, Any], limits: Thresholds) -> Verdict:
-    """Compare two loaded results files; InputError when they cannot be compared."""
+def _check_comparable(baseline: dict[str, Any], candidate: dict[str, Any]) -> None:
+    """InputError unless the two files are of one task, run with the same settings."""
     b_name, c_name = baseline["config"], candidate["config"]
     if baseline["task"] != candidate["task"]:
         raise InputError(f"the baseline is {baseline['task']} and the candidate {candidate['task']}: different tasks.")
@@ -160,6 +178,12 @@ def judge(baseline: dict[str, Any], candidate: dict[str, Any], limits: Threshold
         shown = "; ".join(f"{k}: {baseline['settings'].get(k)!r} vs {candidate['settings'].get(k)!r}" for k in differ)
         raise InputError(f"{task}: {c_name} and {b_name} ran with different settings ({shown}).",
                          fix="re-run both evals with the same --limit, data and evaluation settings")
+
+
+def judge(baseline: dict[str, Any], candidate: dict[str, Any], limits: Thresholds) -> Verdict:
+    """Compare two loaded results files; InputError when they cannot be compared."""
+    _check_comparable(baseline, candidate)
+    b_name, c_name, task = baseline["config"], candidate["config"], baseline["task"]
     base_items = {it["id"]: it for it in baseline["items"]}
     cand_items = {it["id"]: it for it in candidate["items"]}
     if base_items.keys() != cand_items.keys():
@@ -199,10 +223,59 @@ def _decide(cmp: PairedComparison, limits: Thresholds) -> tuple[Literal["pass", 
     return "pass", f"drop {cmp.drop:.2f} <= {limits.max_drop:g} points"
 
 
+def fidelity_limits(baseline: str, candidate: str, gates: GatesFile | None) -> FidelityLimits:
+    """The gates file's entry for these configs, else its defaults, else the built-in defaults."""
+    entry = gates.entry(baseline, candidate) if gates else None
+    if entry is not None and entry.fidelity is not None:
+        return entry.fidelity
+    return gates.fidelity if gates else FidelityLimits()
+
+
+def judge_fidelity(baseline: dict[str, Any], candidate: dict[str, Any], limits: FidelityLimits) -> Verdict:
+    """The candidate's fidelity results against the thresholds; InputError when they were not
+    measured against this baseline as it is built now, or hold no fidelity statistics."""
+    _check_comparable(baseline, candidate)
+    b_name, c_name, task = baseline["config"], candidate["config"], baseline["task"]
+    measured = candidate.get("reference") or {}
+    fix = (f"re-run `trtllm-pipeline eval -c <{c_name} config> --tasks fidelity --reference <{b_name} config>` "
+           f"(or set evaluation.fidelity_reference: {b_name})")
+    if measured.get("config") != b_name:
+        raise InputError(f"{task}: {c_name} was compared with {measured.get('config') or 'itself'}, not {b_name}.",
+                         fix=fix)
+    if measured.get("engine") != baseline.get("engine"):
+        raise InputError(f"{task}: {b_name}'s engine is not the one {c_name} was compared with (rebuilt since?).",
+                         fix=fix)
+    fields = ("kld", "nll", "nll_reference")
+    for results in (baseline, candidate):
+        if bad := next((it["id"] for it in results["items"]
+                        if not all(isinstance(it.get(k), (int, float)) for k in fields)), None):
+            raise InputError(f"{task}: item {bad} of {results['config']} lacks its {'/'.join(fields)} numbers.",
+                             fix="re-run the eval")
+    stats = fidelity.summarize(candidate["items"])
+    failed = [text for broken, text in (
+        (stats["kld_mean"] > limits.max_mean_kld, f"mean KLD {stats['kld_mean']:.4f} > {limits.max_mean_kld:g}"),
+        (stats["top1"] < limits.min_top1, f"top-1 agreement {100 * stats['top1']:.2f}% < {100 * limits.min_top1:g}%"),
+        (stats["ppl_ratio"] > limits.max_ppl_ratio,
+         f"PPL ratio {stats['ppl_ratio']:.4f} > {limits.max_ppl_ratio:g}"),
+    ) if broken]
+    reason = "; ".join(failed) or (f"mean KLD {stats['kld_mean']:.4f} <= {limits.max_mean_kld:g}, top-1 "
+                                   f"{100 * stats['top1']:.2f}% >= {100 * limits.min_top1:g}%, PPL ratio "
+                                   f"{stats['ppl_ratio']:.4f} <= {limits.max_ppl_ratio:g}")
+    notes = []
+    own = fidelity.summarize(baseline["items"])["ppl"]
+    if abs(own - stats["ppl_reference"]) > 1e-4 * own:
+        notes.append(f"{task}: {b_name}'s own PPL {own:.4f} differs from the {stats['ppl_reference']:.4f} measured "
+                     f"beside {c_name} (another runtime setting?)")
+    return Verdict(task, b_name, c_name, stats, limits, "fail" if failed else "pass", reason, notes)
+
+
 def gate_pair(baseline_path: str | Path, candidate_path: str | Path, *, gates: GatesFile | None,
               max_drop: float | None = None, min_score: float | None = None,
               alpha: float | None = None) -> Verdict:
     baseline, candidate = load_eval(baseline_path), load_eval(candidate_path)
+    if baseline["task"] in TASKS and TASKS[baseline["task"]].reference:
+        return judge_fidelity(baseline, candidate,
+                              fidelity_limits(baseline["config"], candidate["config"], gates))
     limits = thresholds(baseline["task"], baseline["config"], candidate["config"], gates,
                         max_drop=max_drop, min_score=min_score, alpha=alpha)
     return judge(baseline, candidate, limits)

@@ -24,6 +24,7 @@ from trtllm_pipeline.config import AWQ_FORMATS, BuildConfig, QuantizationSection
 from trtllm_pipeline.console import quiet
 from trtllm_pipeline.errors import StageFailed
 from trtllm_pipeline.machine import package_version
+from trtllm_pipeline.model import families
 from trtllm_pipeline.model.source import ResolvedModel, known_shape, resolve_model
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def quantize(cfg: BuildConfig, *, engines_dir: str | Path = "engines", force: bo
     paths = artifacts.artifact_paths(engines_dir, cfg.name)
     artifacts.remove_stale_in(paths.root)
     model = resolve_model(cfg.model)
+    _ = model.family  # an architecture or rope scaling the runtime does not implement is refused before any work
     check_against_model(cfg, model.shape)
     inputs = _inputs(cfg, model, paths)
     inputs_hash = artifacts.fingerprint(_key(inputs))
@@ -85,6 +87,7 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines") -> list[str]:
     q, cal = cfg.quantization, cfg.quantization.calibration
     shape = known_shape(cfg.model)
     if shape is not None:
+        families.family(shape.architecture, where=f"model {cfg.model.source}")
         check_against_model(cfg, shape)
     lines = [f"model: {cfg.model.source}" + (f" @ {cfg.model.revision}" if cfg.model.revision else "")]
     if shape is not None:
@@ -277,12 +280,13 @@ def _export_trtllm(cfg: BuildConfig, model, source: ResolvedModel, out: Path) ->
     reshard = _reshards(cfg, source.shape.num_key_value_heads)
     try:
         with quiet(), _weight_quantizers_off(model, q.format == "int8_wo"):
-            export_tensorrt_llm_checkpoint(model, decoder_type="qwen", dtype=getattr(torch, cfg.dtype),
-                                           export_dir=out, inference_tensor_parallel=1 if reshard else tp,
+            export_tensorrt_llm_checkpoint(model, decoder_type=source.family.modelopt_decoder,
+                                           dtype=getattr(torch, cfg.dtype), export_dir=out,
+                                           inference_tensor_parallel=1 if reshard else tp,
                                            inference_pipeline_parallel=cfg.parallelism.pp)
     except Exception as exc:
         raise StageFailed(f"quantize: ModelOpt's TensorRT-LLM export failed: {type(exc).__name__}: {exc}",
-                          fix="re-run with -v for the full trace; check the model is a supported Qwen2 model") from exc
+                          fix="re-run with -v for the full trace") from exc
     written = json.loads((out / "config.json").read_text())
     fixed = checkpoint.complete_config(written, hf_config, dtype=cfg.dtype, tp=tp, pp=cfg.parallelism.pp,
                                        kv_cache_quant_algo=q.kv_cache_quant_algo, quant_algo=q.quant_algo)

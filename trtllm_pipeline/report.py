@@ -12,7 +12,8 @@ in-process ms/token per weight format.
 The formats table is the one users choose a format from: per build its weight format, the bytes of
 its weights as the engine holds them (the format's rules over the model's shape), MMLU/GSM8K and the
 gate verdict against the BF16 baseline, and the in-process decode speed `bench --in-process` measured
-(ms/token at batch 1, tokens/s at batch 32) with the machine it ran on.
+(ms/token at batch 1, tokens/s at batch 32) with the machine it ran on; last, fidelity against the
+build's reference (mean KL divergence, top-1 agreement, perplexity ratio; ``eval --tasks fidelity``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ PLOTS = {
 FORMAT_LABELS = {"fp8": "FP8", "int4_awq": "INT4-AWQ", "w4a8_awq": "W4A8-AWQ", "int8_sq": "INT8-SQ",
                  "int8_wo": "INT8-WO", "nvfp4": "NVFP4"}
 LATENCY_BATCH, THROUGHPUT_BATCH = 1, 32  # the formats table's in-process columns
+# Accuracy columns (overview and formats tables); tasks against a reference build (fidelity) close the formats table.
+ACCURACY = [name for name, task in TASKS.items() if not task.reference]
+AGAINST_REFERENCE = [name for name, task in TASKS.items() if task.reference]
 
 
 @dataclasses.dataclass
@@ -233,9 +237,12 @@ def device_cell(b: BuildData) -> str:
 
 
 def accuracy_cell(b: BuildData, task: str, detail: bool = False) -> str:
+    """A task's result as the task shows it (fidelity: KLD, top-1, PPL ratio), else the accuracy."""
     results = b.evals.get(task)
     if results is None:
         return NOT_MEASURED
+    if TASKS[task].cell is not None:
+        return TASKS[task].cell(results, detail)
     text = f"{100 * results['score']:.1f}%"
     if detail:
         low, high = results.get("ci95") or (None, None)
@@ -299,12 +306,12 @@ def render_markdown(builds: Sequence[BuildData], *, engines_dir: Path, gpu_hour_
         est = cost_of(b, peak, gpu_hour_usd, request_tokens)
         rows.append([
             b.name, b.precision, b.cfg.parallelism.tp, runtime_cell(b), device_cell(b),
-            *(accuracy_cell(b, task) for task in TASKS), gate_cell(b),
+            *(accuracy_cell(b, task) for task in ACCURACY), gate_cell(b),
             fmt(low["ttft_ms"]["p50"] if low else None), fmt(low["itl_ms"]["p50"] if low else None, ".2f"),
             fmt(peak["output_tokens_per_s"] if peak else None),
             *cost_cells(b, est, (("usd_per_1m_output_tokens", ".2f"), ("usd_per_request", ".4f"))),
         ])
-    lines += _table(["build", "precision", "TP", "runtime", "GPU", *(t.label for t in TASKS.values()), "gate",
+    lines += _table(["build", "precision", "TP", "runtime", "GPU", *(TASKS[t].label for t in ACCURACY), "gate",
                      "TTFT ms", "ITL ms", "tokens/s", "$/1M tokens", "$/request"], rows)
     lines += ["", "## Formats", "",
               "Weight formats side by side: bytes of weights as the engine holds them (INT4 and NVFP4 pack two "
@@ -312,9 +319,13 @@ def render_markdown(builds: Sequence[BuildData], *, engines_dir: Path, gpu_hour_
               "the gate against the BF16 baseline, and the decode speed `trtllm-pipeline bench -c CONFIG "
               f"--in-process` measured in-process (ms/token at batch {LATENCY_BATCH}, tokens/s at batch "
               f"{THROUGHPUT_BATCH}, each at the shortest context measured) on the device named. Emulated formats (the torch runtime on a CPU, NVFP4 "
-              "without FP4 tensor cores) run slower than their kernels would: compare them on one machine.", ""]
-    lines += _table(["build", "format", "TP", "weights", *(t.label for t in TASKS.values()), "gate",
-                     f"ms/token (batch {LATENCY_BATCH})", f"tokens/s (batch {THROUGHPUT_BATCH})", "measured on"],
+              "without FP4 tensor cores) run slower than their kernels would: compare them on one machine. The last "
+              "column is fidelity against the build's reference (`eval --tasks fidelity --reference`): mean KL "
+              "divergence of its next-token distributions from the reference's (nats), top-1 agreement, "
+              "PPL(build)/PPL(reference).", ""]
+    lines += _table(["build", "format", "TP", "weights", *(TASKS[t].label for t in ACCURACY), "gate",
+                     f"ms/token (batch {LATENCY_BATCH})", f"tokens/s (batch {THROUGHPUT_BATCH})", "measured on",
+                     *(f"{TASKS[t].label} (vs its reference)" for t in AGAINST_REFERENCE)],
                     [format_row(b) for b in builds])
     lines += ["", "## Plots", ""]
     lines += [f"![latency against concurrency]({PLOTS['latency']})", "",
@@ -344,9 +355,9 @@ def format_row(b: BuildData) -> list[str]:
     low, high = b.inprocess_at(LATENCY_BATCH), b.inprocess_at(THROUGHPUT_BATCH)
     machine = machine_cell(b)
     return [b.name, b.precision, str(b.cfg.parallelism.tp), bytes_cell(weight_bytes(b.cfg)),
-            *(accuracy_cell(b, task) for task in TASKS), gate_cell(b),
+            *(accuracy_cell(b, task) for task in ACCURACY), gate_cell(b),
             fmt(low["decode_ms"] if low else None, ".2f"), fmt(high["tokens_per_s"] if high else None, ".0f"),
-            machine]
+            machine, *(accuracy_cell(b, task) for task in AGAINST_REFERENCE)]
 
 
 def _build_section(b: BuildData, gpu_hour_usd: float, request_tokens: int) -> list[str]:
@@ -641,6 +652,8 @@ def _accuracy_scatter(builds: Sequence[BuildData], path: Path, x_of, name_of, xl
             color = known.get_color() if known else colors(len(build_handles) % 10)
             size = max(110 - 22 * len(build_handles), 20)  # later builds smaller: equal points show as rings
             for task, results in b.evals.items():
+                if TASKS[task].reference:  # fidelity: not an accuracy
+                    continue
                 ax.scatter(x, 100 * results["score"], marker=markers.get(task, "^"), color=color, s=size,
                            edgecolors="black", linewidths=0.4)
                 build_handles.setdefault(b.name, ax.plot([], [], "o", color=color, label=name_of(b))[0])

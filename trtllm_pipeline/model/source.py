@@ -1,8 +1,9 @@
 """Resolve a config's ``model.source`` to a local HF model directory.
 
-Three kinds of source, all ending as an ordinary HF directory that later stages treat alike:
+Four kinds of source, all ending as an ordinary HF directory that later stages treat alike:
 a hub id (downloaded with huggingface_hub into HF_HOME's cache, honouring HF_HUB_OFFLINE),
-a local directory, or ``builtin:<name>`` (generated here, see ``model.builtin``).
+a local directory, ``gguf:PATH`` (converted once into the cache, see ``model.gguf``), or
+``builtin:<name>`` (generated or converted here, see ``model.builtin``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtllm_pipeline.errors import ConfigError, InputError, UnavailableError
-from trtllm_pipeline.model import builtin
+from trtllm_pipeline.model import builtin, families, gguf
 from trtllm_pipeline.model.catalog import KNOWN_MODELS, ModelShape
 
 if TYPE_CHECKING:
@@ -43,13 +44,19 @@ ALLOW_DOWNLOAD_ENV = "TRTLLM_PIPELINE_ALLOW_DOWNLOAD"
 @dataclasses.dataclass(frozen=True)
 class ResolvedModel:
     source: str
-    kind: str  # "hub" | "local" | "builtin"
+    kind: str  # "hub" | "local" | "builtin" | "gguf"
     model_dir: Path
     revision: str | None = None
 
     @property
     def shape(self) -> ModelShape:
         return ModelShape.from_model_dir(self.model_dir)
+
+    @property
+    def family(self) -> families.ModelFamily:
+        """The model's family (``model.families``); refuses an architecture or rope scaling the runtime lacks."""
+        return families.check(json.loads((self.model_dir / "config.json").read_text()),
+                              where=f"model {self.source}")
 
 
 def resolve_model(model: "ModelSection") -> ResolvedModel:
@@ -62,6 +69,9 @@ def resolve_model(model: "ModelSection") -> ResolvedModel:
                 fix=f"use one of {', '.join('builtin:' + n for n in builtin.BUILTIN_MODELS)}",
             )
         return ResolvedModel(model.source, "builtin", builtin.builtin_model_dir(name))
+    if model.is_gguf:
+        path = Path(os.path.expanduser(model.source.removeprefix(gguf.GGUF_PREFIX)))
+        return ResolvedModel(model.source, "gguf", gguf.converted_dir(path, builtin.cache_root() / "models"))
     if model.is_local:
         path = Path(os.path.expanduser(model.source)).resolve()
         _check_local_dir(path)
@@ -74,6 +84,8 @@ def known_shape(model: "ModelSection") -> ModelShape | None:
     if model.is_builtin:
         name = model.source.removeprefix(builtin.BUILTIN_PREFIX)
         return builtin.builtin_shape(name) if name in builtin.BUILTIN_MODELS else None
+    if model.is_gguf:
+        return None  # known once converted (resolve_model)
     if model.is_local:
         path = Path(os.path.expanduser(model.source))
         return ModelShape.from_model_dir(path) if (path / "config.json").is_file() else None

@@ -154,6 +154,12 @@ class Runtime(abc.ABC):
         (since load). A key is absent where the runtime does not know it; every key given is exported."""
         return {}
 
+    def sequence_logprobs(self, token_ids: Sequence[int], first: int):
+        """Log-probabilities of every vocabulary token after each prefix ``token_ids[:i + 1]``, for
+        ``i`` from ``first`` to the end: a float32 tensor ``[len(token_ids) - first, vocab]`` (one
+        forward pass; the fidelity task compares two builds' rows)."""
+        raise NotImplementedError(f"the {self.name} runtime does not return every position's log-probabilities")
+
     def describe(self) -> dict[str, Any]:
         """What ran, for result files and manifests: runtime name, device, dtypes, quantization."""
         return {"runtime": self.name}

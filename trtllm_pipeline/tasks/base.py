@@ -36,6 +36,11 @@ class Task:
       built and scored with a ``tasks.model.LanguageModel``; an item whose prompt cannot fit
       ``input_limit`` tokens gets ``correct: None`` and an ``error``.
     * ``subscores(records) -> dict``: named groups of item records (MMLU categories, GSM8K filters).
+    * ``reference``: the task compares the build with a reference build (fidelity): ``eval`` opens
+      the reference's runtime too and passes it to ``run`` as ``reference=`` (None: the build is its own).
+    * ``cell(results, detail) -> str``: how the report and ``eval`` show a result; None: the score as accuracy.
+    * ``records_per_item``: records ``run`` returns per item (fidelity: an item is a chunk of text, a
+      record one of its scored tokens); ``unit`` names them.
     """
 
     name: str  # as --tasks, evaluation.tasks, gates.yaml and the results file name it
@@ -46,6 +51,10 @@ class Task:
     subscores: Callable[[Sequence[dict]], dict[str, dict[str, dict]]]
     max_drop: float  # the gate's allowed accuracy drop (points) where the gates file sets none
     demo_limits: tuple[int, int]  # items `make demo` evaluates: (normally, with --fast)
+    reference: bool = False
+    cell: Callable[[dict, bool], str] | None = None
+    records_per_item: int = 1
+    unit: str = "items"
 
 
 def prompt_sha256(text: str) -> str:

@@ -164,7 +164,7 @@ def _record(prepared: dict, logprobs: list[float]) -> dict:
     best = max(range(len(LETTERS)), key=lambda i: logprobs[i])  # first of ties, as numpy's argmax
     prediction = LETTERS[best]
     return {**record, "correct": prediction == record["target"], "prediction": prediction,
-            "logprobs": [round(lp, 4) for lp in logprobs]}
+            "logprobs": [round(lp, 6) for lp in logprobs]}
 
 
 def subscores(records: Sequence[dict]) -> dict[str, dict[str, dict]]:

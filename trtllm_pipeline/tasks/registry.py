@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Iterable, Literal
 
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.tasks import gsm8k, mmlu
+from trtllm_pipeline.tasks import fidelity, gsm8k, mmlu
 from trtllm_pipeline.tasks.base import Task
 
 TASKS: dict[str, Task] = {task.name: task for task in (
     mmlu.TASK,
     gsm8k.TASK,
+    fidelity.TASK,
 )}
 # A task name where a file may hold one (build configs, gates.yaml): pydantic names the choices in its errors.
 TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]

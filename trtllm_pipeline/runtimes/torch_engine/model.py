@@ -1,6 +1,7 @@
-"""A Qwen2 decoder that executes a TensorRT-LLM checkpoint's tensors directly, in PyTorch.
+"""A Qwen2 / Llama decoder that executes a TensorRT-LLM checkpoint's tensors directly, in PyTorch.
 
-The math follows the engine TensorRT-LLM builds from the same checkpoint: fused QKV with bias,
+The math follows the engine TensorRT-LLM builds from the same checkpoint: fused QKV (with bias for Qwen2;
+``model/families.py`` holds what differs between families),
 GPT-NeoX rotary embedding, grouped-query attention over a KV cache, gated SiLU MLP with
 TensorRT-LLM's naming (``fc`` is the activated gate branch, ``gate`` the up projection), RMSNorm.
 Quantized layers (``Linear``) follow their format: FP8 quantizes the input with the calibrated
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 
 from trtllm_pipeline.checkpoint import FORMAT_NAMES, CheckpointLayout
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
+from trtllm_pipeline.model import families
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MIN, INT8_MAX = -128, 127
@@ -308,8 +310,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
-def rotary_tables(max_len: int, dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+def rotary_tables(max_len: int, dim: int, base: float, device,
+                  scaling: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin [max_len, dim] float32 of the rotary embedding, its frequencies scaled as the model family
+    defines (``families.rope_inv_freq``: the checkpoint's ``rotary_scaling``)."""
+    inv_freq = families.rope_inv_freq(dim, base, scaling)
     angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().float().to(device), angles.sin().float().to(device)
@@ -358,6 +363,9 @@ class Qwen2Engine(torch.nn.Module):
         weights)."""
         super().__init__()
         layout = CheckpointLayout(config)
+        # What differs between families (model/families.py): the qkv bias is whatever the checkpoint holds (Linear
+        # takes none), the rotary table is the family's, a tied lm_head shares the embedding's storage.
+        self.family = families.check(config, where="the checkpoint")
         self.dtype = dtype or getattr(torch, config["dtype"])
         self.heads, self.kv_heads = self._local_heads(layout)
         self.head_dim = layout.head_size
@@ -368,6 +376,8 @@ class Qwen2Engine(torch.nn.Module):
         self.embedding = tensors["transformer.vocab_embedding.weight"].to(device=device, dtype=dt)
         self.final_norm = tensors["transformer.ln_f.weight"].to(device=device, dtype=dt)
         self.lm_head = tensors["lm_head.weight"].to(device=device, dtype=dt)
+        if config.get("tie_word_embeddings") and torch.equal(self.lm_head, self.embedding):
+            self.lm_head = self.embedding  # TensorRT-LLM's checkpoint stores the tied head twice; held once here
         self.format = FORMAT_NAMES.get(layout.quant_algo, str(layout.quant_algo))
         fmt, group = self.format, layout.group_size
         self.layers = []
@@ -382,7 +392,7 @@ class Qwen2Engine(torch.nn.Module):
                 "proj": self._row_linear(tensors, p + "mlp.proj", dt, device, fmt, group),
             })
         base = float(config.get("rotary_base") or 10000.0)
-        self.cos, self.sin = rotary_tables(max_seq_len, self.head_dim, base, device)
+        self.cos, self.sin = rotary_tables(max_seq_len, self.head_dim, base, device, families.rope_scaling(config))
         self.block_size, self.slot_blocks = block_size, -(-max_seq_len // block_size)
         self.cache_k = self.cache_v = None
         if max_slots is not None and num_blocks is None:

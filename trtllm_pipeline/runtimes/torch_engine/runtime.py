@@ -454,6 +454,14 @@ class TorchRuntime(Runtime):
         hidden = self.hidden_states(context)
         return torch.log_softmax(self.executor.logits(hidden[-1]), dim=-1).tolist()
 
+    def sequence_logprobs(self, token_ids: Sequence[int], first: int) -> torch.Tensor:
+        if self.has_work():
+            raise RuntimeError("sequence_logprobs() cannot run while generation requests are active")
+        if not 0 <= first < len(token_ids):
+            raise InputError(f"sequence_logprobs(): position {first} is outside the {len(token_ids)} tokens.")
+        hidden = self.hidden_states(token_ids)
+        return torch.log_softmax(self.executor.logits(hidden[first:]), dim=-1)
+
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[tuple[float, bool]]:
         """Log-likelihoods of continuations, computing a shared context prefix once.
 
