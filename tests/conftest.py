@@ -46,6 +46,7 @@ SERVER_TESTS = {"test_eval.py::test_served_model_scores_like_the_engine_in_proce
 START_FIRST = ("servers",  # 420 s
                "test_fast_decode.py::test_fast_kernels_give_eager_greedy_tokens_int4_awq",  # 160 s
                "test_fast_decode.py::test_fast_kernels_run_tensor_parallel",  # 130 + 85 s
+               "test_model_families.py",  # ~240 s (estimated): the real model's GGUF converted, quantized, asked
                "test_fast_decode.py",  # 30-65 s each
                "test_tensor_parallel.py", "test_trtllm_pytorch.py", "test_architecture.py", "test_build.py",  # 50-65 s
                "test_formats.py", "test_eval.py")  # 40 s

@@ -16,7 +16,8 @@ from trtllm_pipeline import demo, report, serve
 from trtllm_pipeline.tasks.registry import TASKS
 
 pytestmark = pytest.mark.slow
-NAMES = (demo.BASELINE, *demo.CANDIDATES)
+TINY = demo.MODELS[demo.TINY]  # the real model's demo is `make demo`'s; the suite runs the tiny one's
+NAMES = TINY.names
 STEPS = (["quantize"] * 4 + ["build"] * 4 + ["eval"] * 4 * len(TASKS) + ["gate"] * 3 * len(TASKS) + ["bench"] * 4
          + ["deploy", "serve", "generate", "bench", "serve", "report"])
 
@@ -36,15 +37,15 @@ def demo_engines(built, engines_dir, tmp_path):
 def run_demo(engines, reports, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     http, grpc, metrics, openai = free_ports(4)
     return subprocess.run(
-        [sys.executable, "-m", "trtllm_pipeline.demo", "--fast", "--engines-dir", str(engines), "--reports-dir",
-         str(reports), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+        [sys.executable, "-m", "trtllm_pipeline.demo", "--model", demo.TINY, "--fast", "--engines-dir", str(engines),
+         "--reports-dir", str(reports), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
          "--openai-port", str(openai), *extra],
         cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=900,
     )
 
 
 def no_server_left(engines) -> bool:
-    if serve.read_state(load(demo.SERVED), engines) is not None:
+    if serve.read_state(load(TINY.served), engines) is not None:
         return False
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     return not any("tritonserver" in line and str(engines) in line for line in ps.splitlines())
@@ -67,12 +68,12 @@ def test_demo_runs_every_stage_writes_the_report_and_reuses_its_cache(demo_engin
         assert batch32 == "not measured"  # the tiny builds take batches up to 8
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[3] == "torch" and re.fullmatch(r"\d+\.\d%", cells[5]) and re.fullmatch(r"\d+\.\d%", cells[6])
-        assert cells[7] == "baseline" if name == demo.BASELINE else cells[7].endswith(f"vs {demo.BASELINE}")
-        measured = name == demo.SERVED
+        assert cells[7] == "baseline" if name == TINY.baseline else cells[7].endswith(f"vs {TINY.baseline}")
+        measured = name == TINY.served
         assert (cells[9] != "not measured") == measured  # only the served build was benchmarked
     for plot in report.PLOTS.values():
         assert (reports / plot).read_bytes().startswith(b"\x89PNG")
-    bench_files = list((demo_engines / demo.SERVED / "bench").glob("triton-grpc-*.json"))
+    bench_files = list((demo_engines / TINY.served / "bench").glob("triton-grpc-*.json"))
     assert len(bench_files) == 1
 
     second = run_demo(demo_engines, reports, "--data-dir", str(data_dir))
@@ -88,8 +89,9 @@ def test_without_eval_data_the_demo_skips_eval_and_gate_with_a_notice(demo_engin
     script = textwrap.dedent(f"""
         from pathlib import Path
         from trtllm_pipeline import demo
-        d = demo.Demo(Path("build_configs"), Path({str(demo_engines)!r}), Path({str(tmp_path)!r}), None, demo.FAST)
-        print("evaluated:", d.evaluate((demo.BASELINE,)))
+        d = demo.Demo(Path("build_configs"), Path({str(demo_engines)!r}), Path({str(tmp_path)!r}), None, demo.FAST,
+                      model=demo.MODELS[demo.TINY])
+        print("evaluated:", d.evaluate(({TINY.baseline!r},)))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})

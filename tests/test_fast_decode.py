@@ -55,6 +55,17 @@ def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
 
 
 @pytest.mark.slow
+def test_fast_kernels_run_the_llama_family(built):
+    """No QKV bias, a tied lm_head, Llama 3.1's scaled rotary table (model/families.py): the same kernels give
+    eager's tokens, as close to float32 as eager is."""
+    r = _interpreted(_checkpoint(built, "tiny-llama-bf16-tp1"))
+    assert r["decode_path"].startswith("triton kernels")
+    assert r["greedy_fast"] == r["greedy_eager"] and r["staggered_fast"] == r["greedy_eager"]
+    assert r["weight_bytes_fast"] == r["weight_bytes_eager"]  # the tied head counted once by both
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.02
+
+
+@pytest.mark.slow
 def test_fast_kernels_match_eager_accuracy_fp8(built):
     # W8A8 FP8 re-quantizes every activation, so a bf16 rounding difference can move a value by one
     # FP8 step: greedy tokens may part after a few steps, but the error against the float32

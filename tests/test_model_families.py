@@ -75,7 +75,7 @@ def test_an_unimplemented_architecture_is_refused_before_any_work(tmp_path):
     config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
     (model / "config.json").write_text(json.dumps(config))
     cfg = tmp_path / "yarn.yaml"
-    cfg.write_text((load("tiny-llama-bf16-tp1").file.read_text()).replace("builtin:tiny-llama", str(model)))
+    cfg.write_text(load("tiny-llama-bf16-tp1").path.read_text().replace("builtin:tiny-llama", str(model)))
     proc = run_cli("quantize", "-c", str(cfg), "--engines-dir", str(tmp_path / "engines"))
     assert proc.returncode == 2, proc.stderr
     assert "rope scaling 'yarn'" in proc.stderr and "llama3" in proc.stderr
@@ -133,7 +133,7 @@ def test_llama_tensor_parallel_distributed_gives_the_tp1_tokens(built, engines_d
 
 def _gguf_config(tmp_path, source: str):
     cfg = tmp_path / "gguf.yaml"
-    cfg.write_text(load("tiny-llama-bf16-tp1").file.read_text().replace("builtin:tiny-llama", source))
+    cfg.write_text(load("tiny-llama-bf16-tp1").path.read_text().replace("builtin:tiny-llama", source))
     return cfg
 
 

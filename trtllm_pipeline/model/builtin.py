@@ -87,8 +87,12 @@ TINY_QWEN2_ARCH = dict(
 )
 
 TINY_LLAMA = "tiny-llama"
-TINY_LLAMA_REVISION = "v1"
+TINY_LLAMA_REVISION = "v2"
 TINY_LLAMA_SEED = 20261203
+# A tied head reads the embedding: drawn as tiny-qwen2's (std 1), the residual stream is mostly the input token's
+# own embedding and greedy decoding repeats it. Smaller embeddings (std 0.15) let the layers decide the next token,
+# and a larger final norm (x6) keeps the logits as peaked as tiny-qwen2's (top token ~0.9): stable under rounding.
+TINY_LLAMA_SCALES = {"model.embed_tokens.weight": 0.15, "model.norm.weight": 6.0}
 TINY_LLAMA_ARCH = {**TINY_QWEN2_ARCH, "tie_word_embeddings": True, "attention_bias": False,
                    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
@@ -233,9 +237,9 @@ def _generate_tiny(out: Path, family: str) -> None:
     import torch
     import transformers
 
-    config_class, model_class, arch, seed = {
-        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", TINY_QWEN2_ARCH, TINY_QWEN2_SEED),
-        "llama": ("LlamaConfig", "LlamaForCausalLM", TINY_LLAMA_ARCH, TINY_LLAMA_SEED)}[family]
+    config_class, model_class, arch, seed, scales = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", TINY_QWEN2_ARCH, TINY_QWEN2_SEED, {}),
+        "llama": ("LlamaConfig", "LlamaForCausalLM", TINY_LLAMA_ARCH, TINY_LLAMA_SEED, TINY_LLAMA_SCALES)}[family]
     bos_id, eos_id = _write_tokenizer(out, arch["max_position_embeddings"])
     config = getattr(transformers, config_class)(
         vocab_size=TINY_QWEN2_VOCAB_SIZE,
@@ -250,7 +254,7 @@ def _generate_tiny(out: Path, family: str) -> None:
         for name, param in sorted(model.named_parameters()):
             if name == "lm_head.weight" and config.tie_word_embeddings:
                 continue  # it is the embedding
-            param.copy_(_init_param(name, param.shape, seed))
+            param.copy_(_init_param(name, param.shape, seed) * scales.get(name, 1.0))
     model = model.to(torch.bfloat16)
     model.generation_config.bos_token_id = bos_id
     model.generation_config.eos_token_id = eos_id
