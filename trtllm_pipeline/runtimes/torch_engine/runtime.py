@@ -244,6 +244,10 @@ class TorchRuntime(Runtime):
         """Stop the tensor-parallel workers, if any (the runtime cannot run afterwards)."""
         self.executor.close()
 
+    def unavailable(self) -> str | None:
+        failure = self.executor.failure
+        return None if failure is None else f"{failure.message} ({failure.fix})"
+
     # ---- requests -------------------------------------------------------------------------------
 
     def submit(self, request_id: Any, prompt_ids: Sequence[int], params: SamplingParams) -> None:
