@@ -124,7 +124,7 @@ def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str, i
     if (tokenizer_dir / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer = artifacts.checked_tokenizer(tokenizer_dir, AutoTokenizer.from_pretrained)
         end = tokenizer.eos_token_id
         return (end, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end, "tokenizer",
                 longest_token_bytes(tokenizer))

@@ -94,8 +94,10 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
                 await pieces.first()  # an upstream refusal is answered with its status, before any 200
                 if not req.stream:
                     return await _whole(pieces, prepared, request_id, req.model, chat)
-        except BaseException:
+        except BaseException as exc:
             await pieces.aclose()
+            if isinstance(exc, OpenAIError) and exc.status == 500:
+                check_engine()  # the engine was lost under this request: 503, as for the next ones
             raise
         events = _events(pieces, prepared, request_id, req.model, chat, req.include_usage)
         return StreamingResponse(_watched(events, http, pieces), media_type="text/event-stream", headers=SSE_HEADERS)

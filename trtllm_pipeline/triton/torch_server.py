@@ -256,6 +256,7 @@ class TorchModelServer:
                 self._admit()
                 if self.runtime.has_work():
                     events = self.runtime.step()
+                    self._check_lost()  # before any request hears of it: the fronts then answer 503 already
                     for event in events:
                         self._on_event(event)
                     self.metrics.add("steps")

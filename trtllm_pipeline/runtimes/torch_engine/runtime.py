@@ -155,7 +155,7 @@ class TorchRuntime(Runtime):
         from transformers import AutoTokenizer
 
         config = self.config
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.tokenizer = artifacts.checked_tokenizer(tokenizer_dir, AutoTokenizer.from_pretrained)
         self.vocab_size = int(config["vocab_size"])
         self._waiting: list[_Request] = []
         self._running: dict[int, _Request] = {}  # slot -> request (prefilling or decoding)
