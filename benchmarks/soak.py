@@ -273,7 +273,7 @@ def _open_and_leave(target: Target, how: str) -> tuple[callable, str]:
     if how == "http-close":
         sock = socket.create_connection((target.host, target.http_port))
         data = json.dumps(body).encode()
-        sock.sendall(f"POST /v2/models/{FRONT}/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        sock.sendall(f"POST /v2/models/{FRONT}/generate_stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
                      f"\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
         received = b""
         while received.count(b"data:") < 2:

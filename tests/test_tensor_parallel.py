@@ -305,6 +305,8 @@ def _kill_a_worker_under_load(server, model: str, worker: int) -> None:
                                                                                  "stream": True, **long})),
                threading.Thread(target=v1_whole), threading.Thread(target=grpc_stream)]
     for t in threads:
+        t.daemon = True  # a test that fails must not hang the session on them
+    for t in threads:
         t.start()
     started.wait(timeout=120)  # every stream has its first tokens (the whole one is under way)
     os.kill(worker, signal.SIGKILL)

@@ -38,8 +38,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from trtllm_pipeline.runtimes.base import float32_problem
 from trtllm_pipeline.endpoints import allowed_host_names, header_problem
+from trtllm_pipeline.runtimes.base import float32_problem
 from trtllm_pipeline.triton import health, stops
 from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, FRONT_MODEL, REQUIRED_INPUTS, STOP_ID_PREFIX,
                                              RequestLimits)
