@@ -497,6 +497,7 @@ def test_taken_port_detach_and_stop(built, engines_dir):
         squatter.listen()
         taken = run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), *ports, "--detach")
     assert taken.returncode == 2 and f"gRPC port {grpc}" in taken.stderr and "--grpc-port" in taken.stderr
+    repo = truncated_bytecode_in_the_repository(load(LIFECYCLE), engines_dir)
     started = run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), *ports, "--detach")
     assert started.returncode == 0, started.stderr
     assert f"http://127.0.0.1:{http}" in started.stdout and f"127.0.0.1:{metrics}/metrics" in started.stdout
@@ -510,7 +511,25 @@ def test_taken_port_detach_and_stop(built, engines_dir):
         stopped = run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), "--stop")
     assert stopped.returncode == 0 and f"pid {state.pid}" in stopped.stdout
     assert not serve.group_alive(state.pid)  # --stop returned once every process of the server had exited
+    assert not list(repo.rglob("__pycache__"))  # and no bytecode was written into the repository
     assert "no server is running" in run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), "--stop").stdout
+
+
+def truncated_bytecode_in_the_repository(cfg, engines_dir) -> Path:
+    """What a disk that filled while Python wrote a .pyc leaves (it does not check that its write was whole): a
+    header that matches the source and truncated code, "marshal data too short" at every import after."""
+    import importlib.util
+
+    from trtllm_pipeline.deploy import deploy
+
+    repo = deploy(cfg, engines_dir=engines_dir).repo_dir
+    source = repo / "tensorrt_llm_bls" / "1" / "model.py"
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    cached.parent.mkdir(exist_ok=True)
+    st = source.stat()
+    header = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
+    cached.write_bytes(header + b"\xe3\x00\x00")
+    return repo
 
 
 def test_foreground_serve_stops_on_ctrl_c(built, engines_dir):
