@@ -36,7 +36,7 @@ class StandIn:
         if not self.ready:
             raise OpenAIError(503, "the model is not ready yet", code="model_not_ready")
 
-    async def stream(self, text, inputs, cancelled=None):
+    async def stream(self, text, inputs, cancelled=None, request_id=""):
         self.calls.append((text, inputs))
         if self.fail:
             raise self.fail

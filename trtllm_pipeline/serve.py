@@ -114,10 +114,9 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args)
     inner = ports.behind_front(http_front.free_loopback_port()) if cfg.serving.http_front else ports
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
     served.prepare_server(cfg, cmd, state_dir)
-    # The Python models' bytecode: not written into the repository, and any left there removed. Python writes a
-    # .pyc without checking that the write was whole: on a full disk a truncated one stays ("marshal data too
-    # short") and breaks every later serve of this repository, even after space was freed.
-    env = {**env, "PYTHONDONTWRITEBYTECODE": "1"}
+    # The Python models' bytecode, removed before each start. Python writes a .pyc without checking that the write
+    # was whole: on a full disk a truncated one stays ("marshal data too short") and broke every later serve of
+    # this repository, even after space was freed. (The Python-backend stub ignores PYTHONDONTWRITEBYTECODE.)
     for cache in (deployment.repo_dir, state_dir / "backends"):
         artifacts.remove_bytecode(cache)
     if cfg.serving.http_front:  # the front holds the HTTP port and runs the server as its child

@@ -16,7 +16,8 @@ import contextlib
 import json
 import threading
 import time
-from typing import Any, AsyncIterator
+import uuid
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -27,7 +28,8 @@ from trtllm_pipeline.openai import protocol, reasoning
 from trtllm_pipeline.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from trtllm_pipeline.openai.translate import Prepared, finish_reason, prepare
 from trtllm_pipeline.triton import health as engine_health
-from trtllm_pipeline.triton.contract import RequestLimits
+from trtllm_pipeline.triton import stops
+from trtllm_pipeline.triton.contract import STOP_ID_PREFIX, RequestLimits
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 BODY_TIMEOUT_S = 20.0  # a body trickled in slower than this is a slow client's (408), not a request
@@ -87,8 +89,13 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
         await upstream.check_ready()
         chat = kind is ChatCompletionRequest
         request_id = protocol.new_id("chatcmpl" if chat else "cmpl")
+        # The engine request's id: the BLS passes an id of this form on to the engine model, so that a request
+        # whose client went away is stopped at once by the stop side channel, even while it waits in the engine's
+        # queue (where the gRPC cancellation, seen by the BLS at its next response, would wait for its admission).
+        engine_id = f"{STOP_ID_PREFIX}{uuid.uuid4().hex}"
+        stop = (lambda: stops.send(stops.address(repository), engine_id)) if repository is not None else None
         cancelled = threading.Event()
-        pieces = _Pieces(upstream.stream(prepared.text, prepared.inputs, cancelled), cancelled)
+        pieces = _Pieces(upstream.stream(prepared.text, prepared.inputs, cancelled, engine_id), cancelled, stop)
         try:
             async with _cancel_on_disconnect(http, pieces):
                 await pieces.first()  # an upstream refusal is answered with its status, before any 200
@@ -205,15 +212,17 @@ class _Pieces:
     """The upstream stream with its first item fetched ahead (``first``), iterated once; ``cancel``
     (from anywhere) ends it and cancels the Triton request."""
 
-    def __init__(self, stream: AsyncIterator[tuple[str, int]], cancelled: threading.Event):
+    def __init__(self, stream: AsyncIterator[tuple[str, int]], cancelled: threading.Event,
+                 stop: Callable[[], Any] | None = None):
         self.stream, self.cancelled, self._first, self._has_first = stream, cancelled, None, False
+        self.stop, self.finished = stop, False
 
     async def first(self) -> None:
         try:
             self._first = await self.stream.__anext__()
             self._has_first = True
         except StopAsyncIteration:
-            pass
+            self.finished = True
 
     async def __aiter__(self):
         if self._has_first:
@@ -221,8 +230,11 @@ class _Pieces:
             yield self._first
         async for item in self.stream:
             yield item
+        self.finished = True
 
     def cancel(self) -> None:
+        if not self.cancelled.is_set() and not self.finished and self.stop is not None:
+            self.stop()  # the engine drops it at its next step, queued or running
         self.cancelled.set()
 
     async def aclose(self) -> None:

@@ -43,7 +43,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "generation_logits"]
 
 
-WATCH_S = 0.1  # how often a request waiting on the engine looks whether the engine was lost
+WATCH_S = 0.1  # how often a request waiting on the engine looks whether the engine was lost (a stat)
 
 
 class Cancelled(Exception):
@@ -124,11 +124,11 @@ class TritonPythonModel:
         logits = None
         max_tokens = int(engine["request_output_len"].reshape(-1)[0])
         flushed = False
-        # The HTTP front's id when it gave one (it stops the request by it when its client goes away), else ours.
+        # The HTTP or OpenAI front's id when it gave one (it stops the request by it when its client goes away), else ours.
         given = request.request_id() or ""
         request_id = given if given.startswith(STOP_ID_PREFIX) else f"{BLS_ID_PREFIX}{uuid.uuid4().hex}"
         responses = self.watched(self.request(self.engine_model, ENGINE_OUTPUTS, engine,
-                                              request_id=request_id).exec(decoupled=True), request, request_id)
+                                              request_id=request_id).exec(decoupled=True))
         for response in responses:
             if request.is_cancelled():
                 self.stop(request_id)
@@ -164,12 +164,10 @@ class TritonPythonModel:
         else:
             sender.send(flags=FINAL)
 
-    def watched(self, responses, request, request_id):
-        """The engine's responses, read by a thread of their own, so that a request waiting for one is still
-        looked after every ``WATCH_S``: its client gone (while it waits in the engine's queue, where no
-        response comes to notice it by) stops it; its engine lost (a tensor-parallel worker died, ``health``)
-        ends it with that error: the engine's error response was seen not to reach a BLS request that had
-        had responses already (Triton 2.51), which then waited for ever."""
+    def watched(self, responses):
+        """The engine's responses, read by a thread of their own, so that a request waiting for one ends when its
+        engine was lost (a tensor-parallel worker died: ``health``): the engine's error response was seen not to
+        reach a BLS request that had had responses already (Triton 2.51), which then waited for ever."""
         handoff = queue.SimpleQueue()
 
         def read():
@@ -181,25 +179,18 @@ class TritonPythonModel:
             handoff.put(None)
 
         threading.Thread(target=read, daemon=True).start()
-        stopped = False
         while True:
             try:
                 item = handoff.get(timeout=WATCH_S)
             except queue.Empty:
                 if (why := health.lost(self.repository)) is not None:
                     raise EngineError(why, pb_utils.TritonError.UNAVAILABLE) from None
-                if not stopped and request.is_cancelled():
-                    self.stop(request_id)
-                    stopped = True
                 continue
             if item is None:
-                if stopped:
-                    raise Cancelled
                 return
             if isinstance(item, Exception):
                 raise item
-            if not stopped:
-                yield item
+            yield item
 
     def stop(self, request_id):
         """Stop ``request_id``: by datagram where the torch engine model listens, else TensorRT-LLM's stop
