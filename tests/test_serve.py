@@ -744,6 +744,14 @@ def test_slow_clients_are_shed_and_the_fronts_stay_responsive(server):
     assert requests.get(f"http://127.0.0.1:{server.openai_port}/v1/models", timeout=10).status_code == 200
 
 
+def drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(65536):
+            pass
+    except OSError:  # closed here
+        pass
+
+
 def test_a_v1_request_abandoned_while_queued_is_freed_at_once(server):
     """Every slot busy, a /v1 request queued behind them, its client gone: it leaves the queue then, while the
     slots are still busy (it used to stay until admitted)."""
@@ -751,6 +759,8 @@ def test_a_v1_request_abandoned_while_queued_is_freed_at_once(server):
     slots = load(NAME).build.max_batch_size
     holders = [open_stream(server.http_port, "/v2/models/tensorrt_llm_bls/generate_stream", LONG, 1)
                for _ in range(slots)]
+    for sock in holders:  # read as they come (a client that stops reading is one that went away)
+        threading.Thread(target=drain, args=(sock,), daemon=True).start()
     try:
         with socket.create_connection(("127.0.0.1", server.openai_port)) as sock:
             body = json.dumps({"model": NAME, "prompt": "hi", "max_tokens": 50, "stream": True}).encode()
