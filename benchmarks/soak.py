@@ -68,6 +68,9 @@ MALFORMED_HTTP = [
     ("empty prompt", {"text_input": "", "max_tokens": 4}, "empty"),
     ("max_tokens beyond max_seq_len", {"text_input": "hi", "max_tokens": 100_000}, "max_seq_len"),
     ("misspelt field", {"text_input": "hi", "max_tokens": 4, "temprature": 0.5}, "temprature"),
+    ("lone surrogate", b'{"text_input": "a\\ud800", "max_tokens": 4}', "text_input"),
+    ("JSON 10,000 deep", b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
+    ("temperature past float32", {"text_input": "hi", "max_tokens": 4, "temperature": 1e308, "top_k": 5}, "temperature"),
 ]
 LONG_PROMPT = ("over the token limit", {"text_input": "ab " * 190_000, "max_tokens": 4}, "at most")  # tokenized: rare
 
@@ -273,7 +276,7 @@ def _open_and_leave(target: Target, how: str) -> tuple[callable, str]:
     if how == "http-close":
         sock = socket.create_connection((target.host, target.http_port))
         data = json.dumps(body).encode()
-        sock.sendall(f"POST /v2/models/{FRONT}/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        sock.sendall(f"POST /v2/models/{FRONT}/generate_stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
                      f"\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
         received = b""
         while received.count(b"data:") < 2:

@@ -40,7 +40,7 @@ SPREAD_FILES = {"test_fast_decode.py"}
 SERVER_FILES = {"test_bench_triton.py", "test_chat_page.py", "test_demo.py", "test_metrics.py", "test_openai.py",
                 "test_serve.py", "test_soak.py"}
 SERVER_TESTS = {"test_eval.py::test_served_model_scores_like_the_engine_in_process",
-                "test_tensor_parallel.py::test_served_tp2_answers_the_benchmark_and_stop_leaves_no_worker"}
+                "test_tensor_parallel.py::test_served_tp2_answers_the_benchmark_then_a_killed_worker_ends_every_request_and_readiness"}
 # The units started first, longest first (seconds on a 2-core machine), so that no long one is left for the end
 # while the other worker idles; the others follow in collection order.
 START_FIRST = ("servers",  # 420 s

@@ -199,3 +199,42 @@ def test_a_calibration_dataset_must_be_a_hub_id_or_a_path():
     data = _base()
     data["quantization"]["calibration"]["dataset"] = "x; rm -rf ~"
     assert "is not a hub dataset id" in _error(data)
+
+
+@pytest.mark.parametrize("section, key, value, words", [
+    ("runtime", "kernel_cache_dir", "/tmp/a\0b", "NUL"),
+    ("runtime", "kernel_cache_dir", "", "not empty"),
+    ("serving", "host", "", "not an IP address or a host name"),
+    ("serving", "host", "evil host", "not an IP address or a host name"),
+    ("serving", "allowed_hosts", ["ok.example", "bad host"], "not an IP address or a host name"),
+    ("runtime", "graph_batch_sizes", [1, 2, 64], "exceed build.max_batch_size"),
+])
+def test_hostile_values_are_config_errors_naming_the_key(section, key, value, words):
+    data = _base()
+    data.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match=words) as exc:
+        config_from_dict(data, name="hostile")
+    assert f"{section}.{key}" in str(exc.value) or key in str(exc.value)
+
+
+def test_valid_hosts_pass():
+    for host in ("127.0.0.1", "::1", "0.0.0.0", "localhost", "gpu-node-3.example.org"):
+        data = _base()
+        data["serving"] = {"host": host, "allowed_hosts": ["my-box"]}
+        assert config_from_dict(data, name="ok").serving.host == host
+
+
+def test_deeply_nested_yaml_is_a_config_error_not_a_recursion_error(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("model: " + "[" * 5000 + "]" * 5000 + "\n")
+    proc = run_cli("build", "-c", str(deep), "--dry-run")
+    assert proc.returncode == 2 and "nested too deeply" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_model_check_fails_the_same_in_build_and_serve_dry_runs(tmp_path):
+    cfg = tmp_path / "awq.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"source": "builtin:tiny-qwen2"},
+                                   "quantization": {"format": "int4_awq", "awq_block_size": 1024}}))
+    for command in ("build", "serve"):
+        proc = run_cli(command, "-c", str(cfg), "--dry-run", "--engines-dir", str(tmp_path / "engines"))
+        assert proc.returncode == 2 and "awq_block_size" in proc.stderr, (command, proc.stderr)

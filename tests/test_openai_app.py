@@ -36,7 +36,7 @@ class StandIn:
         if not self.ready:
             raise OpenAIError(503, "the model is not ready yet", code="model_not_ready")
 
-    async def stream(self, text, inputs, cancelled=None):
+    async def stream(self, text, inputs, cancelled=None, request_id=""):
         self.calls.append((text, inputs))
         if self.fail:
             raise self.fail
@@ -58,7 +58,7 @@ def tokenizer():
 def client(tokenizer, parser="none"):
     upstream = StandIn()
     return TestClient(create_app(upstream, tokenizer, LIMITS, "tiny", aliases=("builtin:tiny-qwen2",),
-                                 reasoning_parser=parser)), upstream
+                                 reasoning_parser=parser), base_url="http://127.0.0.1:8003"), upstream
 
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "temperature": 0}
@@ -152,7 +152,7 @@ def test_malformed_bodies_unknown_routes_not_ready_and_upstream_refusals(tokeniz
     for raw in (b'{"model": "tiny", "messages": ', b"[1, 2]", b'{"model": NaN}', b"\xff"):
         r = c.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", raw
-    r = c.post("/v1/completions", content=b"x" * (LIMITS.max_body_bytes + 1))
+    r = c.post("/v1/completions", content=b"x" * (LIMITS.max_body_bytes + 1), headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert c.get("/v1/embeddings").status_code == 404 and "error" in c.get("/v1/embeddings").json()
     upstream.ready = False
@@ -189,3 +189,51 @@ def test_streamed_reasoning_split_equals_the_whole_however_the_text_is_cut(text)
             thought, content = thought + r, content + c
         assert (thought, content if splitter.closed else None) == whole
     assert reasoning.split("none", text) == (None, text)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "tiny", "prompt": "a\ud800b"}, "prompt"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "\udc00"}]}, "messages.0.content"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+     "messages.0.content.0.text"),
+    ({"model": "tiny", "prompt": "x", "stop": ["ok", "\ud800"]}, "stop.1"),
+    ({"model": "tiny", "prompt": "x", "temperature": 1e308}, "temperature"),
+    ({"model": "tiny", "prompt": "x", "top_p": 1e-50}, "top_p"),
+])
+def test_hostile_values_are_400s_naming_the_field(tokenizer, body, param):
+    """Lone surrogates (valid JSON, no character) and numbers that a 32-bit float turns into inf or 0."""
+    c, upstream = client(tokenizer)
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = c.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param or param in error["message"], error
+    assert not upstream.calls
+
+
+def test_deep_json_wrong_content_type_and_foreign_host_are_refused(tokenizer):
+    c, upstream = client(tokenizer)
+    deep = b"[" * 10_000 + b"]" * 10_000
+    r = c.post("/v1/completions", content=deep, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    # A web page may POST text/plain anywhere without asking (no CORS preflight): refused, JSON or not.
+    r = c.post("/v1/completions", content=json.dumps({"model": "tiny", "prompt": "x"}), headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+    # DNS rebinding: a page's own name resolved to 127.0.0.1; its requests carry that name as Host.
+    r = c.post("/v1/completions", json={"model": "tiny", "prompt": "x"}, headers={"host": "evil.example:8003"})
+    assert r.status_code == 421 and "serving.allowed_hosts" in r.json()["error"]["message"]
+    assert c.get("/v1/models", headers={"host": "localhost:8003"}).status_code == 200
+    assert not upstream.calls
+
+
+def test_a_lost_engine_makes_models_and_requests_503(tokenizer, tmp_path):
+    from trtllm_pipeline.triton import health
+
+    repo = tmp_path / "cfg" / "triton_model_repo"
+    c = TestClient(create_app(StandIn(), tokenizer, LIMITS, "tiny", repository=str(repo)), base_url="http://127.0.0.1")
+    assert c.get("/v1/models").status_code == 200
+    health.mark_lost(repo, "the tensor-parallel group of 2 processes stopped: rank 1 was killed by SIGKILL")
+    for r in (c.get("/v1/models"), c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})):
+        assert r.status_code == 503 and "killed by SIGKILL" in r.json()["error"]["message"], r.text
+    health.clear(repo)
+    assert c.get("/v1/models").status_code == 200

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import CONFIGS, REPO, free_ports, load, run_cli
+from conftest import REPO, free_ports, load, run_cli
 
 from trtllm_pipeline import serve
 from trtllm_pipeline.client import ServerError, TritonClient
@@ -222,7 +222,7 @@ def test_a_client_that_resets_mid_request_is_one_line_in_the_log(server):
     log = Path(server.log)
     start = log.stat().st_size
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
-        sock.sendall(b"POST /v2/models/ensemble/generate HTTP/1.1\r\nHost: x\r\n")  # no end of headers
+        sock.sendall(b"POST /v2/models/ensemble/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no end of headers
         time.sleep(0.2)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
     deadline = time.monotonic() + 10
@@ -328,19 +328,26 @@ LONG = {"text_input": PROMPTS[1], "max_tokens": 2000, "min_tokens": 2000, "strea
 def post_stream_then_close(port: int, path: str, body: dict, events: int) -> None:
     """POST a streamed request over a raw socket, read ``events`` SSE events, then close it: the socket's
     end of file is all the server hears."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        data = json.dumps(body).encode()
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        received = b""
-        while received.count(b"data:") < events:
-            chunk = sock.recv(65536)
-            assert chunk, received
-            received += chunk
+    open_stream(port, path, body, events).close()
 
 
-def http_stream_then_close(server, model: str):
-    post_stream_then_close(server.http_port, f"/v2/models/{model}/generate_stream", LONG, 2)
+def open_stream(port: int, path: str, body: dict, events: int) -> socket.socket:
+    """A streamed request over a raw socket, left open once ``events`` SSE events have arrived."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    received = b""
+    while received.count(b"data:") < events:
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    return sock
+
+
+def http_stream_then_close(server, model: str, request_id: str | None = None):
+    body = LONG if request_id is None else {**LONG, "id": request_id}
+    post_stream_then_close(server.http_port, f"/v2/models/{model}/generate_stream", body, 2)
 
 
 def grpc_tensors(values: dict[str, tuple[np.ndarray, str]]) -> list:
@@ -373,11 +380,13 @@ def grpc_stream_then(server, model: str, how: str):
 
 
 @pytest.mark.parametrize(("how", "model"), [("http-close", "tensorrt_llm_bls"), ("grpc-cancel", "tensorrt_llm_bls"),
-                                           ("grpc-abrupt", "tensorrt_llm_bls"), ("http-close", "ensemble")])
+                                           ("grpc-abrupt", "tensorrt_llm_bls"), ("http-close", "ensemble"),
+                                           ("http-close-own-id", "tensorrt_llm_bls"), ("http-close-own-id", "ensemble")])
 def test_a_client_that_goes_away_frees_its_slot_within_a_few_steps(server, runtime, how, model):
+    """... also a request that carries an id of its own (issue 36: those ran to their end)."""
     before = wait_idle(server)
-    if how == "http-close":
-        http_stream_then_close(server, model)
+    if how.startswith("http-close"):
+        http_stream_then_close(server, model, "client-7" if how.endswith("own-id") else None)
     else:
         grpc_stream_then(server, model, how.removeprefix("grpc-"))
     gone = time.monotonic()
@@ -540,6 +549,7 @@ def test_taken_port_detach_and_stop(built, engines_dir):
         squatter.listen()
         taken = run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), *ports, "--detach")
     assert taken.returncode == 2 and f"gRPC port {grpc}" in taken.stderr and "--grpc-port" in taken.stderr
+    repo = truncated_bytecode_in_the_repository(load(LIFECYCLE), engines_dir)
     started = run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), *ports, "--detach")
     assert started.returncode == 0, started.stderr
     assert f"http://127.0.0.1:{http}" in started.stdout and f"127.0.0.1:{metrics}/metrics" in started.stdout
@@ -553,7 +563,25 @@ def test_taken_port_detach_and_stop(built, engines_dir):
         stopped = run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), "--stop")
     assert stopped.returncode == 0 and f"pid {state.pid}" in stopped.stdout
     assert not serve.group_alive(state.pid)  # --stop returned once every process of the server had exited
+    assert repo.is_dir()  # the truncated .pyc planted there was removed before the start (the server loaded)
     assert "no server is running" in run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), "--stop").stdout
+
+
+def truncated_bytecode_in_the_repository(cfg, engines_dir) -> Path:
+    """What a disk that filled while Python wrote a .pyc leaves (it does not check that its write was whole): a
+    header that matches the source and truncated code, "marshal data too short" at every import after."""
+    import importlib.util
+
+    from trtllm_pipeline.deploy import deploy
+
+    repo = deploy(cfg, engines_dir=engines_dir).repo_dir
+    source = repo / "tensorrt_llm_bls" / "1" / "model.py"
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    cached.parent.mkdir(exist_ok=True)
+    st = source.stat()
+    header = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
+    cached.write_bytes(header + b"\xe3\x00\x00")
+    return repo
 
 
 def test_foreground_serve_stops_on_ctrl_c(built, engines_dir):
@@ -649,3 +677,144 @@ def test_the_stubs_backend_utils_run_after_the_serving_module_path_is_set(tmp_pa
     stub_like = f"import sys; sys.path.insert(0, {str(backend)!r}); import triton_python_backend_utils as u; print(u.TYPE)"
     isolated = subprocess.run([sys.executable, "-I", "-c", stub_like], env=env, capture_output=True, text=True)
     assert isolated.returncode == 0 and isolated.stdout.strip() == "from Triton: 42", isolated.stderr
+
+
+# --------------------------------------------------------------------------- hostile clients (issue 36)
+
+
+def raw_http(port: int, request: bytes, timeout: float = 30) -> bytes:
+    """One request over a raw socket (headers as given, nothing added); the answer's bytes up to the close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+            if b"\r\n\r\n" in received and b"Connection: close" not in received:
+                head, _, body = received.partition(b"\r\n\r\n")
+                length = re.search(rb"Content-Length: (\d+)", head)
+                if length and len(body) >= int(length.group(1)):
+                    break
+        return received
+
+
+HOSTILE_JSON = [
+    (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
+    (b'{"text_input": "a\\ud800b", "max_tokens": 4}', "text_input is not valid Unicode"),
+    (b'{"text_input": "hi", "max_tokens": 4, "stop_words": ["ok", "\\udc00"]}', "stop_words is not valid Unicode"),
+    (b'{"text_input": "hi", "max_tokens": 4, "temperature": 1e308}', "temperature must be 0 or from"),
+    (b'{"text_input": "hi", "max_tokens": 4, "top_p": 1e-50}', "top_p must be 0 or from"),
+]
+
+
+def test_hostile_http_requests_are_refused_and_the_server_stays_ready(server):
+    """Deep JSON, lone surrogates, numbers a 32-bit float makes inf or 0: 400s naming the field (they were 500s
+    or dropped connections). Text bodies, foreign Host names (DNS rebinding), a doubled Content-Length, a
+    streamed request on generate, Triton's admin APIs (shared-memory registration): refused. A client's own
+    id comes back as it sent it."""
+    for body, message in HOSTILE_JSON:
+        for endpoint in ("generate", "generate_stream"):
+            response = post(server, "tensorrt_llm_bls", endpoint, body)
+            assert response.status_code == 400 and message in error_of(response), (endpoint, body[:60], response.text)
+    streamed = post(server, "tensorrt_llm_bls", "generate", {"text_input": "hi", "max_tokens": 4, "stream": True})
+    assert streamed.status_code == 400 and "generate_stream" in error_of(streamed)
+    base = f"http://127.0.0.1:{server.http_port}/v2/models/tensorrt_llm_bls/generate"
+    text = requests.post(base, data=json.dumps({"text_input": "hi", "max_tokens": 4}),
+                         headers={"Content-Type": "text/plain"}, timeout=30)
+    assert text.status_code == 415 and "application/json" in text.json()["error"]
+    rebound = requests.post(base, json={"text_input": "hi", "max_tokens": 4}, headers={"Host": "evil.example:8000"},
+                            timeout=30)
+    assert rebound.status_code == 421 and "serving.allowed_hosts" in rebound.json()["error"]
+    doubled = raw_http(server.http_port, b"POST /v2/models/tensorrt_llm_bls/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: 38\r\nContent-Length: 38\r\n\r\n"
+                       b'{"text_input": "hi", "max_tokens": 4}')
+    assert doubled.startswith(b"HTTP/1.1 400") and b"Content-Length is given more than once" in doubled
+    own = requests.post(base, json={"text_input": "hi", "max_tokens": 4, "id": "my-\"id\"-1"}, timeout=60)
+    assert own.status_code == 200 and own.json()["id"] == 'my-"id"-1', own.text
+    shm = requests.post(f"http://127.0.0.1:{server.http_port}/v2/systemsharedmemory/region/r/register",
+                        json={"key": "/trtllm-probe", "offset": 0, "byte_size": 64}, timeout=30)
+    assert shm.status_code == 403
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="(?i)restricted|permission|not allowed|unavailable"):
+        grpcclient.InferenceServerClient(url(server, "grpc")).register_system_shared_memory("r", "/trtllm-probe", 64)
+    assert not Path("/dev/shm/trtllm-probe").exists()
+    assert ready(server)
+
+
+def test_slow_clients_are_shed_and_the_fronts_stay_responsive(server):
+    """Slowloris: more stalled connections than the HTTP front takes (partial headers, idle, a short body) and
+    some on the OpenAI front. The front's threads stay bounded, the stalled ones are closed at their deadline,
+    and both fronts answer afterwards."""
+    from trtllm_pipeline.openai import server as openai_server
+    from trtllm_pipeline.triton import http_front
+
+    front_pid = server.pid  # the HTTP front is the server's process; Triton is its child
+
+    def threads() -> int:
+        return int(re.search(r"Threads:\s+(\d+)", Path(f"/proc/{front_pid}/status").read_text()).group(1))
+
+    before = threads()
+    stalled = []
+    for i in range(http_front.MAX_CONNECTIONS + 40):
+        sock = socket.create_connection(("127.0.0.1", server.http_port))
+        if i % 3 == 0:
+            sock.sendall(b"POST /v2/models/tensorrt_llm_bls/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        elif i % 3 == 1:
+            sock.sendall(b"POST /v2/models/tensorrt_llm_bls/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"text")
+        stalled.append(sock)
+    on_openai = [socket.create_connection(("127.0.0.1", server.openai_port)) for _ in range(40)]
+    for sock in on_openai[::2]:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    time.sleep(1)
+    assert threads() <= before + http_front.MAX_CONNECTIONS + 10
+    time.sleep(max(http_front.READ_DEADLINE_S, openai_server.HEADER_TIMEOUT_S) + 3)
+    for sock in stalled + on_openai:
+        sock.settimeout(5)
+        try:
+            assert sock.recv(65536) is not None  # whatever it was told last, the socket is closed now
+            assert sock.recv(65536) == b""
+        except ConnectionResetError:
+            pass
+        sock.close()
+    assert ready(server) and threads() <= before + 5
+    assert requests.get(f"http://127.0.0.1:{server.openai_port}/v1/models", timeout=10).status_code == 200
+
+
+def drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(65536):
+            pass
+    except OSError:  # closed here
+        pass
+
+
+def test_a_v1_request_abandoned_while_queued_is_freed_at_once(server):
+    """Every slot busy, a /v1 request queued behind them, its client gone: it leaves the queue then, while the
+    slots are still busy (it used to stay until admitted)."""
+    before = wait_idle(server)
+    slots = load(NAME).build.max_batch_size
+    holders = [open_stream(server.http_port, "/v2/models/tensorrt_llm_bls/generate_stream", LONG, 1)
+               for _ in range(slots)]
+    for sock in holders:  # read as they come (a client that stops reading is one that went away)
+        threading.Thread(target=drain, args=(sock,), daemon=True).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.openai_port)) as sock:
+            body = json.dumps({"model": NAME, "prompt": "hi", "max_tokens": 50, "stream": True}).encode()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            deadline = time.monotonic() + 30
+            while runtime_metrics(server)["requests_active"] <= slots and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert runtime_metrics(server)["requests_active"] == slots + 1  # queued in the engine
+        deadline = time.monotonic() + 10
+        while (m := runtime_metrics(server))["requests_active"] > slots and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert m["requests_active"] == slots and m["requests_cancelled_total"] == before["requests_cancelled_total"] + 1
+    finally:
+        for sock in holders:
+            sock.close()
+    after = wait_idle(server, timeout=30)
+    assert after["requests_active"] == 0
+    assert after["generated_tokens_total"] - before["generated_tokens_total"] < slots * LONG["max_tokens"]

@@ -252,14 +252,18 @@ def test_generate_runs_one_process_per_rank_and_says_so(built, engines_dir):
 
 
 @pytest.mark.slow
-def test_served_tp2_answers_the_benchmark_and_stop_leaves_no_worker(built, engines_dir, tmp_path):
+def test_served_tp2_answers_the_benchmark_then_a_killed_worker_ends_every_request_and_readiness(
+        built, engines_dir, tmp_path):
+    """Served over two processes: the benchmark's requests; then the worker is SIGKILLed under streams through
+    every path (the BLS over HTTP and gRPC, /v1 streamed and not): each ends with the error (they used to
+    wait for ever), readiness turns 503 everywhere and new requests are 503s; stop leaves no process."""
     from trtllm_pipeline import bench, serve
 
     name = "tiny-qwen2-fp8-tp2"
     ckpt = _ckpt(built, name)
     cfg = load(name)
-    http, grpc, metrics = free_ports(3)
-    server = serve.start(cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics)
+    http, grpc, metrics, openai = free_ports(4)
+    server = serve.start(cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics, openai=openai)
     try:
         workers = _workers_of(ckpt)
         assert len(workers) == 1, "the served model (rank 0) starts its worker"
@@ -271,10 +275,80 @@ def test_served_tp2_answers_the_benchmark_and_stop_leaves_no_worker(built, engin
         (entry,) = result.data["summary"]
         assert entry["requests"] == 8 and entry["errors"] == 0 and entry["output_tokens_mean"] == 12
         assert all(r["output_tokens"] == 12 and len(r["token_times_ms"]) == 12 for r in result.data["requests"])
+        _kill_a_worker_under_load(server, cfg.name, workers[0])
     finally:
         serve.stop(cfg, engines_dir=engines_dir)
     assert not serve.group_alive(server.pid)
     assert _workers_of(ckpt) == [] and not any(_alive(p) for p in workers)
+
+
+def _kill_a_worker_under_load(server, model: str, worker: int) -> None:
+    import queue
+    import threading
+
+    import requests
+
+    from trtllm_pipeline.client import TritonClient
+
+    base, v1 = f"http://127.0.0.1:{server.http_port}", f"http://127.0.0.1:{server.openai_port}/v1"
+    long = {"max_tokens": 4000, "min_tokens": 4000}
+    ended: queue.Queue = queue.Queue()
+    started = threading.Barrier(5)
+
+    def http_stream(path: str, body: dict) -> None:
+        events, last = 0, b""
+        with requests.post(path, json=body, stream=True, timeout=120) as response:
+            for line in response.iter_lines():
+                if line and line != b"data: [DONE]":
+                    events, last = events + 1, line
+                    if events == 3:
+                        started.wait()
+        ended.put((path, response.status_code, last.decode()[:300], events))
+
+    def v1_whole() -> None:
+        started.wait()
+        response = requests.post(f"{v1}/completions", json={"model": model, "prompt": "hi", "max_tokens": 4000,
+                                                              "min_tokens": 4000}, timeout=120)
+        ended.put(("v1 whole", response.status_code, response.text[:300], 0))
+
+    def grpc_stream() -> None:
+        pieces = 0
+        try:
+            with TritonClient(f"127.0.0.1:{server.grpc_port}", "grpc", timeout_s=120) as client:
+                for _ in client.stream_tokens("hello", threading.Event(), **long):
+                    pieces += 1
+                    if pieces == 3:
+                        started.wait()
+            ended.put(("grpc", None, "no error", pieces))
+        except Exception as exc:
+            ended.put(("grpc", None, str(exc)[:300], pieces))
+
+    threads = [threading.Thread(target=http_stream, args=(f"{base}/v2/models/tensorrt_llm_bls/generate_stream",
+                                                         {"text_input": "hello", "stream": True, **long})),
+               threading.Thread(target=http_stream, args=(f"{v1}/completions", {"model": model, "prompt": "hi",
+                                                                                 "stream": True, **long})),
+               threading.Thread(target=v1_whole), threading.Thread(target=grpc_stream)]
+    for t in threads:
+        t.daemon = True  # a test that fails must not hang the session on them
+    for t in threads:
+        t.start()
+    started.wait(timeout=120)  # every stream has its first tokens (the whole one is under way)
+    os.kill(worker, signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=60)
+    results = [ended.get_nowait() for _ in range(ended.qsize())]
+    assert len(results) == 4, results  # each ended (none waits for ever)
+    for where, status, last, _ in results:
+        assert "killed by SIGKILL" in last, (where, status, last)
+    assert {where: status for where, status, _, _ in results}["v1 whole"] == 503
+    for path in ("/v2/health/ready", "/v2/models/tensorrt_llm_bls/ready", "/v2/models/ensemble/ready"):
+        assert requests.get(base + path, timeout=10).status_code == 503, path
+    assert requests.get(f"{v1}/models", timeout=10).status_code == 503
+    r = requests.post(f"{base}/v2/models/tensorrt_llm_bls/generate", json={"text_input": "hi", "max_tokens": 2},
+                      timeout=30)
+    assert r.status_code == 503 and "killed by SIGKILL" in r.json()["error"]
+    r = requests.post(f"{v1}/completions", json={"model": model, "prompt": "hi", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready"
 
 
 def test_generate_refuses_a_runtime_the_engine_was_not_built_for(built, engines_dir):

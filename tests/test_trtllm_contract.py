@@ -275,6 +275,11 @@ def test_tp4_launch_has_one_segment_per_rank():
         assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(seg)
         explicit = {"--model-control-mode=explicit", "--load-model=tensorrt_llm"} <= set(seg)
         assert explicit == (rank > 0)
+    # Triton's admin APIs (shared memory, model loading, trace, logging) closed on every rank, with one key.
+    restricted = {tuple(t for t in seg if "restricted" in t) for seg in segments}
+    assert len(restricted) == 1 and len(next(iter(restricted))) == 2
+    assert all(t.split("=", 1)[1].startswith("shared-memory,model-repository,trace,logging:trtllm-pipeline-admin=")
+               for t in next(iter(restricted)))
 
 
 def test_tp1_launch_needs_no_mpirun():

@@ -4,7 +4,7 @@ Every stage writes a directory under ``engines/<config-name>/`` and puts ``manif
 last. A directory without a manifest is never complete; it is built under a temporary name and
 renamed into place, so an interrupted run leaves nothing a later stage could mistake for output.
 A stage is a cache hit when the manifest's ``inputs_hash`` equals the hash of its current inputs
-and every output file it lists is still there with its recorded size.
+and every output file it lists still holds what was written (``changed_outputs``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import platform
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.machine import package_version
@@ -83,6 +83,34 @@ def checkpoint_tokenizer(checkpoint_dir: Path) -> Path:
     return Path(checkpoint_dir) / "tokenizer"
 
 
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def checked_tokenizer(directory: str | os.PathLike, load: Callable[[str], Any]) -> Any:
+    """``load(directory)`` (the tokenizer loader in use), after checking its JSON files; InputError (exit 2)
+    naming the file that is empty, not JSON or does not load, instead of the loader's internal error."""
+    directory = Path(directory)
+    for name in TOKENIZER_JSON:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_bytes())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path} is damaged: {'it is empty' if path.stat().st_size == 0 else f'not JSON ({exc})'}.",
+                             fix="export the tokenizer again: re-run quantize with --force") from None
+        except OSError as exc:
+            raise InputError(f"{path} cannot be read ({exc.strerror}).") from None
+        if not isinstance(data, dict):
+            raise InputError(f"{path} is damaged: a JSON {type(data).__name__}, not a tokenizer's object.",
+                             fix="export the tokenizer again: re-run quantize with --force")
+    try:
+        return load(str(directory))
+    except Exception as exc:  # the loader's own words, with the directory it could not load
+        raise InputError(f"the tokenizer in {directory} does not load: {type(exc).__name__}: {str(exc)[:300]}",
+                         fix="export the tokenizer again: re-run quantize with --force") from None
+
+
 # --------------------------------------------------------------------------- hashing
 
 
@@ -100,13 +128,66 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def safetensors_digests(path: Path) -> tuple[str, dict[str, str]]:
+    """The file's sha256 and each tensor's (its bytes), read once: a changed file can then be reported with
+    the tensors that changed. A file that is not a well-formed safetensors file gets the file's hash only."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        head = f.read(8)
+        digest.update(head)
+        size = int.from_bytes(head, "little") if len(head) == 8 else -1
+        header = f.read(size) if 0 <= size <= 100 * 2**20 else b""
+        digest.update(header)
+        try:
+            entries = json.loads(header) if header else {}
+            spans = sorted((int(v["data_offsets"][0]), int(v["data_offsets"][1]), k) for k, v in entries.items()
+                           if k != "__metadata__")
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            spans = []
+        tensors, at = {}, 0
+        for start, end, name in spans:
+            if start != at or end < start:  # not laid out end to end: hash the rest as the file's only
+                break
+            part = hashlib.sha256()
+            remaining = end - start
+            while remaining > 0:
+                chunk = f.read(min(1 << 22, remaining))
+                if not chunk:
+                    break
+                part.update(chunk)
+                digest.update(chunk)
+                remaining -= len(chunk)
+            tensors[name], at = part.hexdigest(), end
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest(), tensors
+
+
+def _stat_key(st: os.stat_result) -> dict[str, int]:
+    """What the cache compares instead of reading a file again. ctime and inode too: a same-size overwrite with
+    its mtime put back (touch -d) still moves ctime, which no unprivileged process can set."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
+
+
+def _file_record(path: Path, st: os.stat_result) -> dict[str, Any]:
+    if path.suffix == ".safetensors":
+        sha, tensors = safetensors_digests(path)
+        return {**_stat_key(st), "sha256": sha, "tensors": tensors}
+    return {**_stat_key(st), "sha256": file_sha256(path)}
+
+
+def _unchanged(st: os.stat_result, record: dict[str, Any]) -> bool:
+    """The stat is as recorded (a record written before ctime and inode were kept compares size and mtime)."""
+    return all(record.get(key, value) == value for key, value in _stat_key(st).items()) and "mtime_ns" in record
+
+
 def hash_tree(
     root: Path, *, previous: dict[str, dict] | None = None, skip: tuple[str, ...] = (MANIFEST,)
 ) -> dict[str, dict]:
-    """``{relative path: {size, mtime_ns, sha256}}`` for every file below ``root``.
+    """``{relative path: {size, mtime_ns, ctime_ns, ino, sha256[, tensors]}}`` for every file below ``root``.
 
-    A file whose size and mtime match ``previous`` keeps its recorded hash instead of being read
-    again: re-hashing 15 GB of weights on every cache check would turn a cache hit into minutes.
+    A file whose size, mtime, ctime and inode match ``previous`` keeps its recorded hash instead of being
+    read again: re-hashing 15 GB of weights on every cache check would turn a cache hit into minutes.
     """
     previous = previous or {}
     records: dict[str, dict] = {}
@@ -116,12 +197,49 @@ def hash_tree(
             continue
         st = path.stat()
         old = previous.get(rel)
-        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
-            sha = old["sha256"]
-        else:
-            sha = file_sha256(path)
-        records[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+        records[rel] = dict(old) if old and _unchanged(st, old) and "sha256" in old else _file_record(path, st)
     return records
+
+
+def changed_outputs(directory: Path, manifest: dict[str, Any]) -> dict[str, str]:
+    """``{relative path: what changed}`` for the files the manifest lists whose contents are not what was written.
+
+    A file whose size, mtime, ctime and inode are as recorded is taken as unchanged (a stat, no read); any
+    other is read and its sha256 compared (about 1.5 GB/s on one core: a 15 GB checkpoint copied elsewhere
+    costs some 10 s once per check). So a same-size overwrite is caught even with its mtime restored.
+    """
+    changed = {}
+    for rel, record in (manifest.get("outputs") or {}).items():
+        path = Path(directory) / rel
+        try:
+            st = path.stat()
+        except OSError:
+            changed[rel] = "missing"
+            continue
+        if st.st_size != record.get("size"):
+            changed[rel] = f"{st.st_size} bytes, written as {record.get('size')}"
+        elif problem := content_change_if_touched(path, record, st):
+            changed[rel] = problem
+    return changed
+
+
+def content_change_if_touched(path: Path, record: dict[str, Any], st: os.stat_result | None = None) -> str | None:
+    """``content_change`` for a file whose stat is not the recorded one; None, unread, for one whose stat is."""
+    return None if _unchanged(st or path.stat(), record) else content_change(path, record)
+
+
+def content_change(path: Path, record: dict[str, Any]) -> str | None:
+    """How ``path``'s bytes differ from ``record`` (naming the tensors of a safetensors file), or None."""
+    if "tensors" in record:
+        sha, tensors = safetensors_digests(path)
+        if sha == record.get("sha256"):
+            return None
+        differ = sorted(name for name, digest in record["tensors"].items() if tensors.get(name) != digest)
+        shown = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
+        return f"tensor {shown} changed" if differ else "its header changed"
+    if record.get("sha256") is None or file_sha256(path) == record["sha256"]:
+        return None
+    return "its contents changed (same size)"
 
 
 def content_hash(records: dict[str, dict]) -> str:
@@ -220,6 +338,30 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     replace_dir(tmp, final)
 
 
+def check_room(directory: Path, need_bytes: int, what: str) -> None:
+    """InputError (exit 2), before any work, when ``directory`` cannot be written or holds less free space
+    than ``need_bytes``: a stage that would fail at its end after minutes of work says so at once."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-probe{_TMP_MARK}{os.getpid()}"
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"{directory} is not writable ({exc.strerror}); {what} writes there.",
+                         fix="choose another --engines-dir, or make this one writable") from None
+    free = shutil.disk_usage(directory).free
+    if free < need_bytes:
+        raise InputError(f"{directory} has {free / 2**20:.1f} MiB free; {what} needs about {need_bytes / 2**20:.1f} MiB.",
+                         fix="free space there, or choose another --engines-dir") from None
+
+
+def remove_bytecode(root: Path) -> None:
+    """Remove every ``__pycache__`` below ``root`` (Python compiles the sources again)."""
+    for cache in sorted(Path(root).rglob("__pycache__"), reverse=True):
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 def replace_dir(src: Path, final: Path) -> None:
     """Move ``src`` to ``final``, replacing an existing directory with two renames."""
     if final.exists() or final.is_symlink():
@@ -269,15 +411,9 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
 
 
 def outputs_intact(directory: Path, manifest: dict[str, Any]) -> bool:
-    """Every file the manifest lists exists with its recorded size (cheap; no re-hash)."""
-    for rel, rec in (manifest.get("outputs") or {}).items():
-        path = Path(directory) / rel
-        try:
-            if path.stat().st_size != rec.get("size"):
-                return False
-        except OSError:
-            return False
-    return True
+    """Every file the manifest lists holds what was written (``changed_outputs``: a stat each, a re-hash only
+    of a file whose stat changed)."""
+    return not changed_outputs(directory, manifest)
 
 
 def cached_manifest(directory: Path, inputs_hash: str) -> dict[str, Any] | None:

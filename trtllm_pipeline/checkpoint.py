@@ -32,6 +32,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trtllm_pipeline import artifacts
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.model import families
 
@@ -344,6 +345,23 @@ def complete_config(config: dict[str, Any], hf_config: dict[str, Any], *, dtype:
 # --------------------------------------------------------------------------- loading and checks
 
 
+def verify_written(ckpt_dir: Path, name: str) -> None:
+    """CheckpointError naming the file and its tensors when ``name`` no longer holds what quantize wrote (its
+    manifest's record: a stat when untouched, a re-hash of this file when its stat changed). A checkpoint
+    without a manifest (written by another tool) is taken as it is."""
+    record = ((artifacts.read_manifest(Path(ckpt_dir)) or {}).get("outputs") or {}).get(name)
+    if record is None:
+        return
+    path = Path(ckpt_dir) / name
+    try:
+        resized = path.stat().st_size != record.get("size")  # truncated or missing: the load says where
+    except OSError:
+        return
+    if not resized and (problem := artifacts.content_change_if_touched(path, record)):
+        raise CheckpointError(f"{path} changed after quantize wrote it: {problem}.",
+                              fix="re-run `trtllm-pipeline quantize -c CONFIG --force`")
+
+
 def load_rank_files(ckpt_dir: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
     """Read every ``rank{i}.safetensors`` and check names, shapes, dtypes and scales.
 
@@ -369,6 +387,7 @@ def load_rank_file(ckpt_dir: Path, config: dict[str, Any], rank: int) -> dict[st
     expected = layout.rank_shapes()
     dtypes = _expected_dtypes(layout, expected, torch)
     path = Path(ckpt_dir) / f"rank{rank}.safetensors"
+    verify_written(ckpt_dir, path.name)
     try:
         tensors = load_file(path)
     except FileNotFoundError:

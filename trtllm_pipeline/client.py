@@ -80,15 +80,16 @@ class TritonClient:
         else:
             yield from (piece for piece, _, _ in self._grpc_responses(values))
 
-    def stream_tokens(self, prompt: str, cancelled: threading.Event | None = None, **params) -> Iterator[tuple[str, int]]:
+    def stream_tokens(self, prompt: str, cancelled: threading.Event | None = None, request_id: str = "",
+                      **params) -> Iterator[tuple[str, int]]:
         """(text piece, generated tokens it carries) over gRPC: 1 for each response but a final one
         that carries text, which is the detokenizer's held-back tail (``tensorrt_llm_bls`` sends it
         after the last token), so the counts add up to the exact completion length. Setting
         ``cancelled`` (from another thread) ends the stream and cancels the request within
-        ``CANCEL_POLL_S``, even while no response arrives."""
+        ``CANCEL_POLL_S``, even while no response arrives. ``request_id``: Triton's request id."""
         if self.protocol != "grpc":
             raise InputError("token counts come from the gRPC stream only.", fix="use protocol grpc")
-        for piece, _, final in self._grpc_responses(self._values(prompt, params, stream=True), cancelled):
+        for piece, _, final in self._grpc_responses(self._values(prompt, params, stream=True), cancelled, request_id):
             yield piece, 0 if final else 1
 
     def score_choices(self, prompt: str, choice_token_ids: Sequence[int]) -> list[float]:
@@ -147,14 +148,15 @@ class TritonClient:
             tensors.append(tensor)
         return tensors
 
-    def _grpc_responses(self, values: dict[str, Any], cancelled: threading.Event | None = None
+    def _grpc_responses(self, values: dict[str, Any], cancelled: threading.Event | None = None, request_id: str = ""
                         ) -> Iterator[tuple[str, np.ndarray | None, bool]]:
         """(text, generation logits, whether it is the final response) of each response bearing text."""
         responses: queue.Queue = queue.Queue()
         self._client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
         try:
-            self._client.async_stream_infer(self.model, self._grpc_inputs(values), enable_empty_final_response=True)
+            self._client.async_stream_infer(self.model, self._grpc_inputs(values), request_id=request_id,
+                                            enable_empty_final_response=True)
             while True:
                 deadline = time.monotonic() + self.timeout_s
                 while True:

@@ -9,6 +9,7 @@ and reads only the sections it needs. Errors name the file, the field and the fi
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import reprlib
@@ -332,6 +333,13 @@ class RuntimeSection(_Section):
         "cannot stall the requests already decoding")
     kernel_cache_dir: str | None = Field(
         None, description="where Triton keeps compiled kernels between runs (TRITON_CACHE_DIR); default ~/.triton")
+
+    @field_validator("kernel_cache_dir")
+    @classmethod
+    def _usable_path(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or "\0" in value):
+            raise ValueError("must be a directory path (not empty, no NUL character)")
+        return value
     tp_mode: Literal[TP_MODES] = Field(  # type: ignore[valid-type]
         "auto", description="torch runtime with a tp>1 checkpoint: distributed = one process per rank, each loading "
         "only its rank file (gloo on CPU, NCCL with one GPU per rank); merged = every shard reassembled in one process; "
@@ -339,7 +347,11 @@ class RuntimeSection(_Section):
 
 
 class ServingSection(_Section):
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="the address every endpoint binds: an IP address or a host name")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host header values the HTTP and OpenAI fronts accept besides the bound "
+        "address, localhost and the loopback addresses (a name clients use for this machine); any other Host is "
+        "refused (DNS rebinding)")
     http_port: int = Field(8000, ge=1, le=65535)
     grpc_port: int = Field(8001, ge=1, le=65535)
     metrics_port: int = Field(8002, ge=1, le=65535)
@@ -364,6 +376,35 @@ class ServingSection(_Section):
     openai_reasoning_parser: Literal["none", "deepseek_r1"] = Field(
         "none", description="deepseek_r1: the text before </think> is returned as reasoning_content (vLLM's "
         "reasoning parser); none: all of it is content")
+
+    @field_validator("host")
+    @classmethod
+    def _bindable_host(cls, value: str) -> str:
+        if not is_host(value):
+            raise ValueError(f"{value!r} is not an IP address or a host name (127.0.0.1 serves this machine only, "
+                             "0.0.0.0 every interface)")
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: list[str]) -> list[str]:
+        if bad := [h for h in value if not is_host(h)]:
+            raise ValueError(f"{bad[0]!r} is not an IP address or a host name")
+        return value
+
+
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def is_host(text: str) -> bool:
+    """Whether ``text`` is an IP address or an RFC 1123 host name (what a server can bind, a Host header names)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    name = text[:-1] if text.endswith(".") else text
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.match(label) for label in name.split("."))
 
 
 class EvaluationSection(_Section):
@@ -486,6 +527,9 @@ def load_yaml(path: str | os.PathLike, what: str = "config") -> Any:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}: not valid YAML{where}: {reprlib.repr(problem)[1:-1] if len(problem) > 200 else problem}.",
                           fix="correct the YAML syntax") from None
+    except RecursionError:  # thousands of nested [ or {: PyYAML's composer recurses per level
+        raise ConfigError(f"{path}: the YAML is nested too deeply to be a {what} file.",
+                          fix="a build config is a few levels deep; start from one of build_configs/*.yaml") from None
     if _count_values(data, MAX_YAML_VALUES) > MAX_YAML_VALUES:
         raise ConfigError(f"{path}: the YAML expands to more than {MAX_YAML_VALUES} values (anchors and aliases); "
                           f"a {what} file is far smaller.", fix="write the values out instead of nesting aliases")
@@ -555,6 +599,9 @@ def static_problems(cfg: BuildConfig) -> list[str]:
         )
     if cfg.parallelism.pp != 1:
         out.append("parallelism.pp: only pipeline parallel size 1 is supported. Fix: set pp: 1 and use tp.")
+    if (sizes := cfg.runtime.graph_batch_sizes) and (over := [n for n in sizes if n > b.max_batch_size]):
+        out.append(f"runtime.graph_batch_sizes: {over} exceed build.max_batch_size ({b.max_batch_size}); no batch that "
+                   "large ever runs. Fix: remove them or raise build.max_batch_size.")
     if cfg.serving.max_batch_size > b.max_batch_size:
         out.append(
             f"serving.max_batch_size ({cfg.serving.max_batch_size}) exceeds build.max_batch_size "

@@ -4,6 +4,7 @@ the one mapping from an error to its message and exit code (the CLI's, which the
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import sys
@@ -12,7 +13,7 @@ from typing import Iterator
 
 import click
 
-from trtllm_pipeline.errors import EXIT_FAILED, PipelineError
+from trtllm_pipeline.errors import EXIT_FAILED, EXIT_UNAVAILABLE, PipelineError
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by Ctrl-C
 
@@ -40,6 +41,11 @@ class _Formatter(logging.Formatter):
         return msg
 
 
+DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+               errno.EROFS: "the file system is read-only", errno.EACCES: "no permission",
+               errno.EFBIG: "a file would exceed the file size limit"}
+
+
 def exit_status(exc: BaseException) -> int:
     """Say what stopped a command, in one paragraph on stderr, and return its exit code.
 
@@ -52,6 +58,13 @@ def exit_status(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         return EXIT_INTERRUPTED
+    if "No space left on device" in str(exc) and not isinstance(exc, OSError):  # safetensors' writer, in words
+        exc = OSError(errno.ENOSPC, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:  # the machine's state, not a bug: say which file
+        where = f" writing {exc.filename}" if exc.filename else ""
+        click.echo(f"error: {DISK_ERRORS[exc.errno]}{where} ({exc.strerror}); a stage's unfinished output is removed, not kept.\n"
+                   "Fix: free space or choose another --engines-dir, then run the command again", err=True)
+        return EXIT_UNAVAILABLE
     if log.isEnabledFor(logging.DEBUG):
         raise exc
     click.echo(f"internal error: {type(exc).__name__}: {exc}\n(re-run with -v for the traceback)", err=True)

@@ -123,7 +123,7 @@ def special_ids(cfg: BuildConfig, tokenizer_dir: Path) -> tuple[int, int, str, i
     R1-distill tokenizers name EOS as their pad token anyway).
     """
     if (tokenizer_dir / "tokenizer_config.json").is_file():
-        tokenizer = Tokenizer(tokenizer_dir)  # as the served models load it
+        tokenizer = artifacts.checked_tokenizer(tokenizer_dir, Tokenizer)  # as the served models load it
         end = tokenizer.eos_token_id
         return (end, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end, "tokenizer",
                 longest_token_bytes(tokenizer))

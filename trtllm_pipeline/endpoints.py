@@ -8,11 +8,13 @@ server without importing the code that runs it.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
+import secrets
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.errors import InputError
@@ -23,6 +25,73 @@ if TYPE_CHECKING:
 STATE_FILE = "server.json"
 SERVER_EXIT_TIMEOUT_S = 15  # Triton waits this long for in-flight requests when asked to stop
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # bind every interface: an address to listen on, not to connect to
+# Triton's administrative APIs: registering shared memory (the server then writes outputs into a file a
+# client names), loading and unloading models, tracing and logging settings. No client of this project uses
+# them; Triton serves them only to requests carrying a header whose value is random per server and written
+# nowhere but the server's argument list.
+RESTRICTED_APIS = ("shared-memory", "model-repository", "trace", "logging")
+ADMIN_HEADER = "trtllm-pipeline-admin"
+
+
+BODY_TYPES = ("application/json", "application/octet-stream")  # octet-stream: Triton's binary tensors
+
+
+def header_problem(method: str, headers: Iterable[tuple[str, str]], allowed_hosts: set[str] | frozenset[str]
+                   ) -> tuple[str, int] | None:
+    """(message, HTTP status) when a request to an HTTP front must be refused on its headers alone, else None.
+
+    A Host that is not this server's: DNS rebinding, a web page whose own name was made to resolve to this
+    machine. A body that is not JSON: a web page may send text/plain or form bodies to any address without
+    asking the server, while a JSON body needs the browser's preflight, which these servers never grant. A
+    Content-Length given twice, or beside a Transfer-Encoding: request smuggling.
+    """
+    seen: dict[str, list[str]] = {}
+    for key, value in headers:
+        seen.setdefault(key.lower(), []).append(value)
+    host, length, encoding = seen.get("host", []), seen.get("content-length", []), seen.get("transfer-encoding", [])
+    if len(host) > 1:
+        return "Host is given more than once", 400
+    if host and not host_allowed(host[0], allowed_hosts):
+        return (f"Host {host[0][:100]!r} does not name this server; use its address (or add the name to "
+                "serving.allowed_hosts)", 421)
+    if len(length) > 1:
+        return "Content-Length is given more than once", 400
+    if length and encoding:
+        return "a request has a Content-Length or a Transfer-Encoding, not both", 400
+    sends_body = method.upper() in ("POST", "PUT", "PATCH") and (encoding or (length and length[0].strip() != "0"))
+    kind = (seen.get("content-type") or [""])[0].split(";")[0].strip().lower()
+    # tritonclient.http's infer sends binary tensors with no Content-Type but a header of Triton's own, which a
+    # web page cannot add without the preflight either.
+    if sends_body and kind not in BODY_TYPES and not (not kind and "inference-header-content-length" in seen):
+        return f"a request body must be JSON (Content-Type: application/json), got {kind or 'no Content-Type'}", 415
+    return None
+
+
+def allowed_host_names(bound: str, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The Host names a front accepts besides IP addresses: the address it binds, localhost, serving.allowed_hosts."""
+    return frozenset(h.lower().rstrip(".") for h in (bound, "localhost", *extra))
+
+
+def host_allowed(header: str, allowed: set[str] | frozenset[str]) -> bool:
+    """Whether a request's Host header names this server: an IP address (which no DNS rebinding can give),
+    or a name in ``allowed`` (lower case: the bound host, localhost, serving.allowed_hosts)."""
+    host = header.strip()
+    if host.startswith("["):  # [::1]:8000
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return host.lower().rstrip(".") in allowed
+
+
+def restricted_api_flags() -> list[str]:
+    """tritonserver (2.31+) flags that close ``RESTRICTED_APIS`` over HTTP and gRPC to every client."""
+    value = f"{ADMIN_HEADER}={secrets.token_hex(16)}"
+    apis = ",".join(RESTRICTED_APIS)
+    return [f"--http-restricted-api={apis}:{value}", f"--grpc-restricted-protocol={apis}:{value}"]
 
 
 def client_host(host: str) -> str:

@@ -123,6 +123,6 @@ def stream_served(prompt: str, *, url: str, protocol: str = "grpc", cfg: BuildCo
         if not tokenizer_dir.is_dir():
             raise InputError(f"{tokenizer_dir} does not exist, so the chat template cannot be applied here.",
                              fix="pass --raw to send the prompt as it is, or point --engines-dir at the build")
-        text = served_prompt(Tokenizer(tokenizer_dir), prompt, system)
+        text = served_prompt(artifacts.checked_tokenizer(tokenizer_dir, Tokenizer), prompt, system)
     with connect(url, protocol) as client:
         yield from client.stream(text, **params)

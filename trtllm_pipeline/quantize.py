@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import errno
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -167,13 +169,21 @@ def _report_damage(ckpt_dir: Path, manifest: dict[str, Any]) -> None:
 
     Re-quantizing silently would hide a failing disk or a bad copy; name what is wrong instead.
     """
-    checkpoint.load_rank_files(ckpt_dir, checkpoint.read_config(ckpt_dir))  # raises, naming file and tensor
-    changed = [rel for rel, rec in manifest["outputs"].items()
-               if not (ckpt_dir / rel).is_file() or (ckpt_dir / rel).stat().st_size != rec["size"]]
+    changed = artifacts.changed_outputs(ckpt_dir, manifest)
+    if any("written as" in problem or problem == "missing" for problem in changed.values()):
+        checkpoint.load_rank_files(ckpt_dir, checkpoint.read_config(ckpt_dir))  # a truncated file: file and tensor
     raise checkpoint.CheckpointError(
-        f"{ckpt_dir}: {', '.join(changed)} changed after quantize wrote the checkpoint (size differs from its manifest).",
+        f"{ckpt_dir} changed after quantize wrote it: "
+        + "; ".join(f"{rel}: {problem}" for rel, problem in changed.items()) + ".",
         fix="re-run `trtllm-pipeline quantize -c CONFIG --force`",
     )
+
+
+def _raise_if_disk_full(exc: Exception, out: Path) -> None:
+    """An export that failed because the disk filled is the disk's problem (exit 3), not ModelOpt's: safetensors'
+    writer says so in words, not as an OSError."""
+    if "No space left on device" in str(exc):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out)) from None
 
 
 def _run(cfg, model: ResolvedModel, paths, inputs, inputs_hash) -> QuantizeResult:
@@ -184,6 +194,11 @@ def _run(cfg, model: ResolvedModel, paths, inputs, inputs_hash) -> QuantizeResul
     device = "cuda" if torch.cuda.is_available() else "cpu"
     log.info("quantize: %s -> %s (format %s, kv cache %s, tp %d, %s)", model.source, paths.checkpoint,
              q.format, q.kv_cache, cfg.parallelism.tp, device)
+    # Before loading and calibrating: the checkpoint (and its HF copy) take about the source weights' size.
+    weights = sum(rec["size"] for rel, rec in inputs["model"]["files"].items() if rel.endswith(".safetensors"))
+    copies = 2 if q.format != "none" and q.export_hf_checkpoint else 1
+    artifacts.check_room(paths.root, weights * copies, f"quantize ({cfg.name}'s checkpoint"
+                         + (" and its HF copy)" if copies == 2 else ")"))
     with clock.time("load_s"):
         hf_model, tokenizer = _load(model.model_dir, cfg.dtype, device)
     if q.needs_calibration:
@@ -285,6 +300,7 @@ def _export_trtllm(cfg: BuildConfig, model, source: ResolvedModel, out: Path) ->
                                            inference_tensor_parallel=1 if reshard else tp,
                                            inference_pipeline_parallel=cfg.parallelism.pp)
     except Exception as exc:
+        _raise_if_disk_full(exc, out)
         raise StageFailed(f"quantize: ModelOpt's TensorRT-LLM export failed: {type(exc).__name__}: {exc}",
                           fix="re-run with -v for the full trace") from exc
     written = json.loads((out / "config.json").read_text())
@@ -338,6 +354,7 @@ def _export_hf(cfg: BuildConfig, model, source: ResolvedModel, out: Path) -> Non
         with quiet():
             export_hf_checkpoint(model, dtype=getattr(torch, cfg.dtype), export_dir=out)
     except Exception as exc:
+        _raise_if_disk_full(exc, out)
         raise StageFailed(f"quantize: ModelOpt's unified HF export failed: {type(exc).__name__}: {exc}",
                           fix="set quantization.export_hf_checkpoint: false to skip it") from exc
     _copy_tokenizer(source.model_dir, out)

@@ -28,15 +28,16 @@ from pathlib import Path
 from typing import Iterator
 
 from trtllm_pipeline import artifacts
-from trtllm_pipeline.config import BuildConfig
+from trtllm_pipeline.config import BuildConfig, check_against_model
 from trtllm_pipeline.deploy import deploy, deployment_backend, engine_problem
+from trtllm_pipeline.model.source import known_shape
 from trtllm_pipeline.endpoints import (SERVER_EXIT_TIMEOUT_S, STATE_FILE, Ports, Server, client_host, is_zombie,
                                       read_state, serve_state_dir)
 from trtllm_pipeline.errors import InputError, StageFailed
 from trtllm_pipeline.openai import server as openai_server
 from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.registry import backend
-from trtllm_pipeline.triton import http_front
+from trtllm_pipeline.triton import health, http_front
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ OPENAI_LOG_FILE = "openai-front.log"
 
 def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) -> list[str]:
     """What ``serve`` would run, touching nothing (the runtime of the current deployment, else auto)."""
+    if (shape := known_shape(cfg.model)) is not None:  # the checks build --dry-run makes (tp, AWQ groups)
+        check_against_model(cfg, shape)
     paths = artifacts.artifact_paths(Path(engines_dir).resolve(), cfg.name)
     ports = Ports.of(cfg, **port_args)
     deployed = artifacts.read_manifest(paths.triton_repo)
@@ -59,7 +62,7 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) 
     cmd, _ = chosen.server_command(cfg, paths.triton_repo, inner, paths.serve_state)
     if cfg.serving.http_front:
         limits = (deployed or {}).get("limits") or {"from": "the deployment"}
-        cmd = http_front.command(ports.host, ports.http, 0, limits, paths.triton_repo, cmd)
+        cmd = http_front.command(ports.host, ports.http, 0, limits, paths.triton_repo, cmd, cfg.serving.allowed_hosts)
     lines = [f"runtime: {chosen.name} ({reason})", f"model repository: {paths.triton_repo}"]
     if cfg.serving.http_front:
         lines.append(f"HTTP front on {ports.host}:{ports.http}: validates generate requests, Triton's HTTP endpoint "
@@ -87,7 +90,8 @@ def openai_command(cfg: BuildConfig, paths: artifacts.ArtifactPaths, ports: Port
     """The OpenAI front's argument list: it reaches Triton's gRPC endpoint where a local client does."""
     return openai_server.command(host=ports.host, port=ports.openai, grpc_url=f"{client_host(ports.host)}:{ports.grpc}",
                                  tokenizer_dir=paths.tokenizer, limits=limits, model_id=cfg.name,
-                                 aliases=[cfg.model.source], reasoning_parser=cfg.serving.openai_reasoning_parser)
+                                 aliases=[cfg.model.source], reasoning_parser=cfg.serving.openai_reasoning_parser,
+                                 repository=paths.triton_repo, allowed_hosts=cfg.serving.allowed_hosts)
 
 
 def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels: str | Path | None = None,
@@ -115,13 +119,19 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels:
     state_dir = paths.serve_state
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / STOP_FILE).unlink(missing_ok=True)
+    health.clear(deployment.repo_dir)  # a lost engine of an earlier server says nothing about this one
     served = backend(deployment.runtime)
     inner = ports.behind_front(http_front.free_loopback_port()) if cfg.serving.http_front else ports
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
     served.prepare_server(cfg, cmd, env, state_dir, wheels=Path(stub_wheels) if stub_wheels else None)
+    # The Python models' bytecode, removed before each start. Python writes a .pyc without checking that the write
+    # was whole: on a full disk a truncated one stays ("marshal data too short") and broke every later serve of
+    # this repository, even after space was freed. (The Python-backend stub ignores PYTHONDONTWRITEBYTECODE.)
+    for cache in (deployment.repo_dir, state_dir / "backends"):
+        artifacts.remove_bytecode(cache)
     if cfg.serving.http_front:  # the front holds the HTTP port and runs the server as its child
         cmd = http_front.command(ports.host, ports.http, inner.http, deployment.manifest["limits"],
-                                 deployment.repo_dir, cmd)
+                                 deployment.repo_dir, cmd, cfg.serving.allowed_hosts)
     log_path = state_dir / LOG_FILE
     launched = time.monotonic()
     with open(log_path, "wb") as log_file:

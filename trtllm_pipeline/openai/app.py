@@ -17,19 +17,24 @@ import contextlib
 import json
 import threading
 import time
-from typing import Any, AsyncIterator
+import uuid
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from trtllm_pipeline.endpoints import allowed_host_names, header_problem
 from trtllm_pipeline.openai import protocol, reasoning
 from trtllm_pipeline.openai.page import add_chat_page
 from trtllm_pipeline.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from trtllm_pipeline.openai.translate import Prepared, finish_reason, prepare
-from trtllm_pipeline.triton.contract import RequestLimits
+from trtllm_pipeline.triton import health as engine_health
+from trtllm_pipeline.triton import stops
+from trtllm_pipeline.triton.contract import STOP_ID_PREFIX, RequestLimits
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+BODY_TIMEOUT_S = 20.0  # a body trickled in slower than this is a slow client's (408), not a request
 
 
 def _reject_constant(name: str):
@@ -37,11 +42,18 @@ def _reject_constant(name: str):
 
 
 def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, aliases: tuple[str, ...] = (),
-               reasoning_parser: str = "none") -> FastAPI:
-    """``upstream``: what streams (text, tokens) for a prompt (``upstream.Upstream``, or a stand-in in tests)."""
+               reasoning_parser: str = "none", repository: str | None = None,
+               allowed_hosts: frozenset[str] = allowed_host_names("127.0.0.1")) -> FastAPI:
+    """``upstream``: what streams (text, tokens) for a prompt (``upstream.Upstream``, or a stand-in in tests);
+    ``repository``: the model repository, whose engine may report itself lost (``triton.health``)."""
     app = FastAPI(title="trtllm-pipeline OpenAI front", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(_HeaderGuard, allowed_hosts=allowed_hosts)
     created = int(time.time())
     names = {model_id, *aliases}
+
+    def check_engine() -> None:
+        if repository is not None and (why := engine_health.lost(repository)) is not None:
+            raise OpenAIError(503, f"the model cannot serve: {why}", code="model_not_ready")
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError):
@@ -60,6 +72,7 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
 
     @app.get("/v1/models")
     async def models():
+        check_engine()
         return protocol.models(model_id, created)
 
     @app.post("/v1/completions")
@@ -76,18 +89,26 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
             raise OpenAIError(404, f"the model {req.model!r} does not exist here; this server serves {model_id!r}",
                               param="model", code="model_not_found")
         prepared = await asyncio.get_running_loop().run_in_executor(None, prepare, req, tokenizer, limits)
+        check_engine()
         await upstream.check_ready()
         chat = kind is ChatCompletionRequest
         request_id = protocol.new_id("chatcmpl" if chat else "cmpl")
+        # The engine request's id: the BLS passes an id of this form on to the engine model, so that a request
+        # whose client went away is stopped at once by the stop side channel, even while it waits in the engine's
+        # queue (where the gRPC cancellation, seen by the BLS at its next response, would wait for its admission).
+        engine_id = f"{STOP_ID_PREFIX}{uuid.uuid4().hex}"
+        stop = (lambda: stops.send(stops.address(repository), engine_id)) if repository is not None else None
         cancelled = threading.Event()
-        pieces = _Pieces(upstream.stream(prepared.text, prepared.inputs, cancelled), cancelled)
+        pieces = _Pieces(upstream.stream(prepared.text, prepared.inputs, cancelled, engine_id), cancelled, stop)
         try:
             async with _cancel_on_disconnect(http, pieces):
                 await pieces.first()  # an upstream refusal is answered with its status, before any 200
                 if not req.stream:
                     return await _whole(pieces, prepared, request_id, req.model, chat)
-        except BaseException:
+        except BaseException as exc:
             await pieces.aclose()
+            if isinstance(exc, OpenAIError) and exc.status == 500:
+                check_engine()  # the engine was lost under this request: 503, as for the next ones
             raise
         events = _events(pieces, prepared, request_id, req.model, chat, req.include_usage)
         return StreamingResponse(_watched(events, http, pieces), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -152,7 +173,10 @@ async def _json(request: Request, limit: int) -> Any:
     if length is not None and length.isdigit() and int(length) > limit:
         raise OpenAIError(413, f"the body is {length} bytes; requests to this server are at most {limit} bytes "
                           "(build.max_input_len allows no longer prompt)")
-    body = await request.body()
+    try:
+        body = await asyncio.wait_for(request.body(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise OpenAIError(408, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
     if len(body) > limit:
         raise OpenAIError(413, f"the body is {len(body)} bytes; at most {limit}")
     try:
@@ -161,6 +185,27 @@ async def _json(request: Request, limit: int) -> Any:
         raise OpenAIError(400, "the body is not UTF-8 JSON") from None
     except ValueError as exc:
         raise OpenAIError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # thousands of nested brackets: no request is like that
+        raise OpenAIError(400, "the body is not a request: its JSON is nested too deeply") from None
+
+
+class _HeaderGuard:
+    """``endpoints.header_problem`` for every request (a pure ASGI middleware: Starlette's BaseHTTPMiddleware
+    would hide the client's ``http.disconnect`` from the routes)."""
+
+    def __init__(self, app, allowed_hosts: frozenset[str]):
+        self.app, self.allowed_hosts = app, allowed_hosts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+            if problem := header_problem(scope["method"], headers, self.allowed_hosts):
+                message, status = problem
+                response = JSONResponse(OpenAIError(status, message).body(), status_code=status,
+                                        headers={"Connection": "close"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _sse(body: dict[str, Any]) -> bytes:
@@ -171,15 +216,17 @@ class _Pieces:
     """The upstream stream with its first item fetched ahead (``first``), iterated once; ``cancel``
     (from anywhere) ends it and cancels the Triton request."""
 
-    def __init__(self, stream: AsyncIterator[tuple[str, int]], cancelled: threading.Event):
+    def __init__(self, stream: AsyncIterator[tuple[str, int]], cancelled: threading.Event,
+                 stop: Callable[[], Any] | None = None):
         self.stream, self.cancelled, self._first, self._has_first = stream, cancelled, None, False
+        self.stop, self.finished = stop, False
 
     async def first(self) -> None:
         try:
             self._first = await self.stream.__anext__()
             self._has_first = True
         except StopAsyncIteration:
-            pass
+            self.finished = True
 
     async def __aiter__(self):
         if self._has_first:
@@ -187,8 +234,11 @@ class _Pieces:
             yield self._first
         async for item in self.stream:
             yield item
+        self.finished = True
 
     def cancel(self) -> None:
+        if not self.cancelled.is_set() and not self.finished and self.stop is not None:
+            self.stop()  # the engine drops it at its next step, queued or running
         self.cancelled.set()
 
     async def aclose(self) -> None:

@@ -41,8 +41,8 @@ class OpenAIError(Exception):
                  type: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-                             503: "service_unavailable"}.get(status, "server_error")
+        self.type = type or ("service_unavailable" if status == 503 else "invalid_request_error" if 400 <= status < 500
+                             else "server_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -124,6 +124,9 @@ def parse(model: type[_Common], data: Any) -> _Common:
     """The request, or OpenAIError(400) naming the first field that is wrong."""
     if not isinstance(data, dict):
         raise OpenAIError(400, f"the body must be a JSON object, got a {type(data).__name__}")
+    if (where := _lone_surrogate(data)) is not None:
+        raise OpenAIError(400, f"{where or 'a key'}: not valid Unicode text (a lone surrogate such as \\ud800)",
+                          param=where or None)
     try:
         request = model.model_validate(data)
     except ValidationError as exc:
@@ -134,6 +137,27 @@ def parse(model: type[_Common], data: Any) -> _Common:
     if refusal := request.refused():
         raise refusal
     return request
+
+
+def _lone_surrogate(data: Any, where: str = "") -> str | None:
+    """The path (``messages.0.content``) of the first string in ``data`` that is not encodable as UTF-8: JSON
+    lets a client send ``"\\ud800"``, which is no character and would fail the tokenizer; None when none is."""
+    stack = [(data, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(item, dict):
+            for key, value in item.items():
+                if _lone_surrogate(key) is not None:
+                    return path
+                stack.append((value, f"{path}.{key}" if path else str(key)))
+        elif isinstance(item, list):
+            stack.extend((value, f"{path}.{i}") for i, value in reversed(list(enumerate(item))))
+    return None
 
 
 # --------------------------------------------------------------------------- responses

@@ -60,10 +60,10 @@ class Upstream:
 
     # ---- streams ----------------------------------------------------------------------------------
 
-    async def stream(self, text: str, inputs: dict, cancelled: threading.Event | None = None
+    async def stream(self, text: str, inputs: dict, cancelled: threading.Event | None = None, request_id: str = ""
                      ) -> AsyncIterator[tuple[str, int]]:
         """(text piece, tokens it carries) as Triton sends them; setting ``cancelled`` or closing the
-        iterator cancels the request (the iterator then ends)."""
+        iterator cancels the request (the iterator then ends). ``request_id``: Triton's request id."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancelled = cancelled or threading.Event()
@@ -78,7 +78,7 @@ class Upstream:
             client = None
             try:
                 client = self._borrow()
-                for item in client.stream_tokens(text, cancelled, **inputs):
+                for item in client.stream_tokens(text, cancelled, request_id, **inputs):
                     put(item)
                 put(_DONE)
             except BaseException as exc:  # handed to the request, which answers with it

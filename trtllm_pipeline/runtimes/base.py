@@ -23,6 +23,10 @@ from trtllm_pipeline.errors import InputError, StageFailed
 
 INT32_MAX = 2**31 - 1
 SEED_MAX = 2**64 - 1  # TensorRT-LLM's seed is a uint64, as is torch.Generator's
+# temperature and top_p travel as 32-bit floats (Triton's TYPE_FP32): a larger value becomes inf, and a
+# smaller nonzero one 0, which for top_p means "off". Such values are refused, not silently changed.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal 32-bit float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +67,14 @@ def _real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def float32_problem(name: str, value: float) -> str | None:
+    """Why ``value`` does not survive the trip as a 32-bit float (inf, or a nonzero value that becomes 0), or None."""
+    if value != 0 and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
+        return (f"{name} must be 0 or from {FLOAT32_TINY:.7g} to {FLOAT32_MAX:.7g} in magnitude (a 32-bit float), "
+                f"got {value!r}")
+    return None
+
+
 def sampling_problem(p: SamplingParams) -> str | None:
     """What is wrong with ``p``, naming the field, or None."""
     if not _integer(p.max_tokens) or not 1 <= p.max_tokens <= INT32_MAX:
@@ -71,10 +83,14 @@ def sampling_problem(p: SamplingParams) -> str | None:
         return f"min_tokens must be an integer from 0 to max_tokens ({p.max_tokens}), got {p.min_tokens!r}"
     if not _real(p.temperature) or not math.isfinite(p.temperature) or p.temperature < 0:
         return f"temperature must be a finite number, > 0 to sample or exactly 0 for greedy, got {p.temperature!r}"
+    if problem := float32_problem("temperature", p.temperature):
+        return problem
     if not _integer(p.top_k) or not 0 <= p.top_k <= INT32_MAX:
         return f"top_k must be an integer >= 0 (0: no top-k filter), got {p.top_k!r}"
     if not _real(p.top_p) or not math.isfinite(p.top_p) or not 0 < p.top_p <= 1:
         return f"top_p must be a number in (0, 1], got {p.top_p!r}"
+    if problem := float32_problem("top_p", p.top_p):
+        return problem
     if p.seed is not None and (not _integer(p.seed) or not 0 <= p.seed <= SEED_MAX):
         return f"seed must be an integer from 0 to {SEED_MAX}, got {p.seed!r}"
     if p.end_id is not None and (not _integer(p.end_id) or not -1 <= p.end_id <= INT32_MAX):
@@ -166,6 +182,10 @@ class Runtime(abc.ABC):
 
     def close(self) -> None:
         """Release devices and worker processes."""
+
+    def unavailable(self) -> str | None:
+        """Why this runtime can run no request any more (a tensor-parallel worker died), or None while it can."""
+        return None
 
     # ---- shared on top of the interface -----------------------------------------------------
 

@@ -33,11 +33,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from trtllm_pipeline.triton import stops
+from trtllm_pipeline.endpoints import allowed_host_names, header_problem
+from trtllm_pipeline.runtimes.base import float32_problem
+from trtllm_pipeline.triton import health, stops
 from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, FRONT_MODEL, REQUIRED_INPUTS, STOP_ID_PREFIX,
                                              RequestLimits)
 
@@ -50,6 +53,17 @@ OTHER_BODY_LIMIT = 64 * 2**20  # other endpoints (infer, repository, ...) pass t
 DRAIN_LIMIT = 256 * 2**20  # a body over the limit is read and dropped up to this, so the 413 reaches its client
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length"}
+# Triton's administrative endpoints (endpoints.RESTRICTED_APIS: Triton refuses them too): not served through the
+# front at all. Registering system shared memory would let a client have the server write outputs into a file.
+ADMIN_PATH = re.compile(r"^/v2/(?:systemsharedmemory|cudasharedmemory|repository|trace|logging)(?:[/?]|$)"
+                        r"|^/v2/models/[^/?]+(?:/versions/[^/?]+)?/trace(?:[/?]|$)")
+READY_PATH = re.compile(r"^/v2/health/ready(?:\?.*)?$|^/v2/models/[^/?]+(?:/versions/[^/?]+)?/ready(?:\?.*)?$")
+# Slow clients (slowloris): every read or write on a client's socket may wait IO_TIMEOUT_S, a request's line,
+# headers and body (and the idle wait before them) READ_DEADLINE_S in all, and at most MAX_CONNECTIONS
+# connections are open at once (each holds a thread); one over that is answered 503 and closed.
+IO_TIMEOUT_S = 10.0
+READ_DEADLINE_S = 20.0
+MAX_CONNECTIONS = 512
 TRITON_GENERATE_KEYS = {"id": str, "parameters": dict}  # the generate extension's own fields
 INT32 = (-(2**31), 2**31 - 1)
 UINT64 = (0, 2**64 - 1)
@@ -76,6 +90,8 @@ def check_generate(body: bytes, limits: RequestLimits) -> dict[str, Any]:
         raise BadRequest("the body is not UTF-8 JSON") from None
     except ValueError as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # a body of thousands of nested brackets: no request is like that
+        raise BadRequest("the body is not a request: its JSON is nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the body must be a JSON object of inputs, got a {type(data).__name__}")
     types = {name: (dtype, dims) for name, dtype, dims, _ in CLIENT_INPUTS}
@@ -94,18 +110,23 @@ def check_generate(body: bytes, limits: RequestLimits) -> dict[str, Any]:
     return data
 
 
+def _streams(data: dict[str, Any]) -> bool:
+    value = data.get("stream")
+    return bool(value[0] if isinstance(value, list) and value else value)
+
+
 def _check_value(name: str, value: Any, dtype: str, dims: list[int], limits: RequestLimits) -> None:
     if dtype == "TYPE_STRING":
         if dims == [-1]:  # a list of strings (stop_words, bad_words); one string is a list of one
             words = [value] if isinstance(value, str) else value
             if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
                 raise BadRequest(f"{name} must be a string or a list of strings, got {_shown(value)}")
-            if problem := limits.words_problem(name, [w.encode() for w in words]):
+            if problem := limits.words_problem(name, [_utf8(name, w) for w in words]):
                 raise BadRequest(problem)
             return
         if not isinstance(value, str):
             raise BadRequest(f"{name} must be a string, got {_shown(value)}")
-        if problem := limits.text_problem(name, len(value.encode("utf-8", "surrogatepass"))):
+        if problem := limits.text_problem(name, len(_utf8(name, value))):
             raise BadRequest(problem)
         return
     if isinstance(value, list) and len(value) == 1:  # Triton takes [x] for a [1] input
@@ -122,6 +143,17 @@ def _check_value(name: str, value: Any, dtype: str, dims: list[int], limits: Req
     elif dtype == "TYPE_FP32":
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise BadRequest(f"{name} must be a finite number, got {_shown(value)}")
+        if problem := float32_problem(name, value):  # Triton takes it as a 32-bit float: no inf, no silent 0
+            raise BadRequest(problem)
+
+
+def _utf8(name: str, text: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (``"\\ud800"``, valid JSON but no character) is the client's error."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"{name} is not valid Unicode text: a lone surrogate {text[exc.start]!a} at character "
+                         f"{exc.start}") from None
 
 
 def _shown(value: Any) -> str:
@@ -138,10 +170,62 @@ class Front(http.server.ThreadingHTTPServer):
     request_queue_size = 1024  # the listen backlog: a burst of clients connecting at once is not reset
 
     def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], limits: RequestLimits,
-                 stop_address: str | None = None):
+                 stop_address: str | None = None, *, repository: str | None = None,
+                 allowed_hosts: tuple[str, ...] = ()):
         self.address_family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
         super().__init__(listen, Handler)
         self.upstream, self.limits, self.stop_address = upstream, limits, stop_address
+        self.repository = repository
+        self.allowed_hosts = allowed_host_names(listen[0], allowed_hosts)
+        self._lock = threading.Lock()
+        self._open = 0
+        self._deadlines: dict[socket.socket, float] = {}
+        threading.Thread(target=self._reap, name="http-front-reaper", daemon=True).start()
+
+    # ---- slow clients: a bound on connections, a deadline on reading each request ------------------
+
+    def process_request(self, request, client_address) -> None:
+        with self._lock:
+            full = self._open >= MAX_CONNECTIONS
+            self._open += not full
+        if full:
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.reading(request, False)
+            with self._lock:
+                self._open -= 1
+
+    def reading(self, connection: socket.socket, reading: bool) -> None:
+        """While ``reading``, ``connection`` is closed when READ_DEADLINE_S pass (a request trickled in)."""
+        with self._lock:
+            if reading:
+                self._deadlines[connection] = time.monotonic() + READ_DEADLINE_S
+            else:
+                self._deadlines.pop(connection, None)
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(1.0)
+            now = time.monotonic()
+            with self._lock:
+                late = [c for c, deadline in self._deadlines.items() if deadline < now]
+                for connection in late:
+                    del self._deadlines[connection]
+            for connection in late:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)  # its handler's read ends; the handler closes it
+                except OSError:
+                    pass
 
     def handle_error(self, request, client_address) -> None:
         """A client that goes away mid-request (reset, broken pipe, timeout) is ordinary for a server: one line in
@@ -159,10 +243,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # chunk written while the previous one is unacknowledged waits for its ACK, which a client may delay (up to
     # 40 ms on Linux), and goes out with the next ones.
     disable_nagle_algorithm = True
+    timeout = IO_TIMEOUT_S  # each read and write on the client's socket
     server: Front
 
     def log_message(self, format, *args):  # Triton logs requests itself; keep the log to errors
         pass
+
+    def handle_one_request(self):
+        self.server.reading(self.connection, True)  # until the body is read (``_proxy``)
+        super().handle_one_request()
 
     def do_GET(self):
         self._proxy()
@@ -175,16 +264,28 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _proxy(self, generate: str | None = None) -> None:
         limit = self.server.limits.max_body_bytes if generate else OTHER_BODY_LIMIT
-        request_id = None
+        request_id = client_id = None
+        stream = generate == "generate_stream"
         try:
+            self._check_headers()
             body = self._body(limit)
+            self.server.reading(self.connection, False)
+            if ADMIN_PATH.match(self.path):
+                raise BadRequest(f"{self.path.split('?')[0]} is not served: Triton's administrative APIs (shared "
+                                 "memory, model loading, trace and log settings) are closed to clients", 403)
+            if (why := self._engine_lost()) is not None and (generate or READY_PATH.match(self.path)):
+                raise BadRequest(f"the model cannot serve: {why}", 503)
             if generate:
                 data = check_generate(body, self.server.limits)
-                if "id" not in data:  # an id of the front's own, to stop the request by if its client goes away
-                    request_id = data["id"] = f"{STOP_ID_PREFIX}{uuid.uuid4().hex}"
-                    body = json.dumps(data).encode()
+                if generate == "generate" and _streams(data):
+                    raise BadRequest("stream: true needs the generate_stream endpoint (generate answers once)")
+                # Always an id of the front's own, to stop the request by if its client goes away; a client's
+                # own id is put back into the answers.
+                client_id = data.get("id")
+                request_id = data["id"] = f"{STOP_ID_PREFIX}{uuid.uuid4().hex}"
+                body = json.dumps(data).encode()
         except BadRequest as exc:
-            self._error(exc.status, str(exc), stream=generate == "generate_stream")
+            self._error(exc.status, str(exc), stream=stream)
             return
         try:
             upstream = http.client.HTTPConnection(*self.server.upstream)
@@ -197,14 +298,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         gone = _Gone(self.server.upstream, upstream, request_id, self.server.stop_address)
         watcher = _ClientWatcher(self.connection, gone)
+        rename = None if client_id is None else (json.dumps(request_id).encode(), json.dumps(client_id).encode())
         try:
-            self._relay(response)
+            self._relay(response, rename)
         except (OSError, http.client.HTTPException):  # the client went away mid-response
             self.close_connection = True
             gone()
         finally:
             watcher.done()
             upstream.close()
+
+    def _engine_lost(self) -> str | None:
+        return health.lost(self.server.repository) if self.server.repository else None
+
+    def _check_headers(self) -> None:
+        """``endpoints.header_problem`` refused before the body is read (the connection is then closed)."""
+        if problem := header_problem(self.command, self.headers.items(), self.server.allowed_hosts):
+            self.close_connection = True
+            raise BadRequest(*problem)
 
     def _body(self, limit: int) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -228,7 +339,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                              "(build.max_input_len allows no longer prompt)", 413)
         return self.rfile.read(length) if length else b""
 
-    def _relay(self, response: http.client.HTTPResponse) -> None:
+    def _relay(self, response: http.client.HTTPResponse, rename: tuple[bytes, bytes] | None = None) -> None:
+        """Triton's answer as it comes; ``rename``: (the front's id, the client's), put back where Triton echoes it."""
         self.send_response_only(response.status, response.reason)
         for key, value in response.getheaders():
             if key.lower() not in HOP_BY_HOP:
@@ -236,6 +348,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         length = response.getheader("Content-Length")
         if self.command == "HEAD" or response.status in (204, 304):
             self.end_headers()
+            return
+        if rename is not None:
+            self._relay_renamed(response, length, *rename)
             return
         if length is not None:
             self.send_header("Content-Length", length)
@@ -253,6 +368,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
         while chunk := response.read1(1 << 16):  # as it arrives: one server-sent event per token
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _relay_renamed(self, response: http.client.HTTPResponse, length: str | None, ours: bytes, theirs: bytes) -> None:
+        if length is not None:  # a generate answer: small, whole
+            body = response.read(int(length)).replace(ours, theirs)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        pending = b""
+        while chunk := response.read1(1 << 16):  # whole events (the id cannot straddle two), as they arrive
+            pending += chunk
+            cut = pending.rfind(b"\n\n") + 2
+            if cut > 1:
+                events, pending = pending[:cut].replace(ours, theirs), pending[cut:]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(events), events))
+                self.wfile.flush()
+        if pending:
+            pending = pending.replace(ours, theirs)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(pending), pending))
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -339,12 +477,12 @@ class _ClientWatcher:
 
 
 def command(listen_host: str, listen_port: int, upstream_port: int, limits: dict[str, int], repository: str | Path,
-            server_command: list[str]) -> list[str]:
+            server_command: list[str], allowed_hosts: list[str] = ()) -> list[str]:
     """The command that runs ``server_command`` behind the front (``serve`` launches this)."""
     host = f"[{listen_host}]" if ":" in listen_host else listen_host
     return [sys.executable, "-m", "trtllm_pipeline.triton.http_front", f"--listen={host}:{listen_port}",
             f"--upstream=127.0.0.1:{upstream_port}", f"--limits={json.dumps(limits, sort_keys=True)}",
-            f"--repository={repository}", "--", *server_command]
+            f"--repository={repository}", *(f"--allow-host={h}" for h in allowed_hosts), "--", *server_command]
 
 
 def free_loopback_port() -> int:
@@ -364,13 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, help="HOST:PORT clients connect to")
     parser.add_argument("--upstream", required=True, help="HOST:PORT of Triton's own HTTP endpoint")
     parser.add_argument("--limits", required=True, help="contract.RequestLimits as JSON")
-    parser.add_argument("--repository", default=None, help="the model repository (its stop side channel)")
+    parser.add_argument("--repository", default=None,
+                        help="the model repository (its stop side channel, the engine's health marker)")
+    parser.add_argument("--allow-host", action="append", default=[], help="a Host name accepted besides the "
+                        "listen address, localhost and IP addresses (serving.allowed_hosts)")
     parser.add_argument("command", nargs="+", help="the server command (after --)")
     args = parser.parse_args(argv)
     limits = RequestLimits(**json.loads(args.limits))
     try:
         front = Front(_address(args.listen), _address(args.upstream), limits,
-                      stops.address(args.repository) if args.repository else None)
+                      stops.address(args.repository) if args.repository else None, repository=args.repository,
+                      allowed_hosts=tuple(args.allow_host))
     except OSError as exc:
         print(f"http front: cannot listen on {args.listen}: {exc.strerror} (address already in use?)",
               file=sys.stderr, flush=True)

@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from trtllm_pipeline.errors import InputError, PipelineError
+from trtllm_pipeline.errors import InputError, PipelineError, UnavailableError
 from trtllm_pipeline.runtimes import Runtime, SamplingParams, TextStream
 from trtllm_pipeline.runtimes.engine_loop import EngineLoop
-from trtllm_pipeline.triton import stops
+from trtllm_pipeline.triton import health, stops
 from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, STOP_ID_PREFIX
 from trtllm_pipeline.triton.engine_metrics import RequestTimes, engine_metrics, outcome_of
 from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_list
@@ -134,8 +134,9 @@ class _NoMetrics:
 
 class TorchModelServer:
     def __init__(self, runtime: Runtime, pb_utils, *, exclude_input_in_output: bool, stop_address: str | None = None,
-                 model_name: str = "tensorrt_llm"):
+                 model_name: str = "tensorrt_llm", repository: str | None = None):
         self.runtime = runtime
+        self.repository, self._lost = repository, False
         self.pb = pb_utils
         try:
             self.metrics = _Metrics(pb_utils)
@@ -254,11 +255,13 @@ class TorchModelServer:
         self._admit()
         self.metrics.active(len(self._jobs) + len(self._waiting))
         self.engine.stats(self._stats())
+        self._check_lost()
 
     def idle(self) -> bool:
         return not self._waiting
 
     def on_events(self, events) -> None:
+        self._check_lost()  # before any request hears of it: the fronts then answer 503 already
         for event in events:
             self._on_event(event)
         tokens = sum(len(e.token_ids) for e in events)
@@ -279,6 +282,15 @@ class TorchModelServer:
     def _ended(self, job: _Job, outcome: str) -> None:
         for row in job.rows:
             self.engine.ended(row.times, outcome)
+
+    def _check_lost(self) -> None:
+        """Once the runtime can run nothing (a tensor-parallel worker died), say so where the fronts and the
+        BLS look (``health``): readiness turns 503 and requests waiting on this model end."""
+        if self._lost or (why := self.runtime.unavailable()) is None:
+            return
+        self._lost = True
+        if self.repository is not None:
+            health.mark_lost(self.repository, why)
 
     def _take_incoming(self, block: bool) -> None:
         try:
@@ -339,7 +351,7 @@ class TorchModelServer:
                 if not invalid:
                     log.exception("submitting a request")
                 self._fail(job.sender, getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}",
-                           invalid=isinstance(exc, InputError))
+                           invalid=isinstance(exc, InputError), unavailable=isinstance(exc, UnavailableError))
                 continue
             self.engine.admitted(sum(len(row.prompt) for row in job.rows))
             self._jobs[number] = job
@@ -380,7 +392,10 @@ class TorchModelServer:
             for row in job.rows:
                 self.runtime.cancel(row.key)
             self._jobs.pop(number, None)
-            self._fail(job.sender, f"internal error in the torch runtime, for this request only: {event.error}")
+            if (why := self.runtime.unavailable()) is not None:  # not this request's failure: the engine is gone
+                self._fail(job.sender, why, unavailable=True)
+            else:
+                self._fail(job.sender, f"internal error in the torch runtime, for this request only: {event.error}")
             return
         row = job.rows[index]
         reasons: dict = {}
@@ -446,10 +461,11 @@ class TorchModelServer:
                 self.runtime.cancel(row.key)
             self._jobs.pop(job.rows[0].key[0], None)
 
-    def _fail(self, sender, message: str, *, invalid: bool = False) -> None:
-        """An error response; ``invalid``: the request's fault (INVALID_ARG), else the server's (INTERNAL)."""
+    def _fail(self, sender, message: str, *, invalid: bool = False, unavailable: bool = False) -> None:
+        """An error response; ``invalid``: the request's fault (INVALID_ARG); ``unavailable``: the engine can run
+        nothing now (UNAVAILABLE: HTTP 503); else the server's fault (INTERNAL)."""
         error = self.pb.TritonError
-        code = getattr(error, "INVALID_ARG" if invalid else "INTERNAL", None)
+        code = getattr(error, "INVALID_ARG" if invalid else "UNAVAILABLE" if unavailable else "INTERNAL", None)
         try:
             sender.send(self.pb.InferenceResponse(output_tensors=[], error=error(message) if code is None
                                                   else error(message, code)),

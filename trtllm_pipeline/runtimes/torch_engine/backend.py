@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_pipeline import artifacts, checkpoint
-from trtllm_pipeline.endpoints import SERVER_EXIT_TIMEOUT_S
+from trtllm_pipeline.endpoints import SERVER_EXIT_TIMEOUT_S, restricted_api_flags
 from trtllm_pipeline.errors import UnavailableError
 from trtllm_pipeline.machine import gpus, tritonserver_binaries
 from trtllm_pipeline.runtimes.backend import Backend
@@ -81,7 +81,7 @@ class TorchBackend(Backend):
                f"--exit-timeout-secs={SERVER_EXIT_TIMEOUT_S}", "--pinned-memory-pool-byte-size=0",
                # deploy writes every config.pbtxt whole: completing them would start one more Python-backend
                # stub per model, importing its model.py (torch, transformers) only to be asked for nothing
-               "--disable-auto-complete-config"]
+               "--disable-auto-complete-config", *restricted_api_flags()]
         if not gpus():
             cmd.append("--allow-gpu-metrics=false")
         return cmd, env

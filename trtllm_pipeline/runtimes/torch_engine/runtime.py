@@ -167,7 +167,7 @@ class TorchRuntime(Runtime):
         from trtllm_pipeline.tokenizer import Tokenizer  # not transformers: this runs in Triton's stub too
 
         config = self.config
-        self.tokenizer = Tokenizer(tokenizer_dir)
+        self.tokenizer = artifacts.checked_tokenizer(tokenizer_dir, Tokenizer)
         self.vocab_size = int(config["vocab_size"])
         self._requests: dict[Any, _Request] = {}
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes)
@@ -258,6 +258,10 @@ class TorchRuntime(Runtime):
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (the runtime cannot run afterwards)."""
         self.executor.close()
+
+    def unavailable(self) -> str | None:
+        failure = self.executor.failure
+        return None if failure is None else f"{failure.message} ({failure.fix})"
 
     # ---- requests -------------------------------------------------------------------------------
 

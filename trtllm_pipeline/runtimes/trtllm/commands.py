@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from trtllm_pipeline.config import FP8_CONTEXT_FMHA_FORMATS
+from trtllm_pipeline.endpoints import restricted_api_flags
 from trtllm_pipeline.machine import gpus as machine_gpus
 
 if TYPE_CHECKING:
@@ -153,10 +154,11 @@ def server_launch_command(cfg: "BuildConfig", repo_dir: str | os.PathLike, trito
     model (``tensorrt_llm``), every segment names the same ports, and each rank gets its own
     Python-backend shared-memory prefix, as upstream's launcher writes them. Added here: the
     endpoints bind ``host`` (Triton's default is every interface); HTTP binds ``http_host`` when given
-    (loopback, behind ``serve``'s HTTP front).
+    (loopback, behind ``serve``'s HTTP front); Triton's admin APIs are closed (``endpoints.restricted_api_flags``).
     """
     world = cfg.parallelism.world_size
     segments = []
+    restricted = restricted_api_flags()  # one admin key for every rank's server
     for rank in range(world):
         seg = [tritonserver, f"--model-repository={repo_dir}",
                f"--http-address={http_host or host}", f"--http-port={http_port}",
@@ -164,7 +166,8 @@ def server_launch_command(cfg: "BuildConfig", repo_dir: str | os.PathLike, trito
                f"--metrics-address={host}", f"--metrics-port={metrics_port}"]
         if rank > 0:
             seg += ["--model-control-mode=explicit", f"--load-model={TRITON_MODEL}"]
-        seg += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        seg += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+                *restricted]
         segments.append(seg)
     if world == 1:
         return segments[0]

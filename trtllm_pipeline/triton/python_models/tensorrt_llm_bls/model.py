@@ -25,6 +25,7 @@ except ImportError:  # a server this project did not start (TensorRT-LLM's conta
 
 import functools
 import json
+import queue
 import threading
 import uuid
 from pathlib import Path
@@ -33,7 +34,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
-from trtllm_pipeline.triton import stops
+from trtllm_pipeline.triton import health, stops
 from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, CLIENT_INPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                                              REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
 from trtllm_pipeline.triton.tensors import RequestError, per_row, string_parameters, texts
@@ -42,8 +43,19 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "generation_logits"]
 
 
+WATCH_S = 0.1  # how often a request waiting on the engine looks whether the engine was lost (a stat)
+
+
 class Cancelled(Exception):
     """The client went away or cancelled the request."""
+
+
+class EngineError(Exception):
+    """The engine model's error response, with its Triton error code (UNAVAILABLE: the engine is lost)."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
 
 
 class TritonPythonModel:
@@ -53,7 +65,8 @@ class TritonPythonModel:
         self.engine_model = params["tensorrt_llm_model_name"]
         self.preprocessing_model = params["preprocessing_model_name"]
         self.limits = RequestLimits(**json.loads(params["limits"]))
-        self.stop_address = stops.address(Path(args["model_repository"]).parent)
+        self.repository = Path(args["model_repository"]).parent
+        self.stop_address = stops.address(self.repository)
 
     @functools.cached_property
     def tokenizer(self):
@@ -77,7 +90,8 @@ class TritonPythonModel:
             except Exception:  # the client is gone: nobody to tell
                 pass
         except Exception as exc:  # an answer for the client, whatever failed
-            code = pb_utils.TritonError.INVALID_ARG if isinstance(exc, RequestError) else pb_utils.TritonError.INTERNAL
+            code = (exc.code if isinstance(exc, EngineError) else pb_utils.TritonError.INVALID_ARG
+                    if isinstance(exc, RequestError) else pb_utils.TritonError.INTERNAL)
             try:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc), code)),
                             flags=FINAL)
@@ -110,16 +124,19 @@ class TritonPythonModel:
         logits = None
         max_tokens = int(engine["request_output_len"].reshape(-1)[0])
         flushed = False
-        # The HTTP front's id when it gave one (it stops the request by it when its client goes away), else ours.
+        # The HTTP or OpenAI front's id when it gave one (it stops the request by it when its client goes away), else ours.
         given = request.request_id() or ""
         request_id = given if given.startswith(STOP_ID_PREFIX) else f"{BLS_ID_PREFIX}{uuid.uuid4().hex}"
-        responses = self.request(self.engine_model, ENGINE_OUTPUTS, engine, request_id=request_id).exec(decoupled=True)
+        responses = self.watched(self.request(self.engine_model, ENGINE_OUTPUTS, engine,
+                                              request_id=request_id).exec(decoupled=True))
         for response in responses:
             if request.is_cancelled():
-                self.stop(request_id, responses)
+                self.stop(request_id)
+                for _ in responses:  # to the engine's final response
+                    pass
                 raise Cancelled
             if response.has_error():
-                raise ValueError(response.error().message())
+                raise EngineError(response.error().message(), _code(response.error()))
             ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
             if ids is None:  # an empty final response
                 continue
@@ -136,7 +153,9 @@ class TritonPythonModel:
                 self.send(sender, prefix + piece, logits if found is not None else None)
                 prefix = ""
             if text.stopped:  # a stop string matched: the engine need not go on
-                self.stop(request_id, responses)
+                self.stop(request_id)
+                for _ in responses:
+                    pass
         tail = "" if flushed else text.flush()
         if not streaming:
             self.send(sender, prefix + text.text, logits, final=True)
@@ -145,16 +164,42 @@ class TritonPythonModel:
         else:
             sender.send(flags=FINAL)
 
-    def stop(self, request_id, responses):
-        """Stop ``request_id`` (by datagram where the torch engine model listens, else TensorRT-LLM's
-        stop request through Triton), then read the rest of its responses (it ends with a final one)."""
+    def watched(self, responses):
+        """The engine's responses, read by a thread of their own, so that a request waiting for one ends when its
+        engine was lost (a tensor-parallel worker died: ``health``): the engine's error response was seen not to
+        reach a BLS request that had had responses already (Triton 2.51), which then waited for ever."""
+        handoff = queue.SimpleQueue()
+
+        def read():
+            try:
+                for response in responses:
+                    handoff.put(response)
+            except Exception as exc:  # handed to the request
+                handoff.put(exc)
+            handoff.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while True:
+            try:
+                item = handoff.get(timeout=WATCH_S)
+            except queue.Empty:
+                if (why := health.lost(self.repository)) is not None:
+                    raise EngineError(why, pb_utils.TritonError.UNAVAILABLE) from None
+                continue
+            if item is None:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    def stop(self, request_id):
+        """Stop ``request_id``: by datagram where the torch engine model listens, else TensorRT-LLM's stop
+        request through Triton. The request then ends with a final response (its reader sees the end)."""
         if not stops.send(self.stop_address, request_id):
             stop = {"input_ids": np.zeros((1, 1), np.int32), "input_lengths": np.ones((1, 1), np.int32),
                     "request_output_len": np.ones((1, 1), np.int32), "stop": np.array([[True]])}
             for _ in self.request(self.engine_model, ["output_ids"], stop, request_id=request_id).exec(decoupled=True):
                 pass
-        for _ in responses:
-            pass
 
     def request(self, model, outputs, tensors, request_id=""):
         return pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, request_id=request_id,
@@ -165,3 +210,11 @@ class TritonPythonModel:
         if logits is not None:
             outputs.append(pb_utils.Tensor("generation_logits", logits))
         sender.send(pb_utils.InferenceResponse(outputs), flags=FINAL if final else 0)
+
+
+def _code(error):
+    """The Triton error code of an engine's error (INTERNAL where this Python backend has no ``code()``)."""
+    try:
+        return error.code()
+    except AttributeError:
+        return pb_utils.TritonError.INTERNAL

@@ -15,7 +15,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes.registry import load_runtime
-from trtllm_pipeline.triton import stops, torch_repo
+from trtllm_pipeline.triton import health, stops, torch_repo
 from trtllm_pipeline.triton.tensors import string_parameters
 from trtllm_pipeline.triton.torch_server import TorchModelServer
 
@@ -23,13 +23,15 @@ from trtllm_pipeline.triton.torch_server import TorchModelServer
 class TritonPythonModel:
     def initialize(self, args):
         params = string_parameters(json.loads(args["model_config"]))
+        repository = Path(args["model_repository"]).parent
         cfg = torch_repo.read_build_config(Path(args["model_repository"]))
         # A GPU instance group: the GPU Triton gave this instance (the runtime compiles and captures its decode
         # graphs here, before Triton reports the model ready).
         device = {"device": f"cuda:{args['model_instance_device_id']}"} if args.get("model_instance_kind") == "GPU" else {}
+        health.clear(repository)
         self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"], **device), pb_utils,
                                        exclude_input_in_output=params["exclude_input_in_output"] == "true",
-                                       stop_address=stops.address(Path(args["model_repository"]).parent),
+                                       stop_address=stops.address(repository), repository=str(repository),
                                        model_name=cfg.name)
 
     def execute(self, requests):

@@ -1,0 +1,57 @@
+"""Whether a served engine can still run: a marker the engine model writes when it cannot, read by the fronts.
+
+Triton 2.51 has no way for a Python model to say it is no longer ready: its ``/v2/health/ready`` and
+model ready endpoints stay 200 after a tensor-parallel worker of the torch runtime died, although no
+request can run any more. So the engine model writes ``engine-lost.json`` (why, and the fix) into the
+deployment's serve directory when its runtime is lost (``Runtime.unavailable``), and the HTTP front,
+the OpenAI front and the BLS read it: readiness endpoints answer 503, new requests 503, and a BLS
+request waiting on the engine ends with the error instead of waiting for responses that will not come.
+``serve`` removes the marker before it starts a server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from trtllm_pipeline import artifacts
+
+log = logging.getLogger(__name__)
+
+MARKER = "engine-lost.json"
+
+
+def marker(repository: str | os.PathLike) -> Path:
+    """The marker of the model repository at ``repository`` (in its build's serve directory)."""
+    return artifacts.ArtifactPaths(Path(repository).resolve().parent).serve_state / MARKER
+
+
+def mark_lost(repository: str | os.PathLike, message: str) -> None:
+    """Record that the engine cannot run (best effort: a full disk must not hide the error it reports)."""
+    path = marker(repository)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        artifacts.write_json_atomic(path, {"pid": os.getpid(), "message": message})
+    except OSError as exc:
+        log.error("cannot write %s (%s): readiness will not show that the engine is lost", path, exc)
+
+
+def lost(repository: str | os.PathLike) -> str | None:
+    """Why the engine served from ``repository`` cannot run, or None while it can (one stat while it can)."""
+    try:
+        data = json.loads(marker(repository).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return "the engine model reported itself lost (its marker is unreadable)"
+    message = data.get("message") if isinstance(data, dict) else None
+    return message if isinstance(message, str) and message else "the engine model reported itself lost"
+
+
+def clear(repository: str | os.PathLike) -> None:
+    try:
+        marker(repository).unlink(missing_ok=True)
+    except OSError as exc:  # a read-only engines directory: then nothing could have written it either
+        log.warning("cannot remove %s: %s", marker(repository), exc)
