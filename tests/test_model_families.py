@@ -109,11 +109,11 @@ def test_llama_runtime_is_hfs_llama_with_its_rope_scaling(built):
         reference = quantize._load(model_dir, "float32", "cpu")[0](torch.tensor([PROMPT])).logits[0].float()
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", max_batch_size=2, max_seq_len=1024, dtype="float32")
     assert rt.engine.lm_head is rt.engine.embedding  # the tied head held once
-    ours = rt.engine.logits(rt._forward([PROMPT], [0], [0])[0])
+    ours = rt.engine.logits(rt.hidden_states(PROMPT))
     assert _rel(ours, reference) < 1e-5
     # the same weights with plain rotary: far off (the scaling is read, not ignored)
     rt.engine.cos, rt.engine.sin = rotary_tables(1024, rt.engine.head_dim, float(rt.config["rotary_base"]), "cpu")
-    assert _rel(rt.engine.logits(rt._forward([PROMPT], [0], [0])[0]), reference) > 1e-3
+    assert _rel(rt.engine.logits(rt.hidden_states(PROMPT)), reference) > 1e-3
 
 
 def test_llama_tensor_parallel_distributed_gives_the_tp1_tokens(built, engines_dir):
