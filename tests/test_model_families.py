@@ -203,7 +203,7 @@ def test_smollm2_answers_through_the_pipeline(built, engines_dir):
     rt = load_runtime(load(name), engines_dir)
     prompt = rt.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                               add_generation_prompt=True, tokenize=False)
-    out = rt.generate([rt.tokenizer(prompt, add_special_tokens=False).input_ids],
+    out = rt.generate([rt.tokenizer.encode(prompt, add_special_tokens=False)],
                       SamplingParams(max_tokens=16))[0]
     text = rt.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     rt.close()
