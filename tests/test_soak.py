@@ -30,7 +30,8 @@ def test_soak_valid_streams_beside_malformed_poison_and_disconnects(served):
     assert time.monotonic() - start < 80
 
     valid = figures["soak"]
-    assert valid["valid_requests"] >= 32 and valid["valid_lost"] == 0, valid["lost_examples"]  # each got all its tokens
+    assert valid["valid_requests"] >= 32 and valid["valid_lost"] == 0, [  # each got all its tokens
+        (v["protocol"], v["model"], v["error"]) for v in valid["lost_examples"]]
     malformed = figures["malformed"]
     assert malformed["requests"] >= 10 and malformed["refused_pct"] == 100.0, malformed["not_refused"]
     assert {"5 MB prompt", "NaN temperature", "truncated JSON"} <= set(malformed["kinds"])

@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import math
 import numbers
+import struct
 from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
 from trtllm_pipeline.errors import InputError, StageFailed
@@ -24,9 +25,10 @@ from trtllm_pipeline.errors import InputError, StageFailed
 INT32_MAX = 2**31 - 1
 SEED_MAX = 2**64 - 1  # TensorRT-LLM's seed is a uint64, as is torch.Generator's
 # temperature and top_p travel as 32-bit floats (Triton's TYPE_FP32): a larger value becomes inf, and a
-# smaller nonzero one 0, which for top_p means "off". Such values are refused, not silently changed.
+# smaller nonzero one 0, which for top_p means "off". Such values are refused, not silently changed (the
+# smallest positive 32-bit float, a denormal, is 1.4e-45: a temperature of 1e-45 is valid).
 FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal 32-bit float
+FLOAT32_SMALLEST = 1.401298464324817e-45
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +71,12 @@ def _real(value: Any) -> bool:
 
 def float32_problem(name: str, value: float) -> str | None:
     """Why ``value`` does not survive the trip as a 32-bit float (inf, or a nonzero value that becomes 0), or None."""
-    if value != 0 and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
-        return (f"{name} must be 0 or from {FLOAT32_TINY:.7g} to {FLOAT32_MAX:.7g} in magnitude (a 32-bit float), "
+    try:
+        rounded = struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        rounded = math.inf
+    if math.isinf(rounded) or (value != 0 and rounded == 0):
+        return (f"{name} must be 0 or from {FLOAT32_SMALLEST:.2g} to {FLOAT32_MAX:.3g} in magnitude (a 32-bit float), "
                 f"got {value!r}")
     return None
 
