@@ -203,7 +203,7 @@ def valid_body(rng: random.Random, asked: int, poison: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"text_input": rng.choice(PROMPTS) + f" {rng.randrange(10**6)}", "max_tokens": asked,
                             "min_tokens": asked, "stream": True}
     if poison:  # the poison: a vanishing temperature with top-k (greedy in all but name)
-        body.update(temperature=1.2e-38, top_k=5)  # the smallest normal float32: 1e-45 is refused now
+        body.update(temperature=1e-45, top_k=5)
     elif rng.random() < 0.3:
         body.update(temperature=0.8, top_k=40, top_p=0.95, random_seed=rng.randrange(2**31))
     return body

@@ -225,7 +225,7 @@ def test_poison_sampling_params_are_refused_at_submit(built, engines_dir, params
 
 def test_a_vanishing_temperature_samples_the_greedy_tokens(built, engines_dir):
     rt = _runtime(built, engines_dir, "tiny-qwen2-fp8-tp1")
-    tiny = rt.generate([PROMPT], SamplingParams(max_tokens=8, temperature=1.2e-38, top_k=5, seed=1, end_id=-1))[0]
+    tiny = rt.generate([PROMPT], SamplingParams(max_tokens=8, temperature=1e-45, top_k=5, seed=1, end_id=-1))[0]
     assert tiny.token_ids == _greedy(rt, [PROMPT], n=8)[0]
 
 
