@@ -523,7 +523,8 @@ def hf_part(new_tokens=64, ctx=512) -> dict:
         t[p + "mlp.gate.weight"] = sd[a + "mlp.up_proj.weight"]
         t[p + "mlp.proj.weight"] = sd[a + "mlp.down_proj.weight"]
     del model
-    config = {"dtype": "bfloat16", "hidden_size": SHAPE.hidden_size, "intermediate_size": SHAPE.intermediate_size,
+    config = {"architecture": "Qwen2ForCausalLM", "dtype": "bfloat16", "hidden_size": SHAPE.hidden_size,
+              "intermediate_size": SHAPE.intermediate_size,
               "num_hidden_layers": SHAPE.num_hidden_layers, "num_attention_heads": SHAPE.num_attention_heads,
               "num_key_value_heads": SHAPE.num_key_value_heads, "head_size": SHAPE.head_dim, "vocab_size": SHAPE.vocab_size,
               "norm_epsilon": SHAPE.rms_norm_eps, "rotary_base": SHAPE.rope_theta, "mapping": {"tp_size": 1},

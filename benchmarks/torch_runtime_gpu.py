@@ -65,7 +65,8 @@ def synthetic_tensors(shape, fp8: bool, device) -> tuple[dict, dict]:
     """Random tensors named and shaped as a TensorRT-LLM Qwen2 checkpoint (TP=1)."""
     h, i, hd = shape.hidden_size, shape.intermediate_size, shape.head_dim
     nq, nkv = shape.num_attention_heads, shape.num_key_value_heads
-    config = {"dtype": "bfloat16", "hidden_size": h, "intermediate_size": i, "num_hidden_layers": shape.num_hidden_layers,
+    config = {"architecture": "Qwen2ForCausalLM", "dtype": "bfloat16", "hidden_size": h, "intermediate_size": i,
+              "num_hidden_layers": shape.num_hidden_layers,
               "num_attention_heads": nq, "num_key_value_heads": nkv, "head_size": hd, "vocab_size": shape.vocab_size,
               "norm_epsilon": shape.rms_norm_eps, "rotary_base": shape.rope_theta,
               "max_position_embeddings": shape.max_position_embeddings, "mapping": {"tp_size": 1, "pp_size": 1, "world_size": 1},

@@ -261,7 +261,7 @@ class Scripted:
     async def check_ready(self):
         pass
 
-    async def stream(self, text, inputs, cancelled=None):
+    async def stream(self, text, inputs, cancelled=None, request_id=""):
         pieces = [self.text[i:i + 6] for i in range(0, len(self.text), 6)]
         for i, piece in enumerate(pieces[:inputs["max_tokens"]]):
             if self.fail is not None and i == self.fail:

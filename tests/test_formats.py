@@ -389,7 +389,7 @@ def test_each_format_is_gated_against_bf16(built, engines_dir, data_dir, tmp_pat
     assert cells[7] == f"{levels[1]['decode_ms']:.2f}" and cells[8] == f"{levels[32]['tokens_per_s']:.0f}"
     assert cells[9] == "none (CPU)"
     nvfp4 = next(line for line in table.splitlines() if line.startswith(f"| {shipped('nvfp4')} |"))
-    assert nvfp4.count("not measured") == 4  # GSM8K, ms/token, tokens/s, machine: never zeros
+    assert nvfp4.count("not measured") == 5  # GSM8K, ms/token, tokens/s, machine, fidelity: never zeros
     assert (tmp_path / "reports" / report.PLOTS["formats"]).read_bytes().startswith(b"\x89PNG")
 
 

@@ -80,7 +80,7 @@ def token_stream(tokenizer, documents: Sequence[dict], needed: int) -> list[int]
     count = 64
     while True:
         text = "\n\n".join(doc["text"] for doc in documents[:count])
-        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # longer than the model takes
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # longer than the model takes
         if len(ids) >= needed + 1 or count >= len(documents):  # +1: the cut may split the last token
             break
         count *= 2
