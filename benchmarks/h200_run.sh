@@ -40,7 +40,7 @@ if [ -f "$wheels/pytriton-server.tar.xz" ] && [ ! -d /tmp/site/pytriton ]; then
 fi
 # numpy<2 for the Python-backend stub's environment, which serve prepares (the image's numpy is 2)
 [ -d "$wheels/stub" ] && export TRTLLM_PIPELINE_STUB_WHEELS=$PWD/$wheels/stub
-export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD
+export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD PATH=/tmp/site/bin:$PATH
 export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 # NVLink multicast stays off on the device tool's machines (its KINDS.md), whatever the image sets
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -70,26 +70,18 @@ case "$part" in
     # hang dumps every thread's stack (faulthandler).
     TRITON_CACHE_DIR=/tmp/triton-cache-probe timeout -s ABRT 150 python3 -X faulthandler -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" \
       --max-tokens 16 "Hello" > "$out/inprocess-generate.txt" 2>&1 || { tail -n 60 "$out/inprocess-generate.txt"; exit 1; }
-    probe() {  # one request: a server that cannot answer shows in a minute, with the client's stack and the logs
-      timeout -s ABRT 60 python3 -X faulthandler -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" \
-        --url default --max-tokens 16 "Hello" >"$out/probe-$1.txt" 2>&1
+    probe() {  # each model in turn with a deadline (benchmarks/serve_probe.py): the one that does not answer, and the
+      # stacks of the server's processes (py-spy, and SIGUSR1 into the server's log) when one does not
+      timeout -s ABRT 240 python3 benchmarks/serve_probe.py --deadline 45 -o "$out/probe-$1.json" >"$out/probe-$1.txt" 2>&1
     }
     start_server() {  # $1: cold or warm (the kernel cache as the first start left it)
       tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-$1.txt"
       python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ready_s'])" "$state/server.json" \
         > "$out/ready-$1.txt" || true
-      if probe "$1"; then return 0; fi
-      tail -n 40 "$out/probe-$1.txt"; tail -n 30 "$state"/*.log
+      if probe "$1"; then cat "$out/probe-$1.txt"; return 0; fi
+      cat "$out/probe-$1.txt"; sleep 2; cp "$state"/*.log "$out/" 2>/dev/null || true; tail -n 80 "$state"/tritonserver.log
       tp serve -c "$c" --engines-dir "$engines" --stop || true
-      # The same build with a CPU instance group (serving is not in the build's inputs: only deploy runs again)
-      mkdir -p /tmp/cpu-instance && sed 's/^serving:/serving:\n  instance_kind: cpu/' "$c" \
-        > "/tmp/cpu-instance/$(basename "$c")" && c="/tmp/cpu-instance/$(basename "$c")"
-      echo "KIND_GPU did not answer; serving with a CPU instance group from here on" | tee "$out/instance-kind.txt"
-      tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-$1-cpu.txt"
-      python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ready_s'])" "$state/server.json" \
-        > "$out/ready-$1.txt" || true
-      probe "$1-cpu" || { tail -n 40 "$out/probe-$1-cpu.txt"; tail -n 30 "$state"/*.log; \
-        tp serve -c "$c" --engines-dir "$engines" --stop || true; exit 1; }
+      exit 1
     }
     start_server cold
     if has bench; then

@@ -84,6 +84,8 @@ class TorchBackend(Backend):
                "--disable-auto-complete-config", *restricted_api_flags()]
         if not gpus():
             cmd.append("--allow-gpu-metrics=false")
+        if verbose := os.environ.get("TRTLLM_PIPELINE_TRITON_LOG_VERBOSE", "").strip():  # diagnosis: each request logged
+            cmd.append(f"--log-verbose={int(verbose)}")
         return cmd, env
 
     def prepare_server(self, cfg: "BuildConfig", command: list[str], env: dict[str, str], state_dir: Path, *,
@@ -140,6 +142,7 @@ def write_sys_path_module(backend_dir: Path, keep_first: Path | None = None) -> 
     machine where the wheels were unpacked instead of installed, would not import in the models. The
     backend directory is on the stub's path; each model imports this module before anything else.
     The entries go first, or right after ``keep_first`` (the stub environment's numpy<2) where given.
+    It also makes SIGUSR1 dump every thread's stack to the stub's stderr, the server's log.
     """
     entries = [entry for entry in sys.path if entry]
     first = str(keep_first) if keep_first else None
@@ -147,7 +150,9 @@ def write_sys_path_module(backend_dir: Path, keep_first: Path | None = None) -> 
     with artifacts.atomic_file(path) as tmp:
         tmp.write_text(
             '"""Written by `trtllm-pipeline serve`: the module search path of the process that started '
-            'this server."""\n\nimport sys\n\n'
+            'this server."""\n\nimport faulthandler\nimport signal\nimport sys\n\n'
+            "# kill -USR1 <stub pid>: every thread's Python stack into the server's log\n"
+            "faulthandler.register(signal.SIGUSR1, all_threads=True)\n\n"
             f"_AT = sys.path.index({first!r}) + 1 if {first!r} in sys.path else 0\n"
             f"for _entry in reversed({entries!r}):\n"
             "    if _entry not in sys.path:\n"
