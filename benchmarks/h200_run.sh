@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/h200_run.sh pipeline   # random 7B FP8 + BF16: quantize (ModelOpt), build, bench --in-process
 #   bash benchmarks/h200_run.sh served     # random 7B FP8: the same build deployed, tritonserver, bench over gRPC
+#   bash benchmarks/h200_run.sh served_diag # a BLS call into a decoupled model alone, then the tiny model served
+#                                          # eagerly and probed model by model (benchmarks/serve_probe.py)
 #   bash benchmarks/h200_run.sh kernels    # benchmarks/gpu_fast_path.py: kernels, whole steps, HF transformers
 #   bash benchmarks/h200_run.sh quant      # the 4/8-bit kernels and whole steps at the 7B shape (QUANT_FORMATS)
 #   bash benchmarks/h200_run.sh quant_gemm # the 4/8-bit GEMMs at M 1..2048 (kernel table, the measured
@@ -28,7 +30,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix}
+part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -112,6 +114,18 @@ case "$part" in
     fi
     python3 benchmarks/served_table.py "$out" | tee "$out/served-table.md"
     exit $status ;;
+  served_diag)
+    # A served request that never returns, narrowed down: a BLS call into a decoupled model without this project's
+    # models (benchmarks/bls_minimal.py), then the tiny model served eagerly (no fast path) and probed model by model
+    python3 benchmarks/bls_minimal.py --deadline 20 2>&1 | tee "$out/bls-minimal.txt" || true
+    c=/tmp/diag/tiny-qwen2-bf16-tp1.yaml
+    mkdir -p /tmp/diag && sed 's/^runtime:/runtime:\n  fast_decode: false/' build_configs/tiny-qwen2-bf16-tp1.yaml > "$c"
+    tp build -c "$c" --engines-dir "$engines" && tp deploy -c "$c" --engines-dir "$engines"
+    tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-tiny.txt"
+    timeout -s ABRT 200 python3 benchmarks/serve_probe.py --deadline 30 -o "$out/probe-tiny.json" >"$out/probe-tiny.txt" 2>&1 || true
+    cat "$out/probe-tiny.txt"; sleep 1
+    cp "$engines/tiny-qwen2-bf16-tp1/serve/tritonserver.log" "$out/tritonserver-tiny.log" || true
+    tp serve -c "$c" --engines-dir "$engines" --stop || true ;;
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;
   quant)

@@ -30,14 +30,14 @@ def _input(grpc, name, array, datatype):
     return tensor
 
 
-def _stream(grpc, url, model, inputs, deadline):
+def _stream(grpc, url, model, inputs, deadline, request_id=""):
     """(responses, seconds to the first, seconds to the last) of one streamed request; TimeoutError past deadline."""
     client = grpc.InferenceServerClient(url)
     got: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     start, first, count = time.monotonic(), None, 0
     try:
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
         while True:
             left = deadline - (time.monotonic() - start)
             if left <= 0:
@@ -58,6 +58,12 @@ def _stream(grpc, url, model, inputs, deadline):
         client.close()
 
 
+def process_states() -> str:
+    """Each process's state and kernel wait channel (a stub stuck in the driver shows as D)."""
+    return subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:28,etime,args", "--cols", "220"], capture_output=True,
+                          text=True).stdout
+
+
 def dump_stacks() -> str:
     """py-spy's dump of the server and its stubs; and SIGUSR1 to each stub, which writes its threads' stacks
     into the server's log (``serving_sys_path``), for where py-spy may not attach."""
@@ -72,7 +78,11 @@ def dump_stacks() -> str:
         return "py-spy is not installed: stacks in the server's log only (SIGUSR1)"
     for pid in pids:
         cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:160]
-        dump = subprocess.run([spy, "dump", "--pid", pid, "--native"], capture_output=True, text=True, timeout=60)
+        try:
+            dump = subprocess.run([spy, "dump", "--pid", pid], capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            parts.append(f"==== pid {pid}: {cmd}\npy-spy did not return in 20 s")
+            continue
         parts.append(f"==== pid {pid}: {cmd}\n{dump.stdout}{dump.stderr}")
     return "\n".join(parts)
 
@@ -84,6 +94,9 @@ def main() -> int:
     ap.add_argument("-o", "--output", help="a JSON file for the results")
     args = ap.parse_args()
     import tritonclient.grpc as grpc
+    from tritonclient.utils import np_to_triton_dtype
+
+    from trtllm_pipeline.triton.contract import PREPROCESSING_OUTPUTS
 
     client = grpc.InferenceServerClient(args.url)
     rows = [("server ready", client.is_server_ready(), "")]
@@ -98,6 +111,7 @@ def main() -> int:
             _input(grpc, "REQUEST_OUTPUT_LEN", np.array([[8]], dtype=np.int32), "INT32")],
             client_timeout=args.deadline)
         ids = result.as_numpy("INPUT_ID")
+        pre = {engine: result.as_numpy(name) for name, engine in PREPROCESSING_OUTPUTS.items()}
         rows.append(("preprocessing infer", True, f"{ids.size} ids in {time.monotonic() - start:.2f} s"))
     except Exception as exc:
         ok = False
@@ -107,22 +121,34 @@ def main() -> int:
             _input(grpc, "input_ids", ids.astype(np.int32).reshape(1, -1), "INT32"),
             _input(grpc, "input_lengths", np.array([[ids.size]], dtype=np.int32), "INT32"),
             _input(grpc, "request_output_len", np.array([[8]], dtype=np.int32), "INT32"),
-            _input(grpc, "streaming", np.array([[True]]), "BOOL")]))
+            _input(grpc, "streaming", np.array([[True]]), "BOOL")], ""))
+        # the engine model with every input the BLS gives it (preprocessing's outputs, its flags, its request id)
+        as_bls = [_input(grpc, k, v, np_to_triton_dtype(v.dtype)) for k, v in pre.items()]
+        as_bls += [_input(grpc, "exclude_input_in_output", np.array([[True]]), "BOOL"),
+                   _input(grpc, "streaming", np.array([[True]]), "BOOL")]
+        steps.append(("tensorrt_llm as the BLS asks", "tensorrt_llm", as_bls, "bls-probe"))
     steps.append(("tensorrt_llm_bls stream", "tensorrt_llm_bls", [
         _input(grpc, "text_input", np.array([["Hello".encode()]], dtype=object), "BYTES"),
         _input(grpc, "max_tokens", np.array([[8]], dtype=np.int32), "INT32"),
-        _input(grpc, "stream", np.array([[True]]), "BOOL")]))
-    for name, model, inputs in steps:
+        _input(grpc, "stream", np.array([[True]]), "BOOL")], ""))
+    for name, model, inputs, request_id in steps:
         try:
-            count, first, last = _stream(grpc, args.url, model, inputs, args.deadline)
+            count, first, last = _stream(grpc, args.url, model, inputs, args.deadline, request_id)
             rows.append((name, True, f"{count} responses, first {first:.3f} s, last {last:.3f} s"))
         except Exception as exc:
             ok = False
             rows.append((name, False, str(exc)[:300]))
             break
+    if not ok and ids is not None:  # after a miss: is the engine model still alive?
+        try:
+            count, first, last = _stream(grpc, args.url, "tensorrt_llm", steps[0][2], args.deadline)
+            rows.append(("tensorrt_llm stream again", True, f"{count} responses, first {first:.3f} s"))
+        except Exception as exc:
+            rows.append(("tensorrt_llm stream again", False, str(exc)[:300]))
     for name, good, detail in rows:
         print(f"{'ok ' if good else 'NO '} {name:26s} {detail}")
     if not ok:
+        print(process_states())
         print(dump_stacks())
     if args.output:
         with open(args.output, "w") as f:
