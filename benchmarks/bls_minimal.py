@@ -3,7 +3,8 @@
 A repository of three tiny Python models, served by the tritonserver that `serve` uses (nvidia-pytriton's, with
 the stub environment `serve` prepares where numpy is 2):
   ``echo_cpu`` / ``echo_gpu``: decoupled, send N responses (one INT32 each) then the final flag; instance groups
-  KIND_CPU and KIND_GPU (the latter only where a GPU is);
+  KIND_CPU and KIND_GPU (the latter only where a GPU is); ``echo_torch_*``: the same with CUDA work in the stub and the
+  responses sent from a thread of the model's own, as the torch engine model does (GPU only);
   ``bls``: decoupled, calls the model named in its input with ``exec(decoupled=True)`` and forwards each response.
 Each case is asked over gRPC with a deadline; a table says which answered. Exit 0 when all did.
 
@@ -38,6 +39,37 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
+'''
+
+# As the torch engine model does: CUDA work in the stub, responses sent from a thread of the model's own.
+ECHO_TORCH = '''
+import queue
+import threading
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.x = torch.ones(1024, device="cuda")
+        self.work = queue.Queue()
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy().reshape(-1)[0])
+            self.work.put((request.get_response_sender(), n))
+        return None
+
+    def loop(self):
+        while True:
+            sender, n = self.work.get()
+            for i in range(n):
+                value = int((self.x * i).sum().item())
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
 BLS = '''
@@ -82,9 +114,11 @@ def write_repo(root: Path, gpu: bool) -> list[str]:
               "bls": (BLS, "KIND_CPU", [("TARGET", "TYPE_STRING"), ("N", "TYPE_INT32")])}
     if gpu:
         models["echo_gpu"] = (ECHO, "KIND_GPU", [("N", "TYPE_INT32")])
+        models["echo_torch_gpu"] = (ECHO_TORCH, "KIND_GPU", [("N", "TYPE_INT32")])
+        models["echo_torch_cpu"] = (ECHO_TORCH, "KIND_CPU", [("N", "TYPE_INT32")])
     for name, (code, kind, inputs) in models.items():
         (root / name / "1").mkdir(parents=True)
-        (root / name / "1" / "model.py").write_text(code)
+        (root / name / "1" / "model.py").write_text("import serving_sys_path  # noqa: F401\n" + code)
         (root / name / "config.pbtxt").write_text(_config(name, kind, inputs))
     return sorted(models)
 

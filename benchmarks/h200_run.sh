@@ -115,17 +115,24 @@ case "$part" in
     python3 benchmarks/served_table.py "$out" | tee "$out/served-table.md"
     exit $status ;;
   served_diag)
-    # A served request that never returns, narrowed down: a BLS call into a decoupled model without this project's
-    # models (benchmarks/bls_minimal.py), then the tiny model served eagerly (no fast path) and probed model by model
+    # A served request that never returns, narrowed down: BLS calls into decoupled models without this project's
+    # models (benchmarks/bls_minimal.py; one with CUDA work in its stub), then the tiny model served eagerly (no fast
+    # path) and probed model by model, on the GPU, then with no CUDA in any stub (runtime.device cpu, CPU instances)
     python3 benchmarks/bls_minimal.py --deadline 20 2>&1 | tee "$out/bls-minimal.txt" || true
-    c=/tmp/diag/tiny-qwen2-bf16-tp1.yaml
-    mkdir -p /tmp/diag && sed 's/^runtime:/runtime:\n  fast_decode: false/' build_configs/tiny-qwen2-bf16-tp1.yaml > "$c"
-    tp build -c "$c" --engines-dir "$engines" && tp deploy -c "$c" --engines-dir "$engines"
-    tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-tiny.txt"
-    timeout -s ABRT 200 python3 benchmarks/serve_probe.py --deadline 30 -o "$out/probe-tiny.json" >"$out/probe-tiny.txt" 2>&1 || true
-    cat "$out/probe-tiny.txt"; sleep 1
-    cp "$engines/tiny-qwen2-bf16-tp1/serve/tritonserver.log" "$out/tritonserver-tiny.log" || true
-    tp serve -c "$c" --engines-dir "$engines" --stop || true ;;
+    mkdir -p /tmp/diag
+    for variant in gpu cpu; do
+      c=/tmp/diag/$variant/tiny-qwen2-bf16-tp1.yaml; mkdir -p "$(dirname "$c")"
+      extra=$([ $variant = cpu ] && printf '\\n  device: cpu' || true)
+      sed "s/^runtime:/runtime:\\n  fast_decode: false$extra/; s/^serving:/serving:\\n  instance_kind: $variant/" \
+        build_configs/tiny-qwen2-bf16-tp1.yaml > "$c"
+      tp build -c "$c" --engines-dir "$engines" && tp deploy -c "$c" --engines-dir "$engines"
+      tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-tiny-$variant.txt"
+      timeout -s ABRT 200 python3 benchmarks/serve_probe.py --deadline 20 -o "$out/probe-tiny-$variant.json" \
+        >"$out/probe-tiny-$variant.txt" 2>&1 || true
+      head -n 12 "$out/probe-tiny-$variant.txt"; sleep 1
+      cp "$engines/tiny-qwen2-bf16-tp1/serve/tritonserver.log" "$out/tritonserver-tiny-$variant.log" || true
+      tp serve -c "$c" --engines-dir "$engines" --stop || true
+    done ;;
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;
   quant)

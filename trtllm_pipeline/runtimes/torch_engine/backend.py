@@ -142,7 +142,7 @@ def write_sys_path_module(backend_dir: Path, keep_first: Path | None = None) -> 
     machine where the wheels were unpacked instead of installed, would not import in the models. The
     backend directory is on the stub's path; each model imports this module before anything else.
     The entries go first, or right after ``keep_first`` (the stub environment's numpy<2) where given.
-    It also makes SIGUSR1 dump every thread's stack to the stub's stderr, the server's log.
+    A crash, or SIGUSR1, writes every thread's stack to the stub's stderr, the server's log.
     """
     entries = [entry for entry in sys.path if entry]
     first = str(keep_first) if keep_first else None
@@ -151,7 +151,9 @@ def write_sys_path_module(backend_dir: Path, keep_first: Path | None = None) -> 
         tmp.write_text(
             '"""Written by `trtllm-pipeline serve`: the module search path of the process that started '
             'this server."""\n\nimport faulthandler\nimport signal\nimport sys\n\n'
-            "# kill -USR1 <stub pid>: every thread's Python stack into the server's log\n"
+            "# A stub that crashes leaves its threads' Python stacks in the server's log; `kill -USR1 <stub pid>`\n"
+            "# writes them there too (a request that never returns)\n"
+            "faulthandler.enable(all_threads=True)\n"
             "faulthandler.register(signal.SIGUSR1, all_threads=True)\n\n"
             f"_AT = sys.path.index({first!r}) + 1 if {first!r} in sys.path else 0\n"
             f"for _entry in reversed({entries!r}):\n"
