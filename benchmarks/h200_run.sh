@@ -118,9 +118,9 @@ case "$part" in
     # A served request that never returns, narrowed down: BLS calls into decoupled models without this project's
     # models (benchmarks/bls_minimal.py; one with CUDA work in its stub), then the tiny model served eagerly (no fast
     # path) and probed model by model, on the GPU, then with no CUDA in any stub (runtime.device cpu, CPU instances)
-    python3 benchmarks/bls_minimal.py --deadline 20 2>&1 | tee "$out/bls-minimal.txt" || true
+    [ -n "${SKIP_MINIMAL:-}" ] || python3 benchmarks/bls_minimal.py --deadline 20 2>&1 | tee "$out/bls-minimal.txt" || true
     mkdir -p /tmp/diag
-    for variant in gpu cpu; do
+    for variant in ${VARIANTS:-gpu cpu}; do
       c=/tmp/diag/$variant/tiny-qwen2-bf16-tp1.yaml; mkdir -p "$(dirname "$c")"
       extra=$([ $variant = cpu ] && printf '\\n  device: cpu' || true)
       sed "s/^runtime:/runtime:\\n  fast_decode: false$extra/; s/^serving:/serving:\\n  instance_kind: $variant/" \
@@ -132,7 +132,8 @@ case "$part" in
       head -n 12 "$out/probe-tiny-$variant.txt"; sleep 1
       cp "$engines/tiny-qwen2-bf16-tp1/serve/tritonserver.log" "$out/tritonserver-tiny-$variant.log" || true
       tp serve -c "$c" --engines-dir "$engines" --stop || true
-    done ;;
+    done
+    tar -czf "$out/diag-logs.tgz" -C "$out" $(cd "$out" && ls *.log *.txt 2>/dev/null) ;;  # what comes back is 8 files
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;
   quant)
