@@ -4,7 +4,8 @@ A repository of three tiny Python models, served by the tritonserver that `serve
 the stub environment `serve` prepares where numpy is 2):
   ``echo_cpu`` / ``echo_gpu``: decoupled, send N responses (one INT32 each) then the final flag; instance groups
   KIND_CPU and KIND_GPU (the latter only where a GPU is); ``echo_torch_*``: the same with CUDA work in the stub and the
-  responses sent from a thread of the model's own, as the torch engine model does (GPU only);
+  responses sent from a thread of the model's own, as the torch engine model does (GPU only); ``echo_extra``: that,
+  sending an output besides the one the BLS asks for (the stub then prunes it: this crashed 2.51's stub);
   ``bls``: decoupled, calls the model named in its input with ``exec(decoupled=True)`` and forwards each response.
 Each case is asked over gRPC with a deadline; a table says which answered. Exit 0 when all did.
 
@@ -50,6 +51,8 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+EXTRA = False
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -68,7 +71,10 @@ class TritonPythonModel:
             sender, n = self.work.get()
             for i in range(n):
                 value = int((self.x * i).sum().item())
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+                outputs = [pb_utils.Tensor("OUT", np.array([value], np.int32))]
+                if EXTRA:  # an output the BLS did not ask for (the stub prunes it from the response)
+                    outputs.append(pb_utils.Tensor("EXTRA", np.array([b"piece"], dtype=object)))
+                sender.send(pb_utils.InferenceResponse(outputs))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
@@ -104,8 +110,9 @@ class TritonPythonModel:
 
 def _config(name: str, kind: str, inputs: list[tuple[str, str]]) -> str:
     ins = "".join(f'input [{{ name: "{n}" data_type: {t} dims: [1] }}]\n' for n, t in inputs)
+    extra = 'output [{ name: "EXTRA" data_type: TYPE_STRING dims: [1] }]\n' if "extra" in name else ""
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\nmodel_transaction_policy {{ decoupled: true }}\n'
-            f'{ins}output [{{ name: "OUT" data_type: TYPE_INT32 dims: [1] }}]\n'
+            f'{ins}output [{{ name: "OUT" data_type: TYPE_INT32 dims: [1] }}]\n{extra}'
             f'instance_group [{{ count: 1 kind: {kind} }}]\n')
 
 
@@ -116,6 +123,9 @@ def write_repo(root: Path, gpu: bool) -> list[str]:
         models["echo_gpu"] = (ECHO, "KIND_GPU", [("N", "TYPE_INT32")])
         models["echo_torch_gpu"] = (ECHO_TORCH, "KIND_GPU", [("N", "TYPE_INT32")])
         models["echo_torch_cpu"] = (ECHO_TORCH, "KIND_CPU", [("N", "TYPE_INT32")])
+    models["echo_extra"] = (ECHO_TORCH.replace("EXTRA = False", "EXTRA = True")
+                            .replace('device="cuda"', 'device="cuda" if torch.cuda.is_available() else "cpu"'),
+                            "KIND_CPU", [("N", "TYPE_INT32")])
     for name, (code, kind, inputs) in models.items():
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text("import serving_sys_path  # noqa: F401\n" + code)

@@ -71,6 +71,7 @@ class _Job:
     wants_logits: bool = False
     request: Any = None  # Triton's request: is_cancelled() and its request id
     request_id: str = ""
+    outputs: frozenset[str] = frozenset()  # the outputs the request asked for (empty: all)
 
 
 @dataclasses.dataclass
@@ -218,7 +219,8 @@ class TorchModelServer:
             rows.append(_Row((number, i), prompt, params, TextStream(self.runtime.tokenizer, params.stop_words)))
         pad_id = value["pad_id"][0] if value["pad_id"][0] is not None else self.runtime.tokenizer.eos_token_id
         return _Job(sender, rows, streaming, bool(value["exclude_input_in_output"][0]), int(pad_id),
-                    wants_logits=wants_logits, request=request, request_id=request_id)
+                    wants_logits=wants_logits, request=request, request_id=request_id,
+                    outputs=frozenset(_requested_outputs(request)))
 
     @staticmethod
     def _sampling(v: dict[str, Any], words: dict[str, tuple[str, ...]]) -> SamplingParams:
@@ -445,6 +447,8 @@ class TorchModelServer:
         ]
         if job.logits is not None:
             outputs.append(self.pb.Tensor("generation_logits", job.logits))
+        if job.outputs:  # only what was asked for: the stub's pruning of the rest crashed it (BLS requests, H200)
+            outputs = [t for t in outputs if t.name() in job.outputs]
         return self.pb.InferenceResponse(output_tensors=outputs)
 
     def _send(self, job: _Job, response, *, final: bool) -> None:
@@ -489,6 +493,16 @@ class TorchModelServer:
 
 POLL_S = 0.01
 QUEUED_POLL_S = 0.25
+
+
+def _requested_outputs(request) -> list[str]:
+    """The output names a request asked for. Sending others makes the Python-backend stub prune them from the
+    response itself, which crashed the stub (segmentation fault in ``send``, Triton 2.51's Python 3.12 stub) for
+    requests made by the BLS, which asks for three of the four outputs."""
+    try:
+        return list(request.requested_output_names())
+    except Exception:  # a Python backend without it: send everything, as before
+        return []
 
 
 def _polled(job: _Job) -> bool:
