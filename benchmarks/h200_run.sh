@@ -31,8 +31,10 @@
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
 part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix}
-out=${OUT:-results}
+out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
+# A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
+trap 'tar -czf "$out/all.tgz.part" -C "$out" --exclude=all.tgz --exclude=all.tgz.part . 2>/dev/null && mv "$out/all.tgz.part" "$out/all.tgz"' EXIT
 cd "$(dirname "$0")/.."
 wheels=${WHEELS:-.whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
@@ -133,7 +135,7 @@ case "$part" in
       cp "$engines/tiny-qwen2-bf16-tp1/serve/tritonserver.log" "$out/tritonserver-tiny-$variant.log" || true
       tp serve -c "$c" --engines-dir "$engines" --stop || true
     done
-    tar -czf "$out/diag-logs.tgz" -C "$out" $(cd "$out" && ls *.log *.txt 2>/dev/null) ;;  # what comes back is 8 files
+    ;;
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;
   quant)
