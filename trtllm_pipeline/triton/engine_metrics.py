@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,68 @@ HISTOGRAMS = {
 }
 
 
+FLUSH_S = 0.1  # how often a busy engine loop hands its metric changes to Triton
+
+
+class Buffered:
+    """A Python-backend metric whose changes wait for ``flush``: every change is an IPC round trip from the stub
+    to the server (tens of microseconds), and the engine loop would make several per step, a step being 2-3 ms
+    on an H200; batched, they cost that a few times a second."""
+
+    def __init__(self, metric):
+        self.metric = metric
+        self._lock = threading.Lock()
+        self._increment, self._value, self._observed = 0, None, []
+
+    def increment(self, value) -> None:
+        with self._lock:
+            self._increment += value
+
+    def set(self, value) -> None:
+        with self._lock:
+            self._value = value
+
+    def observe(self, value) -> None:
+        with self._lock:
+            self._observed.append(value)
+
+    def flush(self) -> None:
+        with self._lock:
+            increment, value, observed = self._increment, self._value, self._observed
+            self._increment, self._value, self._observed = 0, None, []
+        if increment:
+            self.metric.increment(increment)
+        if value is not None:
+            self.metric.set(value)
+        for v in observed:
+            self.metric.observe(v)
+
+
+class MetricBatch:
+    """The buffered metrics of one engine model, handed to Triton every ``interval_s`` or when forced (the loop
+    is idle: whoever reads ``/metrics`` then sees every change within the loop's idle wait)."""
+
+    def __init__(self, interval_s: float = FLUSH_S):
+        self.interval_s, self._last = interval_s, 0.0
+        self.metrics: list[Buffered] = []
+        self._last_ones: list[Buffered] = []
+
+    def wrap(self, metric, last: bool = False) -> Buffered:
+        """``last``: flushed after all the others (a gauge that readers wait on, e.g. requests in flight, so that
+        when they see it change every count that came before it is there too)."""
+        buffered = Buffered(metric)
+        (self._last_ones if last else self.metrics).append(buffered)
+        return buffered
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval_s:
+            return
+        self._last = now
+        for metric in [*self.metrics, *self._last_ones]:
+            metric.flush()
+
+
 @dataclasses.dataclass
 class RequestTimes:
     """One engine request's clock (monotonic seconds) and token count."""
@@ -66,16 +129,17 @@ class RequestTimes:
 
 class EngineMetrics:
     """The metric families, made once at load (a family must outlive its metrics), and the calls the
-    engine loop makes: a few IPC calls per step and per request."""
+    engine loop makes; with a ``MetricBatch`` their changes reach Triton when it flushes."""
 
-    def __init__(self, pb_utils, model_name: str):
+    def __init__(self, pb_utils, model_name: str, batch: MetricBatch | None = None):
         self.pb, self.labels = pb_utils, {"model_name": model_name}
+        self._wrap = batch.wrap if batch is not None else (lambda metric: metric)
         self._families: list = []
         self._stats: dict[str, tuple[str, object]] = {}
         self._last: dict[str, float] = {}
         self.counters = {key: self._metric("COUNTER", name, text) for key, (name, text) in COUNTERS.items()}
         self.outcomes = self._family("COUNTER", *OUTCOME)
-        self.outcome = {o: self.outcomes.Metric(labels={**self.labels, "outcome": o}) for o in OUTCOMES}
+        self.outcome = {o: self._wrap(self.outcomes.Metric(labels={**self.labels, "outcome": o})) for o in OUTCOMES}
         self.histograms = {key: self._metric("HISTOGRAM", name, text, buckets=list(buckets))
                            for key, (name, text, buckets) in HISTOGRAMS.items()}
 
@@ -85,7 +149,7 @@ class EngineMetrics:
         return family
 
     def _metric(self, kind: str, name: str, text: str, **buckets):
-        return self._family(kind, name, text).Metric(labels=self.labels, **buckets)
+        return self._wrap(self._family(kind, name, text).Metric(labels=self.labels, **buckets))
 
     # ---- per step -------------------------------------------------------------------------------
 
@@ -154,9 +218,9 @@ class NoEngineMetrics:
         times.ended = True
 
 
-def engine_metrics(pb_utils, model_name: str) -> EngineMetrics | NoEngineMetrics:
+def engine_metrics(pb_utils, model_name: str, batch: MetricBatch | None = None) -> EngineMetrics | NoEngineMetrics:
     try:
-        return EngineMetrics(pb_utils, model_name)
+        return EngineMetrics(pb_utils, model_name, batch)
     except Exception as exc:  # a Python backend without custom metrics (or without histograms)
         log.warning("no engine metrics: %s", exc)
         return NoEngineMetrics()

@@ -2,7 +2,8 @@
 
 ``execute`` only parses requests and queues them; the engine loop (``runtimes/engine_loop``, the one
 ``bench --in-process`` runs too) owns the runtime in one thread: this class is its host, admitting queued
-requests between steps and sending each request's new token as it comes. Text is made by a ``TextStream`` per request and the runtime's own event
+requests between steps and handing each request's new token to the outbox (on a GPU, a thread that sends while
+the loop runs the next step). Text is made by a ``TextStream`` per request and the runtime's own event
 handling (``Runtime.apply_event``), exactly as in-process ``generate`` makes it, so a streamed request's
 pieces concatenate to the non-streamed text.
 
@@ -34,6 +35,7 @@ import dataclasses
 import itertools
 import logging
 import queue
+import threading
 import time
 from typing import Any
 
@@ -44,7 +46,7 @@ from trtllm_pipeline.runtimes import Runtime, SamplingParams, TextStream
 from trtllm_pipeline.runtimes.engine_loop import EngineLoop
 from trtllm_pipeline.triton import health, stops
 from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, STOP_ID_PREFIX
-from trtllm_pipeline.triton.engine_metrics import RequestTimes, engine_metrics, outcome_of
+from trtllm_pipeline.triton.engine_metrics import MetricBatch, RequestTimes, engine_metrics, outcome_of
 from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_list
 
 log = logging.getLogger(__name__)
@@ -82,9 +84,76 @@ class _Stop:
     request_id: str
 
 
+@dataclasses.dataclass
+class _Gone:
+    """A response to this job could not be sent: its client went away (reported by the outbox's thread)."""
+
+    job: _Job
+
+
+class _Outbox:
+    """Sends responses in the order given, from a thread of its own where ``threaded``. Each send is a synchronous IPC round trip
+    from the stub to the server (tens of microseconds; for a batch of 64 streams, milliseconds a step): here it
+    overlaps the engine loop's next step instead of delaying it, the stub releasing the GIL while it waits. A
+    send that fails (the client is gone) comes back to the loop as ``on_gone(job)``. The loop stays at most one
+    step ahead of the sends (``mark``/``wait``): generation never outruns delivery, so a cancelled client's tokens
+    stop within a step or two and a slow path delays the engine rather than piling up responses."""
+
+    def __init__(self, on_gone, threaded: bool):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._on_gone = on_gone
+        self._sent = threading.Condition()
+        self._queued = self._done = 0
+        self._thread = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, name="torch-runtime-outbox", daemon=True)
+            self._thread.start()
+
+    def put(self, sender, response, flags: int, job: "_Job | None" = None) -> None:
+        with self._sent:
+            self._queued += 1
+        if self._thread is None:  # sent here and now
+            self._deliver(sender, response, flags, job)
+        else:
+            self._queue.put((sender, response, flags, job))
+
+    def mark(self) -> int:
+        """How many responses were queued so far (``wait(mark)`` returns once they are all sent)."""
+        with self._sent:
+            return self._queued
+
+    def wait(self, mark: int, timeout: float = 30.0) -> None:
+        with self._sent:
+            self._sent.wait_for(lambda: self._done >= mark, timeout=timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is queued, then stop."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            self._deliver(*item)
+
+    def _deliver(self, sender, response, flags: int, job: "_Job | None") -> None:
+        try:
+            if response is None:
+                sender.send(flags=flags)
+            else:
+                sender.send(response, flags=flags)
+        except Exception as exc:  # the client went away
+            log.info("a response could not be sent: %s", exc)
+            if job is not None:
+                self._on_gone(job)
+        with self._sent:
+            self._done += 1
+            self._sent.notify_all()
+
+
 class _Metrics:
     """The runtime loop on Triton's metrics port (Python-backend custom metrics): steps, tokens,
-    requests in the runtime, and requests cancelled or failed; a few IPC calls per step. What the cancellation
+    requests in the runtime, and requests cancelled or failed; batched (``MetricBatch``). What the cancellation
     tests and the soak read; the engine's metrics for operators are ``engine_metrics``."""
 
     FAMILIES = {
@@ -101,12 +170,12 @@ class _Metrics:
                         "when the last cancelled request was dropped, in seconds since the epoch"),
     }
 
-    def __init__(self, pb_utils):
+    def __init__(self, pb_utils, batch: MetricBatch):
         self._families, self._metrics = {}, {}  # a family must outlive its metrics
         for key, (kind, name, description) in self.FAMILIES.items():
             family = pb_utils.MetricFamily(name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind))
             self._families[key] = family
-            self._metrics[key] = family.Metric(labels={"model": "tensorrt_llm"})
+            self._metrics[key] = batch.wrap(family.Metric(labels={"model": "tensorrt_llm"}), last=key == "active")
         self._active = -1
         self.steps = 0
 
@@ -139,14 +208,21 @@ class TorchModelServer:
         self.runtime = runtime
         self.repository, self._lost = repository, False
         self.pb = pb_utils
+        self.metric_batch = MetricBatch()  # metric changes reach Triton ~10 times a second, not several per step
+        self._published_active = 0
         try:
-            self.metrics = _Metrics(pb_utils)
+            self.metrics = _Metrics(pb_utils, self.metric_batch)
         except Exception as exc:  # a Python backend without custom metrics
             log.info("no custom metrics: %s", exc)
             self.metrics = _NoMetrics()
-        self.engine = engine_metrics(pb_utils, model_name)
+        self.engine = engine_metrics(pb_utils, model_name, self.metric_batch)
         self.exclude_input_default = exclude_input_in_output
         self._incoming: queue.Queue = queue.Queue()
+        # A thread for the sends where the steps run on a GPU (the host is free while the GPU computes); on the CPU
+        # the same cores would do both, so the loop sends itself.
+        self.outbox = _Outbox(lambda job: self._incoming.put(_Gone(job)),
+                              threaded=getattr(getattr(runtime, "device", None), "type", "cpu") == "cuda")
+        self._last_step_mark = 0
         self._waiting: list[_Job] = []  # parsed, not yet submitted (a logits job waits for an idle runtime)
         self._jobs: dict[int, _Job] = {}  # submitted, by job number
         self._numbers = itertools.count()
@@ -176,6 +252,7 @@ class TorchModelServer:
             self._stops.close()
         self._incoming.put(None)  # wakes a loop waiting for work
         self.loop.close(timeout=30)
+        self.outbox.close()
         self.runtime.close()
 
     # ---- parsing ---------------------------------------------------------------------------------
@@ -255,8 +332,7 @@ class TorchModelServer:
         self._take_incoming(block)
         self._drop_cancelled()
         self._admit()
-        self.metrics.active(len(self._jobs) + len(self._waiting))
-        self.engine.stats(self._stats())
+        self._publish()
         self._check_lost()
 
     def idle(self) -> bool:
@@ -264,13 +340,26 @@ class TorchModelServer:
 
     def on_events(self, events) -> None:
         self._check_lost()  # before any request hears of it: the fronts then answer 503 already
+        self.outbox.wait(self._last_step_mark)  # the previous step's responses went out while this step ran
         for event in events:
             self._on_event(event)
         tokens = sum(len(e.token_ids) for e in events)
         self.metrics.add("steps")
         self.metrics.add("tokens", tokens)
         self.engine.generated(tokens)
-        self.metrics.active(len(self._jobs) + len(self._waiting))
+        self._publish()
+        self._last_step_mark = self.outbox.mark()  # this step's responses: sent while the next step runs
+
+    def _publish(self) -> None:
+        """Hand the metric changes to Triton: at once when the number of requests in flight changed (a request
+        came or went; readers wait on that gauge, which is flushed last) or nothing is left to run, else every
+        ``MetricBatch.interval_s``: not the several IPC round trips per step that each change costs."""
+        active = len(self._jobs) + len(self._waiting)
+        now = active != self._published_active or not self.runtime.has_work()
+        self.engine.stats(self._stats())
+        self.metrics.active(active)
+        self.metric_batch.flush(force=now)
+        self._published_active = active
 
     def on_failure(self, exc: Exception) -> None:  # a request's own failure never gets here: fail what was in flight
         self._fail_all(f"internal error in the torch runtime: {type(exc).__name__}: {exc}")
@@ -300,6 +389,8 @@ class TorchModelServer:
             while True:
                 if isinstance(item, _Stop):
                     self._stop(item)
+                elif isinstance(item, _Gone):
+                    self._gone(item.job)
                 elif item is not None:
                     self._waiting.append(item)
                 item = self._incoming.get_nowait()
@@ -316,12 +407,18 @@ class TorchModelServer:
         for number, job in list(self._jobs.items()):
             if job.request_id == stop.request_id:
                 self._end(number, job)
-        if stop.sender is None:  # by datagram: nobody to answer
+        if stop.sender is not None:  # None: by datagram, nobody to answer
+            self.outbox.put(stop.sender, None, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _gone(self, job: _Job) -> None:
+        """A response to ``job`` could not be sent: stop generating for it, if it still runs."""
+        number = job.rows[0].key[0]
+        if self._jobs.get(number) is not job:
             return
-        try:
-            stop.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:  # the stopping client went away too
-            pass
+        self._ended(job, "aborted")
+        for row in job.rows:
+            self.runtime.cancel(row.key)
+        self._jobs.pop(number, None)
 
     def _end(self, number: int, job: _Job) -> None:
         """Drop a request its client no longer wants (cancelled, gone, or a stop request)."""
@@ -452,30 +549,17 @@ class TorchModelServer:
         return self.pb.InferenceResponse(output_tensors=outputs)
 
     def _send(self, job: _Job, response, *, final: bool) -> None:
-        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        try:
-            if response is None:
-                job.sender.send(flags=flags)
-            else:
-                job.sender.send(response, flags=flags)
-        except Exception as exc:  # the client went away: stop generating for it
-            log.info("dropping a request whose response could not be sent: %s", exc)
-            self._ended(job, "aborted")
-            for row in job.rows:
-                self.runtime.cancel(row.key)
-            self._jobs.pop(job.rows[0].key[0], None)
+        """Queued for the outbox's thread; one that fails ends the job there (``_gone``)."""
+        self.outbox.put(job.sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0, job)
 
     def _fail(self, sender, message: str, *, invalid: bool = False, unavailable: bool = False) -> None:
         """An error response; ``invalid``: the request's fault (INVALID_ARG); ``unavailable``: the engine can run
         nothing now (UNAVAILABLE: HTTP 503); else the server's fault (INTERNAL)."""
         error = self.pb.TritonError
         code = getattr(error, "INVALID_ARG" if invalid else "UNAVAILABLE" if unavailable else "INTERNAL", None)
-        try:
-            sender.send(self.pb.InferenceResponse(output_tensors=[], error=error(message) if code is None
-                                                  else error(message, code)),
-                        flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception as exc:  # the client went away
-            log.info("could not send an error response: %s", exc)
+        self.outbox.put(sender, self.pb.InferenceResponse(output_tensors=[], error=error(message) if code is None
+                                                          else error(message, code)),
+                        self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _fail_all(self, message: str) -> None:
         """The loop itself failed: every request in flight gets the error (their state is unknown)."""
