@@ -1,7 +1,8 @@
 """Shared fixtures: the built-in tiny model, a session-wide engines directory, the real data files.
 
 Expensive artifacts (quantized checkpoints, built engines) are made once per session in one
-engines directory and shared; tests that change artifacts use their own ``tmp_path`` instead.
+engines directory and shared (under xdist once per run: each worker copies what another made, see
+``made_once``); tests that change artifacts use their own ``tmp_path`` instead.
 """
 
 from __future__ import annotations
