@@ -8,6 +8,7 @@ so these two conversions are replaced by torch's, which do; nothing else of the 
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
@@ -52,8 +53,10 @@ _patch_lang = interpreter._patch_lang
 _grid_call = interpreter.GridExecutor.__call__
 
 
-def _languages(fn) -> set[int]:
-    return {id(value) for value in fn.__globals__.values() if isinstance(value, type(tl)) and value in (tl, tl.core)}
+@functools.cache
+def _languages(fn) -> frozenset[int]:  # the language modules a kernel's module imports (at its top)
+    return frozenset(id(value) for value in fn.__globals__.values()
+                     if isinstance(value, type(tl)) and value in (tl, tl.core))
 
 
 def _patch_lang_once(fn):
