@@ -1,7 +1,8 @@
 """Shared fixtures: the built-in tiny model, a session-wide engines directory, the real data files.
 
 Expensive artifacts (quantized checkpoints, built engines) are made once per session in one
-engines directory and shared; tests that change artifacts use their own ``tmp_path`` instead.
+engines directory and shared (under xdist once per run: each worker copies what another made, see
+``made_once``); tests that change artifacts use their own ``tmp_path`` instead.
 """
 
 from __future__ import annotations
@@ -117,23 +118,60 @@ def load(name: str):
 
 
 @pytest.fixture(scope="session")
-def quantized(engines_dir):
-    """``quantized("tiny-qwen2-fp8-tp2")`` -> QuantizeResult, quantized once per session."""
+def artifact_store(tmp_path_factory) -> Path | None:
+    """Under xdist, a folder every worker of this run sees (their base temporary folders' parent), where the first
+    worker to quantize or build a config leaves a copy for the others; None in a single process."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    store = tmp_path_factory.getbasetemp().parent / "shared-artifacts"
+    store.mkdir(exist_ok=True)
+    return store
+
+
+def made_once(store: Path | None, engines_dir: Path, name: str, parts: tuple[str, ...], make):
+    """``make()``, which writes ``parts`` of ``engines_dir/name``, done once across the run's workers: each worker
+    has its own engines directory (its servers and results apart), but a config quantized or built by one worker is
+    copied into the next one's, where the stage finds it cached (a copy is re-hashed and taken as a cache hit, as
+    test_demo's copies are). The lock makes a second worker wait for the first's copy rather than redo the work
+    beside it on the same cores."""
+    if store is None:
+        return make()
+    import fcntl
+    import shutil
+
+    with open(store / f"{name}.{'+'.join(parts)}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        for part in parts:
+            if (store / name / part).is_dir() and not (engines_dir / name / part).exists():
+                shutil.copytree(store / name / part, engines_dir / name / part, symlinks=True)
+        result = make()
+        for part in parts:
+            if (engines_dir / name / part).is_dir() and not (store / name / part).exists():
+                shutil.copytree(engines_dir / name / part, store / name / part, symlinks=True)
+        return result
+
+
+@pytest.fixture(scope="session")
+def quantized(engines_dir, artifact_store):
+    """``quantized("tiny-qwen2-fp8-tp2")`` -> QuantizeResult, quantized once per session (once per run under xdist:
+    ``made_once``)."""
     from trtllm_pipeline.quantize import quantize
 
     done = {}
 
     def get(name: str):
         if name not in done:
-            done[name] = quantize(load(name), engines_dir=engines_dir)
+            done[name] = made_once(artifact_store, engines_dir, name, ("checkpoint", "hf_checkpoint"),
+                                   lambda: quantize(load(name), engines_dir=engines_dir))
         return done[name]
 
     return get
 
 
 @pytest.fixture(scope="session")
-def built(engines_dir, quantized):
-    """``built("tiny-qwen2-fp8-tp1")`` -> BuildResult (torch runtime), built once per session.
+def built(engines_dir, quantized, artifact_store):
+    """``built("tiny-qwen2-fp8-tp1")`` -> BuildResult (torch runtime), built once per session (once per run under
+    xdist: ``made_once``).
 
     The engine lives in the session's ``engines_dir``; load it with
     ``runtimes.registry.load_runtime(load(name), engines_dir)``.
@@ -145,7 +183,8 @@ def built(engines_dir, quantized):
     def get(name: str):
         if name not in done:
             quantized(name)
-            done[name] = build(load(name), engines_dir=engines_dir, runtime="torch")
+            done[name] = made_once(artifact_store, engines_dir, name, ("engine",),
+                                   lambda: build(load(name), engines_dir=engines_dir, runtime="torch"))
         return done[name]
 
     return get

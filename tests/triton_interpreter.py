@@ -8,6 +8,7 @@ so these two conversions are replaced by torch's, which do; nothing else of the 
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
@@ -41,3 +42,40 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
 
 interpreter._convert_float = _convert_float
 interpreter.InterpreterBuilder.create_dot = _create_dot
+
+
+# Speed only, the numerics untouched: every call of a @triton.jit helper from inside a kernel patches
+# triton.language again (inspect.getmembers over its modules), though the kernel's launch has patched those very
+# modules already and restores them when it ends: a quarter of a fast-decode check's time went there. A helper
+# whose language modules the running launch has patched runs without patching them again.
+_launches: list[set[int]] = []  # per running launch: the ids of the language modules it has patched
+_patch_lang = interpreter._patch_lang
+_grid_call = interpreter.GridExecutor.__call__
+
+
+@functools.cache
+def _languages(fn) -> frozenset[int]:  # the language modules a kernel's module imports (at its top)
+    return frozenset(id(value) for value in fn.__globals__.values()
+                     if isinstance(value, type(tl)) and value in (tl, tl.core))
+
+
+def _patch_lang_once(fn):
+    languages = _languages(fn)
+    if _launches and languages and languages <= _launches[-1]:
+        return interpreter._LangPatchScope()  # nothing to restore: the launch's own scope restores them
+    scope = _patch_lang(fn)
+    if _launches:
+        _launches[-1] |= languages
+    return scope
+
+
+def _launch(self, *args, **kwargs):
+    _launches.append(set())
+    try:
+        return _grid_call(self, *args, **kwargs)
+    finally:
+        _launches.pop()
+
+
+interpreter._patch_lang = _patch_lang_once
+interpreter.GridExecutor.__call__ = _launch
