@@ -20,7 +20,8 @@ from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine import sampling
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 from trtllm_pipeline.runtimes.torch_engine.speculative.acceptance import accept_greedy, accept_sampled
-from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import PROPOSERS, Proposer, lookup
+from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import Proposer, lookup
+from trtllm_pipeline.runtimes.torch_engine.speculative.registry import PROPOSERS
 
 CONFIGS = Path(__file__).resolve().parent.parent / "build_configs"
 NAME = "tiny-qwen2-bf16-tp1"

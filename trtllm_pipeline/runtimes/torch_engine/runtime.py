@@ -207,7 +207,7 @@ class TorchRuntime(Runtime):
         on every device: the CUDA fast path decodes one token per row only (its rows stay on it)."""
         if settings is None or settings.method == "none":
             return None
-        from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import make_proposer
+        from trtllm_pipeline.runtimes.torch_engine.speculative.registry import make_proposer
         from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
 
         if self.decoder is not None:

@@ -4,13 +4,14 @@ A proposer sees each decoding request's token history (prompt, then generated; `
 ``k`` draft tokens for it (fewer, or none, when it has no good guess). The drafts are a point mass: the proposer
 commits to one token per position, so the target's rejection rule needs no draft distribution (``acceptance``).
 Requests come in a batch so that a model-based proposer can run them together; ``release`` forgets a request.
+``registry.PROPOSERS`` names them (``runtime.speculative.method``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from array import array
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 
 @dataclasses.dataclass
@@ -80,27 +81,3 @@ def lookup(hist: array, k: int, min_n: int, max_n: int) -> list[int]:
                 return hist[start : start + k].tolist()
             end = at + len(pattern) - 1
     return []
-
-
-# name -> factory(settings, context) with context the target runtime (device, dtype, tokenizer, limits).
-PROPOSERS: dict[str, Callable[[Any, Any], Proposer]] = {}
-
-
-def register(name: str, factory: Callable[[Any, Any], Proposer]) -> None:
-    PROPOSERS[name] = factory
-
-
-def make_proposer(settings, context) -> Proposer:
-    return PROPOSERS[settings.method](settings, context)
-
-
-register("ngram", lambda s, ctx: NgramProposer(s.ngram_min, s.ngram_max))
-
-
-def _draft_model(settings, context) -> Proposer:
-    from trtllm_pipeline.runtimes.torch_engine.speculative.draft import DraftProposer  # loads a model: on demand
-
-    return DraftProposer.from_settings(settings, context)
-
-
-register("draft", _draft_model)
