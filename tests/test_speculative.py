@@ -205,3 +205,17 @@ def test_speculative_config_refusals(ckpt, tmp_path):
     assert str(other / "tokenizer") in exc.value.message and str(ckpt / "tokenizer") in exc.value.message
     with pytest.raises(ConfigError, match="not a checkpoint directory"):
         _rt(ckpt, {"method": "draft", "draft_checkpoint": str(tmp_path / "missing")})
+
+
+def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir, tmp_path):
+    from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative
+
+    built(NAME)
+    settings = SpeculativeSettings(method="ngram", num_draft_tokens=2, output_tokens=8)
+    result = run_speculative(config_from_dict(yaml.safe_load((CONFIGS / f"{NAME}.yaml").read_text()), name=NAME),
+                             engines_dir=engines_dir, settings=settings, output=tmp_path / "spec.json",
+                             progress=lambda line: None)
+    runs = json.loads((tmp_path / "spec.json").read_text())["runs"]
+    assert [(r["workload"], r["batch"]) for r in runs] == [("grounded", 1), ("random", 1)]
+    assert all(r["identical"] and r["output_tokens"] == 8 and r["acceptance_length"] >= 1 for r in runs)
+    assert "speedup" in result.table()[0] and "ngram, up to 2 drafts" in result.table()[-1]
