@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import types
 from array import array
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import CONFIGS
+from spec_oracle import oracle_settings
 
 from trtllm_pipeline.config import SpeculativeSection, config_from_dict
 from trtllm_pipeline.errors import ConfigError
@@ -20,10 +21,8 @@ from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine import sampling
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 from trtllm_pipeline.runtimes.torch_engine.speculative.acceptance import accept_greedy, accept_sampled
-from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import Proposer, lookup
-from trtllm_pipeline.runtimes.torch_engine.speculative.registry import PROPOSERS
+from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import lookup
 
-CONFIGS = Path(__file__).resolve().parent.parent / "build_configs"
 NAME = "tiny-qwen2-bf16-tp1"
 PASSAGE = list(range(3000, 3030))
 # repetitive prompts (lookups hit) beside random ones (they rarely do): speculating and plain rows in one batch
@@ -53,30 +52,9 @@ def expected(plain):
     return _greedy(plain)
 
 
-class Oracle(Proposer):
-    """A test proposer that knows the answer and lies on purpose: plain greedy's next tokens, every third position
-    from the third on wrong. The tiny model's own text never repeats, so an n-gram lookup there is almost never
-    right: this drives partial acceptance, rollback across blocks and the adaptive length deterministically."""
-
-    name = "oracle"
-
-    def __init__(self, answers):
-        self.answers = answers
-
-    def propose(self, batch):
-        out = []
-        for r in batch:
-            at = len(r.generated)
-            truth = self.answers[r.request_id][at : at + r.k]
-            out.append([t if (at + j) % 3 != 2 else t + 1 for j, t in enumerate(truth)])
-        return out
-
-
 def _oracle_rt(ckpt, expected, k=4, **kw):
-    PROPOSERS["oracle"] = lambda settings, target: Oracle(expected)  # a registration is one line
-    settings = types.SimpleNamespace(method="oracle", num_draft_tokens=k, adaptive=True)
     args = dict(max_batch_size=4, max_seq_len=256, dtype="float32", kv_block_size=4)
-    return TorchRuntime(ckpt, ckpt / "tokenizer", speculative=settings, **{**args, **kw})
+    return TorchRuntime(ckpt, ckpt / "tokenizer", speculative=oracle_settings(expected, k), **{**args, **kw})
 
 
 def _greedy(rt, prompts=PROMPTS, n=24, check=False):

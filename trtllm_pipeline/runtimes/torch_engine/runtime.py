@@ -348,9 +348,7 @@ class TorchRuntime(Runtime):
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
             self.decoder.release(plan.preempted)
-        fast, eager = [], []
-        for row in plan.rows:
-            (fast if self.decoder is not None and row.is_decode and row.sample else eager).append(row)
+        fast, eager = self._split(plan.rows)
         try:
             return self._isolated(self._run_eager, eager) + self._isolated(self._run_fast, fast)
         except ExecutorLost as exc:  # no request can go on: each ends with the reason
@@ -376,6 +374,25 @@ class TorchRuntime(Runtime):
                 seqs.append(req)
         for req, ask, drafts in zip(seqs, asks, sp.propose(asks)):
             req.draft = [int(t) for t in drafts[: ask.k]]
+
+    def _split(self, rows: list[PlanRow]) -> tuple[list[PlanRow], list[PlanRow]]:
+        """Rows for the fast path (decodes; verify rows where the decoder verifies, as long as all their tokens fit
+        its largest batch) and for the eager model (the rest)."""
+        if self.decoder is None:
+            return [], list(rows)
+        room = self.decoder.buckets[-1] if hasattr(self.decoder, "verify") else 0
+        fast, eager = [], []
+        decodes = sum(1 for r in rows if r.is_decode and r.sample)
+        room -= decodes
+        for row in rows:
+            if row.is_decode and row.sample:
+                fast.append(row)
+            elif row.draft and len(row.tokens) <= room:
+                fast.append(row)
+                room -= len(row.tokens)
+            else:
+                eager.append(row)
+        return fast, eager
 
     def _fail_everything(self, exc: ExecutorLost) -> list[TokenEvent]:
         reqs = list(self._requests.values())
@@ -415,18 +432,32 @@ class TorchRuntime(Runtime):
         return TokenEvent(req.request_id, [], "error", error=message)
 
     def _run_eager(self, rows: list[PlanRow]) -> list[TokenEvent]:
-        """The rows through the eager model in one forward; the sampling rows' last tokens' logits sampled, the
-        verify rows' logits at each of their positions checked against their drafts (``_verify``)."""
+        """The rows through the eager model in one forward; logits at each sampling row's last token, and at every
+        position of a verify row's (``_settle``)."""
         hidden = self._forward(rows)
         last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
+        index = [p for r, end in zip(rows, last) for p in range(end - _span(r), end)]
+        logits = self.executor.logits(hidden[torch.tensor(index, device=hidden.device)]) if index else None
+        return self._settle(rows, logits)
+
+    def _settle(self, rows: list[PlanRow], logits: torch.Tensor | None,
+                greedy: torch.Tensor | None = None) -> list[TokenEvent]:
+        """The step ran: ``logits`` holds each row's ``_span`` positions, packed in row order (``greedy``: their
+        argmax, where the step computed it). Sampling rows get their next token, verify rows their accepted drafts
+        and one token (``_verify``); then the cache counts what was kept and the tokens are recorded."""
+        spans = list(itertools.accumulate((_span(r) for r in rows), initial=0))
+        reqs = [self._requests[r.request_id] for r in rows]
         sampled = [i for i, r in enumerate(rows) if r.sample and not r.draft]
         verify = [i for i, r in enumerate(rows) if r.draft]
-        reqs = [self._requests[r.request_id] for r in rows]
-        index = [last[i] - 1 for i in sampled] + [p for i in verify for p in range(last[i] - 1 - rows[i].draft, last[i])]
-        logits = self.executor.logits(hidden[torch.tensor(index, device=hidden.device)]) if index else None
-        tokens = self._sample([reqs[i] for i in sampled], logits[: len(sampled)]) if sampled else []
-        emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], logits[len(sampled):]) \
-            if verify else []
+        tokens = []
+        if sampled:
+            at = torch.tensor([spans[i] for i in sampled], device=logits.device)
+            tokens = self._sample([reqs[i] for i in sampled], logits[at], None if greedy is None else greedy[at])
+        emitted = []
+        if verify:
+            at = torch.tensor([p for i in verify for p in range(spans[i], spans[i + 1])], device=logits.device)
+            emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], logits[at],
+                                   None if greedy is None else greedy[at])
         for row, req in zip(rows, reqs):  # the step succeeded: now it counts (verify rows: as they are recorded)
             if not row.draft:
                 self.scheduler.advance(req, len(row.tokens))
@@ -435,14 +466,16 @@ class TorchRuntime(Runtime):
             events.append(self._record_verified(rows[i], reqs[i], out))
         return events
 
-    def _verify(self, rows: list[PlanRow], reqs: list[_Request], logits: torch.Tensor) -> list[list[int]]:
+    def _verify(self, rows: list[PlanRow], reqs: list[_Request], logits: torch.Tensor,
+                greedy: torch.Tensor | None) -> list[list[int]]:
         """Each verify row's emitted tokens (``speculative.acceptance``): its accepted drafts and one token of the
-        target's; ``logits``: the rows' 1 + draft positions, packed."""
+        target's; ``logits``: the rows' 1 + draft positions, packed (``greedy``: their argmax, if known)."""
         from trtllm_pipeline.runtimes.torch_engine.speculative import acceptance
 
         spans = list(itertools.accumulate((1 + r.draft for r in rows), initial=0))
-        greedy = [i for i, req in enumerate(reqs) if req.params.greedy]
-        argmax = logits.argmax(-1).tolist() if greedy else []
+        argmax = []
+        if any(req.params.greedy for req in reqs):  # one host read for every greedy row
+            argmax = (greedy if greedy is not None else logits.argmax(-1)).tolist()
         out = []
         for i, (row, req) in enumerate(zip(rows, reqs)):
             drafts = row.tokens[1:]
@@ -468,13 +501,16 @@ class TorchRuntime(Runtime):
         return TokenEvent(req.request_id, emitted)
 
     def _run_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
-        reqs = [self._requests[r.request_id] for r in rows]
-        logits = self.decoder.decode([r.tokens[0] for r in rows], [r.block_table for r in rows],
-                                     [r.start for r in rows], [r.request_id for r in rows])
-        tokens = self._sample(reqs, logits, greedy=self.decoder.greedy(len(rows)))
-        for req in reqs:
-            self.scheduler.advance(req, 1)
-        return self._record_all(reqs, tokens)
+        """The rows on the CUDA fast path: a decode step, or, when some rows carry drafts, a verify step (every
+        row's tokens as rows of one step, ``DecodeGraphs.verify``)."""
+        args = ([r.tokens for r in rows], [r.block_table for r in rows], [r.start for r in rows],
+                [r.request_id for r in rows])
+        if any(r.draft for r in rows):
+            logits, greedy = self.decoder.verify(*args)
+        else:
+            logits = self.decoder.decode([t[0] for t in args[0]], *args[1:])
+            greedy = self.decoder.greedy(len(rows))
+        return self._settle(rows, logits, greedy)
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None = None) -> list[int | Exception]:
@@ -627,6 +663,12 @@ class TorchRuntime(Runtime):
             for rid, tokens, _ in rows:
                 self.kv.commit(rid, tokens, use_cache=True)
         return hidden, plan_rows
+
+
+def _span(row: PlanRow) -> int:
+    """Positions whose logits a row needs: none (a prefill chunk that samples nothing), its last (a sampling row),
+    or its decode token's and every draft's (a verify row)."""
+    return (1 + row.draft) if row.sample else 0
 
 
 def _common_prefix(seqs: list[tuple[int, ...]]) -> int:
