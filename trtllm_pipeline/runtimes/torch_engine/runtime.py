@@ -161,13 +161,16 @@ class TorchRuntime(Runtime):
                                        prefill_chunk_tokens=self.prefill_chunk_tokens)
             log.info("KV pool: %d blocks of %d tokens (%.2f GiB per rank), prefix cache %s", num_blocks - 1,
                      kv_block_size, num_blocks * block_bytes / 2**30, "on" if enable_kv_cache_reuse else "off")
-            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes)
+            # speculation: the fast path's largest bucket holds every row's 1 + k tokens (a verify step)
+            spec_k = 0 if speculative is None or speculative.method == "none" else speculative.num_draft_tokens
+            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
             self.speculator = self._speculator(speculative)
         except BaseException:
             self.executor.close()
             raise
 
-    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes) -> None:
+    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes,
+                     spec_k: int = 0) -> None:
         from trtllm_pipeline.tokenizer import Tokenizer  # not transformers: this runs in Triton's stub too
 
         config = self.config
@@ -175,9 +178,9 @@ class TorchRuntime(Runtime):
         self.tokenizer_dir = Path(tokenizer_dir)
         self.vocab_size = int(config["vocab_size"])
         self._requests: dict[Any, _Request] = {}
-        self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes)
+        self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
 
-    def _fast_decoder(self, fast: bool, graphs: bool, sizes):
+    def _fast_decoder(self, fast: bool, graphs: bool, sizes, spec_k: int = 0):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
         from trtllm_pipeline.runtimes.torch_engine.cuda import support
 
@@ -193,7 +196,10 @@ class TorchRuntime(Runtime):
         from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets
 
         try:
-            decoder = self.executor.fast_decoder(batch_buckets(self.max_batch_size, sizes), graphs)
+            buckets = batch_buckets(self.max_batch_size, sizes)
+            if spec_k and self.executor.world_size == 1:  # one more bucket: a full batch's verify step
+                buckets = sorted(set(buckets) | {self.max_batch_size * (1 + spec_k)})
+            decoder = self.executor.fast_decoder(buckets, graphs)
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
@@ -203,16 +209,16 @@ class TorchRuntime(Runtime):
                          f"{decoder.setup_seconds:.1f} s")
 
     def _speculator(self, settings):
-        """Speculative decoding as configured (``speculative/``), or None. Verify rows run through the eager model
-        on every device: the CUDA fast path decodes one token per row only (its rows stay on it)."""
+        """Speculative decoding as configured (``speculative/``), or None. Verify rows run on the CUDA fast path
+        where it runs with one rank (``DecodeGraphs.verify``), else through the eager model."""
         if settings is None or settings.method == "none":
             return None
         from trtllm_pipeline.runtimes.torch_engine.speculative.registry import make_proposer
         from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
 
-        if self.decoder is not None:
-            log.warning("speculative decoding: verify steps run eagerly (the fast CUDA path decodes one token per "
-                        "row); rows without drafts stay on the fast path")
+        if self.decoder is not None and not hasattr(self.decoder, "verify"):
+            log.warning("speculative decoding: verify steps run eagerly (this fast path, tensor parallel, decodes "
+                        "one token per row); rows without drafts stay on it")
         return Speculator(make_proposer(settings, self), settings.num_draft_tokens, adaptive=settings.adaptive)
 
     @classmethod
@@ -273,7 +279,8 @@ class TorchRuntime(Runtime):
         sp = self.speculator
         if sp is None:
             return "off"
-        return (f"{sp.proposer.name}, up to {sp.k} drafts{' (adaptive)' if sp.adaptive else ''}, verified eagerly")
+        where = "on the fast path" if hasattr(self.decoder, "verify") else "eagerly"
+        return f"{sp.proposer.name}, up to {sp.k} drafts{' (adaptive)' if sp.adaptive else ''}, verified {where}"
 
     @property
     def processes(self) -> list[int]:
