@@ -105,6 +105,14 @@ def test_draft_model_greedy_is_plain_greedy(ckpt, expected):
     rt.close()
 
 
+def test_self_speculation_greedy_is_plain_greedy(ckpt, expected):
+    rt = _rt(ckpt, {"method": "self", "num_draft_tokens": 2, "draft_layers": 2, "adaptive": False})
+    assert _greedy(rt, check=True) == expected
+    assert rt.stats()["spec_decode_draft_tokens"] > 0  # the first 2 of 4 layers drafted
+    with pytest.raises(ConfigError, match="draft_layers: 4 is not fewer than the target's 4 layers"):
+        _rt(ckpt, {"method": "self", "draft_layers": 4})
+
+
 def test_seeded_sampling_with_speculation_is_reproducible(ckpt):
     rt = _rt(ckpt, {"method": "ngram", "ngram_min": 1})
     params = SamplingParams(max_tokens=20, temperature=0.8, top_k=50, top_p=0.95, seed=7, end_id=-1)
@@ -167,6 +175,8 @@ def test_speculative_config_refusals(ckpt, tmp_path):
     assert "ngram_min (4) exceeds ngram_max (2)" in error({"method": "ngram", "ngram_min": 4, "ngram_max": 2})
     assert "needs runtime.speculative.draft_checkpoint" in error({"method": "draft"})
     assert "would be ignored" in error({"method": "ngram", "draft_checkpoint": "x"})
+    assert "draft_layers is set but method is 'draft'" in error({"method": "draft", "draft_checkpoint": "x",
+                                                                 "draft_layers": 2})
     assert config_from_dict(base, name="t").runtime.speculative.method == "none"  # off by default
     # a draft whose tokenizer is not the target's: refused, naming both
     other = tmp_path / "other"

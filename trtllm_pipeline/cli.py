@@ -436,7 +436,7 @@ def _length_pairs(ctx, param, value):
 @click.option("--shared-prefix", type=click.IntRange(min=0), default=0, show_default=True,
               help="--throughput: a common system prompt of this many tokens before every prompt, run without and "
               "with the prefix cache.")
-@click.option("--speculative", type=click.Choice(["ngram", "draft"]), default=None,
+@click.option("--speculative", type=click.Choice(["ngram", "draft", "self"]), default=None,
               help="--in-process: plain decoding against speculative decoding (this proposer) on the same runtime and "
               "prompts, per --workload and --batch (default 1): tokens/s, speedup, acceptance length, drafted and "
               "accepted tokens, outputs compared.")

@@ -297,7 +297,7 @@ class BuildSection(_Section):
     extra_args: list[str] = Field(default_factory=list, description="passed to trtllm-build verbatim")
 
 
-SPECULATIVE_METHODS = ("none", "ngram", "draft")
+SPECULATIVE_METHODS = ("none", "ngram", "draft", "self")
 
 
 class SpeculativeSection(_Section):
@@ -306,13 +306,16 @@ class SpeculativeSection(_Section):
 
     method: Literal[SPECULATIVE_METHODS] = Field(  # type: ignore[valid-type]
         "none", description="none; ngram = prompt lookup (the continuation of the request's last n tokens where they "
-        "occurred before in its prompt + output); draft = a smaller checkpoint with the same tokenizer drafts greedily")
+        "occurred before in its prompt + output); draft = a smaller checkpoint with the same tokenizer drafts greedily; "
+        "self = the target's first draft_layers layers (with its final norm and head) draft greedily")
     num_draft_tokens: int = Field(4, ge=1, le=8, description="k: tokens drafted per request per step (1..8)")
     ngram_min: int = Field(2, ge=1, le=16, description="ngram: the shortest suffix looked up")
     ngram_max: int = Field(4, ge=1, le=16, description="ngram: the longest suffix looked up (tried first)")
     draft_checkpoint: str | None = Field(
         None, description="draft: the draft model's checkpoint directory (what `quantize` wrote, with its tokenizer/; "
         "e.g. engines/<small build>/checkpoint); its tokenizer must equal the target's")
+    draft_layers: int | None = Field(
+        None, ge=1, le=1024, description="self: how many of the target's first layers draft (default a quarter)")
     adaptive: bool = Field(
         True, description="per request: draft fewer tokens (down to none, probing again later) while few are "
         "accepted, so a workload whose drafts miss runs as fast as plain decoding")
@@ -648,6 +651,9 @@ def speculative_problems(cfg: BuildConfig) -> list[str]:
     if spec.method == "draft" and not spec.draft_checkpoint:
         out.append("runtime.speculative.method: draft needs runtime.speculative.draft_checkpoint (the draft model's "
                    "checkpoint directory). Fix: set it, or use method: ngram.")
+    if spec.draft_layers is not None and spec.method != "self":
+        out.append(f"runtime.speculative.draft_layers is set but method is {spec.method!r}; it would be ignored. "
+                   "Fix: set method: self, or remove draft_layers.")
     if spec.draft_checkpoint and spec.method != "draft":
         out.append(f"runtime.speculative.draft_checkpoint is set but method is {spec.method!r}; it would be ignored. "
                    "Fix: set method: draft, or remove draft_checkpoint.")

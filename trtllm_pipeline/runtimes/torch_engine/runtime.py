@@ -154,6 +154,10 @@ class TorchRuntime(Runtime):
             del tensors
         self.engine = self.executor.engine
         try:
+            # the proposer first: a draft model's weights and KV pool are allocated before the target's pool is
+            # sized from the memory left
+            self.tokenizer_dir, self.vocab_size = Path(tokenizer_dir), int(config["vocab_size"])
+            self.speculator = self._speculator(speculative)
             num_blocks = pool_blocks(free_bytes=self.executor.free_memory(), **sizing)
             self.executor.allocate_kv(num_blocks, kv_block_size)
             self.kv = KVCacheManager(num_blocks, kv_block_size, enable_prefix_cache=enable_kv_cache_reuse)
@@ -164,8 +168,12 @@ class TorchRuntime(Runtime):
             # speculation: the fast path's largest bucket holds every row's 1 + k tokens (a verify step)
             spec_k = 0 if speculative is None or speculative.method == "none" else speculative.num_draft_tokens
             self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
-            self.speculator = self._speculator(speculative)
+            if self.speculator is not None and self.decoder is not None and not hasattr(self.decoder, "verify"):
+                log.warning("speculative decoding: verify steps run eagerly (this fast path, tensor parallel, "
+                            "decodes one token per row); rows without drafts stay on it")
         except BaseException:
+            if self.speculator is not None:
+                self.speculator.close()
             self.executor.close()
             raise
 
@@ -175,8 +183,6 @@ class TorchRuntime(Runtime):
 
         config = self.config
         self.tokenizer = artifacts.checked_tokenizer(tokenizer_dir, Tokenizer)
-        self.tokenizer_dir = Path(tokenizer_dir)
-        self.vocab_size = int(config["vocab_size"])
         self._requests: dict[Any, _Request] = {}
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
 
@@ -216,9 +222,6 @@ class TorchRuntime(Runtime):
         from trtllm_pipeline.runtimes.torch_engine.speculative.registry import make_proposer
         from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
 
-        if self.decoder is not None and not hasattr(self.decoder, "verify"):
-            log.warning("speculative decoding: verify steps run eagerly (this fast path, tensor parallel, decodes "
-                        "one token per row); rows without drafts stay on it")
         return Speculator(make_proposer(settings, self), settings.num_draft_tokens, adaptive=settings.adaptive)
 
     @classmethod

@@ -1,4 +1,5 @@
-"""The draft-model proposer: a second, smaller checkpoint with the same tokenizer decodes ``k`` tokens greedily.
+"""The draft-model proposer: a second, smaller checkpoint with the same tokenizer decodes ``k`` tokens greedily (or,
+self-speculation, the target's own first layers do: ``from_target_layers``).
 
 It keeps a KV cache of its own (its own pool and ``KVCacheManager``), holding per request the tokens it has fed.
 Each ``propose``: the request's history since what the draft already holds (after rolling back past the drafts the
@@ -9,6 +10,7 @@ code on any device (``model.Qwen2Engine``), the same the target's verify step ru
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import logging
@@ -74,6 +76,28 @@ class DraftProposer(Proposer):
         del tensors
         log.info("speculative decoding: draft model %s (%d layers)", where, len(engine.layers))
         return cls(engine, vocab_limit=target.vocab_size, max_batch_size=target.max_batch_size,
+                   max_seq_len=target.max_seq_len)
+
+    @classmethod
+    def from_target_layers(cls, settings, target) -> "DraftProposer":
+        """Self-speculation: the target's first ``settings.draft_layers`` layers (default a quarter), then its own
+        final norm and head, as the draft (no second set of weights: the layers are the target's tensors; only
+        the KV cache is the draft's own). Needs the whole engine in this process (not a tensor-parallel shard)."""
+        engine = target.engine
+        total = len(engine.layers)
+        n = settings.draft_layers or max(1, total // 4)
+        if target.executor.world_size > 1:
+            raise ConfigError("runtime.speculative.method: self needs the whole target in one process; this one "
+                              f"runs as {target.executor.world_size} tensor-parallel ranks.",
+                              fix="use method: ngram, or runtime.tp_mode: merged")
+        if n >= total:
+            raise ConfigError(f"runtime.speculative.draft_layers: {n} is not fewer than the target's {total} layers.",
+                              fix=f"use 1..{total - 1}")
+        draft = copy.copy(engine)  # its own attribute dict: its layer list and KV pool; the tensors are shared
+        draft.layers = engine.layers[:n]
+        draft.cache_k = draft.cache_v = None
+        log.info("speculative decoding: self-speculation with the first %d of %d layers", n, total)
+        return cls(draft, vocab_limit=target.vocab_size, max_batch_size=target.max_batch_size,
                    max_seq_len=target.max_seq_len)
 
     def propose(self, batch):

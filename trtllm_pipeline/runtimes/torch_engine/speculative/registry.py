@@ -13,9 +13,16 @@ def _draft_model(settings, target) -> Proposer:
     return DraftProposer.from_settings(settings, target)
 
 
+def _self_layers(settings, target) -> Proposer:
+    from trtllm_pipeline.runtimes.torch_engine.speculative.draft import DraftProposer
+
+    return DraftProposer.from_target_layers(settings, target)
+
+
 PROPOSERS: dict[str, Callable[[Any, Any], Proposer]] = {
     "ngram": lambda settings, target: NgramProposer(settings.ngram_min, settings.ngram_max),
     "draft": _draft_model,
+    "self": _self_layers,
 }
 
 
