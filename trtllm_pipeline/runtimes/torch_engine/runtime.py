@@ -181,7 +181,6 @@ class TorchRuntime(Runtime):
                      spec_k: int = 0) -> None:
         from trtllm_pipeline.tokenizer import Tokenizer  # not transformers: this runs in Triton's stub too
 
-        config = self.config
         self.tokenizer = artifacts.checked_tokenizer(tokenizer_dir, Tokenizer)
         self._requests: dict[Any, _Request] = {}
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
