@@ -500,6 +500,10 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, spe
         raise click.UsageError("--lengths and --shared-prefix go with --throughput, and --throughput with --in-process")
     if (speculative or draft_checkpoint) and not in_process:
         raise click.UsageError("--speculative and --draft-checkpoint go with --in-process")
+    if speculative and throughput:
+        raise click.UsageError("--speculative and --throughput are separate runs: give one")
+    if draft_checkpoint and speculative != "draft":
+        raise click.UsageError("--draft-checkpoint goes with --speculative draft")
     if in_process:
         if config is None:
             raise click.UsageError("--in-process needs -c CONFIG: it loads that build's engine")
