@@ -208,3 +208,4 @@ def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir,
     assert [(r["workload"], r["batch"]) for r in runs] == [("grounded", 1), ("random", 1)]
     assert all(r["identical"] and r["output_tokens"] == 8 and r["acceptance_length"] >= 1 for r in runs)
     assert "speedup" in result.table()[0] and "ngram, up to 2 drafts" in result.table()[-1]
+
