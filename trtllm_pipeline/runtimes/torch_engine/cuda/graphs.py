@@ -142,6 +142,7 @@ class DecodeGraphs:
         if buf is None:
             buf = self.verify_buffers[batch] = dataclasses.replace(self.buffers[batch], attention_passes=2)
             if self.use_graphs:
+                self.step.pin_carveout(buf)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
