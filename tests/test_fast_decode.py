@@ -533,3 +533,13 @@ def test_long_prompts_are_prefilled_in_chunks_without_stalling_decodes(built):
     assert len(short_steps) == 7 and all("short" in s for s in per_step[:7])
     first_long = next(i for i, s in enumerate(per_step) if "long" in s)
     assert first_long == len(long_prompt) // 16  # 200 tokens: 12 full chunks and a last one of 8
+
+
+@pytest.mark.slow
+def test_speculative_verify_step_on_the_fast_path_gives_eager_greedy_tokens(built):
+    """Rows of 1 + k tokens as rows of one fast step (attention twice: the second pass reads the drafts' K/V the
+    first wrote), through Triton's interpreter: the same tokens as eager decoding without speculation."""
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"), "spec_fast_check.py")
+    assert r["decode_path"].startswith("triton kernels")
+    assert r["fast"] == r["expected"]
+    assert r["verify_steps"] > 0 and 0 < r["accepted"] < r["drafted"] and r["blocks_back"]

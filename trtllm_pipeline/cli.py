@@ -29,6 +29,7 @@ from trtllm_pipeline import report as report_stage
 from trtllm_pipeline import serve as serve_stage
 from trtllm_pipeline.bench import inprocess
 from trtllm_pipeline.bench import throughput as throughput_bench
+from trtllm_pipeline.bench import speculative as speculative_bench
 from trtllm_pipeline.bench.settings import DATASETS
 from trtllm_pipeline.config import BACKEND_NAMES, TP_MODES, load_config
 from trtllm_pipeline.console import exit_status, setup_logging
@@ -435,6 +436,17 @@ def _length_pairs(ctx, param, value):
 @click.option("--shared-prefix", type=click.IntRange(min=0), default=0, show_default=True,
               help="--throughput: a common system prompt of this many tokens before every prompt, run without and "
               "with the prefix cache.")
+@click.option("--speculative", type=click.Choice(["ngram", "draft", "self"]), default=None,
+              help="--in-process: plain decoding against speculative decoding (this proposer) on the same runtime and "
+              "prompts, per --workload and --batch (default 1): tokens/s, speedup, acceptance length, drafted and "
+              "accepted tokens, outputs compared.")
+@click.option("--num-draft-tokens", type=click.IntRange(1, 8), default=4, show_default=True,
+              help="--speculative: k, tokens drafted per request per step.")
+@click.option("--draft-checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="--speculative draft: the draft model's checkpoint directory (same tokenizer as the target).")
+@click.option("--workload", "workloads", default="grounded,random", show_default=True,
+              help="--speculative: grounded (rewrite / summarise / answer from a shipped passage) and/or random "
+              "(random token prompts: lookups rarely hit), comma separated.")
 @click.option("--url", default=None, help="HOST:PORT of the server; default with -c: where `serve` runs that config.")
 @click.option("--protocol", type=click.Choice(["triton-grpc", "triton-http", "openai"]), default="triton-grpc",
               show_default=True, help="Triton (tensorrt_llm_bls, or --model ensemble) over gRPC or HTTP (SSE), or an OpenAI-compatible server "
@@ -471,7 +483,8 @@ def _length_pairs(ctx, param, value):
               help="Seconds to wait for any one response.")
 @engines_dir_option
 @tp_mode_option
-def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, url, protocol, model, concurrency, request_rate, input_tokens,
+def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, speculative, num_draft_tokens,
+          draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, engines_dir, tp_mode) -> None:
     """Measure TTFT, inter-token latency, throughput and cost of a served model.
@@ -485,9 +498,27 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, url
     """
     if (throughput or lengths or shared_prefix) and not (in_process and throughput):
         raise click.UsageError("--lengths and --shared-prefix go with --throughput, and --throughput with --in-process")
+    if (speculative or draft_checkpoint) and not in_process:
+        raise click.UsageError("--speculative and --draft-checkpoint go with --in-process")
+    if speculative and throughput:
+        raise click.UsageError("--speculative and --throughput are separate runs: give one")
+    if draft_checkpoint and speculative != "draft":
+        raise click.UsageError("--draft-checkpoint goes with --speculative draft")
     if in_process:
         if config is None:
             raise click.UsageError("--in-process needs -c CONFIG: it loads that build's engine")
+        if speculative:
+            spec_settings = speculative_bench.SpeculativeSettings(
+                method=speculative, num_draft_tokens=num_draft_tokens,
+                draft_checkpoint=str(draft_checkpoint) if draft_checkpoint else None,
+                batches=tuple(batches or (1,)), workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()),
+                output_tokens=output_tokens, seed=seed)
+            result = speculative_bench.run_speculative(load_config(config).with_runtime(tp_mode=tp_mode),
+                                                       engines_dir=engines_dir, settings=spec_settings, output=output,
+                                                       progress=click.echo)
+            echo_lines(result.table())
+            click.echo(f"results: {result.path}")
+            return
         if throughput:
             tp_settings = throughput_bench.ThroughputSettings(
                 lengths=tuple(lengths or ((input_tokens, output_tokens),)), requests=num_requests,

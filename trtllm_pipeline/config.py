@@ -297,6 +297,30 @@ class BuildSection(_Section):
     extra_args: list[str] = Field(default_factory=list, description="passed to trtllm-build verbatim")
 
 
+SPECULATIVE_METHODS = ("none", "ngram", "draft", "self")
+
+
+class SpeculativeSection(_Section):
+    """Speculative decoding in the torch runtime (runtimes/torch_engine/speculative): a proposer drafts up to
+    ``num_draft_tokens`` tokens per decoding request, the target verifies them in one step."""
+
+    method: Literal[SPECULATIVE_METHODS] = Field(  # type: ignore[valid-type]
+        "none", description="none; ngram = prompt lookup (the continuation of the request's last n tokens where they "
+        "occurred before in its prompt + output); draft = a smaller checkpoint with the same tokenizer drafts greedily; "
+        "self = the target's first draft_layers layers (with its final norm and head) draft greedily")
+    num_draft_tokens: int = Field(4, ge=1, le=8, description="k: tokens drafted per request per step (1..8)")
+    ngram_min: int = Field(2, ge=1, le=16, description="ngram: the shortest suffix looked up")
+    ngram_max: int = Field(4, ge=1, le=16, description="ngram: the longest suffix looked up (tried first)")
+    draft_checkpoint: str | None = Field(
+        None, description="draft: the draft model's checkpoint directory (what `quantize` wrote, with its tokenizer/; "
+        "e.g. engines/<small build>/checkpoint); its tokenizer must equal the target's")
+    draft_layers: int | None = Field(
+        None, ge=1, le=1024, description="self: how many of the target's first layers draft (default a quarter)")
+    adaptive: bool = Field(
+        True, description="per request: draft fewer tokens (down to none, probing again later) while few are "
+        "accepted, so a workload whose drafts miss runs as fast as plain decoding")
+
+
 class RuntimeSection(_Section):
     backend: Literal[("auto", *BACKEND_NAMES)] = Field(  # type: ignore[valid-type]
         "auto", description="; ".join(f"{name}: {needs}" for name, needs in BACKEND_NEEDS.items()))
@@ -340,6 +364,8 @@ class RuntimeSection(_Section):
         if value is not None and (not value.strip() or "\0" in value):
             raise ValueError("must be a directory path (not empty, no NUL character)")
         return value
+    speculative: SpeculativeSection = Field(
+        SpeculativeSection(), description="torch runtime: speculative decoding (off by default)")
     tp_mode: Literal[TP_MODES] = Field(  # type: ignore[valid-type]
         "auto", description="torch runtime with a tp>1 checkpoint: distributed = one process per rank, each loading "
         "only its rank file (gloo on CPU, NCCL with one GPU per rank); merged = every shard reassembled in one process; "
@@ -607,11 +633,30 @@ def static_problems(cfg: BuildConfig) -> list[str]:
             f"serving.max_batch_size ({cfg.serving.max_batch_size}) exceeds build.max_batch_size "
             f"({b.max_batch_size}); the engine would reject such batches. Fix: lower it."
         )
+    out += speculative_problems(cfg)
     ports = [cfg.serving.http_port, cfg.serving.grpc_port, cfg.serving.metrics_port]
     ports += [cfg.serving.openai_port] if cfg.serving.openai_front else []
     if len(set(ports)) != len(ports):
         out.append("serving: http_port, grpc_port, metrics_port and openai_port must differ. Fix: give each its own "
                    "port.")
+    return out
+
+
+def speculative_problems(cfg: BuildConfig) -> list[str]:
+    spec = cfg.runtime.speculative
+    out = []
+    if spec.ngram_min > spec.ngram_max:
+        out.append(f"runtime.speculative.ngram_min ({spec.ngram_min}) exceeds ngram_max ({spec.ngram_max}). "
+                   "Fix: make ngram_min <= ngram_max.")
+    if spec.method == "draft" and not spec.draft_checkpoint:
+        out.append("runtime.speculative.method: draft needs runtime.speculative.draft_checkpoint (the draft model's "
+                   "checkpoint directory). Fix: set it, or use method: ngram.")
+    if spec.draft_layers is not None and spec.method != "self":
+        out.append(f"runtime.speculative.draft_layers is set but method is {spec.method!r}; it would be ignored. "
+                   "Fix: set method: self, or remove draft_layers.")
+    if spec.draft_checkpoint and spec.method != "draft":
+        out.append(f"runtime.speculative.draft_checkpoint is set but method is {spec.method!r}; it would be ignored. "
+                   "Fix: set method: draft, or remove draft_checkpoint.")
     return out
 
 

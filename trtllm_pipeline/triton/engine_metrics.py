@@ -36,6 +36,10 @@ STATS = {
     "spec_decode_draft_tokens": ("COUNTER", "spec_decode_num_draft_tokens_total", "tokens proposed by the drafter"),
     "spec_decode_accepted_tokens": ("COUNTER", "spec_decode_num_accepted_tokens_total",
                                     "drafted tokens the target model accepted"),
+    "spec_decode_verify_rows": ("COUNTER", "spec_decode_num_verify_rows_total",
+                                "rows verified (a request's decode token and its drafts in one step)"),
+    "spec_decode_acceptance_length": ("GAUGE", "spec_decode_acceptance_length",
+                                      "mean tokens a verified row emitted since load (1 + accepted / rows)"),
 }
 COUNTERS = {
     "prompt": ("prompt_tokens_total", "prompt tokens of the requests the engine admitted"),

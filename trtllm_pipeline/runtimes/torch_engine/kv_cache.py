@@ -118,6 +118,15 @@ class KVCacheManager:
         table.extend(self._allocate() for _ in range(need))
         return True
 
+    def trim(self, request_id: Any, positions: int) -> None:
+        """Speculation's rollback: blocks of ``request_id``'s table past the first ``positions`` positions go back
+        (they hold only rejected drafts' K/V: never keyed, never shared; the tail's partial block stays, its
+        rejected positions simply written again)."""
+        table = self.tables[request_id]
+        keep = max(self.blocks_for(positions), len(self._keys[request_id]))
+        while len(table) > keep:
+            self._release(table.pop())
+
     def commit(self, request_id: Any, tokens: Sequence[int], *, use_cache: bool | None = None) -> None:
         """``tokens`` (the request's, from position 0) have their K/V written: key the full blocks among them."""
         if not (self.enable_prefix_cache if use_cache is None else use_cache):
@@ -137,12 +146,7 @@ class KVCacheManager:
     def free(self, request_id: Any) -> None:
         """Release ``request_id``'s blocks (the tail first, so that the prefix's blocks are evicted last)."""
         for block in reversed(self.tables.pop(request_id, [])):
-            self.ref[block] -= 1
-            if self.ref[block] == 0:
-                if self.key[block] is not None:
-                    self._evictable[block] = None
-                else:
-                    self._free.append(block)
+            self._release(block)
         self._keys.pop(request_id, None)
 
     def preempted(self, request_id: Any) -> None:
@@ -155,6 +159,14 @@ class KVCacheManager:
         if self.ref[block] == 0:
             del self._evictable[block]
         self.ref[block] += 1
+
+    def _release(self, block: int) -> None:
+        self.ref[block] -= 1
+        if self.ref[block] == 0:
+            if self.key[block] is not None:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
 
     def _allocate(self) -> int:
         if self._free:

@@ -3,9 +3,10 @@
 A row is one request's part of the step: ``tokens`` to feed (a chunk of its prompt, the recomputation of a
 preempted request, or its last sampled token), written at positions ``start ..`` through its ``block_table``;
 ``sample`` says whether the row's last token's logits give the request its next token (the last chunk of a
-prefill, every decode). Speculative decoding will add rows of ``1 + k`` tokens (the last sampled token and k
-drafted ones) whose logits are all read, then roll the table back past the rejected drafts (``KVCacheManager``
-frees whole blocks past the kept length).
+prefill, every decode). With speculative decoding a decode row carries ``draft`` more tokens (the last sampled
+token, then k drafted ones): its logits are read at every one of its positions (the verify step), then the table is
+rolled back past the rejected drafts (``Scheduler.verified``; ``KVCacheManager.trim`` frees whole blocks past the
+kept length).
 
 ``PagedBatch`` is the tensor form the model runs (``model.Qwen2Engine.forward``): rows packed one after another
 (no padding between them), their start positions and lengths, and their block tables padded with the null block.
@@ -28,6 +29,7 @@ class PlanRow:
     start: int
     block_table: list[int]
     sample: bool
+    draft: int = 0  # the last ``draft`` tokens are drafts: logits at every position from the decode token on
 
     @property
     def is_decode(self) -> bool:  # one token: the CUDA fast path's kind of row

@@ -103,7 +103,7 @@ class TorchRuntime(Runtime):
                  graph_batch_sizes: Sequence[int] | None = None, prefill_chunk_tokens: int = 2048,
                  tp_mode: str = "auto", max_num_tokens: int = 8192, kv_block_size: int = 32,
                  kv_cache_blocks: int | None = None, kv_cache_free_gpu_mem_fraction: float = 0.9,
-                 enable_kv_cache_reuse: bool = False):
+                 enable_kv_cache_reuse: bool = False, speculative=None):
         """``dtype`` overrides the checkpoint's compute dtype (FP8 weights stay FP8 values).
 
         ``tp_mode``: ``auto`` | ``merged`` | ``distributed`` for a tp>1 checkpoint (``tp.mode``); for
@@ -117,8 +117,11 @@ class TorchRuntime(Runtime):
         The KV pool (``kv_cache``): blocks of ``kv_block_size`` tokens; ``kv_cache_blocks`` of them if given, else
         on CUDA ``kv_cache_free_gpu_mem_fraction`` of the memory free after the weights, on CPU enough for
         ``max_batch_size`` x ``max_seq_len``; ``enable_kv_cache_reuse``: the prefix cache.
+
+        ``speculative``: ``config.SpeculativeSection`` (or anything with its fields); None or method ``none``: off.
         """
         self.device = resolve_device(device)
+        self.speculator = None
         config = checkpoint.read_config(checkpoint_dir)
         layout = checkpoint.CheckpointLayout(config)
         self.tp_mode, self.tp_notice = resolve_tp_mode(tp_mode, layout.tp, self.device)
@@ -151,6 +154,10 @@ class TorchRuntime(Runtime):
             del tensors
         self.engine = self.executor.engine
         try:
+            # the proposer first: a draft model's weights and KV pool are allocated before the target's pool is
+            # sized from the memory left
+            self.tokenizer_dir, self.vocab_size = Path(tokenizer_dir), int(config["vocab_size"])
+            self.speculator = self._speculator(speculative)
             num_blocks = pool_blocks(free_bytes=self.executor.free_memory(), **sizing)
             self.executor.allocate_kv(num_blocks, kv_block_size)
             self.kv = KVCacheManager(num_blocks, kv_block_size, enable_prefix_cache=enable_kv_cache_reuse)
@@ -158,21 +165,27 @@ class TorchRuntime(Runtime):
                                        prefill_chunk_tokens=self.prefill_chunk_tokens)
             log.info("KV pool: %d blocks of %d tokens (%.2f GiB per rank), prefix cache %s", num_blocks - 1,
                      kv_block_size, num_blocks * block_bytes / 2**30, "on" if enable_kv_cache_reuse else "off")
-            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes)
+            # speculation: the fast path's largest bucket holds every row's 1 + k tokens (a verify step)
+            spec_k = 0 if speculative is None or speculative.method == "none" else speculative.num_draft_tokens
+            self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
+            if self.speculator is not None and self.decoder is not None and not hasattr(self.decoder, "verify"):
+                log.warning("speculative decoding: verify steps run eagerly (this fast path, tensor parallel, "
+                            "decodes one token per row); rows without drafts stay on it")
         except BaseException:
+            if self.speculator is not None:
+                self.speculator.close()
             self.executor.close()
             raise
 
-    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes) -> None:
+    def _finish_init(self, tokenizer_dir: Path, fast_decode: bool, cuda_graphs: bool, graph_batch_sizes,
+                     spec_k: int = 0) -> None:
         from trtllm_pipeline.tokenizer import Tokenizer  # not transformers: this runs in Triton's stub too
 
-        config = self.config
         self.tokenizer = artifacts.checked_tokenizer(tokenizer_dir, Tokenizer)
-        self.vocab_size = int(config["vocab_size"])
         self._requests: dict[Any, _Request] = {}
-        self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes)
+        self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
 
-    def _fast_decoder(self, fast: bool, graphs: bool, sizes):
+    def _fast_decoder(self, fast: bool, graphs: bool, sizes, spec_k: int = 0):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
         from trtllm_pipeline.runtimes.torch_engine.cuda import support
 
@@ -188,7 +201,10 @@ class TorchRuntime(Runtime):
         from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets
 
         try:
-            decoder = self.executor.fast_decoder(batch_buckets(self.max_batch_size, sizes), graphs)
+            buckets = batch_buckets(self.max_batch_size, sizes)
+            if spec_k and self.executor.world_size == 1:  # one more bucket: a full batch's verify step
+                buckets = sorted(set(buckets) | {self.max_batch_size * (1 + spec_k)})
+            decoder = self.executor.fast_decoder(buckets, graphs)
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
@@ -203,6 +219,16 @@ class TorchRuntime(Runtime):
         ranks = f", {self.executor.world_size} ranks" if self.executor.world_size > 1 else ""
         return decoder, (f"triton kernels, {kind} for batches {decoder.buckets}{ranks}, ready in "
                          f"{decoder.setup_seconds:.1f} s")
+
+    def _speculator(self, settings):
+        """Speculative decoding as configured (``speculative/``), or None. Verify rows run on the CUDA fast path
+        where it runs with one rank (``DecodeGraphs.verify``), else through the eager model."""
+        if settings is None or settings.method == "none":
+            return None
+        from trtllm_pipeline.runtimes.torch_engine.speculative.registry import make_proposer
+        from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
+
+        return Speculator(make_proposer(settings, self), settings.num_draft_tokens, adaptive=settings.adaptive)
 
     @classmethod
     def from_engine(cls, engine_dir: Path, cfg, manifest: dict, device: str | None = None,
@@ -221,7 +247,7 @@ class TorchRuntime(Runtime):
                    prefill_chunk_tokens=rt.prefill_chunk_tokens, tp_mode=tp_mode or rt.tp_mode,
                    max_num_tokens=cfg.build.max_num_tokens, kv_block_size=rt.kv_block_size,
                    kv_cache_blocks=rt.kv_cache_blocks, kv_cache_free_gpu_mem_fraction=rt.kv_cache_free_gpu_mem_fraction,
-                   enable_kv_cache_reuse=rt.enable_kv_cache_reuse)
+                   enable_kv_cache_reuse=rt.enable_kv_cache_reuse, speculative=rt.speculative)
 
     def describe(self) -> dict[str, Any]:
         layout = checkpoint.CheckpointLayout(self.config)
@@ -254,8 +280,16 @@ class TorchRuntime(Runtime):
                         "tokens": self.kv.usable_blocks * self.kv.block_size,
                         "prefix_cache": self.kv.enable_prefix_cache},
             "ranks": ranks,
+            "speculative": self._spec_description(),
             "torch": torch.__version__,
         }
+
+    def _spec_description(self) -> str:
+        sp = self.speculator
+        if sp is None:
+            return "off"
+        where = "on the fast path" if hasattr(self.decoder, "verify") else "eagerly"
+        return f"{sp.proposer.name}, up to {sp.k} drafts{' (adaptive)' if sp.adaptive else ''}, verified {where}"
 
     @property
     def processes(self) -> list[int]:
@@ -264,6 +298,8 @@ class TorchRuntime(Runtime):
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (the runtime cannot run afterwards)."""
+        if getattr(self, "speculator", None) is not None:
+            self.speculator.close()
         self.executor.close()
 
     def unavailable(self) -> str | None:
@@ -276,7 +312,7 @@ class TorchRuntime(Runtime):
         """Requests running and waiting, and the KV pool's ``kv_stats``: usage 0..1, prefix-cache tokens queried and
         hit, preemptions (a plain dict: the metrics endpoint reads it)."""
         return {"requests_running": len(self.scheduler.running), "requests_waiting": len(self.scheduler.waiting),
-                **self.kv.stats()}
+                **self.kv.stats(), **(self.speculator.stats() if self.speculator is not None else {})}
 
     def submit(self, request_id: Any, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         if self.executor.failure is not None:  # the tensor-parallel group is gone: say so, at once
@@ -324,16 +360,55 @@ class TorchRuntime(Runtime):
         """Plan the step (``scheduler``), run its rows: decodes on the fast path where it runs, the rest (prefill
         chunks; every row without the fast path) through the eager model, in one forward. A request whose part of
         the step fails is dropped with an ``error`` event and the step goes on for the others (``_isolated``)."""
+        self._propose()
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
             self.decoder.release(plan.preempted)
-        fast, eager = [], []
-        for row in plan.rows:
-            (fast if self.decoder is not None and row.is_decode and row.sample else eager).append(row)
+        fast, eager = self._split(plan.rows)
         try:
             return self._isolated(self._run_eager, eager) + self._isolated(self._run_fast, fast)
         except ExecutorLost as exc:  # no request can go on: each ends with the reason
             return self._fail_everything(exc)
+
+    def _propose(self) -> None:
+        """Drafts for the decoding requests that may speculate (``Sequence.draft``), each within what it may still
+        emit. Not for a request with tokens banned soon (min_tokens' end id, bad words): acceptance does not ban."""
+        sp = self.speculator
+        if sp is None or not sp.enabled:
+            return
+        from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import DraftRequest
+
+        asks, seqs = [], []
+        for req in self.scheduler.running:
+            req.draft = []
+            if not req.decoding or req.bad_ids or (req.end_id >= 0 and len(req.generated) < req.params.min_tokens):
+                continue
+            room = min(req.params.max_tokens - len(req.generated), self.max_seq_len - req.length) - 1
+            k = min(room, sp.budget(req.request_id)) if room > 0 else 0
+            if k > 0:
+                asks.append(DraftRequest(req.request_id, req.prompt, req.generated, k))
+                seqs.append(req)
+        for req, ask, drafts in zip(seqs, asks, sp.propose(asks)):
+            req.draft = [int(t) for t in drafts[: ask.k]]
+
+    def _split(self, rows: list[PlanRow]) -> tuple[list[PlanRow], list[PlanRow]]:
+        """Rows for the fast path (decodes; verify rows where the decoder verifies, as long as all their tokens fit
+        its largest batch) and for the eager model (the rest)."""
+        if self.decoder is None:
+            return [], list(rows)
+        room = self.decoder.buckets[-1] if hasattr(self.decoder, "verify") else 0
+        fast, eager = [], []
+        decodes = sum(1 for r in rows if r.is_decode and r.sample)
+        room -= decodes
+        for row in rows:
+            if row.is_decode and row.sample:
+                fast.append(row)
+            elif row.draft and len(row.tokens) <= room:
+                fast.append(row)
+                room -= len(row.tokens)
+            else:
+                eager.append(row)
+        return fast, eager
 
     def _fail_everything(self, exc: ExecutorLost) -> list[TokenEvent]:
         reqs = list(self._requests.values())
@@ -373,27 +448,85 @@ class TorchRuntime(Runtime):
         return TokenEvent(req.request_id, [], "error", error=message)
 
     def _run_eager(self, rows: list[PlanRow]) -> list[TokenEvent]:
-        """The rows through the eager model in one forward; the sampling rows' last tokens' logits sampled."""
+        """The rows through the eager model in one forward; logits at each sampling row's last token, and at every
+        position of a verify row's (``_settle``)."""
         hidden = self._forward(rows)
         last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
-        sampled = [i for i, r in enumerate(rows) if r.sample]
+        index = [p for r, end in zip(rows, last) for p in range(end - _span(r), end)]
+        logits = self.executor.logits(hidden[torch.tensor(index, device=hidden.device)]) if index else None
+        return self._settle(rows, logits)
+
+    def _settle(self, rows: list[PlanRow], logits: torch.Tensor | None,
+                greedy: torch.Tensor | None = None) -> list[TokenEvent]:
+        """The step ran: ``logits`` holds each row's ``_span`` positions, packed in row order (``greedy``: their
+        argmax, where the step computed it). Sampling rows get their next token, verify rows their accepted drafts
+        and one token (``_verify``); then the cache counts what was kept and the tokens are recorded."""
+        spans = list(itertools.accumulate((_span(r) for r in rows), initial=0))
         reqs = [self._requests[r.request_id] for r in rows]
+        sampled = [i for i, r in enumerate(rows) if r.sample and not r.draft]
+        verify = [i for i, r in enumerate(rows) if r.draft]
         tokens = []
         if sampled:
-            index = torch.tensor([last[i] - 1 for i in sampled], device=hidden.device)
-            tokens = self._sample([reqs[i] for i in sampled], self.executor.logits(hidden[index]))
-        for row, req in zip(rows, reqs):  # the step succeeded: now it counts
-            self.scheduler.advance(req, len(row.tokens))
-        return self._record_all([reqs[i] for i in sampled], tokens)
+            at = torch.tensor([spans[i] for i in sampled], device=logits.device)
+            tokens = self._sample([reqs[i] for i in sampled], logits[at], None if greedy is None else greedy[at])
+        emitted = []
+        if verify:
+            at = torch.tensor([p for i in verify for p in range(spans[i], spans[i + 1])], device=logits.device)
+            emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], logits[at],
+                                   None if greedy is None else greedy[at])
+        for row, req in zip(rows, reqs):  # the step succeeded: now it counts (verify rows: as they are recorded)
+            if not row.draft:
+                self.scheduler.advance(req, len(row.tokens))
+        events = self._record_all([reqs[i] for i in sampled], tokens)
+        for i, out in zip(verify, emitted):
+            events.append(self._record_verified(rows[i], reqs[i], out))
+        return events
+
+    def _verify(self, rows: list[PlanRow], reqs: list[_Request], logits: torch.Tensor,
+                greedy: torch.Tensor | None) -> list[list[int]]:
+        """Each verify row's emitted tokens (``speculative.acceptance``): its accepted drafts and one token of the
+        target's; ``logits``: the rows' 1 + draft positions, packed (``greedy``: their argmax, if known)."""
+        from trtllm_pipeline.runtimes.torch_engine.speculative import acceptance
+
+        spans = list(itertools.accumulate((1 + r.draft for r in rows), initial=0))
+        argmax = []
+        if any(req.params.greedy for req in reqs):  # one host read for every greedy row
+            argmax = (greedy if greedy is not None else logits.argmax(-1)).tolist()
+        out = []
+        for i, (row, req) in enumerate(zip(rows, reqs)):
+            drafts = row.tokens[1:]
+            if req.params.greedy:
+                out.append(acceptance.accept_greedy(argmax[spans[i] : spans[i + 1]], drafts))
+            else:
+                probs = sampling.filtered_probs(logits[spans[i] : spans[i + 1]], [req.params] * (1 + row.draft))
+                out.append(acceptance.accept_sampled(probs, drafts, req.generator))
+        return out
+
+    def _record_verified(self, row: PlanRow, req: _Request, tokens: list[int]) -> TokenEvent:
+        """A verify row's tokens recorded one by one (the request may end at any); the cache keeps the row's
+        tokens up to the last accepted draft, the rest rolled back."""
+        accepted = len(tokens) - 1
+        self.speculator.verified(req.request_id, row.draft, accepted)
+        emitted: list[int] = []
+        for token in tokens:
+            event = self._record(req, token)
+            emitted += event.token_ids
+            if event.finish_reason:
+                return TokenEvent(req.request_id, emitted, event.finish_reason)
+        self.scheduler.verified(req, 1 + accepted)
+        return TokenEvent(req.request_id, emitted)
 
     def _run_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
-        reqs = [self._requests[r.request_id] for r in rows]
-        logits = self.decoder.decode([r.tokens[0] for r in rows], [r.block_table for r in rows],
-                                     [r.start for r in rows], [r.request_id for r in rows])
-        tokens = self._sample(reqs, logits, greedy=self.decoder.greedy(len(rows)))
-        for req in reqs:
-            self.scheduler.advance(req, 1)
-        return self._record_all(reqs, tokens)
+        """The rows on the CUDA fast path: a decode step, or, when some rows carry drafts, a verify step (every
+        row's tokens as rows of one step, ``DecodeGraphs.verify``)."""
+        args = ([r.tokens for r in rows], [r.block_table for r in rows], [r.start for r in rows],
+                [r.request_id for r in rows])
+        if any(r.draft for r in rows):
+            logits, greedy = self.decoder.verify(*args)
+        else:
+            logits = self.decoder.decode([t[0] for t in args[0]], *args[1:])
+            greedy = self.decoder.greedy(len(rows))
+        return self._settle(rows, logits, greedy)
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None = None) -> list[int | Exception]:
@@ -434,6 +567,8 @@ class TorchRuntime(Runtime):
 
     def _finish(self, req: _Request) -> None:
         self.scheduler.finish(req)
+        if self.speculator is not None:
+            self.speculator.release(req.request_id)
         if self.decoder is not None:
             self.decoder.release([req.request_id])
         self._requests.pop(req.request_id, None)
@@ -544,6 +679,12 @@ class TorchRuntime(Runtime):
             for rid, tokens, _ in rows:
                 self.kv.commit(rid, tokens, use_cache=True)
         return hidden, plan_rows
+
+
+def _span(row: PlanRow) -> int:
+    """Positions whose logits a row needs: none (a prefill chunk that samples nothing), its last (a sampling row),
+    or its decode token's and every draft's (a verify row)."""
+    return (1 + row.draft) if row.sample else 0
 
 
 def _common_prefix(seqs: list[tuple[int, ...]]) -> int:

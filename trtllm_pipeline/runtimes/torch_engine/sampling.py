@@ -43,7 +43,7 @@ def sample(logits: torch.Tensor, rows: Sequence[Row], greedy: torch.Tensor | Non
     chosen = logits.argmax(-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
-        probs = _filtered_probs(logits[sampled], [rows[i].params for i in sampled])
+        probs = filtered_probs(logits[sampled], [rows[i].params for i in sampled])
         for j, i in enumerate(sampled):
             chosen[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
     return chosen[:n].tolist()
@@ -60,7 +60,7 @@ def _ban(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
     return logits
 
 
-def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) per row; probabilities [rows, vocab]."""
     device = logits.device
     temps = torch.tensor([max(p.temperature, MIN_TEMPERATURE) for p in params], device=device, dtype=logits.dtype)

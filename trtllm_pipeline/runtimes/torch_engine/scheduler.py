@@ -13,6 +13,10 @@ When a running request needs a block and the pool has none, the most recently ad
 its blocks are freed and it goes back to the front of the queue with everything it has generated, to be
 recomputed when it is admitted again (a prefill of prompt + generated tokens, from whatever of it the prefix
 cache still holds), so that its output continues exactly where it was (greedy: the same tokens).
+
+Speculative decoding: a decoding request with drafts (``Sequence.draft``, set by the runtime before ``schedule``)
+feeds its last token and as many drafts as the step's token budget has room for, in one row with KV blocks for all
+of them; ``verified`` then keeps the accepted ones and rolls the table back past the rest.
 """
 
 from __future__ import annotations
@@ -33,10 +37,16 @@ class Sequence:
     prompt: list[int]
     generated: list[int] = dataclasses.field(default_factory=list)
     computed: int = 0
+    draft: list[int] = dataclasses.field(default_factory=list)  # tokens proposed for this step (speculation)
 
     @property
     def length(self) -> int:
         return len(self.prompt) + len(self.generated)
+
+    @property
+    def decoding(self) -> bool:
+        """Everything but its last sampled token is in the cache: it feeds that token next."""
+        return bool(self.generated) and self.length - self.computed == 1
 
     def tokens(self, start: int = 0, stop: int | None = None) -> list[int]:
         """Tokens [start, stop) of prompt + generated (without joining the whole lists for a decode's one)."""
@@ -82,7 +92,7 @@ class Scheduler:
             if not lost:
                 plan.rows.append(self._row(seq, n))
                 budget -= n
-                prefill -= n if n > 1 or seq.computed < len(seq.prompt) else 0
+                prefill -= 0 if seq.decoding else n  # a decode and its drafts are no prefill
                 i += 1
         # New requests only in a step that preempted none: room freed by preemption goes to the one preempted.
         while self.waiting and not plan.preempted and len(self.running) < self.max_running and budget > 0:
@@ -101,13 +111,17 @@ class Scheduler:
         return plan
 
     def _take(self, seq: Sequence, budget: int, prefill: int) -> int:
-        """Tokens ``seq`` feeds this step: its one decode token, or a chunk of what it has not computed yet."""
-        left = seq.length - seq.computed
-        if left == 1 and seq.generated:  # decoding: its last sampled token
-            return 1
-        return max(0, min(left, budget, prefill))
+        """Tokens ``seq`` feeds this step: its decode token and the drafts the budget has room for, or a chunk
+        of what it has not computed yet."""
+        if seq.decoding:  # its last sampled token, then its drafts (each a position to verify)
+            return 1 + min(len(seq.draft), budget - 1)
+        return max(0, min(seq.length - seq.computed, budget, prefill))
 
     def _row(self, seq: Sequence, n: int) -> PlanRow:
+        if seq.decoding:
+            drafts = seq.draft[: n - 1]
+            return PlanRow(seq.request_id, seq.tokens(seq.computed) + drafts, seq.computed,
+                           self.kv.tables[seq.request_id], sample=True, draft=len(drafts))
         return PlanRow(seq.request_id, seq.tokens(seq.computed, seq.computed + n), seq.computed,
                        self.kv.tables[seq.request_id], sample=seq.computed + n == seq.length)
 
@@ -115,6 +129,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.preempted(seq.request_id)
         seq.computed = 0
+        seq.draft = []
         self.waiting.appendleft(seq)
 
     def advance(self, seq: Sequence, n: int) -> None:
@@ -122,6 +137,14 @@ class Scheduler:
         before, seq.computed = seq.computed, seq.computed + n
         if seq.computed // self.kv.block_size > before // self.kv.block_size:
             self.kv.commit(seq.request_id, seq.tokens(0, seq.computed))
+
+    def verified(self, seq: Sequence, fed: int) -> None:
+        """``seq``'s verify row ran and kept ``fed`` of its tokens (its last token and the accepted drafts; the
+        emitted tokens already appended to ``generated``): those are cached; the rejected drafts' positions are
+        dropped (written, never keyed, overwritten later) and blocks wholly past the kept length freed."""
+        seq.draft = []
+        self.advance(seq, fed)
+        self.kv.trim(seq.request_id, seq.length)
 
     def finish(self, seq: Sequence) -> None:
         """``seq`` is done (or cancelled, or failed): its blocks go back to the pool."""

@@ -106,6 +106,10 @@ class StepBuffers:
     residual_new: torch.Tensor | None = None
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
+    # 2: a speculative verify step, whose rows include several positions of one request: attention runs twice, the
+    # first pass writing every row's K/V into the cache (its outputs discarded), the second reading them back for
+    # the later positions (one launch's programs never see each other's writes: ``attention``'s docstring)
+    attention_passes: int = 1
 
     @property
     def tokens(self) -> torch.Tensor:  # the token each row feeds back
@@ -414,11 +418,12 @@ class DecodeStep:
             fold = buf.folds[i] if buf.folds else None
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
                                  clear=buf.sums.get("hidden"), fold=fold)
-            attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
-                                       buf.table_rows, buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
-                                       heads=e.heads, kv_heads=e.kv_heads, compute=dt,
-                                       prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
-                                       hidden=self.hidden, eps=e.eps, pdl=pdl)
+            for _ in range(buf.attention_passes):
+                attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
+                                           buf.table_rows, buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
+                                           heads=e.heads, kv_heads=e.kv_heads, compute=dt,
+                                           prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
+                                           hidden=self.hidden, eps=e.eps, pdl=pdl)
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
                                    buf.sums.get("hidden"), clear=buf.sums.get("qkv"))

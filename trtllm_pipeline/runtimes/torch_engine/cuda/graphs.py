@@ -12,6 +12,7 @@ CPU tests) the same class runs the kernels directly, so the padding logic is tes
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import time
 from typing import Sequence
@@ -59,6 +60,8 @@ class DecodeGraphs:
         self.buffers: dict[int, StepBuffers] = {}
         self.staging: dict[int, torch.Tensor] = {}  # pinned host copies of each bucket's inputs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.verify_buffers: dict[int, StepBuffers] = {}  # speculative verify steps: the same buffers, two passes
+        self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.setup_seconds = 0.0
         rows = self.buckets[-1] + 1
         self.padding_row = rows - 1
@@ -97,6 +100,59 @@ class DecodeGraphs:
         the blocks ``tables[i]`` (a view valid until the next call). ``request_ids``: each row's request, whose
         table row persists between steps (``release`` it when the request leaves); None: rows 0.. this step."""
         keys = request_ids if request_ids is not None else [("row", i) for i in range(len(tokens))]
+        rows = self._table_rows(keys, tables)
+        if request_ids is None:
+            self.release(keys)
+        if not self.buffers:
+            self.prepare()
+        batch = bucket_for(len(tokens), self.buckets)
+        buf = self.buffers[batch]
+        self._fill(batch, tokens, positions, rows)
+        if self.use_graphs:
+            self.graphs[batch].replay()
+        else:
+            self.step.run(buf)
+        return buf.logits[: len(tokens)]
+
+    def verify(self, token_lists: Sequence[Sequence[int]], tables: Sequence[Sequence[int]], starts: Sequence[int],
+               request_ids: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+        """Speculative decoding's verify step: request i feeds ``token_lists[i]`` at positions ``starts[i] ..``,
+        every token a row of one step (all of a request's rows name its one table row), so the weights are read
+        once for all of them; the step runs attention twice (``StepBuffers.attention_passes``), from a graph of its
+        own per batch bucket, captured on first use. Float32 logits and their argmax, [total tokens] rows in order."""
+        rows = self._table_rows(request_ids, tables)
+        if not self.buffers:
+            self.prepare()
+        tokens = [t for toks in token_lists for t in toks]
+        positions = [start + j for toks, start in zip(token_lists, starts) for j in range(len(toks))]
+        expanded = [row for toks, row in zip(token_lists, rows) for _ in toks]
+        batch = bucket_for(len(tokens), self.buckets)
+        buf = self._verify_buffers(batch)
+        self._fill(batch, tokens, positions, expanded)
+        if self.use_graphs:
+            self.verify_graphs[batch].replay()
+        else:
+            self.step.run(buf)
+        return buf.logits[: len(tokens)], buf.greedy[: len(tokens)]
+
+    def _verify_buffers(self, batch: int):
+        """The bucket's buffers (shared with its decode graph: the two never run at once) with two attention
+        passes, and their graph."""
+        buf = self.verify_buffers.get(batch)
+        if buf is None:
+            buf = self.verify_buffers[batch] = dataclasses.replace(self.buffers[batch], attention_passes=2)
+            if self.use_graphs:
+                self.step.pin_carveout(buf)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.step.run(buf)
+                self.verify_graphs[batch] = graph
+                torch.cuda.synchronize()
+        return buf
+
+    def _table_rows(self, keys, tables) -> list[int]:
+        """Each request's table row on the device, its table brought up to date there."""
         rows, changed = [], False
         for key, table in zip(keys, tables):
             row = self._row_of.get(key)
@@ -111,20 +167,9 @@ class DecodeGraphs:
                 self._known[row] = len(table)
                 changed = True
             rows.append(row)
-        if request_ids is None:
-            self.release(keys)
         if changed:  # the previous step's copy is done: its logits were read back
             self.tables.copy_(self.tables_host, non_blocking=True)
-        if not self.buffers:
-            self.prepare()
-        batch = bucket_for(len(tokens), self.buckets)
-        buf = self.buffers[batch]
-        self._fill(batch, tokens, positions, rows)
-        if self.use_graphs:
-            self.graphs[batch].replay()
-        else:
-            self.step.run(buf)
-        return buf.logits[: len(tokens)]
+        return rows
 
     def decode_padded(self, rows: torch.Tensor) -> torch.Tensor:
         """``decode`` of the inputs as ``plan.decode_inputs`` lays them out ([2 + width, n] int64: tokens,

@@ -1,0 +1,83 @@
+"""The proposer interface, prompt lookup (n-gram), and the registry of proposers by name.
+
+A proposer sees each decoding request's token history (prompt, then generated; ``DraftRequest``) and returns up to
+``k`` draft tokens for it (fewer, or none, when it has no good guess). The drafts are a point mass: the proposer
+commits to one token per position, so the target's rejection rule needs no draft distribution (``acceptance``).
+Requests come in a batch so that a model-based proposer can run them together; ``release`` forgets a request.
+``registry.PROPOSERS`` names them (``runtime.speculative.method``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from typing import Any, Sequence
+
+
+@dataclasses.dataclass
+class DraftRequest:
+    request_id: Any
+    prompt: Sequence[int]
+    generated: Sequence[int]
+    k: int  # at most this many drafts
+
+
+class Proposer:
+    name = "proposer"
+
+    def propose(self, batch: Sequence[DraftRequest]) -> list[list[int]]:
+        """Up to ``r.k`` draft tokens for each request of ``batch``, in order."""
+        raise NotImplementedError
+
+    def release(self, request_id: Any) -> None:
+        """``request_id`` is finished (or preempted): drop what is kept for it."""
+
+    def close(self) -> None:
+        """Free what the proposer holds (a draft model's weights and cache)."""
+
+
+class NgramProposer(Proposer):
+    """Prompt lookup: the request's last ``n`` tokens (``n`` from ``max_n`` down to ``min_n``) searched for in its
+    earlier history, most recent occurrence first; the tokens that followed it are the drafts. Costs no model call:
+    a request whose history never repeats simply gets none (and runs as a plain decode)."""
+
+    name = "ngram"
+
+    def __init__(self, min_n: int = 2, max_n: int = 4):
+        self.min_n, self.max_n = min_n, max_n
+        self._history: dict[Any, array] = {}  # per request, its tokens as int32 bytes (searched in C by rfind)
+
+    def propose(self, batch):
+        return [self._lookup(r) for r in batch]
+
+    def _lookup(self, r: DraftRequest) -> list[int]:
+        hist = self._history.setdefault(r.request_id, array("i"))
+        total = len(r.prompt) + len(r.generated)
+        if len(hist) > total:  # not this request's history any more (an id reused): start again
+            del hist[:]
+        if len(hist) < len(r.prompt):
+            hist.extend(r.prompt[len(hist):])
+        if len(hist) < total:
+            hist.extend(r.generated[len(hist) - len(r.prompt):])
+        return lookup(hist, r.k, self.min_n, self.max_n)
+
+    def release(self, request_id):
+        self._history.pop(request_id, None)
+
+
+def lookup(hist: array, k: int, min_n: int, max_n: int) -> list[int]:
+    """The continuation (at most ``k`` tokens) of the latest earlier occurrence of ``hist``'s last n tokens."""
+    data, size = hist.tobytes(), hist.itemsize
+    total = len(hist)
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        pattern = data[(total - n) * size :]
+        end = (total - 1) * size  # an occurrence must end before the last token, so something follows it
+        while True:
+            at = data.rfind(pattern, 0, end)
+            if at < 0:
+                break
+            if at % size == 0:  # aligned on a token, not across two
+                start = at // size + n
+                return hist[start : start + k].tolist()
+            end = at + len(pattern) - 1
+    return []

@@ -1,0 +1,30 @@
+"""The proposers by name (``runtime.speculative.method``): one line each, a factory of (settings, target runtime)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import NgramProposer, Proposer
+
+
+def _draft_model(settings, target) -> Proposer:
+    from trtllm_pipeline.runtimes.torch_engine.speculative.draft import DraftProposer  # loads a model: on demand
+
+    return DraftProposer.from_settings(settings, target)
+
+
+def _self_layers(settings, target) -> Proposer:
+    from trtllm_pipeline.runtimes.torch_engine.speculative.draft import DraftProposer
+
+    return DraftProposer.from_target_layers(settings, target)
+
+
+PROPOSERS: dict[str, Callable[[Any, Any], Proposer]] = {
+    "ngram": lambda settings, target: NgramProposer(settings.ngram_min, settings.ngram_max),
+    "draft": _draft_model,
+    "self": _self_layers,
+}
+
+
+def make_proposer(settings, target) -> Proposer:
+    return PROPOSERS[settings.method](settings, target)

@@ -1,0 +1,80 @@
+"""What the runtime keeps for speculative decoding: the proposer, each request's draft length, the counters.
+
+Adaptive draft length, per request (``adaptive``): it starts at ``k``; a verify step that keeps every draft raises
+it by one (up to ``k``), one that keeps some sets it to kept + 1, one that keeps none halves it. At 0 the request
+drafts nothing for ``backoff`` decode steps, then probes with one draft; each fruitless probe doubles the wait (up
+to ``MAX_BACKOFF``). So a request whose drafts keep missing decodes plainly nearly all the time, and one that starts
+repeating its input (the lookups hitting) is back to ``k`` within a few steps. A step where the proposer had nothing
+to offer (an n-gram that never occurred) costs nothing and changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import DraftRequest, Proposer
+
+FIRST_BACKOFF = 4
+MAX_BACKOFF = 64
+
+
+@dataclasses.dataclass
+class _Track:
+    k: int
+    wait: int = 0
+    backoff: int = FIRST_BACKOFF
+
+
+class Speculator:
+    def __init__(self, proposer: Proposer, k: int, *, adaptive: bool = True):
+        self.proposer, self.k, self.adaptive = proposer, k, adaptive
+        self.enabled = True  # bench's baseline turns it off on the same loaded runtime
+        self._tracks: dict[Any, _Track] = {}
+        self.draft_tokens = self.accepted_tokens = self.verify_rows = 0
+
+    def budget(self, request_id: Any) -> int:
+        """Drafts ``request_id`` may have this step (called once per decode step of a request that could draft)."""
+        t = self._tracks.setdefault(request_id, _Track(self.k))
+        if t.k == 0:
+            t.wait -= 1
+            if t.wait > 0:
+                return 0
+            t.k = 1  # probe
+        return t.k
+
+    def propose(self, batch: Sequence[DraftRequest]) -> list[list[int]]:
+        return self.proposer.propose(batch) if batch else []
+
+    def verified(self, request_id: Any, drafted: int, accepted: int) -> None:
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.verify_rows += 1
+        t = self._tracks.get(request_id)
+        if t is None or not self.adaptive or drafted == 0:
+            return
+        if accepted == drafted:
+            t.k = min(self.k, t.k + 1)
+            t.backoff = FIRST_BACKOFF
+        elif accepted:
+            t.k = accepted + 1
+            t.backoff = FIRST_BACKOFF
+        else:
+            t.k //= 2
+            if t.k == 0:
+                t.wait = t.backoff
+                t.backoff = min(2 * t.backoff, MAX_BACKOFF)
+
+    def release(self, request_id: Any) -> None:
+        self._tracks.pop(request_id, None)
+        self.proposer.release(request_id)
+
+    def stats(self) -> dict[str, int | float]:
+        """Drafted and accepted tokens, verify rows, and the mean tokens a verified row emitted (1 + accepted)."""
+        return {"spec_decode_draft_tokens": self.draft_tokens, "spec_decode_accepted_tokens": self.accepted_tokens,
+                "spec_decode_verify_rows": self.verify_rows,
+                "spec_decode_acceptance_length": (1 + self.accepted_tokens / self.verify_rows) if self.verify_rows
+                else 0.0}
+
+    def close(self) -> None:
+        self.proposer.close()
