@@ -35,7 +35,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix}
+part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -213,5 +213,5 @@ case "$part" in
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
-    echo "unknown part $part: pipeline, served, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput or prefix" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec" >&2; exit 2 ;;
 esac
