@@ -2,12 +2,12 @@
 
 For ``build_configs/<model>-<format>-tp1.yaml`` of each format: build (torch runtime, cached),
 MMLU 5-shot on a fixed stratified subset, GSM8K (lm-eval mode) on a fixed subset, fidelity against
-the BF16 build (KL divergence over 8 chunks of 255 tokens), and the gate's verdict on each task against BF16
+the BF16 build (KL divergence over 4 chunks of 255 tokens), and the gate's verdict on each task against BF16
 (the thresholds of ``eval/gates.yaml``). Writes the table, the settings and the wall time to
 ``reports/accuracy.md`` and into README.md between its ``accuracy-table`` markers; then
 ``trtllm-pipeline report`` over the same builds gives each its full section.
 
-    python tools/accuracy_table.py --model smollm2-135m-instruct --data-dir DIR [--mmlu 57 --gsm8k 10 --fidelity 8]
+    python tools/accuracy_table.py --model smollm2-135m-instruct --data-dir DIR [--mmlu 20 --gsm8k 4 --fidelity 4]
 """
 
 from __future__ import annotations
@@ -125,11 +125,12 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--engines-dir", type=Path, default=Path("engines"))
-    # The subsets are what fits 7 formats in 30 minutes on 2 CPU cores (the torch runtime prefills ~150-300
-    # tokens/s there: a 5-shot MMLU question costs ~1-2 s, a GSM8K problem ~5-10 s, a fidelity chunk ~5 s).
-    parser.add_argument("--mmlu", type=int, default=57, help="MMLU questions (57: one a subject)")
-    parser.add_argument("--gsm8k", type=int, default=10, help="GSM8K problems")
-    parser.add_argument("--fidelity", type=int, default=8, help="fidelity chunks of 255 scored tokens (of 16)")
+    # The subsets: what fits 7 formats in 30 minutes on 2 shared CPU cores. The torch runtime prefills ~150-300
+    # tokens/s there; a 5-shot MMLU question is ~630 tokens, each subject its own few-shot prefix (so 57 questions
+    # cost about what 114 do), a GSM8K problem ~256 decode steps after the shared prefix, a fidelity chunk 511 tokens.
+    parser.add_argument("--mmlu", type=int, default=20, help="MMLU questions (stratified over the subjects)")
+    parser.add_argument("--gsm8k", type=int, default=4, help="GSM8K problems")
+    parser.add_argument("--fidelity", type=int, default=4, help="fidelity chunks of 255 scored tokens (of 16)")
     parser.add_argument("--gates", type=Path, default=REPO / "eval" / "gates.yaml")
     parser.add_argument("--out", type=Path, default=Path("reports") / "accuracy.md")
     parser.add_argument("--readme", type=Path, default=None, help="write the table into this README's markers")
