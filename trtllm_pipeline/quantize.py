@@ -359,11 +359,25 @@ def _weight_quantizers_off(model, off: bool):
             m.enable()
 
 
+def _in_checkpoint_dtype(model, dtype) -> None:
+    """A model calibrated in float32 (``calibration_dtype``) holding its weights and pre-quant scales in the checkpoint
+    dtype, as a model calibrated in that dtype holds them: ModelOpt's unified HF export writes every tensor it does
+    not quantize as it finds it (its ``dtype`` argument notwithstanding); the TensorRT-LLM export casts them itself."""
+    for module in model.modules():
+        tensors = [p for p in module.parameters(recurse=False)]
+        pre_quant_scale = getattr(module, "_pre_quant_scale", None)
+        tensors += [pre_quant_scale] if pre_quant_scale is not None else []
+        for tensor in tensors:
+            if tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor.data = tensor.data.to(dtype)
+
+
 def _export_hf(cfg: BuildConfig, model, source: ResolvedModel, out: Path) -> None:
     import torch
 
     with quiet():
         from modelopt.torch.export import export_hf_checkpoint
+    _in_checkpoint_dtype(model, getattr(torch, cfg.dtype))
     try:
         with quiet():
             export_hf_checkpoint(model, dtype=getattr(torch, cfg.dtype), export_dir=out)
