@@ -29,7 +29,7 @@ STAMP := $(VENV)/.installed
 
 help:
 	@echo "make setup                .venv with the package and its test extras (every target runs it first)"
-	@echo "make demo                 the whole pipeline on the built-in tiny model (torch runtime; DEMO_MODEL=smollm2-135m-instruct: the real SmolLM2)"
+	@echo "make demo                 the whole pipeline on the real SmolLM2-135M-Instruct (torch runtime; DEMO_MODEL=tiny-qwen2: the random tiny model)"
 	@echo "make test                 the test suite (TEST_WORKERS=0: one process; ARGS= pytest options)"
 	@echo "make test-fast            the suite without the tests marked slow"
 	@echo "make doctor               what this machine can run"
@@ -89,10 +89,9 @@ eval-%: setup
 gate: setup
 	$(CLI) gate --gates eval/gates.yaml --engines-dir $(ENGINES_DIR) --only $(MODEL) $(ARGS)
 
-# The whole pipeline on the built-in tiny model (DEMO_MODEL=smollm2-135m-instruct: the real SmolLM2, whose CPU
-# quantization takes tens of minutes on 2 cores, so it is not the default yet); eval data from DATA_DIR, else the
-# hub, else skipped with a notice.
-DEMO_MODEL ?= tiny-qwen2
+# The whole pipeline on the real SmolLM2-135M-Instruct, BF16 and FP8 (DEMO_MODEL=tiny-qwen2: the built-in random
+# tiny model, what the tests run); eval data from DATA_DIR, else the hub, else skipped with a notice.
+DEMO_MODEL ?= smollm2-135m-instruct
 demo: setup
 	$(BIN)/python -m trtllm_pipeline.demo --model $(DEMO_MODEL) --engines-dir $(ENGINES_DIR) \
 	  $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") $(ARGS)
@@ -131,7 +130,8 @@ bench-inprocess-%: setup
 
 # Every weight format of MODEL (default here: the real model) built, evaluated (MMLU 5-shot and GSM8K subsets,
 # fidelity against BF16) and gated against BF16 on this machine: reports/accuracy.md and README.md's table,
-# then reports/report.md over those builds. ACCURACY_ARGS: e.g. --mmlu 57 --gsm8k 10.
+# then reports/report.md over those builds. ACCURACY_ARGS: the subsets, default --mmlu 20 --gsm8k 4 --fidelity 4
+# (what fits 7 formats in 30 minutes on 2 shared CPU cores; more on a quiet machine, e.g. --mmlu 114 --gsm8k 20).
 ACCURACY_MODEL ?= smollm2-135m-instruct
 accuracy-table: setup
 	$(BIN)/python tools/accuracy_table.py --model $(ACCURACY_MODEL) --engines-dir $(ENGINES_DIR) \

@@ -44,11 +44,12 @@ def use_cpu_nvfp4(model) -> None:
 def fake_quantized_model(cfg, dtype: str = "float32"):
     """(model, tp=1 export dir): ModelOpt's calibrated, exported, fake-quantized model of ``cfg``.
 
-    Calibrated and exported in the config's dtype, as the quantize stage does (the export is the
-    stage's tp=1 checkpoint, bit for bit), then run in ``dtype``: float32 isolates the formats' math.
+    Calibrated in the dtype the quantize stage calibrates in here (float32 on a CPU) and exported in the config's,
+    as the stage does (the export is the stage's tp=1 checkpoint, bit for bit), then run in ``dtype``: float32
+    isolates the formats' math.
     """
     model_dir = resolve_model(cfg.model).model_dir
-    model, tokenizer = quantize._load(model_dir, cfg.dtype, "cpu")
+    model, tokenizer = quantize._load(model_dir, quantize.calibration_dtype(cfg), "cpu")
     model = quantize._calibrate(cfg, model, tokenizer, "cpu")
     out = Path(tempfile.mkdtemp(prefix="fake-quant-export-"))
     single = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(update={"tp": 1})})

@@ -209,3 +209,31 @@ def test_smollm2_answers_through_the_pipeline(built, engines_dir):
     rt.close()
     assert "Paris" in text, text
     assert out.finish_reason == "end_id"  # <|im_end|>: the GGUF's EOS, not the BOS transformers reads as one
+
+
+@pytest.mark.slow
+def test_llama_build_is_served_over_grpc_and_the_openai_front(served, engines_dir):
+    """The Llama family behind a real tritonserver: a raw gRPC generate and an OpenAI chat completion (the chat
+    template applied by the front) return what the in-process runtime generates, greedy."""
+    import openai
+
+    from trtllm_pipeline.chat import encode_prompt
+    from trtllm_pipeline.client import TritonClient
+
+    name, prompt, question = "tiny-llama-bf16-tp1", "The capital of France is", "What is 2+2?"
+    server = served(name)
+    rt = load_runtime(load(name), engines_dir)
+    try:
+        raw = rt.generate([rt.tokenizer.encode(prompt, add_special_tokens=True)], SamplingParams(max_tokens=16))[0]
+        chat = rt.generate([encode_prompt(rt.tokenizer, question, raw=False)], SamplingParams(max_tokens=16))[0]
+    finally:
+        rt.close()
+    assert len(raw.token_ids) > 1 and len(chat.token_ids) > 1
+    with TritonClient(f"127.0.0.1:{server.grpc_port}", "grpc") as client:
+        assert client.generate(prompt, max_tokens=16) == raw.text
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{server.openai_port}/v1", api_key="unused", max_retries=0,
+                       timeout=120) as client:
+        reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": question}],
+                                               max_tokens=16, temperature=0)
+    assert reply.choices[0].message.content == chat.text
+    assert reply.usage.completion_tokens == len(chat.token_ids)

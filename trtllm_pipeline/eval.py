@@ -113,6 +113,9 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
                 if ref_identity is not None and ref_runtime is None:
                     ref_runtime = load_runtime(ref_cfg, engines_dir)
                 extra["reference"] = ref_runtime
+                if not url:  # the reference's log-probabilities are reused within the process under its identity
+                    extra["reference_key"] = artifacts.fingerprint(ref_identity or {
+                        "config": cfg.name, "engine": identity, "runtime": runtime_identity(cfg)})
             results = _run(cfg, task, runtime, items, task_data, settings, inputs_hash, **extra)
             results["engine"] = identity
             if task.reference:

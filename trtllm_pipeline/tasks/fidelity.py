@@ -102,9 +102,13 @@ def chunks(tokenizer, documents: Sequence[dict]) -> list[list[int]]:
 
 
 def run(model: LanguageModel, items: Sequence[Item], task_data: TaskData, settings: dict, *, batch_size: int,
-        input_limit: int, progress, reference: LanguageModel | None = None) -> list[dict]:
+        input_limit: int, progress, reference: LanguageModel | None = None,
+        reference_key: str | None = None) -> list[dict]:
     """One record per scored token of each selected chunk: the candidate (``model``) against the
-    ``reference`` (None: the model itself) on the same tokens."""
+    ``reference`` (None: the model itself) on the same tokens.
+
+    ``reference_key`` identifies the reference build (its engine and runtime; the model itself when it is its own):
+    the reference's log-probabilities are kept under it for the rest of the process (``_REFERENCE_MEMO``)."""
     import torch
 
     for who in (model, reference):
@@ -119,8 +123,11 @@ def run(model: LanguageModel, items: Sequence[Item], task_data: TaskData, settin
     records: list[dict] = []
     for item in items:
         tokens = text[item.doc["chunk"]]
-        cand = _logprobs(model, tokens[:-1], first)
-        ref = cand if reference is None else _logprobs(reference, tokens[:-1], first).to(cand.device)
+        if reference is None:
+            cand = ref = _reference_logprobs(model, tokens[:-1], first, reference_key)
+        else:
+            cand = _logprobs(model, tokens[:-1], first)
+            ref = _reference_logprobs(reference, tokens[:-1], first, reference_key).to(cand.device)
         targets = torch.tensor(tokens[first + 1 :], device=cand.device)
         if ref.shape != cand.shape:
             raise InputError(f"the reference's vocabulary ({ref.shape[-1]} tokens) is not the candidate's "
@@ -136,6 +143,24 @@ def run(model: LanguageModel, items: Sequence[Item], task_data: TaskData, settin
                             "nll": round(nll[j], 6), "nll_reference": round(nll_ref[j], 6)})
         progress.update(1)
     return records
+
+
+# One reference's log-probabilities per chunk (16 x 255 x vocabulary floats: 0.8 GB for a 49k vocabulary), kept
+# for the process: `make accuracy-table` and the demo score every candidate against one baseline in one process,
+# and would otherwise compute the baseline again for each (half of every candidate's fidelity time). Keyed by the
+# reference's engine and runtime identity (eval's `reference` record), so a rebuilt reference is never reused.
+_REFERENCE_MEMO: dict[str, Any] = {"key": None, "chunks": {}}
+
+
+def _reference_logprobs(model, tokens: list[int], first: int, key: str | None):
+    if key is None:
+        return _logprobs(model, tokens, first)
+    if _REFERENCE_MEMO["key"] != key:
+        _REFERENCE_MEMO.update(key=key, chunks={})
+    chunk = (tuple(tokens), first)
+    if chunk not in _REFERENCE_MEMO["chunks"]:
+        _REFERENCE_MEMO["chunks"][chunk] = _logprobs(model, tokens, first)
+    return _REFERENCE_MEMO["chunks"][chunk]
 
 
 def _logprobs(model, tokens: list[int], first: int):
