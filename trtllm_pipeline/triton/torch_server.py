@@ -170,12 +170,17 @@ class _Metrics:
                         "when the last cancelled request was dropped, in seconds since the epoch"),
     }
 
+    UNBATCHED = ("steps", "cancel_step", "cancel_time")
+
     def __init__(self, pb_utils, batch: MetricBatch):
         self._families, self._metrics = {}, {}  # a family must outlive its metrics
         for key, (kind, name, description) in self.FAMILIES.items():
             family = pb_utils.MetricFamily(name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind))
             self._families[key] = family
-            self._metrics[key] = batch.wrap(family.Metric(labels={"model": "tensorrt_llm"}), last=key == "active")
+            metric = family.Metric(labels={"model": "tensorrt_llm"})
+            # The step count and the moment of the last cancellation stay exact (one IPC call a step): the soak
+            # measures steps-to-free against them; the rest reaches Triton batched.
+            self._metrics[key] = metric if key in self.UNBATCHED else batch.wrap(metric, last=key == "active")
         self._active = -1
         self.steps = 0
 
