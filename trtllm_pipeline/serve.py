@@ -121,7 +121,8 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels:
     (state_dir / STOP_FILE).unlink(missing_ok=True)
     health.clear(deployment.repo_dir)  # a lost engine of an earlier server says nothing about this one
     served = backend(deployment.runtime)
-    inner = ports.behind_front(http_front.free_loopback_port()) if cfg.serving.http_front else ports
+    own = (ports.http, ports.grpc, ports.metrics, ports.openai)
+    inner = ports.behind_front(http_front.free_loopback_port(avoid=own)) if cfg.serving.http_front else ports
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
     served.prepare_server(cfg, cmd, env, state_dir, wheels=Path(stub_wheels) if stub_wheels else None)
     # The Python models' bytecode, removed before each start. Python writes a .pyc without checking that the write

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from trtllm_pipeline.endpoints import allowed_host_names, header_problem
 from trtllm_pipeline.runtimes.base import float32_problem
@@ -485,11 +485,16 @@ def command(listen_host: str, listen_port: int, upstream_port: int, limits: dict
             f"--repository={repository}", *(f"--allow-host={h}" for h in allowed_hosts), "--", *server_command]
 
 
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it), for Triton's HTTP endpoint behind the front."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_loopback_port(avoid: Collection[int | None] = ()) -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it), for Triton's HTTP endpoint behind the front; never one
+    of ``avoid`` (the deployment's own ports, which may be free now only because nothing binds them yet: the OS
+    once picked the metrics port, and tritonserver refused to start)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 def _address(text: str) -> tuple[str, int]:

@@ -92,9 +92,9 @@ class _Gone:
 
 
 class _Outbox:
-    """Sends responses in the order given, from a thread of its own where ``threaded``. Each send is a synchronous IPC round trip
-    from the stub to the server (tens of microseconds; for a batch of 64 streams, milliseconds a step): here it
-    overlaps the engine loop's next step instead of delaying it, the stub releasing the GIL while it waits. A
+    """Sends responses in the order given, from a thread of its own where ``threaded``. Each send is a synchronous
+    IPC round trip from the stub to the server (tens of microseconds; for a batch of 64 streams, milliseconds a
+    step): threaded, it overlaps the engine loop's next step instead of delaying it (the stub releases the GIL). A
     send that fails (the client is gone) comes back to the loop as ``on_gone(job)``. The loop stays at most one
     step ahead of the sends (``mark``/``wait``): generation never outruns delivery, so a cancelled client's tokens
     stop within a step or two and a slow path delays the engine rather than piling up responses."""
