@@ -82,12 +82,7 @@ class DecodeGraphs:
             self._fill(batch, [], [], [])
             self.step.run(buf)  # compiles the kernels outside the capture
             if self.use_graphs:
-                self.step.pin_carveout(buf)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    self.step.run(buf)
-                self.graphs[batch] = graph
+                self.graphs[batch] = self._capture(buf)
         if self.use_graphs:
             torch.cuda.synchronize()
         self.setup_seconds = time.perf_counter() - start
@@ -142,14 +137,18 @@ class DecodeGraphs:
         if buf is None:
             buf = self.verify_buffers[batch] = dataclasses.replace(self.buffers[batch], attention_passes=2)
             if self.use_graphs:
-                self.step.pin_carveout(buf)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    self.step.run(buf)
-                self.verify_graphs[batch] = graph
+                self.verify_graphs[batch] = self._capture(buf)
                 torch.cuda.synchronize()
         return buf
+
+    def _capture(self, buf):
+        """One step over ``buf`` captured as a CUDA graph, its kernels' carveout pinned first (they are compiled already)."""
+        self.step.pin_carveout(buf)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.step.run(buf)
+        return graph
 
     def _table_rows(self, keys, tables) -> list[int]:
         """Each request's table row on the device, its table brought up to date there."""
