@@ -142,7 +142,7 @@ class DecodeGraphs:
         return buf
 
     def _capture(self, buf):
-        """One step over ``buf`` captured as a CUDA graph, its kernels' carveout pinned first (they are compiled already)."""
+        """One step over ``buf`` captured as a CUDA graph, its kernels' carveout pinned first (compiled already)."""
         self.step.pin_carveout(buf)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
