@@ -39,7 +39,8 @@ part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
-trap 'tar -czf "$out/all.tgz.part" -C "$out" --exclude=all.tgz --exclude=all.tgz.part . 2>/dev/null && mv "$out/all.tgz.part" "$out/all.tgz"' EXIT
+# (written beside $out first: tar reading the folder it writes into fails with "file changed as we read it")
+trap 'tar -czf "$out.tgz.part" -C "$out" --exclude=all.tgz . 2>/dev/null; mv -f "$out.tgz.part" "$out/all.tgz"' EXIT
 cd "$(dirname "$0")/.."
 wheels=${WHEELS:-.whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
@@ -67,9 +68,9 @@ case "$part" in
     done ;;
   served)
     # Issue 30: the random 7B FP8 build served by tritonserver on this GPU, against in-process in the same call.
-    # SERVED_PHASES (default all): any of cold, bench, openai, soak, warm, inprocess.
+    # SERVED_PHASES (default all): any of cold, bench, spy, openai, soak, warm, inprocess.
     c=$(config fp8)
-    phases=" ${SERVED_PHASES:-cold bench openai soak warm inprocess} "
+    phases=" ${SERVED_PHASES:-cold bench spy openai soak warm inprocess} "
     has() { [[ "$phases" == *" $1 "* ]]; }
     state="$engines/r1-distill-qwen-7b-random-fp8-tp1/serve"
     status=0
@@ -98,6 +99,18 @@ case "$part" in
         --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-grpc-c1.json" || status=$?
       tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 8,32,64 --input-tokens 128 \
         --output-tokens 256 --requests 128 --warmup 4 -o "$out/served-grpc.json" || status=$?
+    fi
+    if has spy; then  # where the server's processes spend a c=64 stream's time: py-spy, 8 s of each stub
+      tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 64 --input-tokens 128 \
+        --output-tokens 256 --requests 128 --warmup 0 -o "$out/served-grpc-spy.json" > "$out/spy-bench.txt" 2>&1 &
+      sleep 6
+      for pid in $(pgrep -f triton_python_backend_stub) $(pgrep -f "trtllm_pipeline bench"); do
+        name=$(tr '\0' ' ' < /proc/$pid/cmdline | grep -o '[a-z_]*_0_0\|bench' | head -n 1)
+        timeout 20 py-spy record --nonblocking -d 8 -r 200 -f raw --threads -o "$out/spy-${name:-$pid}.txt" \
+          --pid "$pid" > /dev/null 2>&1 &
+      done
+      wait
+      python3 benchmarks/spy_top.py "$out"/spy-*.txt | tee "$out/spy-top.txt" || true
     fi
     if has openai; then
       tp bench -c "$c" --engines-dir "$engines" --protocol openai --concurrency 1 --input-tokens 128 \

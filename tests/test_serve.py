@@ -472,6 +472,13 @@ def test_bls_model_streams_the_same_text(server):
         pieces = list(bls.stream(SPLIT_PROMPT, max_tokens=30))
         assert "".join(pieces) == bls.generate(SPLIT_PROMPT, max_tokens=30) == ens.generate(SPLIT_PROMPT, max_tokens=30)
         assert len(pieces) > 1
+        # Each response says how many tokens it carries (several where the engine outpaces delivery, on a GPU):
+        # they add up to the forced length, the text to the same text.
+        counted = list(bls.stream_tokens(SPLIT_PROMPT, max_tokens=30, min_tokens=30))
+        assert sum(n for _, n in counted) == 30 and all(n >= 0 for _, n in counted)
+        assert "".join(p for p, _ in counted) == bls.generate(SPLIT_PROMPT, max_tokens=30, min_tokens=30)
+        values = bls._values(SPLIT_PROMPT, {"max_tokens": 30}, stream=True)
+        assert all(tokens is not None for *_, tokens in bls._grpc_responses(values))  # the model's count, not a guess
 
 
 def _sse_arrivals(port: int, path: str, body: dict) -> list[tuple[float, bytes]]:

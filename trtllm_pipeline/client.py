@@ -25,7 +25,7 @@ import numpy as np
 
 from trtllm_pipeline.endpoints import is_openai_url
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
-from trtllm_pipeline.triton.contract import CLIENT_INPUTS, FRONT_MODEL
+from trtllm_pipeline.triton.contract import CLIENT_INPUTS, FRONT_MODEL, NUM_OUTPUT_TOKENS
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_MAX_TOKENS = 256
@@ -70,7 +70,7 @@ class TritonClient:
         """The whole answer to ``prompt``."""
         if self.protocol == "http":
             return self._http_generate(self._values(prompt, params, stream=False))["text_output"]
-        return "".join(piece for piece, _, _ in self._grpc_responses(self._values(prompt, params, stream=False)))
+        return "".join(piece for piece, _, _, _ in self._grpc_responses(self._values(prompt, params, stream=False)))
 
     def stream(self, prompt: str, **params) -> Iterator[str]:
         """The answer's text pieces as the server sends them, one per generated token."""
@@ -78,19 +78,20 @@ class TritonClient:
         if self.protocol == "http":
             yield from self._http_stream(values)
         else:
-            yield from (piece for piece, _, _ in self._grpc_responses(values))
+            yield from (piece for piece, _, _, _ in self._grpc_responses(values))
 
     def stream_tokens(self, prompt: str, cancelled: threading.Event | None = None, request_id: str = "",
                       **params) -> Iterator[tuple[str, int]]:
-        """(text piece, generated tokens it carries) over gRPC: 1 for each response but a final one
-        that carries text, which is the detokenizer's held-back tail (``tensorrt_llm_bls`` sends it
-        after the last token), so the counts add up to the exact completion length. Setting
-        ``cancelled`` (from another thread) ends the stream and cancels the request within
-        ``CANCEL_POLL_S``, even while no response arrives. ``request_id``: Triton's request id."""
+        """(text piece, generated tokens it carries) over gRPC: the response's ``num_output_tokens``
+        (``tensorrt_llm_bls``: one response may carry several tokens under load), else 1 for each response
+        but a final one that carries text (the detokenizer's held-back tail), so the counts add up to the exact
+        completion length. Setting ``cancelled`` (from another thread) ends the stream and cancels the request
+        within ``CANCEL_POLL_S``, even while no response arrives. ``request_id``: Triton's request id."""
         if self.protocol != "grpc":
             raise InputError("token counts come from the gRPC stream only.", fix="use protocol grpc")
-        for piece, _, final in self._grpc_responses(self._values(prompt, params, stream=True), cancelled, request_id):
-            yield piece, 0 if final else 1
+        values = self._values(prompt, params, stream=True)
+        for piece, _, final, tokens in self._grpc_responses(values, cancelled, request_id):
+            yield piece, tokens if tokens is not None else 0 if final else 1
 
     def score_choices(self, prompt: str, choice_token_ids: Sequence[int]) -> list[float]:
         """Log-probability of each single-token choice right after ``prompt``.
@@ -102,7 +103,7 @@ class TritonClient:
         if self.protocol == "http":
             logits = np.asarray(self._http_generate(values).get("generation_logits", []), dtype=np.float64)
         else:
-            found = [lg for _, lg, _ in self._grpc_responses(values) if lg is not None]
+            found = [lg for _, lg, _, _ in self._grpc_responses(values) if lg is not None]
             logits = np.asarray(found[-1] if found else [], dtype=np.float64)
         if logits.size == 0:
             raise ServerError(f"{self.model} at {self.url} returned no generation_logits.",
@@ -149,8 +150,9 @@ class TritonClient:
         return tensors
 
     def _grpc_responses(self, values: dict[str, Any], cancelled: threading.Event | None = None, request_id: str = ""
-                        ) -> Iterator[tuple[str, np.ndarray | None, bool]]:
-        """(text, generation logits, whether it is the final response) of each response bearing text."""
+                        ) -> Iterator[tuple[str, np.ndarray | None, bool, int | None]]:
+        """(text, generation logits, whether it is the final response, the tokens it carries where the model
+        says: ``num_output_tokens``) of each response bearing text."""
         responses: queue.Queue = queue.Queue()
         self._client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
@@ -175,7 +177,9 @@ class TritonClient:
                 final = final is not None and final.bool_param
                 text = result.as_numpy("text_output")
                 if text is not None:
-                    yield _text(text), result.as_numpy("generation_logits"), final
+                    tokens = result.as_numpy(NUM_OUTPUT_TOKENS)
+                    yield (_text(text), result.as_numpy("generation_logits"), final,
+                           None if tokens is None else int(tokens.reshape(-1)[0]))
                 if final:
                     finished = True
                     return

@@ -36,6 +36,9 @@ CLIENT_INPUTS = [
     ("return_generation_logits", "TYPE_BOOL", [1], "return_generation_logits"),
 ]
 REQUIRED_INPUTS = ("text_input", "max_tokens")
+# tensorrt_llm_bls's output beside text_output: the generated tokens one response stands for (a streamed response
+# may carry several when the engine outpaces delivery; the ensemble's carry one each, as TensorRT-LLM streams).
+NUM_OUTPUT_TOKENS = "num_output_tokens"
 # The model clients are pointed at: it takes the contract above and, unlike the ensemble in Triton
 # 2.51, stops a request whose client disconnected or cancelled it (docs/serving.md).
 FRONT_MODEL = "tensorrt_llm_bls"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from trtllm_pipeline.triton import model_config as mc
-from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, LOGITS_DATATYPE, PREPROCESSING_INPUTS,
+from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, LOGITS_DATATYPE, NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS,
                                              PREPROCESSING_OUTPUTS, REQUIRED_INPUTS, RequestLimits, dynamic_batching)
 from trtllm_pipeline.triton.model_config import tensor
 
@@ -142,10 +142,13 @@ def postprocessing_config(cfg: "BuildConfig", *, tokenizer_dir: Path, detokenize
 
 
 def bls_config(cfg: "BuildConfig", *, tokenizer_dir: Path, limits: RequestLimits) -> dict[str, Any]:
+    # Besides the ensemble's outputs, how many generated tokens each response stands for (a streamed response
+    # may carry several): the name Triton's vLLM backend and OpenAI frontend use.
+    outputs = [*client_outputs(), tensor(NUM_OUTPUT_TOKENS, "TYPE_INT32", [1])]
     return {
         "name": "tensorrt_llm_bls", "backend": "python", "max_batch_size": cfg.serving.max_batch_size,
         "model_transaction_policy": {"decoupled": True},
-        "input": client_inputs(), "output": client_outputs(),
+        "input": client_inputs(), "output": outputs,
         "parameters": mc.parameters({"tokenizer_dir": tokenizer_dir, "tensorrt_llm_model_name": "tensorrt_llm",
                                      "preprocessing_model_name": "preprocessing",
                                      "limits": json.dumps(limits.to_dict())}),

@@ -9,7 +9,8 @@ pieces concatenate to the non-streamed text.
 
 Streaming sends one response per generated token, like TensorRT-LLM: ``output_ids`` holds that
 token and ``output_text`` its exact text piece (often empty while a character or a possible stop
-string is incomplete). A request that ends on its end id gets an empty final response, or, when
+string is incomplete); on a GPU, tokens generated while a row's response waits for its turn to be sent
+join it (``output_ids``/``sequence_length`` then carry several). A request that ends on its end id gets an empty final response, or, when
 text was still held back, one last response with no token and that text.
 
 ``generation_logits`` (``return_generation_logits``) are the log-softmax of the logits after the
@@ -91,40 +92,57 @@ class _Gone:
     job: _Job
 
 
+@dataclasses.dataclass
+class _Chunk:
+    """A streaming row's tokens and text not yet sent: what one response will carry."""
+
+    ids: list[int]
+    text: str
+    final: bool
+
+
 class _Outbox:
     """Sends responses in the order given, from a thread of its own where ``threaded``. Each send is a synchronous
-    IPC round trip from the stub to the server (tens of microseconds; for a batch of 64 streams, milliseconds a
-    step): threaded, it overlaps the engine loop's next step instead of delaying it (the stub releases the GIL). A
-    send that fails (the client is gone) comes back to the loop as ``on_gone(job)``. The loop stays at most one
-    step ahead of the sends (``mark``/``wait``): generation never outruns delivery, so a cancelled client's tokens
-    stop within a step or two and a slow path delays the engine rather than piling up responses."""
+    IPC round trip from the stub to the server (measured on the H200: a step of 64 streams sending one response
+    each ran at ~25 ms where the GPU needed 3.7): threaded, the sends overlap the engine loop's steps instead of
+    delaying them (the stub releases the GIL), and a streaming row's tokens that arrive while its previous response
+    is still waiting its turn join that response (``stream``): one response then carries several tokens, as
+    vLLM's output queue coalesces them, so the engine never waits for delivery and the number of sends a second
+    falls to what the IPC can carry. A send that fails (the client is gone) comes back to the loop as
+    ``on_gone(job)``. Unthreaded (CPU), every response is sent at once, one token each."""
 
     def __init__(self, on_gone, threaded: bool):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._on_gone = on_gone
-        self._sent = threading.Condition()
-        self._queued = self._done = 0
+        self._lock = threading.Lock()
+        self._chunks: dict[tuple[int, int], _Chunk] = {}  # (id of the job, row): waiting in the queue
         self._thread = None
         if threaded:
             self._thread = threading.Thread(target=self._run, name="torch-runtime-outbox", daemon=True)
             self._thread.start()
 
     def put(self, sender, response, flags: int, job: "_Job | None" = None) -> None:
-        with self._sent:
-            self._queued += 1
         if self._thread is None:  # sent here and now
             self._deliver(sender, response, flags, job)
         else:
-            self._queue.put((sender, response, flags, job))
+            self._queue.put(("send", sender, response, flags, job))
 
-    def mark(self) -> int:
-        """How many responses were queued so far (``wait(mark)`` returns once they are all sent)."""
-        with self._sent:
-            return self._queued
-
-    def wait(self, mark: int, timeout: float = 30.0) -> None:
-        with self._sent:
-            self._sent.wait_for(lambda: self._done >= mark, timeout=timeout)
+    def stream(self, job: "_Job", row: int, ids: list[int], text: str, final: bool, build, final_flag: int) -> None:
+        """A streaming row's new tokens and text; ``build(job, ids, text)`` makes the response (in the sending
+        thread, when threaded: the loop does not wait for it). Joined to the row's response not sent yet, if any."""
+        if self._thread is None:
+            self._deliver(job.sender, build(job, ids, text) if ids or text else None, final_flag if final else 0, job)
+            return
+        key = (id(job), row)
+        with self._lock:
+            chunk = self._chunks.get(key)
+            if chunk is not None:  # still queued: these tokens go with it
+                chunk.ids.extend(ids)
+                chunk.text += text
+                chunk.final = chunk.final or final
+                return
+            self._chunks[key] = _Chunk(list(ids), text, final)
+        self._queue.put(("chunk", key, job, build, final_flag))
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued, then stop."""
@@ -134,7 +152,14 @@ class _Outbox:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            self._deliver(*item)
+            if item[0] == "chunk":  # a streaming row's tokens: all that came until now, in one response
+                _, key, job, build, final_flag = item
+                with self._lock:
+                    chunk = self._chunks.pop(key)
+                response = build(job, chunk.ids, chunk.text) if chunk.ids or chunk.text else None
+                self._deliver(job.sender, response, final_flag if chunk.final else 0, job)
+            else:
+                self._deliver(*item[1:])
 
     def _deliver(self, sender, response, flags: int, job: "_Job | None") -> None:
         try:
@@ -146,9 +171,6 @@ class _Outbox:
             log.info("a response could not be sent: %s", exc)
             if job is not None:
                 self._on_gone(job)
-        with self._sent:
-            self._done += 1
-            self._sent.notify_all()
 
 
 class _Metrics:
@@ -227,7 +249,6 @@ class TorchModelServer:
         # the same cores would do both, so the loop sends itself.
         self.outbox = _Outbox(lambda job: self._incoming.put(_Gone(job)),
                               threaded=getattr(getattr(runtime, "device", None), "type", "cpu") == "cuda")
-        self._last_step_mark = 0
         self._waiting: list[_Job] = []  # parsed, not yet submitted (a logits job waits for an idle runtime)
         self._jobs: dict[int, _Job] = {}  # submitted, by job number
         self._numbers = itertools.count()
@@ -345,7 +366,6 @@ class TorchModelServer:
 
     def on_events(self, events) -> None:
         self._check_lost()  # before any request hears of it: the fronts then answer 503 already
-        self.outbox.wait(self._last_step_mark)  # the previous step's responses went out while this step ran
         for event in events:
             self._on_event(event)
         tokens = sum(len(e.token_ids) for e in events)
@@ -353,7 +373,6 @@ class TorchModelServer:
         self.metrics.add("tokens", tokens)
         self.engine.generated(tokens)
         self._publish()
-        self._last_step_mark = self.outbox.mark()  # this step's responses: sent while the next step runs
 
     def _publish(self) -> None:
         """Hand the metric changes to Triton: at once when the number of requests in flight changed (a request
@@ -519,10 +538,9 @@ class TorchModelServer:
             self.engine.ended(row.times, outcome_of(row.reason))
         if job.streaming:
             final = row.reason is not None
-            if event.token_ids or piece:
-                self._send(job, self._response(job, [list(event.token_ids)], [piece]), final=final)
-            elif final:
-                self._send(job, None, final=True)
+            if event.token_ids or piece or final:
+                self.outbox.stream(job, index, list(event.token_ids), piece, final, self._stream_response,
+                                   self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         elif all(r.reason is not None for r in job.rows):
             self._send(job, self._response(job, [self._output_ids(job, r) for r in job.rows],
                                            [self._output_text(job, r) for r in job.rows]), final=True)
@@ -552,6 +570,9 @@ class TorchModelServer:
         if job.outputs:  # only what was asked for: the stub's pruning of the rest crashed it (BLS requests, H200)
             outputs = [t for t in outputs if t.name() in job.outputs]
         return self.pb.InferenceResponse(output_tensors=outputs)
+
+    def _stream_response(self, job: _Job, ids: list[int], piece: str):
+        return self._response(job, [ids], [piece])
 
     def _send(self, job: _Job, response, *, final: bool) -> None:
         """Queued for the outbox's thread; one that fails ends the job there (``_gone``)."""

@@ -14,8 +14,9 @@ iterator cannot be cancelled in this version), and the ensemble propagates nothi
 engine request always streams (one response per token, whatever the client asked), this model
 checks its own request after each response, and when the client is gone it sends TensorRT-LLM's
 stop request (``stop`` true, the same request id) to the engine model: generation ends within a
-step or two and the engine's slot is free. Required inputs and the front door's size limits are
-checked first (``contract.RequestLimits``), before preprocessing tokenizes anything.
+step or two and the engine's slot is free. Engine responses that arrive while one is being handled are
+handled together and answered with one response (``num_output_tokens``: the tokens it carries).
+Required inputs and the front door's size limits are checked first (``contract.RequestLimits``), before preprocessing tokenizes anything.
 """
 
 try:  # the serving process's module path, before any package import (runtimes/torch_engine/backend.py)
@@ -35,8 +36,8 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
 from trtllm_pipeline.triton import health, stops
-from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, CLIENT_INPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
-                                             REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
+from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, CLIENT_INPUTS, NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS,
+                                             PREPROCESSING_OUTPUTS, REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
 from trtllm_pipeline.triton.tensors import RequestError, per_row, string_parameters, texts
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -127,47 +128,56 @@ class TritonPythonModel:
         # The HTTP or OpenAI front's id when it gave one (it stops the request by it when its client goes away), else ours.
         given = request.request_id() or ""
         request_id = given if given.startswith(STOP_ID_PREFIX) else f"{BLS_ID_PREFIX}{uuid.uuid4().hex}"
+        wanted = _requested_outputs(request)
         responses = self.watched(self.request(self.engine_model, ENGINE_OUTPUTS, engine,
                                               request_id=request_id).exec(decoupled=True))
-        for response in responses:
+        for batch in responses:  # every engine response that came since the last look: one response out
             if request.is_cancelled():
                 self.stop(request_id)
                 for _ in responses:  # to the engine's final response
                     pass
                 raise Cancelled
-            if response.has_error():
-                raise EngineError(response.error().message(), _code(response.error()))
-            ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
-            if ids is None:  # an empty final response
-                continue
-            n = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
-            if n == 0:  # a response without a token (the end id's): each streamed response carries one
-                continue
-            piece = text.push(ids.as_numpy().reshape(-1)[:n].tolist())
-            if len(text.token_ids) >= max_tokens and not flushed:  # the last token: its response takes the tail
-                piece += text.flush()
-                flushed = True
-            found = pb_utils.get_output_tensor_by_name(response, "generation_logits")
-            logits = found.as_numpy() if found is not None else logits
-            if streaming:
-                self.send(sender, prefix + piece, logits if found is not None else None)
+            pieces, count, fresh_logits = [], 0, None
+            for response in batch:
+                if response.has_error():
+                    raise EngineError(response.error().message(), _code(response.error()))
+                ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
+                if ids is None:  # an empty final response
+                    continue
+                n = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
+                if n == 0:  # a response without a token (the end id's)
+                    continue
+                pieces.append(text.push(ids.as_numpy().reshape(-1)[:n].tolist()))
+                count += n
+                if len(text.token_ids) >= max_tokens and not flushed:  # the last token: its response takes the tail
+                    pieces.append(text.flush())
+                    flushed = True
+                found = pb_utils.get_output_tensor_by_name(response, "generation_logits")
+                if found is not None:
+                    logits = fresh_logits = found.as_numpy()
+                if text.stopped:  # a stop string matched: what follows is not the client's
+                    break
+            if streaming and count:
+                self.send(sender, prefix + "".join(pieces), fresh_logits, wanted, tokens=count)
                 prefix = ""
-            if text.stopped:  # a stop string matched: the engine need not go on
+            if text.stopped:  # the engine need not go on
                 self.stop(request_id)
                 for _ in responses:
                     pass
         tail = "" if flushed else text.flush()
         if not streaming:
-            self.send(sender, prefix + text.text, logits, final=True)
+            self.send(sender, prefix + text.text, logits, wanted, tokens=len(text.token_ids), final=True)
         elif tail:
-            self.send(sender, tail, None, final=True)
+            self.send(sender, tail, None, wanted, tokens=0, final=True)
         else:
             sender.send(flags=FINAL)
 
     def watched(self, responses):
-        """The engine's responses, read by a thread of their own, so that a request waiting for one ends when its
-        engine was lost (a tensor-parallel worker died: ``health``): the engine's error response was seen not to
-        reach a BLS request that had had responses already (Triton 2.51), which then waited for ever."""
+        """The engine's responses in batches: each batch all that arrived since the previous one (under load the
+        engine streams faster than one response out per response in can follow, so they are joined). Read by a
+        thread of their own, so that a request waiting for one ends when its engine was lost (a tensor-parallel
+        worker died: ``health``): the engine's error response was seen not to reach a BLS request that had had
+        responses already (Triton 2.51), which then waited for ever."""
         handoff = queue.SimpleQueue()
 
         def read():
@@ -186,11 +196,19 @@ class TritonPythonModel:
                 if (why := health.lost(self.repository)) is not None:
                     raise EngineError(why, pb_utils.TritonError.UNAVAILABLE) from None
                 continue
+            batch = []
+            while item is not None and not isinstance(item, Exception):
+                batch.append(item)
+                try:
+                    item = handoff.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                yield batch
             if item is None:
                 return
             if isinstance(item, Exception):
                 raise item
-            yield item
 
     def stop(self, request_id):
         """Stop ``request_id``: by datagram where the torch engine model listens, else TensorRT-LLM's stop
@@ -205,11 +223,23 @@ class TritonPythonModel:
         return pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, request_id=request_id,
                                          inputs=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
 
-    def send(self, sender, piece, logits, final=False):
-        outputs = [pb_utils.Tensor("text_output", np.array([[piece.encode("utf-8")]], dtype=object))]
+    def send(self, sender, piece, logits, wanted, *, tokens, final=False):
+        """``tokens``: how many generated tokens this response's text stands for (``num_output_tokens``, as
+        Triton's vLLM backend and its OpenAI frontend name it): one response may carry several."""
+        outputs = [pb_utils.Tensor("text_output", np.array([[piece.encode("utf-8")]], dtype=object)),
+                   pb_utils.Tensor(NUM_OUTPUT_TOKENS, np.array([[tokens]], dtype=np.int32))]
         if logits is not None:
             outputs.append(pb_utils.Tensor("generation_logits", logits))
+        if wanted:  # only what the request asked for (the stub prunes the rest itself, which crashed it once)
+            outputs = [t for t in outputs if t.name() in wanted]
         sender.send(pb_utils.InferenceResponse(outputs), flags=FINAL if final else 0)
+
+
+def _requested_outputs(request):
+    try:
+        return set(request.requested_output_names())
+    except Exception:  # a Python backend without it: send everything
+        return set()
 
 
 def _code(error):

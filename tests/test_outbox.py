@@ -1,0 +1,79 @@
+"""The torch engine model's outbox (``triton/torch_server._Outbox``): on a GPU its thread sends while the engine
+runs on, and a streaming row's tokens that come while its response waits join that response. The served path
+through a real tritonserver is covered by test_serve/test_bench_triton; here the joining itself, with a sender
+that is slow on purpose (as the stub's IPC was on the H200 under 64 streams)."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+from trtllm_pipeline.triton.torch_server import _Outbox
+
+FINAL = 1
+
+
+class SlowSender:
+    """Records each send; the first one waits until ``release`` is set (the sending thread is busy)."""
+
+    def __init__(self, fail: bool = False):
+        self.sent: list[tuple[object, int]] = []
+        self.release = threading.Event()
+        self.fail = fail
+
+    def send(self, response=None, flags: int = 0) -> None:
+        if not self.sent:
+            self.release.wait(10)
+        self.sent.append((response, flags))
+        if self.fail:
+            raise RuntimeError("the client is gone")
+
+
+def build(job, ids, text):
+    return (list(ids), text)
+
+
+def test_tokens_that_come_while_a_response_waits_join_it_in_order_and_the_final_flag_is_kept():
+    sender = SlowSender()
+    job = types.SimpleNamespace(sender=sender)
+    outbox = _Outbox(lambda job: None, threaded=True)
+    outbox.stream(job, 0, [1], "a", False, build, FINAL)  # taken by the thread at once, blocks in send
+    for _ in range(100):  # until the thread holds it
+        if outbox._chunks == {}:
+            break
+        threading.Event().wait(0.01)
+    for token, piece in ((2, "b"), (3, ""), (4, "cd")):
+        outbox.stream(job, 0, [token], piece, False, build, FINAL)
+    outbox.stream(job, 0, [], "", True, build, FINAL)  # the end: no token, only the final flag
+    sender.release.set()
+    outbox.close()
+    assert sender.sent == [(([1], "a"), 0), (([2, 3, 4], "bcd"), FINAL)]
+
+
+def test_rows_of_one_job_and_other_jobs_are_never_joined():
+    sender = SlowSender()
+    sender.release.set()
+    first, second = types.SimpleNamespace(sender=sender), types.SimpleNamespace(sender=sender)
+    outbox = _Outbox(lambda job: None, threaded=False)  # unthreaded: every token its own response, at once
+    outbox.stream(first, 0, [1], "a", False, build, FINAL)
+    outbox.stream(first, 0, [2], "b", False, build, FINAL)
+    outbox.stream(second, 0, [], "", True, build, FINAL)
+    assert sender.sent == [(([1], "a"), 0), (([2], "b"), 0), (None, FINAL)]
+    threaded = _Outbox(lambda job: None, threaded=True)
+    sender.sent.clear()
+    threaded.stream(first, 0, [5], "x", False, build, FINAL)
+    threaded.stream(first, 1, [6], "y", False, build, FINAL)
+    threaded.stream(second, 0, [7], "z", True, build, FINAL)
+    threaded.close()
+    assert sorted(sender.sent, key=lambda s: s[0][0]) == [(([5], "x"), 0), (([6], "y"), 0), (([7], "z"), FINAL)]
+
+
+def test_a_send_that_fails_reports_the_job_gone():
+    sender = SlowSender(fail=True)
+    sender.release.set()
+    job = types.SimpleNamespace(sender=sender)
+    gone = []
+    outbox = _Outbox(gone.append, threaded=True)
+    outbox.stream(job, 0, [1], "a", False, build, FINAL)
+    outbox.close()
+    assert gone == [job]
