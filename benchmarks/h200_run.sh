@@ -102,8 +102,8 @@ case "$part" in
     fi
     if has spy; then  # where the server's processes spend a c=64 stream's time: py-spy, 8 s of each stub
       tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 64 --input-tokens 128 \
-        --output-tokens 256 --requests 128 --warmup 0 -o "$out/served-grpc-spy.json" > "$out/spy-bench.txt" 2>&1 &
-      sleep 6
+        --output-tokens 256 --requests 384 --warmup 0 -o "$out/served-grpc-spy.json" > "$out/spy-load.log" 2>&1 &
+      sleep 4
       for pid in $(pgrep -f triton_python_backend_stub) $(pgrep -f "trtllm_pipeline bench"); do
         name=$(tr '\0' ' ' < /proc/$pid/cmdline | grep -o '[a-z_]*_0_0\|bench' | head -n 1)
         timeout 20 py-spy record --nonblocking -d 8 -r 200 -f raw --threads -o "$out/spy-${name:-$pid}.txt" \
