@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/h200_run.sh pipeline   # random 7B FP8 + BF16: quantize (ModelOpt), build, bench --in-process
 #   bash benchmarks/h200_run.sh served     # random 7B FP8: the same build deployed, tritonserver, bench over gRPC
+#   bash benchmarks/h200_run.sh served_load # the tiny model served on the GPU under c=8/32 load, streamed tokens
+#                                          # joined and not, each run under a deadline, stacks when one hangs
 #   bash benchmarks/h200_run.sh served_diag # a BLS call into a decoupled model alone, then the tiny model served
 #                                          # eagerly and probed model by model (benchmarks/serve_probe.py)
 #   bash benchmarks/h200_run.sh kernels    # benchmarks/gpu_fast_path.py: kernels, whole steps, HF transformers
@@ -35,7 +37,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -134,6 +136,31 @@ case "$part" in
     fi
     python3 benchmarks/served_table.py "$out" | tee "$out/served-table.md"
     exit $status ;;
+  served_load)
+    # Streams under load (issue 30: after the BLS fix, a c=8 run that never ended): the tiny model served eagerly on
+    # the GPU, bench c=8 and 32 each under a deadline, with the engine's streamed tokens joined (default) and not
+    # (COALESCE="1 0"); after each, the stubs' stacks (py-spy), the processes and the server's log
+    c=/tmp/diag/load/tiny-qwen2-bf16-tp1.yaml; mkdir -p "$(dirname "$c")"
+    sed "s/^runtime:/runtime:\n  fast_decode: false/" build_configs/tiny-qwen2-bf16-tp1.yaml > "$c"
+    tp build -c "$c" --engines-dir "$engines" && tp deploy -c "$c" --engines-dir "$engines"
+    for coalesce in ${COALESCE:-1 0}; do
+      TRTLLM_PIPELINE_STREAM_COALESCE=$coalesce tp serve -c "$c" --engines-dir "$engines" --detach | tail -n 2
+      for conc in 8 32; do
+        timeout -s INT 45 python3 -m trtllm_pipeline bench -c "$c" --engines-dir "$engines" --protocol triton-grpc \
+          --concurrency $conc --input-tokens 64 --output-tokens 128 --requests 64 --warmup 0 \
+          -o "$out/load-$coalesce-c$conc.json" > "$out/load-$coalesce-c$conc.txt" 2>&1 \
+          && grep "c=$conc:" "$out/load-$coalesce-c$conc.txt" || echo "coalesce $coalesce c=$conc: did not finish"
+      done
+      for pid in $(pgrep -f triton_python_backend_stub); do
+        echo "== $pid $(tr '\0' ' ' < /proc/$pid/cmdline | grep -o '[a-z_]*_0_0' | head -n 1)"
+        timeout 10 py-spy dump --nonblocking --pid "$pid" 2>&1 | head -n 80
+      done > "$out/dump-$coalesce.txt" 2>&1
+      ps -eo pid,stat,etime,args | grep -i "triton\|stub" | grep -v grep | cut -c1-160 > "$out/ps-$coalesce.txt"
+      cp "$engines/tiny-qwen2-bf16-tp1/serve/tritonserver.log" "$out/tritonserver-$coalesce.log" || true
+      grep -n -i "segmentation\|fatal\|not healthy\|Traceback" "$out/tritonserver-$coalesce.log" | head -n 20 || true
+      tp serve -c "$c" --engines-dir "$engines" --stop || true
+    done
+    ;;
   served_diag)
     # A served request that never returns, narrowed down: BLS calls into decoupled models without this project's
     # models (benchmarks/bls_minimal.py; one with CUDA work in its stub), then the tiny model served eagerly (no fast
@@ -226,5 +253,5 @@ case "$part" in
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
-    echo "unknown part $part: pipeline, served, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec" >&2; exit 2 ;;
 esac

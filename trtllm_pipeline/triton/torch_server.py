@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -109,10 +110,12 @@ class _Outbox:
     is still waiting its turn join that response (``stream``): one response then carries several tokens, as
     vLLM's output queue coalesces them, so the engine never waits for delivery and the number of sends a second
     falls to what the IPC can carry. A send that fails (the client is gone) comes back to the loop as
-    ``on_gone(job)``. Unthreaded (CPU), every response is sent at once, one token each."""
+    ``on_gone(job)``. Unthreaded (CPU), every response is sent at once, one token each; so too, from the thread,
+    with ``coalesce`` off (``TRTLLM_PIPELINE_STREAM_COALESCE=0``: clients that need a response per token)."""
 
-    def __init__(self, on_gone, threaded: bool):
+    def __init__(self, on_gone, threaded: bool, coalesce: bool = True):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._coalesce = coalesce
         self._on_gone = on_gone
         self._lock = threading.Lock()
         self._chunks: dict[tuple[int, int], _Chunk] = {}  # (id of the job, row): waiting in the queue
@@ -130,8 +133,8 @@ class _Outbox:
     def stream(self, job: "_Job", row: int, ids: list[int], text: str, final: bool, build, final_flag: int) -> None:
         """A streaming row's new tokens and text; ``build(job, ids, text)`` makes the response (in the sending
         thread, when threaded: the loop does not wait for it). Joined to the row's response not sent yet, if any."""
-        if self._thread is None:
-            self._deliver(job.sender, build(job, ids, text) if ids or text else None, final_flag if final else 0, job)
+        if self._thread is None or not self._coalesce:
+            self.put(job.sender, build(job, ids, text) if ids or text else None, final_flag if final else 0, job)
             return
         key = (id(job), row)
         with self._lock:
@@ -248,7 +251,8 @@ class TorchModelServer:
         # A thread for the sends where the steps run on a GPU (the host is free while the GPU computes); on the CPU
         # the same cores would do both, so the loop sends itself.
         self.outbox = _Outbox(lambda job: self._incoming.put(_Gone(job)),
-                              threaded=getattr(getattr(runtime, "device", None), "type", "cpu") == "cuda")
+                              threaded=getattr(getattr(runtime, "device", None), "type", "cpu") == "cuda",
+                              coalesce=os.environ.get("TRTLLM_PIPELINE_STREAM_COALESCE", "1") != "0")
         self._waiting: list[_Job] = []  # parsed, not yet submitted (a logits job waits for an idle runtime)
         self._jobs: dict[int, _Job] = {}  # submitted, by job number
         self._numbers = itertools.count()
