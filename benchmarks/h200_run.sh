@@ -70,7 +70,7 @@ case "$part" in
     done ;;
   served)
     # Issue 30: the random 7B FP8 build served by tritonserver on this GPU, against in-process in the same call.
-    # SERVED_PHASES (default all): any of cold, bench, spy, openai, soak, warm, inprocess.
+    # SERVED_PHASES (default all): any of cold, bench, spy, openai, soak, warm, inprocess; also hangcheck.
     c=$(config fp8)
     phases=" ${SERVED_PHASES:-cold bench spy openai soak warm inprocess} "
     has() { [[ "$phases" == *" $1 "* ]]; }
@@ -80,7 +80,7 @@ case "$part" in
     tp deploy -c "$c" --engines-dir "$engines"
     # The runtime alone first (its fast path, decode ahead; a kernel cache of its own, so the server starts cold): a
     # hang dumps every thread's stack (faulthandler).
-    TRITON_CACHE_DIR=/tmp/triton-cache-probe timeout -s ABRT 150 python3 -X faulthandler -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" \
+    [ -n "${SKIP_GENERATE:-}" ] || TRITON_CACHE_DIR=/tmp/triton-cache-probe timeout -s ABRT 150 python3 -X faulthandler -m trtllm_pipeline generate -c "$c" --engines-dir "$engines" \
       --max-tokens 16 "Hello" > "$out/inprocess-generate.txt" 2>&1 || { tail -n 60 "$out/inprocess-generate.txt"; exit 1; }
     probe() {  # each model in turn with a deadline (benchmarks/serve_probe.py): the one that does not answer, and the
       # stacks of the server's processes (py-spy, and SIGUSR1 into the server's log) when one does not
@@ -96,6 +96,16 @@ case "$part" in
       exit 1
     }
     start_server cold
+    if has hangcheck; then  # c=8 under a deadline; when it does not end: the stubs' stacks and the server's log
+      timeout -s INT 40 python3 -m trtllm_pipeline bench -c "$c" --engines-dir "$engines" --protocol triton-grpc \
+        --concurrency 8 --input-tokens 128 --output-tokens 256 --requests 32 --warmup 0 -o "$out/hangcheck.json" \
+        > "$out/hangcheck.txt" 2>&1 || echo "c=8 did not finish" | tee -a "$out/hangcheck.txt"
+      for pid in $(pgrep -f triton_python_backend_stub); do
+        echo "== $pid $(tr '\0' ' ' < /proc/$pid/cmdline | grep -o '[a-z_]*_0_0' | head -n 1)"
+        timeout 10 py-spy dump --nonblocking --pid "$pid" 2>&1 | head -n 80
+      done > "$out/hangcheck-stacks.txt" 2>&1
+      tail -n 150 "$state/tritonserver.log" > "$out/hangcheck-server.log" || true
+    fi
     if has bench; then
       tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1 --input-tokens 128 \
         --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-grpc-c1.json" || status=$?
