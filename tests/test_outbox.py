@@ -36,7 +36,7 @@ def build(job, ids, text):
 def test_tokens_that_come_while_a_response_waits_join_it_in_order_and_the_final_flag_is_kept():
     sender = SlowSender()
     job = types.SimpleNamespace(sender=sender)
-    outbox = _Outbox(lambda job: None, threaded=True)
+    outbox = _Outbox(lambda job: None, threaded=True, coalesce=True)
     outbox.stream(job, 0, [1], "a", False, build, FINAL)  # taken by the thread at once, blocks in send
     for _ in range(100):  # until the thread holds it
         if outbox._chunks == {}:
@@ -59,7 +59,7 @@ def test_rows_of_one_job_and_other_jobs_are_never_joined():
     outbox.stream(first, 0, [2], "b", False, build, FINAL)
     outbox.stream(second, 0, [], "", True, build, FINAL)
     assert sender.sent == [(([1], "a"), 0), (([2], "b"), 0), (None, FINAL)]
-    threaded = _Outbox(lambda job: None, threaded=True)
+    threaded = _Outbox(lambda job: None, threaded=True, coalesce=True)
     sender.sent.clear()
     threaded.stream(first, 0, [5], "x", False, build, FINAL)
     threaded.stream(first, 1, [6], "y", False, build, FINAL)
@@ -73,7 +73,20 @@ def test_a_send_that_fails_reports_the_job_gone():
     sender.release.set()
     job = types.SimpleNamespace(sender=sender)
     gone = []
-    outbox = _Outbox(gone.append, threaded=True)
+    outbox = _Outbox(gone.append, threaded=True, coalesce=True)
     outbox.stream(job, 0, [1], "a", False, build, FINAL)
     outbox.close()
     assert gone == [job]
+
+
+def test_without_coalescing_every_token_is_its_own_response_and_the_loop_can_wait_for_them():
+    sender = SlowSender()
+    job = types.SimpleNamespace(sender=sender)
+    outbox = _Outbox(lambda job: None, threaded=True)  # the default: one response per token
+    for token in (1, 2, 3):
+        outbox.stream(job, 0, [token], str(token), token == 3, build, FINAL)
+    mark = outbox.mark()
+    sender.release.set()
+    outbox.wait(mark, timeout=10)
+    assert sender.sent == [(([1], "1"), 0), (([2], "2"), 0), (([3], "3"), FINAL)]
+    outbox.close()

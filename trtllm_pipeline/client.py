@@ -76,20 +76,23 @@ class TritonClient:
         """The answer's text pieces as the server sends them, one per generated token."""
         values = self._values(prompt, params, stream=True)
         if self.protocol == "http":
-            yield from self._http_stream(values)
+            yield from (piece for piece, _ in self._http_stream(values))
         else:
             yield from (piece for piece, _, _, _ in self._grpc_responses(values))
 
     def stream_tokens(self, prompt: str, cancelled: threading.Event | None = None, request_id: str = "",
                       **params) -> Iterator[tuple[str, int]]:
-        """(text piece, generated tokens it carries) over gRPC: the response's ``num_output_tokens``
-        (``tensorrt_llm_bls``: one response may carry several tokens under load), else 1 for each response
-        but a final one that carries text (the detokenizer's held-back tail), so the counts add up to the exact
-        completion length. Setting ``cancelled`` (from another thread) ends the stream and cancels the request
-        within ``CANCEL_POLL_S``, even while no response arrives. ``request_id``: Triton's request id."""
-        if self.protocol != "grpc":
-            raise InputError("token counts come from the gRPC stream only.", fix="use protocol grpc")
+        """(text piece, generated tokens it carries): the response's ``num_output_tokens`` (``tensorrt_llm_bls``;
+        one response may carry several tokens), else 1 for each response but a final one that carries text (the
+        detokenizer's held-back tail), so the counts add up to the exact completion length. Over gRPC, setting
+        ``cancelled`` (from another thread) ends the stream and cancels the request within ``CANCEL_POLL_S``,
+        even while no response arrives. ``request_id``: Triton's request id (gRPC)."""
         values = self._values(prompt, params, stream=True)
+        if self.protocol == "http":
+            if cancelled is not None or request_id:
+                raise InputError("cancelling a stream and request ids need gRPC.", fix="use protocol grpc")
+            yield from ((piece, 1 if tokens is None else tokens) for piece, tokens in self._http_stream(values))
+            return
         for piece, _, final, tokens in self._grpc_responses(values, cancelled, request_id):
             yield piece, tokens if tokens is not None else 0 if final else 1
 
@@ -196,7 +199,8 @@ class TritonClient:
             raise ServerError(f"{self.model} at {self.url}: {body['error']}")
         return body
 
-    def _http_stream(self, values: dict[str, Any]) -> Iterator[str]:
+    def _http_stream(self, values: dict[str, Any]) -> Iterator[tuple[str, int | None]]:
+        """(text, the tokens it carries where the model says) of each event bearing text."""
         with self._post("generate_stream", values, stream=True) as response:
             for line in response.iter_lines(chunk_size=None, decode_unicode=False):  # each chunk as it lands
                 if not line.startswith(b"data:"):
@@ -205,7 +209,8 @@ class TritonClient:
                 if "error" in event:
                     raise ServerError(f"{self.model} at {self.url}: {event['error']}")
                 if "text_output" in event:
-                    yield event["text_output"]
+                    tokens = event.get(NUM_OUTPUT_TOKENS)
+                    yield event["text_output"], None if tokens is None else int(tokens)
 
     def _post(self, endpoint: str, values: dict[str, Any], *, stream: bool):
         import requests

@@ -64,17 +64,11 @@ class TritonStreamClient:
         self.client = TritonClient(url, protocol, model, timeout_s)  # checks the model is ready
 
     def generate(self, prompt: str, output_tokens: int) -> Streamed:
-        out = Streamed()
-        if self.client.protocol == "grpc":  # the server's count: a response may carry several tokens
-            out.usage_tokens = 0
-            for piece, tokens in self.client.stream_tokens(prompt, **forced_length(output_tokens)):
-                out.token_times.append(time.perf_counter())  # the piece is read as soon as the response lands
-                out.pieces.append(piece)
-                out.usage_tokens += tokens
-            return out
-        for piece in self.client.stream(prompt, **forced_length(output_tokens)):
-            out.token_times.append(time.perf_counter())
+        out = Streamed(usage_tokens=0)  # the server's count: a response may carry several tokens
+        for piece, tokens in self.client.stream_tokens(prompt, **forced_length(output_tokens)):
+            out.token_times.append(time.perf_counter())  # the piece is read as soon as the response lands
             out.pieces.append(piece)
+            out.usage_tokens += tokens
         return out
 
     def close(self) -> None:

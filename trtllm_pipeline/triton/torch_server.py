@@ -104,27 +104,37 @@ class _Chunk:
 
 class _Outbox:
     """Sends responses in the order given, from a thread of its own where ``threaded``. Each send is a synchronous
-    IPC round trip from the stub to the server (measured on the H200: a step of 64 streams sending one response
-    each ran at ~25 ms where the GPU needed 3.7): threaded, the sends overlap the engine loop's steps instead of
-    delaying them (the stub releases the GIL), and a streaming row's tokens that arrive while its previous response
-    is still waiting its turn join that response (``stream``): one response then carries several tokens, as
-    vLLM's output queue coalesces them, so the engine never waits for delivery and the number of sends a second
-    falls to what the IPC can carry. A send that fails (the client is gone) comes back to the loop as
-    ``on_gone(job)``. Unthreaded (CPU), every response is sent at once, one token each; so too, from the thread,
-    with ``coalesce`` off (``TRTLLM_PIPELINE_STREAM_COALESCE=0``: clients that need a response per token)."""
+    IPC round trip from the stub to the server: threaded, the sends overlap the engine loop's next step instead of
+    delaying it (the stub releases the GIL), and the loop stays at most one step ahead of them (``mark``/``wait``),
+    so generation never outruns delivery. On the H200 that bounds a served batch: 64 streams, one response each a
+    step, gave 23.9 ms between tokens where the step takes 3.7 ms in-process.
 
-    def __init__(self, on_gone, threaded: bool, coalesce: bool = True):
+    ``coalesce`` (``TRTLLM_PIPELINE_STREAM_COALESCE=1``; off until measured on the H200, where its first run at
+    the 7B shape did not finish a c=8 load) lets the loop run free: a streaming row's tokens that come while its
+    previous response waits its turn join that response (``stream``; one response then carries several tokens, as
+    vLLM's output queue coalesces them). A send that fails (the client is gone) comes back to the loop as
+    ``on_gone(job)``. Unthreaded (CPU), every response is sent at once, one token each."""
+
+    def __init__(self, on_gone, threaded: bool, coalesce: bool = False):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._coalesce = coalesce
         self._on_gone = on_gone
         self._lock = threading.Lock()
         self._chunks: dict[tuple[int, int], _Chunk] = {}  # (id of the job, row): waiting in the queue
+        self._sent = threading.Condition()
+        self._queued = self._done = 0
         self._thread = None
         if threaded:
             self._thread = threading.Thread(target=self._run, name="torch-runtime-outbox", daemon=True)
             self._thread.start()
 
+    @property
+    def coalesces(self) -> bool:
+        return self._thread is not None and self._coalesce
+
     def put(self, sender, response, flags: int, job: "_Job | None" = None) -> None:
+        with self._sent:
+            self._queued += 1
         if self._thread is None:  # sent here and now
             self._deliver(sender, response, flags, job)
         else:
@@ -147,6 +157,15 @@ class _Outbox:
             self._chunks[key] = _Chunk(list(ids), text, final)
         self._queue.put(("chunk", key, job, build, final_flag))
 
+    def mark(self) -> int:
+        """How many responses were queued so far (``wait(mark)`` returns once they are all sent)."""
+        with self._sent:
+            return self._queued
+
+    def wait(self, mark: int, timeout: float = 30.0) -> None:
+        with self._sent:
+            self._sent.wait_for(lambda: self._done >= mark, timeout=timeout)
+
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued, then stop."""
         if self._thread is not None:
@@ -155,14 +174,19 @@ class _Outbox:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            if item[0] == "chunk":  # a streaming row's tokens: all that came until now, in one response
-                _, key, job, build, final_flag = item
-                with self._lock:
-                    chunk = self._chunks.pop(key)
-                response = build(job, chunk.ids, chunk.text) if chunk.ids or chunk.text else None
-                self._deliver(job.sender, response, final_flag if chunk.final else 0, job)
-            else:
-                self._deliver(*item[1:])
+            try:
+                if item[0] == "chunk":  # a streaming row's tokens: all that came until now, in one response
+                    _, key, job, build, final_flag = item
+                    with self._lock:
+                        chunk = self._chunks.pop(key)
+                    response = build(job, chunk.ids, chunk.text) if chunk.ids or chunk.text else None
+                    self._deliver(job.sender, response, final_flag if chunk.final else 0, job)
+                else:
+                    self._deliver(*item[1:])
+            except Exception:  # never the thread's end: every later response would wait for ever
+                log.exception("sending a response")
+                if item[0] == "chunk":
+                    self._on_gone(item[2])
 
     def _deliver(self, sender, response, flags: int, job: "_Job | None") -> None:
         try:
@@ -174,6 +198,9 @@ class _Outbox:
             log.info("a response could not be sent: %s", exc)
             if job is not None:
                 self._on_gone(job)
+        with self._sent:
+            self._done += 1
+            self._sent.notify_all()
 
 
 class _Metrics:
@@ -252,7 +279,8 @@ class TorchModelServer:
         # the same cores would do both, so the loop sends itself.
         self.outbox = _Outbox(lambda job: self._incoming.put(_Gone(job)),
                               threaded=getattr(getattr(runtime, "device", None), "type", "cpu") == "cuda",
-                              coalesce=os.environ.get("TRTLLM_PIPELINE_STREAM_COALESCE", "1") != "0")
+                              coalesce=os.environ.get("TRTLLM_PIPELINE_STREAM_COALESCE", "0") == "1")
+        self._last_step_mark = 0
         self._waiting: list[_Job] = []  # parsed, not yet submitted (a logits job waits for an idle runtime)
         self._jobs: dict[int, _Job] = {}  # submitted, by job number
         self._numbers = itertools.count()
@@ -370,6 +398,8 @@ class TorchModelServer:
 
     def on_events(self, events) -> None:
         self._check_lost()  # before any request hears of it: the fronts then answer 503 already
+        if not self.outbox.coalesces:  # one response per token: the previous step's went out while this step ran
+            self.outbox.wait(self._last_step_mark)
         for event in events:
             self._on_event(event)
         tokens = sum(len(e.token_ids) for e in events)
@@ -377,6 +407,7 @@ class TorchModelServer:
         self.metrics.add("tokens", tokens)
         self.engine.generated(tokens)
         self._publish()
+        self._last_step_mark = self.outbox.mark()  # this step's responses: sent while the next step runs
 
     def _publish(self) -> None:
         """Hand the metric changes to Triton: at once when the number of requests in flight changed (a request

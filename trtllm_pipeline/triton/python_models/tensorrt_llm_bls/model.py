@@ -14,8 +14,9 @@ iterator cannot be cancelled in this version), and the ensemble propagates nothi
 engine request always streams (one response per token, whatever the client asked), this model
 checks its own request after each response, and when the client is gone it sends TensorRT-LLM's
 stop request (``stop`` true, the same request id) to the engine model: generation ends within a
-step or two and the engine's slot is free. Engine responses that arrive while one is being handled are
-handled together and answered with one response (``num_output_tokens``: the tokens it carries).
+step or two and the engine's slot is free. With ``TRTLLM_PIPELINE_STREAM_COALESCE=1``, engine responses that
+arrive while one is being handled are answered together, with one response; every response says how many
+tokens it carries (``num_output_tokens``).
 Required inputs and the front door's size limits are checked first (``contract.RequestLimits``), before preprocessing tokenizes anything.
 """
 
@@ -26,6 +27,7 @@ except ImportError:  # a server this project did not start (TensorRT-LLM's conta
 
 import functools
 import json
+import os
 import queue
 import threading
 import uuid
@@ -44,6 +46,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "generation_logits"]
 
 
+_MORE = object()  # watched(): the engine's stream goes on
 WATCH_S = 0.1  # how often a request waiting on the engine looks whether the engine was lost (a stat)
 
 
@@ -68,6 +71,9 @@ class TritonPythonModel:
         self.limits = RequestLimits(**json.loads(params["limits"]))
         self.repository = Path(args["model_repository"]).parent
         self.stop_address = stops.address(self.repository)
+        # Engine responses that came while one was handled answered together (TRTLLM_PIPELINE_STREAM_COALESCE=1,
+        # as the torch engine model's outbox reads it); off: one response out per response in, as TensorRT-LLM.
+        self.coalesce = os.environ.get("TRTLLM_PIPELINE_STREAM_COALESCE", "0") == "1"
 
     @functools.cached_property
     def tokenizer(self):
@@ -173,8 +179,8 @@ class TritonPythonModel:
             sender.send(flags=FINAL)
 
     def watched(self, responses):
-        """The engine's responses in batches: each batch all that arrived since the previous one (under load the
-        engine streams faster than one response out per response in can follow, so they are joined). Read by a
+        """The engine's responses in batches: one each, or, coalescing, all that arrived since the previous batch
+        (under load the engine may stream faster than one response out per response in can follow). Read by a
         thread of their own, so that a request waiting for one ends when its engine was lost (a tensor-parallel
         worker died: ``health``): the engine's error response was seen not to reach a BLS request that had had
         responses already (Triton 2.51), which then waited for ever."""
@@ -196,19 +202,24 @@ class TritonPythonModel:
                 if (why := health.lost(self.repository)) is not None:
                     raise EngineError(why, pb_utils.TritonError.UNAVAILABLE) from None
                 continue
-            batch = []
-            while item is not None and not isinstance(item, Exception):
+            batch, end = [], _MORE
+            while True:
+                if item is None or isinstance(item, Exception):  # the engine's stream ended, or failed
+                    end = item
+                    break
                 batch.append(item)
+                if not self.coalesce:
+                    break
                 try:
                     item = handoff.get_nowait()
                 except queue.Empty:
                     break
             if batch:
                 yield batch
-            if item is None:
+            if end is None:
                 return
-            if isinstance(item, Exception):
-                raise item
+            if isinstance(end, Exception):
+                raise end
 
     def stop(self, request_id):
         """Stop ``request_id``: by datagram where the torch engine model listens, else TensorRT-LLM's stop
