@@ -7,6 +7,11 @@ deployment's serve directory when its runtime is lost (``Runtime.unavailable``),
 the OpenAI front and the BLS read it: readiness endpoints answer 503, new requests 503, and a BLS
 request waiting on the engine ends with the error instead of waiting for responses that will not come.
 ``serve`` removes the marker before it starts a server.
+
+A crash cannot write anything: the engine model's process (the Python-backend stub) dies, Triton 2.51 still
+reports the model ready, and every request waiting on it waits for ever (seen on the H200: a segmentation
+fault inside the stub's ``send``). So the engine model also records its process id once it is loaded
+(``mark_alive``), and ``lost`` reports the engine lost when that process is gone.
 """
 
 from __future__ import annotations
@@ -21,11 +26,22 @@ from trtllm_pipeline import artifacts
 log = logging.getLogger(__name__)
 
 MARKER = "engine-lost.json"
+ALIVE = "engine-process.json"
 
 
-def marker(repository: str | os.PathLike) -> Path:
+def marker(repository: str | os.PathLike, name: str = MARKER) -> Path:
     """The marker of the model repository at ``repository`` (in its build's serve directory)."""
-    return artifacts.ArtifactPaths(Path(repository).resolve().parent).serve_state / MARKER
+    return artifacts.ArtifactPaths(Path(repository).resolve().parent).serve_state / name
+
+
+def mark_alive(repository: str | os.PathLike) -> None:
+    """Record this process as the engine's (called by the engine model once its runtime is loaded)."""
+    path = marker(repository, ALIVE)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        artifacts.write_json_atomic(path, {"pid": os.getpid()})
+    except OSError as exc:
+        log.error("cannot write %s (%s): a crash of the engine's process will not show", path, exc)
 
 
 def mark_lost(repository: str | os.PathLike, message: str) -> None:
@@ -43,15 +59,44 @@ def lost(repository: str | os.PathLike) -> str | None:
     try:
         data = json.loads(marker(repository).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None
+        return _process_gone(repository)
     except (OSError, ValueError):
         return "the engine model reported itself lost (its marker is unreadable)"
     message = data.get("message") if isinstance(data, dict) else None
     return message if isinstance(message, str) and message else "the engine model reported itself lost"
 
 
-def clear(repository: str | os.PathLike) -> None:
+def _process_gone(repository: str | os.PathLike) -> str | None:
     try:
-        marker(repository).unlink(missing_ok=True)
-    except OSError as exc:  # a read-only engines directory: then nothing could have written it either
-        log.warning("cannot remove %s: %s", marker(repository), exc)
+        pid = int(json.loads(marker(repository, ALIVE).read_text(encoding="utf-8"))["pid"])
+    except (OSError, ValueError, KeyError, TypeError):  # not loaded yet, or not the torch engine model
+        return None
+    if _running(pid):
+        return None
+    return (f"the engine model's process (pid {pid}) is gone: it crashed; its stack, if it left one, is in "
+            f"tritonserver.log beside {marker(repository, ALIVE).name}; restart the server (serve --stop, then serve)")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: a process that died and was not reaped yet (a zombie) does not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+
+
+def clear(repository: str | os.PathLike) -> None:
+    for name in (MARKER, ALIVE):
+        try:
+            marker(repository, name).unlink(missing_ok=True)
+        except OSError as exc:  # a read-only engines directory: then nothing could have written it either
+            log.warning("cannot remove %s: %s", marker(repository, name), exc)

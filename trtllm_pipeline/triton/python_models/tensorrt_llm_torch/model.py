@@ -33,6 +33,7 @@ class TritonPythonModel:
                                        exclude_input_in_output=params["exclude_input_in_output"] == "true",
                                        stop_address=stops.address(repository), repository=str(repository),
                                        model_name=cfg.name)
+        health.mark_alive(repository)  # a crash of this process then shows as the engine lost (health.lost)
 
     def execute(self, requests):
         for request in requests:
