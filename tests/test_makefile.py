@@ -17,9 +17,11 @@ NO_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
 
 def make(*args: str, hf_home: Path, tool: str = "tools/make", env: dict | None = None) -> subprocess.CompletedProcess:
     """`tools/make` (or make) on this checkout with the venv running these tests, its set-up taken as done."""
+    # Not the variables of a make that runs this suite (`make test ARGS=--durations=40` would hand ARGS down)
+    outer = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     return subprocess.run(
         [tool, "-s", "-o", "setup", f"VENV={Path(sys.executable).parent.parent}", *args],
-        cwd=REPO, env={**os.environ, **NO_HUB, "HF_HOME": str(hf_home), **(env or {})},
+        cwd=REPO, env={**outer, **NO_HUB, "HF_HOME": str(hf_home), **(env or {})},
         capture_output=True, text=True, timeout=300,
     )
 
