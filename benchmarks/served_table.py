@@ -2,9 +2,10 @@
 
     python benchmarks/served_table.py RESULTS_DIR      # prints markdown; reads what the run wrote there
 
-Rows: each served load level (TTFT p50, ITL p50/p99, output tokens/s) beside the in-process figure of the same
-batch (ms/step, its graph's replay, tokens/s) and the served/in-process ratios the issue's goals name; then the
-start-up times (cold, warm) and the soak's figures. A file the run did not write is left out, never guessed.
+Rows: each served load level (TTFT p50, ITL p50/p99, output tokens/s, and the server's own ms per step and tokens
+per step over the level) beside the in-process figure of the same batch (ms/step, its graph's replay, tokens/s)
+and the served/in-process ratios the issue's goals name; then the start-up times (cold, warm) and the soak's
+figures. A file the run did not write is left out, never guessed.
 """
 
 from __future__ import annotations
@@ -42,20 +43,22 @@ def _inprocess(out: Path, name: str) -> dict[int, dict]:
 
 def table(out: Path) -> list[str]:
     inproc = _inprocess(out, "inprocess-fp8-c128.json")
-    lines = ["| protocol | concurrency | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | in-process ms/step "
-             "| served ITL / in-process | served tok/s / in-process |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| protocol | concurrency | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | server ms/step "
+             "| server tokens/step | in-process ms/step | served ITL / in-process | served tok/s / in-process |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     grpc_itl: dict[int, float] = {}
     for protocol, entry in _served_levels(out):
         c = entry.get("concurrency")
         ref = inproc.get(c, {})
         itl, rate = entry["itl_ms"].get("p50"), entry.get("output_tokens_per_s")
+        server = entry.get("server") or {}  # the server's own step counters (bench/server_steps.py)
         if protocol == "gRPC" and itl is not None:
             grpc_itl[c] = itl
         ratio_itl = itl / ref["decode_ms"] if itl and ref.get("decode_ms") else None
         ratio_rate = rate / ref["tokens_per_s"] if rate and ref.get("tokens_per_s") else None
         lines.append(f"| {protocol} | {c} | {_fmt(entry['ttft_ms'].get('p50'), '.1f')} | {_fmt(itl, '.3f')} | "
                      f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
+                     f"{_fmt(server.get('ms_per_step'), '.3f')} | {_fmt(server.get('tokens_per_step'), '.1f')} | "
                      f"{_fmt(ref.get('decode_ms'), '.3f')} | {_fmt(ratio_itl, '.3f')} | {_fmt(ratio_rate, '.3f')} |")
     lines += ["", "| in-process batch | ms/step | graph replay ms | tokens/s | prefill ms |",
               "|---|---|---|---|---|"]

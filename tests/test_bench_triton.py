@@ -31,6 +31,11 @@ def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, e
         assert entry["output_tokens_mean"] == 24 and entry["input_tokens_mean"] == 48
         assert entry["ttft_ms"]["p50"] > 0 and entry["itl_ms"]["p50"] > 0
         assert entry["output_tokens_per_s"] > 0 and "note" not in entry  # 8 = the build's batch: nothing queues
+        # The server's own counters around the level: every measured token came from one of its steps, and a
+        # step carries at most the level's concurrency of them (other tests' requests may share the server).
+        server = entry["server"]
+        assert server["steps"] >= 23 and 1 <= server["tokens_per_step"] <= 8 and server["ms_per_step"] > 0
+        assert "ms/step" in proc.stderr + proc.stdout
     # the server computes on this machine: on its CPU no GPU price applies (as the report says)
     assert data["settings"]["device"] == ("cuda" if gpus() else "cpu")
     if data["settings"]["device"] == "cpu":

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -32,10 +33,11 @@ from trtllm_pipeline.bench.load import Job, run_level
 from trtllm_pipeline.bench.metrics import summarize_level
 from trtllm_pipeline.bench.prompts import dataset_prompts, prompts, synthetic_prompts
 from trtllm_pipeline.bench.protocols import TRITON_PROTOCOLS, connect
+from trtllm_pipeline.bench.server_steps import between, metrics_url, read_counters
 from trtllm_pipeline.bench.settings import BenchSettings, LoadLevel, load_levels
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.console import quiet
-from trtllm_pipeline.endpoints import resolve_url
+from trtllm_pipeline.endpoints import read_state, resolve_url
 from trtllm_pipeline.errors import InputError, StageFailed
 from trtllm_pipeline.machine import gpus as gpus_here
 from trtllm_pipeline.model.source import resolve_model
@@ -87,7 +89,9 @@ def run(*, cfg: BuildConfig | None, url: str | None, protocol: str, concurrency:
         url = resolve_url("default", TRITON_PROTOCOLS.get(protocol, "openai"), cfg, engines_dir)
     settings = BenchSettings(protocol=protocol, url=url, levels=load_levels(concurrency, request_rate), **options)
     source = tokenizer or config_tokenizer_dir(cfg, engines_dir)
+    running = read_state(cfg, engines_dir) if cfg is not None and local else None
     return bench(settings, tokenizer=load_tokenizer(source), tokenizer_source=str(source),
+                 server_metrics=metrics_url(running.host, running.metrics_port) if running else None,
                  output=output or default_output(engines_dir, cfg.name, settings),
                  config_name=cfg.name if cfg else None, engines_dir=engines_dir,
                  gpus=gpus or (cfg.parallelism.world_size if cfg else 1), gpu_hour_usd=gpu_hour_usd, progress=progress,
@@ -119,11 +123,14 @@ def queue_note(level: LoadLevel, server_max_batch: int | None) -> str | None:
 def bench(settings: BenchSettings, *, tokenizer, tokenizer_source: str, output: Path,
           config_name: str | None = None, engines_dir: Path | None = None, gpus: int = 1,
           gpu_hour_usd: float = cost.DEFAULT_GPU_HOUR_USD, progress: Callable[[str], None] = log.info,
-          device: str | None = None, server_max_batch: int | None = None) -> BenchResult:
+          device: str | None = None, server_max_batch: int | None = None,
+          server_metrics: str | None = None) -> BenchResult:
     """Run every load level against the server and write the results file to ``output``.
 
     ``device`` (where the server computes, when known): on ``cpu`` no level has a cost. ``server_max_batch``
-    (when known): a closed-loop level above it carries a ``note`` that its requests queue.
+    (when known): a closed-loop level above it carries a ``note`` that its requests queue. ``server_metrics``
+    (the server's metrics URL, when it runs here): each level also gets the server's own ms per step
+    (``server_steps``).
 
     When ``output`` is in the config's ``bench/`` artifact directory, that directory's manifest is
     rewritten to name it as the latest results (the report reads it from there).
@@ -141,8 +148,10 @@ def bench(settings: BenchSettings, *, tokenizer, tokenizer_source: str, output: 
                  f"{settings.input_tokens if settings.dataset == 'synthetic' else settings.dataset} -> "
                  f"{settings.output_tokens} tokens ({endpoint.protocol} {endpoint.url}, model {endpoint.model})")
         run_level(endpoint, warmup, level, settings.output_tokens, tokenizer, seed=settings.seed)
+        before, started_level = read_counters(server_metrics), time.perf_counter()
         results = run_level(endpoint, measured, level, settings.output_tokens, tokenizer, seed=settings.seed)
         entry = summarize_level(level.key, results)
+        entry["server"] = between(before, read_counters(server_metrics), time.perf_counter() - started_level)
         entry["input_tokens_mean"] = round(sum(j.input_tokens for j in measured) / len(measured), 3)
         estimate = cost.estimate(entry["output_tokens_per_s"], gpus=gpus, gpu_hour_usd=gpu_hour_usd)
         entry["cost"] = estimate.to_dict() if estimate and device != "cpu" else None
@@ -191,7 +200,9 @@ def describe_level(entry: dict[str, Any]) -> str:
     return (f"{level_label(entry)}: {entry['requests']} ok, {entry['errors']} errors; "
             f"TTFT p50 {fmt(entry['ttft_ms']['p50'], ' ms')}, ITL p50 {fmt(entry['itl_ms']['p50'], ' ms')}, "
             f"e2e p50 {fmt(entry['e2e_ms']['p50'], ' ms')}; "
-            f"{fmt(entry['output_tokens_per_s'])} tokens/s, {fmt(entry['requests_per_s'])} requests/s")
+            f"{fmt(entry['output_tokens_per_s'])} tokens/s, {fmt(entry['requests_per_s'])} requests/s"
+            + (f"; server {entry['server']['ms_per_step']:.2f} ms/step, {entry['server']['tokens_per_step']:.1f} "
+               "tokens/step" if entry.get("server") else ""))
 
 
 def default_output(engines_dir: Path, config_name: str, settings: BenchSettings) -> Path:
