@@ -1,11 +1,16 @@
-"""The engine model's process dies (on the H200 a segmentation fault in the stub's ``send`` did this): Triton 2.51
-still says the model is ready and a streaming request waiting on it waited for ever. With ``health``'s record of
-the engine's process, the waiting request ends with an error naming the crash and readiness answers 503."""
+"""A served build with speculation on (n-gram lookup), then the end of its engine's process.
+
+Speculation served: the same greedy text as plain decoding and the engine metrics count what was drafted and
+accepted. The crash (on the H200 a segmentation fault in the stub's ``send`` did this): Triton 2.51 still says
+the model is ready and a streaming request waiting on it waited for ever; with ``health``'s record of the
+engine's process the waiting request ends with an error naming the crash and readiness answers 503. One
+server for both (the crash test last: tests of a file run in order, on one worker)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -13,15 +18,54 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import free_ports, load
+import requests
+import yaml
+from conftest import CONFIGS, free_ports, load
 
 from trtllm_pipeline import artifacts, serve
+from trtllm_pipeline.build import build
 from trtllm_pipeline.client import ServerError, TritonClient
+from trtllm_pipeline.config import config_from_dict
+from trtllm_pipeline.quantize import quantize
+from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.runtimes.registry import load_runtime
 from trtllm_pipeline.triton import health
 
 pytestmark = pytest.mark.slow
 
-NAME = "tiny-qwen2-bf16-tp1"  # a config no other test serves (one server per config at a time)
+PLAIN = "tiny-qwen2-bf16-tp1"
+NAME = "tiny-qwen2-bf16-ngram-tp1"  # served by no other test (one server per config at a time)
+# Repeats, so that prompt lookup finds continuations; the tiny random model's greedy text loops too.
+PROMPTS = ["one two three four five six one two three four five six one two three",
+           "Café au lait 0", "a b c d a b c d a b c d a b", "Story number 1:"]
+TOKENS = 160  # long enough for the lookups to find repeats (in-process: ~40 drafted, ~17 accepted)
+
+
+@pytest.fixture(scope="module")
+def spec_cfg(built, engines_dir, tmp_path_factory):
+    built(PLAIN)  # the plain build: the reference text (the same built-in weights)
+    data = yaml.safe_load((CONFIGS / f"{PLAIN}.yaml").read_text())
+    data["runtime"]["speculative"] = {"method": "ngram", "num_draft_tokens": 4}
+    path = tmp_path_factory.mktemp("spec") / f"{NAME}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = config_from_dict(data, name=NAME, path=path)
+    quantize(cfg, engines_dir=engines_dir)
+    build(cfg, engines_dir=engines_dir, runtime="torch")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def server(spec_cfg, engines_dir):
+    http, grpc, metrics, openai = free_ports(4)
+    started = serve.start(spec_cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics, openai=openai)
+    yield started
+    serve.stop(spec_cfg, engines_dir=engines_dir)
+    assert not serve.group_alive(started.pid)
+
+
+def _engine_metrics(server) -> dict[str, float]:
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    return {k: float(v) for k, v in re.findall(r"^trtllm_pipeline:(\w+)\{[^}]*\} (\S+)$", text, re.MULTILINE)}
 
 
 def _ready_status(port: int) -> int:
@@ -32,45 +76,64 @@ def _ready_status(port: int) -> int:
         return exc.code
 
 
-def test_a_crashed_engine_process_ends_the_waiting_stream_with_the_reason_and_readiness_turns_503(built, engines_dir):
-    built(NAME)
-    cfg = load(NAME)
-    http, grpc, metrics, openai = free_ports(4)
-    server = serve.start(cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics, openai=openai)
+def test_speculation_served_gives_plain_greedy_text_and_the_metrics_count_drafts(server, engines_dir):
+    plain = load_runtime(load(PLAIN), engines_dir)
     try:
-        alive = artifacts.ArtifactPaths(engines_dir / NAME).serve_state / health.ALIVE
-        pid = json.loads(alive.read_text())["pid"]
-        assert b"triton_python_backend_stub" in open(f"/proc/{pid}/cmdline", "rb").read()
-        address = f"127.0.0.1:{grpc}"
-        with TritonClient(address) as client:
-            assert client.generate("Hello", max_tokens=4)  # served before the crash
-        assert _ready_status(http) == 200
-
-        pieces, outcome = [], {}
-        first = threading.Event()
-
-        def stream() -> None:
-            try:
-                with TritonClient(address) as client:
-                    for piece in client.stream("Once upon a time", max_tokens=400, min_tokens=400):
-                        pieces.append(piece)
-                        first.set()
-                outcome["ended"] = "complete"
-            except ServerError as exc:
-                outcome["ended"] = str(exc)
-            first.set()
-
-        reader = threading.Thread(target=stream, daemon=True)
-        reader.start()
-        assert first.wait(60)
-        os.kill(pid, signal.SIGKILL)
-        started = time.monotonic()
-        reader.join(60)
-        assert not reader.is_alive(), "the stream still waits on an engine that is gone"
-        assert "engine model's process" in outcome["ended"] and f"pid {pid}" in outcome["ended"]
-        assert time.monotonic() - started < 30
-        assert 0 < len(pieces) < 400
-        assert _ready_status(http) == 503
+        expected = {p: plain.generate([plain.tokenizer.encode(p, add_special_tokens=True)],
+                                      SamplingParams(max_tokens=TOKENS, end_id=-1))[0].text for p in PROMPTS}
     finally:
-        serve.stop(cfg, engines_dir=engines_dir)
-    assert not serve.group_alive(server.pid)
+        plain.close()
+    got = {}
+
+    def ask(prompt: str) -> None:  # all at once: speculating rows in one batch
+        with TritonClient(f"127.0.0.1:{server.grpc_port}") as client:
+            # end_id -1: never ends early, as in-process; not min_tokens (a request with its end id banned does
+            # not speculate: acceptance does not ban)
+            got[prompt] = "".join(client.stream(prompt, max_tokens=TOKENS, end_id=-1))
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == expected
+    deadline = time.monotonic() + 10  # the engine's metrics reach Triton batched, ~10 times a second
+    while (m := _engine_metrics(server)).get("spec_decode_num_draft_tokens_total", 0) == 0:
+        assert time.monotonic() < deadline, {k: v for k, v in m.items() if "spec" in k}
+        time.sleep(0.2)
+    assert 0 < m["spec_decode_num_accepted_tokens_total"] <= m["spec_decode_num_draft_tokens_total"]
+    assert m["spec_decode_num_verify_rows_total"] > 0 and m["spec_decode_acceptance_length"] >= 1
+
+
+def test_a_crashed_engine_process_ends_the_waiting_stream_with_the_reason_and_readiness_turns_503(
+        server, engines_dir):
+    alive = artifacts.ArtifactPaths(engines_dir / NAME).serve_state / health.ALIVE
+    pid = json.loads(alive.read_text())["pid"]
+    assert b"triton_python_backend_stub" in open(f"/proc/{pid}/cmdline", "rb").read()
+    address = f"127.0.0.1:{server.grpc_port}"
+    assert _ready_status(server.http_port) == 200
+    pieces, outcome = [], {}
+    first = threading.Event()
+
+    def stream() -> None:
+        try:
+            with TritonClient(address) as client:
+                for piece in client.stream("Once upon a time", max_tokens=400, min_tokens=400):
+                    pieces.append(piece)
+                    first.set()
+            outcome["ended"] = "complete"
+        except ServerError as exc:
+            outcome["ended"] = str(exc)
+        first.set()
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert first.wait(60)
+    os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    reader.join(60)
+    assert not reader.is_alive(), "the stream still waits on an engine that is gone"
+    assert "engine model's process" in outcome["ended"] and f"pid {pid}" in outcome["ended"]
+    assert time.monotonic() - started < 30
+    assert 0 < len(pieces) < 400
+    assert _ready_status(server.http_port) == 503
