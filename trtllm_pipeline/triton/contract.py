@@ -36,8 +36,8 @@ CLIENT_INPUTS = [
     ("return_generation_logits", "TYPE_BOOL", [1], "return_generation_logits"),
 ]
 REQUIRED_INPUTS = ("text_input", "max_tokens")
-# tensorrt_llm_bls's output beside text_output: the generated tokens one response stands for (a streamed response
-# may carry several when the engine outpaces delivery; the ensemble's carry one each, as TensorRT-LLM streams).
+# tensorrt_llm_bls's output beside text_output: the generated tokens one response stands for (1 each, as
+# TensorRT-LLM streams; several when the server coalesces: TRTLLM_PIPELINE_STREAM_COALESCE). The ensemble has none.
 NUM_OUTPUT_TOKENS = "num_output_tokens"
 # The model clients are pointed at: it takes the contract above and, unlike the ensemble in Triton
 # 2.51, stops a request whose client disconnected or cancelled it (docs/serving.md).

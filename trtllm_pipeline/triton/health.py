@@ -73,8 +73,9 @@ def _process_gone(repository: str | os.PathLike) -> str | None:
         return None
     if _running(pid):
         return None
-    return (f"the engine model's process (pid {pid}) is gone: it crashed; its stack, if it left one, is in "
-            f"tritonserver.log beside {marker(repository, ALIVE).name}; restart the server (serve --stop, then serve)")
+    log_file = marker(repository, ALIVE).parent / "tritonserver.log"
+    return (f"the engine model's process (pid {pid}) is gone: it crashed (its stack, if it left one, is in "
+            f"{log_file}); restart the server: serve --stop, then serve")
 
 
 def _running(pid: int) -> bool:

@@ -9,9 +9,10 @@ pieces concatenate to the non-streamed text.
 
 Streaming sends one response per generated token, like TensorRT-LLM: ``output_ids`` holds that
 token and ``output_text`` its exact text piece (often empty while a character or a possible stop
-string is incomplete); on a GPU, tokens generated while a row's response waits for its turn to be sent
-join it (``output_ids``/``sequence_length`` then carry several). A request that ends on its end id gets an empty final response, or, when
-text was still held back, one last response with no token and that text.
+string is incomplete); with ``TRTLLM_PIPELINE_STREAM_COALESCE=1`` on a GPU, tokens generated while a row's
+response waits for its turn to be sent join it (``output_ids``/``sequence_length`` then carry several). A
+request that ends on its end id gets an empty final response, or, when text was still held back, one last
+response with no token and that text.
 
 ``generation_logits`` (``return_generation_logits``) are the log-softmax of the logits after the
 prompt, computed with ``Runtime.score`` over the vocabulary: only for ``max_tokens`` 1, which is

@@ -16,8 +16,8 @@ checks its own request after each response, and when the client is gone it sends
 stop request (``stop`` true, the same request id) to the engine model: generation ends within a
 step or two and the engine's slot is free. With ``TRTLLM_PIPELINE_STREAM_COALESCE=1``, engine responses that
 arrive while one is being handled are answered together, with one response; every response says how many
-tokens it carries (``num_output_tokens``).
-Required inputs and the front door's size limits are checked first (``contract.RequestLimits``), before preprocessing tokenizes anything.
+tokens it carries (``num_output_tokens``). Required inputs and the front door's size limits are checked first
+(``contract.RequestLimits``), before preprocessing tokenizes anything.
 """
 
 try:  # the serving process's module path, before any package import (runtimes/torch_engine/backend.py)
