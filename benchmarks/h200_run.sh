@@ -99,12 +99,16 @@ case "$part" in
     if has hangcheck; then  # c=8 under a deadline; when it does not end: the stubs' stacks and the server's log
       timeout -s INT 40 python3 -m trtllm_pipeline bench -c "$c" --engines-dir "$engines" --protocol triton-grpc \
         --concurrency 8 --input-tokens 128 --output-tokens 256 --requests 32 --warmup 0 -o "$out/hangcheck.json" \
-        > "$out/hangcheck.txt" 2>&1 || echo "c=8 did not finish" | tee -a "$out/hangcheck.txt"
+        > "$out/hangcheck.txt" 2>&1 || { echo "c=8 did not finish" | tee -a "$out/hangcheck.txt"; hung=1; }
       for pid in $(pgrep -f triton_python_backend_stub); do
         echo "== $pid $(tr '\0' ' ' < /proc/$pid/cmdline | grep -o '[a-z_]*_0_0' | head -n 1)"
         timeout 10 py-spy dump --nonblocking --pid "$pid" 2>&1 | head -n 80
       done > "$out/hangcheck-stacks.txt" 2>&1
       tail -n 150 "$state/tritonserver.log" > "$out/hangcheck-server.log" || true
+      if [ -n "${hung:-}" ]; then  # the loads after it would hang the same way: stop here, with the stacks
+        tp serve -c "$c" --engines-dir "$engines" --stop || true
+        exit 1
+      fi
     fi
     if has bench; then
       tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1 --input-tokens 128 \

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Several h200_run.sh parts one after another, each under its own deadline, in a background session that outlives a
+# device call: a call runs at most 10 minutes and the machine stays lent only while calls follow each other closely,
+# so one queue started by the first call is waited on by the next ones, and no part pays for a new machine's start.
+#
+#   bash benchmarks/h200_queue.sh start QUEUE_FILE  # starts the queue, then waits as `wait` does
+#   bash benchmarks/h200_queue.sh wait              # waits up to WAIT_S seconds (default 560) for the queue to end,
+#                                                   # prints its summary and the running part's last lines, and puts
+#                                                   # everything so far into $OUT/queue.tgz (one file: a call brings
+#                                                   # back only a few)
+#
+# QUEUE_FILE is bash, read in the queue's shell:
+#   part NAME SECONDS [VAR=value ...]   h200_run.sh NAME with those variables, stopped after SECONDS
+#   await PATH SECONDS                  waits for PATH (a file a later call brings: a wheel carried in halves)
+# Each part writes under /tmp/queue/NN-NAME/; no server outlives its part (a leftover holds GPU memory).
+set -uo pipefail
+q=/tmp/queue
+cd "$(dirname "$0")/.."
+
+collect() {
+  local out
+  out=$(realpath -m "${OUT:-results}")
+  mkdir -p "$out"
+  tar -czf "$out/queue.tgz.part" -C "$q" --exclude=all.tgz . 2>/dev/null
+  mv -f "$out/queue.tgz.part" "$out/queue.tgz"
+}
+
+stamp() { echo "$(date +%T) $*" >> "$q/summary.txt"; }
+
+part() {
+  local name=$1 seconds=$2 dir rc start=$SECONDS
+  shift 2
+  n=$((n + 1))
+  dir=$q/$(printf %02d "$n")-$name
+  mkdir -p "$dir"
+  stamp "start $name (at most $seconds s) $*"
+  env "$@" OUT="$dir" timeout -s INT -k 30 "$seconds" bash benchmarks/h200_run.sh "$name" > "$dir/part.log" 2>&1
+  rc=$?
+  pkill -f tritonserver; pkill -f triton_python_backend_stub; sleep 2
+  stamp "end $name rc=$rc after $((SECONDS - start)) s$([ $rc = 124 ] && echo ' (deadline)')"
+}
+
+await() {
+  local path=$1 seconds=$2 start=$SECONDS
+  stamp "awaiting $path (at most $seconds s)"
+  while [ ! -e "$path" ] && [ $((SECONDS - start)) -lt "$seconds" ]; do sleep 2; done
+  [ -e "$path" ] && stamp "found $path" || stamp "no $path after $seconds s"
+}
+
+case "${1:?start QUEUE_FILE or wait}" in
+  start)
+    [ -f "${2:?the queue file}" ] || { echo "no queue file $2" >&2; exit 2; }
+    rm -rf "$q"
+    mkdir -p "$q"
+    cp "$2" "$q/queue.sh"
+    setsid bash "$0" _run "$q/queue.sh" > "$q/queue.log" 2>&1 < /dev/null &
+    sleep 1
+    exec bash "$0" wait ;;
+  _run)
+    n=0
+    stamp "queue started on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+    # shellcheck disable=SC1090
+    source "$2"
+    stamp "queue done"
+    touch "$q/done" ;;
+  wait)
+    start=$SECONDS
+    while [ ! -e "$q/done" ] && [ $((SECONDS - start)) -lt "${WAIT_S:-560}" ]; do sleep 5; done
+    cat "$q/summary.txt"
+    last=$(ls -d "$q"/[0-9]*/ 2>/dev/null | tail -n 1)
+    [ -n "$last" ] && { echo "== ${last%/}/part.log"; tail -n 40 "$last/part.log"; }
+    collect
+    [ -e "$q/done" ] && echo "queue: done" || echo "queue: still running" ;;
+  *)
+    echo "usage: h200_queue.sh start QUEUE_FILE | wait" >&2; exit 2 ;;
+esac
