@@ -26,6 +26,8 @@
 #                                          # --throughput for each LENGTHS pair (default the five TensorRT-LLM
 #                                          # rows; REQUESTS each, default 1000; one pair per call keeps a call
 #                                          # under 10 minutes: LENGTHS=128/2048), then batch-1 ms/step
+#   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
+#                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
 #   bash benchmarks/h200_run.sh prefix     # the same build: a PREFIX-token (1500) shared system prompt + 100-token
 #                                          # questions, 64 output tokens, 512 requests, without then with reuse
 #   bash benchmarks/h200_run.sh spec       # speculative decoding (issue 35), random 7B FP8: the fast verify step
@@ -37,7 +39,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -251,6 +253,12 @@ case "$part" in
       tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1 --context 128,2048 --output-tokens 256 \
         -o "$out/inprocess-fp8-batch1-paged.json"
     fi ;;
+  probe)  # where a loaded step's time goes (benchmarks/throughput_probe.py): progress lines, a profiler trace
+    c=$(config fp8)
+    c=${c%.yaml}-load.yaml
+    tp build -c "$c" --engines-dir "$engines"
+    python3 benchmarks/throughput_probe.py -c "$c" --engines-dir "$engines" --lengths "${LENGTHS:-128/2048}" \
+      --requests "${REQUESTS:-512}" --seconds "${SECONDS_:-60}" -o "$out/throughput-probe.json" ;;
   prefix)
     c=$(config fp8)
     c=${c%.yaml}-load.yaml
@@ -267,5 +275,5 @@ case "$part" in
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
-    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, prefix or spec" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, prefix or spec" >&2; exit 2 ;;
 esac

@@ -30,6 +30,7 @@ import torch
 
 from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative
 from trtllm_pipeline.config import load_config
+from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import MAX_FAST_ROWS
 from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
@@ -125,7 +126,8 @@ def main() -> None:
     ks = [int(x) for x in args.ks.split(",")]
     cfg = load_config(Path(args.config))
     ckpt = args.engines_dir / cfg.name / "checkpoint"
-    largest = max(max(batches) * (1 + max(ks)), 5)  # 5: the agreement check's row of 1 + 4
+    # 5: the agreement check's row of 1 + 4; past MAX_FAST_ROWS a verify step runs eagerly (not measured here)
+    largest = min(max(max(batches) * (1 + max(ks)), 5), MAX_FAST_ROWS)
     buckets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, largest} - {n for n in (128, 256) if n > largest})
     start = time.perf_counter()
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device=args.device, max_batch_size=largest, max_seq_len=2048,

@@ -13,6 +13,7 @@ per rank (gloo), each replaying its shard's step; the eager references stay merg
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -104,6 +105,22 @@ def main() -> None:
         "max_tokens": greedy.max_tokens,
     }
     fast.close()
+    if os.environ.get("FAST_CHECK_LIBRARY") == "1":  # the same checks with buckets 2 and 4 on cuBLAS's linears
+        from trtllm_pipeline.runtimes.torch_engine.cuda import decode_step
+
+        decode_step.LIBRARY_MIN_BATCH = 2
+        library = runtime(ckpt, "bfloat16", True, tp_mode)
+        logits["library"], padding = first_step_logits(library, prompts, [7, 8, 9])
+        result.update({
+            "library_configs": sorted({c.library for c in library.decoder.buffers[4].configs.values()}),
+            "library_bucket1_kernels": not any(c.library for c in library.decoder.buffers[1].configs.values()),
+            "library_padding_wrote_scratch_only": padding,
+            "library_vs_fp32": rel("library", "fp32"), "library_vs_eager": rel("library", "eager"),
+            "library_argmax_equal": logits["library"].argmax(-1).tolist() == logits["eager"].argmax(-1).tolist(),
+            "library_greedy": [c.token_ids for c in library.generate(prompts, greedy)],
+            "library_staggered": staggered(library, prompts, greedy),
+        })
+        library.close()
     print(json.dumps(result))
 
 

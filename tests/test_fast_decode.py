@@ -30,10 +30,10 @@ def _checkpoint(built, name: str) -> Path:
     return built(name).engine_dir.parent / "checkpoint"
 
 
-def _interpreted(ckpt: Path | None, script: str = "fast_decode_check.py", *args: str):
+def _interpreted(ckpt: Path | None, script: str = "fast_decode_check.py", *args: str, library: bool = False):
     # interpreter_site: worker processes (tensor parallel) load the interpreter's rounding fixes too
     path = [str(TESTS / "interpreter_site"), str(TESTS), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "FAST_CHECK_LIBRARY": "1" if library else "0"}
     proc = subprocess.run([sys.executable, str(TESTS / script), *([str(ckpt)] if ckpt else []), *args],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -42,9 +42,15 @@ def _interpreted(ckpt: Path | None, script: str = "fast_decode_check.py", *args:
 
 @pytest.mark.slow
 def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
-    r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"))
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"), library=True)
     assert r["decode_path"].startswith("triton kernels")
     assert r["greedy_fast"] == r["greedy_eager"]
+    # Large batches on cuBLAS's linears (decode_step.LIBRARY_MIN_BATCH, 2 here): eager's products exactly, the
+    # attention and norm kernels around them; batch 1 keeps the kernels.
+    assert r["library_configs"] == [True] and r["library_bucket1_kernels"]
+    assert r["library_greedy"] == r["library_staggered"] == r["greedy_eager"]
+    assert r["library_padding_wrote_scratch_only"]
+    assert r["library_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["library_vs_eager"] < 0.01
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]  # batches of changing size
     # A row ending on its end id mid-batch changes nothing for the others.
     assert r["ending_fast"] == r["ending_eager"] != r["greedy_eager"]
@@ -70,8 +76,11 @@ def test_fast_kernels_match_eager_accuracy_fp8(built):
     # W8A8 FP8 re-quantizes every activation, so a bf16 rounding difference can move a value by one
     # FP8 step: greedy tokens may part after a few steps, but the error against the float32
     # emulation of the same checkpoint is eager's own.
-    r = _interpreted(_checkpoint(built, "tiny-qwen2-fp8-tp1"))
-    assert r["argmax_equal"]
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-fp8-tp1"), library=True)
+    assert r["argmax_equal"] and r["library_argmax_equal"]
+    assert r["library_configs"] == [True] and r["library_padding_wrote_scratch_only"]
+    assert r["library_vs_fp32"] < 1.5 * r["eager_vs_fp32"]  # torch._scaled_mm, eager's own FP8 GEMM
+    assert [len(t) for t in r["library_staggered"]] == [r["max_tokens"]] * 3
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.15
     assert r["padding_wrote_scratch_only"]
     assert [len(t) for t in r["staggered_fast"]] == [r["max_tokens"]] * 3
@@ -469,6 +478,7 @@ def test_batch_buckets_and_padding():
     assert batch_buckets(8) == [1, 2, 4, 8]
     assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
     assert batch_buckets(64, [1, 3, 100]) == [1, 3, 64]  # out-of-range sizes dropped, the maximum kept
+    assert batch_buckets(512)[-1] == 256 and batch_buckets(512, [1, 300]) == [1, 256]  # MAX_FAST_ROWS
     assert [bucket_for(n, [1, 2, 4, 8]) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
     with pytest.raises(ValueError, match="exceed"):
         bucket_for(9, [1, 2, 4, 8])

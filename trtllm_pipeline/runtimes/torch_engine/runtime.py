@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -183,6 +184,9 @@ class TorchRuntime(Runtime):
 
         self.tokenizer = artifacts.checked_tokenizer(tokenizer_dir, Tokenizer)
         self._requests: dict[Any, _Request] = {}
+        # host seconds per step phase, and rows by kind (``phase_times``): where a loaded step's time goes
+        self.phase_s = dict.fromkeys(("plan", "eager", "fast"), 0.0)
+        self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows"), 0)
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes, spec_k: int = 0):
@@ -198,12 +202,13 @@ class TorchRuntime(Runtime):
             log.warning("the fast CUDA decode path is off: %s; decoding eagerly", why)
             return None, f"eager ({why})"
         from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import Unsupported
-        from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets
+        from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import MAX_FAST_ROWS, batch_buckets
 
         try:
             buckets = batch_buckets(self.max_batch_size, sizes)
-            if spec_k and self.executor.world_size == 1:  # one more bucket: a full batch's verify step
-                buckets = sorted(set(buckets) | {self.max_batch_size * (1 + spec_k)})
+            if spec_k and self.executor.world_size == 1:  # one more bucket: a full batch's verify step, or the most
+                # rows a fast step takes (rows with drafts past it verify eagerly: ``_split``)
+                buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), MAX_FAST_ROWS)})
             decoder = self.executor.fast_decoder(buckets, graphs)
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
@@ -360,15 +365,35 @@ class TorchRuntime(Runtime):
         """Plan the step (``scheduler``), run its rows: decodes on the fast path where it runs, the rest (prefill
         chunks; every row without the fast path) through the eager model, in one forward. A request whose part of
         the step fails is dropped with an ``error`` event and the step goes on for the others (``_isolated``)."""
+        t0 = time.perf_counter()
         self._propose()
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
             self.decoder.release(plan.preempted)
         fast, eager = self._split(plan.rows)
+        t1 = time.perf_counter()
         try:
-            return self._isolated(self._run_eager, eager) + self._isolated(self._run_fast, fast)
+            events = self._isolated(self._run_eager, eager)
+            t2 = time.perf_counter()
+            events += self._isolated(self._run_fast, fast)
         except ExecutorLost as exc:  # no request can go on: each ends with the reason
             return self._fail_everything(exc)
+        t3 = time.perf_counter()
+        ph, n = self.phase_s, self.phase_rows
+        ph["plan"] += t1 - t0
+        ph["eager"] += t2 - t1
+        ph["fast"] += t3 - t2
+        n["steps"] += 1
+        n["eager_rows"] += len(eager)
+        n["eager_tokens"] += sum(len(r.tokens) for r in eager)
+        n["fast_rows"] += len(fast)
+        return events
+
+    def phase_times(self) -> dict[str, float]:
+        """Totals since start: host seconds in planning (drafts, schedule, split), in the eager rows (prefill
+        chunks; their sampling, which waits for the device) and in the fast-path rows (launch, then the wait for
+        the tokens), and the steps and rows they covered. Differences of two readings time a stretch of load."""
+        return {**{f"{k}_s": v for k, v in self.phase_s.items()}, **self.phase_rows}
 
     def _propose(self) -> None:
         """Drafts for the decoding requests that may speculate (``Sequence.draft``), each within what it may still
@@ -393,16 +418,18 @@ class TorchRuntime(Runtime):
 
     def _split(self, rows: list[PlanRow]) -> tuple[list[PlanRow], list[PlanRow]]:
         """Rows for the fast path (decodes; verify rows where the decoder verifies, as long as all their tokens fit
-        its largest batch) and for the eager model (the rest)."""
+        its largest batch) and for the eager model (the rest: decodes too, past the largest batch)."""
         if self.decoder is None:
             return [], list(rows)
-        room = self.decoder.buckets[-1] if hasattr(self.decoder, "verify") else 0
+        largest = self.decoder.buckets[-1]
+        room = largest if hasattr(self.decoder, "verify") else 0
         fast, eager = [], []
-        decodes = sum(1 for r in rows if r.is_decode and r.sample)
+        decodes = min(largest, sum(1 for r in rows if r.is_decode and r.sample))
         room -= decodes
         for row in rows:
-            if row.is_decode and row.sample:
+            if row.is_decode and row.sample and decodes:
                 fast.append(row)
+                decodes -= 1
             elif row.draft and len(row.tokens) <= room:
                 fast.append(row)
                 room -= len(row.tokens)

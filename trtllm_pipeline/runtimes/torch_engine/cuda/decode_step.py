@@ -37,10 +37,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, quant_gemm,
                                            quant_gemv, quant_gemv_ws, quant_linear, support)
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
+from trtllm_pipeline.runtimes.torch_engine.model import quantize_fp8
 
 
 @dataclasses.dataclass
@@ -50,6 +52,8 @@ class _Linear:
     in_inv: torch.Tensor | None  # 1 / activation scale: how the producer quantizes this layer's input
     bias: torch.Tensor | None
     quant: quant_linear.QuantWeight | None = None  # INT4 / INT8 formats: their kernels take the input as is
+    a_scale: torch.Tensor | None = None  # FP8: the activation and weight scales apart (cuBLAS takes them so)
+    w_scale: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:
@@ -144,6 +148,11 @@ GREEDY_KERNEL = True
 # INT4-AWQ step: 1.648-1.651 ms against 1.697-1.701, runs 118 and 120; False: the norm kernel, the benchmark's
 # variant "nofold")
 FOLD_INPUT_NORM = True
+# From this many rows a step's BF16 and FP8 linears (and lm_head) run cuBLAS: this module's kernels keep all of a
+# step's rows in one tile, which streams the weights at batch 1-64 but leaves the tensor cores idle beyond (H200,
+# random 7B FP8 at 256 rows: GLU 11.2 ms and the other linears 7.0 ms of a 22 ms step, where torch._scaled_mm
+# takes 30 + 35 + 11 + 10 us a layer at M 256: benchmarks/quant_gemm.py)
+LIBRARY_MIN_BATCH = 128
 
 
 class Unsupported(Exception):
@@ -228,6 +237,8 @@ class DecodeStep:
             "lm_head": linear.pick_config(batch, self.vocab, self.hidden, e.lm_head.element_size(), self.sm_count,
                                           splits=1),
         }
+        if batch >= LIBRARY_MIN_BATCH and self.comm is None and not self.quant:
+            configs = {name: dataclasses.replace(c, splits=1, library=True) for name, c in configs.items()}
         if quant_gemv_ws.TILED_WEIGHTS:
             self._tile_weights(configs)
         max_splits = max(c.splits for c in configs.values())
@@ -360,6 +371,10 @@ class DecodeStep:
         """Launch one linear into ``out`` (split-K partials); returns what its consumer reads: the INT4 GEMV's
         accumulators ``sums`` (split_sum "fixed", the GEMV setting the accumulators ``clear`` to zero too), or
         its partials summed into the first split ("last"); ``fold``: the norm before it made by its programs."""
+        if lin.quant is None and cfg.library:
+            n = lin.weight.shape[0]
+            out[0, :, :n].copy_(_library_linear(x, lin, self.dtype))  # rounded to the compute dtype, as eager
+            return out[:1]
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
             return out
@@ -385,6 +400,9 @@ class DecodeStep:
             gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters, workspace=buf.glu_workspace,
                         clear=buf.sums.get("mlp")) if fc and gate else {}
             quant_linear.quant_glu(fc or x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl, **gemv)
+        elif cfg.library:  # eager's math: silu(fc) * gate in the compute dtype, quantized for mlp.proj
+            y = F.silu(_library_linear(x, layer.fc, self.dtype)) * _library_linear(x, layer.gate, self.dtype)
+            out.copy_(y if layer.proj.in_inv is None else quantize_fp8(y, layer.proj.in_inv))
         else:
             linear.glu(x, layer.fc.weight, layer.gate.weight, layer.fc.scale, layer.proj.in_inv, out, cfg,
                        self.dtype, self.pdl)
@@ -419,7 +437,8 @@ class DecodeStep:
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
                                  clear=buf.sums.get("hidden"), fold=fold)
             for _ in range(buf.attention_passes):
-                attention.decode_attention(qkv, layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
+                # (cuBLAS added QKV's bias before its rounding, as eager does)
+                attention.decode_attention(qkv, None if cfg["qkv"].library else layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                            buf.table_rows, buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                            heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                            prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
@@ -445,7 +464,9 @@ class DecodeStep:
             norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else following.input_norm,
                                   buf.final if last else buf.normed, None if last else following.qkv.in_inv,
                                   e.eps, dt, prepared=() if last else _inputs(buf, i + 1, "qkv"), pdl=pdl)
-        if self.comm is None:
+        if cfg["lm_head"].library:  # eager's logits: the compute dtype's product, then float32
+            buf.logits.copy_(F.linear(buf.final, e.lm_head))
+        elif self.comm is None:
             linear.linear_partials(buf.final, e.lm_head, None, buf.logits, cfg["lm_head"], pdl)
         else:  # this rank's vocabulary rows; every rank gathers all of them (buf.logits views the result)
             linear.linear_partials(buf.final, e.lm_head, None, buf.tp.local_logits, cfg["lm_head"], pdl)
@@ -464,6 +485,15 @@ class DecodeStep:
         torch.sum(partials[:, :, : self.hidden], dim=0, out=buf.tp.summed)
         buf.tp.reduced[0].copy_(buf.tp.summed)
         return self.comm.all_reduce(buf.tp.reduced)
+
+
+def _library_linear(x: torch.Tensor, lin: _Linear, dtype: torch.dtype) -> torch.Tensor:
+    """``x W^T + b`` by cuBLAS in the compute dtype, as the eager model's linear computes it (FP8: its
+    ``torch._scaled_mm`` of the quantized input, activation and weight scales per tensor)."""
+    if lin.scale is None:
+        return F.linear(x, lin.weight, lin.bias)
+    return torch._scaled_mm(x, lin.weight.t(), scale_a=lin.a_scale, scale_b=lin.w_scale, bias=lin.bias,
+                            out_dtype=dtype)
 
 
 def _inputs(buf: StepBuffers, layer: int, *names: str) -> tuple[gemv_input.Prepared, ...]:
@@ -492,4 +522,5 @@ def _linear(module) -> _Linear:
         raise Unsupported(f"{module.format} weights (no fast kernels for them yet)")
     if not module.fp8:
         return _Linear(module.weight, None, None, module.bias)
-    return _Linear(module.weight, (module.a_scale * module.w_scale).reshape(1), module.a_inv.reshape(1), module.bias)
+    return _Linear(module.weight, (module.a_scale * module.w_scale).reshape(1), module.a_inv.reshape(1), module.bias,
+                   a_scale=module.a_scale, w_scale=module.w_scale)

@@ -24,13 +24,21 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep, S
 log = logging.getLogger(__name__)
 
 
+# The most rows one fast step takes: its kernels hold all of a step's rows in one tile, and 512 rows of the GLU's
+# two accumulators and operand stages need 240 KiB of shared memory where Hopper has 227 (seen on the H200: a
+# speculative verify bucket of 32 x 9 rows). More rows than this run eagerly.
+MAX_FAST_ROWS = 256
+
+
 def batch_buckets(max_batch_size: int, sizes: Sequence[int] | None = None) -> list[int]:
-    """The batch sizes to capture: ``sizes`` if given, else powers of two, always up to the maximum."""
+    """The batch sizes to capture: ``sizes`` if given, else powers of two, always up to the maximum (at most
+    ``MAX_FAST_ROWS``)."""
+    top = min(max_batch_size, MAX_FAST_ROWS)
     if sizes:
-        chosen = {int(s) for s in sizes if 1 <= int(s) <= max_batch_size}
+        chosen = {int(s) for s in sizes if 1 <= int(s) <= top}
     else:
-        chosen = {1 << i for i in range(max_batch_size.bit_length()) if 1 << i <= max_batch_size}
-    chosen.add(max_batch_size)
+        chosen = {1 << i for i in range(top.bit_length()) if 1 << i <= top}
+    chosen.add(top)
     return sorted(chosen)
 
 

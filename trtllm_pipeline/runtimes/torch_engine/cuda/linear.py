@@ -45,6 +45,7 @@ class LinearConfig:
     gemm: bool = False  # quant_gemm's tensor-core GEMM (4/8-bit weights at M > 1, prefill)
     swap: bool = False  # with gemm: the weight tile on the MMA's M side, the input rows on its N side
     scale_weights: bool = False  # with gemm: INT4-AWQ's group scale on each weight, not on the tile's dot result
+    library: bool = False  # BF16 / FP8 at large batches: cuBLAS (F.linear, torch._scaled_mm), not this module's kernels
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,
