@@ -65,6 +65,22 @@ def main() -> None:
     profiled = args.profile_steps == 0
     header = (f"{'s':>6} {'steps':>6} {'ms/step':>8} {'fast rows':>9} {'eager rows':>10} {'eager tok':>9} "
               f"{'tok/s':>8} {'run':>4} {'wait':>5} {'KV %':>5} {'plan ms':>7} {'eager ms':>8} {'fast ms':>7}")
+    if cuda and args.profile_steps:  # the first steps: the batch's prompts prefilled (eager rows), decodes beside
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                tokens += sum(len(e.token_ids) for e in rt.step())
+            torch.cuda.synchronize()
+        prefill = kernel_sums(prof, 25)
+        cpu = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+        print(f"-- traced the first 3 steps ({rt.phase_times()['eager_tokens']} prompt tokens):", flush=True)
+        for k in prefill:
+            print(f"   {k['device_us'] / 3000:8.3f} ms/step  {k['calls']:>6}  {k['name']}", flush=True)
+        for e in cpu:
+            print(f"   cpu {e.self_cpu_time_total / 3000:8.3f} ms/step  {e.count:>6}  {e.key[:80]}", flush=True)
+        kernels_prefill = prefill
+    else:
+        kernels_prefill = []
     print(header, flush=True)
     while rt.has_work() and time.perf_counter() - start < args.seconds:
         running = len(rt.scheduler.running)
@@ -104,7 +120,8 @@ def main() -> None:
     rt.close()
     if args.output:
         args.output.write_text(json.dumps({"config": cfg.name, "lengths": args.lengths, "requests": args.requests,
-                                           "lines": lines, "kernels": kernels}, indent=1))
+                                           "lines": lines, "kernels": kernels,
+                                           "kernels_prefill": kernels_prefill}, indent=1))
 
 
 if __name__ == "__main__":
