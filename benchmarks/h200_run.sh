@@ -98,25 +98,46 @@ case "$part" in
       exit 1
     }
     start_server cold
-    if has hangcheck; then  # c=8 under a deadline; when it does not end: the stubs' stacks and the server's log
-      timeout -s INT 40 python3 -m trtllm_pipeline bench -c "$c" --engines-dir "$engines" --protocol triton-grpc \
-        --concurrency 8 --input-tokens 128 --output-tokens 256 --requests 32 --warmup 0 -o "$out/hangcheck.json" \
-        > "$out/hangcheck.txt" 2>&1 || { echo "c=8 did not finish" | tee -a "$out/hangcheck.txt"; hung=1; }
-      for pid in $(pgrep -f triton_python_backend_stub); do
-        echo "== $pid $(tr '\0' ' ' < /proc/$pid/cmdline | grep -o '[a-z_]*_0_0' | head -n 1)"
-        timeout 10 py-spy dump --nonblocking --pid "$pid" 2>&1 | head -n 80
-      done > "$out/hangcheck-stacks.txt" 2>&1
-      tail -n 150 "$state/tritonserver.log" > "$out/hangcheck-server.log" || true
-      if [ -n "${hung:-}" ]; then  # the loads after it would hang the same way: stop here, with the stacks
+    # A served load under a deadline: when it has not ended by then, every stub's and the bench's stacks (py-spy)
+    # and the server's log are kept before it is stopped (a hang shows where it waits). $1: name, $2: seconds.
+    deadline() {
+      local name=$1 seconds=$2
+      shift 2
+      "$@" > "$out/$name.txt" 2>&1 &
+      local pid=$! waited=0
+      while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$seconds" ]; do sleep 1; waited=$((waited + 1)); done
+      if kill -0 "$pid" 2>/dev/null; then
+        echo "$name did not finish in $seconds s: stacks in $name-stacks.txt" | tee -a "$out/$name.txt"
+        for p in $(pgrep -f triton_python_backend_stub) $(pgrep -f "trtllm_pipeline bench"); do
+          echo "== $p $(tr '\0' ' ' < /proc/$p/cmdline | grep -o '[a-z_]*_0_0\|bench' | head -n 1)"
+          timeout 10 py-spy dump --nonblocking --pid "$p" 2>&1 | head -n 100
+        done > "$out/$name-stacks.txt" 2>&1
+        tail -n 200 "$state/tritonserver.log" > "$out/$name-server.log" || true
+        kill -INT "$pid" 2>/dev/null; sleep 2; kill -9 "$pid" 2>/dev/null
+        hung=1
+      fi
+      wait "$pid" 2>/dev/null
+      tail -n 3 "$out/$name.txt"
+    }
+    stop_if_hung() {  # the loads after a hang would hang the same way: stop here, with the stacks
+      if [ -n "${hung:-}" ]; then
         tp serve -c "$c" --engines-dir "$engines" --stop || true
         exit 1
       fi
+    }
+    if has hangcheck; then  # c=8, a short load
+      deadline hangcheck 40 tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 8 \
+        --input-tokens 128 --output-tokens 256 --requests 32 --warmup 0 -o "$out/hangcheck.json"
+      stop_if_hung
     fi
     if has bench; then
-      tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1 --input-tokens 128 \
-        --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-grpc-c1.json" || status=$?
-      tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 8,32,64 --input-tokens 128 \
-        --output-tokens 256 --requests 128 --warmup 4 -o "$out/served-grpc.json" || status=$?
+      deadline served-grpc-c1 60 tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1 \
+        --input-tokens 128 --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-grpc-c1.json"
+      stop_if_hung
+      deadline served-grpc 150 tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc \
+        --concurrency 8,32,64 --input-tokens 128 --output-tokens 256 --requests 128 --warmup 4 \
+        -o "$out/served-grpc.json"
+      stop_if_hung
     fi
     if has spy; then  # where the server's processes spend a c=64 stream's time: py-spy, 8 s of each stub
       tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 64 --input-tokens 128 \
