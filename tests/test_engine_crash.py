@@ -4,7 +4,8 @@ Speculation served: the same greedy text as plain decoding and the engine metric
 accepted. The crash (on the H200 a segmentation fault in the stub's ``send`` did this): Triton 2.51 still says
 the model is ready and a streaming request waiting on it waited for ever; with ``health``'s record of the
 engine's process the waiting request ends with an error naming the crash and readiness answers 503. One
-server for both (the crash test last: tests of a file run in order, on one worker)."""
+server for all, served as on a GPU (the outbox's thread, coalesced streams; the crash test last: tests of a file
+run in order, on one worker)."""
 
 from __future__ import annotations
 
@@ -54,10 +55,21 @@ def spec_cfg(built, engines_dir, tmp_path_factory):
     return cfg
 
 
+# Served as on a GPU: responses sent by the outbox's own thread, a stream's waiting tokens joined into one response.
+GPU_LIKE = {"TRTLLM_PIPELINE_OUTBOX_THREAD": "1", "TRTLLM_PIPELINE_STREAM_COALESCE": "1"}
+
+
 @pytest.fixture(scope="module")
 def server(spec_cfg, engines_dir):
     http, grpc, metrics, openai = free_ports(4)
-    started = serve.start(spec_cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics, openai=openai)
+    saved = {k: os.environ.get(k) for k in GPU_LIKE}
+    os.environ.update(GPU_LIKE)  # the server's processes inherit them
+    try:
+        started = serve.start(spec_cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics,
+                              openai=openai)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     yield started
     serve.stop(spec_cfg, engines_dir=engines_dir)
     assert not serve.group_alive(started.pid)

@@ -279,7 +279,8 @@ class TorchModelServer:
         # A thread for the sends where the steps run on a GPU (the host is free while the GPU computes); on the CPU
         # the same cores would do both, so the loop sends itself.
         self.outbox = _Outbox(lambda job: self._incoming.put(_Gone(job)),
-                              threaded=getattr(getattr(runtime, "device", None), "type", "cpu") == "cuda",
+                              threaded=getattr(getattr(runtime, "device", None), "type", "cpu") == "cuda"
+                              or os.environ.get("TRTLLM_PIPELINE_OUTBOX_THREAD") == "1",  # (tests: as on a GPU)
                               coalesce=os.environ.get("TRTLLM_PIPELINE_STREAM_COALESCE", "0") == "1")
         self._last_step_mark = 0
         self._waiting: list[_Job] = []  # parsed, not yet submitted (a logits job waits for an idle runtime)
@@ -299,7 +300,13 @@ class TorchModelServer:
     def enqueue(self, request) -> None:
         sender = request.get_response_sender()
         try:
-            self._incoming.put(self._parse(request, sender))
+            job = self._parse(request, sender)
+            if isinstance(job, _Job) and job.streaming and _from_bls(job):
+                # An empty first response at once: the BLS's exec() holds one of its model instance's Python-backend
+                # threads (32) until a request's first response, so requests queued here would hold them all and
+                # leave none to send the running requests' tokens: the server stalls (seen at 64 streams, 8 rows).
+                self.outbox.put(sender, self.pb.InferenceResponse(output_tensors=[]), 0)
+            self._incoming.put(job)
         except RequestError as exc:
             self._fail(sender, str(exc), invalid=True)
         except Exception as exc:  # a bug in parsing: this request's error, not the server's
@@ -652,7 +659,13 @@ def _requested_outputs(request) -> list[str]:
 
 
 def _polled(job: _Job) -> bool:
-    return job.request is not None and not job.request_id.startswith((STOP_ID_PREFIX, BLS_ID_PREFIX))
+    return job.request is not None and not _from_bls(job)
+
+
+def _from_bls(job: _Job) -> bool:
+    """A request of the BLS (its own id, or the HTTP front's it passes on): stopped by stop requests, answered
+    at once (``enqueue``)."""
+    return job.request_id.startswith((STOP_ID_PREFIX, BLS_ID_PREFIX))
 
 
 def _cancelled(job: _Job) -> bool:
