@@ -25,7 +25,11 @@
 #                                          # pool from kv_cache_free_gpu_mem_fraction): bench --in-process
 #                                          # --throughput for each LENGTHS pair (default the five TensorRT-LLM
 #                                          # rows; REQUESTS each, default 1000; one pair per call keeps a call
-#                                          # under 10 minutes: LENGTHS=128/2048), then batch-1 ms/step
+#                                          # under 10 minutes: LENGTHS=128/2048; LENGTHS=none: no pair), then
+#                                          # --long-prompt 8192 beside LONG_REQUESTS (64) requests decoding
+#                                          # 128/512: their worst inter-token gap while it is prefilled against
+#                                          # one chunk step (issue 31; SKIP_LONG_PROMPT=1 skips it), then
+#                                          # batch-1 ms/step (SKIP_BATCH1=1 skips it)
 #   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
 #                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
 #   bash benchmarks/h200_run.sh prefix     # the same build: a PREFIX-token (1500) shared system prompt + 100-token
@@ -267,9 +271,14 @@ case "$part" in
     c=${c%.yaml}-load.yaml
     tp build -c "$c" --engines-dir "$engines"
     for pair in ${LENGTHS:-128/2048 500/2000 1000/1000 2048/2048 2048/128}; do
+      [ "$pair" = none ] && continue
       tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths "$pair" \
         --requests "${REQUESTS:-1000}" -o "$out/throughput-${pair/\//x}.json"
     done
+    if [ -z "${SKIP_LONG_PROMPT:-}" ]; then  # issue 31: an 8k prompt may stall the decodes by one chunk step at most
+      tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 128/512 \
+        --requests "${LONG_REQUESTS:-64}" --long-prompt 8192 -o "$out/throughput-long-prompt.json"
+    fi
     if [ -z "${SKIP_BATCH1:-}" ]; then  # paging must cost nothing at batch 1 (before: FP8 2.62-2.75 ms/step)
       tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1 --context 128,2048 --output-tokens 256 \
         -o "$out/inprocess-fp8-batch1-paged.json"

@@ -226,3 +226,47 @@ def test_throughput_bench_runs_requests_through_the_scheduler_and_the_shared_pre
     bad = run_cli("bench", "--in-process", "--throughput", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"),
                   "--engines-dir", str(engines_dir), "--lengths", "12", "-o", str(out))
     assert bad.returncode == 2 and "INPUT/OUTPUT" in bad.stderr
+
+
+def test_long_prompt_beside_running_decodes_is_prefilled_in_chunks_while_every_decode_keeps_its_token(
+        built, engines_dir, tmp_path):
+    """Issue 31: a long prompt submitted beside decoding requests takes ceil(prompt / budget) steps, the budget being
+    what max_num_tokens leaves beside the decodes, and every running request gets a token in each of them."""
+    import math
+
+    from trtllm_pipeline import report
+
+    built("tiny-qwen2-fp8-tp1")
+    # the same build (the config's name), run with a 16-token step so that a 200-token prompt takes many chunks
+    config = tmp_path / "tiny-qwen2-fp8-tp1.yaml"
+    text = (CONFIGS / "tiny-qwen2-fp8-tp1.yaml").read_text()
+    assert "max_num_tokens: 8192" in text
+    config.write_text(text.replace("max_num_tokens: 8192", "max_num_tokens: 16"))
+    out = tmp_path / "long.json"
+    proc = run_cli("bench", "--in-process", "--throughput", "-c", str(config), "--engines-dir", str(engines_dir),
+                   "--lengths", "8/64", "--requests", "4", "--long-prompt", "200", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["schema"] == "throughput-1" and data["runs"] == [] and data["settings"]["long_prompt"] == 200
+    lp = data["long_prompt"]
+    assert (lp["prompt_tokens"], lp["decoding_requests"], lp["max_num_tokens"]) == (200, 4, 16)
+    budget = 16 - 4  # the scheduler: each decode's one token first, the prefill chunk in what is left
+    assert lp["chunk_budget"] == budget and lp["expected_chunks"] == math.ceil(200 / budget) == 17
+    assert lp["prefill_chunks"] == lp["prefill_steps"] == 17  # admitted at once, a chunk every step
+    assert lp["chunk_tokens"] == [budget] * 16 + [200 - 16 * budget]
+    # never stalled: every running request got a token in every step of the prefill
+    assert lp["decode_rows_without_token"] == 0 and lp["preemptions"] == 0
+    assert lp["tokens_during_prefill"] == {"min": 17, "max": 17}
+    assert lp["worst_gap_ms"] >= lp["p99_gap_ms"] > 0 and lp["steady_itl_ms"]["p50"] > 0
+    assert lp["chunk_step_ms"]["p50"] > 0 and lp["limit_ms"] == pytest.approx(
+        lp["chunk_step_ms"]["p50"] + lp["steady_itl_ms"]["p50"])
+    assert lp["within_one_chunk"] == (lp["worst_gap_ms"] <= lp["limit_ms"])  # the verdict, whatever the CPU's timing
+    assert "long prompt: 200 tokens beside 4 decoding requests" in proc.stdout and "chunks 17 (plan 17)" in proc.stdout
+    assert "17 / 17" in "\n".join(report._long_prompt_table(lp))
+
+    for args, fix in ((("--lengths", "8/64", "--long-prompt", "200"), "--throughput"),  # without --throughput
+                      (("--throughput", "--lengths", "8/64", "--long-prompt", "9000"), "--long-prompt 6144 or less"),
+                      (("--throughput", "--lengths", "8/20", "--long-prompt", "200"), "--lengths 8/61 or longer")):
+        bad = run_cli("bench", "--in-process", *args, "-c", str(config), "--engines-dir", str(engines_dir),
+                      "-o", str(tmp_path / "bad.json"))
+        assert bad.returncode == 2 and fix in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -436,6 +436,12 @@ def _length_pairs(ctx, param, value):
 @click.option("--shared-prefix", type=click.IntRange(min=0), default=0, show_default=True,
               help="--throughput: a common system prompt of this many tokens before every prompt, run without and "
               "with the prefix cache.")
+@click.option("--long-prompt", type=click.IntRange(min=1), default=None, metavar="TOKENS",
+              help="--throughput: instead of the throughput runs, --requests requests of the one --lengths pair (at "
+              "most the engine's batch less one) decode; at steady state one prompt of TOKENS random tokens is "
+              "submitted. Reported: the running requests' steady ITL p50, their worst and p99 inter-token gap while "
+              "it is prefilled, the steps and chunks its prefill took, the time of a chunk step, and whether the "
+              "worst gap stayed within one chunk step + the steady ITL (issue 31).")
 @click.option("--speculative", type=click.Choice(["ngram", "draft", "self"]), default=None,
               help="--in-process: plain decoding against speculative decoding (this proposer) on the same runtime and "
               "prompts, per --workload and --batch (default 1): tokens/s, speedup, acceptance length, drafted and "
@@ -483,7 +489,7 @@ def _length_pairs(ctx, param, value):
               help="Seconds to wait for any one response.")
 @engines_dir_option
 @tp_mode_option
-def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, speculative, num_draft_tokens,
+def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, speculative, num_draft_tokens,
           draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, engines_dir, tp_mode) -> None:
@@ -496,6 +502,9 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, spe
     timed (median ms/step, tokens/s, achieved GB/s and the fraction of the bandwidth floor, prefill
     ms, peak GPU memory) for every --batch x --context.
     """
+    if long_prompt and not (in_process and throughput):
+        raise click.UsageError("--long-prompt goes with --in-process --throughput: add both, e.g. bench --in-process "
+                               "--throughput -c CFG --lengths 128/512 --long-prompt 8192")
     if (throughput or lengths or shared_prefix) and not (in_process and throughput):
         raise click.UsageError("--lengths and --shared-prefix go with --throughput, and --throughput with --in-process")
     if (speculative or draft_checkpoint) and not in_process:
@@ -522,7 +531,7 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, spe
         if throughput:
             tp_settings = throughput_bench.ThroughputSettings(
                 lengths=tuple(lengths or ((input_tokens, output_tokens),)), requests=num_requests,
-                shared_prefix=shared_prefix, seed=seed)
+                shared_prefix=shared_prefix, long_prompt=long_prompt or 0, seed=seed)
             result = throughput_bench.run_throughput(load_config(config).with_runtime(tp_mode=tp_mode),
                                                      engines_dir=engines_dir, settings=tp_settings, output=output,
                                                      progress=click.echo)

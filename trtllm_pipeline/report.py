@@ -433,10 +433,28 @@ def _throughput_section(b: BuildData) -> list[str]:
                          fmt(r["ttft_ms"]["p50"]), fmt(r["itl_ms"]["p50"], ".2f"), fmt(r["itl_ms"]["p99"], ".2f"),
                          fmt(r["kv_usage_peak"] and 100 * r["kv_usage_peak"], ".0f"), fmt(r["preemptions"], "d"),
                          fmt(r["peak_memory_gib"], ".2f"), fmt(published.get(pair), ",d")])
-        lines += _table(["in/out", "requests", "shared prefix", "output tokens/s", "requests/s", "TTFT p50 ms",
-                         "ITL p50 ms", "ITL p99 ms", "KV peak %", "preemptions", "peak GiB",
-                         "TensorRT-LLM H200 (reference)"], rows) + [""]
+        if rows:
+            lines += _table(["in/out", "requests", "shared prefix", "output tokens/s", "requests/s", "TTFT p50 ms",
+                             "ITL p50 ms", "ITL p99 ms", "KV peak %", "preemptions", "peak GiB",
+                             "TensorRT-LLM H200 (reference)"], rows) + [""]
+        lines += _long_prompt_table(data.get("long_prompt"))
     return lines
+
+
+def _long_prompt_table(lp: dict[str, Any] | None) -> list[str]:
+    """`--long-prompt`: the running requests' gaps while one long prompt was prefilled beside them (issue 31)."""
+    if not lp:
+        return []
+    verdict = "yes" if lp["within_one_chunk"] else "no"
+    row = [lp["prompt_tokens"], f"{lp['decoding_requests']} x {lp['input_tokens']}/{lp['output_tokens']}",
+           fmt(lp["chunk_budget"], "d"), f"{lp['prefill_steps']} / {fmt(lp['prefill_chunks'], 'd')}",
+           fmt(lp["chunk_step_ms"]["p50"]), fmt(lp["steady_itl_ms"]["p50"], ".2f"), fmt(lp["worst_gap_ms"]),
+           fmt(lp["p99_gap_ms"]), lp["decode_rows_without_token"], verdict]
+    return (["Long prompt beside running decodes: their worst inter-token gap while it was prefilled, against one "
+             "chunk step + the steady ITL.", ""]
+            + _table(["prompt tokens", "decoding", "chunk budget", "prefill steps / chunks", "chunk step p50 ms",
+                      "steady ITL p50 ms", "worst gap ms", "p99 gap ms", "request-steps without a token",
+                      "within one chunk"], [row]) + [""])
 
 
 # --------------------------------------------------------------------------- plots
