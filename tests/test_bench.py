@@ -216,6 +216,7 @@ def test_throughput_bench_runs_requests_through_the_scheduler_and_the_shared_pre
     assert data["schema"] == "throughput-1" and data["reference"]["output_tokens_per_s"]["128/2048"] == 26221
     off, on = data["runs"]
     assert (off["reuse"], on["reuse"]) == (False, True) and on["same_outputs_as_without_reuse"]
+    assert on["same_output_share"] == 1.0 and on["first_difference_mean"] is None
     for r in (off, on):
         assert r["output_tokens_total"] == 10 * 6 and r["requests"] == 10 and r["shared_prefix"] == 64
         assert r["output_tokens_per_s"] == pytest.approx(60 / r["seconds"])

@@ -207,7 +207,7 @@ def run_throughput(cfg: BuildConfig, *, engines_dir: Path, settings: ThroughputS
                          f"{run['preemptions']} preemptions")
         if settings.shared_prefix:
             for off, on in zip(runs[::2], runs[1::2]):
-                on["same_outputs_as_without_reuse"] = on.pop("_outputs") == off.pop("_outputs")
+                on.update(_agreement(on.pop("_outputs"), off.pop("_outputs")))
         for run in runs:
             run.pop("_outputs", None)
     finally:
@@ -390,6 +390,18 @@ def _long_prompt_run(rt: Runtime, inp: int, out: int, settings: ThroughputSettin
             "preemptions": (after["preemptions"] - before["preemptions"]
                             if "preemptions" in after and "preemptions" in before else None),
             "limit_ms": limit, "within_one_chunk": worst is not None and limit is not None and worst <= limit}
+
+
+def _agreement(with_reuse: list[list[int]], without: list[list[int]]) -> dict[str, Any]:
+    """How far the greedy outputs with the prefix cache agree with those without: all identical, the share of
+    identical requests, and where the others part (mean index of the first differing token). Low-precision K/V
+    computed in other batch shapes can flip a near tie of a model's logits (a random model's, often), so the share
+    says more than the one flag."""
+    same = [a == b for a, b in zip(with_reuse, without)]
+    parts = [next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) for a, b, s in zip(with_reuse, without, same)
+             if not s and any(x != y for x, y in zip(a, b))]
+    return {"same_outputs_as_without_reuse": all(same), "same_output_share": sum(same) / len(same) if same else None,
+            "first_difference_mean": sum(parts) / len(parts) if parts else None}
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
