@@ -2,24 +2,26 @@
 
     python3 benchmarks/quant_gemm.py --out DIR [--parts kernels,steps] [--formats int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16]
 
-Parts (each one's failure is recorded and the next part still runs; each ~4-7 minutes on an H200, so the device
+Parts (each one's failure is recorded and the next part still runs; each ~4-8 minutes on an H200, so the device
 tool's 10-minute calls take one each: kernels first, its table copied into the package, then steps):
-  kernels  each format x M in 1, 8, 32, 64, 256, 2048 x the 7B's four linears (qkv 3584 -> 4608, dense 3584 -> 3584,
-           fc + gate 3584 -> 2 x 18944: the GLU launch at M <= 64, one of the pair's GEMMs at prefill sizes, proj
-           18944 -> 3584): every candidate kernel (quant_gemm's GEMM at a few tiles, quant_gemv's GEMV at M = 1, the
-           older dot kernel at M <= 64; FP8 and BF16: linear.py's kernels and torch._scaled_mm / F.linear; SmoothQuant
-           also torch._int_mm) checked against float32 ``x @ W^T`` (W dequantized as the format defines it), then timed
-           over rotating weight copies larger than L2: us, GB/s of weight bytes, TFLOP/s, fraction of the roof
-           (max(bytes / 4.3 TB/s, flops / dense tensor-core peak)). The fastest correct kernel per (format, shape, M)
-           goes to DIR/quant_gemm_table.json, which the runtime reads when copied to
+  kernels  each format x M in 1, 8, 32, 64, 128, 256, 512, 2048 x the 7B's four linears (qkv 3584 -> 4608, dense
+           3584 -> 3584, fc + gate 3584 -> 2 x 18944: the GLU launch at M <= 64, one of the pair's GEMMs at prefill
+           sizes, proj 18944 -> 3584): every candidate kernel (quant_gemm's GEMM at several tiles: ``gemm_candidates``,
+           quant_gemv's GEMV at M = 1, the older dot kernel at M <= 64, and prefill's library kernels, timed whole:
+           SmoothQuant's ``int_mm`` (torch._int_mm) past M 16, INT4-AWQ's, W4A8's and INT8 weight-only's ``dequant``
+           (the weight dequantized into quant_gemm's scratch buffer, then F.linear / torch._scaled_mm) past M 64;
+           FP8 and BF16: linear.py's kernels and torch._scaled_mm / F.linear) checked against float32 ``x @ W^T`` (W
+           dequantized as the format defines it), then timed over rotating weight copies larger than L2: us, GB/s of
+           weight bytes, TFLOP/s, fraction of the roof (max(bytes / 4.3 TB/s, flops / dense tensor-core peak)). The
+           fastest correct kernel per (format, shape, M) goes to DIR/quant_gemm_table.json (with, where a library
+           kernel won, the fastest the decode step can launch), which the runtime reads when copied to
            trtllm_pipeline/runtimes/torch_engine/cuda/quant_gemm_table.json (or named by $TRTLLM_PIPELINE_GEMM_TABLE).
-           The sweep beyond each default stops after KERNEL_SWEEP_S seconds (default 150).
+           The sweep beyond each default stops after KERNEL_SWEEP_S seconds (default 300; the log says where).
   steps    per format a 7B engine of random BF16 weights quantized on the GPU (quant_fast_path.quantized_checkpoint):
            built first with the dequantized copies (the old memory: "before"), prefill of 2048 tokens timed and its
            peak taken, then the copies dropped ("after": prefill through quant_gemm, no copy) and: the prefill's
            last logits against the copy's, one decode step at batch 8 against the eager (copy) model, then decode
-           graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s, peak GiB. The table in DIR (when the kernels
-           part ran first) is the one the steps take.
+           graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s, peak GiB. The table in DIR (when the kernels part ran first) is the one the steps take.
 
 Results: DIR/quant_gemm.json, DIR/quant_gemm_table.json, DIR/quant_gemm.txt (the tables, also on stdout).
 """
@@ -49,7 +51,7 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, linear, quant
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine  # noqa: E402
 
-MS = (1, 8, 32, 64, 256, 2048)
+MS = (1, 8, 32, 64, 128, 256, 512, 2048)
 DECODE_M = 64  # the largest M timed as a decode launch (split-K partials, the GLU); above it prefill's linear
 BATCHES = (1, 8, 32, 64)
 FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "fp8", "bf16")
@@ -57,7 +59,7 @@ BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 # dense tensor-core peaks of an H200 SXM by the MMA's operand type (TFLOP/s or TOP/s)
 PEAK = {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12}
 MMA_TYPE = {"int4_awq": "bf16", "w4a8_awq": "fp8", "int8_sq": "int8", "int8_wo": "bf16", "fp8": "fp8", "bf16": "bf16"}
-KERNEL_SWEEP_S = float(os.environ.get("KERNEL_SWEEP_S", "150"))
+KERNEL_SWEEP_S = float(os.environ.get("KERNEL_SWEEP_S", "300"))
 # relative error against float32 x @ W^T above which a candidate does not enter the table
 MAX_ERR = {"int4_awq": 5e-3, "w4a8_awq": 5e-3, "int8_sq": 5e-3, "int8_wo": 5e-3, "fp8": 2e-2, "bf16": 1e-2}
 
@@ -67,9 +69,14 @@ def linears(hidden=3584, intermediate=18944, qkv=4608) -> list[tuple[str, int, i
 
 
 def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
-    """quant_gemm's default tiles first, then three others (each distinct config is a compilation: ~1-2 s): at
-    decode sizes the group scale on each weight (INT4-AWQ), the input on the MMA's M side, twice the splits (or
-    four stages for the GLU); at prefill sizes the scale on each weight, 128 x 256 and 64 x 128 x 128 tiles."""
+    """quant_gemm's default tiles first, then others (each distinct config is a compilation: ~1-2 s). Decode sizes:
+    the group scale on each weight (INT4-AWQ), the input on the MMA's M side, twice the splits (or four stages for
+    the GLU). Prefill sizes (the H200's first run tried 4 tiles there and reached ~25% of the tensor-core roof): 128 x
+    128 tiles at 64 or 128 inputs a stage and 3 or 4 stages, 128 x 256, 256 x 128 (twice the rows per unpacked weight
+    tile: half the unpacking per MMA), 64 x 128 x 128 at 4 warps, and the weight on the MMA's M side (SWAP: the
+    unpacked weight tile is the MMA's register operand, not stored to shared memory first), all 8 warps unless said;
+    INT4-AWQ with its scale on each weight (that won every prefill shape: glu M 2048 1032 us against 1730 with the
+    scale on the tile's dot result) besides the default's."""
     base = quant_gemm.default_config(q, m, sm, glu=glu)
     r = dataclasses.replace
     int4_awq = q.fmt == "int4_awq"
@@ -78,11 +85,16 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
                   r(base, swap=False, block_k=64, num_stages=4),
                   r(base, num_stages=4) if glu else r(base, splits=base.splits * 2)]
     else:
-        others = [r(base, scale_weights=True) if int4_awq else LinearConfig(128, 128, 128, 1, 8, 3, gemm=True),
-                  LinearConfig(128, 256, 64, 1, 8, 3, gemm=True), LinearConfig(64, 128, 128, 1, 4, 3, gemm=True)]
+        def tile(bm, bn, bk, warps=8, stages=3, swap=False):
+            return LinearConfig(bm, bn, bk, 1, warps, stages, gemm=True, swap=swap, scale_weights=int4_awq)
+
+        others = [r(base, scale_weights=True) if int4_awq else None,
+                  tile(128, 128, 128), tile(128, 128, 64, stages=4), tile(128, 128, 128, stages=4),
+                  tile(128, 256, 64), tile(256, 128, 64), tile(64, 128, 128, warps=4),
+                  tile(128, 256, 64, swap=True), tile(128, 256, 128, swap=True), tile(128, 128, 64, warps=4, swap=True)]
     out = [base]
     for c in others:
-        if c not in out:
+        if c is not None and c not in out:
             out.append(c)
     return out
 
@@ -122,8 +134,9 @@ def _nbytes(lins: list[Linear]) -> int:
 def kernel_rows(formats, time_fn, device, sm: int, *, ms=MS, deadline: float, l2_bytes=60 * 2**20, log=print,
                 shapes=None):
     """One row per (format, linear, M, candidate): error, time (``time_fn(fn, reps)``: us per call; None: not
-    timed, the CPU test's interpreter run at small ``shapes``), bandwidth, roof."""
+    timed), bandwidth, roof. Past ``deadline`` only the default tiles (and the other kernels) of each case run."""
     rows = []
+    swept = True
     cuda = device.type == "cuda"
     gen = torch.Generator(device=device).manual_seed(11)
     dt = torch.bfloat16
@@ -149,8 +162,11 @@ def kernel_rows(formats, time_fn, device, sm: int, *, ms=MS, deadline: float, l2
                 x = (torch.randn(m, k, generator=gen, device=device) * 2).to(dt)
                 ref = [_reference(lin, x) for lin in used]
                 want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if glu else ref[0]
-                for kind, cfg, call, read in _candidates(fmt, used, sets, x, m, sm, glu, decode, device,
-                                                         time.perf_counter() < deadline):
+                sweep = time.perf_counter() < deadline
+                if swept and not sweep:
+                    log(f"-- past the sweep's deadline (KERNEL_SWEEP_S): default tiles only from {fmt} {name} m={m}")
+                swept = sweep
+                for kind, cfg, call, read in _candidates(fmt, used, sets, x, m, sm, glu, decode, device, sweep):
                     row = {"format": fmt, "linear": name, "m": m, "n": n, "k": k, "glu": glu, "kernel": kind,
                            "config": dataclasses.astuple(cfg) if cfg is not None else None, "weight_bytes": nbytes}
                     try:
@@ -220,15 +236,20 @@ def _candidates(fmt, lins, sets, x, m, sm, glu, decode, device, sweep: bool):
                         return out.float()
                     return fixed_sum.to_float(out) if cfg.gemv else out.sum(0)
                 yield kind, None if cfg.gemv else cfg, call, read
-        if fmt == "int8_sq" and m > 16:  # torch's int8 GEMM, the input quantized by torch ops (not timed apart)
-            lin = lins[0]
-            xq = torch.round(qf.reference_input(lin, x) / lin.a_scale).clamp(-128, 127).to(torch.int8)
-            out = {}
+        # the library GEMMs quant_gemm.linear can take (prefill; not the decode step's GLU launch), timed whole:
+        # torch._int_mm with the input's quantization and the epilogue, or the weight dequantized into the scratch
+        # buffer and F.linear / torch._scaled_mm (its input's pre-quant scale and quantization too)
+        library = []
+        if not glu and quant_gemm.int_mm_supported(q0, m):
+            library.append(("int_mm", quant_gemm.int_mm_linear))
+        if not decode and quant_gemm.dequant_supported(q0, dt):
+            library.append(("dequant", quant_gemm.dequant_linear))
+        for kind, fn in library:
+            res = {}
 
-            def call(i, lin=lin):
-                w = sets[i % copies][0].weight
-                out[0] = torch._int_mm(xq, w.t())
-            yield "torch._int_mm", None, call, lambda lin=lin: out[0].float() * (lin.a_scale * lin.scales.float())
+            def call(i, fn=fn, res=res):
+                res[0] = fn(x, sets[i % copies][0], None, dt)
+            yield kind, None, call, (lambda res=res: res[0].float())
         return
     w_scale = None if fmt == "bf16" else (lins[0].a_scale * lins[0].w_scale).reshape(1)
     xin = x if fmt == "bf16" else (x.float() * lins[0].a_inv).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -264,45 +285,59 @@ def _line(r: dict) -> str:
                    f" ({r['bound']})  err {r['error']:.1e}")
 
 
+def _correct(r: dict) -> bool:
+    return "us" in r and r["error"] < MAX_ERR[r["format"]]
+
+
+def _config_entry(r: dict) -> list[int]:
+    c = LinearConfig(*r["config"])
+    return [c.block_m, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, int(c.swap), int(c.scale_weights)]
+
+
 def table_entries(rows: list[dict]) -> list[dict]:
     """The fastest correct kernel per (format, n, k, glu, m) among the 4/8-bit formats' candidates, in the form
-    ``quant_gemm._load_table`` reads."""
-    best: dict = {}
+    ``quant_gemm._load_table`` reads; where that is one of quant_gemm.LINEAR_KERNELS (prefill's ``linear`` only),
+    also the fastest of the kernels the decode step launches (``step_kernel``, ``step_us``, ``step_config``)."""
+    groups: dict = {}
     for r in rows:
-        if r["format"] not in qf.QUANT_FORMATS or r["kernel"] not in quant_gemm.KERNELS or "us" not in r:
-            continue
-        if not r["error"] < MAX_ERR[r["format"]]:
-            continue
-        key = (r["format"], r["n"], r["k"], r["glu"], r["m"])
-        if key not in best or r["us"] < best[key]["us"]:
-            best[key] = r
+        if r["format"] in qf.QUANT_FORMATS and r["kernel"] in quant_gemm.KERNELS and _correct(r):
+            groups.setdefault((r["format"], r["n"], r["k"], r["glu"], r["m"]), []).append(r)
     entries = []
-    for (fmt, n, k, glu, m), r in sorted(best.items()):
+    for (fmt, n, k, glu, m), rs in sorted(groups.items()):
+        r = min(rs, key=lambda r: r["us"])
         e = {"format": fmt, "n": n, "k": k, "glu": glu, "m": m, "kernel": r["kernel"], "us": round(r["us"], 2)}
         if r["kernel"] == "gemm":
-            c = LinearConfig(*r["config"])
-            e["config"] = [c.block_m, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, int(c.swap),
-                           int(c.scale_weights)]
+            e["config"] = _config_entry(r)
+        steps = [s for s in rs if s["kernel"] in quant_gemm.STEP_KERNELS]
+        if r["kernel"] in quant_gemm.LINEAR_KERNELS and steps:
+            s = min(steps, key=lambda s: s["us"])
+            e.update(step_kernel=s["kernel"], step_us=round(s["us"], 2))
+            if s["kernel"] == "gemm":
+                e["step_config"] = _config_entry(s)
         entries.append(e)
     return entries
 
 
 def kernel_table(rows: list[dict]) -> str:
-    """Per (format, linear, M): the default GEMM, the fastest kernel, and the rest by name."""
-    lines = ["format   linear m     kernel            us      GB/s   TFLOP/s  of roof  bound   err      (GEMM default us)"]
+    """Per (format, linear, M): the fastest correct kernel (error under MAX_ERR), the default GEMM, the best GEMM."""
+    lines = ["format   linear m     kernel            us      GB/s   TFLOP/s  of roof  bound   err      "
+             "(GEMM default us, best GEMM us)"]
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["format"], r["linear"], r["m"]), []).append(r)
     for (fmt, name, m), rs in groups.items():
-        ok = [r for r in rs if "us" in r]
+        ok = [r for r in rs if _correct(r)]
         if not ok:
-            lines.append(f"{fmt:8} {name:6} {m:<5} all failed")
+            lines.append(f"{fmt:8} {name:6} {m:<5} all failed" if not any("us" in r for r in rs) else
+                         f"{fmt:8} {name:6} {m:<5} none within {MAX_ERR[fmt]:.0e}")
             continue
         b = min(ok, key=lambda r: r["us"])
         default = next((r for r in rs if r["kernel"] == "gemm" and "us" in r), None)
+        gemms = [r for r in ok if r["kernel"] == "gemm"]
+        best_gemm = min(gemms, key=lambda r: r["us"]) if gemms else None
         lines.append(f"{fmt:8} {name:6} {m:<5} {b['kernel']:16} {b['us']:8.1f} {b['gbps']:7.0f} {b['tflops']:8.1f} "
                      f"{b['of_roof']:7.0%}  {b['bound']:6} {b['error']:.1e}   "
-                     f"{'%.1f' % default['us'] if default else '-'}")
+                     f"{'%.1f' % default['us'] if default else '-'}, {'%.1f' % best_gemm['us'] if best_gemm else '-'}")
     return "\n".join(lines)
 
 
