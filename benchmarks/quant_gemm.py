@@ -1,6 +1,7 @@
 """The 4/8-bit GEMMs at every batch size on one GPU (issue 32): per-kernel table, measured kernel table, whole steps.
 
     python3 benchmarks/quant_gemm.py --out DIR [--parts kernels,steps] [--formats int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16]
+    TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/quant_gemm.py --dry-run --out DIR
 
 Parts (each one's failure is recorded and the next part still runs; each ~4-8 minutes on an H200, so the device
 tool's 10-minute calls take one each: kernels first, its table copied into the package, then steps):
@@ -19,9 +20,13 @@ tool's 10-minute calls take one each: kernels first, its table copied into the p
            The sweep beyond each default stops after KERNEL_SWEEP_S seconds (default 300; the log says where).
   steps    per format a 7B engine of random BF16 weights quantized on the GPU (quant_fast_path.quantized_checkpoint):
            built first with the dequantized copies (the old memory: "before"), prefill of 2048 tokens timed and its
-           peak taken, then the copies dropped ("after": prefill through quant_gemm, no copy) and: the prefill's
-           last logits against the copy's, one decode step at batch 8 against the eager (copy) model, then decode
-           graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s, peak GiB. The table in DIR (when the kernels part ran first) is the one the steps take.
+           peak taken, then the copies dropped ("after": prefill through quant_gemm, no copy; the dequant kernel's
+           one scratch buffer reported) and: the prefill's last logits against the copy's, one decode step at batch 8
+           against the eager (copy) model, then decode graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s,
+           peak GiB. The table in DIR (when the kernels part ran first) is the one the steps take.
+
+``--dry-run``: both parts on the CPU at a tiny shape through Triton's interpreter (M 1, 8, 24, 80; no sweep; batches
+1 and 2; wall-clock times), so that every call the GPU run makes is made (tests/test_fast_decode.py runs it).
 
 Results: DIR/quant_gemm.json, DIR/quant_gemm_table.json, DIR/quant_gemm.txt (the tables, also on stdout).
 """
@@ -52,6 +57,7 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig  # no
 from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine  # noqa: E402
 
 MS = (1, 8, 32, 64, 128, 256, 512, 2048)
+DRY_MS = (1, 8, 24, 80)  # --dry-run: the GEMV, decode launches (the dot kernel, int_mm past M 16), prefill sizes
 DECODE_M = 64  # the largest M timed as a decode launch (split-K partials, the GLU); above it prefill's linear
 BATCHES = (1, 8, 32, 64)
 FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "fp8", "bf16")
@@ -344,19 +350,47 @@ def kernel_table(rows: list[dict]) -> str:
 # ---------------------------------------------------------------------------------------------- steps
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_ms(fn, device: torch.device) -> tuple[float, object]:
+    """(milliseconds of ``fn()``: CUDA events on a GPU, the wall clock on the CPU, the dry run's; its result)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - t0) * 1000, out
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    out = fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b), out
+
+
+def _gib(device: torch.device, what: str) -> float:
+    """torch.cuda's ``what`` ("allocated": resident now, "peak": since the last reset) in GiB; 0 on the CPU."""
+    if device.type != "cuda":
+        return 0.0
+    fn = torch.cuda.memory_allocated if what == "allocated" else torch.cuda.max_memory_allocated
+    return fn(device) / 2**30
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def _time_prefill(engine, prompt, reps=3) -> tuple[float, torch.Tensor]:
+    """Median ms of one prefill of ``prompt`` [1, T] into slot 0 and its last token's logits."""
     dev = prompt.device
-    slot, start = torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
-    key_len = -(-prompt.shape[1] // 256) * 256
     times, logits = [], None
     for i in range(reps + 1):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        logits = engine.logits(engine(prompt, slot, start, key_len)[:, -1])
-        b.record()
-        b.synchronize()
+        ms, logits = _timed_ms(lambda: engine.logits(engine.forward_slots(prompt, [0], [0])[:, -1]), dev)
         if i:
-            times.append(a.elapsed_time(b))
+            times.append(ms)
     return statistics.median(times), logits
 
 
@@ -374,32 +408,36 @@ def _drop_copies(engine) -> int:
 
 
 def _batch_check(engine, graphs, batch: int = 8, prompt_len: int = 48) -> dict:
-    """One decode step at ``batch`` rows: the fast path's logits against the eager model's (with its copies)."""
+    """One decode step at ``batch`` rows (slots 0..): the fast path's logits against the eager model's (with its
+    copies), both from the same prefilled cache."""
     dev = engine.cache_k.device
     gen = torch.Generator(device=dev).manual_seed(3)
-    slots = torch.arange(batch, device=dev)
+    slots = list(range(batch))
     prompts = torch.randint(0, engine.lm_head.shape[0], (batch, prompt_len), device=dev, generator=gen)
-    zero = torch.zeros(batch, dtype=torch.long, device=dev)
-    h = engine(prompts, slots, zero, prompt_len)
+    h = engine.forward_slots(prompts, slots, [0] * batch)
     tokens = engine.logits(h[:, -1]).argmax(-1)
-    snap_k, snap_v = engine.cache_k[:, :batch].clone(), engine.cache_v[:, :batch].clone()
-    pos = torch.full((batch,), prompt_len, device=dev)
-    eager = engine.logits(engine(tokens[:, None], slots, pos, -(-(prompt_len + 1) // 64) * 64)[:, -1]).float()
-    engine.cache_k[:, :batch], engine.cache_v[:, :batch] = snap_k, snap_v
-    fast = graphs.decode(tokens.tolist(), list(range(batch)), [prompt_len] * batch).float()
+    blocks = 1 + batch * engine.slot_blocks  # the null block, then each slot's run of blocks
+    snap_k, snap_v = engine.cache_k[:, :blocks].clone(), engine.cache_v[:, :blocks].clone()
+    eager = engine.logits(engine.forward_slots(tokens[:, None], slots, [prompt_len] * batch)[:, -1]).float()
+    engine.cache_k[:, :blocks], engine.cache_v[:, :blocks] = snap_k, snap_v
+    fast = graphs.decode(tokens.tolist(), engine.slot_tables(slots), [prompt_len] * batch).float()
     return {"batch": batch, "logits_rel_fast_vs_eager": qf.rel(fast, eager),
             "argmax_equal": f"{int((fast.argmax(-1) == eager.argmax(-1)).sum())}/{batch}"}
 
 
-def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps=32, prefill=2048, log=print):
+def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps=32, prefill=2048, check_batch=8,
+              amax_prompt=512, log=print):
+    """Per format: a 7B engine (``bf16_tensors()``: the dry run's is tiny) quantized, its prefill before and after
+    the dequantized copies are dropped, a batch check, decode steps at ``batches``, memory (0 on the CPU)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
     from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
 
     rows = []
+    quant_gemm.release_scratch()  # the kernels part's
     config, tensors = bf16_tensors()
-    amax = qf.input_amax(config, tensors, device)
+    amax = qf.input_amax(config, tensors, device, prompt_len=amax_prompt)
     del tensors
-    torch.cuda.empty_cache()
+    _reset_peak(device)
     gib = 2**30
     for fmt in formats:
         row = {"format": fmt, "context": ctx, "prefill_tokens": prefill}
@@ -408,40 +446,41 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
             cfg, tensors = qf.quantized_checkpoint(fmt, *bf16_tensors(), amax, device)
             Linear.KEEP_DEQUANTIZED = True  # "before": the copies a quantized engine used to keep
             try:
-                engine = Qwen2Engine(cfg, tensors, device=device, max_slots=max(batches) + 1,
+                engine = Qwen2Engine(cfg, tensors, device=device, max_slots=max(max(batches), check_batch) + 1,
                                      max_seq_len=max(ctx + steps + 16, prefill + 64))
             finally:
                 Linear.KEEP_DEQUANTIZED = False
             del tensors
-            torch.cuda.empty_cache()
             gen = torch.Generator(device=device).manual_seed(4)
             prompt = torch.randint(0, engine.lm_head.shape[0], (1, prefill), device=device, generator=gen)
-            torch.cuda.reset_peak_memory_stats(device)
+            _reset_peak(device)
             row["prefill_ms_before"], logits_before = _time_prefill(engine, prompt)
-            row["peak_gib_before"] = torch.cuda.max_memory_allocated(device) / gib
-            row["resident_gib_before"] = torch.cuda.memory_allocated(device) / gib
+            row["peak_gib_before"] = _gib(device, "peak")
+            row["resident_gib_before"] = _gib(device, "allocated")
             mem = engine.memory_bytes()
             row["kv_gib"] = mem["kv_cache"] / gib
             # the step's eager reference runs with the copies (the emulation); the fast path reads the stored tensors
             if fmt != "bf16":
-                graphs_ref = DecodeGraphs(DecodeStep(engine), [8], scratch_slot=max(batches))
+                graphs_ref = DecodeGraphs(DecodeStep(engine), [check_batch])
                 graphs_ref.prepare()
-                row["check_batch8"] = _batch_check(engine, graphs_ref)
+                row["check_batch"] = _batch_check(engine, graphs_ref, check_batch)
                 del graphs_ref
             row["copy_gib_dropped"] = _drop_copies(engine) / gib
-            torch.cuda.empty_cache()
-            row["resident_gib_after"] = torch.cuda.memory_allocated(device) / gib
+            _reset_peak(device)
+            row["resident_gib_after"] = _gib(device, "allocated")
             row["weights_gib"] = (mem["layers"] + mem["lm_head"] + mem["embedding"]) / gib - row["copy_gib_dropped"]
-            torch.cuda.reset_peak_memory_stats(device)
             row["prefill_ms"], logits_after = _time_prefill(engine, prompt)
             row["prefill_logits_rel_vs_copy"] = qf.rel(logits_after, logits_before)
+            # quant_gemm's ``dequant`` kernel: ONE transient buffer, the largest layer's dequantized weight
+            row["dequant_scratch_gib"] = quant_gemm.scratch_bytes() / gib
             t0 = time.perf_counter()
             step = DecodeStep(engine)
-            graphs = DecodeGraphs(step, list(batches), scratch_slot=max(batches))
+            graphs = DecodeGraphs(step, list(batches))
             graphs.prepare()
             row["graphs_setup_s"] = time.perf_counter() - t0
             # quant_gemv_ws.TILED_WEIGHTS: the batch-1 GEMV's tile-by-tile copy of each INT4 weight, in the peak
-            row["tiled_copy_gib"] = sum(lin.quant.tiled.numel() * 4 for layer in step.layers  # int32 words
+            row["tiled_copy_gib"] = sum(lin.quant.tiled.numel() * lin.quant.tiled.element_size()
+                                        for layer in step.layers
                                         for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj)
                                         if lin.quant is not None and lin.quant.tiled is not None) / gib
             row["configs"] = {b: {k: dataclasses.astuple(c) for k, c in graphs.buffers[b].configs.items()}
@@ -455,35 +494,52 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
                                      "tokens_per_s": b * 1000 / wall})
                 log(f"step {fmt:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}), "
                     f"{b * 1000 / wall:.0f} tok/s")
-            row["peak_gib"] = torch.cuda.max_memory_allocated(device) / gib
+            row["peak_gib"] = _gib(device, "peak")
             if row["tiled_copy_gib"]:  # batch 1 without the GEMV's tiled copy: its time against its memory
                 del graphs, step
                 graphs = None
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
+                _reset_peak(device)
                 tiled, quant_gemv_ws.TILED_WEIGHTS = quant_gemv_ws.TILED_WEIGHTS, False
                 try:
-                    graphs = DecodeGraphs(DecodeStep(engine), [1], scratch_slot=max(batches))
+                    graphs = DecodeGraphs(DecodeStep(engine), [1])
                     graphs.prepare()
                     wall, replay = _time_decode(graphs, 1, ctx, steps)
                 finally:
                     quant_gemv_ws.TILED_WEIGHTS = tiled
                 row["untiled_batch1"] = {"ms_per_step": wall, "graph_replay_ms": replay,
-                                         "peak_gib": torch.cuda.max_memory_allocated(device) / gib}
+                                         "peak_gib": _gib(device, "peak")}
             log(f"steps {fmt}: { {k: v for k, v in row.items() if k not in ('steps', 'configs')} }")
         except Exception as exc:
             row["error"] = traceback.format_exc()[-2000:]
             log(f"steps {fmt} FAILED: {exc!r}")
         rows.append(row)
         del engine, graphs
-        torch.cuda.empty_cache()
+        quant_gemm.release_scratch()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
-def _time_decode(graphs, batch, ctx, steps):
-    from gpu_fast_path import _time_decode as timed
-
-    return timed(graphs, batch, ctx, steps)
+def _time_decode(graphs, batch, ctx, steps) -> tuple[float, float]:
+    """(wall ms per decode step at ``batch`` rows (slots 0..), every row at context ``ctx``, the greedy tokens read
+    back as serving reads them; ms per replay of the step's CUDA graph alone, the wall time without graphs)."""
+    dev = graphs.step.engine.cache_k.device
+    slots, tokens = list(range(batch)), [1] * batch
+    tables = graphs.step.engine.slot_tables(slots)  # resident on the device after the first step (request ids)
+    for w in range(3):
+        graphs.decode(tokens, tables, [ctx + w] * batch, slots)
+    _sync(dev)
+    wall0 = time.perf_counter()
+    for s in range(steps):
+        graphs.decode(tokens, tables, [ctx + s] * batch, slots)
+        tokens = graphs.greedy(batch).tolist()  # the one copy a served token needs
+    wall = (time.perf_counter() - wall0) / steps * 1000
+    graphs.release(slots)
+    if batch not in graphs.graphs:
+        return wall, wall
+    replays = 20
+    ms, _ = _timed_ms(lambda: [graphs.graphs[batch].replay() for _ in range(replays)], dev)
+    return wall, ms / replays
 
 
 def step_table(rows: list[dict]) -> str:
@@ -496,16 +552,16 @@ def step_table(rows: list[dict]) -> str:
         for s in r["steps"]:
             lines.append(f"{r['format']:8} {s['batch']:<5} {s['ms_per_step']:8.3f} {s['tokens_per_s']:8.0f}")
     lines += ["", "format   prefill 2048 ms (before: copy)  peak GiB after (before)  weights GiB  KV GiB  "
-                  "prefill logits vs copy  batch-8 step vs eager  (tiled GEMV copy GiB)"]
+                  "prefill logits vs copy  batch-8 step vs eager  (tiled GEMV copy GiB, dequant scratch GiB)"]
     for r in rows:
         if "error" in r:
             continue
-        chk = r.get("check_batch8", {})
+        chk = r.get("check_batch", {})
         lines.append(f"{r['format']:8} {r['prefill_ms']:8.1f} ({r['prefill_ms_before']:6.1f})            "
                      f"{r['peak_gib']:6.2f} ({r['peak_gib_before']:6.2f})        {r['weights_gib']:7.2f}  "
                      f"{r['kv_gib']:6.2f}  {r['prefill_logits_rel_vs_copy']:.2e}            "
                      f"{chk.get('logits_rel_fast_vs_eager', float('nan')):.2e} argmax {chk.get('argmax_equal', '-')}"
-                     f"  ({r.get('tiled_copy_gib', 0):.2f})")
+                     f"  ({r.get('tiled_copy_gib', 0):.2f}, {r.get('dequant_scratch_gib', 0):.2f})")
         if "untiled_batch1" in r:
             u = r["untiled_batch1"]
             lines.append(f"{'':8} without the tiled copy: batch 1 {u['ms_per_step']:.3f} ms/step (replay "
@@ -513,45 +569,80 @@ def step_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _cpu_time(fn, reps: int) -> float:
+    """The dry run's stand-in for ``gpu_fast_path.time_graph``: wall-clock us per call (the interpreter's)."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / reps
+
+
+def dry_run_shape():
+    """The 7B's architecture at a tiny size: what ``--dry-run`` builds (hidden 128, 1 layer, vocabulary 256)."""
+    from trtllm_pipeline.model.catalog import KNOWN_MODELS
+
+    return dataclasses.replace(KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"], hidden_size=128,
+                               intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=256)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="kernels,steps")
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--ms", default=None, help=f"the kernels' M values (default {','.join(map(str, MS))}; dry run "
+                                               f"{','.join(map(str, DRY_MS))})")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="every call of both parts on the CPU at a tiny shape (Triton's interpreter: set "
+                         "TRITON_INTERPRET=1, tests/ and tests/interpreter_site on PYTHONPATH), no sweep; timings "
+                         "are the interpreter's (tests/test_fast_decode.py runs it)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     formats = [f for f in args.formats.split(",") if f]
     unknown = set(formats) - set(FORMATS)
     if unknown:
         ap.error(f"--formats: unknown {sorted(unknown)}; choose from {FORMATS}")
-    from gpu_fast_path import SHAPE, time_graph
-    from torch_runtime_gpu import synthetic_tensors
-
-    dev = torch.device("cuda")
-    sm = torch.cuda.get_device_properties(dev).multi_processor_count
     import triton
 
-    result = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
-              "sm_count": sm, "formats": formats}
+    from torch_runtime_gpu import synthetic_tensors
+
+    if args.dry_run:
+        dev, sm, time_fn, sweep_s = torch.device("cpu"), 4, _cpu_time, 0.0
+        shape = dry_run_shape()
+        shapes = linears(shape.hidden_size, shape.intermediate_size,
+                         (shape.num_attention_heads + 2 * shape.num_key_value_heads) * shape.head_dim)
+        steps_kw = dict(ctx=24, batches=(1, 2), steps=2, prefill=16, check_batch=2, amax_prompt=16)
+        ms = DRY_MS
+        gpu = "cpu (dry run)"
+    else:
+        from gpu_fast_path import SHAPE as shape, time_graph as time_fn
+
+        dev = torch.device("cuda")
+        sm = torch.cuda.get_device_properties(dev).multi_processor_count
+        shapes, steps_kw, ms, sweep_s, gpu = None, {}, MS, KERNEL_SWEEP_S, torch.cuda.get_device_name(dev)
+    if args.ms:
+        ms = [int(m) for m in args.ms.split(",")]
+    result = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "sm_count": sm,
+              "formats": formats}
     texts = []
     out_json = args.out / "quant_gemm.json"
     for part in args.parts.split(","):
         t0 = time.perf_counter()
         try:
             if part == "kernels":
-                rows = kernel_rows(formats, time_graph, dev, sm, ms=[int(m) for m in args.ms.split(",")],
-                                   deadline=t0 + KERNEL_SWEEP_S, log=lambda s: print(s, flush=True))
+                rows = kernel_rows(formats, time_fn, dev, sm, ms=ms, deadline=t0 + sweep_s, shapes=shapes,
+                                   log=lambda s: print(s, flush=True))
                 result["kernels"] = rows
                 entries = table_entries(rows)
                 table_path = args.out / "quant_gemm_table.json"
-                table_path.write_text(json.dumps({"gpu": result["gpu"], "triton": triton.__version__,
+                table_path.write_text(json.dumps({"gpu": gpu, "triton": triton.__version__,
                                                   "entries": entries}, indent=1) + "\n")
                 os.environ[quant_gemm.TABLE_ENV] = str(table_path)  # the steps take the measured choices
                 texts.append(kernel_table(rows))
             elif part == "steps":
-                result["steps"] = step_rows(formats, lambda: synthetic_tensors(SHAPE, False, dev), dev,
-                                            log=lambda s: print(s, flush=True))
+                result["steps"] = step_rows(formats, lambda: synthetic_tensors(shape, False, dev), dev,
+                                            log=lambda s: print(s, flush=True), **steps_kw)
                 texts.append(step_table(result["steps"]))
             else:
                 raise ValueError(f"unknown part {part!r}: kernels, steps")

@@ -580,6 +580,42 @@ def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():
         assert torch.isfinite(engine.logits(h[-1])).all(), fmt
 
 
+def test_quant_gemm_benchmark_dry_run_reaches_every_call(tmp_path):
+    """benchmarks/quant_gemm.py --dry-run: both parts on the CPU at a tiny shape, Triton's kernels through the
+    interpreter, so that every engine, decode-graph and kernel call the H200 run makes is made here (its first run
+    lost the steps part to a call of the engine's old slot API). Kernels: every kind of candidate runs, correct, and
+    the table they make loads; steps: prefill before and after the copies, the batch check and decode steps of every
+    format, no failure."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    from quant_gemm import MAX_ERR
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+
+    formats = ["int4_awq", "int8_sq", "fp8", "bf16"]  # the GEMV / dot / GEMM / dequant, int_mm, FP8's and BF16's
+    path = [str(TESTS / "interpreter_site"), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "quant_gemm.py"), "--dry-run", "--out",
+                           str(tmp_path), "--formats", ",".join(formats)], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "quant_gemm.json").read_text())
+    rows = result["kernels"]
+    assert isinstance(rows, list), rows  # a failed part is {"error": traceback}
+    assert not [r for r in rows if "failed" in r or not r["error"] < MAX_ERR[r["format"]]]
+    assert {r["kernel"] for r in rows} == {"gemm", "gemv", "dot", "int_mm", "dequant", "linear.py", "F.linear",
+                                           "torch._scaled_mm"}
+    table = quant_gemm._load_table(tmp_path / "quant_gemm_table.json")
+    assert {key[0] for key in table} == {"int4_awq", "int8_sq"}
+    steps = result["steps"]
+    assert isinstance(steps, list) and [r["format"] for r in steps] == formats, steps
+    for r in steps:
+        assert "error" not in r, r["error"]
+        assert [s["batch"] for s in r["steps"]] == [1, 2] and all(s["ms_per_step"] > 0 for s in r["steps"]), r
+        assert r["prefill_logits_rel_vs_copy"] == 0.0, r  # on the CPU both prefills are eager's (copies kept)
+        assert r["format"] == "bf16" or r["check_batch"]["argmax_equal"].endswith("/2"), r
+    assert "FAILED" not in (tmp_path / "quant_gemm.txt").read_text()
+
+
 def test_batch_buckets_and_padding():
     assert batch_buckets(8) == [1, 2, 4, 8]
     assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
