@@ -346,10 +346,9 @@ def check_step(graphs: DecodeGraphs, engine: Qwen2Engine, prompt_len: int = 64, 
     first = int(engine.logits(h[:, -1]).argmax(-1))
     snap_k, snap_v = engine.cache_k[:, : 1 + engine.slot_blocks].clone(), engine.cache_v[:, : 1 + engine.slot_blocks].clone()
     eager, eager0 = [first], None
-    key_len = -(-(prompt_len + steps + 1) // 64) * 64
     for s in range(steps):
         tok = torch.tensor([[eager[-1]]], device=dev)
-        lg = engine.logits(engine(tok, zero, torch.tensor([prompt_len + s], device=dev), key_len)[:, -1]).float()
+        lg = engine.logits(engine.forward_slots(tok, zero, torch.tensor([prompt_len + s], device=dev))[:, -1]).float()
         eager0 = lg.clone() if s == 0 else eager0
         eager.append(int(lg.argmax(-1)))
     engine.cache_k[:, : 1 + engine.slot_blocks], engine.cache_v[:, : 1 + engine.slot_blocks] = snap_k, snap_v

@@ -1,25 +1,32 @@
 """The 4/8-bit GEMMs at every batch size on one GPU (issue 32): per-kernel table, measured kernel table, whole steps.
 
     python3 benchmarks/quant_gemm.py --out DIR [--parts kernels,steps] [--formats int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16]
+    TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/quant_gemm.py --dry-run --out DIR
 
-Parts (each one's failure is recorded and the next part still runs; each ~4-7 minutes on an H200, so the device
+Parts (each one's failure is recorded and the next part still runs; each ~4-8 minutes on an H200, so the device
 tool's 10-minute calls take one each: kernels first, its table copied into the package, then steps):
-  kernels  each format x M in 1, 8, 32, 64, 256, 2048 x the 7B's four linears (qkv 3584 -> 4608, dense 3584 -> 3584,
-           fc + gate 3584 -> 2 x 18944: the GLU launch at M <= 64, one of the pair's GEMMs at prefill sizes, proj
-           18944 -> 3584): every candidate kernel (quant_gemm's GEMM at a few tiles, quant_gemv's GEMV at M = 1, the
-           older dot kernel at M <= 64; FP8 and BF16: linear.py's kernels and torch._scaled_mm / F.linear; SmoothQuant
-           also torch._int_mm) checked against float32 ``x @ W^T`` (W dequantized as the format defines it), then timed
-           over rotating weight copies larger than L2: us, GB/s of weight bytes, TFLOP/s, fraction of the roof
-           (max(bytes / 4.3 TB/s, flops / dense tensor-core peak)). The fastest correct kernel per (format, shape, M)
-           goes to DIR/quant_gemm_table.json, which the runtime reads when copied to
+  kernels  each format x M in 1, 8, 32, 64, 128, 256, 512, 2048 x the 7B's four linears (qkv 3584 -> 4608, dense
+           3584 -> 3584, fc + gate 3584 -> 2 x 18944: the GLU launch at M <= 64, one of the pair's GEMMs at prefill
+           sizes, proj 18944 -> 3584): every candidate kernel (quant_gemm's GEMM at several tiles: ``gemm_candidates``,
+           quant_gemv's GEMV at M = 1, the older dot kernel at M <= 64, and prefill's library kernels, timed whole:
+           SmoothQuant's ``int_mm`` (torch._int_mm) past M 16, INT4-AWQ's, W4A8's and INT8 weight-only's ``dequant``
+           (the weight dequantized into quant_gemm's scratch buffer, then F.linear / torch._scaled_mm) past M 64;
+           FP8 and BF16: linear.py's kernels and torch._scaled_mm / F.linear) checked against float32 ``x @ W^T`` (W
+           dequantized as the format defines it), then timed over rotating weight copies larger than L2: us, GB/s of
+           weight bytes, TFLOP/s, fraction of the roof (max(bytes / 4.3 TB/s, flops / dense tensor-core peak)). The
+           fastest correct kernel per (format, shape, M) goes to DIR/quant_gemm_table.json (with, where a library
+           kernel won, the fastest the decode step can launch), which the runtime reads when copied to
            trtllm_pipeline/runtimes/torch_engine/cuda/quant_gemm_table.json (or named by $TRTLLM_PIPELINE_GEMM_TABLE).
-           The sweep beyond each default stops after KERNEL_SWEEP_S seconds (default 150).
+           The sweep beyond each default stops after KERNEL_SWEEP_S seconds (default 300; the log says where).
   steps    per format a 7B engine of random BF16 weights quantized on the GPU (quant_fast_path.quantized_checkpoint):
            built first with the dequantized copies (the old memory: "before"), prefill of 2048 tokens timed and its
-           peak taken, then the copies dropped ("after": prefill through quant_gemm, no copy) and: the prefill's
-           last logits against the copy's, one decode step at batch 8 against the eager (copy) model, then decode
-           graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s, peak GiB. The table in DIR (when the kernels
-           part ran first) is the one the steps take.
+           peak taken, then the copies dropped ("after": prefill through quant_gemm, no copy; the dequant kernel's
+           one scratch buffer reported) and: the prefill's last logits against the copy's, one decode step at batch 8
+           against the eager (copy) model, then decode graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s,
+           peak GiB. The table in DIR (when the kernels part ran first) is the one the steps take.
+
+``--dry-run``: both parts on the CPU at a tiny shape through Triton's interpreter (M 1, 8, 24, 80; no sweep; batches
+1 and 2; wall-clock times), so that every call the GPU run makes is made (tests/test_fast_decode.py runs it).
 
 Results: DIR/quant_gemm.json, DIR/quant_gemm_table.json, DIR/quant_gemm.txt (the tables, also on stdout).
 """
@@ -49,7 +56,8 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, linear, quant
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine  # noqa: E402
 
-MS = (1, 8, 32, 64, 256, 2048)
+MS = (1, 8, 32, 64, 128, 256, 512, 2048)
+DRY_MS = (1, 8, 24, 80)  # --dry-run: the GEMV, decode launches (the dot kernel, int_mm past M 16), prefill sizes
 DECODE_M = 64  # the largest M timed as a decode launch (split-K partials, the GLU); above it prefill's linear
 BATCHES = (1, 8, 32, 64)
 FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "fp8", "bf16")
@@ -57,7 +65,7 @@ BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 # dense tensor-core peaks of an H200 SXM by the MMA's operand type (TFLOP/s or TOP/s)
 PEAK = {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12}
 MMA_TYPE = {"int4_awq": "bf16", "w4a8_awq": "fp8", "int8_sq": "int8", "int8_wo": "bf16", "fp8": "fp8", "bf16": "bf16"}
-KERNEL_SWEEP_S = float(os.environ.get("KERNEL_SWEEP_S", "150"))
+KERNEL_SWEEP_S = float(os.environ.get("KERNEL_SWEEP_S", "300"))
 # relative error against float32 x @ W^T above which a candidate does not enter the table
 MAX_ERR = {"int4_awq": 5e-3, "w4a8_awq": 5e-3, "int8_sq": 5e-3, "int8_wo": 5e-3, "fp8": 2e-2, "bf16": 1e-2}
 
@@ -67,9 +75,14 @@ def linears(hidden=3584, intermediate=18944, qkv=4608) -> list[tuple[str, int, i
 
 
 def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
-    """quant_gemm's default tiles first, then three others (each distinct config is a compilation: ~1-2 s): at
-    decode sizes the group scale on each weight (INT4-AWQ), the input on the MMA's M side, twice the splits (or
-    four stages for the GLU); at prefill sizes the scale on each weight, 128 x 256 and 64 x 128 x 128 tiles."""
+    """quant_gemm's default tiles first, then others (each distinct config is a compilation: ~1-2 s). Decode sizes:
+    the group scale on each weight (INT4-AWQ), the input on the MMA's M side, twice the splits (or four stages for
+    the GLU). Prefill sizes (the H200's first run tried 4 tiles there and reached ~25% of the tensor-core roof): 128 x
+    128 tiles at 64 or 128 inputs a stage and 3 or 4 stages, 128 x 256, 256 x 128 (twice the rows per unpacked weight
+    tile: half the unpacking per MMA), 64 x 128 x 128 at 4 warps, and the weight on the MMA's M side (SWAP: the
+    unpacked weight tile is the MMA's register operand, not stored to shared memory first), all 8 warps unless said;
+    INT4-AWQ with its scale on each weight (the default there since it won every prefill shape: glu M 2048 1032 us
+    against 1730 with the scale on the tile's dot result, which is tried too at the default tiles)."""
     base = quant_gemm.default_config(q, m, sm, glu=glu)
     r = dataclasses.replace
     int4_awq = q.fmt == "int4_awq"
@@ -78,11 +91,16 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
                   r(base, swap=False, block_k=64, num_stages=4),
                   r(base, num_stages=4) if glu else r(base, splits=base.splits * 2)]
     else:
-        others = [r(base, scale_weights=True) if int4_awq else LinearConfig(128, 128, 128, 1, 8, 3, gemm=True),
-                  LinearConfig(128, 256, 64, 1, 8, 3, gemm=True), LinearConfig(64, 128, 128, 1, 4, 3, gemm=True)]
+        def tile(bm, bn, bk, warps=8, stages=3, swap=False):
+            return LinearConfig(bm, bn, bk, 1, warps, stages, gemm=True, swap=swap, scale_weights=int4_awq)
+
+        others = [r(base, scale_weights=False) if int4_awq else None,  # INT4-AWQ: the scale on each tile's dot too
+                  tile(128, 128, 128), tile(128, 128, 64, stages=4), tile(128, 128, 128, stages=4),
+                  tile(128, 256, 64), tile(256, 128, 64), tile(64, 128, 128, warps=4),
+                  tile(128, 256, 64, swap=True), tile(128, 256, 128, swap=True), tile(128, 128, 64, warps=4, swap=True)]
     out = [base]
     for c in others:
-        if c not in out:
+        if c is not None and c not in out:
             out.append(c)
     return out
 
@@ -122,8 +140,9 @@ def _nbytes(lins: list[Linear]) -> int:
 def kernel_rows(formats, time_fn, device, sm: int, *, ms=MS, deadline: float, l2_bytes=60 * 2**20, log=print,
                 shapes=None):
     """One row per (format, linear, M, candidate): error, time (``time_fn(fn, reps)``: us per call; None: not
-    timed, the CPU test's interpreter run at small ``shapes``), bandwidth, roof."""
+    timed), bandwidth, roof. Past ``deadline`` only the default tiles (and the other kernels) of each case run."""
     rows = []
+    swept = True
     cuda = device.type == "cuda"
     gen = torch.Generator(device=device).manual_seed(11)
     dt = torch.bfloat16
@@ -149,8 +168,11 @@ def kernel_rows(formats, time_fn, device, sm: int, *, ms=MS, deadline: float, l2
                 x = (torch.randn(m, k, generator=gen, device=device) * 2).to(dt)
                 ref = [_reference(lin, x) for lin in used]
                 want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if glu else ref[0]
-                for kind, cfg, call, read in _candidates(fmt, used, sets, x, m, sm, glu, decode, device,
-                                                         time.perf_counter() < deadline):
+                sweep = time.perf_counter() < deadline
+                if swept and not sweep:
+                    log(f"-- past the sweep's deadline (KERNEL_SWEEP_S): default tiles only from {fmt} {name} m={m}")
+                swept = sweep
+                for kind, cfg, call, read in _candidates(fmt, used, sets, x, m, sm, glu, decode, device, sweep):
                     row = {"format": fmt, "linear": name, "m": m, "n": n, "k": k, "glu": glu, "kernel": kind,
                            "config": dataclasses.astuple(cfg) if cfg is not None else None, "weight_bytes": nbytes}
                     try:
@@ -220,15 +242,20 @@ def _candidates(fmt, lins, sets, x, m, sm, glu, decode, device, sweep: bool):
                         return out.float()
                     return fixed_sum.to_float(out) if cfg.gemv else out.sum(0)
                 yield kind, None if cfg.gemv else cfg, call, read
-        if fmt == "int8_sq" and m > 16:  # torch's int8 GEMM, the input quantized by torch ops (not timed apart)
-            lin = lins[0]
-            xq = torch.round(qf.reference_input(lin, x) / lin.a_scale).clamp(-128, 127).to(torch.int8)
-            out = {}
+        # the library GEMMs quant_gemm.linear can take (prefill; not the decode step's GLU launch), timed whole:
+        # torch._int_mm with the input's quantization and the epilogue, or the weight dequantized into the scratch
+        # buffer and F.linear / torch._scaled_mm (its input's pre-quant scale and quantization too)
+        library = []
+        if not glu and quant_gemm.int_mm_supported(q0, m):
+            library.append(("int_mm", quant_gemm.int_mm_linear))
+        if not decode and quant_gemm.dequant_supported(q0, dt):
+            library.append(("dequant", quant_gemm.dequant_linear))
+        for kind, fn in library:
+            res = {}
 
-            def call(i, lin=lin):
-                w = sets[i % copies][0].weight
-                out[0] = torch._int_mm(xq, w.t())
-            yield "torch._int_mm", None, call, lambda lin=lin: out[0].float() * (lin.a_scale * lin.scales.float())
+            def call(i, fn=fn, res=res):
+                res[0] = fn(x, sets[i % copies][0], None, dt)
+            yield kind, None, call, (lambda res=res: res[0].float())
         return
     w_scale = None if fmt == "bf16" else (lins[0].a_scale * lins[0].w_scale).reshape(1)
     xin = x if fmt == "bf16" else (x.float() * lins[0].a_inv).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -264,64 +291,106 @@ def _line(r: dict) -> str:
                    f" ({r['bound']})  err {r['error']:.1e}")
 
 
+def _correct(r: dict) -> bool:
+    return "us" in r and r["error"] < MAX_ERR[r["format"]]
+
+
+def _config_entry(r: dict) -> list[int]:
+    c = LinearConfig(*r["config"])
+    return [c.block_m, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, int(c.swap), int(c.scale_weights)]
+
+
 def table_entries(rows: list[dict]) -> list[dict]:
     """The fastest correct kernel per (format, n, k, glu, m) among the 4/8-bit formats' candidates, in the form
-    ``quant_gemm._load_table`` reads."""
-    best: dict = {}
+    ``quant_gemm._load_table`` reads; where that is one of quant_gemm.LINEAR_KERNELS (prefill's ``linear`` only),
+    also the fastest of the kernels the decode step launches (``step_kernel``, ``step_us``, ``step_config``)."""
+    groups: dict = {}
     for r in rows:
-        if r["format"] not in qf.QUANT_FORMATS or r["kernel"] not in quant_gemm.KERNELS or "us" not in r:
-            continue
-        if not r["error"] < MAX_ERR[r["format"]]:
-            continue
-        key = (r["format"], r["n"], r["k"], r["glu"], r["m"])
-        if key not in best or r["us"] < best[key]["us"]:
-            best[key] = r
+        if r["format"] in qf.QUANT_FORMATS and r["kernel"] in quant_gemm.KERNELS and _correct(r):
+            groups.setdefault((r["format"], r["n"], r["k"], r["glu"], r["m"]), []).append(r)
     entries = []
-    for (fmt, n, k, glu, m), r in sorted(best.items()):
+    for (fmt, n, k, glu, m), rs in sorted(groups.items()):
+        r = min(rs, key=lambda r: r["us"])
         e = {"format": fmt, "n": n, "k": k, "glu": glu, "m": m, "kernel": r["kernel"], "us": round(r["us"], 2)}
         if r["kernel"] == "gemm":
-            c = LinearConfig(*r["config"])
-            e["config"] = [c.block_m, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, int(c.swap),
-                           int(c.scale_weights)]
+            e["config"] = _config_entry(r)
+        steps = [s for s in rs if s["kernel"] in quant_gemm.STEP_KERNELS]
+        if r["kernel"] in quant_gemm.LINEAR_KERNELS and steps:
+            s = min(steps, key=lambda s: s["us"])
+            e.update(step_kernel=s["kernel"], step_us=round(s["us"], 2))
+            if s["kernel"] == "gemm":
+                e["step_config"] = _config_entry(s)
         entries.append(e)
     return entries
 
 
 def kernel_table(rows: list[dict]) -> str:
-    """Per (format, linear, M): the default GEMM, the fastest kernel, and the rest by name."""
-    lines = ["format   linear m     kernel            us      GB/s   TFLOP/s  of roof  bound   err      (GEMM default us)"]
+    """Per (format, linear, M): the fastest correct kernel (error under MAX_ERR), the default GEMM, the best GEMM."""
+    lines = ["format   linear m     kernel            us      GB/s   TFLOP/s  of roof  bound   err      "
+             "(GEMM default us, best GEMM us)"]
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["format"], r["linear"], r["m"]), []).append(r)
     for (fmt, name, m), rs in groups.items():
-        ok = [r for r in rs if "us" in r]
+        ok = [r for r in rs if _correct(r)]
         if not ok:
-            lines.append(f"{fmt:8} {name:6} {m:<5} all failed")
+            lines.append(f"{fmt:8} {name:6} {m:<5} all failed" if not any("us" in r for r in rs) else
+                         f"{fmt:8} {name:6} {m:<5} none within {MAX_ERR[fmt]:.0e}")
             continue
         b = min(ok, key=lambda r: r["us"])
         default = next((r for r in rs if r["kernel"] == "gemm" and "us" in r), None)
+        gemms = [r for r in ok if r["kernel"] == "gemm"]
+        best_gemm = min(gemms, key=lambda r: r["us"]) if gemms else None
         lines.append(f"{fmt:8} {name:6} {m:<5} {b['kernel']:16} {b['us']:8.1f} {b['gbps']:7.0f} {b['tflops']:8.1f} "
                      f"{b['of_roof']:7.0%}  {b['bound']:6} {b['error']:.1e}   "
-                     f"{'%.1f' % default['us'] if default else '-'}")
+                     f"{'%.1f' % default['us'] if default else '-'}, {'%.1f' % best_gemm['us'] if best_gemm else '-'}")
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- steps
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_ms(fn, device: torch.device) -> tuple[float, object]:
+    """(milliseconds of ``fn()``: CUDA events on a GPU, the wall clock on the CPU, the dry run's; its result)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - t0) * 1000, out
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    out = fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b), out
+
+
+def _gib(device: torch.device, what: str) -> float:
+    """torch.cuda's ``what`` ("allocated": resident now, "peak": since the last reset) in GiB; 0 on the CPU."""
+    if device.type != "cuda":
+        return 0.0
+    fn = torch.cuda.memory_allocated if what == "allocated" else torch.cuda.max_memory_allocated
+    return fn(device) / 2**30
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def _time_prefill(engine, prompt, reps=3) -> tuple[float, torch.Tensor]:
+    """Median ms of one prefill of ``prompt`` [1, T] into slot 0 and its last token's logits."""
     dev = prompt.device
-    slot, start = torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
-    key_len = -(-prompt.shape[1] // 256) * 256
     times, logits = [], None
     for i in range(reps + 1):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        logits = engine.logits(engine(prompt, slot, start, key_len)[:, -1])
-        b.record()
-        b.synchronize()
+        ms, logits = _timed_ms(lambda: engine.logits(engine.forward_slots(prompt, [0], [0])[:, -1]), dev)
         if i:
-            times.append(a.elapsed_time(b))
+            times.append(ms)
     return statistics.median(times), logits
 
 
@@ -339,32 +408,36 @@ def _drop_copies(engine) -> int:
 
 
 def _batch_check(engine, graphs, batch: int = 8, prompt_len: int = 48) -> dict:
-    """One decode step at ``batch`` rows: the fast path's logits against the eager model's (with its copies)."""
+    """One decode step at ``batch`` rows (slots 0..): the fast path's logits against the eager model's (with its
+    copies), both from the same prefilled cache."""
     dev = engine.cache_k.device
     gen = torch.Generator(device=dev).manual_seed(3)
-    slots = torch.arange(batch, device=dev)
+    slots = list(range(batch))
     prompts = torch.randint(0, engine.lm_head.shape[0], (batch, prompt_len), device=dev, generator=gen)
-    zero = torch.zeros(batch, dtype=torch.long, device=dev)
-    h = engine(prompts, slots, zero, prompt_len)
+    h = engine.forward_slots(prompts, slots, [0] * batch)
     tokens = engine.logits(h[:, -1]).argmax(-1)
-    snap_k, snap_v = engine.cache_k[:, :batch].clone(), engine.cache_v[:, :batch].clone()
-    pos = torch.full((batch,), prompt_len, device=dev)
-    eager = engine.logits(engine(tokens[:, None], slots, pos, -(-(prompt_len + 1) // 64) * 64)[:, -1]).float()
-    engine.cache_k[:, :batch], engine.cache_v[:, :batch] = snap_k, snap_v
-    fast = graphs.decode(tokens.tolist(), list(range(batch)), [prompt_len] * batch).float()
+    blocks = 1 + batch * engine.slot_blocks  # the null block, then each slot's run of blocks
+    snap_k, snap_v = engine.cache_k[:, :blocks].clone(), engine.cache_v[:, :blocks].clone()
+    eager = engine.logits(engine.forward_slots(tokens[:, None], slots, [prompt_len] * batch)[:, -1]).float()
+    engine.cache_k[:, :blocks], engine.cache_v[:, :blocks] = snap_k, snap_v
+    fast = graphs.decode(tokens.tolist(), engine.slot_tables(slots), [prompt_len] * batch).float()
     return {"batch": batch, "logits_rel_fast_vs_eager": qf.rel(fast, eager),
             "argmax_equal": f"{int((fast.argmax(-1) == eager.argmax(-1)).sum())}/{batch}"}
 
 
-def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps=32, prefill=2048, log=print):
+def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps=32, prefill=2048, check_batch=8,
+              amax_prompt=512, log=print):
+    """Per format: a 7B engine (``bf16_tensors()``: the dry run's is tiny) quantized, its prefill before and after
+    the dequantized copies are dropped, a batch check, decode steps at ``batches``, memory (0 on the CPU)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
     from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
 
     rows = []
+    quant_gemm.release_scratch()  # the kernels part's
     config, tensors = bf16_tensors()
-    amax = qf.input_amax(config, tensors, device)
+    amax = qf.input_amax(config, tensors, device, prompt_len=amax_prompt)
     del tensors
-    torch.cuda.empty_cache()
+    _reset_peak(device)
     gib = 2**30
     for fmt in formats:
         row = {"format": fmt, "context": ctx, "prefill_tokens": prefill}
@@ -373,40 +446,41 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
             cfg, tensors = qf.quantized_checkpoint(fmt, *bf16_tensors(), amax, device)
             Linear.KEEP_DEQUANTIZED = True  # "before": the copies a quantized engine used to keep
             try:
-                engine = Qwen2Engine(cfg, tensors, device=device, max_slots=max(batches) + 1,
+                engine = Qwen2Engine(cfg, tensors, device=device, max_slots=max(max(batches), check_batch) + 1,
                                      max_seq_len=max(ctx + steps + 16, prefill + 64))
             finally:
                 Linear.KEEP_DEQUANTIZED = False
             del tensors
-            torch.cuda.empty_cache()
             gen = torch.Generator(device=device).manual_seed(4)
             prompt = torch.randint(0, engine.lm_head.shape[0], (1, prefill), device=device, generator=gen)
-            torch.cuda.reset_peak_memory_stats(device)
+            _reset_peak(device)
             row["prefill_ms_before"], logits_before = _time_prefill(engine, prompt)
-            row["peak_gib_before"] = torch.cuda.max_memory_allocated(device) / gib
-            row["resident_gib_before"] = torch.cuda.memory_allocated(device) / gib
+            row["peak_gib_before"] = _gib(device, "peak")
+            row["resident_gib_before"] = _gib(device, "allocated")
             mem = engine.memory_bytes()
             row["kv_gib"] = mem["kv_cache"] / gib
             # the step's eager reference runs with the copies (the emulation); the fast path reads the stored tensors
             if fmt != "bf16":
-                graphs_ref = DecodeGraphs(DecodeStep(engine), [8], scratch_slot=max(batches))
+                graphs_ref = DecodeGraphs(DecodeStep(engine), [check_batch])
                 graphs_ref.prepare()
-                row["check_batch8"] = _batch_check(engine, graphs_ref)
+                row["check_batch"] = _batch_check(engine, graphs_ref, check_batch)
                 del graphs_ref
             row["copy_gib_dropped"] = _drop_copies(engine) / gib
-            torch.cuda.empty_cache()
-            row["resident_gib_after"] = torch.cuda.memory_allocated(device) / gib
+            _reset_peak(device)
+            row["resident_gib_after"] = _gib(device, "allocated")
             row["weights_gib"] = (mem["layers"] + mem["lm_head"] + mem["embedding"]) / gib - row["copy_gib_dropped"]
-            torch.cuda.reset_peak_memory_stats(device)
             row["prefill_ms"], logits_after = _time_prefill(engine, prompt)
             row["prefill_logits_rel_vs_copy"] = qf.rel(logits_after, logits_before)
+            # quant_gemm's ``dequant`` kernel: ONE transient buffer, the largest layer's dequantized weight
+            row["dequant_scratch_gib"] = quant_gemm.scratch_bytes() / gib
             t0 = time.perf_counter()
             step = DecodeStep(engine)
-            graphs = DecodeGraphs(step, list(batches), scratch_slot=max(batches))
+            graphs = DecodeGraphs(step, list(batches))
             graphs.prepare()
             row["graphs_setup_s"] = time.perf_counter() - t0
             # quant_gemv_ws.TILED_WEIGHTS: the batch-1 GEMV's tile-by-tile copy of each INT4 weight, in the peak
-            row["tiled_copy_gib"] = sum(lin.quant.tiled.numel() * 4 for layer in step.layers  # int32 words
+            row["tiled_copy_gib"] = sum(lin.quant.tiled.numel() * lin.quant.tiled.element_size()
+                                        for layer in step.layers
                                         for lin in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj)
                                         if lin.quant is not None and lin.quant.tiled is not None) / gib
             row["configs"] = {b: {k: dataclasses.astuple(c) for k, c in graphs.buffers[b].configs.items()}
@@ -420,35 +494,52 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
                                      "tokens_per_s": b * 1000 / wall})
                 log(f"step {fmt:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}), "
                     f"{b * 1000 / wall:.0f} tok/s")
-            row["peak_gib"] = torch.cuda.max_memory_allocated(device) / gib
+            row["peak_gib"] = _gib(device, "peak")
             if row["tiled_copy_gib"]:  # batch 1 without the GEMV's tiled copy: its time against its memory
                 del graphs, step
                 graphs = None
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
+                _reset_peak(device)
                 tiled, quant_gemv_ws.TILED_WEIGHTS = quant_gemv_ws.TILED_WEIGHTS, False
                 try:
-                    graphs = DecodeGraphs(DecodeStep(engine), [1], scratch_slot=max(batches))
+                    graphs = DecodeGraphs(DecodeStep(engine), [1])
                     graphs.prepare()
                     wall, replay = _time_decode(graphs, 1, ctx, steps)
                 finally:
                     quant_gemv_ws.TILED_WEIGHTS = tiled
                 row["untiled_batch1"] = {"ms_per_step": wall, "graph_replay_ms": replay,
-                                         "peak_gib": torch.cuda.max_memory_allocated(device) / gib}
+                                         "peak_gib": _gib(device, "peak")}
             log(f"steps {fmt}: { {k: v for k, v in row.items() if k not in ('steps', 'configs')} }")
         except Exception as exc:
             row["error"] = traceback.format_exc()[-2000:]
             log(f"steps {fmt} FAILED: {exc!r}")
         rows.append(row)
         del engine, graphs
-        torch.cuda.empty_cache()
+        quant_gemm.release_scratch()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
-def _time_decode(graphs, batch, ctx, steps):
-    from gpu_fast_path import _time_decode as timed
-
-    return timed(graphs, batch, ctx, steps)
+def _time_decode(graphs, batch, ctx, steps) -> tuple[float, float]:
+    """(wall ms per decode step at ``batch`` rows (slots 0..), every row at context ``ctx``, the greedy tokens read
+    back as serving reads them; ms per replay of the step's CUDA graph alone, the wall time without graphs)."""
+    dev = graphs.step.engine.cache_k.device
+    slots, tokens = list(range(batch)), [1] * batch
+    tables = graphs.step.engine.slot_tables(slots)  # resident on the device after the first step (request ids)
+    for w in range(3):
+        graphs.decode(tokens, tables, [ctx + w] * batch, slots)
+    _sync(dev)
+    wall0 = time.perf_counter()
+    for s in range(steps):
+        graphs.decode(tokens, tables, [ctx + s] * batch, slots)
+        tokens = graphs.greedy(batch).tolist()  # the one copy a served token needs
+    wall = (time.perf_counter() - wall0) / steps * 1000
+    graphs.release(slots)
+    if batch not in graphs.graphs:
+        return wall, wall
+    replays = 20
+    ms, _ = _timed_ms(lambda: [graphs.graphs[batch].replay() for _ in range(replays)], dev)
+    return wall, ms / replays
 
 
 def step_table(rows: list[dict]) -> str:
@@ -461,16 +552,16 @@ def step_table(rows: list[dict]) -> str:
         for s in r["steps"]:
             lines.append(f"{r['format']:8} {s['batch']:<5} {s['ms_per_step']:8.3f} {s['tokens_per_s']:8.0f}")
     lines += ["", "format   prefill 2048 ms (before: copy)  peak GiB after (before)  weights GiB  KV GiB  "
-                  "prefill logits vs copy  batch-8 step vs eager  (tiled GEMV copy GiB)"]
+                  "prefill logits vs copy  batch-8 step vs eager  (tiled GEMV copy GiB, dequant scratch GiB)"]
     for r in rows:
         if "error" in r:
             continue
-        chk = r.get("check_batch8", {})
+        chk = r.get("check_batch", {})
         lines.append(f"{r['format']:8} {r['prefill_ms']:8.1f} ({r['prefill_ms_before']:6.1f})            "
                      f"{r['peak_gib']:6.2f} ({r['peak_gib_before']:6.2f})        {r['weights_gib']:7.2f}  "
                      f"{r['kv_gib']:6.2f}  {r['prefill_logits_rel_vs_copy']:.2e}            "
                      f"{chk.get('logits_rel_fast_vs_eager', float('nan')):.2e} argmax {chk.get('argmax_equal', '-')}"
-                     f"  ({r.get('tiled_copy_gib', 0):.2f})")
+                     f"  ({r.get('tiled_copy_gib', 0):.2f}, {r.get('dequant_scratch_gib', 0):.2f})")
         if "untiled_batch1" in r:
             u = r["untiled_batch1"]
             lines.append(f"{'':8} without the tiled copy: batch 1 {u['ms_per_step']:.3f} ms/step (replay "
@@ -478,45 +569,80 @@ def step_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _cpu_time(fn, reps: int) -> float:
+    """The dry run's stand-in for ``gpu_fast_path.time_graph``: wall-clock us per call (the interpreter's)."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / reps
+
+
+def dry_run_shape():
+    """The 7B's architecture at a tiny size: what ``--dry-run`` builds (hidden 128, 1 layer, vocabulary 256)."""
+    from trtllm_pipeline.model.catalog import KNOWN_MODELS
+
+    return dataclasses.replace(KNOWN_MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"], hidden_size=128,
+                               intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=256)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="kernels,steps")
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--ms", default=None, help=f"the kernels' M values (default {','.join(map(str, MS))}; dry run "
+                                               f"{','.join(map(str, DRY_MS))})")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="every call of both parts on the CPU at a tiny shape (Triton's interpreter: set "
+                         "TRITON_INTERPRET=1, tests/ and tests/interpreter_site on PYTHONPATH), no sweep; timings "
+                         "are the interpreter's (tests/test_fast_decode.py runs it)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     formats = [f for f in args.formats.split(",") if f]
     unknown = set(formats) - set(FORMATS)
     if unknown:
         ap.error(f"--formats: unknown {sorted(unknown)}; choose from {FORMATS}")
-    from gpu_fast_path import SHAPE, time_graph
-    from torch_runtime_gpu import synthetic_tensors
-
-    dev = torch.device("cuda")
-    sm = torch.cuda.get_device_properties(dev).multi_processor_count
     import triton
 
-    result = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
-              "sm_count": sm, "formats": formats}
+    from torch_runtime_gpu import synthetic_tensors
+
+    if args.dry_run:
+        dev, sm, time_fn, sweep_s = torch.device("cpu"), 4, _cpu_time, 0.0
+        shape = dry_run_shape()
+        shapes = linears(shape.hidden_size, shape.intermediate_size,
+                         (shape.num_attention_heads + 2 * shape.num_key_value_heads) * shape.head_dim)
+        steps_kw = dict(ctx=24, batches=(1, 2), steps=2, prefill=16, check_batch=2, amax_prompt=16)
+        ms = DRY_MS
+        gpu = "cpu (dry run)"
+    else:
+        from gpu_fast_path import SHAPE as shape, time_graph as time_fn
+
+        dev = torch.device("cuda")
+        sm = torch.cuda.get_device_properties(dev).multi_processor_count
+        shapes, steps_kw, ms, sweep_s, gpu = None, {}, MS, KERNEL_SWEEP_S, torch.cuda.get_device_name(dev)
+    if args.ms:
+        ms = [int(m) for m in args.ms.split(",")]
+    result = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "sm_count": sm,
+              "formats": formats}
     texts = []
     out_json = args.out / "quant_gemm.json"
     for part in args.parts.split(","):
         t0 = time.perf_counter()
         try:
             if part == "kernels":
-                rows = kernel_rows(formats, time_graph, dev, sm, ms=[int(m) for m in args.ms.split(",")],
-                                   deadline=t0 + KERNEL_SWEEP_S, log=lambda s: print(s, flush=True))
+                rows = kernel_rows(formats, time_fn, dev, sm, ms=ms, deadline=t0 + sweep_s, shapes=shapes,
+                                   log=lambda s: print(s, flush=True))
                 result["kernels"] = rows
                 entries = table_entries(rows)
                 table_path = args.out / "quant_gemm_table.json"
-                table_path.write_text(json.dumps({"gpu": result["gpu"], "triton": triton.__version__,
+                table_path.write_text(json.dumps({"gpu": gpu, "triton": triton.__version__,
                                                   "entries": entries}, indent=1) + "\n")
                 os.environ[quant_gemm.TABLE_ENV] = str(table_path)  # the steps take the measured choices
                 texts.append(kernel_table(rows))
             elif part == "steps":
-                result["steps"] = step_rows(formats, lambda: synthetic_tensors(SHAPE, False, dev), dev,
-                                            log=lambda s: print(s, flush=True))
+                result["steps"] = step_rows(formats, lambda: synthetic_tensors(shape, False, dev), dev,
+                                            log=lambda s: print(s, flush=True), **steps_kw)
                 texts.append(step_table(result["steps"]))
             else:
                 raise ValueError(f"unknown part {part!r}: kernels, steps")

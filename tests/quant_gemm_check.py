@@ -59,6 +59,34 @@ def case(fmt, m, n, k, group, *, block_m=16, block_n=32, block_k=32, splits=1, s
     return row
 
 
+def library_case(fmt, m, n, k, group, kernel, *, slices=1, seed=0, dtype=torch.bfloat16):
+    """``linear`` through one of quant_gemm.LINEAR_KERNELS (torch._int_mm, or the weight dequantized into the scratch
+    buffer and the library GEMM: F.linear, torch._scaled_mm; both run on the CPU) against float32 ``x @ W^T + b``,
+    eager's module, and the GEMM's ``linear``; or, where the kernel cannot take the shape, which kernel ran."""
+    gen = torch.Generator().manual_seed(seed)
+    t = tensors(fmt, n, k, group, gen, slices)
+    t["p.bias"] = (torch.randn(n, generator=gen) * 0.1).to(dtype)
+    lin, lin32 = (Linear(t, "p", dt, CPU, fmt, group) for dt in (dtype, torch.float32))
+    q = quant_linear.QuantWeight.of(lin)
+    x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
+    want = reference_input(lin32, x) @ lin._dequantize().t() + lin.bias.float()
+    ran = quant_gemm.linear_kernel(q, m, dtype, CPU, kernel)
+    row = {"fmt": fmt, "m": m, "n": n, "k": k, "group": q.group, "kernel": kernel, "ran": ran,
+           "dtype": str(dtype).removeprefix("torch.")}
+    y = quant_gemm.linear(x[None], q, lin.bias, dtype, kernel=kernel)[0]
+    gemm = quant_gemm.linear(x[None], q, lin.bias, dtype, LinearConfig(16, 32, 32, 1, 4, 2, gemm=True))[0]
+    row.update(linear=errors(y, want), linear_eager_bf16=errors(lin(x), want), dtype_out=str(y.dtype),
+               vs_gemm=errors(y, gemm), equal_gemm=torch.equal(y, gemm), equal_eager=torch.equal(y, lin(x)))
+    if ran == "dequant":  # the scratch buffer's weight: eager's copy's values (W4A8: E4M3 in units of scale_2)
+        w = quant_gemm.dequantize(q, dtype).float()
+        if fmt == "w4a8_awq":
+            w = w * q.out_scale * q.act_q  # (1 / qa) (1 / q2) qa = 1 / q2: the FP8 step of scale_2
+        row["weight"] = errors(w, lin._dequantize())
+        row["weight_equal_eager_copy"] = torch.equal(w.to(dtype), lin.dequantized)
+        row["scratch_bytes"] = quant_gemm.scratch_bytes()
+    return row
+
+
 def main() -> None:
     rows = []
     for fmt in quant_linear.FORMATS:
@@ -71,6 +99,14 @@ def main() -> None:
                      dtype=torch.float16))  # the 7B's group over two K tiles, float16
     rows.append(case("int8_wo", 17, 64, 128, 128, swap=False, dtype=torch.float16))  # the scale in the epilogue
     rows.append(case("int4_awq", 5, 64, 256, 128, block_k=64, scale_weights=True))  # the scale on each weight
+    for fmt, kernel in (("int8_sq", "int_mm"), ("int4_awq", "dequant"), ("int8_wo", "dequant")):
+        rows.append(library_case(fmt, 40, 96, 160, 32, kernel, slices=2))  # a group per 32 inputs, two int8_wo slices
+    rows.append(library_case("w4a8_awq", 40, 64, 256, 128, "dequant"))  # the 7B's group over two K tiles
+    rows.append(library_case("int4_awq", 33, 64, 256, 128, "dequant", dtype=torch.float16))  # the 7B's group, float16
+    rows.append(library_case("int4_awq", 20, 90, 160, 8, "dequant"))  # an N tail (45 packed rows), groups of 8
+    rows.append(library_case("int8_sq", 16, 96, 160, 32, "int_mm"))  # M = 16: cuBLAS's int8 GEMM wants M > 16
+    rows.append(library_case("int8_sq", 24, 90, 160, 32, "int_mm"))  # N not a multiple of 8
+    rows.append(library_case("w4a8_awq", 24, 72, 160, 32, "dequant"))  # N not a multiple of 16 (torch._scaled_mm)
     print(json.dumps(rows))
 
 

@@ -124,14 +124,47 @@ def test_quant_gemms_match_the_dequantized_reference():
     (groups smaller than a tile) the weight is rounded to the compute dtype as eager's copy is: within eager's own
     error. The compute-dtype outputs (``linear`` with its bias, the GLU) add one rounding: within eager's."""
     rows = _interpreted(None, "quant_gemm_check.py")
+    library = [r for r in rows if "kernel" in r]  # quant_gemm.LINEAR_KERNELS: checked below
+    rows = [r for r in rows if "kernel" not in r]
     assert {r["fmt"] for r in rows} == {"int4_awq", "w4a8_awq", "int8_sq", "int8_wo"}
     assert {r["swap"] for r in rows} == {True, False} and {r["exact"] for r in rows} == {True, False}
+    _check_library_kernels(library)
     for r in rows:
         bound = 5e-5 if r["dtype"] == "float16" else 1e-6
         assert r["partials"]["rel"] < (bound if r["exact"] else 1.2 * r["eager_bf16"]["rel"]), r
         if "linear" in r:
             assert r["linear"]["rel"] < 1.2 * r["linear_eager_bf16"]["rel"] + 1e-5, r
             assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
+
+
+def _check_library_kernels(rows):
+    """``linear`` through quant_gemm's library kernels (tests/quant_gemm_check.py, run above), on the CPU where
+    torch._int_mm and torch._scaled_mm run too, the dequantize kernel through the interpreter. Every case within the
+    GEMM tests' bound for ``linear`` (1.2 x eager's error against float32 ``x @ W^T + b``). ``int_mm``: the GEMM's
+    output exactly (the same int32 sums, its epilogue). ``dequant``: INT4-AWQ and INT8 weight-only are eager's
+    module exactly (its copy's values in the scratch buffer, the same F.linear), W4A8 the GEMM's E4M3 weight values
+    and output; ONE scratch buffer, grown to the largest weight asked for. Where cuBLAS would refuse the shape
+    (int_mm at M <= 16 or N not a multiple of 8, W4A8's torch._scaled_mm at N not a multiple of 16) the GEMM runs."""
+    assert {(r["fmt"], r["ran"]) for r in rows} == {("int8_sq", "int_mm"), ("int4_awq", "dequant"), ("int8_sq", "gemm"),
+                                                    ("w4a8_awq", "dequant"), ("int8_wo", "dequant"),
+                                                    ("w4a8_awq", "gemm")}
+    largest = 0
+    for r in rows:
+        assert r["linear"]["rel"] < 1.2 * r["linear_eager_bf16"]["rel"] + 1e-5, r
+        assert r["dtype_out"] == f"torch.{r['dtype']}", r
+        if r["ran"] == "gemm":  # the fallbacks: M 16, N 90 (int_mm), N 72 (W4A8)
+            assert (r["m"] <= 16 or r["n"] % 8) if r["fmt"] == "int8_sq" else r["n"] % 16, r
+            assert r["equal_gemm"], r
+        elif r["ran"] == "int_mm":
+            assert r["equal_gemm"], r
+        else:
+            assert r["weight_equal_eager_copy"] and r["weight"]["rel"] < (1e-6 if r["fmt"] == "w4a8_awq" else 5e-3), r
+            if r["fmt"] == "w4a8_awq":
+                assert r["vs_gemm"]["rel"] < 1e-3, r  # exact products both, float32 sums in another order
+            else:
+                assert r["equal_eager"], r
+            largest = max(largest, r["n"] * r["k"] * (1 if r["fmt"] == "w4a8_awq" else 2))
+            assert r["scratch_bytes"] == largest, r
 
 
 def test_gemm_table_written_by_the_benchmark_picks_the_kernel_per_shape(tmp_path, monkeypatch):
@@ -179,6 +212,79 @@ def test_gemm_table_written_by_the_benchmark_picks_the_kernel_per_shape(tmp_path
     assert quant_gemm.choose(q, 8, 132, glu=True) == quant_gemm.default_config(q, 8, 132, glu=True)
     monkeypatch.setenv(quant_gemm.TABLE_ENV, str(tmp_path / "absent.json"))
     assert quant_gemm.choose(q, 1, 132).gemv and quant_gemm.choose(q, 8, 132) == quant_gemm.default_config(q, 8, 132)
+
+
+def test_gemm_table_chooses_the_library_kernels_for_prefill_and_the_step_its_own(tmp_path, monkeypatch):
+    """Where the benchmark measured torch._int_mm (SmoothQuant) or the dequantized weight into a library GEMM fastest,
+    ``linear`` (prefill) takes it while its shape allows (else this GEMM, at the tiles the table measured for it),
+    and the decode step, which launches only the project's kernels, takes the fastest of those the entry keeps."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    from quant_gemm import table_entries
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+    from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig
+
+    def row(fmt, m, kernel, us, config=None, n=256, k=512, err=1e-6):
+        return {"format": fmt, "n": n, "k": k, "glu": False, "m": m, "kernel": kernel, "us": us, "error": err,
+                "config": dataclasses.astuple(config) if config else None}
+
+    tiles = LinearConfig(32, 64, 128, 2, 4, 3, gemm=True, swap=True)
+    wide = LinearConfig(128, 128, 64, 1, 8, 4, gemm=True)
+    rows = [row("int8_sq", 32, "int_mm", 3.0), row("int8_sq", 32, "gemm", 4.0, tiles), row("int8_sq", 32, "dot", 4.5),
+            row("int8_sq", 64, "int_mm", 5.0), row("int8_sq", 64, "dot", 6.0), row("int8_sq", 64, "gemm", 7.0, tiles),
+            row("int8_sq", 2048, "int_mm", 50.0), row("int8_sq", 2048, "gemm", 90.0, wide),
+            row("int8_sq", 2048, "int_mm", 60.0, n=260), row("int8_sq", 2048, "gemm", 95.0, wide, n=260),
+            row("int4_awq", 2048, "dequant", 40.0), row("int4_awq", 2048, "gemm", 80.0, wide),
+            row("int4_awq", 8, "dequant", 1.0, err=0.5),  # fastest but wrong: not taken
+            row("int4_awq", 8, "gemm", 9.0, tiles),
+            row("w4a8_awq", 2048, "dequant", 30.0), row("w4a8_awq", 2048, "gemm", 70.0, wide)]
+    entries = table_entries(rows)
+    by = {(e["format"], e["n"], e["m"]): e for e in entries}
+    assert by["int8_sq", 256, 32] == {"format": "int8_sq", "n": 256, "k": 512, "glu": False, "m": 32,
+                                      "kernel": "int_mm", "us": 3.0, "step_kernel": "gemm", "step_us": 4.0,
+                                      "step_config": [32, 64, 128, 2, 4, 3, 1, 0]}
+    assert by["int8_sq", 256, 64]["step_kernel"] == "dot" and "step_config" not in by["int8_sq", 256, 64]
+    assert by["int4_awq", 256, 8]["kernel"] == "gemm"
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"entries": entries}))
+    monkeypatch.setenv(quant_gemm.TABLE_ENV, str(path))
+
+    @dataclasses.dataclass
+    class Q:  # the fields the choice reads
+        fmt: str = "int8_sq"
+        n: int = 256
+        k: int = 512
+        group: int = 512
+        int4: bool = False
+        weight: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(256, 512, dtype=torch.int8))
+
+    sq, awq, w4a8 = Q(), Q("int4_awq", group=128, int4=True), Q("w4a8_awq", group=128, int4=True)
+    bf16, cpu = torch.bfloat16, torch.device("cpu")
+    assert quant_gemm.measured("int8_sq", 20, 256, 512, False) == ("int_mm", None)
+    assert quant_gemm.measured("int8_sq", 20, 256, 512, False, step=True) == ("gemm", tiles)
+    # prefill: the library kernel where it runs, else the GEMM at the tiles the table measured for it
+    assert quant_gemm.linear_kernel(sq, 20, bf16, cpu) == "int_mm"
+    assert quant_gemm.linear_kernel(sq, 16, bf16, cpu) == "gemm" and quant_gemm.pick_config(sq, 16, 132) == tiles
+    assert quant_gemm.linear_kernel(dataclasses.replace(sq, n=260), 2048, bf16, cpu) == "gemm"  # N % 8
+    assert quant_gemm.pick_config(dataclasses.replace(sq, n=260), 2048, 132) == wide
+    assert quant_gemm.linear_kernel(awq, 300, bf16, cpu) == "dequant"  # M 2048's entry
+    assert quant_gemm.linear_kernel(awq, 8, bf16, cpu) == "gemm"
+    assert quant_gemm.linear_kernel(w4a8, 2048, bf16, cpu) == "dequant"
+    assert quant_gemm.linear_kernel(w4a8, 2048, torch.float32, cpu) == "gemm"  # torch._scaled_mm: 16-bit outputs
+    assert quant_gemm.linear_kernel(dataclasses.replace(w4a8, n=264), 2048, bf16, cpu) == "gemm"  # N % 16 (no entry)
+    assert quant_gemm.linear_kernel(awq, 8, bf16, cpu, "dequant") == "dequant"  # asked for: where it runs
+    # the decode step: the GEMM at the entry's step tiles, or the dot kernel where that measured faster
+    assert quant_gemm.choose(sq, 32, 132) == tiles and quant_gemm.choose(sq, 2048, 132) == wide
+    dot = quant_gemm.choose(sq, 64, 132)
+    assert not dot.gemm and not dot.gemv
+    # linear() dispatches on the choice
+    calls = []
+    monkeypatch.setattr(quant_gemm, "int_mm_linear", lambda x, q, b, dt: calls.append(("int_mm", x.shape)) or
+                        torch.zeros(x.shape[0], q.n, dtype=dt))
+    monkeypatch.setattr(quant_gemm, "launch", lambda x, q, q2, out, cfg, dt, **kw: calls.append(("gemm", cfg)))
+    assert quant_gemm.linear(torch.zeros(2, 20, 512, dtype=bf16), sq, None, bf16).shape == (2, 20, 256)
+    quant_gemm.linear(torch.zeros(3, 512, dtype=bf16), sq, None, bf16)
+    assert calls == [("int_mm", (40, 512)), ("gemm", tiles)]
 
 
 def test_gemv_input_planes_are_the_block_floating_point_values():
@@ -472,6 +578,42 @@ def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():
         assert hasattr(layer["fc_gate"], "first") == (fmt != "int8_wo"), fmt
         h = engine(PagedBatch.of([(list(range(8)), 0, engine.slot_tables([0])[0])]))
         assert torch.isfinite(engine.logits(h[-1])).all(), fmt
+
+
+def test_quant_gemm_benchmark_dry_run_reaches_every_call(tmp_path):
+    """benchmarks/quant_gemm.py --dry-run: both parts on the CPU at a tiny shape, Triton's kernels through the
+    interpreter, so that every engine, decode-graph and kernel call the H200 run makes is made here (its first run
+    lost the steps part to a call of the engine's old slot API). Kernels: every kind of candidate runs, correct, and
+    the table they make loads; steps: prefill before and after the copies, the batch check and decode steps of every
+    format, no failure."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    from quant_gemm import MAX_ERR
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+
+    formats = ["int4_awq", "int8_sq", "fp8", "bf16"]  # the GEMV / dot / GEMM / dequant, int_mm, FP8's and BF16's
+    path = [str(TESTS / "interpreter_site"), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "quant_gemm.py"), "--dry-run", "--out",
+                           str(tmp_path), "--formats", ",".join(formats)], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "quant_gemm.json").read_text())
+    rows = result["kernels"]
+    assert isinstance(rows, list), rows  # a failed part is {"error": traceback}
+    assert not [r for r in rows if "failed" in r or not r["error"] < MAX_ERR[r["format"]]]
+    assert {r["kernel"] for r in rows} == {"gemm", "gemv", "dot", "int_mm", "dequant", "linear.py", "F.linear",
+                                           "torch._scaled_mm"}
+    table = quant_gemm._load_table(tmp_path / "quant_gemm_table.json")
+    assert {key[0] for key in table} == {"int4_awq", "int8_sq"}
+    steps = result["steps"]
+    assert isinstance(steps, list) and [r["format"] for r in steps] == formats, steps
+    for r in steps:
+        assert "error" not in r, r["error"]
+        assert [s["batch"] for s in r["steps"]] == [1, 2] and all(s["ms_per_step"] > 0 for s in r["steps"]), r
+        assert r["prefill_logits_rel_vs_copy"] == 0.0, r  # on the CPU both prefills are eager's (copies kept)
+        assert r["format"] == "bf16" or r["check_batch"]["argmax_equal"].endswith("/2"), r
+    assert "FAILED" not in (tmp_path / "quant_gemm.txt").read_text()
 
 
 def test_batch_buckets_and_padding():

@@ -33,6 +33,23 @@ batch pads its 8-256 wide N) instead of the input on M (prefill's).
 The tile per (format, M, N, K) comes from a measured table (``TABLE``, written by ``benchmarks/quant_gemm.py`` on
 an H200: ``quant_gemm_table.json`` beside this module, or ``$TRTLLM_PIPELINE_GEMM_TABLE``) that also says where the
 batch-1 GEMV or the older dot kernel is faster; ``default_config`` where the table has no entry.
+
+At prefill sizes (``linear``) the table can also choose a library GEMM (``LINEAR_KERNELS``), where the H200 measured
+ours far from it (M 2048: INT4-AWQ glu 1032 us against BF16 F.linear's 354; SmoothQuant glu 608 against
+``torch._int_mm``'s 377):
+
+* ``int_mm`` (``int8_sq``): the input quantized by one kernel (``_act_tile``: the GEMM's rounding points), cuBLAS's
+  int8 x int8 -> int32 ``torch._int_mm``, and one epilogue kernel (the folded scale, the bias, the compute dtype):
+  the GEMM's output exactly, the same int32 sums. cuBLAS wants M > 16 and K, N multiples of 8 (``int_mm_supported``).
+* ``dequant`` (``int4_awq``, ``w4a8_awq``, ``int8_wo``): the layer's weight dequantized by one kernel into a scratch
+  buffer (``scratch``: ONE per device and stream, grown to the largest layer and reused by every layer; no
+  layer keeps a dequantized copy), then the library GEMM on it: W4A16 and W8A16 ``F.linear`` of the compute-dtype
+  weight (eager's copy's values and product exactly), W4A8 ``torch._scaled_mm`` of the E4M3 weight (the values the
+  GEMM rounds in registers) against the FP8-quantized input. One extra pass over the weight (INT4 7B glu: 34 MB read,
+  136 MB written: ~40 us at the H200's copy bandwidth, an estimate) buys cuBLAS's tensor-core rate over M rows.
+
+The decode step launches only this module's kernels (and quant_linear's): where the table's winner is one of these,
+its entry keeps the fastest kernel the step can launch (``step_kernel``, ``step_config``) and ``choose`` takes that.
 """
 
 from __future__ import annotations
@@ -43,6 +60,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -55,8 +73,11 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import _act_tile, _
 TABLE = Path(__file__).with_name("quant_gemm_table.json")
 TABLE_ENV = "TRTLLM_PIPELINE_GEMM_TABLE"
 GROUP_M = tl.constexpr(8)  # output row tiles per band of the launch order (prefill: a band's weight tiles stay in L2)
-# a table entry's kernel: this module's GEMM, quant_gemv's batch-1 GEMV, or quant_linear's older dot kernel
-KERNELS = ("gemm", "gemv", "dot")
+# a table entry's kernel: this module's GEMM, quant_gemv's batch-1 GEMV, quant_linear's older dot kernel, or (``linear``
+# only, prefill) torch._int_mm / the dequantized weight into a library GEMM
+KERNELS = ("gemm", "gemv", "dot", "int_mm", "dequant")
+LINEAR_KERNELS = ("int_mm", "dequant")
+STEP_KERNELS = ("gemm", "gemv", "dot")
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -331,6 +352,59 @@ def _w8_gemm_kernel(
     _store(y, y2, bias_ptr, out_ptr, rm, rn, M, N, pid_s, stride_os, stride_om, HAS_BIAS, PARTIALS, GLU, COMPUTE)
 
 
+@triton.jit
+def _act_kernel(x_ptr, pqs_ptr, aq_ptr, out_ptr, M, K, stride_xm, stride_om, HAS_PQS: tl.constexpr,
+                ACT: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The input as the GEMMs load it (``_act_tile``: pre-quant scale, activation quantizer), stored: [M, K]."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = rk < K
+    mask = (rm[:, None] < M) & k_ok[None, :]
+    x = _act_tile(x_ptr + rm[:, None] * stride_xm + rk[None, :], pqs_ptr + rk, aq_ptr, mask, k_ok, HAS_PQS, ACT,
+                  True, COMPUTE)
+    tl.store(out_ptr + rm[:, None] * stride_om + rk[None, :], x, mask=mask)
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, G, stride_wn, stride_sg, stride_s2, stride_on,
+                    INT4: tl.constexpr, A8: tl.constexpr, GROUP: tl.constexpr, ONE_GROUP: tl.constexpr,
+                    MAGIC: tl.constexpr, OFFSET: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """One [BLOCK_R, BLOCK_K] tile of stored rows (INT4: packed rows, two output rows each) as the GEMM's
+    scale-on-each-weight path makes its operands: ``q x scale`` rounded to the compute dtype (INT4-AWQ, as eager's
+    copy), E4M3 of ``q x step`` (W4A8), ``w x scale[slice]`` rounded (INT8 weight-only, as eager's copy)."""
+    rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    k_tile = tl.program_id(1) * BLOCK_K
+    rk = k_tile + tl.arange(0, BLOCK_K)
+    k_ok = rk < K
+    if INT4:
+        r_ok = rr < N // 2
+        mask = r_ok[:, None] & k_ok[None, :]
+        p = tl.load(w_ptr + rr[:, None] * stride_wn + rk[None, :], mask=mask, other=0)
+        s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rr, rk, k_tile, r_ok, G, GROUP, ONE_GROUP)
+        lo, hi = _w4_operands(p, s_lo, s_hi, False, A8, MAGIC, OFFSET, COMPUTE)
+        tl.store(out_ptr + (2 * rr)[:, None] * stride_on + rk[None, :], lo, mask=mask)
+        tl.store(out_ptr + (2 * rr + 1)[:, None] * stride_on + rk[None, :], hi, mask=mask)
+    else:
+        r_ok = rr < N
+        mask = r_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + rr[:, None] * stride_wn + rk[None, :], mask=mask, other=0)
+        s = tl.load(s_ptr + (rk // GROUP)[None, :] * stride_sg + rr[:, None], mask=mask, other=0.0)
+        tl.store(out_ptr + rr[:, None] * stride_on + rk[None, :], (w.to(tl.float32) * s).to(COMPUTE), mask=mask)
+
+
+@triton.jit
+def _int_mm_out_kernel(acc_ptr, s_ptr, bias_ptr, out_ptr, M, N, stride_am, stride_om, HAS_BIAS: tl.constexpr,
+                       COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """torch._int_mm's int32 [M, N] as the SmoothQuant GEMM's epilogue finishes its sums (``_w8_out``, ``_store``)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    acc = tl.load(acc_ptr + rm[:, None] * stride_am + rn[None, :], mask=(rm[:, None] < M) & n_ok[None, :], other=0)
+    y = acc.to(tl.float32) * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    _store(y, y, bias_ptr, out_ptr, rm, rn, M, N, 0, 0, stride_om, HAS_BIAS, False, False, COMPUTE)
+
+
 # ------------------------------------------------------------------------------------------ launchers
 
 
@@ -384,13 +458,21 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
 
 
 def linear(x: torch.Tensor, q, bias: torch.Tensor | None, compute: torch.dtype,
-           cfg: LinearConfig | None = None) -> torch.Tensor:
-    """``x W^T + b`` in the compute dtype for any leading shape of ``x`` (prefill, eager decode): the GEMM from the
-    stored weights, tiles from the table. Split K goes through float32 partials summed here."""
+           cfg: LinearConfig | None = None, kernel: str | None = None) -> torch.Tensor:
+    """``x W^T + b`` in the compute dtype for any leading shape of ``x`` (prefill, eager decode): the kernel the
+    table measured fastest for this M (``linear_kernel``: the GEMM from the stored weights, tiles from the table,
+    or one of ``LINEAR_KERNELS``); ``cfg``: this GEMM at these tiles; ``kernel``: that kernel (where it can run).
+    Split K goes through float32 partials summed here."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     m = flat.shape[0]
+    if cfg is None:
+        kernel = linear_kernel(q, m, compute, flat.device, kernel)
+        if kernel == "int_mm":
+            return int_mm_linear(flat, q, bias, compute).reshape(*x.shape[:-1], q.n)
+        if kernel == "dequant":
+            return dequant_linear(flat, q, bias, compute).reshape(*x.shape[:-1], q.n)
     cfg = cfg or pick_config(q, m, _sm_count(x.device))
     if cfg.splits == 1:
         out = torch.empty(m, q.n, dtype=compute, device=x.device)
@@ -401,6 +483,127 @@ def linear(x: torch.Tensor, q, bias: torch.Tensor | None, compute: torch.dtype,
         summed = partials.sum(0)
         out = (summed if bias is None else summed + bias.float()).to(compute)
     return out.reshape(*x.shape[:-1], q.n)
+
+
+# ------------------------------------------------------------------------------------------ library GEMMs
+
+
+def int_mm_supported(q, m: int) -> bool:
+    """Where ``int_mm`` runs: SmoothQuant, and cuBLAS's int8 GEMM's shapes (M > 16, K and N multiples of 8)."""
+    return q.fmt == "int8_sq" and m > 16 and q.k % 8 == 0 and q.n % 8 == 0
+
+
+def dequant_supported(q, compute: torch.dtype) -> bool:
+    """Where ``dequant`` runs: INT4-AWQ and INT8 weight-only (F.linear), W4A8-AWQ where torch._scaled_mm takes its
+    shapes (K and N multiples of 16; a 16-bit output)."""
+    if q.fmt in ("int4_awq", "int8_wo"):
+        return True
+    return q.fmt == "w4a8_awq" and q.k % 16 == 0 and q.n % 16 == 0 and compute in (torch.bfloat16, torch.float16)
+
+
+def linear_kernel(q, m: int, compute: torch.dtype, device: torch.device, kernel: str | None = None) -> str:
+    """``linear``'s kernel for ``q`` at M = ``m``: ``kernel`` or else the table's, where it runs ("gemm" where the
+    table has no entry, chose a decode kernel, or chose a library GEMM whose shapes this is not; under CUDA-graph
+    capture too, where the scratch buffer must not be allocated)."""
+    if kernel is None:
+        choice = measured(q.fmt, m, q.n, q.k, False)
+        kernel = choice[0] if choice is not None else "gemm"
+    if kernel == "int_mm" and int_mm_supported(q, m) or kernel == "dequant" and dequant_supported(q, compute):
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            return kernel
+    return "gemm"
+
+
+def quantize_input(x: torch.Tensor, q, compute: torch.dtype) -> torch.Tensor:
+    """``x`` [M, K] as the GEMMs' ``_act_tile`` leaves it: times the pre-quant scale (rounded to the compute dtype),
+    then int8 (SmoothQuant) or E4M3 (W4A8); ``x`` itself where the layer has neither."""
+    act = q.act
+    if q.pqs is None and act == 0:
+        return x
+    m, k = x.shape
+    dtype = {0: compute, 1: torch.float8_e4m3fn, 2: torch.int8}[act]
+    out = torch.empty(m, k, dtype=dtype, device=x.device)
+    block_m, block_k = 32, 128
+    _act_kernel[(triton.cdiv(m, block_m), triton.cdiv(k, block_k))](
+        x, q.pqs if q.pqs is not None else x, q.act_q if q.act_q is not None else x, out, m, k, x.stride(0),
+        out.stride(0), HAS_PQS=q.pqs is not None, ACT=act, COMPUTE=tl_dtype(compute), BLOCK_M=block_m,
+        BLOCK_K=block_k, num_warps=4)
+    return out
+
+
+_SCRATCH: dict = {}  # (device, stream) -> the dequantized weights' byte buffer (``scratch``)
+
+
+def scratch(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A uint8 buffer of at least ``nbytes`` for this device and stream: ONE per (device, stream), grown to the
+    largest layer it was asked for, reused by every later call (each call's work is ordered on its stream). Not
+    grown under CUDA-graph capture (the buffer would live in the graph's pool)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < nbytes:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("quant_gemm.scratch: not grown under CUDA-graph capture; run the call once first")
+        _SCRATCH.pop(key, None)
+        del buf  # the smaller buffer goes back to the allocator before the larger one is taken
+        buf = _SCRATCH[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buf[:nbytes]
+
+
+def scratch_bytes() -> int:
+    """Bytes the scratch buffers hold (every device and stream)."""
+    return sum(b.numel() for b in _SCRATCH.values())
+
+
+def release_scratch() -> None:
+    """Free the scratch buffers (the next ``dequant`` call takes one again)."""
+    _SCRATCH.clear()
+
+
+def dequantize(q, compute: torch.dtype) -> torch.Tensor:
+    """``q``'s weight [N, K] as the ``dequant`` kernel multiplies it, in the scratch buffer (valid until the next
+    call on this stream): compute dtype (INT4-AWQ, INT8 weight-only), E4M3 in units of scale_2 (W4A8-AWQ)."""
+    n, k = q.n, q.k
+    dtype = torch.float8_e4m3fn if q.act == 1 else compute
+    out = scratch(n * k * dtype.itemsize, q.weight.device).view(dtype).view(n, k)
+    block_r, block_k = 64, 128  # INT4: 8 KB of packed weight in, 32 KB of bfloat16 out per program
+    rows = n // 2 if q.int4 else n
+    magic, offset = _magic(compute)
+    s = q.scales
+    _dequant_kernel[(triton.cdiv(rows, block_r), triton.cdiv(k, block_k))](
+        q.weight, s, out, n, k, s.shape[0], q.weight.stride(0), s.stride(0) if s.dim() > 1 else 0,
+        s.stride(1) if q.int4 else 0, out.stride(0), INT4=q.int4, A8=q.act == 1, GROUP=q.group,
+        ONE_GROUP=q.group % block_k == 0, MAGIC=magic, OFFSET=offset, COMPUTE=tl_dtype(compute), BLOCK_R=block_r,
+        BLOCK_K=block_k, num_warps=4)
+    return out
+
+
+def dequant_linear(x: torch.Tensor, q, bias: torch.Tensor | None, compute: torch.dtype) -> torch.Tensor:
+    """The ``dequant`` kernel: ``x`` [M, K] (compute dtype) times ``q``'s weight dequantized into the scratch
+    buffer, by F.linear (INT4-AWQ, INT8 weight-only: eager's product on eager's copy's values) or by
+    torch._scaled_mm of the E4M3 weight and the FP8-quantized input, scaled once by ``activation scale x
+    scale_2`` (W4A8-AWQ); [M, N] in the compute dtype, bias added."""
+    xq = quantize_input(x, q, compute)
+    w = dequantize(q, compute)
+    if q.act == 1:  # one float32 scale on the sum, as the GEMM's (per-tensor scales: 0-dim, as Linear's FP8 call)
+        one = torch.ones((), dtype=torch.float32, device=x.device)
+        return torch._scaled_mm(xq, w.t(), scale_a=q.out_scale.reshape(()), scale_b=one, bias=bias,
+                                out_dtype=compute)
+    return F.linear(xq, w, bias)
+
+
+def int_mm_linear(x: torch.Tensor, q, bias: torch.Tensor | None, compute: torch.dtype) -> torch.Tensor:
+    """The ``int_mm`` kernel (SmoothQuant): ``x`` [M, K] quantized to int8 as the GEMM does, cuBLAS's int8 x int8
+    -> int32 (``torch._int_mm``), the folded per-channel scale and the bias in the GEMM's epilogue: [M, N] in the
+    compute dtype, the GEMM's output exactly."""
+    m = x.shape[0]
+    acc = torch._int_mm(quantize_input(x, q, compute), q.weight.t())
+    out = torch.empty(m, q.n, dtype=compute, device=x.device)
+    block_m, block_n = 32, 128
+    _int_mm_out_kernel[(triton.cdiv(m, block_m), triton.cdiv(q.n, block_n))](
+        acc, q.scales, bias if bias is not None else out, out, m, q.n, acc.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, COMPUTE=tl_dtype(compute), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -414,7 +617,10 @@ def _sm_count(device: torch.device) -> int:
 def default_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     """Tiles where the table has none. Decode batches (M <= 64): the weight on the MMA's M side (SWAP), 128 output
     rows x 128 inputs (INT4: 8 KB of packed weight per stage; INT8: 64 rows, 8 KB), split K as the dot kernels
-    are (INT4 ~8 programs per SM and at least 2 K tiles per split, INT8 ~4 and 4). Prefill: 128 x 128 output tiles, 64 inputs per stage, 8 warps."""
+    are (INT4 ~8 programs per SM and at least 2 K tiles per split, INT8 ~4 and 4). Prefill: 128 x 128 output
+    tiles, 64 inputs per stage, 8 warps; INT4-AWQ with its group scale on each weight, which the H200 measured
+    faster at every 7B shape past M 64 (M 2048: glu 1032 us against 1730 with the scale on each tile's dot result,
+    proj 1186 against 1998, qkv 291 against 479, dense 233 against 386)."""
     if m <= 64:
         block_m = max(16, triton.next_power_of_2(m))
         block_n = 128 if q.int4 else 64
@@ -424,19 +630,31 @@ def default_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConf
         splits = 1 if glu else max(1, min(k_tiles // min_iters, round(per_sm * sm_count / tiles)))
         splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))  # no split left without tiles
         return LinearConfig(block_m, block_n, 128, splits, 4, 3, gemm=True, swap=True)
-    return LinearConfig(128, 128, 64, 1, 8, 3, gemm=True)
+    return LinearConfig(128, 128, 64, 1, 8, 3, gemm=True, scale_weights=q.fmt == "int4_awq")
+
+
+def _config(c) -> LinearConfig | None:
+    if c is None:
+        return None
+    bm, bn, bk, splits, warps, stages, swap, scale_weights = c
+    return LinearConfig(bm, bn, bk, splits, warps, stages, gemm=True, swap=bool(swap),
+                        scale_weights=bool(scale_weights))
 
 
 def _load_table(path: Path) -> dict:
-    """{(format, n, k, glu): [(m, kernel, config or None), ...] sorted by m} of a table file."""
+    """{(format, n, k, glu): [(m, kernel, config or None, step kernel, step config or None), ...] sorted by m} of a
+    table file. The step kernel is what the decode step launches: the entry's own kernel, or where that is one of
+    ``LINEAR_KERNELS`` the entry's ``step_kernel`` (the fastest of ``STEP_KERNELS``; "gemm" where none)."""
     entries: dict = {}
     for e in json.loads(path.read_text())["entries"]:
-        cfg = None
-        if e["kernel"] == "gemm":
-            bm, bn, bk, splits, warps, stages, swap, scale_weights = e["config"]
-            cfg = LinearConfig(bm, bn, bk, splits, warps, stages, gemm=True, swap=bool(swap),
-                               scale_weights=bool(scale_weights))
-        entries.setdefault((e["format"], e["n"], e["k"], bool(e["glu"])), []).append((e["m"], e["kernel"], cfg))
+        kernel = e["kernel"]
+        cfg = _config(e.get("config")) if kernel == "gemm" else None
+        if kernel in LINEAR_KERNELS:
+            step, step_cfg = e.get("step_kernel", "gemm"), _config(e.get("step_config"))
+        else:
+            step, step_cfg = kernel, cfg
+        row = (e["m"], kernel, cfg, step, step_cfg)
+        entries.setdefault((e["format"], e["n"], e["k"], bool(e["glu"])), []).append(row)
     return {key: sorted(rows, key=lambda r: r[0]) for key, rows in entries.items()}
 
 
@@ -446,30 +664,32 @@ def _table(path: str) -> dict:
     return _load_table(p) if p.is_file() else {}
 
 
-def measured(fmt: str, m: int, n: int, k: int, glu: bool) -> tuple[str, LinearConfig | None] | None:
+def measured(fmt: str, m: int, n: int, k: int, glu: bool, *, step: bool = False
+             ) -> tuple[str, LinearConfig | None] | None:
     """(kernel, GEMM config or None) the table measured fastest for this shape at the smallest measured M >= ``m``
-    (the largest past it); None where the table has no such shape, or ``m`` is 1 and batch 1 was not measured."""
+    (the largest past it); None where the table has no such shape, or ``m`` is 1 and batch 1 was not measured.
+    ``step``: among the kernels the decode step launches (``STEP_KERNELS``)."""
     rows = _table(os.environ.get(TABLE_ENV) or str(TABLE)).get((fmt, n, k, glu))
     if not rows or m == 1 and rows[0][0] != 1:
         return None
-    _, kernel, cfg = next((r for r in rows if r[0] >= m), rows[-1])
-    return kernel, cfg
+    _, kernel, cfg, step_kernel, step_cfg = next((r for r in rows if r[0] >= m), rows[-1])
+    return (step_kernel, step_cfg) if step else (kernel, cfg)
 
 
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
-    """This GEMM's tiles for ``q`` at M = ``m``: the table's (``measured``) where it chose the GEMM, else
-    ``default_config``."""
-    choice = measured(q.fmt, m, q.n, q.k, glu)
+    """This GEMM's tiles for ``q`` at M = ``m``: the table's (``measured``) where it chose the GEMM (or, where a
+    library GEMM won, measured the GEMM fastest of the step's kernels), else ``default_config``."""
+    choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
     if choice is not None and choice[1] is not None:
         return choice[1]
     return default_config(q, m, sm_count, glu=glu)
 
 
 def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
-    """The decode step's kernel for ``q`` at batch ``m``: what the table measured fastest (this GEMM, quant_gemv's
-    GEMV, or quant_linear's dot kernel); without an entry, the GEMV where it runs (INT4-AWQ at batch 1), else
-    this GEMM."""
-    choice = measured(q.fmt, m, q.n, q.k, glu)
+    """The decode step's kernel for ``q`` at batch ``m``: what the table measured fastest of those it launches (this
+    GEMM, quant_gemv's GEMV, or quant_linear's dot kernel; not ``LINEAR_KERNELS``); without an entry, the GEMV where
+    it runs (INT4-AWQ at batch 1), else this GEMM."""
+    choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
     kernel, cfg = choice if choice is not None else ("gemv" if quant_gemv.supported(q, m) else "gemm", None)
     if kernel == "gemv" and quant_gemv.supported(q, m):
         return quant_linear.pick_config(q, m, sm_count, glu=glu)
