@@ -1,5 +1,6 @@
 """Run by tests/test_fast_decode.py in a subprocess: speculative decoding's verify step on the CUDA fast path, through
-Triton's interpreter on the CPU (as fast_decode_check.py), against eager decoding without speculation. Prints JSON.
+Triton's interpreter on the CPU (as fast_decode_check.py), against eager decoding without speculation, also with
+tokens banned (min_tokens' end id, a bad word) at the verified positions. Prints JSON.
 
     python tests/spec_fast_check.py CHECKPOINT_DIR
 """
@@ -28,7 +29,16 @@ def main() -> None:
     # one batch bucket (8 rows: 2 requests x (1 + 3) tokens): the interpreter compiles and runs each bucket once
     args = dict(device="cpu", dtype="bfloat16", max_batch_size=8, max_seq_len=128, kv_block_size=4,
                 graph_batch_sizes=[8])
-    expected = greedy(TorchRuntime(ckpt, ckpt / "tokenizer", fast_decode=False, **args), 6)
+    eager = TorchRuntime(ckpt, ckpt / "tokenizer", fast_decode=False, **args)
+    expected = greedy(eager, 6)
+    # Bans at verification (the in-step argmax knows none: rows with bans take the argmax of their masked logits):
+    # request 0 with the end id its second token, banned to the end (min_tokens = max_tokens), which the oracle
+    # drafts; request 1 with the bad word of its tokens 3 and 4, both drafted in one row (the oracle lies at 2 and 5)
+    tok = eager.tokenizer
+    word = tok.decode(expected[1][3:5])
+    banned_params = [SamplingParams(max_tokens=6, min_tokens=6, end_id=expected[0][1]),
+                     SamplingParams(max_tokens=6, end_id=-1, bad_words=(word,))]
+    banned_expected = [c.token_ids for c in eager.generate(PROMPTS, banned_params)]
     fast = TorchRuntime(ckpt, ckpt / "tokenizer", fast_decode=True, speculative=oracle_settings(expected, 3), **args)
     calls = {"verify": 0}
     verify = fast.decoder.verify
@@ -41,10 +51,18 @@ def main() -> None:
     out = greedy(fast, 6)
     fast.kv.check()
     stats = fast.stats()
+    steps = calls["verify"]
+    banned_fast = [c.token_ids for c in fast.generate(PROMPTS, banned_params)]
+    fast.kv.check()
+    after = fast.stats()
     print(json.dumps({"decode_path": fast.decode_path, "expected": expected, "fast": out,
-                      "verify_steps": calls["verify"], "accepted": stats["spec_decode_accepted_tokens"],
+                      "verify_steps": steps, "accepted": stats["spec_decode_accepted_tokens"],
                       "drafted": stats["spec_decode_draft_tokens"], "blocks_back": fast.kv.free_blocks
-                      == fast.kv.usable_blocks}))
+                      == fast.kv.usable_blocks,
+                      "word_ids": tok.encode(word, add_special_tokens=False),
+                      "banned_expected": banned_expected, "banned_fast": banned_fast,
+                      "banned_verify_steps": calls["verify"] - steps,
+                      "banned_accepted": after["spec_decode_accepted_tokens"] - stats["spec_decode_accepted_tokens"]}))
 
 
 if __name__ == "__main__":

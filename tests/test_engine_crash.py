@@ -99,8 +99,7 @@ def test_speculation_served_gives_plain_greedy_text_and_the_metrics_count_drafts
 
     def ask(prompt: str) -> None:  # all at once: speculating rows in one batch
         with TritonClient(f"127.0.0.1:{server.grpc_port}") as client:
-            # end_id -1: never ends early, as in-process; not min_tokens (a request with its end id banned does
-            # not speculate: acceptance does not ban)
+            # end_id -1: never ends early, as in-process (the plain reference above is the same)
             got[prompt] = "".join(client.stream(prompt, max_tokens=TOKENS, end_id=-1))
 
     threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]

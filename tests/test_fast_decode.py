@@ -690,8 +690,15 @@ def test_long_prompts_are_prefilled_in_chunks_without_stalling_decodes(built):
 @pytest.mark.slow
 def test_speculative_verify_step_on_the_fast_path_gives_eager_greedy_tokens(built):
     """Rows of 1 + k tokens as rows of one fast step (attention twice: the second pass reads the drafts' K/V the
-    first wrote), through Triton's interpreter: the same tokens as eager decoding without speculation."""
+    first wrote), through Triton's interpreter: the same tokens as eager decoding without speculation, with tokens
+    banned at verified positions too."""
     r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"), "spec_fast_check.py")
     assert r["decode_path"].startswith("triton kernels")
     assert r["fast"] == r["expected"]
     assert r["verify_steps"] > 0 and 0 < r["accepted"] < r["drafted"] and r["blocks_back"]
+    # With bans: the drafts propose the end id before min_tokens and a bad word whose second token follows its first
+    # in the same row; the in-step argmax knows no bans, so those rows take their masked logits' argmax, as eager
+    expected, banned = r["expected"], r["banned_expected"]
+    assert r["word_ids"] == expected[1][3:5] and expected[0][1] not in banned[0]
+    assert banned[1][:4] == expected[1][:4] and banned[1][4] != expected[1][4]  # the bans changed the output
+    assert r["banned_fast"] == banned and r["banned_verify_steps"] > 0 and r["banned_accepted"] > 0

@@ -18,7 +18,7 @@ from trtllm_pipeline.config import SpeculativeSection, config_from_dict
 from trtllm_pipeline.errors import ConfigError
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine import sampling
-from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime, _Request
 from trtllm_pipeline.runtimes.torch_engine.speculative.acceptance import accept_greedy, accept_sampled
 from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import lookup
 
@@ -121,29 +121,125 @@ def test_seeded_sampling_with_speculation_is_reproducible(ckpt):
     rt.kv.check()
 
 
-def test_rejection_sampling_preserves_the_target_distribution(plain):
-    """The first token a verify row emits, over many draws, against the target's own distribution p (total variation
-    distance): for a fixed draft token (an n-gram's point mass) and for drafts drawn from a draft distribution q
-    (a draft model's). Fixed seed: deterministic."""
-    logits = plain.engine.logits(plain.hidden_states([3000, 3001, 3002, 3003])[-2:])
-    p = sampling.filtered_probs(logits, [SamplingParams(temperature=1.5, top_k=12)] * 2)  # p0, p1
-    q = sampling.filtered_probs(logits[:1], [SamplingParams(temperature=4.0, top_k=30)])  # flatter, wider: a draft's
-    support = ((p > 0).any(0) | (q[0] > 0)).nonzero().flatten()  # outside it p = q = 0: the same rule, less work
-    p, q = p[:, support], q[:, support]
-    gen = torch.Generator().manual_seed(1234)
-    second = int(torch.argsort(p[0], descending=True)[1])
-    n = 4000
-    for name in ("point mass", "draft distribution"):
-        counts = torch.zeros_like(p[0])
-        drafted = torch.zeros_like(p[0])
-        for _ in range(n):
-            draft = second if name == "point mass" else int(torch.multinomial(q[0], 1, generator=gen))
-            drafted[draft] += 1
-            counts[accept_sampled(p, [draft], gen, None if name == "point mass" else q)[0]] += 1
-        tv = 0.5 * float((counts / n - p[0]).abs().sum())
-        assert tv < 0.03, (name, tv)
-        # the test has power: the drafts themselves are far from p
-        assert 0.5 * float((drafted / n - p[0]).abs().sum()) > 0.2, name
+# Bans at verification (``TorchRuntime._verify``): every position gets plain decoding's bans there. The tokens
+# "BIN)\"" encodes to, 7420 324: a pair the tiny model writes after 3433, at positions 17-19 of BANNED_PROMPT's
+# greedy output; that prompt holds the pair itself, so an n-gram lookup on 7420 drafts 324.
+BAD_WORD, BAD_IDS = 'BIN)"', [7420, 324]
+BANNED_PROMPT = BAD_IDS + list(range(4000, 4021))
+
+
+def _run(rt, prompts, params):
+    return [c.token_ids for c in rt.generate(prompts, params)]
+
+
+def _self_drafted(ckpt):
+    """The target drafting for itself: its drafts are the target's own greedy tokens, bans unknown to it (the end id
+    where the target would end; a bad word's last token where the target would write it)."""
+    return _rt(ckpt, {"method": "draft", "num_draft_tokens": 3, "draft_checkpoint": str(ckpt), "adaptive": False})
+
+
+def _contains(tokens, word) -> bool:
+    return any(list(tokens[j : j + len(word)]) == word for j in range(len(tokens) - len(word) + 1))
+
+
+def _recording(rt) -> list[tuple[int, list[int]]]:
+    """Each proposal, recorded: the tokens the request had generated, and its last token then its drafts (what its
+    verify row feeds, if the step has room for them all)."""
+    fed, propose = [], rt.speculator.proposer.propose
+
+    def recorded(batch):
+        out = propose(batch)
+        fed.extend((len(r.generated), list(r.generated[-1:]) + list(d)) for r, d in zip(batch, out))
+        return out
+
+    rt.speculator.proposer.propose = recorded
+    return fed
+
+
+def test_min_tokens_rows_speculate_and_give_plain_greedy_token_for_token(ckpt, plain, expected):
+    """bench's forced length (min_tokens = max_tokens) with the end id a token the model writes second: the end id is
+    banned at every verified position, including after drafts, so the output is plain greedy's under the same ban,
+    while the rows do speculate (they used to be left out of drafting)."""
+    end_id = expected[0][1]
+    params = SamplingParams(max_tokens=24, min_tokens=24, end_id=end_id)
+    want = _run(plain, PROMPTS, params)
+    assert all(len(t) == 24 and end_id not in t for t in want)
+    rt = _self_drafted(ckpt)
+    fed = _recording(rt)
+    assert _run(rt, PROMPTS, params) == want
+    stats = rt.stats()
+    assert stats["spec_decode_draft_tokens"] > 0 and stats["spec_decode_accepted_tokens"] > 0
+    assert any(end_id in f[1:] for _, f in fed)  # the drafts proposed the end id: the ban is what refused it
+    # min_tokens reached inside a verify row: the end id is banned at its positions before min_tokens (the drafts
+    # before them counted as generated) and allowed from there, so the request ends where plain decoding ends it
+    at = 10  # the self-draft keeps all 3 drafts a row here: rows start at 1, 5, 9, so 10 is a row's second position
+    end_id = expected[0][at]
+    assert end_id not in expected[0][:at]
+    params = SamplingParams(max_tokens=24, min_tokens=at, end_id=end_id)
+    want = _run(plain, PROMPTS[:1], params)
+    assert want == [expected[0][:at]]
+    del fed[:]
+    assert [(c.token_ids, c.finish_reason) for c in rt.generate(PROMPTS[:1], params)] == [(want[0], "end_id")]
+    assert any(g < at <= g + len(f) - 1 for g, f in fed)  # a row verified position ``at`` after drafts
+    rt.kv.check()
+    rt.close()
+
+
+@pytest.mark.parametrize("method", ["ngram", "self-draft"])
+def test_a_bad_word_the_drafts_propose_is_never_emitted(ckpt, plain, method):
+    """The n-gram lookup drafts the bad word's last token right after its first (the request's last token); the
+    self-draft drafts the whole word inside one verify row (the ban at its second position follows from the draft at
+    its first). Either way: never emitted, and the output is plain greedy's under the same bad word."""
+    assert plain.tokenizer.encode(BAD_WORD, add_special_tokens=False) == BAD_IDS
+    prompts = [BANNED_PROMPT] + PROMPTS[1:]
+    assert _contains(_run(plain, prompts[:1], SamplingParams(max_tokens=24, end_id=-1))[0], BAD_IDS)  # unbanned
+    params = SamplingParams(max_tokens=24, end_id=-1, bad_words=(BAD_WORD,))
+    want = _run(plain, prompts, params)
+    assert not any(_contains(t, BAD_IDS) for t in want)
+    rt = (_rt(ckpt, {"method": "ngram", "num_draft_tokens": 4, "ngram_min": 1}) if method == "ngram"
+          else _self_drafted(ckpt))
+    fed = _recording(rt)
+    assert _run(rt, prompts, params) == want
+    assert rt.stats()["spec_decode_draft_tokens"] > 0
+    assert any(_contains(f, BAD_IDS) for _, f in fed)  # proposed (in the self-draft's case, within the drafts)
+    if method == "self-draft":
+        assert any(_contains(f[1:], BAD_IDS) for _, f in fed) and rt.stats()["spec_decode_accepted_tokens"] > 0
+    rt.kv.check()
+    rt.close()
+
+
+def test_seeded_sampling_with_min_tokens_and_bad_words_speculates_reproducibly(ckpt, expected):
+    """Sampled rows with bans: the rejection rule runs over the banned, filtered distribution plain sampling draws
+    from, so a drafted end id (before min_tokens) or bad word is never kept, and a seeded request is reproducible.
+    A low temperature: unbanned, the end id would be kept (p ~ 0.9) where the self-draft proposes it, second."""
+    end_id = expected[0][1]
+    rt = _self_drafted(ckpt)
+    fed = _recording(rt)
+    params = [SamplingParams(max_tokens=20, min_tokens=20, temperature=0.1, top_k=40, seed=seed, end_id=end_id,
+                             bad_words=(BAD_WORD,)) for seed in (11, 12, 13, 14)]
+    prompts = [PROMPTS[0]] * 3 + [BANNED_PROMPT]
+    runs = [_run(rt, prompts, params) for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert all(len(t) == 20 and end_id not in t and not _contains(t, BAD_IDS) for t in runs[0])
+    stats = rt.stats()
+    assert stats["spec_decode_draft_tokens"] > 0 and stats["spec_decode_accepted_tokens"] > 0
+    assert any(end_id in f[1:] for _, f in fed)
+    rt.kv.check()
+    rt.close()
+
+
+def test_the_bans_at_a_verified_position_take_the_drafts_before_it_as_generated():
+    req = _Request("r", [1, 2], generated=[7, 1], params=SamplingParams(max_tokens=9, min_tokens=4), end_id=5,
+                   bad_ids=[[9], [1, 2, 3], [4, 4]])
+    assert req.banned() == [5, 9]  # 2 generated < 4: the end id; a one-token word always
+    assert req.banned([2]) == [5, 9, 3]  # "1 2" ends generated + drafts: "1 2 3"'s last token
+    assert req.banned([2, 3]) == [9]  # 4 tokens: the end id is allowed
+    assert req.banned([2, 4]) == [9, 4]  # "4 4"'s first token was drafted
+    assert req.banned([4]) == [5, 9, 4]
+    early = _Request("s", [1, 2], generated=[], params=SamplingParams(max_tokens=9), end_id=5, bad_ids=[[1, 2, 3]])
+    # as plain decoding: a word is matched over generated tokens (here drafts), not the prompt's
+    assert early.banned() == [] and early.banned([1]) == [] and early.banned([1, 2]) == [3]
+    assert early.may_ban() and not _Request("t", [1], params=SamplingParams(max_tokens=9), end_id=5).may_ban()
 
 
 def test_acceptance_rules_and_prompt_lookup():

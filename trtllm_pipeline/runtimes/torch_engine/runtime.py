@@ -50,13 +50,28 @@ class _Request(_Sequence):
     generator: torch.Generator | None = None
     bad_ids: list[list[int]] = dataclasses.field(default_factory=list)  # bad words, tokenized once
 
-    def banned(self) -> list[int]:
-        """Tokens this request may not produce next: its end id before min_tokens, bad words' last tokens."""
-        out = [self.end_id] if len(self.generated) < self.params.min_tokens and self.end_id >= 0 else []
+    def banned(self, ahead: Sequence[int] = ()) -> list[int]:
+        """Tokens this request may not produce next: its end id before min_tokens, bad words' last tokens (a word
+        whose other tokens end what it has generated). ``ahead``: tokens taken as generated after ``generated``
+        (a verify row's earlier drafts): the bans at that later position, as plain decoding would apply them there."""
+        out = [self.end_id] if len(self.generated) + len(ahead) < self.params.min_tokens and self.end_id >= 0 else []
         for ids in self.bad_ids:
-            if len(ids) == 1 or self.generated[-(len(ids) - 1):] == ids[:-1]:
+            if len(ids) == 1 or _ends_with(self.generated, ahead, ids[:-1]):
                 out.append(ids[-1])
         return out
+
+    def may_ban(self) -> bool:
+        """Whether ``banned`` may be anything but empty now (bad words; the end id before min_tokens)."""
+        return bool(self.bad_ids) or (self.end_id >= 0 and len(self.generated) < self.params.min_tokens)
+
+
+def _ends_with(generated: Sequence[int], ahead: Sequence[int], tail: Sequence[int]) -> bool:
+    """Whether ``generated + ahead`` (without joining them) ends with ``tail`` (not empty)."""
+    n, a = len(tail), len(ahead)
+    if n <= a:
+        return list(ahead[a - n :]) == list(tail)
+    return (len(generated) >= n - a and list(generated[len(generated) - (n - a) :]) == list(tail[: n - a])
+            and list(ahead) == list(tail[n - a :]))
 
 
 def pool_blocks(*, device: torch.device, free_bytes: int | None, block_bytes: int, block_size: int,
@@ -397,7 +412,8 @@ class TorchRuntime(Runtime):
 
     def _propose(self) -> None:
         """Drafts for the decoding requests that may speculate (``Sequence.draft``), each within what it may still
-        emit. Not for a request with tokens banned soon (min_tokens' end id, bad words): acceptance does not ban."""
+        emit. Requests with banned tokens (min_tokens' end id, bad words) speculate too: verification applies at
+        each position the bans plain decoding would (``_verify``)."""
         sp = self.speculator
         if sp is None or not sp.enabled:
             return
@@ -406,7 +422,7 @@ class TorchRuntime(Runtime):
         asks, seqs = [], []
         for req in self.scheduler.running:
             req.draft = []
-            if not req.decoding or req.bad_ids or (req.end_id >= 0 and len(req.generated) < req.params.min_tokens):
+            if not req.decoding:
                 continue
             room = min(req.params.max_tokens - len(req.generated), self.max_seq_len - req.length) - 1
             k = min(room, sp.budget(req.request_id)) if room > 0 else 0
@@ -512,20 +528,39 @@ class TorchRuntime(Runtime):
     def _verify(self, rows: list[PlanRow], reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None) -> list[list[int]]:
         """Each verify row's emitted tokens (``speculative.acceptance``): its accepted drafts and one token of the
-        target's; ``logits``: the rows' 1 + draft positions, packed (``greedy``: their argmax, if known)."""
+        target's; ``logits``: the rows' 1 + draft positions, packed (``greedy``: their argmax, if known, bans not
+        applied). At each position the target's choice is plain decoding's there: the same bans (``_Request.banned``
+        with the row's earlier drafts as generated: the end id while fewer than min_tokens, bad words completed by
+        the drafts) masked out before the argmax (greedy) or ``filtered_probs`` (the rejection rule), so a banned
+        draft is never kept and the token after the kept ones is never a banned one."""
         from trtllm_pipeline.runtimes.torch_engine.speculative import acceptance
 
         spans = list(itertools.accumulate((1 + r.draft for r in rows), initial=0))
+        # the tokens banned at each position: plain decoding's there, its earlier drafts taken as generated
+        bans = [[req.banned(row.tokens[1 : 1 + j]) for j in range(1 + row.draft)] if req.may_ban() else None
+                for row, req in zip(rows, reqs)]
         argmax = []
         if any(req.params.greedy for req in reqs):  # one host read for every greedy row
-            argmax = (greedy if greedy is not None else logits.argmax(-1)).tolist()
+            chosen = greedy if greedy is not None else logits.argmax(-1)
+            # positions with bans: the argmax over their masked logits (the fast path's in-step argmax ignores
+            # bans), as plain sampling takes it
+            masked = [(spans[i] + j, b) for i, req in enumerate(reqs) if req.params.greedy and bans[i]
+                      for j, b in enumerate(bans[i]) if b]
+            if masked:
+                at = torch.tensor([p for p, _ in masked], device=logits.device)
+                chosen = chosen.clone()
+                # logits[at] is a copy already: banned in place
+                chosen[at] = sampling.ban(logits[at], [b for _, b in masked], inplace=True).argmax(-1)
+            argmax = chosen.tolist()
         out = []
         for i, (row, req) in enumerate(zip(rows, reqs)):
             drafts = row.tokens[1:]
             if req.params.greedy:
                 out.append(acceptance.accept_greedy(argmax[spans[i] : spans[i + 1]], drafts))
             else:
-                probs = sampling.filtered_probs(logits[spans[i] : spans[i + 1]], [req.params] * (1 + row.draft))
+                span = logits[spans[i] : spans[i + 1]]
+                probs = sampling.filtered_probs(span if bans[i] is None else sampling.ban(span, bans[i]),
+                                                [req.params] * (1 + row.draft))
                 out.append(acceptance.accept_sampled(probs, drafts, req.generator))
         return out
 

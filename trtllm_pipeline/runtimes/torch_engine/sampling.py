@@ -50,11 +50,19 @@ def sample(logits: torch.Tensor, rows: Sequence[Row], greedy: torch.Tensor | Non
 
 
 def _ban(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
+    return ban(logits, [r.banned for r in rows])
+
+
+def ban(logits: torch.Tensor, banned: Sequence[Sequence[int]], *, inplace: bool = False) -> torch.Tensor:
+    """``logits`` [n, vocab] with ``banned[i]``'s tokens of row i at -inf (a copy, unless ``inplace``; ``logits``
+    itself if none is). What plain sampling applies before its argmax or ``filtered_probs``; speculative verification
+    applies it at each verified position too (``TorchRuntime._verify``)."""
     vocab = logits.shape[-1]
-    cells = [(i, t) for i, r in enumerate(rows) for t in r.banned if 0 <= t < vocab]
+    cells = [(i, t) for i, row in enumerate(banned) for t in row if 0 <= t < vocab]
     if not cells:
         return logits
-    logits = logits.clone()
+    if not inplace:
+        logits = logits.clone()
     index = torch.tensor(cells, device=logits.device).t()
     logits[index[0], index[1]] = float("-inf")
     return logits

@@ -7,9 +7,10 @@ the output is exactly plain greedy decoding's. Sampling (Leviathan et al. 2023, 
 probability min(1, p_i(d)/q_i(d)); at the first rejection draw from normalize(max(0, p_i - q_i)) and stop; if all
 are kept draw one more from p_m. Each emitted token is then distributed exactly as p, whatever q was. This
 project's proposers commit to one token (q a point mass on d): acceptance is p_i(d) and the residual is p_i with d
-removed. ``p`` is the distribution the runtime samples from (temperature, top-k, top-p: ``sampling.filtered_probs``),
-so the rule respects them; the draws use the request's generator, so a seeded request is reproducible (though not
-the same sequence as without speculation: the random numbers are used differently).
+removed. ``p`` is the distribution the runtime samples from (the tokens banned at that position masked out, then
+temperature, top-k, top-p: ``sampling.filtered_probs``), so the rule respects them (greedy's argmax too is over the
+masked logits: ``TorchRuntime._verify``); the draws use the request's generator, so a seeded request is reproducible
+(though not the same sequence as without speculation: the random numbers are used differently).
 """
 
 from __future__ import annotations
