@@ -301,10 +301,13 @@ class TorchModelServer:
         sender = request.get_response_sender()
         try:
             job = self._parse(request, sender)
-            if isinstance(job, _Job) and job.streaming and _from_bls(job):
+            if isinstance(job, _Job) and job.streaming and job.request_id.startswith(BLS_ID_PREFIX):
                 # An empty first response at once: the BLS's exec() holds one of its model instance's Python-backend
                 # threads (32) until a request's first response, so requests queued here would hold them all and
                 # leave none to send the running requests' tokens: the server stalls (seen at 64 streams, 8 rows).
+                # Only for the BLS's own ids: a front's id ("front-") also reaches this model through the ensemble,
+                # whose postprocessing cannot take an empty response (the fronts' requests through the BLS keep that
+                # id and go without this answer).
                 self.outbox.put(sender, self.pb.InferenceResponse(output_tensors=[]), 0)
             self._incoming.put(job)
         except RequestError as exc:
@@ -659,13 +662,7 @@ def _requested_outputs(request) -> list[str]:
 
 
 def _polled(job: _Job) -> bool:
-    return job.request is not None and not _from_bls(job)
-
-
-def _from_bls(job: _Job) -> bool:
-    """A request of the BLS (its own id, or the HTTP front's it passes on): stopped by stop requests, answered
-    at once (``enqueue``)."""
-    return job.request_id.startswith((STOP_ID_PREFIX, BLS_ID_PREFIX))
+    return job.request is not None and not job.request_id.startswith((STOP_ID_PREFIX, BLS_ID_PREFIX))
 
 
 def _cancelled(job: _Job) -> bool:
