@@ -167,6 +167,21 @@ def _check_library_kernels(rows):
             assert r["scratch_bytes"] == largest, r
 
 
+@dataclasses.dataclass
+class _TableQuant:
+    """The fields of a quantized weight that the measured table's kernel choice reads (N 256, K 512)."""
+
+    fmt: str
+    group: int
+    int4: bool
+    n: int = 256
+    k: int = 512
+
+    @property
+    def weight(self) -> torch.Tensor:  # as stored: INT4 packs two rows a byte
+        return torch.zeros(self.n // 2 if self.int4 else self.n, self.k, dtype=torch.int8)
+
+
 def test_gemm_table_written_by_the_benchmark_picks_the_kernel_per_shape(tmp_path, monkeypatch):
     """benchmarks/quant_gemm.py's table (the fastest correct kernel per format, shape and M) as quant_gemm reads it:
     the measured M at or above the batch, the GEMV where batch 1 measured it, the dot kernel where it won, the
@@ -191,16 +206,7 @@ def test_gemm_table_written_by_the_benchmark_picks_the_kernel_per_shape(tmp_path
     path.write_text(json.dumps({"entries": table_entries(rows)}))
     monkeypatch.setenv(quant_gemm.TABLE_ENV, str(path))
 
-    @dataclasses.dataclass
-    class Q:  # the fields the choice reads
-        fmt: str = "int4_awq"
-        n: int = 256
-        k: int = 512
-        group: int = 128
-        int4: bool = True
-        weight: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(128, 512, dtype=torch.int8))
-
-    q = Q()
+    q = _TableQuant("int4_awq", group=128, int4=True)
     assert quant_gemm.measured("int4_awq", 1, 256, 512, False) == ("gemv", None)
     assert quant_gemm.choose(q, 1, 132).gemv
     assert quant_gemm.measured("int4_awq", 5, 256, 512, False) == ("gemm", fast)
@@ -249,16 +255,8 @@ def test_gemm_table_chooses_the_library_kernels_for_prefill_and_the_step_its_own
     path.write_text(json.dumps({"entries": entries}))
     monkeypatch.setenv(quant_gemm.TABLE_ENV, str(path))
 
-    @dataclasses.dataclass
-    class Q:  # the fields the choice reads
-        fmt: str = "int8_sq"
-        n: int = 256
-        k: int = 512
-        group: int = 512
-        int4: bool = False
-        weight: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(256, 512, dtype=torch.int8))
-
-    sq, awq, w4a8 = Q(), Q("int4_awq", group=128, int4=True), Q("w4a8_awq", group=128, int4=True)
+    sq = _TableQuant("int8_sq", group=512, int4=False)
+    awq, w4a8 = _TableQuant("int4_awq", group=128, int4=True), _TableQuant("w4a8_awq", group=128, int4=True)
     bf16, cpu = torch.bfloat16, torch.device("cpu")
     assert quant_gemm.measured("int8_sq", 20, 256, 512, False) == ("int_mm", None)
     assert quant_gemm.measured("int8_sq", 20, 256, 512, False, step=True) == ("gemm", tiles)
