@@ -32,6 +32,9 @@
 #                                          # batch-1 ms/step (SKIP_BATCH1=1 skips it)
 #   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
 #                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
+#   bash benchmarks/h200_run.sh prefill    # the same build: one prompt of 16/128/512/2048 tokens and a 2048-token chunk
+#                                          # after 6144 cached, the layers fused (cuda/prefill) and not, and the fused
+#                                          # 2048-token prefill's kernels (benchmarks/prefill_probe.py)
 #   bash benchmarks/h200_run.sh prefix     # the same build: a PREFIX-token (1500) shared system prompt + 100-token
 #                                          # questions, 64 output tokens, 512 requests, without then with reuse
 #   bash benchmarks/h200_run.sh spec       # speculative decoding (issue 35), random 7B FP8: the fast verify step
@@ -43,7 +46,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, prefill, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -289,6 +292,11 @@ case "$part" in
     tp build -c "$c" --engines-dir "$engines"
     python3 benchmarks/throughput_probe.py -c "$c" --engines-dir "$engines" --lengths "${LENGTHS:-128/2048}" \
       --requests "${REQUESTS:-512}" --seconds "${SECONDS_:-60}" -o "$out/throughput-probe.json" ;;
+  prefill)  # prefill's time by prompt length, the layers fused or not, a later chunk's masked attention, kernels
+    c=$(config fp8)
+    c=${c%.yaml}-load.yaml
+    tp build -c "$c" --engines-dir "$engines"
+    python3 benchmarks/prefill_probe.py -c "$c" --engines-dir "$engines" -o "$out/prefill-probe.json" ;;
   prefix)
     c=$(config fp8)
     c=${c%.yaml}-load.yaml
@@ -305,5 +313,5 @@ case "$part" in
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
-    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, prefix or spec" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, prefill, prefix or spec" >&2; exit 2 ;;
 esac

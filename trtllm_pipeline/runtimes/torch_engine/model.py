@@ -234,6 +234,10 @@ class Linear(torch.nn.Module):
             return fake_nvfp4(x, self.a_scale).to(self.dtype)
         return x
 
+    def _fp8_weight(self) -> torch.Tensor:
+        """An FP8 layer's weight for a compute-dtype matmul: the kept copy, else made for this call."""
+        return self.dequantized if self.dequantized is not None else self._dequantize().to(self.dtype)
+
     def kernel_weight(self):
         """The CUDA kernels' view of this layer (``cuda/quant_linear.QuantWeight``: the stored tensors, scales re-laid
         once), made on first use and shared by the prefill GEMMs and the decode step."""
@@ -263,10 +267,15 @@ class Linear(torch.nn.Module):
                "compute-dtype matmul)"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` in the compute dtype; or, for an FP8 layer, already quantized by its producer with this layer's
+        activation scale (``cuda/prefill``'s norm and gate kernels), which is what its own quantizer would make."""
         if self.format == "none":
             return F.linear(x, self.weight, self.bias)
+        if x.dtype == torch.float8_e4m3fn and not self.scaled_mm:
+            assert self.fp8, "only an FP8 layer takes FP8 input"
+            return F.linear((x.float() * self.a_scale).to(self.dtype), self._fp8_weight(), self.bias)
         if self.scaled_mm:
-            xq = quantize_fp8(x, self.a_inv)
+            xq = x if x.dtype == torch.float8_e4m3fn else quantize_fp8(x, self.a_inv)
             flat = xq.reshape(-1, xq.shape[-1])
             out = torch._scaled_mm(flat, self.weight.t(), scale_a=self.a_scale, scale_b=self.w_scale,
                                    bias=self.bias, out_dtype=self.dtype)
@@ -354,6 +363,10 @@ class Qwen2Engine(torch.nn.Module):
     are ``_local_heads``, ``_row_linear``, ``_embed`` and ``logits``.
     """
 
+    # On CUDA, ``forward`` runs the layers with their elementwise work fused (``cuda/prefill``: H200, random 7B,
+    # a 2048-token prefill took 62 ms in PyTorch operations where its FP8 GEMMs take ~14); False: ``_layers``
+    FUSED_LAYERS = True
+
     def __init__(self, config: dict[str, Any], tensors: dict[str, Any], *, device: torch.device,
                  max_seq_len: int, max_slots: int | None = None, num_blocks: int | None = None,
                  block_size: int = 32, dtype: torch.dtype | None = None):
@@ -434,6 +447,16 @@ class Qwen2Engine(torch.nn.Module):
         """Run ``batch`` (a ``plan.PagedBatch`` on this device): each row's tokens at positions ``start ..``,
         their K/V written through its block table; attention over the row's positions up to each token (keys
         read through the table). Returns final hidden states [N, hidden], the rows' tokens packed."""
+        positions, attend = self.paged(batch)
+        if self.FUSED_LAYERS and self.device.type == "cuda" and self.dtype in (torch.bfloat16, torch.float16):
+            from trtllm_pipeline.runtimes.torch_engine.cuda import prefill  # Triton: on first use
+
+            return prefill.layers(self, batch.tokens, positions, attend)
+        return self._layers(batch.tokens, positions, attend)
+
+    def paged(self, batch):
+        """``batch``'s token positions [N] and the ``attend`` that writes their K/V through the block tables and
+        attends over each row's positions (``_layers``'s hook)."""
         lengths, starts = batch.lengths.tolist(), batch.starts.tolist()  # one sync: the rows' shapes
         dev, bs = batch.tokens.device, self.block_size
         rows = torch.repeat_interleave(torch.arange(len(lengths), device=dev), batch.lengths)
@@ -449,7 +472,7 @@ class Qwen2Engine(torch.nn.Module):
             self.cache_v[i][blocks, :, within] = v
             return attention(i, q, k, v)
 
-        return self._layers(batch.tokens, positions, attend)
+        return positions, attend
 
     def forward_slots(self, tokens: torch.Tensor, slots, starts, key_len: int | None = None) -> torch.Tensor:
         """``tokens`` [B, T] of fixed-table slots (an engine built with ``max_slots``) from positions ``starts``:
@@ -611,7 +634,7 @@ class _PagedAttention:
             tables = self.tables[self.decodes, : self.decode_blocks]
             kd, vd = self._gather(e.cache_k[i], tables), self._gather(e.cache_v[i], tables)
             qd = q[self.decode_tokens][:, :, None]  # [Bd, heads, 1, D]
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=self.decode_mask, scale=scale, enable_gqa=True)
+            o = _masked_attention(qd, kd, vd, self.decode_mask, scale)
             out[self.decode_tokens] = o.reshape(o.shape[0], -1)
         for g in self.groups:
             r, w = g["rows"], g["width"]
@@ -622,14 +645,28 @@ class _PagedAttention:
             if "mask" in g:
                 kg = self._gather(e.cache_k[i], g["tables"])
                 vg = self._gather(e.cache_v[i], g["tables"])
-                o = F.scaled_dot_product_attention(padded(q), kg, vg, attn_mask=g["mask"], scale=scale,
-                                                   enable_gqa=True)
+                o = _masked_attention(padded(q), kg, vg, g["mask"], scale)
             else:
                 o = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale,
                                                    enable_gqa=True)
             o = o.transpose(1, 2).reshape(r * w, -1)
             out[g["tokens"]] = o[g["real"]]
         return out
+
+
+def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """SDPA under an additive mask with grouped KV heads. On CUDA the KV heads are repeated for their query heads
+    first: SDPA's memory-efficient kernel takes a mask but not ``enable_gqa`` (only flash and math do, and flash
+    takes no mask), so with ``enable_gqa`` a masked call falls to the math backend, which materializes every
+    score in float32 ([rows, heads, queries, keys]: 1.9 GB a layer for an 8k prompt's last 2k chunk; H200, random
+    7B: that chunk's step took 1.07 s). Repeated, the efficient kernel runs it (the repeat: 2 x 58 MB a layer
+    there). The CPU keeps the math backend, whose ``enable_gqa`` repeats the same way."""
+    if q.device.type == "cuda" and k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""Prefill's time on the GPU (issues 30-32): one prompt of each length through the engine's forward, the layers fused
+(``cuda/prefill``) against PyTorch operations (``Qwen2Engine.FUSED_LAYERS = False``), a later chunk over a long
+cached prefix (the masked attention: ``model._masked_attention``), and the fused 2048-token prefill's kernels by
+device time. One call on the H200, after a build:
+    python benchmarks/prefill_probe.py -c build_configs/r1-distill-qwen-7b-random-fp8-tp1-load.yaml \\
+        --engines-dir /tmp/engines -o prefill.json
+Prints a table (ms per prefill, median of --repeats after a warm-up) and writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from trtllm_pipeline.config import load_config
+from trtllm_pipeline.runtimes.registry import load_runtime
+from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
+
+from throughput_probe import kernel_sums  # noqa: E402  (benchmarks/ is the script's directory)
+
+
+def sync(engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(engine, rows, repeats: int) -> float:
+    """Median ms of ``engine(batch)`` over ``repeats`` calls after one warm-up."""
+    batch = PagedBatch.of(rows).to(engine.device)
+    engine(batch)
+    sync(engine)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        engine(batch)
+        sync(engine)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-c", "--config", required=True)
+    ap.add_argument("--engines-dir", type=Path, default=Path("engines"))
+    ap.add_argument("--lengths", default="16,128,512,2048", help="prompt lengths, one prompt per call")
+    ap.add_argument("--chunk", default="6144/2048", help="a later chunk: cached prefix / chunk tokens")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("-o", "--output", type=Path)
+    args = ap.parse_args()
+    rt = load_runtime(load_config(Path(args.config)), args.engines_dir)
+    engine = rt.engine
+    bs = engine.block_size
+    prefix, chunk = (int(x) for x in args.chunk.split("/"))
+    longest = max([prefix + chunk] + [int(n) for n in args.lengths.split(",")])
+    table = list(range(1, 1 + -(-longest // bs)))  # blocks of the pool, scratch for this probe (nothing else runs)
+    g = torch.Generator().manual_seed(0)
+
+    vocab = engine.embedding.shape[0]
+
+    def prompt(n):
+        return torch.randint(0, min(30000, vocab), (n,), generator=g).tolist()
+
+    results = []
+    for fused in (True, False):
+        Qwen2Engine.FUSED_LAYERS = fused
+        for n in (int(x) for x in args.lengths.split(",")):
+            ms = timed(engine, [(prompt(n), 0, table)], args.repeats)
+            results.append({"case": f"prompt {n}", "fused": fused, "tokens": n, "ms": ms})
+            print(f"{'fused' if fused else 'torch'} prompt {n:5d}: {ms:8.2f} ms  ({n / ms:8.0f} tokens/ms)", flush=True)
+        engine(PagedBatch.of([(prompt(prefix), 0, table)]).to(engine.device))  # the cached prefix
+        ms = timed(engine, [(prompt(chunk), prefix, table)], args.repeats)
+        results.append({"case": f"chunk {chunk} after {prefix}", "fused": fused, "tokens": chunk, "ms": ms})
+        print(f"{'fused' if fused else 'torch'} chunk {chunk} after {prefix}: {ms:8.2f} ms", flush=True)
+    Qwen2Engine.FUSED_LAYERS = True
+    batch = PagedBatch.of([(prompt(min(2048, longest)), 0, table)]).to(engine.device)
+    engine(batch)
+    sync(engine)
+    cuda = engine.device.type == "cuda"
+    activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as prof:
+        engine(batch)
+        sync(engine)
+    kernels = kernel_sums(prof, 20)
+    print("-- the fused 2048-token prefill by kernel:")
+    for k in kernels:
+        print(f"  {k['device_us'] / 1e3:8.3f} ms {k['calls']:6d}  {k['name']}")
+    print(f"runtime: {rt.decode_path}")
+    if args.output:
+        args.output.write_text(json.dumps({"runtime": rt.decode_path, "results": results, "kernels": kernels},
+                                          indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The eager forward's layers over many tokens (prefill chunks, eager decodes) with the elementwise work fused.
+
+``Qwen2Engine._layers`` spells each layer in PyTorch operations: its RMSNorm, rotary embedding, FP8 input
+quantization and SiLU gate are some fifty launches a layer, most of them passes in float32 over [tokens, hidden]
+or [tokens, intermediate] (the FP8 quantization of mlp.proj's input alone moves ~1 GB a layer at 2048 tokens).
+On an H200 a 2048-token prefill of the random 7B took 62 ms (FP8 and BF16 alike) where its GEMMs take ~14 ms
+(FP8; ``benchmarks/quant_gemm.py``'s M=2048 rows), and a short prompt's prefill is launch-bound.
+
+Here a layer is: the residual add + RMSNorm (``norm``'s kernel, which also quantizes its output for an FP8
+consumer), the QKV GEMM, one kernel that rotates q and k, attention (the engine's ``attend``), attention.dense,
+the residual add + RMSNorm, the fc/gate GEMM, one kernel for the SiLU gate (quantized for an FP8 mlp.proj), and
+mlp.proj. The GEMMs are the layers' own modules (cuBLAS, ``torch._scaled_mm``, ``quant_gemm``; tensor parallel's
+row-parallel all-reduce included), so every format and rank runs here. The rounding points are eager's: each
+kernel rounds where the PyTorch operations it replaces round, so the two agree up to accumulation order (checked
+through Triton's interpreter in ``tests/prefill_check.py``). The CPU keeps the PyTorch spelling (the reference).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from trtllm_pipeline.runtimes.torch_engine.cuda import norm
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import tl_dtype
+
+
+@triton.jit
+def _rope_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, stride_rot, q_ptr, k_ptr,
+                 H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, COMPUTE: tl.constexpr):
+    """One token's query and key heads rotated (GPT-NeoX halves) in float32, rounded to the compute dtype."""
+    t = tl.program_id(0)
+    heads = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, D)
+    half: tl.constexpr = D // 2
+    partner = (d + half) % D
+    sign = tl.where(d < half, -1.0, 1.0)
+    ok = (heads < H + KVH)[:, None]
+    pos = tl.load(pos_ptr + t)
+    cos = tl.load(cos_ptr + pos * stride_rot + d)[None, :]
+    sin = tl.load(sin_ptr + pos * stride_rot + d)[None, :]
+    row = qkv_ptr + t * stride_qkv + heads[:, None] * D
+    x = tl.load(row + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    xr = tl.load(row + partner[None, :], mask=ok, other=0.0).to(tl.float32) * sign[None, :]
+    y = (x * cos + xr * sin).to(COMPUTE)
+    is_q = (heads < H)[:, None]
+    tl.store(q_ptr + t * (H * D) + heads[:, None] * D + d[None, :], y, mask=is_q)
+    tl.store(k_ptr + t * (KVH * D) + (heads[:, None] - H) * D + d[None, :], y, mask=ok & ~is_q)
+
+
+@triton.jit
+def _silu_gate_kernel(fg_ptr, stride_fg, out_ptr, stride_out, inv_ptr, INTER, QUANT: tl.constexpr,
+                      COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+    """silu(fc) * gate for one token's block of columns, rounded as eager's two bf16 operations round; FP8 with
+    the consumer's activation scale when QUANT."""
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < INTER
+    fc = tl.load(fg_ptr + t * stride_fg + cols, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.load(fg_ptr + t * stride_fg + INTER + cols, mask=ok, other=0.0).to(tl.float32)
+    act = (fc / (1.0 + tl.exp(-fc))).to(COMPUTE).to(tl.float32)
+    y = (act * gate).to(COMPUTE)
+    if QUANT:
+        q = tl.clamp(y.to(tl.float32) * tl.load(inv_ptr), -448.0, 448.0)
+        tl.store(out_ptr + t * stride_out + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=ok)
+    else:
+        tl.store(out_ptr + t * stride_out + cols, y, mask=ok)
+
+
+SILU_BLOCK = 1024
+
+
+def _fp8_input(module) -> torch.Tensor | None:
+    """The activation quantizer's 1 / scale when ``module`` is one FP8 linear (its producer then hands it FP8
+    input, as its own quantizer would make it), else None (the module quantizes, if at all, itself; an unfused
+    fc / gate pair has no ``fp8`` of its own: its halves may differ in scale). Read by attribute: the model
+    module imports this one."""
+    return module.a_inv if getattr(module, "fp8", False) else None
+
+
+def _normed(engine, x, partial, weight, consumer, *, tokens=None) -> torch.Tensor:
+    """``x += partial`` in place (or x as is, ``tokens`` given: the first layer), then the RMSNorm of x for
+    ``consumer`` (FP8 where it is an FP8 linear)."""
+    inv = _fp8_input(consumer)
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn if inv is not None else x.dtype, device=x.device)
+    if partial is None:  # the norm kernel's gather mode, gathering each row from itself: a plain norm
+        norm.residual_rmsnorm(x, None, weight, out, inv, engine.eps, engine.dtype, tokens=tokens, embedding=x)
+    else:
+        norm.residual_rmsnorm(x, partial.contiguous()[None], weight, out, inv, engine.eps, engine.dtype)
+    return out
+
+
+def layers(engine, tokens: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+    """``Qwen2Engine._layers`` with the fused kernels: final hidden states [N, hidden] of packed ``tokens`` [N] at
+    ``positions`` [N]; ``attend(layer, q, k, v)`` as there."""
+    n = tokens.shape[0]
+    hd, nq, nkv = engine.head_dim, engine.heads, engine.kv_heads
+    compute = tl_dtype(engine.dtype)
+    x = engine._embed(tokens[None])[0].contiguous()
+    rows = torch.arange(n, device=x.device)
+    partial = None
+    block_h = triton.next_power_of_2(nq + nkv)
+    for i, layer in enumerate(engine.layers):
+        h = _normed(engine, x, partial, layer["input_norm"], layer["qkv"], tokens=rows)
+        qkv = layer["qkv"](h).contiguous()
+        q = torch.empty(n, nq, hd, dtype=engine.dtype, device=x.device)
+        k = torch.empty(n, nkv, hd, dtype=engine.dtype, device=x.device)
+        if n:
+            _rope_kernel[(n,)](qkv, qkv.stride(0), positions, engine.cos, engine.sin, engine.cos.stride(0), q, k,
+                               H=nq, KVH=nkv, D=hd, BLOCK_H=block_h, COMPUTE=compute)
+        v = qkv[:, (nq + nkv) * hd:].view(n, nkv, hd)
+        attended = layer["dense"](attend(i, q, k, v))
+        h = _normed(engine, x, attended, layer["post_norm"], layer["fc_gate"])
+        fc_gate = layer["fc_gate"](h).contiguous()
+        inter = fc_gate.shape[1] // 2
+        inv = _fp8_input(layer["proj"])
+        act = torch.empty(n, inter, dtype=torch.float8_e4m3fn if inv is not None else engine.dtype, device=x.device)
+        if n:
+            _silu_gate_kernel[(n, triton.cdiv(inter, SILU_BLOCK))](
+                fc_gate, fc_gate.stride(0), act, act.stride(0), inv if inv is not None else fc_gate, inter,
+                QUANT=inv is not None, COMPUTE=compute, BLOCK=SILU_BLOCK)
+        partial = layer["proj"](act)
+    final = torch.empty_like(x)
+    norm.residual_rmsnorm(x, partial.contiguous()[None], engine.final_norm, final, None, engine.eps, engine.dtype)
+    return final
