@@ -126,6 +126,12 @@ case "$part" in
       wait "$pid" 2>/dev/null
       tail -n 3 "$out/$name.txt"
     }
+    health() {  # the server's HTTP readiness and its log's tail, kept as $out/health-$1.txt
+      python3 -c "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).status)" \
+        "http://127.0.0.1:8000/v2/health/ready" > "$out/health-$1.txt" 2>&1 || true
+      tail -n 60 "$state/tritonserver.log" >> "$out/health-$1.txt" 2>/dev/null || true
+      echo "health $1: $(head -n 1 "$out/health-$1.txt")"
+    }
     stop_if_hung() {  # the loads after a hang would hang the same way: stop here, with the stacks
       if [ -n "${hung:-}" ]; then
         tp serve -c "$c" --engines-dir "$engines" --stop || true
@@ -145,6 +151,8 @@ case "$part" in
         --concurrency 8,32,64 --input-tokens 128 --output-tokens 256 --requests 128 --warmup 4 \
         -o "$out/served-grpc.json"
       stop_if_hung
+      # Seen once (H200, 2026-12-04): after this load the server process lived but refused gRPC, its stubs exiting
+      health after-load
     fi
     if has spy; then  # where the server's processes spend a c=64 stream's time: py-spy, 8 s of each stub
       tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 64 --input-tokens 128 \
@@ -155,7 +163,8 @@ case "$part" in
         timeout 20 py-spy record --nonblocking -d 8 -r 200 -f raw --threads -o "$out/spy-${name:-$pid}.txt" \
           --pid "$pid" > /dev/null 2>&1 &
       done
-      wait
+      wait || true  # a failed load must not end the part before the server's log is kept
+      health after-spy
       python3 benchmarks/spy_top.py "$out"/spy-*.txt | tee "$out/spy-top.txt" || true
     fi
     if has openai; then

@@ -1,14 +1,14 @@
 # The next device time (bash benchmarks/h200_queue.sh start benchmarks/queues/next.sh, then `wait` calls back to back,
 # each carrying .whl: a call that does not carry it finds it gone), in order of need. Each part's deadline fits the
 # session's 30 minutes only in part: what is cut is what comes last.
-# 31: the 256-row step on cuBLAS and the grouped prefill attention (probe), then the table's first row
-part probe 240 SECONDS_=60 REQUESTS=512
-part throughput 360 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1
-# 30: coalesced streaming, every load under a deadline that keeps the stacks
-part served 330 TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVED_PHASES="cold hangcheck bench spy warm"
-# 35: speculation (verify buckets now at most 256 rows)
-part spec 300
+# 31/30/32: the fused layers (cuda/prefill) and the masked attention on KV heads repeated: prefill by length, fused or not
+part prefill 180
+# 30: served with the fused prefill (2026-12-04: c=32 5641 tok/s, c=64 9061, server 5.65 / 7.09 ms a step where
+# in-process batch 32 / 64 took 3.12 / 3.61: a 128-token eager prefill every ~8 steps), the spy phase now kept
+part served 330 TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVED_PHASES="cold hangcheck bench spy openai inprocess"
+# 31: the table's rows whose prefill share is largest, and the long prompt's worst gap (its later chunks: masked)
+part throughput 330 LENGTHS="2048/128 1000/1000" REQUESTS=1000 SKIP_BATCH1=1
 part prefix 200
-# 32: the GEMM candidates (dequant + cuBLAS, int_mm, wider tiles), then the steps with the new table
-part quant_gemm 360 QG_PARTS=kernels
-part throughput 300 LENGTHS=none SKIP_BATCH1=1
+part throughput 240 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+# 32: prefill from the quantized weights per format, through the fused layers
+part quant_gemm 240 QG_PARTS=steps
