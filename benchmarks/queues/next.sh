@@ -10,5 +10,6 @@ part served 330 TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVED_PHASES=
 part throughput 330 LENGTHS="2048/128 1000/1000" REQUESTS=1000 SKIP_BATCH1=1
 part prefix 200
 part throughput 240 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
-# 32: prefill from the quantized weights per format, through the fused layers
+# 32: prefill from the quantized weights per format, through the fused layers; then the dequant kernel (never timed yet)
 part quant_gemm 240 QG_PARTS=steps
+part quant_gemm 200 QG_PARTS=kernels QUANT_FORMATS=int4_awq,w4a8_awq,int8_wo
