@@ -32,6 +32,8 @@
 #                                          # batch-1 ms/step (SKIP_BATCH1=1 skips it)
 #   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
 #                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
+#   bash benchmarks/h200_run.sh attention  # the decode attention kernel's BLOCK_T / warps / stages / splits at the
+#                                          # batches and contexts of a loaded engine (benchmarks/attention_sweep.py)
 #   bash benchmarks/h200_run.sh prefill    # the same build: one prompt of 16/128/512/2048 tokens and a 2048-token chunk
 #                                          # after 6144 cached, the layers fused (cuda/prefill) and not, and the fused
 #                                          # 2048-token prefill's kernels (benchmarks/prefill_probe.py)
@@ -46,7 +48,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, prefill, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -301,6 +303,8 @@ case "$part" in
     tp build -c "$c" --engines-dir "$engines"
     python3 benchmarks/throughput_probe.py -c "$c" --engines-dir "$engines" --lengths "${LENGTHS:-128/2048}" \
       --requests "${REQUESTS:-512}" --seconds "${SECONDS_:-60}" -o "$out/throughput-probe.json" ;;
+  attention)  # the decode attention's launch shape at 64-256 rows x 512-2048 tokens (benchmarks/attention_sweep.py)
+    python3 benchmarks/attention_sweep.py -o "$out/attention-sweep.json" ;;
   prefill)  # prefill's time by prompt length, the layers fused or not, a later chunk's masked attention, kernels
     c=$(config fp8)
     c=${c%.yaml}-load.yaml
@@ -322,5 +326,5 @@ case "$part" in
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
-    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, prefill, prefix or spec" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
 esac

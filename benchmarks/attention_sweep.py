@@ -1,0 +1,136 @@
+"""The decode attention kernel's launch shape at the batches a loaded engine runs (issue 31): at 256 rows of ~1-2k
+tokens attention is most of a step (H200, random 7B FP8, 2026-12-04: the step grew from 12 to 21 ms as the KV filled,
+~60% of the bandwidth in attention). Times ``cuda/attention.decode_attention`` over a paged pool (block size 32,
+blocks scattered) for batch x context x (BLOCK_T, warps, stages, splits), each checked against the module's default
+launch, and prints the best per case with its GB/s of KV. One call on the H200:
+    python benchmarks/attention_sweep.py -o attention_sweep.json
+On the CPU (Triton's interpreter) ``--dry-run`` runs one small case of each shape, unchecked for speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if "--dry-run" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from trtllm_pipeline.runtimes.torch_engine.cuda import attention  # noqa: E402
+
+HEADS, KV_HEADS, D, BS = 28, 4, 128, 32  # the 7B's attention; the pool's block size
+SHAPES = [(bt, w, s) for bt in (32, 64, 128) for w, s in ((4, 2), (4, 3), (4, 4), (8, 2), (8, 3))]
+
+
+def case(batch: int, ctx: int, device, gen):
+    """A pool holding ``batch`` rows of ``ctx`` tokens in scattered blocks, and one step's inputs."""
+    per_row = -(-(ctx + 1) // BS)
+    blocks = 1 + batch * per_row
+    k = torch.randn(blocks, KV_HEADS, BS, D, generator=gen, device=device).to(torch.bfloat16)
+    v = torch.randn(blocks, KV_HEADS, BS, D, generator=gen, device=device).to(torch.bfloat16)
+    order = 1 + torch.randperm(blocks - 1, generator=gen, device=device)
+    tables = order.view(batch, per_row)
+    width = (HEADS + 2 * KV_HEADS) * D
+    parts = torch.randn(1, batch, width, generator=gen, device=device)
+    rot = torch.randn(ctx + 1, D, generator=gen, device=device)
+    positions = torch.full((batch,), ctx, dtype=torch.long, device=device)
+    rows = torch.arange(batch, device=device)
+    return k, v, tables, parts, rot, positions, rows
+
+
+def launch(inputs, splits: int, block_t: int):
+    k, v, tables, parts, rot, positions, rows = inputs
+    batch, device = positions.shape[0], positions.device
+    o = torch.empty(batch, HEADS, splits, D, device=device)
+    lse = torch.empty(batch, HEADS, splits, device=device)
+    out = torch.empty(batch, HEADS * D, dtype=torch.bfloat16, device=device)
+
+    def call():
+        attention.decode_attention(parts, None, rot, rot, k, v, positions, rows, tables, o, lse, out, None,
+                                   heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16, block_t=block_t)
+    return call, out
+
+
+def graph_us(call, reps: int = 20) -> float:
+    """Microseconds per call: ``reps`` calls captured in one CUDA graph, replayed between events."""
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            call()
+    graph.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    graph.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1000 / reps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="64,128,256")
+    ap.add_argument("--contexts", default="512,1024,2048")
+    ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter: one small case")
+    ap.add_argument("-o", "--output", type=Path)
+    args = ap.parse_args()
+    cuda = not args.dry_run
+    device = torch.device("cuda" if cuda else "cpu")
+    sm = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
+    gen = torch.Generator(device=device).manual_seed(0)
+    batches = [int(b) for b in args.batches.split(",")] if cuda else [2]
+    contexts = [int(c) for c in args.contexts.split(",")] if cuda else [70]
+    shapes = SHAPES if cuda else SHAPES[:2]
+    default = (attention.BLOCK_T, attention.ATTENTION_WARPS, attention.ATTENTION_STAGES)
+    rows, t0 = [], time.perf_counter()
+    for batch, ctx in itertools.product(batches, contexts):
+        inputs = case(batch, ctx, device, gen)
+        base = attention.pick_splits(batch, KV_HEADS, sm)
+        kv_bytes = 2 * batch * KV_HEADS * (ctx + 1) * D * 2
+        ref_call, ref_out = launch(inputs, base, default[0])
+        ref_call()
+        want = ref_out.float().clone()
+        results = []
+        for (block_t, warps, stages), splits in itertools.product(shapes, sorted({base, 2 * base, 4 * base})):
+            attention.ATTENTION_WARPS, attention.ATTENTION_STAGES = warps, stages
+            row = {"batch": batch, "ctx": ctx, "block_t": block_t, "warps": warps, "stages": stages, "splits": splits,
+                   "default": (block_t, warps, stages) == default and splits == base}
+            try:
+                call, out = launch(inputs, splits, block_t)
+                call()
+                row["rel_err"] = float((out.float() - want).norm() / want.norm())
+                if cuda:
+                    row["us"] = graph_us(call)
+                    row["kv_gbps"] = kv_bytes / row["us"] / 1e3
+            except Exception as exc:  # a shape that does not compile or fit is a finding, not a stop
+                row["failed"] = repr(exc)[:200]
+            results.append(row)
+        attention.ATTENTION_WARPS, attention.ATTENTION_STAGES = default[1], default[2]
+        rows += results
+        timed = [r for r in results if "us" in r and r["rel_err"] < 1e-2]
+        mine = next((r for r in results if r["default"]), {})
+        if timed:
+            best = min(timed, key=lambda r: r["us"])
+            print(f"batch {batch:4d} ctx {ctx:5d}: default {mine.get('us', float('nan')):8.1f} us "
+                  f"({mine.get('kv_gbps', 0):5.0f} GB/s); best {best['us']:8.1f} us ({best['kv_gbps']:5.0f} GB/s) "
+                  f"BLOCK_T {best['block_t']} warps {best['warps']} stages {best['stages']} splits {best['splits']}",
+                  flush=True)
+        else:
+            failed = sum("failed" in r for r in results)
+            print(f"batch {batch} ctx {ctx}: {len(results)} launches, {failed} failed, max rel err "
+                  f"{max((r.get('rel_err', 0) for r in results), default=0):.1e}", flush=True)
+    print(f"-- {len(rows)} launches in {time.perf_counter() - t0:.0f} s")
+    if args.output:
+        args.output.write_text(json.dumps({"gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
+                                           "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
