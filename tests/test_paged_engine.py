@@ -80,13 +80,33 @@ def test_prefix_cache_hits_evicts_and_changes_no_output(ckpt, plain):
     assert len(rt.kv.cached) < 40 and stats["kv_cache_usage"] >= 0 and rt.stats()["kv_cache_usage"] == 0
 
 
+def test_requests_arriving_together_compute_their_shared_prefix_once(ckpt, plain):
+    """Four requests with one system prompt submitted at once: the first computes it, the others wait one step
+    for its blocks and take all of them from the cache (without the deferral each would compute it side by side)."""
+    prompts = [SYSTEM + q for q in QUESTIONS[:4]]
+    rt = _rt(ckpt, enable_kv_cache_reuse=True)
+    for i, p in enumerate(prompts):
+        rt.submit(i, p, SamplingParams(max_tokens=8, end_id=-1))
+    rt.step()
+    assert rt.stats()["requests_running"] == 1 and rt.scheduler.deferred == 3
+    tokens = {i: [] for i in range(4)}
+    while rt.has_work():
+        for e in rt.step():
+            tokens[e.request_id] += e.token_ids
+    # the first event of request 0 came in the first step
+    assert [tokens[i] for i in range(1, 4)] == _greedy(plain, prompts[1:], n=8)
+    assert rt.stats()["prefix_cache_hits"] == 3 * len(SYSTEM)  # every later request hit all 10 system blocks
+    assert not rt.kv.pending and rt.kv.free_blocks == rt.kv.usable_blocks
+
+
 def test_preemption_recomputes_and_finishes_with_the_same_tokens(ckpt, plain):
     prompts = [SYSTEM + q for q in QUESTIONS[:4]]
     alone = _greedy(plain, prompts, n=24)
     # 4 requests of ~45 tokens + 24 generated need ~70 blocks of 4; the pool has 40: decodes run out and the
-    # latest admitted request is preempted, then recomputed from its prompt and generated tokens
+    # latest admitted request is preempted, then recomputed from its prompt and generated tokens. With reuse the
+    # system prompt's 10 blocks are computed once and shared: ~42 blocks in all, so a pool of 28
     for reuse in (False, True):
-        rt = _rt(ckpt, kv_cache_blocks=40, enable_kv_cache_reuse=reuse)
+        rt = _rt(ckpt, kv_cache_blocks=28 if reuse else 40, enable_kv_cache_reuse=reuse)
         assert _greedy(rt, prompts, n=24) == alone
         assert rt.stats()["preemptions"] > 0
         assert rt.kv.free_blocks == rt.kv.usable_blocks and not rt.kv.tables

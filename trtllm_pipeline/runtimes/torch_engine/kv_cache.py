@@ -49,6 +49,9 @@ class KVCacheManager:
         self._evictable: collections.OrderedDict[int, None] = collections.OrderedDict()  # keyed, ref 0, LRU first
         self.tables: dict[Any, list[int]] = {}
         self._keys: dict[Any, list[bytes]] = {}  # each request's full blocks' keys, in order
+        # keys of full prompt blocks a running request will compute (admitted, not yet committed) -> that request
+        self.pending: dict[bytes, Any] = {}
+        self._pending_of: dict[Any, list[bytes]] = {}
         self.queries = self.hits = self.preemptions = 0
 
     # ---- capacity -------------------------------------------------------------------------------
@@ -71,27 +74,47 @@ class KVCacheManager:
 
     # ---- requests -------------------------------------------------------------------------------
 
-    def cached_prefix(self, tokens: Sequence[int]) -> list[int]:
-        """The cached blocks holding ``tokens``' longest block-aligned prefix (no references taken)."""
-        found, parent = [], _ROOT
+    def prefix_keys(self, tokens: Sequence[int]) -> list[bytes]:
+        """The chained keys of ``tokens``' full blocks, in order."""
+        keys, parent = [], _ROOT
         for i in range(len(tokens) // self.block_size):
             parent = block_key(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
-            block = self.cached.get(parent)
+            keys.append(parent)
+        return keys
+
+    def cached_prefix(self, tokens: Sequence[int], keys: Sequence[bytes] | None = None) -> list[int]:
+        """The cached blocks holding ``tokens``' longest block-aligned prefix (no references taken); ``keys``:
+        ``prefix_keys(tokens)`` where the caller has them."""
+        found = []
+        for key in self.prefix_keys(tokens) if keys is None else keys:
+            block = self.cached.get(key)
             if block is None:
                 break
             found.append(block)
         return found
 
+    def waits_for_prefix(self, keys: Sequence[bytes]) -> bool:
+        """Whether the first of these block keys that is not cached is one a running request is computing now
+        (``pending``): a request with that prefix admitted now would compute the same blocks side by side; a step
+        or a chunk later it takes them from the cache (SGLang calls this in-batch prefix caching)."""
+        for key in keys:
+            if key not in self.cached:
+                return key in self.pending
+        return False
+
     def admit(self, request_id: Any, tokens: Sequence[int], reserve: int, *, use_cache: bool | None = None,
-              watermark: bool = True) -> int | None:
+              watermark: bool = True, keys: Sequence[bytes] | None = None) -> int | None:
         """Start ``request_id`` with blocks for ``reserve`` positions, reusing cached blocks of ``tokens``' prefix
-        (``use_cache``: default the manager's setting). Returns how many tokens are already computed (a multiple
-        of the block size, and at most ``len(tokens) - 1``, so that the last token is run for its logits), or None
-        if the blocks are not free now (nothing is changed then)."""
+        (``use_cache``: default the manager's setting; ``keys``: ``prefix_keys(tokens[:-1])`` where the caller has
+        them). Returns how many tokens are already computed (a multiple of the block size, and at most
+        ``len(tokens) - 1``, so that the last token is run for its logits), or None if the blocks are not free now
+        (nothing is changed then). The full blocks it will compute become ``pending`` until committed."""
         if request_id in self.tables:
             raise ValueError(f"request {request_id!r} already holds blocks")
         use_cache = self.enable_prefix_cache if use_cache is None else use_cache
-        hit = self.cached_prefix(tokens[: len(tokens) - 1]) if use_cache else []
+        if use_cache and keys is None:
+            keys = self.prefix_keys(tokens[: len(tokens) - 1])
+        hit = self.cached_prefix(tokens, keys) if use_cache else []
         need = self.blocks_for(reserve) - len(hit)
         # cached blocks with no reference are counted free: taking them must not count twice
         taken_from_free = sum(1 for b in hit if self.ref[b] == 0)
@@ -104,6 +127,10 @@ class KVCacheManager:
             self._take(block)
         self.tables[request_id] = list(hit) + [self._allocate() for _ in range(max(0, need))]
         self._keys[request_id] = [self.key[b] for b in hit]
+        if use_cache:
+            mine = [k for k in keys[len(hit):] if k not in self.pending and k not in self.cached]
+            self.pending.update(dict.fromkeys(mine, request_id))
+            self._pending_of[request_id] = mine
         return len(hit) * self.block_size
 
     def grow(self, request_id: Any, positions: int) -> bool:
@@ -136,6 +163,8 @@ class KVCacheManager:
         for i in range(len(keys), min(len(tokens) // self.block_size, len(table))):
             parent = block_key(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
             keys.append(parent)
+            if self.pending.get(parent) == request_id:
+                del self.pending[parent]
             block = table[i]
             if parent not in self.cached and self.key[block] is None:
                 self.cached[parent] = block
@@ -148,6 +177,9 @@ class KVCacheManager:
         for block in reversed(self.tables.pop(request_id, [])):
             self._release(block)
         self._keys.pop(request_id, None)
+        for key in self._pending_of.pop(request_id, []):
+            if self.pending.get(key) == request_id:
+                del self.pending[key]
 
     def preempted(self, request_id: Any) -> None:
         self.preemptions += 1
@@ -202,6 +234,8 @@ class KVCacheManager:
         assert len(free) + len(evictable) + sum(1 for r in self.ref if r > 0) == self.usable_blocks
         for key, block in self.cached.items():
             assert self.key[block] == key, f"cached key of block {block} disagrees"
+        for key, rid in self.pending.items():
+            assert rid in self.tables and key not in self._keys[rid], f"pending key of {rid!r} that is not computing it"
         for rid, table in self.tables.items():
             for i, block in enumerate(table):
                 if counts[block] > 1:  # shared: a full prefix block, whose key is this request's own chain

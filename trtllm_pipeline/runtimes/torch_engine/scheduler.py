@@ -7,7 +7,10 @@ tokens: one for a decoding request (its last sampled token), a chunk for a prefi
 stalling the decodes), all under ``max_num_tokens`` tokens a step. Then waiting requests are admitted in order
 while there is room: a free row (``max_running``, the CUDA graphs' largest batch), the token budget, and KV
 blocks for the prompt and one token more (``KVCacheManager.admit``, which also reuses a cached prefix).
-A request that cannot be admitted waits, in order, and is never dropped.
+A request that cannot be admitted waits, in order, and is never dropped. With the prefix cache, a request whose
+next uncached prefix block a running request is computing waits until that block is cached (a shared system
+prompt arriving with many requests at once is computed once, not once per request admitted in the same step),
+while the requests behind it are admitted.
 
 When a running request needs a block and the pool has none, the most recently admitted request is preempted:
 its blocks are freed and it goes back to the front of the queue with everything it has generated, to be
@@ -38,6 +41,7 @@ class Sequence:
     generated: list[int] = dataclasses.field(default_factory=list)
     computed: int = 0
     draft: list[int] = dataclasses.field(default_factory=list)  # tokens proposed for this step (speculation)
+    keys: list | None = None  # the prompt's full blocks' prefix-cache keys, hashed once (Scheduler._prefix_keys)
 
     @property
     def length(self) -> int:
@@ -65,6 +69,7 @@ class Scheduler:
         self.prefill_chunk_tokens = max(1, prefill_chunk_tokens)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
+        self.deferred = 0  # admissions put off because a running request was computing the same prefix
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -94,13 +99,21 @@ class Scheduler:
                 budget -= n
                 prefill -= 0 if seq.decoding else n  # a decode and its drafts are no prefill
                 i += 1
-        # New requests only in a step that preempted none: room freed by preemption goes to the one preempted.
-        while self.waiting and not plan.preempted and len(self.running) < self.max_running and budget > 0:
-            seq = self.waiting[0]
-            done = self.kv.admit(seq.request_id, seq.tokens(), seq.length + 1, watermark=bool(self.running))
+        # New requests only in a step that preempted none: room freed by preemption goes to the one preempted. One
+        # whose prefix a running request is computing now waits for it (and later ones pass it meanwhile).
+        j = 0
+        while j < len(self.waiting) and not plan.preempted and len(self.running) < self.max_running and budget > 0:
+            seq = self.waiting[j]
+            keys = self._prefix_keys(seq)
+            if keys and self.kv.waits_for_prefix(keys):
+                j += 1
+                self.deferred += 1
+                continue
+            done = self.kv.admit(seq.request_id, seq.tokens(), seq.length + 1, watermark=bool(self.running),
+                                 keys=keys)
             if done is None:
                 break
-            self.waiting.popleft()
+            del self.waiting[j]
             self.running.append(seq)
             seq.computed = done
             n = self._take(seq, budget, prefill)
@@ -109,6 +122,17 @@ class Scheduler:
                 budget -= n
                 prefill -= n
         return plan
+
+    def _prefix_keys(self, seq: Sequence) -> list | None:
+        """The keys of the full blocks of what ``seq`` would prefill (``KVCacheManager.prefix_keys`` of its tokens
+        but the last), kept on it while it waits (a prompt's are hashed once); None without the prefix cache."""
+        if not self.kv.enable_prefix_cache:
+            return None
+        if seq.generated:  # a preempted request: its tokens grew, hashed afresh (rare)
+            return self.kv.prefix_keys(seq.tokens()[:-1])
+        if seq.keys is None:
+            seq.keys = self.kv.prefix_keys(seq.prompt[:-1])
+        return seq.keys
 
     def _take(self, seq: Sequence, budget: int, prefill: int) -> int:
         """Tokens ``seq`` feeds this step: its decode token and the drafts the budget has room for, or a chunk
