@@ -46,6 +46,8 @@ FRONT_MODEL = "tensorrt_llm_bls"
 # one is stopped by a stop request with the same id, so the engine model need not poll it.
 STOP_ID_PREFIX = "front-"
 BLS_ID_PREFIX = "bls-"
+# The request parameter by which the BLS marks its engine requests (a front's id passes through it unchanged)
+BLS_PARAMETER = "trtllm_pipeline_bls"
 
 # ensemble input -> preprocessing input, and preprocessing output -> tensorrt_llm input.
 PREPROCESSING_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",

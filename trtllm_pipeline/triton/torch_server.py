@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import os
 import queue
@@ -48,7 +49,7 @@ from trtllm_pipeline.errors import InputError, PipelineError, UnavailableError
 from trtllm_pipeline.runtimes import Runtime, SamplingParams, TextStream
 from trtllm_pipeline.runtimes.engine_loop import EngineLoop
 from trtllm_pipeline.triton import health, stops
-from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, STOP_ID_PREFIX
+from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, BLS_PARAMETER, STOP_ID_PREFIX
 from trtllm_pipeline.triton.engine_metrics import MetricBatch, RequestTimes, engine_metrics, outcome_of
 from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_list
 
@@ -301,13 +302,11 @@ class TorchModelServer:
         sender = request.get_response_sender()
         try:
             job = self._parse(request, sender)
-            if isinstance(job, _Job) and job.streaming and job.request_id.startswith(BLS_ID_PREFIX):
+            if isinstance(job, _Job) and job.streaming and _from_bls(request):
                 # An empty first response at once: the BLS's exec() holds one of its model instance's Python-backend
                 # threads (32) until a request's first response, so requests queued here would hold them all and
                 # leave none to send the running requests' tokens: the server stalls (seen at 64 streams, 8 rows).
-                # Only for the BLS's own ids: a front's id ("front-") also reaches this model through the ensemble,
-                # whose postprocessing cannot take an empty response (the fronts' requests through the BLS keep that
-                # id and go without this answer).
+                # Only for the BLS's requests: the ensemble's postprocessing cannot take an empty response.
                 self.outbox.put(sender, self.pb.InferenceResponse(output_tensors=[]), 0)
             self._incoming.put(job)
         except RequestError as exc:
@@ -681,3 +680,14 @@ def _client_names(message: str) -> str:
         if message.startswith(f"{field} ") and field != client:
             return f"{client} ({field}) {message[len(field) + 1:]}"
     return message
+
+
+def _from_bls(request) -> bool:
+    """Whether ``request`` came from the BLS model: marked by its ``BLS_PARAMETER`` (a front's id passes through the
+    BLS unchanged), or by the BLS's own id prefix (where request parameters are not read)."""
+    try:
+        if json.loads(request.parameters() or "{}").get(BLS_PARAMETER):
+            return True
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return (request.request_id() or "").startswith(BLS_ID_PREFIX)

@@ -38,7 +38,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
 from trtllm_pipeline.triton import health, stops
-from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, CLIENT_INPUTS, NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS,
+from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, BLS_PARAMETER, CLIENT_INPUTS, NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS,
                                              PREPROCESSING_OUTPUTS, REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
 from trtllm_pipeline.triton.tensors import RequestError, per_row, string_parameters, texts
 
@@ -231,8 +231,11 @@ class TritonPythonModel:
                 pass
 
     def request(self, model, outputs, tensors, request_id=""):
+        # BLS_PARAMETER marks the request as this model's, whatever its id (a front's passes through): the torch engine
+        # model answers such a stream at once, which frees the thread our exec() holds (torch_server.enqueue)
         return pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, request_id=request_id,
-                                         inputs=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+                                         inputs=[pb_utils.Tensor(k, v) for k, v in tensors.items()],
+                                         parameters={BLS_PARAMETER: True})
 
     def send(self, sender, piece, logits, wanted, *, tokens, final=False):
         """``tokens``: how many generated tokens this response's text stands for (``num_output_tokens``, as
