@@ -70,6 +70,16 @@ def _silu_gate_kernel(fg_ptr, stride_fg, out_ptr, stride_out, inv_ptr, INTER, QU
 SILU_BLOCK = 1024
 
 
+def silu_gate(fc_gate: torch.Tensor, out: torch.Tensor, inv: torch.Tensor | None) -> None:
+    """``out`` [N, I] = silu(fc) * gate of ``fc_gate`` [N, 2 I] (fc's columns first) in the compute dtype, or FP8
+    with ``inv`` (the consumer's 1 / activation scale); eager's rounding (the decode step's cuBLAS GLU too)."""
+    n, inter = out.shape
+    if n:
+        _silu_gate_kernel[(n, triton.cdiv(inter, SILU_BLOCK))](
+            fc_gate, fc_gate.stride(0), out, out.stride(0), inv if inv is not None else fc_gate, inter,
+            QUANT=inv is not None, COMPUTE=tl_dtype(fc_gate.dtype), BLOCK=SILU_BLOCK)
+
+
 def _fp8_input(module) -> torch.Tensor | None:
     """The activation quantizer's 1 / scale when ``module`` is one FP8 linear (its producer then hands it FP8
     input, as its own quantizer would make it), else None (the module quantizes, if at all, itself; an unfused
@@ -112,13 +122,10 @@ def layers(engine, tokens: torch.Tensor, positions: torch.Tensor, attend) -> tor
         attended = layer["dense"](attend(i, q, k, v))
         h = _normed(engine, x, attended, layer["post_norm"], layer["fc_gate"])
         fc_gate = layer["fc_gate"](h).contiguous()
-        inter = fc_gate.shape[1] // 2
         inv = _fp8_input(layer["proj"])
-        act = torch.empty(n, inter, dtype=torch.float8_e4m3fn if inv is not None else engine.dtype, device=x.device)
-        if n:
-            _silu_gate_kernel[(n, triton.cdiv(inter, SILU_BLOCK))](
-                fc_gate, fc_gate.stride(0), act, act.stride(0), inv if inv is not None else fc_gate, inter,
-                QUANT=inv is not None, COMPUTE=compute, BLOCK=SILU_BLOCK)
+        act = torch.empty(n, fc_gate.shape[1] // 2, dtype=torch.float8_e4m3fn if inv is not None else engine.dtype,
+                          device=x.device)
+        silu_gate(fc_gate, act, inv)
         partial = layer["proj"](act)
     final = torch.empty_like(x)
     norm.residual_rmsnorm(x, partial.contiguous()[None], engine.final_norm, final, None, engine.eps, engine.dtype)
