@@ -214,6 +214,7 @@ def kernels_part() -> dict:
 
 
 def attention_part() -> dict:
+    # each row's keys are one block of the pool (block b: row b's, the whole context), so its table is [b]
     heads, kvh, d = SHAPE.num_attention_heads, SHAPE.num_key_value_heads, SHAPE.head_dim
     qkv_w = (heads + 2 * kvh) * d
     out = {"checks": [], "timings": []}
@@ -236,7 +237,7 @@ def attention_part() -> dict:
         lse = torch.empty(batch, heads, splits, device=DEV)
         y = torch.empty(batch, heads * d, device=DEV, dtype=torch.bfloat16)
         kc0, vc0 = kc.clone(), vc.clone()
-        attention.decode_attention(parts, bias, cos, sin, kc, vc, pos, slots, o, lse, y, None, heads=heads,
+        attention.decode_attention(parts, bias, cos, sin, kc, vc, pos, slots, slots[:, None], o, lse, y, None, heads=heads,
                                    kv_heads=kvh, compute=torch.bfloat16)
         # float32 reference
         qkv = (parts.sum(0) + bias.float()).to(torch.bfloat16).float()
@@ -278,7 +279,7 @@ def attention_part() -> dict:
             y = torch.empty(batch, heads * d, device=DEV, dtype=torch.bfloat16)
 
             def call():
-                attention.decode_attention(parts, None, cos, cos, kc, vc, pos, slots, o, lse, y, None, heads=heads,
+                attention.decode_attention(parts, None, cos, cos, kc, vc, pos, slots, slots[:, None], o, lse, y, None, heads=heads,
                                            kv_heads=kvh, compute=torch.bfloat16)
             us = time_graph(call, 20)
             kv_bytes = 2 * batch * kvh * ctx * d * 2

@@ -114,11 +114,11 @@ def time_decode(fp8: bool, context: int, steps: int) -> dict:
     token = torch.ones((1, 1), dtype=torch.long, device=device)
     key_len = context + steps + 64
     for warm in range(5):
-        engine.logits(engine(token, slot, torch.tensor([context + warm], device=device), key_len)[:, -1])
+        engine.logits(engine.forward_slots(token, slot, [context + warm], key_len)[:, -1])
     torch.cuda.synchronize()
     start = time.perf_counter()
     for step in range(steps):
-        logits = engine.logits(engine(token, slot, torch.tensor([context + step], device=device), key_len)[:, -1])
+        logits = engine.logits(engine.forward_slots(token, slot, [context + step], key_len)[:, -1])
         token = logits.argmax(-1, keepdim=True)
     torch.cuda.synchronize()
     ms = (time.perf_counter() - start) / steps * 1000
