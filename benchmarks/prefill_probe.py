@@ -77,6 +77,18 @@ def main() -> None:
         ms = timed(engine, [(prompt(chunk), prefix, table)], args.repeats)
         results.append({"case": f"chunk {chunk} after {prefix}", "fused": fused, "tokens": chunk, "ms": ms})
         print(f"{'fused' if fused else 'torch'} chunk {chunk} after {prefix}: {ms:8.2f} ms", flush=True)
+    # the fused layers against PyTorch's on one prompt: their hidden states and the last token's logits
+    batch = PagedBatch.of([(prompt(min(512, longest)), 0, table)]).to(engine.device)
+    hidden = {}
+    for fused in (True, False):
+        Qwen2Engine.FUSED_LAYERS = fused
+        hidden[fused] = engine(batch).float()
+    rel = float((hidden[True] - hidden[False]).norm() / hidden[False].norm())
+    last = [engine.logits(hidden[f][-1:].to(engine.dtype)) for f in (True, False)]
+    check = {"hidden_rel": rel, "last_argmax_equal": bool(last[0].argmax() == last[1].argmax()),
+             "logits_rel": float((last[0] - last[1]).norm() / last[1].norm())}
+    print(f"fused vs torch layers, {batch.tokens.shape[0]} tokens: hidden rel {rel:.2e}, last logits rel "
+          f"{check['logits_rel']:.2e}, argmax equal {check['last_argmax_equal']}")
     Qwen2Engine.FUSED_LAYERS = True
     batch = PagedBatch.of([(prompt(min(2048, longest)), 0, table)]).to(engine.device)
     engine(batch)
@@ -92,7 +104,8 @@ def main() -> None:
         print(f"  {k['device_us'] / 1e3:8.3f} ms {k['calls']:6d}  {k['name']}")
     print(f"runtime: {rt.decode_path}")
     if args.output:
-        args.output.write_text(json.dumps({"runtime": rt.decode_path, "results": results, "kernels": kernels},
+        args.output.write_text(json.dumps({"runtime": rt.decode_path, "results": results, "check": check,
+                                           "kernels": kernels},
                                           indent=1))
 
 
