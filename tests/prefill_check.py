@@ -38,7 +38,8 @@ def main(ckpt: Path) -> None:
     logits_e, logits_f = engine.logits(eager.to(engine.dtype)), engine.logits(fused.to(engine.dtype))
     print(json.dumps({
         "format": engine.layers[0]["qkv"].format,
-        "fp8_inputs": [prefill._fp8_input(engine.layers[0][k]) is not None for k in ("qkv", "fc_gate", "proj")],
+        "fp8_inputs": [prefill._fp8_input(engine.layers[0][k]) is not None
+                       for k in ("qkv", "dense", "fc_gate", "proj")],
         "tokens": int(batch.tokens.shape[0]),
         "hidden_rel": rel,
         "argmax_equal": int((logits_e.argmax(-1) == logits_f.argmax(-1)).sum()),

@@ -27,6 +27,6 @@ def test_fused_layers_give_eager_hidden_states(quantized, name):
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["fp8_inputs"] == ([True, True, True] if "fp8" in name else [False, False, False])
+    assert r["fp8_inputs"] == [("fp8" in name)] * 4  # qkv, dense, fc_gate, proj
     assert r["finite"] and r["tokens"] == 17
     assert r["hidden_rel"] < 1e-6 and r["argmax_equal"] == r["tokens"]
