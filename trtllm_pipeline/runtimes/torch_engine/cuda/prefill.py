@@ -126,6 +126,8 @@ def layers(engine, tokens: torch.Tensor, positions: torch.Tensor, attend) -> tor
     """``Qwen2Engine._layers`` with the fused kernels: final hidden states [N, hidden] of packed ``tokens`` [N] at
     ``positions`` [N]; ``attend(layer, q, k, v)`` as there."""
     n = tokens.shape[0]
+    if n == 0:  # no launch takes an empty grid
+        return engine._layers(tokens, positions, attend)
     hd, nq, nkv = engine.head_dim, engine.heads, engine.kv_heads
     compute = tl_dtype(engine.dtype)
     x = engine._embed(tokens[None])[0].contiguous()
@@ -137,8 +139,7 @@ def layers(engine, tokens: torch.Tensor, positions: torch.Tensor, attend) -> tor
         qkv = layer["qkv"](h).contiguous()
         q = torch.empty(n, nq, hd, dtype=engine.dtype, device=x.device)
         k = torch.empty(n, nkv, hd, dtype=engine.dtype, device=x.device)
-        if n:
-            _rope_kernel[(n,)](qkv, qkv.stride(0), positions, engine.cos, engine.sin, engine.cos.stride(0), q, k,
+        _rope_kernel[(n,)](qkv, qkv.stride(0), positions, engine.cos, engine.sin, engine.cos.stride(0), q, k,
                                H=nq, KVH=nkv, D=hd, BLOCK_H=block_h, COMPUTE=compute)
         v = qkv[:, (nq + nkv) * hd:].view(n, nkv, hd)
         attended = attend(i, q, k, v)
