@@ -140,7 +140,7 @@ def layers(engine, tokens: torch.Tensor, positions: torch.Tensor, attend) -> tor
         q = torch.empty(n, nq, hd, dtype=engine.dtype, device=x.device)
         k = torch.empty(n, nkv, hd, dtype=engine.dtype, device=x.device)
         _rope_kernel[(n,)](qkv, qkv.stride(0), positions, engine.cos, engine.sin, engine.cos.stride(0), q, k,
-                               H=nq, KVH=nkv, D=hd, BLOCK_H=block_h, COMPUTE=compute)
+                           H=nq, KVH=nkv, D=hd, BLOCK_H=block_h, COMPUTE=compute)
         v = qkv[:, (nq + nkv) * hd:].view(n, nkv, hd)
         attended = attend(i, q, k, v)
         inv = _fp8_input(layer["dense"])
