@@ -26,9 +26,10 @@ def greedy(rt: TorchRuntime, n: int) -> list[list[int]]:
 
 def main() -> None:
     ckpt = Path(sys.argv[1])
-    # one batch bucket (8 rows: 2 requests x (1 + 3) tokens): the interpreter compiles and runs each bucket once
-    args = dict(device="cpu", dtype="bfloat16", max_batch_size=8, max_seq_len=128, kv_block_size=4,
-                graph_batch_sizes=[8])
+    # two batch buckets, each run once when prepared: 2 (plain decode, the two requests) and the verify bucket of a
+    # full batch, 8 rows (2 requests x (1 + 3) tokens)
+    args = dict(device="cpu", dtype="bfloat16", max_batch_size=2, max_seq_len=128, kv_block_size=4,
+                graph_batch_sizes=[2])
     eager = TorchRuntime(ckpt, ckpt / "tokenizer", fast_decode=False, **args)
     expected = greedy(eager, 6)
     # Bans at verification (the in-step argmax knows none: rows with bans take the argmax of their masked logits):

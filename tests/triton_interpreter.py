@@ -8,6 +8,7 @@ so these two conversions are replaced by torch's, which do; nothing else of the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -79,3 +80,66 @@ def _launch(self, *args, **kwargs):
 
 interpreter._patch_lang = _patch_lang_once
 interpreter.GridExecutor.__call__ = _launch
+
+
+# Speed only, the numerics untouched: every int32 add, sub and mul of a kernel is checked for overflow (the operands
+# cast to int64, the operation again, two comparisons and an and) whose only use is a device_assert, and the
+# interpreter's device_assert returns at once unless its options' debug is on (never, in Triton 3.6: nothing sets
+# it). A third of a fast-decode check's time went to these dead checks; with debug off they are not made.
+_builder_init = interpreter.InterpreterBuilder.__init__
+
+
+def _without_dead_overflow_checks(builder):
+    if not builder.options.debug:
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+
+
+def _builder_init_unchecked(self, *args, **kwargs):
+    _builder_init(self, *args, **kwargs)
+    _without_dead_overflow_checks(self)
+
+
+interpreter.InterpreterBuilder.__init__ = _builder_init_unchecked
+_without_dead_overflow_checks(interpreter.interpreter_builder)
+
+
+# Speed only, the same values: the numpy dtype of a Triton type, looked up per operand of every operation, from a
+# table the original rebuilds on each call; here the original's answer, kept per scalar type.
+_np_dtype_of = interpreter._get_np_dtype
+_np_dtypes: dict = {}
+_UINT64 = np.dtype(np.uint64)
+
+
+def _get_np_dtype(tt_dtype):
+    scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+    if isinstance(scalar, tl.pointer_type):
+        return _UINT64
+    found = _np_dtypes.get(scalar)
+    if found is None:
+        found = _np_dtypes[scalar] = _np_dtype_of(scalar)
+    return found
+
+
+interpreter._get_np_dtype = _get_np_dtype
+
+
+# Speed only: every tensor and block shape the interpreter makes builds a tuple type whose printed name (only read to
+# print or mangle it) cost a tenth of a check's time; the name is made when first read instead.
+_tuple_type_init = tl.core.tuple_type.__init__
+
+
+def _tuple_type_init_unnamed(self, types, fields=None):
+    self.types = types
+    self.fields = fields or [''] * len(types)
+
+
+def _tuple_type_name(self, attr):
+    if attr != "name":
+        raise AttributeError(attr)
+    self.name = '[' + ','.join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + ']'
+    return self.name
+
+
+assert "name" not in vars(tl.core.tuple_type) and not hasattr(tl.core.tuple_type, "__getattr__")
+tl.core.tuple_type.__init__ = _tuple_type_init_unnamed
+tl.core.tuple_type.__getattr__ = _tuple_type_name
