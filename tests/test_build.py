@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 from conftest import CONFIGS, load, run_cli
 from trtllm_pipeline.artifacts import read_manifest
@@ -22,9 +23,15 @@ def test_tiny_builds_with_the_torch_runtime_and_caches(built, engines_dir):
     assert again.cache_hit and again.manifest["inputs_hash"] == built("tiny-qwen2-fp8-tp2").manifest["inputs_hash"]
 
 
-def test_auto_picks_torch_here_and_says_why(tmp_path):
+def test_auto_picks_torch_here_and_says_why(quantized, tmp_path):
+    # The session's quantized checkpoint copied in (found as a cache hit), not calibrated again: the build is the
+    # stage under test, and it runs whole, into a directory of its own.
+    source = quantized("tiny-qwen2-fp8-tp1").checkpoint_dir.parent
+    for part in ("checkpoint", "hf_checkpoint"):
+        shutil.copytree(source / part, tmp_path / "tiny-qwen2-fp8-tp1" / part, symlinks=True)
     proc = run_cli("build", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"), "--engines-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
+    assert "quantize: cache hit" in proc.stderr + proc.stdout and "build: torch engine for" in proc.stderr + proc.stdout
     assert "torch runtime" in proc.stdout and "TensorRT-LLM is not installed" in proc.stdout
     assert json.loads((tmp_path / "tiny-qwen2-fp8-tp1" / "engine" / "manifest.json").read_text())["runtime"] == "torch"
 
