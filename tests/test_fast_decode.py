@@ -386,11 +386,24 @@ def test_fast_kernels_run_tensor_parallel_with_the_merged_models_tokens(built, n
 
 
 def _gemv_sass(args: list[str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(TESTS.parent / "tools" / "gemv_sass.py"), *args, "--json"],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=TESTS.parent)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    """tools/gemv_sass.py's JSON for ``args``, its main run in this process (compiled kernels here, as the sm_90
+    compile test above does) rather than in a Python of its own, which spent ~3 s importing torch per case."""
+    import contextlib
+    import importlib.util
+    import io
+
+    assert os.environ.get("TRITON_INTERPRET") != "1", "the kernels must compile, not run in the interpreter"
+    spec = importlib.util.spec_from_file_location("gemv_sass", TESTS.parent / "tools" / "gemv_sass.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out, argv = io.StringIO(), sys.argv
+    sys.argv = ["gemv_sass.py", *args, "--json"]
+    try:
+        with contextlib.redirect_stdout(out):
+            tool.main()
+    finally:
+        sys.argv = argv
+    return json.loads(out.getvalue())
 
 
 def test_int4_gemv_compiles_for_hopper_at_half_a_dp4a_per_weight():
