@@ -62,7 +62,7 @@ if [ -f "$wheels/pytriton-server.tar.xz" ] && [ ! -d /tmp/site/pytriton ]; then
   tar -xJf "$wheels/pytriton-server.tar.xz" -C /tmp/site
 fi
 # numpy<2 for the Python-backend stub's environment, which serve prepares (the image's numpy is 2)
-[ -d "$wheels/stub" ] && export TRTLLM_PIPELINE_STUB_WHEELS=$PWD/$wheels/stub
+[ -d "$wheels/stub" ] && export TRTLLM_PIPELINE_STUB_WHEELS=$(realpath "$wheels/stub")
 export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD PATH=/tmp/site/bin:$PATH
 export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 # NVLink multicast stays off on the device tool's machines (its KINDS.md), whatever the image sets
