@@ -77,18 +77,43 @@ def main() -> None:
         ms = timed(engine, [(prompt(chunk), prefix, table)], args.repeats)
         results.append({"case": f"chunk {chunk} after {prefix}", "fused": fused, "tokens": chunk, "ms": ms})
         print(f"{'fused' if fused else 'torch'} chunk {chunk} after {prefix}: {ms:8.2f} ms", flush=True)
-    # the fused layers against PyTorch's on one prompt: their hidden states and the last token's logits
+    # a short prompt as rows of one fast step (runtime._split: what a served step does with it now)
+    if rt.decoder is not None and hasattr(rt.decoder, "verify"):
+        for n in (int(x) for x in args.lengths.split(",")):
+            if n > rt.decoder.buckets[-1]:
+                continue
+            ids = prompt(n)
+            rt.decoder.verify([ids], [table], [0], [("probe", 0)])
+            sync(engine)
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                rt.decoder.verify([ids], [table], [0], [("probe", 0)])
+                sync(engine)
+                times.append((time.perf_counter() - start) * 1e3)
+            ms = statistics.median(times)
+            results.append({"case": f"prompt {n}", "fast_step": True, "tokens": n, "ms": ms})
+            print(f"fast-step prompt {n:5d}: {ms:8.2f} ms  ({n / ms:8.0f} tokens/ms)", flush=True)
+        rt.decoder.release([("probe", 0)])
+    # the fused layers against PyTorch's on one prompt: their hidden states and the last token's logits, after the
+    # whole network and after its first layer (a random model's 28 layers amplify a rounding difference: the first
+    # layer's says whether the kernels agree)
     batch = PagedBatch.of([(prompt(min(512, longest)), 0, table)]).to(engine.device)
-    hidden = {}
-    for fused in (True, False):
-        Qwen2Engine.FUSED_LAYERS = fused
-        hidden[fused] = engine(batch).float()
-    rel = float((hidden[True] - hidden[False]).norm() / hidden[False].norm())
-    last = [engine.logits(hidden[f][-1:].to(engine.dtype)) for f in (True, False)]
-    check = {"hidden_rel": rel, "last_argmax_equal": bool(last[0].argmax() == last[1].argmax()),
-             "logits_rel": float((last[0] - last[1]).norm() / last[1].norm())}
-    print(f"fused vs torch layers, {batch.tokens.shape[0]} tokens: hidden rel {rel:.2e}, last logits rel "
-          f"{check['logits_rel']:.2e}, argmax equal {check['last_argmax_equal']}")
+    check = {}
+    every = engine.layers
+    for depth, layers in (("all", every), ("layer0", every[:1])):
+        engine.layers = layers
+        hidden = {}
+        for fused in (True, False):
+            Qwen2Engine.FUSED_LAYERS = fused
+            hidden[fused] = engine(batch).float()
+        engine.layers = every
+        rel = float((hidden[True] - hidden[False]).norm() / hidden[False].norm())
+        last = [engine.logits(hidden[f][-1:].to(engine.dtype)) for f in (True, False)]
+        check[depth] = {"hidden_rel": rel, "last_argmax_equal": bool(last[0].argmax() == last[1].argmax()),
+                        "logits_rel": float((last[0] - last[1]).norm() / last[1].norm())}
+        print(f"fused vs torch layers ({depth}), {batch.tokens.shape[0]} tokens: hidden rel {rel:.2e}, last logits "
+              f"rel {check[depth]['logits_rel']:.2e}, argmax equal {check[depth]['last_argmax_equal']}")
     Qwen2Engine.FUSED_LAYERS = True
     batch = PagedBatch.of([(prompt(min(2048, longest)), 0, table)]).to(engine.device)
     engine(batch)

@@ -49,6 +49,12 @@ def main() -> None:
         qkv = torch.randn(1, 1, (HEADS + 2 * KV_HEADS) * D, generator=gen)
         row, written, new_key = run_case(gen, cos, sin, pos, qkv, qkv)
         rows.append({**row, "cache_written": torch.equal(written, new_key)})
+    # the loaded engine's tiles of 32 keys (attention.LOADED_BLOCK_T, from LOADED_ROWS rows a step): opening a tile,
+    # alone in its split's last tile, two tiles per split
+    for pos in (32, 32 * SPLITS, 300):
+        qkv = torch.randn(1, 1, (HEADS + 2 * KV_HEADS) * D, generator=gen)
+        row, written, new_key = run_case(gen, cos, sin, pos, qkv, qkv, block_t=attention.LOADED_BLOCK_T)
+        rows.append({**row, "block_t": attention.LOADED_BLOCK_T, "cache_written": torch.equal(written, new_key)})
     rows.append(folded_norm(gen, cos, sin))
     print(json.dumps(rows))
 

@@ -9,8 +9,9 @@ and must not leak into the other tests' runtimes.
 TP_MODE ``distributed`` (a tp>1 checkpoint): the fast runtime is the tensor-parallel group, one process
 per rank (gloo), each replaying its shard's step; the eager references stay merged in this process.
 
-FAST_CHECK_PARTS (comma-separated; unset: both) picks the optional fast-path runs, each a few interpreted steps:
-``greedy`` (greedy_fast; with the library check, library_greedy) and ``ending`` (ending_fast and ending_eager);
+FAST_CHECK_PARTS (comma-separated; unset: greedy and ending) picks the optional fast-path runs, each a few interpreted
+steps: ``greedy`` (greedy_fast; with the library check, library_greedy), ``ending`` (ending_fast and ending_eager) and
+``prefill`` (prefill_fast and prefill_eager: three-token prompts prefilled as rows of fast steps);
 a test asks for those it asserts on. The first step's logits, the padding check and staggered_fast always run.
 """
 
@@ -112,6 +113,12 @@ def main() -> None:
         result["ending_eager"] = [c.token_ids for c in eager.generate(prompts, ending)]
     result["staggered_fast"] = staggered(fast, prompts, greedy)
     result["staggered_eager"] = staggered(eager, prompts, greedy)
+    if "prefill" in parts:  # prompts short enough to be rows of a fast step beside the decodes (runtime._split)
+        short = [p[:3] for p in prompts]
+        before = fast.phase_rows["fast_prefill_rows"]
+        result["prefill_fast"] = staggered(fast, short, greedy)
+        result["prefill_fast_rows"] = fast.phase_rows["fast_prefill_rows"] - before
+        result["prefill_eager"] = staggered(eager, short, greedy)
     fast.close()
     if os.environ.get("FAST_CHECK_LIBRARY") == "1":  # the same checks with buckets 2 and 4 on cuBLAS's linears
         from trtllm_pipeline.runtimes.torch_engine.cuda import decode_step

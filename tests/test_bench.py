@@ -260,7 +260,7 @@ def test_long_prompt_beside_running_decodes_is_prefilled_in_chunks_while_every_d
     assert lp["tokens_during_prefill"] == {"min": 17, "max": 17}
     assert lp["worst_gap_ms"] >= lp["p99_gap_ms"] > 0 and lp["steady_itl_ms"]["p50"] > 0
     assert lp["chunk_step_ms"]["p50"] > 0 and lp["limit_ms"] == pytest.approx(
-        lp["chunk_step_ms"]["p50"] + lp["steady_itl_ms"]["p50"])
+        lp["chunk_step_ms"]["max"] + lp["steady_itl_ms"]["p50"])
     assert lp["within_one_chunk"] == (lp["worst_gap_ms"] <= lp["limit_ms"])  # the verdict, whatever the CPU's timing
     assert "long prompt: 200 tokens beside 4 decoding requests" in proc.stdout and "chunks 17 (plan 17)" in proc.stdout
     assert "17 / 17" in "\n".join(report._long_prompt_table(lp))

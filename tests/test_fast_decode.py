@@ -67,10 +67,12 @@ def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
 @pytest.mark.slow
 def test_fast_kernels_run_the_llama_family(built):
     """No QKV bias, a tied lm_head, Llama 3.1's scaled rotary table (model/families.py): the same kernels give
-    eager's tokens, as close to float32 as eager is."""
-    r = _interpreted(_checkpoint(built, "tiny-llama-bf16-tp1"), parts=("greedy",))
+    eager's tokens, as close to float32 as eager is. Short prompts prefill as rows of fast steps beside the running
+    decodes (``runtime._split``), with eager's tokens too."""
+    r = _interpreted(_checkpoint(built, "tiny-llama-bf16-tp1"), parts=("greedy", "prefill"))
     assert r["decode_path"].startswith("triton kernels")
     assert r["greedy_fast"] == r["greedy_eager"] and r["staggered_fast"] == r["greedy_eager"]
+    assert r["prefill_fast_rows"] >= 2 and r["prefill_fast"] == r["prefill_eager"]
     assert r["weight_bytes_fast"] == r["weight_bytes_eager"]  # the tied head counted once by both
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.02
 
@@ -654,6 +656,12 @@ def test_sampler_greedy_bans_and_filters():
     # A banned argmax (min_tokens' end id, a bad word) gives the runner-up.
     banned = sampling.sample(logits, [sampling.Row(greedy, banned=[int(top[0])])] + [sampling.Row(greedy)] * 3)
     assert banned[0] == int(logits[0].topk(2).indices[1]) and banned[1:] == top[1:].tolist()
+    # With the step's argmax given, a ban that misses it changes nothing, one that hits it is recomputed on that row
+    # alone; the logits stay as they were.
+    before = logits.clone()
+    rows = [sampling.Row(greedy, banned=[int(logits[0].argmin())]), sampling.Row(greedy, banned=[int(top[1])])]
+    assert sampling.sample(logits[:2], rows, greedy=top[:2]) == [int(top[0]), int(logits[1].topk(2).indices[1])]
+    assert torch.equal(logits, before)
     # top_k 1 and a tiny top_p keep only the argmax, whatever the temperature and seed.
     for params in (SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=2.0, top_p=1e-6)):
         rows = [sampling.Row(params, generator=torch.Generator().manual_seed(i)) for i in range(4)]

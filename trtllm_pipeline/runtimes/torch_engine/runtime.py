@@ -201,7 +201,7 @@ class TorchRuntime(Runtime):
         self._requests: dict[Any, _Request] = {}
         # host seconds per step phase, and rows by kind (``phase_times``): where a loaded step's time goes
         self.phase_s = dict.fromkeys(("plan", "eager", "fast"), 0.0)
-        self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows"), 0)
+        self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows", "fast_prefill_rows"), 0)
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes, spec_k: int = 0):
@@ -224,7 +224,7 @@ class TorchRuntime(Runtime):
             if spec_k and self.executor.world_size == 1:  # one more bucket: a full batch's verify step, or the most
                 # rows a fast step takes (rows with drafts past it verify eagerly: ``_split``)
                 buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), MAX_FAST_ROWS)})
-            decoder = self.executor.fast_decoder(buckets, graphs)
+            decoder = self._prepared_decoder(buckets, graphs)
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
@@ -239,6 +239,25 @@ class TorchRuntime(Runtime):
         ranks = f", {self.executor.world_size} ranks" if self.executor.world_size > 1 else ""
         return decoder, (f"triton kernels, {kind} for batches {decoder.buckets}{ranks}, ready in "
                          f"{decoder.setup_seconds:.1f} s")
+
+    def _prepared_decoder(self, buckets: list[int], graphs: bool):
+        """The executor's fast decoder over ``buckets``, and on one CUDA device ``FAST_PREFILL_BUCKETS`` too (short
+        prompts' rows, ``_split``); where those larger steps cannot be prepared for this engine (a kernel's tile past
+        the device's shared memory), the decode buckets alone, said in the log."""
+        extra = sorted(set(FAST_PREFILL_BUCKETS) - set(buckets))
+        if not (extra and self.executor.world_size == 1 and self.device.type == "cuda" and fast_prefill_enabled()):
+            return self.executor.fast_decoder(buckets, graphs)
+        try:
+            decoder = self.executor.fast_decoder(sorted(buckets + extra), graphs)
+            for batch in extra:  # their verify graphs now, not in the first served request's step
+                decoder.prepare_verify(batch)
+            return decoder
+        except Exception as exc:  # noqa: BLE001 - any failure of the extra buckets: decode as before, and say so
+            log.warning("the fast path cannot take %s rows a step for this engine (%s: %s); short prompts prefill "
+                        "eagerly", extra, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip()
+                        else "")
+            torch.cuda.empty_cache()
+            return self.executor.fast_decoder(buckets, graphs)
 
     def _speculator(self, settings):
         """Speculative decoding as configured (``speculative/``), or None. Verify rows run on the CUDA fast path
@@ -402,6 +421,7 @@ class TorchRuntime(Runtime):
         n["eager_rows"] += len(eager)
         n["eager_tokens"] += sum(len(r.tokens) for r in eager)
         n["fast_rows"] += len(fast)
+        n["fast_prefill_rows"] += sum(1 for r in fast if not r.is_decode and not r.draft)
         return events
 
     def phase_times(self) -> dict[str, float]:
@@ -433,12 +453,17 @@ class TorchRuntime(Runtime):
             req.draft = [int(t) for t in drafts[: ask.k]]
 
     def _split(self, rows: list[PlanRow]) -> tuple[list[PlanRow], list[PlanRow]]:
-        """Rows for the fast path (decodes; verify rows where the decoder verifies, as long as all their tokens fit
-        its largest batch) and for the eager model (the rest: decodes too, past the largest batch)."""
+        """Rows for the fast path and for the eager model. Fast: decodes, then, where the decoder verifies (one
+        rank), verify rows and short prefill chunks, as long as all their tokens fit its largest batch: a chunk's
+        tokens are rows of one step there, as a verify row's are (``DecodeGraphs.verify``), so a short prompt costs
+        one graph replay instead of an eager forward whose launches take ~27 ms of host time whatever its length
+        (H200, random 7B: the served c=32 load spent half its time in 128-token prefills). Eager: the rest (long
+        chunks, and decodes past the largest batch)."""
         if self.decoder is None:
             return [], list(rows)
         largest = self.decoder.buckets[-1]
         room = largest if hasattr(self.decoder, "verify") else 0
+        prefill = fast_prefill_enabled()
         fast, eager = [], []
         decodes = min(largest, sum(1 for r in rows if r.is_decode and r.sample))
         room -= decodes
@@ -446,7 +471,7 @@ class TorchRuntime(Runtime):
             if row.is_decode and row.sample and decodes:
                 fast.append(row)
                 decodes -= 1
-            elif row.draft and len(row.tokens) <= room:
+            elif (row.draft or (prefill and not row.is_decode)) and len(row.tokens) <= room:
                 fast.append(row)
                 room -= len(row.tokens)
             else:
@@ -583,8 +608,13 @@ class TorchRuntime(Runtime):
         row's tokens as rows of one step, ``DecodeGraphs.verify``)."""
         args = ([r.tokens for r in rows], [r.block_table for r in rows], [r.start for r in rows],
                 [r.request_id for r in rows])
-        if any(r.draft for r in rows):
+        if any(not r.is_decode for r in rows):  # drafts or prefill chunks: logits at each row's ``_span`` only
             logits, greedy = self.decoder.verify(*args)
+            ends = itertools.accumulate(len(r.tokens) for r in rows)
+            index = [p for r, end in zip(rows, ends) for p in range(end - _span(r), end)]
+            if len(index) != logits.shape[0]:
+                at = torch.tensor(index, dtype=torch.long, device=logits.device)
+                logits, greedy = logits[at], greedy[at]
         else:
             logits = self.decoder.decode([t[0] for t in args[0]], *args[1:])
             greedy = self.decoder.greedy(len(rows))
@@ -741,6 +771,17 @@ class TorchRuntime(Runtime):
             for rid, tokens, _ in rows:
                 self.kv.commit(rid, tokens, use_cache=True)
         return hidden, plan_rows
+
+
+# The fast path's batch buckets past the decode ones for short prefill chunks (``_split``): a 128-token prompt, and
+# the most rows a fast step takes (``graphs.MAX_FAST_ROWS``), which holds a short prompt beside the running decodes.
+FAST_PREFILL_BUCKETS = (128, 256)
+
+
+def fast_prefill_enabled() -> bool:
+    """Short prefill chunks on the fast path (``_split``): on unless ``TRTLLM_PIPELINE_FAST_PREFILL=0`` (the eager
+    forward then takes every chunk: the A/B of ``benchmarks/h200_run.sh``)."""
+    return os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL", "1").strip() != "0"
 
 
 def _span(row: PlanRow) -> int:

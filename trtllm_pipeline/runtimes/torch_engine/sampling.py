@@ -34,11 +34,11 @@ def sample(logits: torch.Tensor, rows: Sequence[Row], greedy: torch.Tensor | Non
     """One token per row of ``logits`` [n, vocab] (float32).
 
     ``greedy``: the rows' argmax if the caller already has it (the CUDA graph computes it); used when
-    every row is greedy and nothing is banned.
+    every row is greedy.
     """
     n = len(rows)
-    if not any(r.banned for r in rows) and all(r.params.greedy for r in rows):
-        return (greedy if greedy is not None else logits.argmax(-1)).tolist()
+    if all(r.params.greedy for r in rows):
+        return _greedy(logits, rows, greedy)
     logits = _ban(logits, rows)
     chosen = logits.argmax(-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
@@ -47,6 +47,20 @@ def sample(logits: torch.Tensor, rows: Sequence[Row], greedy: torch.Tensor | Non
         for j, i in enumerate(sampled):
             chosen[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
     return chosen[:n].tolist()
+
+
+def _greedy(logits: torch.Tensor, rows: Sequence[Row], greedy: torch.Tensor | None) -> list[int]:
+    """Greedy rows' tokens: the argmax, recomputed under the bans only for the rows whose argmax is banned. The
+    same tokens as the argmax of the banned logits (an argmax that is not banned is still the first maximum once
+    other tokens are masked), without a copy of every row's logits each step: a request with ``min_tokens`` bans
+    its end id at every step until then (the served benchmark's requests, every token)."""
+    chosen = (greedy if greedy is not None else logits.argmax(-1)).tolist()
+    clash = [i for i, r in enumerate(rows) if r.banned and chosen[i] in r.banned]
+    if clash:
+        at = torch.tensor(clash, device=logits.device)
+        for i, token in zip(clash, ban(logits[at], [rows[i].banned for i in clash], inplace=True).argmax(-1).tolist()):
+            chosen[i] = token
+    return chosen[: len(rows)]
 
 
 def _ban(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:

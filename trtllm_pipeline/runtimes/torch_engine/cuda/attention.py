@@ -40,6 +40,12 @@ PREFETCH_KV = True
 ATTENTION_WARPS = 4
 ATTENTION_STAGES = 2
 BLOCK_T = 64
+# From this many rows a step (a loaded engine) the launch takes key tiles of 32 and 3 stages: at 64-256 rows of
+# 512-2048 tokens that shape was the fastest of 45 or within 0.3% of it, 4-21% faster than the one above (H200,
+# ``benchmarks/attention_sweep.py``, 2026-12-04: 256 x 2048 282 -> 272 us, 128 x 2048 176 -> 139 us a layer). Fewer
+# rows keep the shape the batch-1 step was tuned with.
+LOADED_ROWS = 64
+LOADED_BLOCK_T, LOADED_STAGES = 32, 3
 
 
 @triton.jit
@@ -240,6 +246,9 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     splits = o_work.shape[2]
     group = heads // kv_heads
     dt = tl_dtype(compute)
+    stages = ATTENTION_STAGES
+    if block_t is None:  # the module's choice (a benchmark passes its own, with ATTENTION_STAGES)
+        block_t, stages = (LOADED_BLOCK_T, LOADED_STAGES) if batch >= LOADED_ROWS else (BLOCK_T, ATTENTION_STAGES)
     _decode_attention_kernel[(batch, kv_heads, splits)](
         qkv_partials, qkv_partials.stride(0), qkv_partials.stride(1), bias if bias is not None else qkv_partials,
         cos, sin, cos.stride(0),
@@ -250,10 +259,10 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         H=heads, KVH=kv_heads, D=d, GROUP=group, NORM_PARTS=norm_sumsq.numel() if norm_sumsq is not None else 0,
         NORM_BLOCK=triton.next_power_of_2(norm_sumsq.numel()) if norm_sumsq is not None else 1,
         QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
-        SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t or BLOCK_T,
+        SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t,
         BS=k_cache.shape[2], COMPUTE=dt,
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
-        num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, launch_pdl=pdl,
+        num_warps=ATTENTION_WARPS, num_stages=stages, launch_pdl=pdl,
     )
     p = prepared
     assert p is None or p.k == heads * d and d % p.block == 0

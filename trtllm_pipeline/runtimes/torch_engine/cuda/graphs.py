@@ -138,6 +138,10 @@ class DecodeGraphs:
             self.step.run(buf)
         return buf.logits[: len(tokens)], buf.greedy[: len(tokens)]
 
+    def prepare_verify(self, batch: int) -> None:
+        """The verify step of ``batch``'s bucket captured now (else on its first use)."""
+        self._verify_buffers(bucket_for(batch, self.buckets))
+
     def _verify_buffers(self, batch: int):
         """The bucket's buffers (shared with its decode graph: the two never run at once) with two attention
         passes, and their graph."""
