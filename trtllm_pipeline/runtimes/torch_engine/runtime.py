@@ -535,8 +535,12 @@ class TorchRuntime(Runtime):
         verify = [i for i, r in enumerate(rows) if r.draft]
         tokens = []
         if sampled:
-            at = torch.tensor([spans[i] for i in sampled], device=logits.device)
-            tokens = self._sample([reqs[i] for i in sampled], logits[at], None if greedy is None else greedy[at])
+            where = [spans[i] for i in sampled]
+            if where == list(range(logits.shape[0])):  # a decode step: every row, in order (no copy of the logits)
+                tokens = self._sample([reqs[i] for i in sampled], logits, greedy)
+            else:
+                at = torch.tensor(where, device=logits.device)
+                tokens = self._sample([reqs[i] for i in sampled], logits[at], None if greedy is None else greedy[at])
         emitted = []
         if verify:
             at = torch.tensor([p for i in verify for p in range(spans[i], spans[i + 1])], device=logits.device)
