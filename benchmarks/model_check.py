@@ -13,6 +13,7 @@ Prints a table; ``-o`` writes it as JSON. Runs on the CPU too (eager only: the f
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 
@@ -91,6 +92,10 @@ def main() -> None:
                     report["prompts"].append(row)
         finally:
             rt.close()
+            del rt  # the next runtime sizes its KV pool from the memory free: this one's must be gone
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     for i, row in enumerate(report["prompts"]):
         row["text_fast"], row["text_eager"] = texts["fast"][i], texts["eager"][i]
         print(f"-- {row['prompt']}")
