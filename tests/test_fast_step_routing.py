@@ -53,6 +53,7 @@ def runtime(built):
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False)
     rt.decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8], use_graphs=False)
     rt.decoder.prepare()
+    rt.overlap = runtime_module.overlap_enabled()  # as the runtime sets it where it made a decoder itself
     yield rt
     rt.close()
 
@@ -106,3 +107,37 @@ def test_a_decode_step_samples_every_row_without_gathering_its_logits(runtime, m
     monkeypatch.setattr(runtime_module.TorchRuntime, "_sample", spy)
     _run(runtime, [list(range(10, 13)), list(range(20, 22))], SamplingParams(max_tokens=4, end_id=-1))
     assert own.count(True) >= 3 and False in own  # decode steps: the buffer; a prefill's last position: a copy
+
+
+def test_decode_steps_left_running_give_their_tokens_at_the_next_step(runtime):
+    """Overlap (``_may_leave_running``): a decode step is launched and its tokens come back from the next ``step()``,
+    so the caller handles one step's events while the next one runs; the tokens are those of the synchronous
+    path."""
+    prompts = [list(range(10, 13)), list(range(20, 25)), list(range(30, 39))]
+    params = SamplingParams(max_tokens=6, end_id=-1)
+    assert runtime.overlap
+    overlapped = _run(runtime, prompts, params)
+    runtime.overlap = False
+    synchronous = _run(runtime, prompts, params)
+    assert overlapped == synchronous and all(len(t) == 6 for t in overlapped.values())
+    runtime.overlap = True
+    runtime.submit("a", list(range(50, 53)), params)
+    assert runtime.step()[0].token_ids == [53]  # the prompt's token, from its (synchronous) prefill step
+    assert runtime.step() == [] and runtime._launched is not None  # its first decode step, left running
+    assert [e.token_ids for e in runtime.step()] == [[54]]  # ... read as the next one is launched
+
+
+def test_a_request_cancelled_while_its_decode_step_runs_is_skipped(runtime):
+    params = SamplingParams(max_tokens=8, end_id=-1)
+    runtime.submit("a", list(range(10, 13)), params)
+    runtime.submit("b", list(range(20, 23)), params)
+    while runtime._launched is None:
+        runtime.step()
+    runtime.cancel("a")
+    events = runtime.step()
+    assert [e.request_id for e in events] == ["b"] and not any(e.finish_reason == "error" for e in events)
+    rest = []
+    while runtime.has_work():
+        rest += runtime.step()
+    assert {e.request_id for e in rest} == {"b"} and rest[-1].finish_reason == "length"
+    assert runtime.kv.free_blocks == runtime.kv.usable_blocks and not runtime.kv.tables  # every block back

@@ -203,6 +203,9 @@ class TorchRuntime(Runtime):
         self.phase_s = dict.fromkeys(("plan", "eager", "fast"), 0.0)
         self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows", "fast_prefill_rows"), 0)
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
+        # decode steps left running while the caller handles the previous step's events (``_may_leave_running``)
+        self.overlap = self.decoder is not None and overlap_enabled()
+        self._launched = None  # (rows, requests, logits, argmax) of the decode step left running
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes, spec_k: int = 0):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
@@ -400,6 +403,11 @@ class TorchRuntime(Runtime):
         chunks; every row without the fast path) through the eager model, in one forward. A request whose part of
         the step fails is dropped with an ``error`` event and the step goes on for the others (``_isolated``)."""
         t0 = time.perf_counter()
+        try:
+            events = self._settle_launched()  # the previous step's fast rows, before anything reads the requests
+        except ExecutorLost as exc:
+            return self._fail_everything(exc)
+        ts = time.perf_counter()
         self._propose()
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
@@ -407,16 +415,19 @@ class TorchRuntime(Runtime):
         fast, eager = self._split(plan.rows)
         t1 = time.perf_counter()
         try:
-            events = self._isolated(self._run_eager, eager)
+            events += self._isolated(self._run_eager, eager)
             t2 = time.perf_counter()
-            events += self._isolated(self._run_fast, fast)
+            if self._may_leave_running(fast):
+                events += self._launch_fast(fast)
+            else:
+                events += self._isolated(self._run_fast, fast)
         except ExecutorLost as exc:  # no request can go on: each ends with the reason
             return self._fail_everything(exc)
         t3 = time.perf_counter()
         ph, n = self.phase_s, self.phase_rows
-        ph["plan"] += t1 - t0
+        ph["plan"] += t1 - ts
         ph["eager"] += t2 - t1
-        ph["fast"] += t3 - t2
+        ph["fast"] += t3 - t2 + ts - t0
         n["steps"] += 1
         n["eager_rows"] += len(eager)
         n["eager_tokens"] += sum(len(r.tokens) for r in eager)
@@ -607,6 +618,49 @@ class TorchRuntime(Runtime):
         self.scheduler.verified(req, 1 + accepted)
         return TokenEvent(req.request_id, emitted)
 
+    def _may_leave_running(self, rows: list[PlanRow]) -> bool:
+        """Whether this step's fast rows are launched and left running, their tokens read at the start of the next
+        ``step()`` (``_settle_launched``): a decode step (one token a row, no drafts) with overlap on. The caller
+        then handles the previous step's events (the engine loop detokenizes and streams them, a benchmark stamps
+        them) while the GPU runs this step, instead of the GPU waiting for that work (issue 30: served ms/step toward
+        the graph's replay time). A row's token then comes back one ``step()`` later; nothing else changes."""
+        return bool(rows) and self.overlap and all(r.is_decode and not r.draft for r in rows)
+
+    def _launch_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
+        """A decode step on the fast path, launched; its logits and argmax (views of the step's buffers, valid until
+        the next launch) kept for ``_settle_launched``: no events now. A launch that raises runs the rows as
+        ``_run_fast`` does, and their events come now."""
+        reqs = [self._requests[r.request_id] for r in rows]
+        try:
+            logits = self.decoder.decode([r.tokens[0] for r in rows], [r.block_table for r in rows],
+                                         [r.start for r in rows], [r.request_id for r in rows])
+        except ExecutorLost:
+            raise
+        except Exception:  # noqa: BLE001 - the synchronous path isolates the failing rows
+            return self._isolated(self._run_fast, rows)
+        self._launched = (rows, reqs, logits, self.decoder.greedy(len(rows)))
+        return []
+
+    def _settle_launched(self) -> list[TokenEvent]:
+        """The launched decode step's tokens (``_launch_fast``): sampled and recorded now, for the requests still
+        there (one cancelled meanwhile is skipped; its row's work is dropped)."""
+        if self._launched is None:
+            return []
+        rows, reqs, logits, greedy = self._launched
+        self._launched = None
+        live = [i for i, (r, req) in enumerate(zip(rows, reqs)) if self._requests.get(r.request_id) is req]
+        if not live:
+            return []
+        if len(live) < len(rows):
+            at = torch.tensor(live, dtype=torch.long, device=logits.device)
+            rows, logits, greedy = [rows[i] for i in live], logits[at], greedy[at]
+        try:
+            return self._settle(rows, logits, greedy)
+        except ExecutorLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as ``_isolated``: the step's requests fail, the runtime goes on
+            return [self._failed(self._requests[r.request_id], exc) for r in rows if r.request_id in self._requests]
+
     def _run_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """The rows on the CUDA fast path: a decode step, or, when some rows carry drafts, a verify step (every
         row's tokens as rows of one step, ``DecodeGraphs.verify``)."""
@@ -780,6 +834,12 @@ class TorchRuntime(Runtime):
 # The fast path's batch buckets past the decode ones for short prefill chunks (``_split``): a 128-token prompt, and
 # the most rows a fast step takes (``graphs.MAX_FAST_ROWS``), which holds a short prompt beside the running decodes.
 FAST_PREFILL_BUCKETS = (128, 256)
+
+
+def overlap_enabled() -> bool:
+    """Decode steps left running across ``step()`` calls (``TorchRuntime._may_leave_running``): on unless
+    ``TRTLLM_PIPELINE_OVERLAP=0`` (every step then returns its own tokens: the A/B of the benchmarks)."""
+    return os.environ.get("TRTLLM_PIPELINE_OVERLAP", "1").strip() != "0"
 
 
 def fast_prefill_enabled() -> bool:
