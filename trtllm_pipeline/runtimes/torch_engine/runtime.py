@@ -225,6 +225,8 @@ class TorchRuntime(Runtime):
                 # rows a fast step takes (rows with drafts past it verify eagerly: ``_split``)
                 buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), MAX_FAST_ROWS)})
             decoder = self.executor.fast_decoder(buckets, graphs)
+            if spec_k and hasattr(decoder, "prepare_verify"):  # every verify graph now, not inside generation
+                decoder.prepare_verify()
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
@@ -510,13 +512,13 @@ class TorchRuntime(Runtime):
         verify = [i for i, r in enumerate(rows) if r.draft]
         tokens = []
         if sampled:
-            at = torch.tensor([spans[i] for i in sampled], device=logits.device)
-            tokens = self._sample([reqs[i] for i in sampled], logits[at], None if greedy is None else greedy[at])
+            at = [spans[i] for i in sampled]
+            tokens = self._sample([reqs[i] for i in sampled], _at(logits, at), _at(greedy, at))
         emitted = []
         if verify:
-            at = torch.tensor([p for i in verify for p in range(spans[i], spans[i + 1])], device=logits.device)
-            emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], logits[at],
-                                   None if greedy is None else greedy[at])
+            at = [p for i in verify for p in range(spans[i], spans[i + 1])]
+            emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], _at(logits, at),
+                                   _at(greedy, at))
         for row, req in zip(rows, reqs):  # the step succeeded: now it counts (verify rows: as they are recorded)
             if not row.draft:
                 self.scheduler.advance(req, len(row.tokens))
@@ -741,6 +743,18 @@ class TorchRuntime(Runtime):
             for rid, tokens, _ in rows:
                 self.kv.commit(rid, tokens, use_cache=True)
         return hidden, plan_rows
+
+
+def _at(t: torch.Tensor | None, positions: list[int]) -> torch.Tensor | None:
+    """Rows ``positions`` (increasing) of ``t``: a view where they are one run, as every row of a plain decode step or
+    of a verify step is (no index list copied to the device, which waits for the step, and no gather launched); a
+    gathered copy otherwise. Readers never write into it (bans are applied to copies)."""
+    if t is None:
+        return None
+    first = positions[0]
+    if positions[-1] - first + 1 == len(positions):
+        return t[first : first + len(positions)]
+    return t[torch.tensor(positions, device=t.device)]
 
 
 def _span(row: PlanRow) -> int:
