@@ -259,23 +259,29 @@ def test_gemm_tiles_fit_the_h200s_shared_memory_at_smollm2_shapes():
         quant_gemm.fit(fc, too_big, 1024, glu=True)
 
 
-def _w4_gemm_shared_bytes(cfg, group: int, glu: bool, k: int = 576) -> int:
-    """Triton's shared memory for quant_gemm's INT4 GEMM compiled for sm_90 here, specialized as the launch at
-    SmolLM2's (K ``k``) would be: 16-byte aligned pointers, N, K and strides multiples of 16."""
+def _w4_gemm_shared_bytes(cfg, group: int, glu: bool, k: int = 576, dot: bool = False) -> int:
+    """Triton's shared memory for quant_gemm's INT4 GEMM (``dot``: quant_linear's dot kernel) compiled for sm_90 here,
+    specialized as the launch at SmolLM2's (K ``k``) would be: 16-byte aligned pointers, N, K and strides multiples
+    of 16."""
     import inspect
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_linear
 
-    fn = quant_gemm._w4_gemm_kernel
     one_group = group % cfg.block_k == 0
-    consts = dict(GROUP=group, A8=False, HAS_PQS=True, GLU=glu, HAS_BIAS=False, PARTIALS=not glu, ONE_GROUP=one_group,
-                  POST_SCALE=one_group and not cfg.scale_weights, EVEN_N=True, EVEN_K=k % cfg.block_k == 0,
-                  EVEN_M=False, SWAP=cfg.swap, MAGIC=0x4300, OFFSET=136.0, COMPUTE=triton.language.bfloat16,
-                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=False)
+    common = dict(GROUP=group, A8=False, HAS_PQS=True, GLU=glu, EVEN_N=True, EVEN_K=k % cfg.block_k == 0, EVEN_M=False,
+                  MAGIC=0x4300, OFFSET=136.0, COMPUTE=triton.language.bfloat16, BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=False)
+    if dot:
+        fn = quant_linear._int4_kernel
+        consts = dict(common, MASKED_X=True, TILE_SCALE=one_group)
+    else:
+        fn = quant_gemm._w4_gemm_kernel
+        consts = dict(common, HAS_BIAS=False, PARTIALS=not glu, ONE_GROUP=one_group, SWAP=cfg.swap,
+                      POST_SCALE=one_group and not cfg.scale_weights)
     names = list(inspect.signature(fn.fn).parameters)
     types = {"x_ptr": "*bf16", "w_ptr": "*i8", "w2_ptr": "*i8", "pqs_ptr": "*bf16", "pqs2_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16" if glu else "*fp32"}
@@ -290,8 +296,9 @@ def _w4_gemm_shared_bytes(cfg, group: int, glu: bool, k: int = 576) -> int:
 
 def test_gemm_shared_memory_estimate_bounds_tritons_count_for_hopper():
     """``smem_estimate`` against Triton's own count for sm_90 (compiled here, no GPU): the GLU config that failed on
-    the H200 (307,200 bytes, the error's number), and the tiles chosen in its place, which fit."""
-    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+    the H200 (307,200 bytes, the error's number), and the tiles chosen in its place, which fit; the same for
+    quant_linear's dot kernel."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_linear
 
     fc = _TableQuant("int4_awq", group=64, int4=True, n=1536, k=576)
     old = quant_gemm.default_config(fc, 8, 132, glu=True)
@@ -302,6 +309,11 @@ def test_gemm_shared_memory_estimate_bounds_tritons_count_for_hopper():
     proj = _TableQuant("int4_awq", group=64, int4=True, n=576, k=1536)
     cfg = quant_gemm.choose(proj, 8, 132)
     assert _w4_gemm_shared_bytes(cfg, 64, glu=False, k=1536) <= quant_gemm.smem_estimate(proj, cfg)
+    # quant_linear's dot kernel (a table's choice at some shapes) asks the same at its default tiles, and fits fitted
+    dot = quant_linear.pick_config(fc, 8, 132, glu=True, gemv=False)
+    assert _w4_gemm_shared_bytes(dot, 64, glu=True, dot=True) == 307200
+    dot = quant_gemm.fit(fc, dot, quant_gemm.SMEM_LIMIT_SM90, glu=True)
+    assert _w4_gemm_shared_bytes(dot, 64, glu=True, dot=True) <= quant_gemm.smem_estimate(fc, dot, glu=True)
 
 
 def test_gemm_table_chooses_the_library_kernels_for_prefill_and_the_step_its_own(tmp_path, monkeypatch):

@@ -670,8 +670,9 @@ def smem_estimate(q, cfg: LinearConfig, *, glu: bool = False) -> int:
     weight tile (INT4: BLOCK_N/2 packed rows); and the scales: one per output row where a K tile lies inside one
     scale group, else one float32 per WEIGHT ([BLOCK_N, BLOCK_K]: 16x the INT4 tile's bytes), which is what
     overflowed on SmolLM2 (group 64 under the default 128-wide K tile: GLU at batch 2-8, 307,200 bytes for an H200's
-    232,448). Checked against Triton's own count for sm_90 (tests/test_fast_decode.py): never below it; up to ~2x
-    above (two stages), so ``fit`` may give up a config that would just fit, never take one that does not."""
+    232,448; quant_linear's dot kernel asks the same there). Checked against Triton's own count for sm_90, this
+    GEMM's and the dot kernel's (tests/test_fast_decode.py): never below it; up to ~2x above (two stages), so ``fit``
+    may give up a config that would just fit, never take one that does not."""
     act_bytes = 1 if q.act != 0 else 2  # FP8 / int8 input, else the compute dtype
     x = cfg.block_m * cfg.block_k * act_bytes
     w = (cfg.block_n // 2 if q.int4 else cfg.block_n) * cfg.block_k
@@ -754,11 +755,13 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
 def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     """The decode step's kernel for ``q`` at batch ``m``: what the table measured fastest of those it launches (this
     GEMM, quant_gemv's GEMV, or quant_linear's dot kernel; not ``LINEAR_KERNELS``); without an entry, the GEMV where
-    it runs (INT4-AWQ at batch 1), else this GEMM (its tiles ``fit`` to the device's shared memory)."""
+    it runs (INT4-AWQ at batch 1), else this GEMM (its tiles, or the dot kernel's, ``fit`` to the device's shared
+    memory)."""
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
     kernel, cfg = choice if choice is not None else ("gemv" if quant_gemv.supported(q, m) else "gemm", None)
     if kernel == "gemv" and quant_gemv.supported(q, m):
         return quant_linear.pick_config(q, m, sm_count, glu=glu)
-    if kernel == "dot":
-        return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=False)
+    if kernel == "dot":  # quant_linear's kernel loads the same tiles: the same bound holds (tests/test_fast_decode.py)
+        return fit(q, quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=False), smem_limit(q.weight.device),
+                   glu=glu)
     return fit(q, cfg or default_config(q, m, sm_count, glu=glu), smem_limit(q.weight.device), glu=glu)
