@@ -135,7 +135,8 @@ class DecodeGraphs:
         """Speculative decoding's verify step: request i feeds ``token_lists[i]`` at positions ``starts[i] ..``,
         every token a row of one step (all of a request's rows name its one table row), so the weights are read
         once for all of them; the step runs attention twice (``StepBuffers.attention_passes``), from a graph of its
-        own per batch bucket, captured on first use. Float32 logits and their argmax, [total tokens] rows in order."""
+        own per batch bucket (``prepare_verify``, or on first use). Float32 logits and their argmax, [total tokens]
+        rows in order."""
         rows = self._table_rows(request_ids, tables)
         if not self.buffers:
             self.prepare()
