@@ -257,6 +257,12 @@ def test_gemm_tiles_fit_the_h200s_shared_memory_at_smollm2_shapes():
             assert quant_gemm.fit(q, cfg, limit, glu=glu) == cfg, (fmt, n, k, glu, cfg)
     with pytest.raises(ValueError, match="shared memory"):
         quant_gemm.fit(fc, too_big, 1024, glu=True)
+    # a launch that still asks too much names its tiles and shape (the runtime then decodes eagerly)
+    import triton
+
+    with pytest.raises(quant_gemm.SharedMemoryExceeded, match="int4_awq N 1536 K 576 group 64 at .*block_k=128"):
+        with quant_gemm._tiles_named(fc, too_big):
+            raise triton.runtime.errors.OutOfResources(307200, 232448, "shared memory")
 
 
 def _w4_gemm_shared_bytes(cfg, group: int, glu: bool, k: int = 576, dot: bool = False) -> int:

@@ -231,12 +231,13 @@ class TorchRuntime(Runtime):
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
         except Exception as exc:  # a kernel that does not compile for this shape: serve eagerly, and say so loudly
-            if type(exc).__name__ != "CompilationError":
+            # or a launch past the GPU's shared memory (tiles are fitted to it: quant_gemm.fit; this is the net)
+            if type(exc).__name__ not in ("CompilationError", "OutOfResources", "SharedMemoryExceeded"):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.error("a fast-path kernel did not compile for this engine (%s); decoding eagerly. Please report it "
-                      "with the engine's config.json", first)
-            return None, f"eager (a fast-path kernel did not compile: {first})"
+            log.error("a fast-path kernel did not compile or launch for this engine (%s); decoding eagerly. Please "
+                      "report it with the engine's config.json", first)
+            return None, f"eager (a fast-path kernel did not compile or launch: {first})"
         kind = "CUDA graphs" if decoder.use_graphs else "direct launches"
         ranks = f", {self.executor.world_size} ranks" if self.executor.world_size > 1 else ""
         return decoder, (f"triton kernels, {kind} for batches {decoder.buckets}{ranks}, ready in "

@@ -410,14 +410,19 @@ def _int_mm_out_kernel(acc_ptr, s_ptr, bias_ptr, out_ptr, M, N, stride_am, strid
 # ------------------------------------------------------------------------------------------ launchers
 
 
+class SharedMemoryExceeded(RuntimeError):
+    """A GEMM's tiles asked for more shared memory than the GPU has (Triton's OutOfResources, with the tiles named)."""
+
+
 @contextlib.contextmanager
 def _tiles_named(q, cfg: LinearConfig):
     """Triton's OutOfResources at a launch (compiled at the first one) as an error naming the tiles and the shape
-    that asked for it: ``fit`` should have kept them within the device's shared memory."""
+    that asked for it: ``fit`` should have kept them within the device's shared memory. The runtime decodes eagerly
+    when the fast path's warm-up meets it (``TorchRuntime._fast_decoder``)."""
     try:
         yield
     except triton.runtime.errors.OutOfResources as e:
-        raise RuntimeError(
+        raise SharedMemoryExceeded(
             f"quant_gemm: {q.fmt} N {q.n} K {q.k} group {q.group} at {cfg} needs more than this GPU has: {e}. Fix: "
             f"lower quant_gemm.smem_estimate's bound for these tiles (``fit`` picks by it), or give a measured table "
             f"without them (${TABLE_ENV})") from e
