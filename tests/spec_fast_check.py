@@ -41,6 +41,7 @@ def main() -> None:
                      SamplingParams(max_tokens=6, end_id=-1, bad_words=(word,))]
     banned_expected = [c.token_ids for c in eager.generate(PROMPTS, banned_params)]
     fast = TorchRuntime(ckpt, ckpt / "tokenizer", fast_decode=True, speculative=oracle_settings(expected, 3), **args)
+    verify_ready = sorted(fast.decoder.verify_buffers) == fast.decoder.buckets  # at load, not in generation
     calls = {"verify": 0}
     verify = fast.decoder.verify
 
@@ -56,7 +57,7 @@ def main() -> None:
     banned_fast = [c.token_ids for c in fast.generate(PROMPTS, banned_params)]
     fast.kv.check()
     after = fast.stats()
-    print(json.dumps({"decode_path": fast.decode_path, "expected": expected, "fast": out,
+    print(json.dumps({"decode_path": fast.decode_path, "verify_ready": verify_ready, "expected": expected, "fast": out,
                       "verify_steps": steps, "accepted": stats["spec_decode_accepted_tokens"],
                       "drafted": stats["spec_decode_draft_tokens"], "blocks_back": fast.kv.free_blocks
                       == fast.kv.usable_blocks,

@@ -187,6 +187,10 @@ class _TableQuant:
     def weight(self) -> torch.Tensor:  # as stored: INT4 packs two rows a byte
         return torch.zeros(self.n // 2 if self.int4 else self.n, self.k, dtype=torch.int8)
 
+    @property
+    def act(self) -> int:  # the activation quantizer: FP8 (W4A8), int8 (SmoothQuant), none
+        return {"w4a8_awq": 1, "int8_sq": 2}.get(self.fmt, 0)
+
 
 def test_gemm_table_written_by_the_benchmark_picks_the_kernel_per_shape(tmp_path, monkeypatch):
     """benchmarks/quant_gemm.py's table (the fastest correct kernel per format, shape and M) as quant_gemm reads it:
@@ -224,6 +228,100 @@ def test_gemm_table_written_by_the_benchmark_picks_the_kernel_per_shape(tmp_path
     assert quant_gemm.choose(q, 8, 132, glu=True) == quant_gemm.default_config(q, 8, 132, glu=True)
     monkeypatch.setenv(quant_gemm.TABLE_ENV, str(tmp_path / "absent.json"))
     assert quant_gemm.choose(q, 1, 132).gemv and quant_gemm.choose(q, 8, 132) == quant_gemm.default_config(q, 8, 132)
+
+
+# SmolLM2-135M's linears (hidden 576, intermediate 1536, 9 + 2 x 3 heads of 64) at INT4-AWQ group 64: (name, N, K, GLU)
+SMOLLM2_LINEARS = [("qkv", 960, 576, False), ("dense", 576, 576, False), ("fc+gate", 1536, 576, True),
+                   ("proj", 576, 1536, False)]
+
+
+def test_gemm_tiles_fit_the_h200s_shared_memory_at_smollm2_shapes():
+    """The H200 refused SmolLM2's INT4-AWQ engine at load (307,200 bytes of shared memory for 232,448): the default
+    decode tiles (K 128) under a scale group of 64 load a float32 scale per weight, and the GLU two of them. Every
+    config the step and prefill pick now fits by ``smem_estimate``, and the measured 7B table is left as it was."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+
+    limit = quant_gemm.SMEM_LIMIT_SM90
+    fc = _TableQuant("int4_awq", group=64, int4=True, n=1536, k=576)
+    too_big = quant_gemm.default_config(fc, 8, 132, glu=True)
+    assert (too_big.block_k, too_big.num_stages) == (128, 3) and quant_gemm.smem_estimate(fc, too_big, glu=True) > limit
+    fitted = quant_gemm.choose(fc, 8, 132, glu=True)
+    assert fitted == dataclasses.replace(too_big, block_k=64)  # one scale group per K tile: scales per row
+    for name, n, k, glu in SMOLLM2_LINEARS:
+        q = _TableQuant("int4_awq", group=64, int4=True, n=n, k=k)
+        for m in (2, 4, 8, 16, 40, 64, 128, 2048):
+            cfg = quant_gemm.choose(q, m, 132, glu=glu) if m <= 64 else quant_gemm.pick_config(q, m, 132, glu=glu)
+            assert cfg.gemm and quant_gemm.smem_estimate(q, cfg, glu=glu) <= limit, (name, m, cfg)
+    group = {"int4_awq": 128, "w4a8_awq": 128}  # the 7B's; SmoothQuant and weight-only: per channel
+    for (fmt, n, k, glu), rows in quant_gemm._table(str(quant_gemm.TABLE)).items():
+        q = _TableQuant(fmt, group=group.get(fmt, k), int4=fmt in group, n=n, k=k)
+        for cfg in [c for row in rows for c in (row[2], row[4]) if c is not None]:
+            assert quant_gemm.fit(q, cfg, limit, glu=glu) == cfg, (fmt, n, k, glu, cfg)
+    with pytest.raises(ValueError, match="shared memory"):
+        quant_gemm.fit(fc, too_big, 1024, glu=True)
+    # a launch that still asks too much names its tiles and shape (the runtime then decodes eagerly)
+    import triton
+
+    with pytest.raises(quant_gemm.SharedMemoryExceeded, match="int4_awq N 1536 K 576 group 64 at .*block_k=128"):
+        with quant_gemm._tiles_named(fc, too_big):
+            raise triton.runtime.errors.OutOfResources(307200, 232448, "shared memory")
+
+
+def _w4_gemm_shared_bytes(cfg, group: int, glu: bool, k: int = 576, dot: bool = False) -> int:
+    """Triton's shared memory for quant_gemm's INT4 GEMM (``dot``: quant_linear's dot kernel) compiled for sm_90 here,
+    specialized as the launch at SmolLM2's (K ``k``) would be: 16-byte aligned pointers, N, K and strides multiples
+    of 16."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_linear
+
+    one_group = group % cfg.block_k == 0
+    common = dict(GROUP=group, A8=False, HAS_PQS=True, GLU=glu, EVEN_N=True, EVEN_K=k % cfg.block_k == 0, EVEN_M=False,
+                  MAGIC=0x4300, OFFSET=136.0, COMPUTE=triton.language.bfloat16, BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=False)
+    if dot:
+        fn = quant_linear._int4_kernel
+        consts = dict(common, MASKED_X=True, TILE_SCALE=one_group)
+    else:
+        fn = quant_gemm._w4_gemm_kernel
+        consts = dict(common, HAS_BIAS=False, PARTIALS=not glu, ONE_GROUP=one_group, SWAP=cfg.swap,
+                      POST_SCALE=one_group and not cfg.scale_weights)
+    names = list(inspect.signature(fn.fn).parameters)
+    types = {"x_ptr": "*bf16", "w_ptr": "*i8", "w2_ptr": "*i8", "pqs_ptr": "*bf16", "pqs2_ptr": "*bf16",
+             "bias_ptr": "*bf16", "out_ptr": "*bf16" if glu else "*fp32"}
+    sig = {n: "constexpr" if n in consts else types.get(n, "*fp32" if n.endswith("ptr") else "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n] != "constexpr" and (n.endswith("ptr") or n.startswith("stride") or n in ("N", "K"))}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    return kernel.metadata.shared
+
+
+def test_gemm_shared_memory_estimate_bounds_tritons_count_for_hopper():
+    """``smem_estimate`` against Triton's own count for sm_90 (compiled here, no GPU): the GLU config that failed on
+    the H200 (307,200 bytes, the error's number), and the tiles chosen in its place, which fit; the same for
+    quant_linear's dot kernel."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_linear
+
+    fc = _TableQuant("int4_awq", group=64, int4=True, n=1536, k=576)
+    old = quant_gemm.default_config(fc, 8, 132, glu=True)
+    assert _w4_gemm_shared_bytes(old, 64, glu=True) == 307200
+    new = quant_gemm.choose(fc, 8, 132, glu=True)
+    shared = _w4_gemm_shared_bytes(new, 64, glu=True)
+    assert shared <= quant_gemm.smem_estimate(fc, new, glu=True) <= quant_gemm.SMEM_LIMIT_SM90
+    proj = _TableQuant("int4_awq", group=64, int4=True, n=576, k=1536)
+    cfg = quant_gemm.choose(proj, 8, 132)
+    assert _w4_gemm_shared_bytes(cfg, 64, glu=False, k=1536) <= quant_gemm.smem_estimate(proj, cfg)
+    # quant_linear's dot kernel (a table's choice at some shapes) asks the same at its default tiles, and fits fitted
+    dot = quant_linear.pick_config(fc, 8, 132, glu=True, gemv=False)
+    assert _w4_gemm_shared_bytes(dot, 64, glu=True, dot=True) == 307200
+    dot = quant_gemm.fit(fc, dot, quant_gemm.SMEM_LIMIT_SM90, glu=True)
+    assert _w4_gemm_shared_bytes(dot, 64, glu=True, dot=True) <= quant_gemm.smem_estimate(fc, dot, glu=True)
 
 
 def test_gemm_table_chooses_the_library_kernels_for_prefill_and_the_step_its_own(tmp_path, monkeypatch):
@@ -715,9 +813,10 @@ def test_long_prompts_are_prefilled_in_chunks_without_stalling_decodes(built):
 def test_speculative_verify_step_on_the_fast_path_gives_eager_greedy_tokens(built):
     """Rows of 1 + k tokens as rows of one fast step (attention twice: the second pass reads the drafts' K/V the
     first wrote), through Triton's interpreter: the same tokens as eager decoding without speculation, with tokens
-    banned at verified positions too."""
+    banned at verified positions too; every bucket's verify step set up when the runtime loads (on CUDA: its graph
+    captured then, not on first use inside generation)."""
     r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"), "spec_fast_check.py")
-    assert r["decode_path"].startswith("triton kernels")
+    assert r["decode_path"].startswith("triton kernels") and r["verify_ready"]  # every verify bucket set up at load
     assert r["fast"] == r["expected"]
     assert r["verify_steps"] > 0 and 0 < r["accepted"] < r["drafted"] and r["blocks_back"]
     # With bans: the drafts propose the end id before min_tokens and a bad word whose second token follows its first

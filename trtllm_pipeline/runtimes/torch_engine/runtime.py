@@ -228,16 +228,19 @@ class TorchRuntime(Runtime):
                 # rows a fast step takes (rows with drafts past it verify eagerly: ``_split``)
                 buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), MAX_FAST_ROWS)})
             decoder = self._prepared_decoder(buckets, graphs)
+            if spec_k and hasattr(decoder, "prepare_verify"):  # every verify graph now, not inside generation
+                decoder.prepare_verify()
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
         except Exception as exc:  # a kernel that does not compile for this shape: serve eagerly, and say so loudly
-            if type(exc).__name__ != "CompilationError":
+            # or a launch past the GPU's shared memory (tiles are fitted to it: quant_gemm.fit; this is the net)
+            if type(exc).__name__ not in ("CompilationError", "OutOfResources", "SharedMemoryExceeded"):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.error("a fast-path kernel did not compile for this engine (%s); decoding eagerly. Please report it "
-                      "with the engine's config.json", first)
-            return None, f"eager (a fast-path kernel did not compile: {first})"
+            log.error("a fast-path kernel did not compile or launch for this engine (%s); decoding eagerly. Please "
+                      "report it with the engine's config.json", first)
+            return None, f"eager (a fast-path kernel did not compile or launch: {first})"
         kind = "CUDA graphs" if decoder.use_graphs else "direct launches"
         ranks = f", {self.executor.world_size} ranks" if self.executor.world_size > 1 else ""
         return decoder, (f"triton kernels, {kind} for batches {decoder.buckets}{ranks}, ready in "
@@ -252,8 +255,7 @@ class TorchRuntime(Runtime):
             return self.executor.fast_decoder(buckets, graphs)
         try:
             decoder = self.executor.fast_decoder(sorted(buckets + extra), graphs)
-            for batch in extra:  # their verify graphs now, not in the first served request's step
-                decoder.prepare_verify(batch)
+            decoder.prepare_verify(extra)  # their verify graphs now, not in the first served request's step
             return decoder
         except Exception as exc:  # noqa: BLE001 - any failure of the extra buckets: decode as before, and say so
             log.warning("the fast path cannot take %s rows a step for this engine (%s: %s); short prompts prefill "
@@ -546,17 +548,13 @@ class TorchRuntime(Runtime):
         verify = [i for i, r in enumerate(rows) if r.draft]
         tokens = []
         if sampled:
-            where = [spans[i] for i in sampled]
-            if where == list(range(logits.shape[0])):  # a decode step: every row, in order (no copy of the logits)
-                tokens = self._sample([reqs[i] for i in sampled], logits, greedy)
-            else:
-                at = torch.tensor(where, device=logits.device)
-                tokens = self._sample([reqs[i] for i in sampled], logits[at], None if greedy is None else greedy[at])
+            at = [spans[i] for i in sampled]
+            tokens = self._sample([reqs[i] for i in sampled], _at(logits, at), _at(greedy, at))
         emitted = []
         if verify:
-            at = torch.tensor([p for i in verify for p in range(spans[i], spans[i + 1])], device=logits.device)
-            emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], logits[at],
-                                   None if greedy is None else greedy[at])
+            at = [p for i in verify for p in range(spans[i], spans[i + 1])]
+            emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], _at(logits, at),
+                                   _at(greedy, at))
         for row, req in zip(rows, reqs):  # the step succeeded: now it counts (verify rows: as they are recorded)
             if not row.draft:
                 self.scheduler.advance(req, len(row.tokens))
@@ -649,11 +647,12 @@ class TorchRuntime(Runtime):
         rows, reqs, logits, greedy = self._launched
         self._launched = None
         live = [i for i, (r, req) in enumerate(zip(rows, reqs)) if self._requests.get(r.request_id) is req]
-        if not live:
+        if not live:  # every request cancelled: still wait for the step, whose pinned inputs the next one refills
+            if greedy.device.type == "cuda":
+                torch.cuda.current_stream(greedy.device).synchronize()
             return []
         if len(live) < len(rows):
-            at = torch.tensor(live, dtype=torch.long, device=logits.device)
-            rows, logits, greedy = [rows[i] for i in live], logits[at], greedy[at]
+            rows, logits, greedy = [rows[i] for i in live], _at(logits, live), _at(greedy, live)
         try:
             return self._settle(rows, logits, greedy)
         except ExecutorLost:
@@ -671,8 +670,7 @@ class TorchRuntime(Runtime):
             ends = itertools.accumulate(len(r.tokens) for r in rows)
             index = [p for r, end in zip(rows, ends) for p in range(end - _span(r), end)]
             if len(index) != logits.shape[0]:
-                at = torch.tensor(index, dtype=torch.long, device=logits.device)
-                logits, greedy = logits[at], greedy[at]
+                logits, greedy = _at(logits, index), _at(greedy, index)
         else:
             logits = self.decoder.decode([t[0] for t in args[0]], *args[1:])
             greedy = self.decoder.greedy(len(rows))
@@ -846,6 +844,18 @@ def fast_prefill_enabled() -> bool:
     """Short prefill chunks on the fast path (``_split``): on unless ``TRTLLM_PIPELINE_FAST_PREFILL=0`` (the eager
     forward then takes every chunk: the A/B of ``benchmarks/h200_run.sh``)."""
     return os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL", "1").strip() != "0"
+
+
+def _at(t: torch.Tensor | None, positions: list[int]) -> torch.Tensor | None:
+    """Rows ``positions`` (increasing) of ``t``: a view where they are one run, as every row of a plain decode step or
+    of a verify step is (no index list copied to the device, which waits for the step, and no gather launched); a
+    gathered copy otherwise. Readers never write into it (bans are applied to copies)."""
+    if t is None or not positions:
+        return None if t is None else t[:0]
+    first = positions[0]
+    if positions[-1] - first + 1 == len(positions):
+        return t[first : first + len(positions)]
+    return t[torch.tensor(positions, device=t.device)]
 
 
 def _span(row: PlanRow) -> int:

@@ -97,6 +97,20 @@ class DecodeGraphs:
         log.info("fast decode path ready: %d batch buckets %s, %s, in %.1f s", len(self.buckets), self.buckets,
                  "CUDA graphs" if self.use_graphs else "direct launches", self.setup_seconds)
 
+    def prepare_verify(self, batches: Sequence[int] | None = None) -> None:
+        """Capture the verify graphs of ``batches``' buckets (None: every bucket: speculative decoding is on; the
+        runtime's short-prefill buckets otherwise) now. Captured on first use instead, each verify bucket a request's
+        draft length (or a prompt's length) first reaches cost a capture (a synchronize and every kernel of the step
+        recorded: milliseconds) inside generation, the first requests' and a benchmark's timed run's."""
+        if not self.buffers:
+            self.prepare()
+        start = time.perf_counter()
+        for batch in reversed(sorted({bucket_for(b, self.buckets) for b in batches or self.buckets})):
+            self._verify_buffers(batch)
+        seconds = time.perf_counter() - start
+        self.setup_seconds += seconds
+        log.info("fast verify steps ready: batch buckets %s, in %.1f s", sorted(self.verify_buffers), seconds)
+
     def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int],
                request_ids: Sequence | None = None) -> torch.Tensor:
         """Float32 logits [len(tokens), vocab] of one decode step: row i's token at ``positions[i]``, its K/V in
@@ -122,7 +136,8 @@ class DecodeGraphs:
         """Speculative decoding's verify step: request i feeds ``token_lists[i]`` at positions ``starts[i] ..``,
         every token a row of one step (all of a request's rows name its one table row), so the weights are read
         once for all of them; the step runs attention twice (``StepBuffers.attention_passes``), from a graph of its
-        own per batch bucket, captured on first use. Float32 logits and their argmax, [total tokens] rows in order."""
+        own per batch bucket (``prepare_verify``, or on first use). Float32 logits and their argmax, [total tokens]
+        rows in order."""
         rows = self._table_rows(request_ids, tables)
         if not self.buffers:
             self.prepare()
@@ -137,10 +152,6 @@ class DecodeGraphs:
         else:
             self.step.run(buf)
         return buf.logits[: len(tokens)], buf.greedy[: len(tokens)]
-
-    def prepare_verify(self, batch: int) -> None:
-        """The verify step of ``batch``'s bucket captured now (else on its first use)."""
-        self._verify_buffers(bucket_for(batch, self.buckets))
 
     def _verify_buffers(self, batch: int):
         """The bucket's buffers (shared with its decode graph: the two never run at once) with two attention
@@ -222,21 +233,21 @@ class DecodeGraphs:
         # The previous step's tokens were read back before this one is filled, so the pinned
         # buffer is free and the copy can run asynchronously, ahead of the replay on the stream.
         staging = self.staging[batch]
-        staging.copy_(step_inputs(tokens, positions, rows, batch, self.padding_row))
+        write_step_inputs(staging.numpy(), tokens, positions, rows, self.padding_row)
         self.buffers[batch].inputs.copy_(staging, non_blocking=True)
 
 
-def step_inputs(tokens: Sequence[int], positions: Sequence[int], rows: Sequence[int], batch: int,
-                padding_row: int) -> torch.Tensor:
-    """[3, batch] int64 host tensor of tokens, positions and table rows; padding rows: token 0 at position 0, in
+def write_step_inputs(out, tokens: Sequence[int], positions: Sequence[int], rows: Sequence[int],
+                      padding_row: int) -> None:
+    """Fill ``out`` ([3, batch] int64, a numpy view of the pinned staging tensor: written in place, no temporary
+    tensors on the step's path) with tokens, positions and table rows; padding rows: token 0 at position 0, in
     the padding table row (all null blocks)."""
     n = len(tokens)
-    out = torch.zeros((3, batch), dtype=torch.long)
-    out[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
-    out[1, :n] = torch.as_tensor(positions, dtype=torch.long)
-    out[2, :n] = torch.as_tensor(rows, dtype=torch.long)
+    out[0, :n] = tokens
+    out[1, :n] = positions
+    out[2, :n] = rows
+    out[:2, n:] = 0
     out[2, n:] = padding_row
-    return out
 
 
 def prepared(engine, buckets: Sequence[int], *, use_graphs: bool = True,

@@ -54,6 +54,8 @@ its entry keeps the fastest kernel the step can launch (``step_kernel``, ``step_
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -408,6 +410,24 @@ def _int_mm_out_kernel(acc_ptr, s_ptr, bias_ptr, out_ptr, M, N, stride_am, strid
 # ------------------------------------------------------------------------------------------ launchers
 
 
+class SharedMemoryExceeded(RuntimeError):
+    """A GEMM's tiles asked for more shared memory than the GPU has (Triton's OutOfResources, with the tiles named)."""
+
+
+@contextlib.contextmanager
+def _tiles_named(q, cfg: LinearConfig):
+    """Triton's OutOfResources at a launch (compiled at the first one) as an error naming the tiles and the shape
+    that asked for it: ``fit`` should have kept them within the device's shared memory. The runtime decodes eagerly
+    when the fast path's warm-up meets it (``TorchRuntime._fast_decoder``)."""
+    try:
+        yield
+    except triton.runtime.errors.OutOfResources as e:
+        raise SharedMemoryExceeded(
+            f"quant_gemm: {q.fmt} N {q.n} K {q.k} group {q.group} at {cfg} needs more than this GPU has: {e}. Fix: "
+            f"lower quant_gemm.smem_estimate's bound for these tiles (``fit`` picks by it), or give a measured table "
+            f"without them (${TABLE_ENV})") from e
+
+
 def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool = False,
            bias: torch.Tensor | None = None):
     """``x`` [M, K] (compute dtype, before the pre-quant scale and activation quantizer: applied here) times ``q``'s
@@ -437,24 +457,26 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
                   num_stages=cfg.num_stages, launch_pdl=pdl)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(q.n, cfg.block_n), cfg.splits)
     stride_os = out.stride(0) if partials and out.dim() == 3 else 0
-    if q.int4:
-        magic, offset = _magic(compute)
-        one_group = q.group % cfg.block_k == 0
-        return _w4_gemm_kernel[grid](
-            x, q.weight, q.scales, opt(q.pqs), opt(q.act_q), opt(q.out_scale),
-            q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q), opt(q2.out_scale),
-            opt(bias), out, m, q.n, k, q.scales.shape[0], per_split,
-            x.stride(0), q.weight.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os, out.stride(-2),
-            ONE_GROUP=one_group, POST_SCALE=one_group and q.act == 0 and not cfg.scale_weights, EVEN_N=(q.n // 2) % (cfg.block_n // 2) == 0,
-            MAGIC=magic, OFFSET=offset, **common)
-    # int8_wo with one scale per output row over the program's whole K range: in the epilogue
-    scale_at = 0 if q.act != 0 or q.group >= k else 1 if q.group % cfg.block_k == 0 else 2
-    return _w8_gemm_kernel[grid](
-        x, q.weight, q.scales, opt(q.pqs), opt(q.act_q),
-        q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q),
-        opt(bias), out, m, q.n, k, per_split,
-        x.stride(0), q.weight.stride(0), q.scales.stride(0) if q.scales.dim() == 2 else 0, stride_os,
-        out.stride(-2), SCALE_AT=scale_at, EVEN_N=q.n % cfg.block_n == 0, **common)
+    with _tiles_named(q, cfg):
+        if q.int4:
+            magic, offset = _magic(compute)
+            one_group = q.group % cfg.block_k == 0
+            return _w4_gemm_kernel[grid](
+                x, q.weight, q.scales, opt(q.pqs), opt(q.act_q), opt(q.out_scale),
+                q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q), opt(q2.out_scale),
+                opt(bias), out, m, q.n, k, q.scales.shape[0], per_split,
+                x.stride(0), q.weight.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os, out.stride(-2),
+                ONE_GROUP=one_group, POST_SCALE=one_group and q.act == 0 and not cfg.scale_weights,
+                EVEN_N=(q.n // 2) % (cfg.block_n // 2) == 0,
+                MAGIC=magic, OFFSET=offset, **common)
+        # int8_wo with one scale per output row over the program's whole K range: in the epilogue
+        scale_at = 0 if q.act != 0 or q.group >= k else 1 if q.group % cfg.block_k == 0 else 2
+        return _w8_gemm_kernel[grid](
+            x, q.weight, q.scales, opt(q.pqs), opt(q.act_q),
+            q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q),
+            opt(bias), out, m, q.n, k, per_split,
+            x.stride(0), q.weight.stride(0), q.scales.stride(0) if q.scales.dim() == 2 else 0, stride_os,
+            out.stride(-2), SCALE_AT=scale_at, EVEN_N=q.n % cfg.block_n == 0, **common)
 
 
 def linear(x: torch.Tensor, q, bias: torch.Tensor | None, compute: torch.dtype,
@@ -633,6 +655,56 @@ def default_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConf
     return LinearConfig(128, 128, 64, 1, 8, 3, gemm=True, scale_weights=q.fmt == "int4_awq")
 
 
+# Shared memory one block may use: the device's opt-in limit, this where no device is asked (CPU, tests): sm_90's
+# (H100, H200), the GPU the table was measured on.
+SMEM_LIMIT_SM90 = 232448
+SMEM_MIN_BLOCK_K = 32  # the narrowest K tile ``fit`` tries (FP8 and int8 MMAs take K in steps of 32)
+
+
+@functools.lru_cache(maxsize=None)
+def smem_limit(device: torch.device) -> int:
+    """Bytes of shared memory a block may use on ``device`` (``SMEM_LIMIT_SM90`` off CUDA)."""
+    if device.type != "cuda":
+        return SMEM_LIMIT_SM90
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+
+
+def smem_estimate(q, cfg: LinearConfig, *, glu: bool = False) -> int:
+    """An upper bound on the shared memory of this module's GEMM for ``q`` at ``cfg``: ``num_stages`` copies of one K
+    tile's loads per matrix (GLU: two, each with its own view of the input). The input tile [BLOCK_M, BLOCK_K]; the
+    weight tile (INT4: BLOCK_N/2 packed rows); and the scales: one per output row where a K tile lies inside one
+    scale group, else one float32 per WEIGHT ([BLOCK_N, BLOCK_K]: 16x the INT4 tile's bytes), which is what
+    overflowed on SmolLM2 (group 64 under the default 128-wide K tile: GLU at batch 2-8, 307,200 bytes for an H200's
+    232,448; quant_linear's dot kernel asks the same there). Checked against Triton's own count for sm_90, this
+    GEMM's and the dot kernel's (tests/test_fast_decode.py): never below it; up to ~2x above (two stages), so ``fit``
+    may give up a config that would just fit, never take one that does not."""
+    act_bytes = 1 if q.act != 0 else 2  # FP8 / int8 input, else the compute dtype
+    x = cfg.block_m * cfg.block_k * act_bytes
+    w = (cfg.block_n // 2 if q.int4 else cfg.block_n) * cfg.block_k
+    if q.int4:  # ONE_GROUP in launch
+        per_weight = q.group % cfg.block_k != 0
+    else:  # SCALE_AT 2 in launch
+        per_weight = q.act == 0 and q.group < q.k and q.group % cfg.block_k != 0
+    scales = cfg.block_n * cfg.block_k * 4 if per_weight else cfg.block_n * 4
+    return cfg.num_stages * (2 if glu else 1) * (x + w + scales)
+
+
+def fit(q, cfg: LinearConfig, limit: int, *, glu: bool = False) -> LinearConfig:
+    """``cfg``, or where its shared memory (``smem_estimate``) passes ``limit``, the nearest config that fits: the K
+    tile halved first (it keeps the pipeline's depth, and at INT4 groups smaller than the tile it trades the per-weight
+    scales for per-row ones), then one stage fewer with the K tile back to its width. A table measured on one GPU and
+    model (the 7B's group 128) thus never hands another shape or device a launch it cannot make."""
+    for stages in range(cfg.num_stages, 0, -1):
+        block_k = cfg.block_k
+        while block_k >= min(SMEM_MIN_BLOCK_K, cfg.block_k):
+            candidate = dataclasses.replace(cfg, block_k=block_k, num_stages=stages)
+            if smem_estimate(q, candidate, glu=glu) <= limit:
+                return candidate
+            block_k //= 2
+    raise ValueError(f"quant_gemm: no tiles of {cfg} fit {limit} bytes of shared memory for {q.fmt} "
+                     f"N {q.n} K {q.k} group {q.group}")
+
+
 def _config(c) -> LinearConfig | None:
     if c is None:
         return None
@@ -678,21 +750,23 @@ def measured(fmt: str, m: int, n: int, k: int, glu: bool, *, step: bool = False
 
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     """This GEMM's tiles for ``q`` at M = ``m``: the table's (``measured``) where it chose the GEMM (or, where a
-    library GEMM won, measured the GEMM fastest of the step's kernels), else ``default_config``."""
+    library GEMM won, measured the GEMM fastest of the step's kernels), else ``default_config``; either ``fit`` to the
+    device's shared memory."""
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
-    if choice is not None and choice[1] is not None:
-        return choice[1]
-    return default_config(q, m, sm_count, glu=glu)
+    cfg = choice[1] if choice is not None and choice[1] is not None else default_config(q, m, sm_count, glu=glu)
+    return fit(q, cfg, smem_limit(q.weight.device), glu=glu)
 
 
 def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     """The decode step's kernel for ``q`` at batch ``m``: what the table measured fastest of those it launches (this
     GEMM, quant_gemv's GEMV, or quant_linear's dot kernel; not ``LINEAR_KERNELS``); without an entry, the GEMV where
-    it runs (INT4-AWQ at batch 1), else this GEMM."""
+    it runs (INT4-AWQ at batch 1), else this GEMM (its tiles, or the dot kernel's, ``fit`` to the device's shared
+    memory)."""
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
     kernel, cfg = choice if choice is not None else ("gemv" if quant_gemv.supported(q, m) else "gemm", None)
     if kernel == "gemv" and quant_gemv.supported(q, m):
         return quant_linear.pick_config(q, m, sm_count, glu=glu)
-    if kernel == "dot":
-        return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=False)
-    return cfg or default_config(q, m, sm_count, glu=glu)
+    if kernel == "dot":  # quant_linear's kernel loads the same tiles: the same bound holds (tests/test_fast_decode.py)
+        return fit(q, quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=False), smem_limit(q.weight.device),
+                   glu=glu)
+    return fit(q, cfg or default_config(q, m, sm_count, glu=glu), smem_limit(q.weight.device), glu=glu)
