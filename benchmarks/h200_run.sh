@@ -102,7 +102,25 @@ case "$part" in
       timeout -s ABRT 240 python3 benchmarks/serve_probe.py --deadline 45 -o "$out/probe-$1.json" >"$out/probe-$1.txt" 2>&1
     }
     start_server() {  # $1: cold or warm (the kernel cache as the first start left it)
-      tp serve -c "$c" --engines-dir "$engines" --detach | tee "$out/serve-$1.txt"
+      # Under a deadline (SERVE_READY_S, 120): not ready by then (2026-12-04, once, 150 s and the log lost), the
+      # stubs' stacks and the server's log are kept before it is stopped.
+      tp serve -c "$c" --engines-dir "$engines" --detach > "$out/serve-$1.txt" 2>&1 &
+      local pid=$! waited=0
+      while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "${SERVE_READY_S:-120}" ]; do sleep 1; waited=$((waited + 1)); done
+      if kill -0 "$pid" 2>/dev/null; then
+        echo "serve $1: not ready after $waited s; stacks in serve-$1-stacks.txt, the log in tritonserver.log"
+        for p in $(pgrep -f triton_python_backend_stub); do
+          echo "== $p $(tr '\0' ' ' < /proc/$p/cmdline | grep -o '[a-z_]*_0_0' | head -n 1)"
+          timeout 10 py-spy dump --nonblocking --pid "$p" 2>&1 | head -n 120
+        done > "$out/serve-$1-stacks.txt" 2>&1
+        cp "$state"/*.log "$out/" 2>/dev/null || true
+        tail -n 60 "$state/tritonserver.log" 2>/dev/null
+        kill -INT "$pid" 2>/dev/null; sleep 2
+        tp serve -c "$c" --engines-dir "$engines" --stop || true
+        exit 1
+      fi
+      wait "$pid" || { cat "$out/serve-$1.txt"; cp "$state"/*.log "$out/" 2>/dev/null; exit 1; }
+      cat "$out/serve-$1.txt"
       python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ready_s'])" "$state/server.json" \
         > "$out/ready-$1.txt" || true
       if probe "$1"; then cat "$out/probe-$1.txt"; return 0; fi
@@ -268,8 +286,10 @@ case "$part" in
       tp build -c "$c" --engines-dir "$engines" --runtime torch
       python3 benchmarks/model_check.py -c "$c" --engines-dir "$engines" -o "$out/model-check-$variant.json"
       ref=benchmarks/results/h200-2026-12-04c/smollm2-$variant-sums-cpu.json  # the checkpoint made on a CPU
-      [ -f "$ref" ] && python3 benchmarks/tensor_sums.py "$engines/smollm2-135m-instruct-$variant-tp1/checkpoint" \
-        -o "$out/sums-$variant.json" --against "$ref"
+      if [ -f "$ref" ]; then
+        python3 benchmarks/tensor_sums.py "$engines/smollm2-135m-instruct-$variant-tp1/checkpoint" \
+          -o "$out/sums-$variant.json" --against "$ref"
+      fi
     done ;;
   tp1)
     c=build_configs/tiny-qwen2-fp8-tp1.yaml
