@@ -78,6 +78,7 @@ class DecodeGraphs:
         self._host = self.tables_host.numpy()
         self._row_of: dict = {}  # request id -> its table row
         self._known = [0] * rows  # entries of each row's table already written
+        self._tail = [0] * rows  # each row's last entry written (a Python int: read every step for every row)
         self._free_rows = list(range(rows - 2, -1, -1))
 
     def prepare(self) -> None:
@@ -182,11 +183,12 @@ class DecodeGraphs:
                 row = self._row_of[key] = self._free_rows.pop()
                 self._known[row] = 0
             known = self._known[row]
-            if known > len(table) or (known and self._host[row, known - 1] != table[known - 1]):
+            if known > len(table) or (known and self._tail[row] != table[known - 1]):
                 known = 0  # another table than the one written (the request was recomputed): write it all
             if len(table) > known:
                 self._host[row, known : len(table)] = table[known:]
                 self._known[row] = len(table)
+                self._tail[row] = table[-1]
                 changed = True
             rows.append(row)
         if changed:  # the previous step's copy is done: its logits were read back
