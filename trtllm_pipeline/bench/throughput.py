@@ -20,8 +20,8 @@ submit to its first token), the steps and chunks its prefill took (the torch sch
 and after each step) against ``ceil(prompt / chunk budget)``, where the budget is what a step leaves a prefill
 beside the decodes (``min(max_num_tokens - decodes, prefill_chunk_tokens)``), the p50 time of the steps that
 carried a chunk, the request-steps in which a running request got no token, and the verdict
-``worst gap <= longest chunk step + steady ITL p50`` (a gap no longer than one chunk's step). The prefix cache is off for it (random prompts hit nothing;
-its chunk count stays the plan's).
+``worst gap <= longest chunk step + steady ITL p50`` (a gap no longer than one chunk's step). The prefix cache is
+off for it (random prompts hit nothing; its chunk count stays the plan's).
 
 Results file (JSON, ``schema`` ``throughput-1``): ``settings``, ``runtime`` (its ``describe()``), ``runs`` (empty
 with ``long_prompt``), ``long_prompt`` (only then: ``_long_prompt_run``'s figures), and ``reference``:
