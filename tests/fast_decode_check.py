@@ -24,6 +24,7 @@ from pathlib import Path
 
 import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
+from continuous_batching import staggered
 
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
@@ -57,21 +58,6 @@ def first_step_logits(rt: TorchRuntime, prompts, tokens) -> tuple[torch.Tensor, 
     for i in range(len(prompts)):
         rt.kv.free(("check", i))
     return logits, padding_ok
-
-
-def staggered(rt: TorchRuntime, prompts, params) -> list[list[int]]:
-    """Continuous batching: a new request joins every step while others decode, and each leaves on its own, so
-    batches change size (with three requests of four tokens, fast steps of 1, 2, 3 (the bucket of 4, one padding
-    row), 2 and 1 rows: every bucket, two steps of the costliest under the interpreter, batch 1's)."""
-    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    pending = list(range(len(prompts)))
-    while pending or rt.has_work():
-        if pending:
-            i = pending.pop(0)
-            rt.submit(i, prompts[i], params)
-        for event in rt.step():
-            out[event.request_id] += event.token_ids
-    return [out[i] for i in range(len(prompts))]
 
 
 def main() -> None:
@@ -111,6 +97,8 @@ def main() -> None:
     if "ending" in parts:
         result["ending_fast"] = [c.token_ids for c in fast.generate(prompts, ending)]
         result["ending_eager"] = [c.token_ids for c in eager.generate(prompts, ending)]
+    # continuous batching: with three requests of four tokens, fast steps of 1, 2, 3 (the bucket of 4, one padding
+    # row), 2 and 1 rows: every bucket, two steps of the costliest under the interpreter, batch 1's
     result["staggered_fast"] = staggered(fast, prompts, greedy)
     result["staggered_eager"] = staggered(eager, prompts, greedy)
     if "prefill" in parts:  # prompts short enough to be rows of a fast step beside the decodes (runtime._split)

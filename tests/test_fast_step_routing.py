@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from continuous_batching import staggered
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine import runtime as runtime_module
 from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
@@ -58,23 +59,10 @@ def runtime(built):
     rt.close()
 
 
-def _run(rt: TorchRuntime, prompts: list[list[int]], params: SamplingParams) -> dict[int, list[int]]:
-    """A new request every step while the earlier ones decode (continuous batching)."""
-    out = {i: [] for i in range(len(prompts))}
-    pending = list(range(len(prompts)))
-    while pending or rt.has_work():
-        if pending:
-            i = pending.pop(0)
-            rt.submit(i, prompts[i], params)
-        for event in rt.step():
-            out[event.request_id] += event.token_ids
-    return out
-
-
 def test_short_prompts_prefill_as_rows_of_fast_steps_beside_the_decodes(runtime):
     # 3 + 5 fit the largest bucket (8) beside one decode; 9 tokens never fit: eager; 2 joins three decodes
     prompts = [list(range(10, 13)), list(range(20, 25)), list(range(30, 39)), list(range(40, 42))]
-    out = _run(runtime, prompts, SamplingParams(max_tokens=5, end_id=-1))
+    out = staggered(runtime, prompts, SamplingParams(max_tokens=5, end_id=-1))
     for i, prompt in enumerate(prompts):
         if len(prompt) <= 8:  # read at the prompt's last position of the fast step, then its own tokens fed back
             assert out[i] == [prompt[-1] + 1 + j for j in range(5)], i
@@ -89,9 +77,9 @@ def test_fast_prefill_can_be_turned_off(runtime, monkeypatch):
     monkeypatch.setenv("TRTLLM_PIPELINE_FAST_PREFILL", "0")
     assert not runtime_module.fast_prefill_enabled()
     prompts = [list(range(10, 13)), list(range(20, 25))]
-    out = _run(runtime, prompts, SamplingParams(max_tokens=3, end_id=-1))
+    out = staggered(runtime, prompts, SamplingParams(max_tokens=3, end_id=-1))
     assert runtime.phase_rows["fast_prefill_rows"] == 0 and runtime.phase_rows["eager_rows"] == 2
-    assert all(out[i][1:] == [out[i][0] + 1, out[i][0] + 2] for i in out)
+    assert all(t[1:] == [t[0] + 1, t[0] + 2] for t in out)
 
 
 def test_a_decode_step_samples_every_row_without_gathering_its_logits(runtime, monkeypatch):
@@ -105,7 +93,7 @@ def test_a_decode_step_samples_every_row_without_gathering_its_logits(runtime, m
         return real(self, reqs, logits, greedy)
 
     monkeypatch.setattr(runtime_module.TorchRuntime, "_sample", spy)
-    _run(runtime, [list(range(10, 13)), list(range(20, 22))], SamplingParams(max_tokens=4, end_id=-1))
+    staggered(runtime, [list(range(10, 13)), list(range(20, 22))], SamplingParams(max_tokens=4, end_id=-1))
     assert own.count(True) >= 3 and False in own  # decode steps: the buffer; a prefill's last position: a copy
 
 
@@ -116,10 +104,10 @@ def test_decode_steps_left_running_give_their_tokens_at_the_next_step(runtime):
     prompts = [list(range(10, 13)), list(range(20, 25)), list(range(30, 39))]
     params = SamplingParams(max_tokens=6, end_id=-1)
     assert runtime.overlap
-    overlapped = _run(runtime, prompts, params)
+    overlapped = staggered(runtime, prompts, params)
     runtime.overlap = False
-    synchronous = _run(runtime, prompts, params)
-    assert overlapped == synchronous and all(len(t) == 6 for t in overlapped.values())
+    synchronous = staggered(runtime, prompts, params)
+    assert overlapped == synchronous and all(len(t) == 6 for t in overlapped)
     runtime.overlap = True
     runtime.submit("a", list(range(50, 53)), params)
     assert runtime.step()[0].token_ids == [53]  # the prompt's token, from its (synchronous) prefill step
