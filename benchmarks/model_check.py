@@ -85,7 +85,10 @@ def main() -> None:
                     step = first_decode(rt, prompt_ids, token)
                     row = {"prompt": prompt, "prefill_fused_vs_torch": rel(pre["fused"], pre["torch"]),
                            "prefill_argmax_equal": bool(pre["fused"].argmax() == pre["torch"].argmax()),
-                           "first_token": rt.tokenizer.decode([token])}
+                           "first_token": rt.tokenizer.decode([token]),
+                           # the margin a rounding difference has to cross to change the first token
+                           "top4": [(rt.tokenizer.decode([int(i)]), round(float(v), 3))
+                                    for v, i in zip(*pre["torch"].topk(4))]}
                     if "fast" in step:
                         row["decode_fast_vs_eager"] = rel(step["fast"], step["eager"])
                         row["decode_argmax_equal"] = bool(step["fast"].argmax() == step["eager"].argmax())
@@ -100,7 +103,7 @@ def main() -> None:
         row["text_fast"], row["text_eager"] = texts["fast"][i], texts["eager"][i]
         print(f"-- {row['prompt']}")
         print(f"   prefill fused vs torch: rel {row['prefill_fused_vs_torch']:.2e}, argmax equal "
-              f"{row['prefill_argmax_equal']}; first token {row['first_token']!r}")
+              f"{row['prefill_argmax_equal']}; first token {row['first_token']!r}; top 4 {row['top4']}")
         if "decode_fast_vs_eager" in row:
             print(f"   first decode step fast vs eager: rel {row['decode_fast_vs_eager']:.2e}, argmax equal "
                   f"{row['decode_argmax_equal']}")
