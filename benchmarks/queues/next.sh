@@ -14,8 +14,3 @@ part served 240 TRITON_CACHE_DIR=/tmp/triton-cache-b TRTLLM_PIPELINE_FAST_PREFIL
 await /tmp/smolw/ready 60
 part spec 120 WHEELS=/tmp/smolw SPEC_BATCHES=1
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
-# 30/31: the fast-step prefill by length and the fused layers' first-layer agreement (the served build)
-part prefill 120 PREFILL_SERVED_BUILD=1
-# 31: the headline row after the loaded attention shape, the overlapped steps and the logits no longer copied
-part throughput 300 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
-part prefix 200
