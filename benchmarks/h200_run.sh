@@ -86,7 +86,7 @@ case "$part" in
   served)
     # Issue 30: the random 7B FP8 build served by tritonserver on this GPU, against in-process in the same call.
     # SERVED_PHASES (default all): any of cold, bench, spy, openai, soak, warm, inprocess; also hangcheck and
-    # inprocess_sync (in-process with TRTLLM_PIPELINE_OVERLAP=0).
+    # inprocess_sync (in-process with TRTLLM_PIPELINE_OVERLAP=0), inprocess_nochain (TRTLLM_PIPELINE_CHAIN=0).
     c=$(config fp8)
     phases=" ${SERVED_PHASES:-cold bench spy openai soak warm inprocess} "
     has() { [[ "$phases" == *" $1 "* ]]; }
@@ -218,6 +218,10 @@ case "$part" in
     if has inprocess_sync; then  # the A/B of the overlapped decode steps: every step returns its own tokens
       TRTLLM_PIPELINE_OVERLAP=0 tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 \
         --output-tokens 256 -o "$out/inprocess-sync-fp8-c128.json" || status=$?
+    fi
+    if has inprocess_nochain; then  # the A/B of chained decode steps: overlap without them (TRTLLM_PIPELINE_CHAIN=0)
+      TRTLLM_PIPELINE_CHAIN=0 tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 \
+        --output-tokens 256 -o "$out/inprocess-nochain-fp8-c128.json" || status=$?
     fi
     python3 benchmarks/served_table.py "$out" | tee "$out/served-table.md"
     exit $status ;;

@@ -107,6 +107,7 @@ def main() -> None:
                     "fast_rows": (cur["fast_rows"] - prev["fast_rows"]) / steps,
                     "eager_rows": (cur["eager_rows"] - prev["eager_rows"]) / steps,
                     "eager_tokens": (cur["eager_tokens"] - prev["eager_tokens"]) / steps,
+                    "chained": (cur["chained_steps"] - prev["chained_steps"]) / steps,
                     "tokens_per_s": (tokens - prev["tokens"]) / (now - last),
                     "running": len(rt.scheduler.running), "waiting": len(rt.scheduler.waiting),
                     "kv_usage": rt.stats().get("kv_cache_usage", 0.0),

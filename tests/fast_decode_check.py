@@ -101,6 +101,7 @@ def main() -> None:
     # row), 2 and 1 rows: every bucket, two steps of the costliest under the interpreter, batch 1's
     result["staggered_fast"] = staggered(fast, prompts, greedy)
     result["staggered_eager"] = staggered(eager, prompts, greedy)
+    result["chained_steps"] = fast.phase_rows["chained_steps"]  # decode steps fed the previous one's argmax on-device
     if "prefill" in parts:  # prompts short enough to be rows of a fast step beside the decodes (runtime._split)
         short = [p[:3] for p in prompts]
         before = fast.phase_rows["fast_prefill_rows"]

@@ -56,6 +56,7 @@ def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
     assert r["library_padding_wrote_scratch_only"]
     assert r["library_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["library_vs_eager"] < 0.01
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]  # batches of changing size
+    assert r["chained_steps"] > 0  # ... some of them chained on the previous step's argmax (runtime._chain)
     # A row ending on its end id mid-batch changes nothing for the others.
     assert r["ending_fast"] == r["ending_eager"] != r["greedy_eager"]
     assert r["padding_wrote_scratch_only"]

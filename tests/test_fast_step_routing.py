@@ -54,7 +54,8 @@ def runtime(built):
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False)
     rt.decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8], use_graphs=False)
     rt.decoder.prepare()
-    rt.overlap = runtime_module.overlap_enabled()  # as the runtime sets it where it made a decoder itself
+    rt.overlap = runtime_module.overlap_enabled()  # as the runtime sets them where it made a decoder itself
+    rt.chaining = rt.overlap and runtime_module.chaining_enabled(rt.decoder, rt.speculator)
     yield rt
     rt.close()
 
@@ -93,6 +94,7 @@ def test_a_decode_step_samples_every_row_without_gathering_its_logits(runtime, m
         return real(self, reqs, logits, greedy)
 
     monkeypatch.setattr(runtime_module.TorchRuntime, "_sample", spy)
+    runtime.chaining = False  # (chained steps read only the argmax: ``test_chained_...``)
     staggered(runtime, [list(range(10, 13)), list(range(20, 22))], SamplingParams(max_tokens=4, end_id=-1))
     assert own.count(True) >= 3 and False in own  # decode steps: the buffer; a prefill's last position: a copy
 
@@ -129,3 +131,82 @@ def test_a_request_cancelled_while_its_decode_step_runs_is_skipped(runtime):
         rest += runtime.step()
     assert {e.request_id for e in rest} == {"b"} and rest[-1].finish_reason == "length"
     assert runtime.kv.free_blocks == runtime.kv.usable_blocks and not runtime.kv.tables  # every block back
+
+
+def _run(rt, submits, steps_between=0):
+    """Requests (id, prompt, params) submitted after ``steps_between`` steps each; every request's tokens and how it
+    ended."""
+    tokens, ends = {}, {}
+    for rid, prompt, params in submits:
+        rt.submit(rid, prompt, params)
+        tokens[rid] = []
+        for _ in range(steps_between):
+            for e in rt.step():
+                tokens[e.request_id] += e.token_ids
+                ends[e.request_id] = e.finish_reason or ends.get(e.request_id)
+    while rt.has_work():
+        for e in rt.step():
+            tokens[e.request_id] += e.token_ids
+            ends[e.request_id] = e.finish_reason or ends.get(e.request_id)
+    return tokens, ends
+
+
+def test_chained_decode_steps_give_the_synchronous_tokens_and_ends(runtime):
+    """Chained steps (``_chain``: the next decode step launched on the running one's argmax, taken on the device)
+    emit exactly the synchronous path's tokens, and end each request where it would: by length (its last row held
+    back), on its end id (its row in the step chained after it dropped), mixed lengths in one batch."""
+    submits = [("a", list(range(10, 13)), SamplingParams(max_tokens=9, end_id=-1)),
+               ("b", list(range(20, 25)), SamplingParams(max_tokens=3, end_id=-1)),
+               ("c", list(range(30, 33)), SamplingParams(max_tokens=20, end_id=37)),  # 33, 34, .. ends on 37
+               ("d", list(range(40, 42)), SamplingParams(max_tokens=12, end_id=-1)),
+               # prefilled eagerly (past the largest bucket) beside a decode step left running: its first decode
+               # row then joins a chained step with a token of its own
+               ("e", list(range(60, 70)), SamplingParams(max_tokens=6, end_id=-1))]
+    assert runtime.chaining
+    mixed = []
+    chain_tokens = runtime.decoder._chain_tokens
+    runtime.decoder._chain_tokens = lambda tokens, sources, m: (mixed.append(m), chain_tokens(tokens, sources, m))
+    chained = _run(runtime, submits, steps_between=1)
+    assert runtime.phase_rows["chained_steps"] >= 6 and True in mixed
+    runtime.chaining = runtime.overlap = False
+    synchronous = _run(runtime, submits, steps_between=1)
+    assert chained == synchronous
+    tokens, ends = chained
+    assert tokens["a"] == list(range(13, 22)) and ends["a"] == "length"
+    assert tokens["b"] == [25, 26, 27] and ends["b"] == "length"
+    assert tokens["c"] == [33, 34, 35, 36] and ends["c"] == "end_id"
+    assert tokens["d"] == list(range(42, 54)) and ends["d"] == "length"
+    assert tokens["e"][1:] == [tokens["e"][0] + 1 + j for j in range(5)]  # the eager model's first token, then + 1
+    assert runtime.kv.free_blocks == runtime.kv.usable_blocks and not runtime.kv.tables
+
+
+def test_chained_steps_wait_for_bans_and_sampling(runtime):
+    """A row whose token is not the argmax as it stands (its end id banned before min_tokens, or sampled) cannot
+    feed the argmax on: those steps settle first, and the tokens are the synchronous ones."""
+    greedy = SamplingParams(max_tokens=8, end_id=-1)
+    banned = SamplingParams(max_tokens=8, min_tokens=6, end_id=15)  # 13, 14, (15 banned) ...
+    tokens, ends = _run(runtime, [("g", list(range(20, 23)), greedy), ("m", list(range(10, 13)), banned)])
+    assert tokens["g"] == list(range(23, 31)) and tokens["m"][:2] == [13, 14] and 15 not in tokens["m"][:6]
+    assert runtime.phase_rows["chained_steps"] >= 1  # once "m" is past min_tokens
+    before = runtime.phase_rows["chained_steps"]
+    # sampled (logits 100 at t + 1 against 0: still t + 1)
+    sampled = SamplingParams(max_tokens=6, temperature=0.01, end_id=-1, seed=1)
+    tokens, _ = _run(runtime, [("s", list(range(30, 33)), sampled), ("g2", list(range(40, 43)), greedy)])
+    assert tokens["s"] == list(range(33, 39)) and tokens["g2"] == list(range(43, 51))
+    assert runtime.phase_rows["chained_steps"] - before <= 2  # only the steps after "s" ended
+
+
+def test_a_request_cancelled_while_chained_steps_run_is_dropped_from_the_chain(runtime):
+    params = SamplingParams(max_tokens=10, end_id=-1)
+    runtime.submit("a", list(range(10, 13)), params)
+    runtime.submit("b", list(range(20, 23)), params)
+    out = {"a": [], "b": []}
+    while runtime.phase_rows["chained_steps"] < 2:
+        for e in runtime.step():
+            out[e.request_id] += e.token_ids
+    runtime.cancel("a")
+    while runtime.has_work():
+        for e in runtime.step():
+            out[e.request_id] += e.token_ids
+    assert out["b"] == list(range(23, 33)) and out["a"] == list(range(13, 13 + len(out["a"])))
+    assert runtime.kv.free_blocks == runtime.kv.usable_blocks and not runtime.kv.tables

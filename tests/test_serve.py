@@ -216,6 +216,13 @@ def test_bad_http_requests_are_400s_naming_the_field(server, endpoint, body, mes
     assert ready(server)
 
 
+def test_the_server_log_shows_the_runtimes_load(server):
+    """The runtime's progress lines reach tritonserver's log from the stub (a slow start then says where its time
+    went): Triton's Python models log nothing below a warning unless configured."""
+    text = Path(server.log).read_text(errors="replace")
+    assert "KV pool:" in text and "Traceback" not in text, text[-2000:]
+
+
 def test_a_client_that_resets_mid_request_is_one_line_in_the_log(server):
     """The HTTP front, when a client resets its connection before its headers are done: a line naming the client in
     the server log, not socketserver's traceback, and the server stays ready."""

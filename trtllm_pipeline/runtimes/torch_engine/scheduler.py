@@ -42,6 +42,7 @@ class Sequence:
     computed: int = 0
     draft: list[int] = dataclasses.field(default_factory=list)  # tokens proposed for this step (speculation)
     keys: list | None = None  # the prompt's full blocks' prefix-cache keys, hashed once (Scheduler._prefix_keys)
+    held: bool = False  # its last token is not read yet and ends it by length: no row until then (chained steps)
 
     @property
     def length(self) -> int:
@@ -138,6 +139,8 @@ class Scheduler:
     def _take(self, seq: Sequence, budget: int, prefill: int, decoding: bool | None = None) -> int:
         """Tokens ``seq`` feeds this step: its decode token and the drafts the budget has room for, or a chunk
         of what it has not computed yet (``decoding``: ``seq.decoding``, if the caller has it)."""
+        if seq.held:
+            return 0
         if seq.decoding if decoding is None else decoding:  # its last sampled token, then its drafts
             return 1 + min(len(seq.draft), budget - 1)
         return max(0, min(seq.length - seq.computed, budget, prefill))

@@ -66,11 +66,22 @@ class DecodeGraphs:
         self.width = step.engine.slot_blocks  # block table entries a row can have (max_seq_len / block size)
         self.use_graphs = use_graphs and step.engine.device.type == "cuda"
         self.buffers: dict[int, StepBuffers] = {}
-        self.staging: dict[int, torch.Tensor] = {}  # pinned host copies of each bucket's inputs
+        self.staging: dict[int, list[torch.Tensor]] = {}  # pinned host copies of each bucket's inputs (two sets)
+        self.sources: dict[int, torch.Tensor] = {}  # a chained step's sources on the device (``decode``)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_buffers: dict[int, StepBuffers] = {}  # speculative verify steps: the same buffers, two passes
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.setup_seconds = 0.0
+        self._cuda = step.engine.device.type == "cuda"
+        # Two sets of pinned host buffers used in turn (``_fill``, ``_read_back``): a chained step (``decode``'s
+        # ``sources``) is filled while the previous one may not have copied its inputs in yet, and its tokens come
+        # back while the next one runs. Each set's event marks its last copy done.
+        self._turn = 0
+        self._copied: list = [None, None]  # event after each set's input copy to the device
+        self._greedy_host = [torch.zeros(self.buckets[-1], dtype=torch.long, pin_memory=self._cuda) for _ in range(2)]
+        self._read: list = [None, None]  # event after each set's greedy tokens reached the host
+        self._last = None  # (greedy tokens on the host, their event) of the last ``decode``
+        self._last_greedy: torch.Tensor | None = None  # its greedy tokens on the device: a chained step's inputs
         rows = self.buckets[-1] + 1
         self.padding_row = rows - 1
         self.tables = torch.zeros((rows, self.width), dtype=torch.long, device=step.engine.device)
@@ -85,13 +96,18 @@ class DecodeGraphs:
         """Compile every kernel for every bucket and capture the graphs (once per process)."""
         start = time.perf_counter()
         for batch in reversed(self.buckets):  # largest first: later captures reuse its memory
+            mark = time.perf_counter()
             buf = self.buffers[batch] = self.step.buffers(batch, self.tables)
-            pinned = self.use_graphs  # pinned memory needs a CUDA device
-            self.staging[batch] = torch.zeros((3, batch), dtype=torch.long, pin_memory=pinned)
+            # rows: tokens, positions, table rows, and a chained step's sources (``decode``)
+            self.staging[batch] = [torch.zeros((4, batch), dtype=torch.long, pin_memory=self._cuda) for _ in range(2)]
+            self.sources[batch] = torch.zeros(batch, dtype=torch.long, device=self.tables.device)
             self._fill(batch, [], [], [])
             self.step.run(buf)  # compiles the kernels outside the capture
             if self.use_graphs:
                 self.graphs[batch] = self._capture(buf)
+            # (a cold kernel cache compiles here: a slow start's log says which bucket took the time)
+            log.info("fast decode path: batch bucket %d compiled and captured in %.1f s", batch,
+                     time.perf_counter() - mark)
         if self.use_graphs:
             torch.cuda.synchronize()
         self.setup_seconds = time.perf_counter() - start
@@ -113,24 +129,47 @@ class DecodeGraphs:
         log.info("fast verify steps ready: batch buckets %s, in %.1f s", sorted(self.verify_buffers), seconds)
 
     def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int],
-               request_ids: Sequence | None = None) -> torch.Tensor:
+               request_ids: Sequence | None = None, sources: Sequence[int] | None = None) -> torch.Tensor:
         """Float32 logits [len(tokens), vocab] of one decode step: row i's token at ``positions[i]``, its K/V in
         the blocks ``tables[i]`` (a view valid until the next call). ``request_ids``: each row's request, whose
-        table row persists between steps (``release`` it when the request leaves); None: rows 0.. this step."""
+        table row persists between steps (``release`` it when the request leaves); None: rows 0.. this step.
+
+        ``sources``: a chained step, launched before the previous ``decode``'s tokens were read: row i feeds that
+        step's greedy token of its row ``sources[i]``, taken on the device (``tokens[i]`` is then a placeholder), or
+        where ``sources[i]`` is negative, ``tokens[i]`` (a request that joined the decodes since). Every step's argmax
+        tokens also come to the host by themselves (``greedy_host``), without waiting for a later step."""
         keys = request_ids if request_ids is not None else [("row", i) for i in range(len(tokens))]
         rows = self._table_rows(keys, tables)
         if request_ids is None:
             self.release(keys)
         if not self.buffers:
             self.prepare()
-        batch = bucket_for(len(tokens), self.buckets)
+        n = len(tokens)
+        batch = bucket_for(n, self.buckets)
         buf = self.buffers[batch]
-        self._fill(batch, tokens, positions, rows)
+        self._fill(batch, tokens, positions, rows, sources)
+        if sources is not None:  # after the inputs' copy, before the replay: in stream order, the previous step's
+            self._chain_tokens(buf.inputs[0, :n], self.sources[batch][:n], min(sources) < 0)
         if self.use_graphs:
             self.graphs[batch].replay()
         else:
             self.step.run(buf)
-        return buf.logits[: len(tokens)]
+        self._read_back(buf.greedy, n)
+        return buf.logits[:n]
+
+    def _chain_tokens(self, tokens: torch.Tensor, sources: torch.Tensor, mixed: bool) -> None:
+        """``tokens`` (copied in) replaced on the device by the previous step's argmax of rows ``sources``; ``mixed``:
+        rows whose source is negative keep theirs (one gather where every row chains, as at steady load)."""
+        if not mixed:
+            torch.index_select(self._last_greedy, 0, sources, out=tokens)
+            return
+        taken = self._last_greedy.index_select(0, sources.clamp(min=0))
+        torch.where(sources >= 0, taken, tokens, out=tokens)
+
+    def greedy_host(self) -> tuple[torch.Tensor, object | None]:
+        """The last ``decode``'s argmax tokens on the host (pinned) and the event after which they are there (None:
+        they are already): reading them waits for that step only, not for a step launched after it."""
+        return self._last
 
     def verify(self, token_lists: Sequence[Sequence[int]], tables: Sequence[Sequence[int]], starts: Sequence[int],
                request_ids: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,12 +270,36 @@ class DecodeGraphs:
         """The argmax tokens of the last ``decode`` of ``n`` rows, computed inside the step."""
         return self.buffers[bucket_for(n, self.buckets)].greedy[:n]
 
-    def _fill(self, batch: int, tokens, positions, rows) -> None:
-        # The previous step's tokens were read back before this one is filled, so the pinned
-        # buffer is free and the copy can run asynchronously, ahead of the replay on the stream.
-        staging = self.staging[batch]
+    def _fill(self, batch: int, tokens, positions, rows, sources=None) -> None:
+        """The step's inputs into this turn's pinned set, copied to the device ahead of the replay on the stream.
+        The set was last used two fills ago; its copy is done unless two steps were chained past it (then wait)."""
+        self._turn ^= 1
+        if (copied := self._copied[self._turn]) is not None:
+            copied.synchronize()
+        staging = self.staging[batch][self._turn]
         write_step_inputs(staging.numpy(), tokens, positions, rows, self.padding_row)
-        self.buffers[batch].inputs.copy_(staging, non_blocking=True)
+        self.buffers[batch].inputs.copy_(staging[:3], non_blocking=True)
+        if sources is not None:
+            staging.numpy()[3, : len(sources)] = sources
+            self.sources[batch].copy_(staging[3], non_blocking=True)
+        if self._cuda:
+            self._copied[self._turn] = _recorded(self._copied[self._turn])
+
+    def _read_back(self, greedy: torch.Tensor, n: int) -> None:
+        """The step's argmax tokens to this turn's pinned host buffer, behind the step on the stream (its tokens of
+        two decodes ago were read by then: a caller chains one step at most)."""
+        host = self._greedy_host[self._turn][:n]
+        host.copy_(greedy[:n], non_blocking=self._cuda)
+        if self._cuda:
+            self._read[self._turn] = _recorded(self._read[self._turn])
+        self._last, self._last_greedy = (host, self._read[self._turn]), greedy
+
+
+def _recorded(event):
+    """``event`` (a new one if None) recorded on the current stream."""
+    event = event if event is not None else torch.cuda.Event()
+    event.record()
+    return event
 
 
 def write_step_inputs(out, tokens: Sequence[int], positions: Sequence[int], rows: Sequence[int],

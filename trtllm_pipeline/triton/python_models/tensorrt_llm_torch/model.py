@@ -14,6 +14,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from trtllm_pipeline.console import setup_logging
 from trtllm_pipeline.runtimes.registry import load_runtime
 from trtllm_pipeline.triton import health, stops, torch_repo
 from trtllm_pipeline.triton.tensors import string_parameters
@@ -22,6 +23,9 @@ from trtllm_pipeline.triton.torch_server import TorchModelServer
 
 class TritonPythonModel:
     def initialize(self, args):
+        # the runtime's progress (KV pool, each batch bucket compiled and captured) into the server's log: a slow
+        # start says where its time goes
+        setup_logging(0)
         params = string_parameters(json.loads(args["model_config"]))
         repository = Path(args["model_repository"]).parent
         cfg = torch_repo.read_build_config(Path(args["model_repository"]))
