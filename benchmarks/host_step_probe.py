@@ -25,7 +25,7 @@ import torch
 
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs, batch_buckets
-from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime, overlap_enabled
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime, chaining_enabled, overlap_enabled
 
 
 class _NoStep:
@@ -68,7 +68,8 @@ def main() -> None:
                       fast_decode=False)
     rt.decoder = DecodeGraphs(_NoStep(rt.engine), batch_buckets(args.rows), use_graphs=False)
     rt.decoder.prepare()
-    rt.overlap = overlap_enabled()  # as the runtime sets it where it made the decoder itself
+    rt.overlap = overlap_enabled()  # as the runtime sets them where it made the decoder itself
+    rt.chaining = rt.overlap and chaining_enabled(rt.decoder, rt.speculator)
     params = SamplingParams(max_tokens=args.steps + 20, end_id=-1)
     for i in range(args.rows):
         rt.submit(i, [(7 * i + j) % 1000 + 10 for j in range(args.prompt_tokens)], params)
@@ -77,7 +78,7 @@ def main() -> None:
     for _ in range(3):
         rt.step()
     profiler = cProfile.Profile() if args.profile else None
-    before = dict(rt.phase_s)
+    before, chained = dict(rt.phase_s), rt.phase_rows["chained_steps"]
     start = time.perf_counter()
     if profiler:
         profiler.enable()
@@ -87,14 +88,16 @@ def main() -> None:
         profiler.disable()
     ms = (time.perf_counter() - start) * 1000 / args.steps
     phases = {k: (rt.phase_s[k] - before[k]) * 1000 / args.steps for k in before}
+    chained = rt.phase_rows["chained_steps"] - chained
     print(f"host time per step at {args.rows} decoding rows (no model): {ms:.3f} ms "
-          f"(plan {phases['plan']:.3f}, eager {phases['eager']:.3f}, fast {phases['fast']:.3f})")
+          f"(plan {phases['plan']:.3f}, eager {phases['eager']:.3f}, fast {phases['fast']:.3f}; "
+          f"{chained} of {args.steps} steps chained)")
     if profiler:
         stats = pstats.Stats(profiler)
         stats.sort_stats(args.sort).print_stats(30)
     if args.output:
-        args.output.write_text(json.dumps({"rows": args.rows, "host_ms_per_step": ms, "phases_ms": phases},
-                                          indent=1))
+        args.output.write_text(json.dumps({"rows": args.rows, "host_ms_per_step": ms, "phases_ms": phases,
+                                           "chained_steps": chained, "steps": args.steps}, indent=1))
     rt.close()
 
 
