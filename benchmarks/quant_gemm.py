@@ -457,7 +457,7 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
     gib = 2**30
     for fmt in formats:
         row = {"format": fmt, "context": ctx, "prefill_tokens": prefill}
-        engine = graphs = None
+        engine = graphs = step = None
         try:
             cfg, tensors = qf.quantized_checkpoint(fmt, *bf16_tensors(), amax, device)
             Linear.KEEP_DEQUANTIZED = True  # "before": the copies a quantized engine used to keep
@@ -512,8 +512,7 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
                     f"{b * 1000 / wall:.0f} tok/s")
             row["peak_gib"] = _gib(device, "peak")
             if row["tiled_copy_gib"]:  # batch 1 without the GEMV's tiled copy: its time against its memory
-                del graphs, step
-                graphs = None
+                graphs = step = None
                 _reset_peak(device)
                 tiled, quant_gemv_ws.TILED_WEIGHTS = quant_gemv_ws.TILED_WEIGHTS, False
                 try:
@@ -529,7 +528,10 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
             row["error"] = traceback.format_exc()[-2000:]
             log(f"steps {fmt} FAILED: {exc!r}")
         rows.append(row)
-        del engine, graphs
+        # every reference to this format's engine: its DecodeStep held it (weights + KV) into the next format's row
+        # until that row made its own step, which is what the 2026-12-04c run's "~16 GiB beyond weights + KV" in
+        # the rows after W4A8 was (the previous engine: 12.6-15.4 GiB)
+        del engine, graphs, step
         quant_gemm.release_scratch()
         if device.type == "cuda":
             torch.cuda.empty_cache()
