@@ -809,6 +809,39 @@ def test_quant_gemm_benchmark_dry_run_reaches_every_call(tmp_path):
     assert "FAILED" not in (tmp_path / "quant_gemm.txt").read_text()
 
 
+def test_quant_gemm_benchmark_gemv_rows_parts_dry_run(tmp_path):
+    """benchmarks/quant_gemm.py --parts gemv_rows,rows_steps --dry-run (the next H200 run's INT4-AWQ GEMV for several
+    rows): the several-row GEMV timed beside today's kernels, correct, its tiles in the merged table, which keeps the
+    package's other entries; then steps under each kernel choice, the switch's taking the GEMV at every batch."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    from quant_gemm import DRY_ROWS_MS, MAX_ERR
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+
+    path = [str(TESTS / "interpreter_site"), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
+    env.pop(quant_gemm.TABLE_ENV, None)
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "quant_gemm.py"), "--dry-run", "--out",
+                           str(tmp_path), "--formats", "int4_awq", "--parts", "gemv_rows,rows_steps"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "quant_gemm.json").read_text())
+    rows = result["gemv_rows"]
+    assert isinstance(rows, list), rows
+    assert not [r for r in rows if "failed" in r or not r["error"] < MAX_ERR[r["format"]]]
+    several = [r for r in rows if r["kernel"] == "gemv" and r["m"] > 1]
+    assert {r["m"] for r in several} == set(DRY_ROWS_MS) - {1} and all(r["config"][0] > 1 for r in several)
+    entries = json.loads((tmp_path / "quant_gemm_table.json").read_text())["entries"]
+    assert {e["m"] for e in entries if e["n"] == 3584 and e["k"] == 18944} >= {1, 8, 2048}  # the package's 7B rows
+    assert all(e.get("config") for e in entries if e["kernel"] == "gemv" and e["m"] > 1)
+    quant_gemm._load_table(tmp_path / "quant_gemm_table.json")
+    steps = result["rows_steps"]
+    assert [(s["choice"], s["batch"]) for s in steps] == [(c, b) for c in ("table", "gemv", "measured")
+                                                          for b in (1, 3)], steps
+    assert all(set(s["kernels"].values()) == {"gemv"} for s in steps if s["choice"] == "gemv")
+    assert "gemv" not in {k for s in steps if s["choice"] == "table" and s["batch"] > 1 for k in s["kernels"].values()}
+
+
 def test_batch_buckets_and_padding():
     assert batch_buckets(8) == [1, 2, 4, 8]
     assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]

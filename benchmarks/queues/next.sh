@@ -14,3 +14,9 @@ part served 240 TRITON_CACHE_DIR=/tmp/triton-cache-b TRTLLM_PIPELINE_FAST_PREFIL
 await /tmp/smolw/ready 60
 part spec 120 WHEELS=/tmp/smolw SPEC_BATCHES=1
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
+# INT4-AWQ at batch 2-16 on quant_gemv's several-row GEMV (docs/perf-notes.md, "INT4-AWQ at batch 2-16"): the GEMV
+# against today's kernels at M 1/2/4/8/16 for the 7B's four linears, the merged quant_gemm_table.json (copy it into
+# the package where its "gemv" rows win), steps at batch 1/8/16 by choice (table, switch, measured); then the random
+# 7B INT4-AWQ build's bench --in-process with the switch off and on
+part quant_gemm 480 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq KERNEL_SWEEP_S=90
+part int4_rows 420

@@ -728,7 +728,8 @@ def _load_table(path: Path) -> dict:
         # (a GEMV entry's config: the several-row kernel's measured tiles at M > 1; none at batch 1)
         cfg = _config(e.get("config"), kernel) if kernel == "gemm" or kernel == "gemv" and e["m"] > 1 else None
         if kernel in LINEAR_KERNELS:
-            step, step_cfg = e.get("step_kernel", "gemm"), _config(e.get("step_config"))
+            step = e.get("step_kernel", "gemm")
+            step_cfg = _config(e.get("step_config"), step)
         else:
             step, step_cfg = kernel, cfg
         row = (e["m"], kernel, cfg, step, step_cfg)
