@@ -27,9 +27,11 @@ and stayed issue-bound at 1.4 TB/s (docs/perf-notes.md). Here four weights cost 
 The products are exact; the input's int16 rounding (exact within 2^7 of a block's largest bfloat16, else at
 2^-15 of it) is the only difference from the float32 ``x @ W^T`` (1e-5 relative, a hundredth of eager's own
 error). Output: the same float32 split-K partials (or, for mlp.fc + mlp.gate, ``silu(fc) * gate``, and then
-mlp.proj's prepared input) as quant_linear's kernels. Only INT4-AWQ (W4A16) at M = 1 takes it: W4A8 rounds
-every scaled weight to E4M3 (the tensor cores' operand), and batches above 1 multiply each weight by several
-rows, which the tensor cores do for free. Triton's interpreter cannot run PTX, so there ``dp4a`` is the same
+mlp.proj's prepared input) as quant_linear's kernels. Only INT4-AWQ (W4A16) takes it: W4A8 rounds every scaled
+weight to E4M3 (the tensor cores' operand). At M = 2-16 ``_int4_gemv_rows_kernel`` unpacks each weight tile once
+and applies it to every row (dp4a per row: the rows' cost grows by 0.5 dp4a a weight each, so past a few rows the
+tensor cores' GEMM, which multiplies by the rows for free, wins); the decode step takes it only where quant_gemm's
+measured table says so, or under ``ROWS_ENV``. Triton's interpreter cannot run PTX, so there ``dp4a`` is the same
 sum from shifts (``ASM=False``); ``tools/gemv_sass.py`` counts the GPU's instructions on a CPU machine.
 """
 
