@@ -11,7 +11,11 @@
 #   bash benchmarks/h200_run.sh quant      # the 4/8-bit kernels and whole steps at the 7B shape (QUANT_FORMATS)
 #   bash benchmarks/h200_run.sh quant_gemm # the 4/8-bit GEMMs at M 1..2048 (kernel table, the measured
 #                                          # quant_gemm_table.json), steps by format x batch 1/8/32/64, prefill,
-#                                          # peak memory before/after (QUANT_FORMATS, QG_PARTS=kernels,steps)
+#                                          # peak memory before/after (QUANT_FORMATS, QG_PARTS=kernels,steps;
+#                                          # QG_PARTS=gemv_rows,rows_steps: INT4-AWQ's GEMV at M 1-16 and steps
+#                                          # at batch 1/8/16 by kernel choice)
+#   bash benchmarks/h200_run.sh int4_rows  # random 7B INT4-AWQ build: bench --in-process at batch 1/8/16, the
+#                                          # several-row GEMV's switch off and on (TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS)
 #   bash benchmarks/h200_run.sh smollm2    # the real SmolLM2-135M-Instruct (issue 33): per SMOLLM2_FORMATS (default
 #                                          # "bf16 fp8 int4-awq"): quantize + build, its answer to a question, and
 #                                          # bench --in-process at batch 1 (the fast path's ms/step). Needs the wheels
@@ -51,7 +55,7 @@
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -278,6 +282,14 @@ case "$part" in
   quant_gemm)
     python3 benchmarks/quant_gemm.py --out "$out" --parts "${QG_PARTS:-kernels,steps}" \
       --formats "${QUANT_FORMATS:-int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16}" ;;
+  int4_rows)  # INT4-AWQ at batch 2-16 on quant_gemv's several-row GEMV: the random 7B INT4-AWQ build served in-process
+    # at batch 1/8/16, context 2048, today's kernels (the switch off) against the GEMV at every batch (on)
+    c=$(config int4-awq)
+    tp build -c "$c" --engines-dir "$engines"
+    for rows in 0 16; do
+      TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=$rows tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,16 \
+        --context 2048 --output-tokens 256 -o "$out/inprocess-int4-awq-gemv-rows-$rows.json"
+    done ;;
   smollm2)
     for variant in ${SMOLLM2_FORMATS:-bf16 fp8 int4-awq}; do
       c=build_configs/smollm2-135m-instruct-$variant-tp1.yaml
@@ -371,5 +383,5 @@ case "$part" in
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
-    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
 esac

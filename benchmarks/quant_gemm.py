@@ -25,6 +25,16 @@ tool's 10-minute calls take one each: kernels first, its table copied into the p
            against the eager (copy) model, then decode graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s,
            peak GiB. The table in DIR (when the kernels part ran first) is the one the steps take.
 
+  gemv_rows   INT4-AWQ only, M 1, 2, 4, 8, 16 (``ROWS_MS``) x the four linears: the GEMV (batch 1's; above it the
+           several-row kernel, ``quant_gemv.rows_config``, at its default tiles and, within KERNEL_SWEEP_S, the
+           ``gemv_candidates`` variants) against today's choices (the GEMM's tiles, the dot kernel), each checked as
+           above; DIR/quant_gemm_table.json is then the package's table (or $TRTLLM_PIPELINE_GEMM_TABLE's) with these
+           M values' entries in place: a "gemv" entry at M > 1 carries its tiles, and only such an entry (or the
+           switch below) makes the decode step take the GEMV at that M.
+  rows_steps  INT4-AWQ 7B decode steps at batch 1, 8, 16, context 2048 (``ROWS_BATCHES``), one engine, each kernel
+           choice in turn: "table" (the package's table: today's kernels), "gemv" ($TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16)
+           and, after gemv_rows in the same call, "measured" (its table).
+
 ``--dry-run``: both parts on the CPU at a tiny shape through Triton's interpreter (M 1, 8, 24, 80; no sweep; batches
 1 and 2; wall-clock times), so that every call the GPU run makes is made (tests/test_fast_decode.py runs it).
 
@@ -58,6 +68,8 @@ from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine  # n
 
 MS = (1, 8, 32, 64, 128, 256, 512, 2048)
 DRY_MS = (1, 8, 24, 80)  # --dry-run: the GEMV, decode launches (the dot kernel, int_mm past M 16), prefill sizes
+ROWS_MS = (1, 2, 4, 8, 16)  # gemv_rows: INT4-AWQ's GEMV for several rows against today's choice (the GEMM, the dot)
+DRY_ROWS_MS = (1, 3)
 DECODE_M = 64  # the largest M timed as a decode launch (split-K partials, the GLU); above it prefill's linear
 BATCHES = (1, 8, 32, 64)
 FORMATS = ("int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "fp8", "bf16")
@@ -101,6 +113,29 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
     out = [base]
     for c in others:
         if c is not None and c not in out:
+            out.append(c)
+    return out
+
+
+def gemv_candidates(q, m: int, sm: int, glu: bool, sweep: bool) -> list[LinearConfig]:
+    """INT4-AWQ's GEMV at M rows: batch 1's config, or the several-row kernel's default tiles
+    (``quant_gemv.rows_config``) and, when sweeping, half and twice the output rows a program, twice the splits, the
+    loads through the compiler's two-stage pipeline, and for the GLU 32 rows x 128 inputs."""
+    if m == 1:
+        return [quant_linear.pick_config(q, 1, sm, glu=glu)]
+    base = quant_gemv.rows_config(q, m, sm, glu=glu)
+    if not sweep:
+        return [base]
+    r = dataclasses.replace
+    others = [quant_gemv.rows_config(q, m, sm, glu=glu, block_n=max(16, base.block_n // 2)),
+              quant_gemv.rows_config(q, m, sm, glu=glu, block_n=base.block_n * 2), r(base, num_stages=2)]
+    if glu:
+        others.append(quant_gemv.rows_config(q, m, sm, glu=True, block_n=32, block_k=128))
+    else:
+        others.append(quant_gemv.rows_config(q, m, sm, splits=base.splits * 2))
+    out = [base]
+    for c in others:
+        if c not in out:
             out.append(c)
     return out
 
@@ -218,10 +253,10 @@ def _candidates(fmt, lins, sets, x, m, sm, glu, decode, device, sweep: bool):
                 ws = sets[i % copies]
                 return quant_gemm.launch(x, ws[0], ws[1] if glu else None, out, cfg, dt, pdl=decode and pdl)
             yield "gemm", cfg, call, (lambda out=out: out.float() if out.dim() == 2 else out.sum(0))
-        if decode:  # the older dot kernel (and at M = 1, INT4-AWQ's GEMV)
+        if decode:  # the older dot kernel (and at M <= 16, INT4-AWQ's GEMV: batch 1's, or its several-row kernel)
             kinds = [("dot", quant_linear.pick_config(q0, m, sm, glu=glu, gemv=False))]
             if quant_gemv.supported(q0, m):
-                kinds.insert(0, ("gemv", quant_linear.pick_config(q0, m, sm, glu=glu)))
+                kinds[:0] = [("gemv", c) for c in gemv_candidates(q0, m, sm, glu, sweep)]
             for kind, cfg in kinds:
                 xin = [quant_gemv.launch_input(x, q, dt) for q in sets[0]] if cfg.gemv else [x, x]
                 if glu:
@@ -244,7 +279,8 @@ def _candidates(fmt, lins, sets, x, m, sm, glu, decode, device, sweep: bool):
                     if glu:
                         return out.float()
                     return fixed_sum.to_float(out) if cfg.gemv else out.sum(0)
-                yield kind, None if cfg.gemv else cfg, call, read
+                # (batch 1's GEMV config is pick_config's, not the table's; the several-row kernel's goes there)
+                yield kind, None if cfg.gemv and cfg.block_m == 1 else cfg, call, read
         # the library GEMMs quant_gemm.linear can take (prefill; not the decode step's GLU launch), timed whole:
         # torch._int_mm with the input's quantization and the epilogue, or the weight dequantized into the scratch
         # buffer and F.linear / torch._scaled_mm (its input's pre-quant scale and quantization too)
@@ -315,13 +351,13 @@ def table_entries(rows: list[dict]) -> list[dict]:
     for (fmt, n, k, glu, m), rs in sorted(groups.items()):
         r = min(rs, key=lambda r: r["us"])
         e = {"format": fmt, "n": n, "k": k, "glu": glu, "m": m, "kernel": r["kernel"], "us": round(r["us"], 2)}
-        if r["kernel"] == "gemm":
+        if r["config"] is not None and r["kernel"] in ("gemm", "gemv"):  # (the GEMV's: its several-row tiles)
             e["config"] = _config_entry(r)
         steps = [s for s in rs if s["kernel"] in quant_gemm.STEP_KERNELS]
         if r["kernel"] in quant_gemm.LINEAR_KERNELS and steps:
             s = min(steps, key=lambda s: s["us"])
             e.update(step_kernel=s["kernel"], step_us=round(s["us"], 2))
-            if s["kernel"] == "gemm":
+            if s["config"] is not None and s["kernel"] in ("gemm", "gemv"):
                 e["step_config"] = _config_entry(s)
         entries.append(e)
     return entries
@@ -538,6 +574,84 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
     return rows
 
 
+def merged_table(entries: list[dict], base: Path) -> list[dict]:
+    """``base``'s table entries with those measured here in their place (the same format, shape, GLU and M) or beside
+    them: a whole table for the runtime, from a part that measured a few M values only (``gemv_rows``)."""
+    def key(e):
+        return e["format"], e["n"], e["k"], bool(e["glu"]), e["m"]
+
+    new = {key(e) for e in entries}
+    old = json.loads(base.read_text())["entries"] if base.is_file() else []
+    return sorted([e for e in old if key(e) not in new] + entries, key=key)
+
+
+# the whole-step A/B of INT4-AWQ at these batches (``rows_step_rows``): the kernels the package's table picks, the
+# several-row GEMV everywhere (its switch), and the table the gemv_rows part measured
+ROWS_BATCHES = (1, 8, 16)
+
+
+def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batches=ROWS_BATCHES, steps=32,
+                   amax_prompt=512, log=print) -> list[dict]:
+    """INT4-AWQ decode steps at ``batches`` under each kernel choice (one engine, new step graphs per choice): "table"
+    (the package's quant_gemm_table.json: today's kernels), "gemv" ($TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16: the GEMV
+    at every batch up to 16), and "measured" (``table``: the gemv_rows part's merged table, where it ran)."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
+    from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
+
+    config, tensors = bf16_tensors()
+    amax = qf.input_amax(config, tensors, device, prompt_len=amax_prompt)
+    del tensors
+    cfg, tensors = qf.quantized_checkpoint("int4_awq", *bf16_tensors(), amax, device)
+    engine = Qwen2Engine(cfg, tensors, device=device, max_slots=max(batches) + 1, max_seq_len=ctx + steps + 16)
+    del tensors
+    engine.cache_k.normal_()
+    engine.cache_v.normal_()
+    choices = [("table", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: "0"}),
+               ("gemv", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: str(quant_gemv.MAX_ROWS)})]
+    if table is not None and table.is_file():
+        choices.append(("measured", {quant_gemm.TABLE_ENV: str(table), quant_gemv.ROWS_ENV: "0"}))
+    rows = []
+    saved = {k: os.environ.get(k) for k in (quant_gemm.TABLE_ENV, quant_gemv.ROWS_ENV)}
+    for name, env in choices:
+        os.environ.update(env)
+        graphs = None
+        try:
+            graphs = DecodeGraphs(DecodeStep(engine), list(batches))
+            graphs.prepare()
+            for b in batches:
+                wall, replay = _time_decode(graphs, b, ctx, steps)
+                kernels = {k: "gemv" if c.gemv else "gemm" if c.gemm else "dot"  # (quant_linear's dot kernel)
+                           for k, c in graphs.buffers[b].configs.items() if k != "lm_head"}
+                rows.append({"choice": name, "batch": b, "ms_per_step": wall, "graph_replay_ms": replay,
+                             "kernels": kernels, "configs": {k: dataclasses.astuple(c)
+                                                             for k, c in graphs.buffers[b].configs.items()}})
+                log(f"rows step {name:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}) {kernels}")
+        except Exception:
+            rows.append({"choice": name, "error": traceback.format_exc()[-2000:]})
+            log(f"rows step {name} FAILED:\n{traceback.format_exc()[-2000:]}")
+        finally:
+            del graphs
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def rows_step_table(rows: list[dict]) -> str:
+    lines = ["INT4-AWQ decode step (ms/step, graph replay) by kernel choice and batch:"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"  {r['choice']:8} FAILED {r['error'].splitlines()[-1]}")
+        else:
+            lines.append(f"  {r['choice']:8} b={r['batch']:<3} {r['ms_per_step']:7.3f} ({r['graph_replay_ms']:.3f})"
+                         f"  {r['kernels']}")
+    return "\n".join(lines)
+
+
 def _time_decode(graphs, batch, ctx, steps) -> tuple[float, float]:
     """(wall ms per decode step at ``batch`` rows (slots 0..), every row at context ``ctx``, the greedy tokens read
     back as serving reads them; ms per replay of the step's CUDA graph alone, the wall time without graphs)."""
@@ -631,7 +745,8 @@ def main() -> None:
         shapes = linears(shape.hidden_size, shape.intermediate_size,
                          (shape.num_attention_heads + 2 * shape.num_key_value_heads) * shape.head_dim)
         steps_kw = dict(ctx=24, batches=(1, 2), steps=2, prefill=16, check_batch=2, amax_prompt=16)
-        ms = DRY_MS
+        rows_kw = dict(ctx=24, batches=(1, 3), steps=2, amax_prompt=16)
+        ms, rows_ms = DRY_MS, DRY_ROWS_MS
         gpu = "cpu (dry run)"
     else:
         from gpu_fast_path import SHAPE as shape, time_graph as time_fn
@@ -639,8 +754,10 @@ def main() -> None:
         dev = torch.device("cuda")
         sm = torch.cuda.get_device_properties(dev).multi_processor_count
         shapes, steps_kw, ms, sweep_s, gpu = None, {}, MS, KERNEL_SWEEP_S, torch.cuda.get_device_name(dev)
+        rows_kw, rows_ms = {}, ROWS_MS
     if args.ms:
-        ms = [int(m) for m in args.ms.split(",")]
+        ms = rows_ms = [int(m) for m in args.ms.split(",")]
+    rows_table = None
     result = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "sm_count": sm,
               "formats": formats}
     texts = []
@@ -658,12 +775,27 @@ def main() -> None:
                                                   "entries": entries}, indent=1) + "\n")
                 os.environ[quant_gemm.TABLE_ENV] = str(table_path)  # the steps take the measured choices
                 texts.append(kernel_table(rows))
+            elif part == "gemv_rows":  # INT4-AWQ's GEMV (batch 1's, the several-row kernel) against today's choice
+                rows = kernel_rows(["int4_awq"], time_fn, dev, sm, ms=rows_ms, deadline=t0 + sweep_s, shapes=shapes,
+                                   log=lambda s: print(s, flush=True))
+                result["gemv_rows"] = rows
+                rows_table = args.out / "quant_gemm_table.json"
+                base = Path(os.environ.get(quant_gemm.TABLE_ENV) or quant_gemm.TABLE)
+                rows_table.write_text(json.dumps({"gpu": gpu, "triton": triton.__version__,
+                                                  "entries": merged_table(table_entries(rows), base)}, indent=1) + "\n")
+                texts.append(kernel_table(rows))
+            elif part == "rows_steps":
+                measured_table = rows_table if "gemv_rows" in result else None
+                result["rows_steps"] = rows_step_rows(lambda: synthetic_tensors(shape, False, dev), dev,
+                                                      measured_table, log=lambda s: print(s, flush=True),
+                                                      **rows_kw)
+                texts.append(rows_step_table(result["rows_steps"]))
             elif part == "steps":
                 result["steps"] = step_rows(formats, lambda: synthetic_tensors(shape, False, dev), dev,
                                             log=lambda s: print(s, flush=True), **steps_kw)
                 texts.append(step_table(result["steps"]))
             else:
-                raise ValueError(f"unknown part {part!r}: kernels, steps")
+                raise ValueError(f"unknown part {part!r}: kernels, steps, gemv_rows, rows_steps")
         except Exception:
             result[part] = {"error": traceback.format_exc()}
             print(f"PART {part} FAILED:\n{traceback.format_exc()}", flush=True)

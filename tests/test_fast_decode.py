@@ -193,6 +193,69 @@ class _TableQuant:
         return {"w4a8_awq": 1, "int8_sq": 2}.get(self.fmt, 0)
 
 
+@pytest.mark.slow
+def test_int4_gemv_for_several_rows_is_batch_ones_sums_row_by_row():
+    """quant_gemv's several-row kernel (tests/gemv_rows_check.py, N 256 K 512 group 128 at M 1, 2, 3, 5, 8, 16, and
+    tails): each weight tile unpacked once and applied to every row gives each row batch 1's partials bit for bit
+    at the same tiles (the same integer sums, the same float32 operations in the same order), so its error is
+    batch 1's: against float32 ``x @ W^T`` below 5e-5 relative (measured 2.3-5.0e-6, the input's int16 block
+    floating point; eager bfloat16 ~2.2e-3), against the input as its planes hold it below 1e-6 (measured <=
+    1.3e-7). The int64 accumulators hold the partials' exact sum, the last program's split sum is the split
+    order's, and the GLU's act and mlp.proj's prepared rows equal batch 1's GLU kernel's row by row."""
+    rows = _interpreted(None, "gemv_rows_check.py")
+    assert [r["m"] for r in rows][:6] == [1, 2, 3, 5, 8, 16]
+    assert {r["config"][0] for r in rows} == {1, 2, 4, 8, 16}  # BLOCK_M: M up to a power of two
+    for r in rows:
+        assert r["partials_equal_batch1"] and r["glu_equal_batch1"] and r.get("proj_input_equal_batch1", True), r
+        assert r["kernel"]["rel"] < 5e-5 and r["kernel"]["rel"] < 0.1 * r["eager_bf16"]["rel"], r
+        assert r["kernel_vs_prepared"]["rel"] < 1e-6, r
+        assert r["fixed_equals_exact_sum"] and r["reduced_equals_sum"] and r["counters_left_zero"], r
+        assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
+        assert "proj_input" not in r or r["proj_input"]["max_abs"] == 0, r
+
+
+def test_int4_gemv_takes_several_rows_only_where_the_table_or_the_switch_says(tmp_path, monkeypatch):
+    """Batch 2-16 of INT4-AWQ runs the several-row GEMV only from a table row whose kernel is "gemv" for that M (at
+    its measured tiles where the row has them) or under TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS; otherwise today's
+    kernels. Batch 1 and M > 16 are unchanged by either."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv
+    from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig
+
+    def row(m, kernel, us, config=None):
+        return {"format": "int4_awq", "n": 256, "k": 512, "glu": False, "m": m, "kernel": kernel, "us": us,
+                "config": config}
+
+    gemm = [16, 128, 128, 4, 4, 3, 1, 0]
+    rows4 = [4, 128, 128, 2, 4, 1, 0, 0]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"entries": [row(1, "gemv", 5.0), row(2, "gemv", 6.0), row(4, "gemv", 6.5, rows4),
+                                            row(8, "gemm", 9.0, gemm), row(32, "gemm", 11.0, gemm)]}))
+    monkeypatch.setenv(quant_gemm.TABLE_ENV, str(path))
+    monkeypatch.delenv(quant_gemv.ROWS_ENV, raising=False)
+    q = _TableQuant("int4_awq", group=128, int4=True)
+    two, three, eight = (quant_gemm.choose(q, m, 132) for m in (2, 3, 8))
+    assert two.gemv and two.block_m == 2 and two == quant_gemv.rows_config(q, 2, 132)
+    assert three == LinearConfig(4, 128, 128, 2, 4, 1, gemv=True)  # M 4's row and its measured tiles
+    assert eight.gemm and not eight.gemv  # the table measured the GEMM faster at 8
+    assert quant_gemm.choose(q, 1, 132).gemv and quant_gemm.choose(q, 1, 132).block_m == 1
+    glu = quant_gemm.choose(q, 2, 132, glu=True)  # shape not measured: today's default
+    assert glu == quant_gemm.default_config(q, 2, 132, glu=True)
+    monkeypatch.setenv(quant_gemv.ROWS_ENV, "16")
+    for m in (2, 5, 8, 16):
+        for g in (False, True):
+            cfg = quant_gemm.choose(q, m, 132, glu=g)
+            assert cfg.gemv and cfg.block_m >= m and (cfg.splits == 1 or not g), (m, g, cfg)
+    assert quant_gemm.choose(q, 32, 132).gemm and quant_gemm.choose(q, 1, 132).block_m == 1
+    monkeypatch.setenv(quant_gemv.ROWS_ENV, "4")
+    assert quant_gemm.choose(q, 4, 132, glu=True).gemv and not quant_gemm.choose(q, 8, 132).gemv
+    monkeypatch.setenv(quant_gemv.ROWS_ENV, "32")
+    with pytest.raises(ValueError, match="from 0"):
+        quant_gemm.choose(q, 2, 132)
+    w8 = _TableQuant("w4a8_awq", group=128, int4=True)
+    monkeypatch.setenv(quant_gemv.ROWS_ENV, "16")
+    assert not quant_gemm.choose(w8, 8, 132).gemv  # INT4-AWQ (W4A16) only
+
+
 def test_gemm_table_written_by_the_benchmark_picks_the_kernel_per_shape(tmp_path, monkeypatch):
     """benchmarks/quant_gemm.py's table (the fastest correct kernel per format, shape and M) as quant_gemm reads it:
     the measured M at or above the batch, the GEMV where batch 1 measured it, the dot kernel where it won, the
@@ -651,6 +714,20 @@ def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built):
     assert r["weight_bytes_fast"] < r["weight_bytes_eager"]
 
 
+def test_int4_awq_steps_of_several_rows_take_the_gemv_when_switched_on(built, monkeypatch):
+    """TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16: every INT4 linear of the steps at batch 2-4 runs quant_gemv's several-row
+    kernel (the continuous batching part's buckets 2 and 4; its producers write each row's prepared input, its
+    splits go into the int64 accumulators), through the interpreter: eager's greedy tokens, as at batch 1."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv
+
+    monkeypatch.setenv(quant_gemv.ROWS_ENV, "16")
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"), parts=("greedy",))
+    assert r["gemv_rows_buckets"] == [2, 4], r["gemv_rows_buckets"]
+    assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"]
+    assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
+
+
 @pytest.mark.slow
 def test_fast_kernels_match_eager_accuracy_int8_sq(built):
     # W8A8 re-quantizes every activation to INT8 (as FP8 does to E4M3): tokens may part after a few steps
@@ -731,6 +808,39 @@ def test_quant_gemm_benchmark_dry_run_reaches_every_call(tmp_path):
         assert r["prefill_logits_rel_vs_copy"] == 0.0, r  # on the CPU both prefills are eager's (copies kept)
         assert r["format"] == "bf16" or r["check_batch"]["argmax_equal"].endswith("/2"), r
     assert "FAILED" not in (tmp_path / "quant_gemm.txt").read_text()
+
+
+def test_quant_gemm_benchmark_gemv_rows_parts_dry_run(tmp_path):
+    """benchmarks/quant_gemm.py --parts gemv_rows,rows_steps --dry-run (the next H200 run's INT4-AWQ GEMV for several
+    rows): the several-row GEMV timed beside today's kernels, correct, its tiles in the merged table, which keeps the
+    package's other entries; then steps under each kernel choice, the switch's taking the GEMV at every batch."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    from quant_gemm import DRY_ROWS_MS, MAX_ERR
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+
+    path = [str(TESTS / "interpreter_site"), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
+    env.pop(quant_gemm.TABLE_ENV, None)
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "quant_gemm.py"), "--dry-run", "--out",
+                           str(tmp_path), "--formats", "int4_awq", "--parts", "gemv_rows,rows_steps"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "quant_gemm.json").read_text())
+    rows = result["gemv_rows"]
+    assert isinstance(rows, list), rows
+    assert not [r for r in rows if "failed" in r or not r["error"] < MAX_ERR[r["format"]]]
+    several = [r for r in rows if r["kernel"] == "gemv" and r["m"] > 1]
+    assert {r["m"] for r in several} == set(DRY_ROWS_MS) - {1} and all(r["config"][0] > 1 for r in several)
+    entries = json.loads((tmp_path / "quant_gemm_table.json").read_text())["entries"]
+    assert {e["m"] for e in entries if e["n"] == 3584 and e["k"] == 18944} >= {1, 8, 2048}  # the package's 7B rows
+    assert all(e.get("config") for e in entries if e["kernel"] == "gemv" and e["m"] > 1)
+    quant_gemm._load_table(tmp_path / "quant_gemm_table.json")
+    steps = result["rows_steps"]
+    assert [(s["choice"], s["batch"]) for s in steps] == [(c, b) for c in ("table", "gemv", "measured")
+                                                          for b in (1, 3)], steps
+    assert all(set(s["kernels"].values()) == {"gemv"} for s in steps if s["choice"] == "gemv")
+    assert "gemv" not in {k for s in steps if s["choice"] == "table" and s["batch"] > 1 for k in s["kernels"].values()}
 
 
 def test_batch_buckets_and_padding():

@@ -5,20 +5,27 @@
 # 30: the served start that never became ready (2026-12-04, after short prompts became rows of fast steps, bans lost
 # their copy and decode steps were left running; the log was lost). That start was the first part on a fresh machine:
 # an empty kernel cache. Each start here has a cache of its own (empty) and 180 s (serving.startup_timeout_s), so a
-# slow cold compile shows as its time, not as a hang; at the deadline the stubs' stacks and the log are kept. Then
-# the same without the fast-step prefill buckets (cold and warm), for the A/B either way. In-process: chained decode
-# steps (default), overlap without chaining, synchronous.
+# slow cold compile shows as its time, not as a hang (the server's log now has each batch bucket's seconds); at the
+# deadline the stubs' stacks and the log are kept. In-process: chained decode steps (default), overlap without
+# chaining, synchronous.
 part served 360 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess inprocess_nochain inprocess_sync"
-part served 240 TRITON_CACHE_DIR=/tmp/triton-cache-b TRTLLM_PIPELINE_FAST_PREFILL=0 TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold warm bench"
 # 31: the headline row with chained decode steps (the GPU never waiting for the host between decode steps), then
 # the same without them (TRTLLM_PIPELINE_CHAIN=0): the A/B in one call
 part throughput 300 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 part throughput 200 TRTLLM_PIPELINE_CHAIN=0 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+# 32: INT4-AWQ at batch 2-16 on quant_gemv's several-row GEMV (docs/perf-notes.md, "INT4-AWQ at batch 2-16"): the
+# GEMV against today's kernels at M 1/2/4/8/16 for the 7B's four linears, the merged quant_gemm_table.json (copy it
+# into the package where its "gemv" rows win), steps at batch 1/8/16 by choice (table, switch, measured)
+part quant_gemm 360 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq KERNEL_SWEEP_S=90
+# 30: the served start without the fast-step prefill buckets (cold and warm), the A/B of the start either way
+part served 240 TRITON_CACHE_DIR=/tmp/triton-cache-b TRTLLM_PIPELINE_FAST_PREFILL=0 TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold warm bench"
 # 35/33: prompt lookup on the real SmolLM2 (FP8: its answers are right) after the loop's host work was cut; then the
 # INT4-AWQ SmolLM2 that did not load (its GEMM tiles now fitted to the shared memory)
 await /tmp/smolw/ready 60
 part spec 120 WHEELS=/tmp/smolw SPEC_BATCHES=1
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
+# 32: the random 7B INT4-AWQ build's bench --in-process at batch 1/8/16 with the several-row GEMV switched off and on
+part int4_rows 420
 # 30/31: the fast-step prefill by length and the fused layers' first-layer agreement (the served build)
 part prefill 120 PREFILL_SERVED_BUILD=1
 part prefix 200

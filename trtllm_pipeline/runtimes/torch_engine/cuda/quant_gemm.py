@@ -705,10 +705,15 @@ def fit(q, cfg: LinearConfig, limit: int, *, glu: bool = False) -> LinearConfig:
                      f"N {q.n} K {q.k} group {q.group}")
 
 
-def _config(c) -> LinearConfig | None:
+def _config(c, kernel: str = "gemm") -> LinearConfig | None:
+    """A table entry's config ([block_m, block_n, block_k, splits, warps, stages, swap, scale_weights]) for its
+    kernel: the GEMM's, or the several-row GEMV's tiles (``quant_gemv.rows_config``'s fields; swap and
+    scale_weights 0)."""
     if c is None:
         return None
     bm, bn, bk, splits, warps, stages, swap, scale_weights = c
+    if kernel == "gemv":
+        return LinearConfig(bm, bn, bk, splits, warps, stages, gemv=True)
     return LinearConfig(bm, bn, bk, splits, warps, stages, gemm=True, swap=bool(swap),
                         scale_weights=bool(scale_weights))
 
@@ -720,9 +725,11 @@ def _load_table(path: Path) -> dict:
     entries: dict = {}
     for e in json.loads(path.read_text())["entries"]:
         kernel = e["kernel"]
-        cfg = _config(e.get("config")) if kernel == "gemm" else None
+        # (a GEMV entry's config: the several-row kernel's measured tiles at M > 1; none at batch 1)
+        cfg = _config(e.get("config"), kernel) if kernel == "gemm" or kernel == "gemv" and e["m"] > 1 else None
         if kernel in LINEAR_KERNELS:
-            step, step_cfg = e.get("step_kernel", "gemm"), _config(e.get("step_config"))
+            step = e.get("step_kernel", "gemm")
+            step_cfg = _config(e.get("step_config"), step)
         else:
             step, step_cfg = kernel, cfg
         row = (e["m"], kernel, cfg, step, step_cfg)
@@ -759,13 +766,19 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
 
 def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     """The decode step's kernel for ``q`` at batch ``m``: what the table measured fastest of those it launches (this
-    GEMM, quant_gemv's GEMV, or quant_linear's dot kernel; not ``LINEAR_KERNELS``); without an entry, the GEMV where
-    it runs (INT4-AWQ at batch 1), else this GEMM (its tiles, or the dot kernel's, ``fit`` to the device's shared
-    memory)."""
+    GEMM, quant_gemv's GEMV, or quant_linear's dot kernel; not ``LINEAR_KERNELS``); without an entry, the GEMV at
+    INT4-AWQ batch 1, else this GEMM (its tiles, or the dot kernel's, ``fit`` to the device's shared memory). The
+    GEMV at batch 2-16 (its several-row kernel) only where the table measured it fastest for that M, at the table's
+    tiles where it has them, or where ``$TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS`` asks for it (``quant_gemv.forced``)."""
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
-    kernel, cfg = choice if choice is not None else ("gemv" if quant_gemv.supported(q, m) else "gemm", None)
+    if quant_gemv.supported(q, m) and quant_gemv.forced(m):
+        choice = ("gemv", None)
+    kernel, cfg = choice if choice is not None else ("gemv" if m == 1 and quant_gemv.supported(q, m) else "gemm",
+                                                     None)
     if kernel == "gemv" and quant_gemv.supported(q, m):
-        return quant_linear.pick_config(q, m, sm_count, glu=glu)
+        if cfg is not None and cfg.block_m >= m:  # the several-row GEMV's measured tiles
+            return cfg
+        return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
     if kernel == "dot":  # quant_linear's kernel loads the same tiles: the same bound holds (tests/test_fast_decode.py)
         return fit(q, quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=False), smem_limit(q.weight.device),
                    glu=glu)

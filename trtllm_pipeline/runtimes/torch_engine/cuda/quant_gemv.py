@@ -27,15 +27,18 @@ and stayed issue-bound at 1.4 TB/s (docs/perf-notes.md). Here four weights cost 
 The products are exact; the input's int16 rounding (exact within 2^7 of a block's largest bfloat16, else at
 2^-15 of it) is the only difference from the float32 ``x @ W^T`` (1e-5 relative, a hundredth of eager's own
 error). Output: the same float32 split-K partials (or, for mlp.fc + mlp.gate, ``silu(fc) * gate``, and then
-mlp.proj's prepared input) as quant_linear's kernels. Only INT4-AWQ (W4A16) at M = 1 takes it: W4A8 rounds
-every scaled weight to E4M3 (the tensor cores' operand), and batches above 1 multiply each weight by several
-rows, which the tensor cores do for free. Triton's interpreter cannot run PTX, so there ``dp4a`` is the same
+mlp.proj's prepared input) as quant_linear's kernels. Only INT4-AWQ (W4A16) takes it: W4A8 rounds every scaled
+weight to E4M3 (the tensor cores' operand). At M = 2-16 ``_int4_gemv_rows_kernel`` unpacks each weight tile once
+and applies it to every row (dp4a per row: the rows' cost grows by 0.5 dp4a a weight each, so past a few rows the
+tensor cores' GEMM, which multiplies by the rows for free, wins); the decode step takes it only where quant_gemm's
+measured table says so, or under ``ROWS_ENV``. Triton's interpreter cannot run PTX, so there ``dp4a`` is the same
 sum from shifts (``ASM=False``); ``tools/gemv_sass.py`` counts the GPU's instructions on a CPU machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import triton
@@ -52,8 +55,12 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
 @triton.jit
 def _quarters(t):
-    """The 4 entries of the last axis of ``t`` [A, B, 4] (a thread holds them: one 16-byte load) as 4 [A, B]."""
-    t02, t13 = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    """The 4 entries of the last axis of ``t`` [A, B, 4] (a thread holds them: one 16-byte load) as 4 [A, B]; or
+    of [R, A, B, 4] as 4 [R, A, B] (the several-row GEMV's input rows, or its one unpacked tile with R = 1)."""
+    if len(t.shape) == 3:
+        t02, t13 = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    else:
+        t02, t13 = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], t.shape[2], 2, 2)))
     t0, t2 = tl.split(t02)
     t1, t3 = tl.split(t13)
     return t0, t1, t2, t3
@@ -65,8 +72,15 @@ def _block_dot(u, xh, xl, c, XW: tl.constexpr, ASM: tl.constexpr):
 
     ``u`` [HALF, NB, XW]: the nibbles q + 8 of one output row as bytes (a word: 4 inputs); ``xh``/``xl`` [1, NB,
     XW]: the input's byte planes; ``c`` [1, NB]: the block's -8 sum x_int. The high plane's chain is shifted by 8 bits
-    and then carries the low plane's (|result| < 2^22: the later float conversion is exact)."""
-    zero = tl.zeros((u.shape[0], u.shape[1]), dtype=tl.int32)
+    and then carries the low plane's (|result| < 2^22: the later float conversion is exact).
+
+    Several input rows (``_int4_gemv_rows_kernel``): ``u`` [1, HALF, NB, XW], the tile unpacked once, against
+    ``xh``/``xl`` [R, 1, NB, XW] and ``c`` [R, 1, NB]; dp4a broadcasts the unpacked words over the R rows, so the
+    result [R, HALF, NB] costs each weight word its LOP3 once and one dp4a per row and plane."""
+    if len(u.shape) == 3:
+        zero = tl.zeros((u.shape[0], u.shape[1]), dtype=tl.int32)
+    else:
+        zero = tl.zeros((xh.shape[0], u.shape[1], u.shape[2]), dtype=tl.int32)
     if XW == 4:
         u0, u1, u2, u3 = _quarters(u)
         h0, h1, h2, h3 = _quarters(xh)
@@ -346,6 +360,111 @@ def _glu_out(fc, gate, c0, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPAR
         store_planes(v, c0, N, xp_out_ptr, BLOCK_N, XB_OUT)
 
 
+@triton.jit
+def _load_rows_input(xp_ptr, stride_xp, rm, m_ok, words, rb, k_tile, K, XB: tl.constexpr):
+    """``_load_input`` for the prepared rows ``rm`` (``stride_xp`` words apart; rows past M read as zeros, so their
+    sums and powers of two are 0 and they add nothing): planes [BLOCK_M, 1, NB, XW], sums and 2^E [BLOCK_M, 1, NB]."""
+    wb = (k_tile // 4 + words)[None]
+    kb = ((k_tile + rb * XB) // XB)[None]
+    row = xp_ptr + rm[:, None] * stride_xp  # [BLOCK_M, 1]
+    w_ok = m_ok[:, None, None] & (wb < K // 4)
+    b_ok = m_ok[:, None] & (kb < K // XB)
+    xh = tl.load(row[:, :, None] + wb, mask=w_ok, other=0)[:, None]
+    xl = tl.load(row[:, :, None] + K // 4 + wb, mask=w_ok, other=0)[:, None]
+    c = tl.load(row + K // 2 + kb, mask=b_ok, other=0)[:, None]
+    step = tl.load(row + K // 2 + K // XB + kb, mask=b_ok, other=0).to(tl.float32, bitcast=True)[:, None]
+    return xh, xl, c, step
+
+
+@triton.jit
+def _rows_tile(w_ptr, s_ptr, xp_ptr, stride_xp, rm, m_ok, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg,
+               stride_s2, acc_lo, acc_hi, masks, GROUP: tl.constexpr, XB: tl.constexpr, EVEN: tl.constexpr,
+               TILE_SCALE: tl.constexpr, ASM: tl.constexpr):
+    """One K tile of one matrix into the rows' accumulators [BLOCK_M, HALF, NB]: the weight words and scales loaded
+    once (``_load_weights``, as batch 1 loads them), a leading axis of 1 that the rows' input broadcasts over."""
+    p, s_lo, s_hi = _load_weights(w_ptr, s_ptr, rj, j_ok, words, rb, k_tile, K, G, stride_wn, stride_sg, stride_s2,
+                                  GROUP, XB, EVEN, TILE_SCALE)
+    xh, xl, c, step = _load_rows_input(xp_ptr, stride_xp, rm, m_ok, words, rb, k_tile, K, XB)
+    return _accumulate(p[None], s_lo[None], s_hi[None], xh, xl, c, step, acc_lo, acc_hi, masks, XB, ASM)
+
+
+@triton.jit
+def _row(y, rm, r: tl.constexpr):
+    """Row ``r`` of ``y`` [BLOCK_M, BLOCK_N] as [BLOCK_N] (the other rows' entries summed in as zeros)."""
+    return tl.sum(tl.where(rm[:, None] == r, y, 0.0), axis=0)
+
+
+@triton.jit
+def _int4_gemv_rows_kernel(
+    xp_ptr, w_ptr, s_ptr, xp2_ptr, w2_ptr, s2_ptr, out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
+    M, N, K, G, k_iters_per_split, stride_xp, stride_wn, stride_sg, stride_s2, stride_os, stride_om, stride_xo,
+    clear_n, m_nib, m_xor, m_nib_hi, m_xor_hi,
+    GROUP: tl.constexpr, XB: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, TILE_SCALE: tl.constexpr,
+    PREPARE_OUT: tl.constexpr, HAS_PQS_OUT: tl.constexpr, XB_OUT: tl.constexpr, SPLITS: tl.constexpr,
+    REDUCE: tl.constexpr, FIXED: tl.constexpr, CLEAR: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
+):
+    """``_int4_gemv_kernel`` for M <= BLOCK_M prepared input rows (``rows_config``): each program unpacks its weight
+    tile once per K tile and applies it to every row (dp4a per row against the same unpacked words), BLOCK_M
+    accumulators per output row. Per row, the same integer sums and float32 operations in the same order as batch
+    1's register-load kernel at the same tiles, so each row's partials are that kernel's bit for bit. Outputs
+    [.., M, N] (``stride_om`` between rows): split partials, int64 accumulators (FIXED), split 0's row summed by
+    the row tile's last program (REDUCE), or with GLU (K not split) silu(fc) * gate per row, and with PREPARE_OUT
+    each row prepared for mlp.proj's GEMV (``stride_xo`` words apart)."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    XW: tl.constexpr = XB // 4
+    NB: tl.constexpr = BLOCK_K // XB
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rj = pid_n * HALF + tl.arange(0, HALF)  # packed rows: output rows 2 rj and 2 rj + 1
+    rb = tl.arange(0, NB)
+    words = rb[:, None] * XW + tl.arange(0, XW)[None, :]
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = rm < M
+    k0 = pid_s * k_iters_per_split * BLOCK_K
+    j_ok = rj < N // 2
+    acc_lo = tl.zeros((BLOCK_M, HALF, NB), dtype=tl.float32)
+    acc_hi = tl.zeros((BLOCK_M, HALF, NB), dtype=tl.float32)
+    acc2_lo = tl.zeros((BLOCK_M, HALF, NB), dtype=tl.float32)
+    acc2_hi = tl.zeros((BLOCK_M, HALF, NB), dtype=tl.float32)
+    masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    # STAGES 1: loads straight to registers, as batch 1's register kernel (pick_config); more: the compiler's
+    # pipeline through shared memory (the H200 sweep compares them: the rows' planes are M times batch 1's)
+    for i in tl.range(0, k_iters_per_split, num_stages=STAGES):
+        k_tile = k0 + i * BLOCK_K
+        acc_lo, acc_hi = _rows_tile(w_ptr, s_ptr, xp_ptr, stride_xp, rm, m_ok, rj, j_ok, words, rb, k_tile, K, G,
+                                    stride_wn, stride_sg, stride_s2, acc_lo, acc_hi, masks, GROUP, XB, EVEN,
+                                    TILE_SCALE, ASM)
+        if GLU:
+            acc2_lo, acc2_hi = _rows_tile(w2_ptr, s2_ptr, xp2_ptr, stride_xp, rm, m_ok, rj, j_ok, words, rb, k_tile,
+                                          K, G, stride_wn, stride_sg, stride_s2, acc2_lo, acc2_hi, masks, GROUP, XB,
+                                          EVEN, TILE_SCALE, ASM)
+    if CLEAR:  # another linear's accumulators, between their last reader and their next writer (fixed_sum)
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        fixed_sum.clear(clear_ptr, clear_n, pid_n * tl.num_programs(1) + pid_s, programs, tl.arange(0, 128))
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = m_ok[:, None] & (cols < N)[None, :]
+    offs = rm[:, None] * stride_om + cols[None, :]
+    y = tl.interleave(tl.sum(acc_lo, axis=2), tl.sum(acc_hi, axis=2))  # [BLOCK_M, BLOCK_N] in column order
+    if GLU:
+        y2 = tl.interleave(tl.sum(acc2_lo, axis=2), tl.sum(acc2_hi, axis=2))
+        for r in tl.static_range(BLOCK_M):  # batch 1's epilogue per row (SiLU, the proj input's blocks)
+            if r < M:
+                _glu_out(_row(y, rm, r), _row(y2, rm, r), pid_n * BLOCK_N, cols, cols < N, N,
+                         out_ptr + r * stride_om, pqs_out_ptr, xp_out_ptr + r * stride_xo, PREPARE_OUT, HAS_PQS_OUT,
+                         XB_OUT, COMPUTE, BLOCK_N)
+    elif FIXED:
+        fixed_sum.add(out_ptr + offs, y, ok)
+    else:
+        tl.store(out_ptr + pid_s * stride_os + offs, y, mask=ok)
+        if REDUCE and last_program(count_ptr, pid_n, SPLITS):
+            tl.store(out_ptr + offs, _split_sum(out_ptr, stride_os, offs, ok, SPLITS), mask=ok)
+            tl.store(count_ptr + pid_n, 0)
+
+
 # Under PDL, which programs load their first weight tile before waiting for the previous kernel: "all",
 # "loops" (those with more than one K tile: the others' registers go 56 -> 136 with it), "none" (the
 # benchmark's variants compare them).
@@ -372,13 +491,57 @@ WARP_SPECIALIZED = True
 MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH = 0x0F0F0F0F, 0x08080808, -0x0F0F0F10, -0x80000000 + 0x00808080
 
 
+# The most rows one GEMV launch takes (``_int4_gemv_rows_kernel``: BLOCK_M accumulators per output row; past ~16
+# rows the tensor cores' GEMM multiplies each weight by the rows for free, and the rows' registers run out)
+MAX_ROWS = 16
+# The decode step's GEMV at every batch up to this many rows, whatever quant_gemm's measured table says (the H200
+# A/B before the table has M > 1 GEMV rows: TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16); unset or 0: the table decides
+ROWS_ENV = "TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS"
+
+
 def supported(q, m: int) -> bool:
-    """Whether ``q`` at batch ``m`` can take the GEMV: INT4-AWQ, one row, and input blocks inside scale groups."""
-    return q.fmt == "int4_awq" and m == 1 and gemv_input.block_inputs(q.group) is not None and q.k % q.group == 0
+    """Whether ``q`` at batch ``m`` can take the GEMV: INT4-AWQ, 1 to MAX_ROWS rows, and input blocks inside scale
+    groups. (Whether the decode step takes it at M > 1 is ``quant_gemm.choose``'s: the measured table, or
+    ``forced``.)"""
+    return (q.fmt == "int4_awq" and 1 <= m <= MAX_ROWS and gemv_input.block_inputs(q.group) is not None
+            and q.k % q.group == 0)
+
+
+def forced(m: int) -> bool:
+    """Whether ``$TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS`` asks for the GEMV at batch ``m`` regardless of the table."""
+    value = os.environ.get(ROWS_ENV, "").strip() or "0"
+    if not value.isdigit() or int(value) > MAX_ROWS:
+        raise ValueError(f"{ROWS_ENV}={value!r}: set it to a batch size from 0 (off: the measured table decides) to "
+                         f"{MAX_ROWS} (the GEMV's most rows), or unset it")
+    return m <= int(value)
+
+
+def rows_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
+                block_n: int | None = None, block_k: int | None = None, num_stages: int = 1) -> LinearConfig:
+    """The several-row GEMV's tiles at batch ``m`` (``_int4_gemv_rows_kernel``; not yet swept on an H200: the
+    benchmark's ``gemv_rows`` variants time others). BLOCK_M = m rounded up to a power of two. Batch 1's register
+    kernel's shapes (``pick_config``), with fewer output rows per program as BLOCK_M grows so that its
+    accumulators stay at batch 1's 256-row tile's registers (BLOCK_M x BLOCK_N/2 x blocks: 2048 floats a matrix):
+    qkv, dense and proj 128 inputs a tile, 256 / BLOCK_M x 2 output rows (32 at 16 rows), split so that the grid
+    is ~8 (K short) or ~6 programs per SM; the GLU 16 rows x 256 inputs, K not split (its epilogue writes whole
+    rows)."""
+    if not supported(q, m):
+        raise ValueError(f"the INT4 GEMV takes 1 to {MAX_ROWS} rows of an INT4-AWQ weight, not {m} of {q.fmt}")
+    block_m = triton.next_power_of_2(m)
+    block_k = block_k or (256 if glu else 128)
+    block_n = block_n or (16 if glu else max(32, 512 // block_m))
+    tiles, k_tiles = triton.cdiv(q.n, block_n), triton.cdiv(q.k, block_k)
+    if glu:
+        splits = 1
+    elif splits is None:
+        per_sm = 8 if triton.cdiv(q.k, 128) <= 32 else 6
+        splits = max(1, min(k_tiles, round(per_sm * sm_count / tiles)))
+        splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))  # no split left without tiles
+    return LinearConfig(block_m, block_n, block_k, splits, 4, num_stages, gemv=True)
 
 
 def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = None, block_n: int | None = None,
-                block_k: int | None = None, tma: bool | None = None) -> LinearConfig:
+                block_k: int | None = None, tma: bool | None = None, m: int = 1) -> LinearConfig:
     """The best of H200 sweeps of the dp4a kernel (docs/perf-notes.md). On Hopper (``tma`` None: where the
     weight's device has the bulk tensor copy engine, and the shape fits it: ``tma_fits``) the weight tiles
     come by the copy engine, three stages deep (runs 45-51): 128 x 128 tiles split so that the grid is ~3
@@ -396,7 +559,11 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     * proj (K long: 148 tiles): 128 rows x 128 inputs, the next tile prefetched into registers while one is
       computed (``num_stages=2``: 19.7 against 24.5 us), ~6 programs per SM (28 splits of 5-6 tiles);
     * the GLU: 16 rows x 256 inputs, K not split (splitting it, with the last program applying SiLU, measured
-      slower at every tile tried), 1184 programs for the 7B's 18944 rows (48 registers)."""
+      slower at every tile tried), 1184 programs for the 7B's 18944 rows (48 registers).
+
+    ``m`` > 1: the several-row kernel's tiles (``rows_config``)."""
+    if m > 1:
+        return rows_config(q, m, sm_count, glu=glu, splits=splits, block_n=block_n, block_k=block_k)
     if tma is None:
         tma = copy_engine(q.weight.device)
     if tma:
@@ -481,12 +648,18 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
     RMSNorm before the GEMV made by its own programs (``gemv_input.NormFold``; the warp-specialized kernel only).
 
     ``x``: the input as its producer prepared it for ``q`` (``gemv_input.Prepared``; ``x2`` for ``q2``), or a
-    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch)."""
+    [1, K] compute-dtype tensor before the pre-quant scale, which is prepared here first (one more launch).
+
+    A several-row config (``rows_config``, ``cfg.block_m`` > 1) takes M <= BLOCK_M rows the same way: inputs [M, K]
+    or prepared [M, width], outputs [splits, M, N], int64 [M, N], or the GLU's [M, N] (``_launch_rows``)."""
     if isinstance(x, torch.Tensor):
-        assert x.shape[0] == 1
+        assert x.shape[0] <= cfg.block_m, f"{x.shape[0]} rows for a GEMV config of {cfg.block_m} (rows_config)"
         x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
     fixed = fixed_sum.is_accumulator(out)
     assert not fixed or q2 is None and out.numel() >= q.n, "int64 accumulators take a split GEMV's whole output"
+    if cfg.block_m > 1:
+        assert fold is None and not cfg.ws and not cfg.tma, "the several-row GEMV loads its tiles to registers"
+        return _launch_rows(x, q, q2, out, cfg, compute, pdl, x2, prepare_out, counters, clear)
     if cfg.ws:
         return quant_gemv_ws.launch(x, q, q2, out, cfg, compute, pdl, x2=x2, prepare_out=prepare_out,
                                     counters=counters, clear=clear, fold=fold,
@@ -535,4 +708,47 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
         SINGLE=per_split == 1, EARLY=EARLY_WEIGHTS == "all" or EARLY_WEIGHTS == "loops" and per_split > 1,
         ASM=not interpreting(), PDL=pdl, TMA=cfg.tma, STAGES=cfg.num_stages,  num_warps=cfg.num_warps, num_stages=1,
         launch_pdl=pdl,
+    )
+
+
+def _launch_rows(x: gemv_input.Prepared, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
+                 pdl: bool, x2: gemv_input.Prepared | None, prepare_out: gemv_input.Prepared | None,
+                 counters: torch.Tensor | None, clear: torch.Tensor | None):
+    """``launch`` of ``_int4_gemv_rows_kernel`` for ``x``'s M prepared rows (the GLU's K unsplit: ``rows_config``)."""
+    glu = q2 is not None
+    x2, q2 = (x2, q2) if glu else (x, q)
+    m, k = x.planes.shape[0], q.k
+    xb = gemv_input.block_inputs(q.group)
+    assert supported(q, m) and m <= cfg.block_m and x.block == x2.block == xb
+    assert x.planes.shape == x2.planes.shape == (m, width(k, xb)) and x.planes.stride() == x2.planes.stride()
+    assert cfg.block_k % xb == 0 and cfg.block_n % 2 == 0
+    assert not (glu and cfg.splits > 1), "the several-row GLU does not split K: take rows_config's splits (1)"
+    k_iters = triton.cdiv(k, cfg.block_k)
+    splits = cfg.splits
+    per_split = triton.cdiv(k_iters, splits)
+    half = cfg.block_n // 2
+    even = k % cfg.block_k == 0 and k_iters % splits == 0 and (q.n // 2) % half == 0
+    words, words2 = q.weight.view(torch.int32), q2.weight.view(torch.int32)
+    assert words.stride() == words2.stride() and words.stride(1) == 1
+    fixed = fixed_sum.is_accumulator(out)
+    stride_os = 0 if glu or fixed or out.dim() == 2 else out.stride(0)
+    if prepare_out is not None:
+        assert glu and cfg.block_n % prepare_out.block == 0 and prepare_out.k == q.n
+        assert prepare_out.planes.shape[0] >= m
+    dst = prepare_out or x
+    grid = (triton.cdiv(q.n // 2, half), splits)
+    reduce = counters is not None and splits > 1 and not fixed
+    assert not reduce or counters.dtype == torch.int32 and counters.numel() >= grid[0]
+    return _int4_gemv_rows_kernel[grid](
+        x.planes, words, q.scales, x2.planes, words2, q2.scales, out,
+        dst.pqs if dst.pqs is not None else out, dst.planes, counters if reduce else dst.planes,
+        clear if clear is not None else out,
+        m, q.n, k, q.scales.shape[0], per_split, x.planes.stride(0), words.stride(0), q.scales.stride(0),
+        q.scales.stride(1), stride_os, out.stride(-2), dst.planes.stride(0), clear.numel() if clear is not None else 0,
+        MASK_NIBBLES, XOR_EIGHT, MASK_HIGH, XOR_HIGH,
+        GROUP=q.group, XB=xb, GLU=glu, EVEN=even, TILE_SCALE=q.group % cfg.block_k == 0,
+        PREPARE_OUT=prepare_out is not None, HAS_PQS_OUT=dst.pqs is not None, XB_OUT=dst.block, SPLITS=splits,
+        REDUCE=reduce, FIXED=fixed, CLEAR=clear is not None, COMPUTE=tl_dtype(compute), BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not interpreting(), PDL=pdl, STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=1, launch_pdl=pdl,
     )

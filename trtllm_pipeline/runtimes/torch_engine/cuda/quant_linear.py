@@ -146,12 +146,13 @@ def _int4_layout(scales: torch.Tensor, n: int) -> torch.Tensor:
 
 def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None, gemv: bool | None = None) -> LinearConfig:
-    """INT4-AWQ at batch 1: quant_gemv's matrix-vector kernel (``gemv=False`` asks for the dot kernel).
+    """INT4-AWQ at batch 1: quant_gemv's matrix-vector kernel (``gemv=False`` asks for the dot kernel; ``gemv=True``
+    at M = 2-16 for its several-row kernel, which only the measured table or its switch picks: ``quant_gemm.choose``).
     Otherwise linear.py's tile rule for these layouts: 128 bytes of K per weight row and tile (INT4: 128
     inputs of a packed row pair, so BLOCK_N = 128 output rows are 8 KB per stage like FP8's 64 x 128),
     ~4 programs per SM."""
-    if gemv or (gemv is None and quant_gemv.supported(q, m)):
-        return quant_gemv.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
+    if gemv or (gemv is None and m == 1 and quant_gemv.supported(q, m)):
+        return quant_gemv.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n, m=m)
     block_m = max(16, triton.next_power_of_2(m))
     block_k = 128
     block_n = block_n or (128 if q.int4 else 64)
