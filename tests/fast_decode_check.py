@@ -109,7 +109,8 @@ def main() -> None:
         result["prefill_fast_rows"] = fast.phase_rows["fast_prefill_rows"] - before
         result["prefill_eager"] = staggered(eager, short, greedy)
     # the buckets whose steps ran the INT4 GEMV for several rows (quant_gemv.rows_config: the table's or the switch's)
-    result["gemv_rows_buckets"] = sorted(b for b, buf in fast.decoder.buffers.items()
+    local = getattr(fast.decoder, "local", fast.decoder)  # (tensor parallel: rank 0's DecodeGraphs)
+    result["gemv_rows_buckets"] = sorted(b for b, buf in local.buffers.items()
                                          if any(c.gemv and c.block_m > 1 for c in buf.configs.values()))
     fast.close()
     if os.environ.get("FAST_CHECK_LIBRARY") == "1":  # the same checks with buckets 2 and 4 on cuBLAS's linears

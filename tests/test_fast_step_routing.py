@@ -112,9 +112,9 @@ def test_decode_steps_left_running_give_their_tokens_at_the_next_step(runtime):
     assert overlapped == synchronous and all(len(t) == 6 for t in overlapped)
     runtime.overlap = True
     runtime.submit("a", list(range(50, 53)), params)
-    assert runtime.step()[0].token_ids == [53]  # the prompt's token, from its (synchronous) prefill step
-    assert runtime.step() == [] and runtime._launched is not None  # its first decode step, left running
-    assert [e.token_ids for e in runtime.step()] == [[54]]  # ... read as the next one is launched
+    assert runtime.step() == [] and runtime._launched is not None  # its prompt as rows of a fast step, left running
+    assert [e.token_ids for e in runtime.step()] == [[53]]  # ... read as its first decode step is launched
+    assert [e.token_ids for e in runtime.step()] == [[54]]  # ... and that one's as the next is
 
 
 def test_a_request_cancelled_while_its_decode_step_runs_is_skipped(runtime):
@@ -164,10 +164,17 @@ def test_chained_decode_steps_give_the_synchronous_tokens_and_ends(runtime):
                ("e", list(range(60, 70)), SamplingParams(max_tokens=6, end_id=-1))]
     assert runtime.chaining
     mixed = []
-    chain_tokens = runtime.decoder._chain_tokens
+    chain_tokens, verify, verified = runtime.decoder._chain_tokens, runtime.decoder.verify, []
     runtime.decoder._chain_tokens = lambda tokens, sources, m: (mixed.append(m), chain_tokens(tokens, sources, m))
+
+    def spy(*args, sources=None):
+        verified.append(sources is not None)
+        return verify(*args, sources=sources)
+
+    runtime.decoder.verify = spy
     chained = _run(runtime, submits, steps_between=1)
     assert runtime.phase_rows["chained_steps"] >= 6 and True in mixed
+    assert True in verified  # a prompt's rows in a step chained on the running decodes' argmax
     runtime.chaining = runtime.overlap = False
     synchronous = _run(runtime, submits, steps_between=1)
     assert chained == synchronous

@@ -72,15 +72,25 @@ PENDING = -2
 
 @dataclasses.dataclass
 class _Launched:
-    """A decode step launched and left running (``TorchRuntime._launch``)."""
+    """A fast step launched and left running (``TorchRuntime._launch``)."""
 
     rows: list[PlanRow]
     reqs: list["_Request"]
-    logits: torch.Tensor  # views of the step's buffers: valid until the next launch of its bucket
+    logits: torch.Tensor  # every token row's: views of the step's buffers, valid until the next launch of its bucket
     greedy: torch.Tensor
-    host: torch.Tensor | None  # the argmax tokens' pinned host copy (``DecodeGraphs.greedy_host``)
+    index: list[int]  # the token rows whose logits the rows read: each row's ``_span`` positions, packed
+    host: torch.Tensor | None  # every token row's argmax, pinned host copy (``DecodeGraphs.greedy_host``)
     ready: Any  # the event after which ``host`` holds them (None: it does)
     chainable: bool  # the next step may take its argmax as its tokens (greedy rows, nothing banned)
+
+    def spans(self) -> list[list[int]]:
+        """Each row's positions in ``index``'s token rows."""
+        bounds = list(itertools.accumulate((_span(r) for r in self.rows), initial=0))
+        return [self.index[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def sampled_at(self) -> dict[Any, int]:
+        """The token row of each sampling row's token (its last), by request."""
+        return {r.request_id: span[-1] for r, span in zip(self.rows, self.spans()) if r.sample}
 
 
 def _ends_with(generated: Sequence[int], ahead: Sequence[int], tail: Sequence[int]) -> bool:
@@ -657,48 +667,64 @@ class TorchRuntime(Runtime):
 
     def _may_leave_running(self, rows: list[PlanRow]) -> bool:
         """Whether this step's fast rows are launched and left running, their tokens read at the start of the next
-        ``step()`` (``_settle_launched``): a decode step (one token a row, no drafts) with overlap on. The caller
-        then handles the previous step's events (the engine loop detokenizes and streams them, a benchmark stamps
-        them) while the GPU runs this step, instead of the GPU waiting for that work (issue 30: served ms/step toward
-        the graph's replay time). A row's token then comes back one ``step()`` later; nothing else changes."""
-        return bool(rows) and self.overlap and all(r.is_decode and not r.draft for r in rows)
+        ``step()`` (``_settle_launched``): a step without drafts (decodes, and short prompts' chunks as rows of it)
+        with overlap on. The caller then handles the previous step's events (the engine loop detokenizes and streams
+        them, a benchmark stamps them) while the GPU runs this step, instead of the GPU waiting for that work (issue
+        30: served ms/step toward the graph's replay time). A row's token then comes back one ``step()`` later;
+        nothing else changes."""
+        return bool(rows) and self.overlap and not any(r.draft for r in rows)
 
     def _launch_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
-        """A decode step on the fast path, launched and kept for ``_settle_launched`` (or ``_pend``): no events now.
-        A launch that raises runs the rows as ``_run_fast`` does, and their events come now."""
+        """A fast step launched and kept for ``_settle_launched`` (or ``_pend``): no events now. A launch that raises
+        runs the rows as ``_run_fast`` does, and their events come now."""
         try:
-            self._launched = self._launch(rows, [r.tokens[0] for r in rows])
+            self._launched = self._launch(rows)
         except ExecutorLost:
             raise
         except Exception:  # noqa: BLE001 - the synchronous path isolates the failing rows
             return self._isolated(self._run_fast, rows)
         return []
 
-    def _launch(self, rows: list[PlanRow], tokens: list[int], sources: list[int] | None = None) -> "_Launched":
+    def _launch(self, rows: list[PlanRow], sources: dict | None = None) -> "_Launched":
+        """The rows launched on the fast path: a decode step, or where a short prompt's chunk is among them, a step of
+        every token a row (``DecodeGraphs.verify``). ``sources``: a chained step's pending rows, by request, and the
+        row of the running step's argmax each feeds on (``_chain``)."""
         reqs = [self._requests[r.request_id] for r in rows]
-        logits = self.decoder.decode(tokens, [r.block_table for r in rows], [r.start for r in rows],
-                                     [r.request_id for r in rows], **({"sources": sources} if sources else {}))
+        args = ([r.block_table for r in rows], [r.start for r in rows], [r.request_id for r in rows])
+        per_token = None
+        if sources:  # each token row's source: the running step's row, or -1 where the token is known
+            per_token = [sources[r.request_id] if j == 0 and r.request_id in sources else -1
+                         for r in rows for j in range(len(r.tokens))]
+        if all(r.is_decode for r in rows):
+            logits = self.decoder.decode([r.tokens[0] for r in rows], *args, **_given(sources=per_token))
+            greedy = self.decoder.greedy(len(rows))
+        else:
+            logits, greedy = self.decoder.verify([r.tokens for r in rows], *args, **_given(sources=per_token))
+        ends = list(itertools.accumulate(len(r.tokens) for r in rows))
+        index = [p for r, end in zip(rows, ends) for p in range(end - _span(r), end)]
         host, ready = self.decoder.greedy_host() if self.chaining else (None, None)
         # the next step may feed this one's argmax to the device as it is: every row greedy, nothing banned
         chainable = self.chaining and all(req.params.greedy and not req.may_ban() for req in reqs)
-        return _Launched(rows, reqs, logits, self.decoder.greedy(len(rows)), host, ready, chainable)
+        return _Launched(rows, reqs, logits, greedy, index, host, ready, chainable)
 
     def _settle_launched(self) -> list[TokenEvent]:
-        """The launched decode step's tokens (``_launch_fast``): sampled and recorded now, for the requests still
-        there (one cancelled meanwhile is skipped; its row's work is dropped)."""
+        """The launched step's tokens (``_launch_fast``): sampled and recorded now, for the requests still there (one
+        cancelled meanwhile is skipped; its row's work is dropped)."""
         if self._launched is None:
             return []
         launched, self._launched = self._launched, None
-        rows, reqs, logits, greedy = launched.rows, launched.reqs, launched.logits, launched.greedy
-        live = [i for i, (r, req) in enumerate(zip(rows, reqs)) if self._requests.get(r.request_id) is req]
+        greedy = launched.greedy
+        spans = launched.spans()
+        live = [i for i, (r, req) in enumerate(zip(launched.rows, launched.reqs))
+                if self._requests.get(r.request_id) is req]
         if not live:  # every request cancelled: still wait for the step, whose pinned inputs the next one refills
             if greedy.device.type == "cuda":
                 torch.cuda.current_stream(greedy.device).synchronize()
             return []
-        if len(live) < len(rows):
-            rows, logits, greedy = [rows[i] for i in live], _at(logits, live), _at(greedy, live)
+        rows = [launched.rows[i] for i in live]
+        at = [p for i in live for p in spans[i]]
         try:
-            return self._settle(rows, logits, greedy)
+            return self._settle(rows, _at(launched.logits, at), _at(greedy, at))
         except ExecutorLost:
             raise
         except Exception as exc:  # noqa: BLE001 - as ``_isolated``: the step's requests fail, the runtime goes on
@@ -722,9 +748,10 @@ class TorchRuntime(Runtime):
         for row, req in zip(launched.rows, launched.reqs):
             if self._requests.get(row.request_id) is not req:
                 continue  # cancelled while the step ran
-            self.scheduler.advance(req, 1)
-            req.generated.append(PENDING)
-            req.held = len(req.generated) >= req.params.max_tokens or req.length >= self.max_seq_len
+            self.scheduler.advance(req, len(row.tokens))
+            if row.sample:  # (a prompt's chunk before its last samples nothing: it is only computed)
+                req.generated.append(PENDING)
+                req.held = len(req.generated) >= req.params.max_tokens or req.length >= self.max_seq_len
             live = True
         return live
 
@@ -735,10 +762,9 @@ class TorchRuntime(Runtime):
         reading the pending tokens)."""
         if eager or not self._may_leave_running(fast):
             return False
-        at = {r.request_id: i for i, r in enumerate(launched.rows)}
-        sources = [at[r.request_id] if r.tokens[0] == PENDING else -1 for r in fast]
+        at = launched.sampled_at()
         try:
-            self._launched = self._launch(fast, [r.tokens[0] for r in fast], sources)
+            self._launched = self._launch(fast, {r.request_id: at[r.request_id] for r in fast if r.tokens[0] == PENDING})
         except ExecutorLost:
             raise
         except Exception as exc:  # noqa: BLE001 - the synchronous path runs (and isolates) them
@@ -754,13 +780,15 @@ class TorchRuntime(Runtime):
         chained on it) and recorded in place of ``PENDING``."""
         if launched.ready is not None:
             launched.ready.synchronize()
+        tokens = launched.host.tolist()
+        at = launched.sampled_at()
         events = []
-        for row, req, token in zip(launched.rows, launched.reqs, launched.host.tolist()):
-            if self._requests.get(row.request_id) is not req:
-                continue  # cancelled before it was pended
+        for row, req in zip(launched.rows, launched.reqs):
+            if not row.sample or self._requests.get(row.request_id) is not req:
+                continue  # a prompt's chunk that samples nothing, or cancelled before it was pended
             req.generated.pop()
             req.held = False
-            events.append(self._record(req, token))
+            events.append(self._record(req, tokens[at[row.request_id]]))
         return events
 
     def _known(self, rows: list[PlanRow]) -> list[PlanRow]:
@@ -968,6 +996,11 @@ def fast_prefill_enabled() -> bool:
     """Short prefill chunks on the fast path (``_split``): on unless ``TRTLLM_PIPELINE_FAST_PREFILL=0`` (the eager
     forward then takes every chunk: the A/B of ``benchmarks/h200_run.sh``)."""
     return os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL", "1").strip() != "0"
+
+
+def _given(**kwargs) -> dict:
+    """The keyword arguments that are not None (a decoder's optional ones, passed only when used)."""
+    return {k: v for k, v in kwargs.items() if v is not None}
 
 
 def _at(t: torch.Tensor | None, positions: list[int]) -> torch.Tensor | None:

@@ -172,12 +172,12 @@ class DecodeGraphs:
         return self._last
 
     def verify(self, token_lists: Sequence[Sequence[int]], tables: Sequence[Sequence[int]], starts: Sequence[int],
-               request_ids: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+               request_ids: Sequence, sources: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Speculative decoding's verify step: request i feeds ``token_lists[i]`` at positions ``starts[i] ..``,
         every token a row of one step (all of a request's rows name its one table row), so the weights are read
         once for all of them; the step runs attention twice (``StepBuffers.attention_passes``), from a graph of its
         own per batch bucket (``prepare_verify``, or on first use). Float32 logits and their argmax, [total tokens]
-        rows in order."""
+        rows in order. ``sources``: per token row, as ``decode``'s (a chained step)."""
         rows = self._table_rows(request_ids, tables)
         if not self.buffers:
             self.prepare()
@@ -186,12 +186,16 @@ class DecodeGraphs:
         expanded = [row for toks, row in zip(token_lists, rows) for _ in toks]
         batch = bucket_for(len(tokens), self.buckets)
         buf = self._verify_buffers(batch)
-        self._fill(batch, tokens, positions, expanded)
+        n = len(tokens)
+        self._fill(batch, tokens, positions, expanded, sources)
+        if sources is not None:
+            self._chain_tokens(buf.inputs[0, :n], self.sources[batch][:n], min(sources) < 0)
         if self.use_graphs:
             self.verify_graphs[batch].replay()
         else:
             self.step.run(buf)
-        return buf.logits[: len(tokens)], buf.greedy[: len(tokens)]
+        self._read_back(buf.greedy, n)
+        return buf.logits[:n], buf.greedy[:n]
 
     def _verify_buffers(self, batch: int):
         """The bucket's buffers (shared with its decode graph: the two never run at once) with two attention
