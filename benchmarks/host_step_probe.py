@@ -25,7 +25,7 @@ import torch
 
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs, batch_buckets
-from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime, chaining_enabled, overlap_enabled
+from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 
 class _NoStep:
@@ -66,10 +66,9 @@ def main() -> None:
     ckpt = args.checkpoint
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=args.rows, max_seq_len=2048,
                       fast_decode=False)
-    rt.decoder = DecodeGraphs(_NoStep(rt.engine), batch_buckets(args.rows), use_graphs=False)
-    rt.decoder.prepare()
-    rt.overlap = overlap_enabled()  # as the runtime sets them where it made the decoder itself
-    rt.chaining = rt.overlap and chaining_enabled(rt.decoder, rt.speculator)
+    decoder = DecodeGraphs(_NoStep(rt.engine), batch_buckets(args.rows), use_graphs=False)
+    decoder.prepare()
+    rt.attach_decoder(decoder)  # overlap and chaining as the runtime sets them for its own decoder
     params = SamplingParams(max_tokens=args.steps + 20, end_id=-1)
     for i in range(args.rows):
         rt.submit(i, [(7 * i + j) % 1000 + 10 for j in range(args.prompt_tokens)], params)

@@ -52,10 +52,9 @@ class _PlusOne:
 def runtime(built):
     ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False)
-    rt.decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8], use_graphs=False)
-    rt.decoder.prepare()
-    rt.overlap = runtime_module.overlap_enabled()  # as the runtime sets them where it made a decoder itself
-    rt.chaining = rt.overlap and runtime_module.chaining_enabled(rt.decoder, rt.speculator)
+    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8], use_graphs=False)
+    decoder.prepare()
+    rt.attach_decoder(decoder)
     yield rt
     rt.close()
 
@@ -217,3 +216,24 @@ def test_a_request_cancelled_while_chained_steps_run_is_dropped_from_the_chain(r
             out[e.request_id] += e.token_ids
     assert out["b"] == list(range(23, 33)) and out["a"] == list(range(13, 13 + len(out["a"])))
     assert runtime.kv.free_blocks == runtime.kv.usable_blocks and not runtime.kv.tables
+
+
+def test_chained_steps_under_preemption_finish_every_request_and_return_every_block(built):
+    """A pool too small for the batch: the scheduler preempts while steps are chained (a request preempted with its
+    token pending gets it when the running step is read, and is recomputed later). Every request still ends by length
+    with all its tokens, none fails, and every block comes back."""
+    ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
+    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=64, fast_decode=False,
+                      kv_block_size=4, kv_cache_blocks=14, enable_kv_cache_reuse=True)
+    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8], use_graphs=False)
+    decoder.prepare()
+    rt.attach_decoder(decoder)
+    try:
+        params = SamplingParams(max_tokens=18, end_id=-1)
+        tokens, ends = _run(rt, [(i, list(range(10 * i + 10, 10 * i + 14)), params) for i in range(4)],
+                            steps_between=1)
+        assert rt.kv.stats()["preemptions"] > 0 and rt.phase_rows["chained_steps"] > 0
+        assert all(len(t) == 18 for t in tokens.values()) and set(ends.values()) == {"length"}
+        assert rt.kv.free_blocks == rt.kv.usable_blocks and not rt.kv.tables
+    finally:
+        rt.close()

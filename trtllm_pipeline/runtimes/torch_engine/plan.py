@@ -89,3 +89,21 @@ def decode_inputs(tokens, tables, positions, batch: int, width: int) -> torch.Te
     for b, table in enumerate(tables):
         rows[2 : 2 + len(table), b] = torch.as_tensor(table, dtype=torch.long)
     return rows
+
+
+def logit_span(row: PlanRow) -> int:
+    """Positions whose logits a row needs: none (a prefill chunk that samples nothing), its last (a sampling row),
+    or its decode token's and every draft's (a verify row)."""
+    return (1 + row.draft) if row.sample else 0
+
+
+def rows_at(t: torch.Tensor | None, positions: list[int]) -> torch.Tensor | None:
+    """Rows ``positions`` (increasing) of ``t``: a view where they are one run, as every row of a plain decode step or
+    of a verify step is (no index list copied to the device, which waits for the step, and no gather launched); a
+    gathered copy otherwise. Readers never write into it (bans are applied to copies)."""
+    if t is None or not positions:
+        return None if t is None else t[:0]
+    first = positions[0]
+    if positions[-1] - first + 1 == len(positions):
+        return t[first : first + len(positions)]
+    return t[torch.tensor(positions, device=t.device)]

@@ -34,7 +34,8 @@ from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
 from trtllm_pipeline.runtimes.torch_engine.executor import Executor, ExecutorLost, LocalExecutor
 from trtllm_pipeline.runtimes.torch_engine.kv_cache import KVCacheManager
 from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
-from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow
+from trtllm_pipeline.runtimes.torch_engine.overlap import OverlapSteps
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow, logit_span, rows_at
 from trtllm_pipeline.runtimes.torch_engine.scheduler import Scheduler, Sequence as _Sequence
 from trtllm_pipeline.runtimes.torch_engine.tp.executor import TpExecutor
 from trtllm_pipeline.runtimes.torch_engine.tp.mode import resolve_tp_mode
@@ -63,34 +64,6 @@ class _Request(_Sequence):
     def may_ban(self) -> bool:
         """Whether ``banned`` may be anything but empty now (bad words; the end id before min_tokens)."""
         return bool(self.bad_ids) or (self.end_id >= 0 and len(self.generated) < self.params.min_tokens)
-
-
-# A chained step's input token before the step it comes from was read (``TorchRuntime._pend``): never fed (the
-# device's argmax is), never emitted.
-PENDING = -2
-
-
-@dataclasses.dataclass
-class _Launched:
-    """A fast step launched and left running (``TorchRuntime._launch``)."""
-
-    rows: list[PlanRow]
-    reqs: list["_Request"]
-    logits: torch.Tensor  # every token row's: views of the step's buffers, valid until the next launch of its bucket
-    greedy: torch.Tensor
-    index: list[int]  # the token rows whose logits the rows read: each row's ``_span`` positions, packed
-    host: torch.Tensor | None  # every token row's argmax, pinned host copy (``DecodeGraphs.greedy_host``)
-    ready: Any  # the event after which ``host`` holds them (None: it does)
-    chainable: bool  # the next step may take its argmax as its tokens (greedy rows, nothing banned)
-
-    def spans(self) -> list[list[int]]:
-        """Each row's positions in ``index``'s token rows."""
-        bounds = list(itertools.accumulate((_span(r) for r in self.rows), initial=0))
-        return [self.index[a:b] for a, b in zip(bounds, bounds[1:])]
-
-    def sampled_at(self) -> dict[Any, int]:
-        """The token row of each sampling row's token (its last), by request."""
-        return {r.request_id: span[-1] for r, span in zip(self.rows, self.spans()) if r.sample}
 
 
 def _ends_with(generated: Sequence[int], ahead: Sequence[int], tail: Sequence[int]) -> bool:
@@ -138,7 +111,7 @@ def resolve_device(requested: str | None) -> torch.device:
     return torch.device(requested)
 
 
-class TorchRuntime(Runtime):
+class TorchRuntime(OverlapSteps, Runtime):
     name = "torch"
 
     def __init__(self, checkpoint_dir: Path, tokenizer_dir: Path, *, device: str | None = None,
@@ -231,11 +204,9 @@ class TorchRuntime(Runtime):
         self.phase_s = dict.fromkeys(("plan", "eager", "fast"), 0.0)
         self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows", "fast_prefill_rows",
                                          "chained_steps"), 0)
-        self.decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
-        # decode steps left running while the caller handles the previous step's events (``_may_leave_running``)
-        self.overlap = self.decoder is not None and overlap_enabled()
-        self._launched: _Launched | None = None  # the decode step left running
-        self.chaining = self.overlap and chaining_enabled(self.decoder, self.speculator)
+        decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
+        # fast steps left running while the caller handles the previous step's events, decode steps chained (overlap)
+        self.attach_decoder(decoder)
 
     def _fast_decoder(self, fast: bool, graphs: bool, sizes, spec_k: int = 0):
         """The CUDA fast path, compiled and captured now (once per process), or why eager runs."""
@@ -582,7 +553,7 @@ class TorchRuntime(Runtime):
         position of a verify row's (``_settle``)."""
         hidden = self._forward(rows)
         last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
-        index = [p for r, end in zip(rows, last) for p in range(end - _span(r), end)]
+        index = [p for r, end in zip(rows, last) for p in range(end - logit_span(r), end)]
         logits = self.executor.logits(hidden[torch.tensor(index, device=hidden.device)]) if index else None
         return self._settle(rows, logits)
 
@@ -591,19 +562,19 @@ class TorchRuntime(Runtime):
         """The step ran: ``logits`` holds each row's ``_span`` positions, packed in row order (``greedy``: their
         argmax, where the step computed it). Sampling rows get their next token, verify rows their accepted drafts
         and one token (``_verify``); then the cache counts what was kept and the tokens are recorded."""
-        spans = list(itertools.accumulate((_span(r) for r in rows), initial=0))
+        spans = list(itertools.accumulate((logit_span(r) for r in rows), initial=0))
         reqs = [self._requests[r.request_id] for r in rows]
         sampled = [i for i, r in enumerate(rows) if r.sample and not r.draft]
         verify = [i for i, r in enumerate(rows) if r.draft]
         tokens = []
         if sampled:
             at = [spans[i] for i in sampled]
-            tokens = self._sample([reqs[i] for i in sampled], _at(logits, at), _at(greedy, at))
+            tokens = self._sample([reqs[i] for i in sampled], rows_at(logits, at), rows_at(greedy, at))
         emitted = []
         if verify:
             at = [p for i in verify for p in range(spans[i], spans[i + 1])]
-            emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], _at(logits, at),
-                                   _at(greedy, at))
+            emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], rows_at(logits, at),
+                                   rows_at(greedy, at))
         for row, req in zip(rows, reqs):  # the step succeeded: now it counts (verify rows: as they are recorded)
             if not row.draft:
                 self.scheduler.advance(req, len(row.tokens))
@@ -665,145 +636,6 @@ class TorchRuntime(Runtime):
         self.scheduler.verified(req, 1 + accepted)
         return TokenEvent(req.request_id, emitted)
 
-    def _may_leave_running(self, rows: list[PlanRow]) -> bool:
-        """Whether this step's fast rows are launched and left running, their tokens read at the start of the next
-        ``step()`` (``_settle_launched``): a step without drafts (decodes, and short prompts' chunks as rows of it)
-        with overlap on. The caller then handles the previous step's events (the engine loop detokenizes and streams
-        them, a benchmark stamps them) while the GPU runs this step, instead of the GPU waiting for that work (issue
-        30: served ms/step toward the graph's replay time). A row's token then comes back one ``step()`` later;
-        nothing else changes."""
-        return bool(rows) and self.overlap and not any(r.draft for r in rows)
-
-    def _launch_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
-        """A fast step launched and kept for ``_settle_launched`` (or ``_pend``): no events now. A launch that raises
-        runs the rows as ``_run_fast`` does, and their events come now."""
-        try:
-            self._launched = self._launch(rows)
-        except ExecutorLost:
-            raise
-        except Exception:  # noqa: BLE001 - the synchronous path isolates the failing rows
-            return self._isolated(self._run_fast, rows)
-        return []
-
-    def _launch(self, rows: list[PlanRow], sources: dict | None = None) -> "_Launched":
-        """The rows launched on the fast path: a decode step, or where a short prompt's chunk is among them, a step of
-        every token a row (``DecodeGraphs.verify``). ``sources``: a chained step's pending rows, by request, and the
-        row of the running step's argmax each feeds on (``_chain``)."""
-        reqs = [self._requests[r.request_id] for r in rows]
-        args = ([r.block_table for r in rows], [r.start for r in rows], [r.request_id for r in rows])
-        per_token = None
-        if sources:  # each token row's source: the running step's row, or -1 where the token is known
-            per_token = [sources[r.request_id] if j == 0 and r.request_id in sources else -1
-                         for r in rows for j in range(len(r.tokens))]
-        if all(r.is_decode for r in rows):
-            logits = self.decoder.decode([r.tokens[0] for r in rows], *args, **_given(sources=per_token))
-            greedy = self.decoder.greedy(len(rows))
-        else:
-            logits, greedy = self.decoder.verify([r.tokens for r in rows], *args, **_given(sources=per_token))
-        ends = list(itertools.accumulate(len(r.tokens) for r in rows))
-        index = [p for r, end in zip(rows, ends) for p in range(end - _span(r), end)]
-        host, ready = self.decoder.greedy_host() if self.chaining else (None, None)
-        # the next step may feed this one's argmax to the device as it is: every row greedy, nothing banned
-        chainable = self.chaining and all(req.params.greedy and not req.may_ban() for req in reqs)
-        return _Launched(rows, reqs, logits, greedy, index, host, ready, chainable)
-
-    def _settle_launched(self) -> list[TokenEvent]:
-        """The launched step's tokens (``_launch_fast``): sampled and recorded now, for the requests still there (one
-        cancelled meanwhile is skipped; its row's work is dropped)."""
-        if self._launched is None:
-            return []
-        launched, self._launched = self._launched, None
-        greedy = launched.greedy
-        spans = launched.spans()
-        live = [i for i, (r, req) in enumerate(zip(launched.rows, launched.reqs))
-                if self._requests.get(r.request_id) is req]
-        if not live:  # every request cancelled: still wait for the step, whose pinned inputs the next one refills
-            if greedy.device.type == "cuda":
-                torch.cuda.current_stream(greedy.device).synchronize()
-            return []
-        rows = [launched.rows[i] for i in live]
-        at = [p for i in live for p in spans[i]]
-        try:
-            return self._settle(rows, _at(launched.logits, at), _at(greedy, at))
-        except ExecutorLost:
-            raise
-        except Exception as exc:  # noqa: BLE001 - as ``_isolated``: the step's requests fail, the runtime goes on
-            return [self._failed(self._requests[r.request_id], exc) for r in rows if r.request_id in self._requests]
-
-    # ---- chained decode steps: the next one launched before the running one's tokens are read -----------------
-    #
-    # With overlap alone the GPU still waits between two decode steps for the host to read one step's tokens,
-    # record them and plan and launch the next (at 256 rows: 2-3 ms of a ~10 ms step). Chained, the next step is
-    # planned with the running one's tokens pending (``_pend``: the scheduler sees them as generated), launched with
-    # its inputs taken on the device from the running step's argmax (``DecodeGraphs.decode``'s ``sources``), and
-    # only then are the running step's tokens read (``_settle_pending``, from their own pinned copy), so the GPU
-    # always has the next step queued. Only where the argmax is the token (greedy rows, nothing banned: ``_launch``);
-    # a request that ended on its token (end id, a stop) had a row in the chained step, whose work is dropped.
-
-    def _pend(self, launched: "_Launched") -> bool:
-        """The running step's tokens as generated but not known (``PENDING``) and their positions as computed, so
-        that the scheduler plans the next step on them; a request that its token ends by length is ``held`` (no
-        row). False when no request of the step is left (nothing to chain on)."""
-        live = False
-        for row, req in zip(launched.rows, launched.reqs):
-            if self._requests.get(row.request_id) is not req:
-                continue  # cancelled while the step ran
-            self.scheduler.advance(req, len(row.tokens))
-            if row.sample:  # (a prompt's chunk before its last samples nothing: it is only computed)
-                req.generated.append(PENDING)
-                req.held = len(req.generated) >= req.params.max_tokens or req.length >= self.max_seq_len
-            live = True
-        return live
-
-    def _chain(self, fast: list[PlanRow], eager: list[PlanRow], launched: "_Launched") -> bool:
-        """Launch the planned step chained on the running one, if it is a decode step (no prefill admitted, no eager
-        rows): its requests' rows feed their pending tokens from the device, a request that joined the decodes since
-        feeds its own. A launch that raises: False, as for a plan that cannot chain (the caller then runs it after
-        reading the pending tokens)."""
-        if eager or not self._may_leave_running(fast):
-            return False
-        at = launched.sampled_at()
-        try:
-            self._launched = self._launch(fast, {r.request_id: at[r.request_id] for r in fast if r.tokens[0] == PENDING})
-        except ExecutorLost:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the synchronous path runs (and isolates) them
-            log.warning("torch runtime: a chained decode step did not launch (%s: %s); running it after the "
-                        "previous step's tokens", type(exc).__name__, exc)
-            self._launched = None
-            return False
-        self.phase_rows["chained_steps"] += 1
-        return True
-
-    def _settle_pending(self, launched: "_Launched") -> list[TokenEvent]:
-        """The pending tokens of ``launched`` read (from its pinned copy: waiting for that step, not for a step
-        chained on it) and recorded in place of ``PENDING``."""
-        if launched.ready is not None:
-            launched.ready.synchronize()
-        tokens = launched.host.tolist()
-        at = launched.sampled_at()
-        events = []
-        for row, req in zip(launched.rows, launched.reqs):
-            if not row.sample or self._requests.get(row.request_id) is not req:
-                continue  # a prompt's chunk that samples nothing, or cancelled before it was pended
-            req.generated.pop()
-            req.held = False
-            events.append(self._record(req, tokens[at[row.request_id]]))
-        return events
-
-    def _known(self, rows: list[PlanRow]) -> list[PlanRow]:
-        """A plan made on pending tokens, after they were read: each decode row feeds its request's token, and the
-        rows of requests that ended on it go."""
-        out = []
-        for row in rows:
-            if row.tokens[0] == PENDING:
-                req = self._requests.get(row.request_id)
-                if req is None:
-                    continue
-                row.tokens[0] = req.generated[-1]
-            out.append(row)
-        return out
-
     def _run_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """The rows on the CUDA fast path: a decode step, or, when some rows carry drafts, a verify step (every
         row's tokens as rows of one step, ``DecodeGraphs.verify``)."""
@@ -812,9 +644,9 @@ class TorchRuntime(Runtime):
         if any(not r.is_decode for r in rows):  # drafts or prefill chunks: logits at each row's ``_span`` only
             logits, greedy = self.decoder.verify(*args)
             ends = itertools.accumulate(len(r.tokens) for r in rows)
-            index = [p for r, end in zip(rows, ends) for p in range(end - _span(r), end)]
+            index = [p for r, end in zip(rows, ends) for p in range(end - logit_span(r), end)]
             if len(index) != logits.shape[0]:
-                logits, greedy = _at(logits, index), _at(greedy, index)
+                logits, greedy = rows_at(logits, index), rows_at(greedy, index)
         else:
             logits = self.decoder.decode([t[0] for t in args[0]], *args[1:])
             greedy = self.decoder.greedy(len(rows))
@@ -978,47 +810,10 @@ class TorchRuntime(Runtime):
 FAST_PREFILL_BUCKETS = (128, 256)
 
 
-def overlap_enabled() -> bool:
-    """Decode steps left running across ``step()`` calls (``TorchRuntime._may_leave_running``): on unless
-    ``TRTLLM_PIPELINE_OVERLAP=0`` (every step then returns its own tokens: the A/B of the benchmarks)."""
-    return os.environ.get("TRTLLM_PIPELINE_OVERLAP", "1").strip() != "0"
-
-
-def chaining_enabled(decoder, speculator) -> bool:
-    """Decode steps chained on the running one (``TorchRuntime._chain``): where overlap is on, the decoder can take
-    its tokens on the device (one rank's ``DecodeGraphs``) and no speculation proposes from the tokens, unless
-    ``TRTLLM_PIPELINE_CHAIN=0`` (the A/B of the benchmarks)."""
-    return (hasattr(decoder, "greedy_host") and speculator is None
-            and os.environ.get("TRTLLM_PIPELINE_CHAIN", "1").strip() != "0")
-
-
 def fast_prefill_enabled() -> bool:
     """Short prefill chunks on the fast path (``_split``): on unless ``TRTLLM_PIPELINE_FAST_PREFILL=0`` (the eager
     forward then takes every chunk: the A/B of ``benchmarks/h200_run.sh``)."""
     return os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL", "1").strip() != "0"
-
-
-def _given(**kwargs) -> dict:
-    """The keyword arguments that are not None (a decoder's optional ones, passed only when used)."""
-    return {k: v for k, v in kwargs.items() if v is not None}
-
-
-def _at(t: torch.Tensor | None, positions: list[int]) -> torch.Tensor | None:
-    """Rows ``positions`` (increasing) of ``t``: a view where they are one run, as every row of a plain decode step or
-    of a verify step is (no index list copied to the device, which waits for the step, and no gather launched); a
-    gathered copy otherwise. Readers never write into it (bans are applied to copies)."""
-    if t is None or not positions:
-        return None if t is None else t[:0]
-    first = positions[0]
-    if positions[-1] - first + 1 == len(positions):
-        return t[first : first + len(positions)]
-    return t[torch.tensor(positions, device=t.device)]
-
-
-def _span(row: PlanRow) -> int:
-    """Positions whose logits a row needs: none (a prefill chunk that samples nothing), its last (a sampling row),
-    or its decode token's and every draft's (a verify row)."""
-    return (1 + row.draft) if row.sample else 0
 
 
 def _common_prefix(seqs: list[tuple[int, ...]]) -> int:
