@@ -123,8 +123,17 @@ def test_cli_generate_url_default_equals_in_process_generate(server, engines_dir
 
 
 def test_sixteen_concurrent_streams_all_complete_correctly(server, runtime):
+    """16 streams at once, half gRPC and half HTTP: every one completes, and equals in-process generation. Where the
+    CPU's float32 GEMM is not row-invariant (seen on a Sapphire Rapids host: ``x[:1] @ W.T`` differs from
+    ``(x @ W.T)[:1]`` in the last bits), a random model's near-tied greedy token can depend on which requests share a
+    step, which the servers' arrival order decides: such a prompt (its output alone and in a batch of 16 differ here)
+    must follow one of them until they part."""
     prompts = [f"Story number {i}:" for i in range(16)]
     expected = {p: in_process(runtime, p, max_tokens=20).text for p in prompts}
+    ids = [runtime.tokenizer.encode(p, add_special_tokens=True) for p in prompts]
+    batched = {p: c.text for p, c in zip(prompts, runtime.generate(ids, SamplingParams(max_tokens=20)))}
+    varying = {p for p in prompts if batched[p] != expected[p]}
+    assert len(varying) <= 4, varying  # the rest is exact whatever the batch
     results, errors = {}, []
 
     def worker(i, prompt):
@@ -141,7 +150,11 @@ def test_sixteen_concurrent_streams_all_complete_correctly(server, runtime):
     for t in threads:
         t.join(timeout=300)
     assert not errors
-    assert {p: "".join(pieces) for p, pieces in results.items()} == expected
+    served = {p: "".join(pieces) for p, pieces in results.items()}
+    assert {p: served[p] for p in prompts if p not in varying} == {p: expected[p] for p in prompts if p not in varying}
+    for p in varying:
+        agreed = os.path.commonprefix([expected[p], batched[p]])
+        assert served[p].startswith(agreed) and len(served[p]) > len(agreed), (p, served[p], expected[p], batched[p])
     assert all(len(pieces) > 1 for pieces in results.values())
 
 
