@@ -90,23 +90,3 @@ def test_without_coalescing_every_token_is_its_own_response_and_the_loop_can_wai
     outbox.wait(mark, timeout=10)
     assert sender.sent == [(([1], "1"), 0), (([2], "2"), 0), (([3], "3"), FINAL)]
     outbox.close()
-
-
-def test_a_held_steps_responses_reach_the_thread_in_one_hand_over_in_order():
-    """The engine loop holds a step's rows (``hold``) and hands them to the thread at once (``flush``): one wake-up
-    of the thread a step, not one per row (served_host_probe); what is sent, and its order, are unchanged."""
-    sender = SlowSender()
-    sender.release.set()
-    jobs = [types.SimpleNamespace(sender=sender) for _ in range(4)]
-    for coalesce in (False, True):
-        sender.sent.clear()
-        outbox = _Outbox(lambda job: None, threaded=True, coalesce=coalesce)
-        outbox.hold()
-        for i, job in enumerate(jobs[:3]):
-            outbox.stream(job, 0, [i], str(i), False, build, FINAL)
-        assert outbox._queue.qsize() == 0 and len(outbox._pending) == 3  # held
-        outbox.put(sender, None, FINAL)  # anything else put meanwhile goes after the held rows
-        assert outbox._pending == [] and outbox._queue.qsize() <= 1
-        outbox.stream(jobs[3], 0, [9], "9", True, build, FINAL)  # not held any more: handed over at once
-        outbox.close()
-        assert sender.sent == [(([0], "0"), 0), (([1], "1"), 0), (([2], "2"), 0), (None, FINAL), (([9], "9"), FINAL)]

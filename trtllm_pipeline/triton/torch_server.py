@@ -125,8 +125,6 @@ class _Outbox:
         self._chunks: dict[tuple[int, int], _Chunk] = {}  # (id of the job, row): waiting in the queue
         self._sent = threading.Condition()
         self._queued = self._done = 0
-        self._pending: list = []  # queued, not yet handed to the thread (``flush``): one wake-up per step, not per row
-        self._holding = False
         self._thread = None
         if threaded:
             self._thread = threading.Thread(target=self._run, name="torch-runtime-outbox", daemon=True)
@@ -142,22 +140,13 @@ class _Outbox:
         if self._thread is None:  # sent here and now
             self._deliver(sender, response, flags, job)
         else:
-            self._hand(("send", sender, response, flags, job))
+            self._queue.put(("send", sender, response, flags, job))
 
     def stream(self, job: "_Job", row: int, ids: list[int], text: str, final: bool, build, final_flag: int) -> None:
         """A streaming row's new tokens and text; ``build(job, ids, text)`` makes the response (in the sending
         thread, when threaded: the loop does not wait for it). Joined to the row's response not sent yet, if any."""
-        if self._thread is None:
+        if self._thread is None or not self._coalesce:
             self.put(job.sender, build(job, ids, text) if ids or text else None, final_flag if final else 0, job)
-            return
-        if not self._coalesce:  # one response per token, held with the step's others until ``flush``
-            with self._sent:
-                self._queued += 1
-            with self._lock:
-                self._pending.append(("send", job.sender, build(job, ids, text) if ids or text else None,
-                                      final_flag if final else 0, job))
-            if not self._holding:
-                self.flush()
             return
         key = (id(job), row)
         with self._lock:
@@ -168,26 +157,7 @@ class _Outbox:
                 chunk.final = chunk.final or final
                 return
             self._chunks[key] = _Chunk(list(ids), text, final)
-            self._pending.append(("chunk", key, job, build, final_flag))
-        if not self._holding:
-            self.flush()
-
-    def _hand(self, item) -> None:
-        """``item`` to the thread, after the rows ``stream`` holds (the order of the calls is the order sent)."""
-        with self._lock:
-            self._pending.append(item)
-        self.flush()
-
-    def hold(self) -> None:
-        """Hold the rows ``stream`` gets until ``flush`` (the engine loop: a step's rows, handed over at once)."""
-        self._holding = True
-
-    def flush(self) -> None:
-        """Hand what ``stream`` held to the thread, in one wake-up of it, and stop holding."""
-        with self._lock:
-            items, self._pending, self._holding = self._pending, [], False
-        if items:
-            self._queue.put(items)
+        self._queue.put(("chunk", key, job, build, final_flag))
 
     def mark(self) -> int:
         """How many responses were queued so far (``wait(mark)`` returns once they are all sent)."""
@@ -201,26 +171,24 @@ class _Outbox:
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued, then stop."""
         if self._thread is not None:
-            self.flush()
             self._queue.put(None)
             self._thread.join(timeout=timeout)
 
     def _run(self) -> None:
-        while (items := self._queue.get()) is not None:
-            for item in items:
-                try:
-                    if item[0] == "chunk":  # a streaming row's tokens: all that came until now, in one response
-                        _, key, job, build, final_flag = item
-                        with self._lock:
-                            chunk = self._chunks.pop(key)
-                        response = build(job, chunk.ids, chunk.text) if chunk.ids or chunk.text else None
-                        self._deliver(job.sender, response, final_flag if chunk.final else 0, job)
-                    else:
-                        self._deliver(*item[1:])
-                except Exception:  # never the thread's end: every later response would wait for ever
-                    log.exception("sending a response")
-                    if item[0] == "chunk":
-                        self._on_gone(item[2])
+        while (item := self._queue.get()) is not None:
+            try:
+                if item[0] == "chunk":  # a streaming row's tokens: all that came until now, in one response
+                    _, key, job, build, final_flag = item
+                    with self._lock:
+                        chunk = self._chunks.pop(key)
+                    response = build(job, chunk.ids, chunk.text) if chunk.ids or chunk.text else None
+                    self._deliver(job.sender, response, final_flag if chunk.final else 0, job)
+                else:
+                    self._deliver(*item[1:])
+            except Exception:  # never the thread's end: every later response would wait for ever
+                log.exception("sending a response")
+                if item[0] == "chunk":
+                    self._on_gone(item[2])
 
     def _deliver(self, sender, response, flags: int, job: "_Job | None") -> None:
         try:
@@ -442,12 +410,8 @@ class TorchModelServer:
         self._check_lost()  # before any request hears of it: the fronts then answer 503 already
         if not self.outbox.coalesces:  # one response per token: the previous step's went out while this step ran
             self.outbox.wait(self._last_step_mark)
-        self.outbox.hold()  # the step's responses go to the outbox's thread together (``flush``, below)
-        try:
-            for event in events:
-                self._on_event(event)
-        finally:
-            self.outbox.flush()
+        for event in events:
+            self._on_event(event)
         tokens = sum(len(e.token_ids) for e in events)
         self.metrics.add("steps")
         self.metrics.add("tokens", tokens)
