@@ -297,11 +297,20 @@ class Timed:
 def served(ckpt: Path, streams: int, args, coalesce: bool) -> dict:
     from trtllm_pipeline.triton.torch_server import TorchModelServer
 
-    os.environ["TRTLLM_PIPELINE_STREAM_COALESCE"] = "1" if coalesce else "0"
-    os.environ["TRTLLM_PIPELINE_OUTBOX_THREAD"] = "1" if args.outbox_thread else "0"
     _Metric.calls = 0
     rt = make_runtime(ckpt, streams)
-    server = TorchModelServer(rt, FakePb, exclude_input_in_output=True)
+    switches = {"TRTLLM_PIPELINE_STREAM_COALESCE": "1" if coalesce else "0",
+                "TRTLLM_PIPELINE_OUTBOX_THREAD": "1" if args.outbox_thread else "0"}
+    saved = {k: os.environ.get(k) for k in switches}
+    os.environ.update(switches)  # read where the server is made
+    try:
+        server = TorchModelServer(rt, FakePb, exclude_input_in_output=True)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     timed = Timed(server, rt, streams, args.steps, args.warmup, args.profile)
     clock = CLOCK
     max_tokens = args.steps + args.warmup + 40 + streams // 4  # decoding still when the timed steps end
