@@ -589,7 +589,7 @@ class TorchModelServer:
         elif all(r.reason is not None for r in job.rows):
             self._send(job, self._response(job, [self._output_ids(job, r) for r in job.rows],
                                            [self._output_text(job, r) for r in job.rows]), final=True)
-        if all(r.reason is not None for r in job.rows):
+        if row.reason is not None and all(r.reason is not None for r in job.rows):
             self._jobs.pop(number, None)
 
     # ---- responses -------------------------------------------------------------------------------
@@ -617,7 +617,18 @@ class TorchModelServer:
         return self.pb.InferenceResponse(output_tensors=outputs)
 
     def _stream_response(self, job: _Job, ids: list[int], piece: str):
-        return self._response(job, [ids], [piece])
+        """``_response(job, [ids], [piece])``, made for one row at a step's rate: only the outputs asked for."""
+        pb, wanted = self.pb, job.outputs
+        outputs = []
+        if not wanted or "output_ids" in wanted:
+            outputs.append(pb.Tensor("output_ids", np.array([[ids]], dtype=np.int32)))
+        if not wanted or "sequence_length" in wanted:
+            outputs.append(pb.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)))
+        if not wanted or "output_text" in wanted:
+            outputs.append(pb.Tensor("output_text", np.array([[piece.encode("utf-8")]], dtype=object)))
+        if job.logits is not None and (not wanted or "generation_logits" in wanted):
+            outputs.append(pb.Tensor("generation_logits", job.logits))
+        return pb.InferenceResponse(output_tensors=outputs)
 
     def _send(self, job: _Job, response, *, final: bool) -> None:
         """Queued for the outbox's thread; one that fails ends the job there (``_gone``)."""
