@@ -288,6 +288,7 @@ class TorchModelServer:
         self._jobs: dict[int, _Job] = {}  # submitted, by job number
         self._numbers = itertools.count()
         self._polled = self._polled_queue = 0.0
+        self._poll_turn = 0  # where the next round of cancellation polls starts among the running requests
         self.loop = EngineLoop(runtime, self, name="torch-runtime-loop").start()
         self._stops = None
         if stop_address is not None:  # stop requests by datagram (triton/stops.py), besides Triton's own
@@ -528,20 +529,28 @@ class TorchModelServer:
         return np.array(self.runtime.next_token_logprobs(prompt), dtype=np.float32).reshape(1, 1, 1, -1)
 
     def _drop_cancelled(self) -> None:
-        """Requests whose client went away or cancelled them (direct calls to this model): each running one
-        polled at most every POLL_S (a step, on CPU; is_cancelled() is an IPC round trip), queued ones
-        every QUEUED_POLL_S. Requests of the BLS and the HTTP front are stopped by stop requests instead:
-        Triton never flags them, so they are not polled."""
+        """Requests whose client went away or cancelled them (direct calls to this model): running ones polled in
+        turn, each at most every POLL_S and all together at most POLLS_PER_S times a second (is_cancelled() is a
+        synchronous IPC round trip: 64 streams polled every 10 ms were ~15-30 a step, the served loop's largest host
+        cost once an IPC costs what it did on the H200: served_host_probe --send-us 30 --poll-us 30), queued ones
+        every QUEUED_POLL_S. Requests of the BLS and the HTTP front are stopped by stop requests instead: Triton
+        never flags them, so they are not polled."""
         now = time.monotonic()
         if now - self._polled < POLL_S:
             return
         queued = now - self._polled_queue >= QUEUED_POLL_S
+        due = int((now - self._polled) * POLLS_PER_S)
         self._polled = now
         if queued:
             self._polled_queue = now
-        for number, job in list(self._jobs.items()):
-            if _polled(job) and _cancelled(job):
-                self._end(number, job)
+        running = [(number, job) for number, job in self._jobs.items() if _polled(job)]
+        if running:
+            start = self._poll_turn % len(running)
+            turn = (running[start:] + running[:start])[: max(1, due)]
+            self._poll_turn = start + len(turn)
+            for number, job in turn:
+                if _cancelled(job):
+                    self._end(number, job)
         if queued:
             for job in [j for j in self._waiting if _polled(j) and _cancelled(j)]:
                 self._waiting.remove(job)
@@ -603,32 +612,25 @@ class TorchModelServer:
         return self.runtime.tokenizer.decode(row.prompt, skip_special_tokens=True) + row.text.text
 
     def _response(self, job: _Job, ids: list[list[int]], pieces: list[str]):
-        width = max(len(x) for x in ids)
-        tokens = np.array([[x + [job.pad_id] * (width - len(x))] for x in ids], dtype=np.int32)
-        outputs = [
-            self.pb.Tensor("output_ids", tokens),
-            self.pb.Tensor("sequence_length", np.array([[len(x)] for x in ids], dtype=np.int32)),
-            self.pb.Tensor("output_text", np.array([[p.encode("utf-8")] for p in pieces], dtype=object)),
-        ]
-        if job.logits is not None:
-            outputs.append(self.pb.Tensor("generation_logits", job.logits))
-        if job.outputs:  # only what was asked for: the stub's pruning of the rest crashed it (BLS requests, H200)
-            outputs = [t for t in outputs if t.name() in job.outputs]
-        return self.pb.InferenceResponse(output_tensors=outputs)
-
-    def _stream_response(self, job: _Job, ids: list[int], piece: str):
-        """``_response(job, [ids], [piece])``, made for one row at a step's rate: only the outputs asked for."""
+        """The rows' outputs, only those the request asked for (the stub's pruning of the rest crashed it: BLS
+        requests, H200), each made only if asked: a streaming row's response is made at a step's rate (64 streams:
+        served_host_probe's on_events -20%)."""
         pb, wanted = self.pb, job.outputs
         outputs = []
         if not wanted or "output_ids" in wanted:
-            outputs.append(pb.Tensor("output_ids", np.array([[ids]], dtype=np.int32)))
+            width = max(len(x) for x in ids)
+            outputs.append(pb.Tensor("output_ids", np.array([[x + [job.pad_id] * (width - len(x))] for x in ids],
+                                                            dtype=np.int32)))
         if not wanted or "sequence_length" in wanted:
-            outputs.append(pb.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)))
+            outputs.append(pb.Tensor("sequence_length", np.array([[len(x)] for x in ids], dtype=np.int32)))
         if not wanted or "output_text" in wanted:
-            outputs.append(pb.Tensor("output_text", np.array([[piece.encode("utf-8")]], dtype=object)))
+            outputs.append(pb.Tensor("output_text", np.array([[p.encode("utf-8")] for p in pieces], dtype=object)))
         if job.logits is not None and (not wanted or "generation_logits" in wanted):
             outputs.append(pb.Tensor("generation_logits", job.logits))
         return pb.InferenceResponse(output_tensors=outputs)
+
+    def _stream_response(self, job: _Job, ids: list[int], piece: str):
+        return self._response(job, [ids], [piece])
 
     def _send(self, job: _Job, response, *, final: bool) -> None:
         """Queued for the outbox's thread; one that fails ends the job there (``_gone``)."""
@@ -658,6 +660,7 @@ class TorchModelServer:
 
 
 POLL_S = 0.01
+POLLS_PER_S = 500  # running requests' is_cancelled() calls, all together (64 streams: each every ~0.13 s)
 QUEUED_POLL_S = 0.25
 
 
