@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import load
+from near_ties import assert_same_or_tied
 from trtllm_pipeline import checkpoint, quantize
 from trtllm_pipeline.runtimes.base import SamplingParams, TextStream
 from trtllm_pipeline.runtimes.registry import load_runtime
@@ -112,12 +113,14 @@ def test_greedy_tokens_identical_across_tp_merged(built, engines_dir):
 
 
 def test_continuous_batching_matches_one_at_a_time(built, engines_dir):
-    rt = _runtime(built, engines_dir, "tiny-qwen2-fp8-tp1", dtype="float32")
+    # The unquantized model: on a host whose float32 GEMM is not row-invariant, FP8's activation rounding turns a
+    # last-bit difference into a logit 0.1 away (seen: tiny FP8, one thread, Sapphire Rapids), past any tie
+    rt = _runtime(built, engines_dir, "tiny-qwen2-bf16-tp1", dtype="float32")
     rt.max_batch_size = 2  # five requests through two slots: admissions while others decode
     prompts = [list(range(100 + 7 * i, 120 + 13 * i)) for i in range(5)]
     together = _greedy(rt, prompts, n=12)
     alone = [_greedy(rt, [p], n=12)[0] for p in prompts]
-    assert together == alone
+    assert_same_or_tied(rt, prompts, together, alone)  # (a host whose GEMM is not row-invariant: tests/near_ties.py)
 
 
 def test_score_matches_a_full_forward_and_shares_prefixes(built, engines_dir):
