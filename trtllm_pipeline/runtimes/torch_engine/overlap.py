@@ -172,15 +172,16 @@ class OverlapSteps:
         return live
 
     def _chain(self, fast: list[PlanRow], eager: list[PlanRow], launched: LaunchedStep) -> bool:
-        """Launch the planned step chained on the running one, if it is a decode step (no prefill admitted, no eager
-        rows): its requests' rows feed their pending tokens from the device, a request that joined the decodes since
-        feeds its own. A launch that raises: False, as for a plan that cannot chain (the caller then runs it after
-        reading the pending tokens)."""
+        """Launch the planned step chained on the running one, if all of it runs on the fast path and may be left
+        running (no eager rows, no drafts): its requests' decode rows feed their pending tokens from the device; a
+        request that joined the decodes since, or a prompt's chunk, feeds its own. A launch that raises: False, as
+        for a plan that cannot chain (the caller then runs it after reading the pending tokens)."""
         if eager or not self._may_leave_running(fast):
             return False
         at = launched.sampled_at()
+        pending = {r.request_id: at[r.request_id] for r in fast if r.tokens[0] == PENDING}
         try:
-            self._launched = self._launch(fast, {r.request_id: at[r.request_id] for r in fast if r.tokens[0] == PENDING})
+            self._launched = self._launch(fast, pending)
         except ExecutorLost:
             raise
         except Exception as exc:  # noqa: BLE001 - the synchronous path runs (and isolates) them

@@ -559,7 +559,7 @@ class TorchRuntime(OverlapSteps, Runtime):
 
     def _settle(self, rows: list[PlanRow], logits: torch.Tensor | None,
                 greedy: torch.Tensor | None = None) -> list[TokenEvent]:
-        """The step ran: ``logits`` holds each row's ``_span`` positions, packed in row order (``greedy``: their
+        """The step ran: ``logits`` holds each row's ``logit_span`` positions, packed in row order (``greedy``: their
         argmax, where the step computed it). Sampling rows get their next token, verify rows their accepted drafts
         and one token (``_verify``); then the cache counts what was kept and the tokens are recorded."""
         spans = list(itertools.accumulate((logit_span(r) for r in rows), initial=0))
@@ -641,7 +641,7 @@ class TorchRuntime(OverlapSteps, Runtime):
         row's tokens as rows of one step, ``DecodeGraphs.verify``)."""
         args = ([r.tokens for r in rows], [r.block_table for r in rows], [r.start for r in rows],
                 [r.request_id for r in rows])
-        if any(not r.is_decode for r in rows):  # drafts or prefill chunks: logits at each row's ``_span`` only
+        if any(not r.is_decode for r in rows):  # drafts or prefill chunks: logits at each row's ``logit_span`` only
             logits, greedy = self.decoder.verify(*args)
             ends = itertools.accumulate(len(r.tokens) for r in rows)
             index = [p for r, end in zip(rows, ends) for p in range(end - logit_span(r), end)]

@@ -80,7 +80,7 @@ class DecodeGraphs:
         self._copied: list = [None, None]  # event after each set's input copy to the device
         self._greedy_host = [torch.zeros(self.buckets[-1], dtype=torch.long, pin_memory=self._cuda) for _ in range(2)]
         self._read: list = [None, None]  # event after each set's greedy tokens reached the host
-        self._last = None  # (greedy tokens on the host, their event) of the last ``decode``
+        self._last = None  # (greedy tokens on the host, their event) of the last step
         self._last_greedy: torch.Tensor | None = None  # its greedy tokens on the device: a chained step's inputs
         rows = self.buckets[-1] + 1
         self.padding_row = rows - 1
@@ -134,8 +134,8 @@ class DecodeGraphs:
         the blocks ``tables[i]`` (a view valid until the next call). ``request_ids``: each row's request, whose
         table row persists between steps (``release`` it when the request leaves); None: rows 0.. this step.
 
-        ``sources``: a chained step, launched before the previous ``decode``'s tokens were read: row i feeds that
-        step's greedy token of its row ``sources[i]``, taken on the device (``tokens[i]`` is then a placeholder), or
+        ``sources``: a chained step, launched before the previous step's tokens (``decode``'s or ``verify``'s) were
+        read: row i feeds that step's greedy token of its row ``sources[i]``, taken on the device (``tokens[i]`` is then a placeholder), or
         where ``sources[i]`` is negative, ``tokens[i]`` (a request that joined the decodes since). Every step's argmax
         tokens also come to the host by themselves (``greedy_host``), without waiting for a later step."""
         keys = request_ids if request_ids is not None else [("row", i) for i in range(len(tokens))]
@@ -167,8 +167,9 @@ class DecodeGraphs:
         torch.where(sources >= 0, taken, tokens, out=tokens)
 
     def greedy_host(self) -> tuple[torch.Tensor, object | None]:
-        """The last ``decode``'s argmax tokens on the host (pinned) and the event after which they are there (None:
-        they are already): reading them waits for that step only, not for a step launched after it."""
+        """The last step's argmax tokens (``decode``'s or ``verify``'s, every token row) on the host (pinned) and the
+        event after which they are there (None: they are already): reading them waits for that step only, not for a
+        step launched after it."""
         return self._last
 
     def verify(self, token_lists: Sequence[Sequence[int]], tables: Sequence[Sequence[int]], starts: Sequence[int],
@@ -291,7 +292,7 @@ class DecodeGraphs:
 
     def _read_back(self, greedy: torch.Tensor, n: int) -> None:
         """The step's argmax tokens to this turn's pinned host buffer, behind the step on the stream (its tokens of
-        two decodes ago were read by then: a caller chains one step at most)."""
+        two steps ago were read by then: a caller chains one step at most)."""
         host = self._greedy_host[self._turn][:n]
         host.copy_(greedy[:n], non_blocking=self._cuda)
         if self._cuda:
