@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine import sampling
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
@@ -249,7 +250,7 @@ def test_int4_gemv_takes_several_rows_only_where_the_table_or_the_switch_says(tm
     monkeypatch.setenv(quant_gemv.ROWS_ENV, "4")
     assert quant_gemm.choose(q, 4, 132, glu=True).gemv and not quant_gemm.choose(q, 8, 132).gemv
     monkeypatch.setenv(quant_gemv.ROWS_ENV, "32")
-    with pytest.raises(ValueError, match="from 0"):
+    with pytest.raises(InputError, match="INT4 GEMV"):  # exit 2 with the fix, not a traceback
         quant_gemm.choose(q, 2, 132)
     w8 = _TableQuant("w4a8_awq", group=128, int4=True)
     monkeypatch.setenv(quant_gemv.ROWS_ENV, "16")

@@ -46,6 +46,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, gemv_input, quant_gemv_ws
 from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import consumer_input, store_planes, width
@@ -511,8 +512,9 @@ def forced(m: int) -> bool:
     """Whether ``$TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS`` asks for the GEMV at batch ``m`` regardless of the table."""
     value = os.environ.get(ROWS_ENV, "").strip() or "0"
     if not value.isdigit() or int(value) > MAX_ROWS:
-        raise ValueError(f"{ROWS_ENV}={value!r}: set it to a batch size from 0 (off: the measured table decides) to "
-                         f"{MAX_ROWS} (the GEMV's most rows), or unset it")
+        raise InputError(f"{ROWS_ENV}={value!r} is not a batch size the INT4 GEMV takes.",
+                         fix=f"set it to a batch size from 0 (off: the measured table decides) to {MAX_ROWS} (the "
+                             "GEMV's most rows), or unset it")
     return m <= int(value)
 
 
