@@ -82,6 +82,8 @@ class DecodeGraphs:
         self._read: list = [None, None]  # event after each set's greedy tokens reached the host
         self._last = None  # (greedy tokens on the host, their event) of the last step
         self._last_greedy: torch.Tensor | None = None  # its greedy tokens on the device: a chained step's inputs
+        self._tables_copied = None  # event after the pinned tables' last copy to the device (``_table_rows``)
+        self._tables_pending = False  # that copy not waited for yet
         rows = self.buckets[-1] + 1
         self.padding_row = rows - 1
         self.tables = torch.zeros((rows, self.width), dtype=torch.long, device=step.engine.device)
@@ -221,6 +223,9 @@ class DecodeGraphs:
     def _table_rows(self, keys, tables) -> list[int]:
         """Each request's table row on the device, its table brought up to date there."""
         rows, changed = [], False
+        if self._tables_pending:  # (the pinned tables' last copy may still be queued behind a running step, which
+            self._tables_copied.synchronize()  # must read the tables as they were: wait for that copy first)
+            self._tables_pending = False
         for key, table in zip(keys, tables):
             row = self._row_of.get(key)
             if row is None:
@@ -235,8 +240,10 @@ class DecodeGraphs:
                 self._tail[row] = table[-1]
                 changed = True
             rows.append(row)
-        if changed:  # the previous step's copy is done: its logits were read back
+        if changed:
             self.tables.copy_(self.tables_host, non_blocking=True)
+            if self._cuda:
+                self._tables_copied, self._tables_pending = _recorded(self._tables_copied), True
         return rows
 
     def decode_padded(self, rows: torch.Tensor) -> torch.Tensor:
