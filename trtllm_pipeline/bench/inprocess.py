@@ -147,8 +147,10 @@ def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSetti
         rt.submit(("decode", i), prompt(), params)
     timer = _StepTimer(batch, _now(cuda))
     loop = EngineLoop(rt, timer)  # the loop a server drives the runtime with
+    phases = rt.phase_times() if hasattr(rt, "phase_times") else {}
     while rt.has_work():
         loop.turn()
+    after = rt.phase_times() if phases else {}
     times = timer.times
     timed = times[settings.warmup_steps:] or times
     decode_ms = statistics.median(timed) * 1000
@@ -165,7 +167,10 @@ def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSetti
             "graph_replay_ms": _graph_replay_ms(rt, batch) if cuda else None,
             "decode_ms": decode_ms, "decode_ms_p90": p90, "tokens_per_s": batch * 1000 / decode_ms,
             "prefill_ms": prefill_ms, "bytes_per_step": step_bytes, "achieved_gbps": achieved, "floor_ms": floor_ms,
-            "fraction_of_floor": floor_ms / decode_ms if floor_ms else None, "peak_memory_gib": peak}
+            "fraction_of_floor": floor_ms / decode_ms if floor_ms else None, "peak_memory_gib": peak,
+            # the torch runtime's steps, and those chained on the previous one's argmax (the GPU not waiting for the host)
+            "steps": after.get("steps", 0) - phases.get("steps", 0) if phases else None,
+            "chained_steps": after.get("chained_steps", 0) - phases.get("chained_steps", 0) if phases else None}
 
 
 class _StepTimer:
