@@ -237,3 +237,30 @@ def test_chained_steps_under_preemption_finish_every_request_and_return_every_bl
         assert rt.kv.free_blocks == rt.kv.usable_blocks and not rt.kv.tables
     finally:
         rt.close()
+
+
+def test_speculation_that_turns_itself_down_lets_decode_steps_chain(built):
+    """Prompt lookup on prompts whose n-grams never predict the "+1" step's tokens: every draft misses, the adaptive
+    speculator turns each request down (``Speculator.drafts_next`` false during its backoff), and the decode steps
+    in between chain, as without speculation; its probes still run (verify steps), and the tokens are plain
+    decoding's."""
+    from trtllm_pipeline.config import SpeculativeSection
+
+    ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
+    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False,
+                      speculative=SpeculativeSection(method="ngram", num_draft_tokens=4, ngram_min=1, ngram_max=2))
+    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8, 16], use_graphs=False)
+    decoder.prepare()
+    rt.attach_decoder(decoder)
+    try:
+        # each prompt repeats a pair, so "after 3 comes 4" is looked up while the step says 3 -> 4, 4 -> 5, ...: the
+        # lookup for 4 finds 3 ("4 3"), a miss every time
+        prompts = [[3, 4, 3, 4, 3], [13, 14, 13, 14, 13]]
+        params = SamplingParams(max_tokens=40, end_id=-1)
+        tokens, ends = _run(rt, [(i, p, params) for i, p in enumerate(prompts)])
+        assert tokens == {0: list(range(4, 44)), 1: list(range(14, 54))} and set(ends.values()) == {"length"}
+        stats = rt.speculator.stats() if hasattr(rt.speculator, "stats") else {}
+        assert rt.speculator.verify_rows > 0 and rt.speculator.accepted_tokens == 0, stats
+        assert rt.phase_rows["chained_steps"] >= 20
+    finally:
+        rt.close()

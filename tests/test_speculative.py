@@ -88,7 +88,9 @@ def test_speculation_under_preemption_prefix_cache_and_a_tight_token_budget(ckpt
 
 
 def test_ngram_greedy_is_plain_greedy_with_rows_mixed(ckpt, expected):
-    rt = _rt(ckpt, {"method": "ngram", "num_draft_tokens": 4, "ngram_min": 1})
+    # not adaptive: a lookup at every step (the random model's text repeats itself once in a while, at no step set
+    # in advance; adaptive, lookups that keep finding nothing are made less often)
+    rt = _rt(ckpt, {"method": "ngram", "num_draft_tokens": 4, "ngram_min": 1, "adaptive": False})
     assert _greedy(rt, check=True) == expected
     assert rt.stats()["spec_decode_draft_tokens"] > 0  # the repetitive prompts' lookups hit (the others: no drafts)
 
@@ -113,7 +115,7 @@ def test_self_speculation_greedy_is_plain_greedy(ckpt, expected):
 
 
 def test_seeded_sampling_with_speculation_is_reproducible(ckpt):
-    rt = _rt(ckpt, {"method": "ngram", "ngram_min": 1})
+    rt = _rt(ckpt, {"method": "ngram", "ngram_min": 1, "adaptive": False})  # (a lookup every step)
     params = SamplingParams(max_tokens=20, temperature=0.8, top_k=50, top_p=0.95, seed=7, end_id=-1)
     runs = [[c.token_ids for c in rt.generate(PROMPTS[:2], params)] for _ in range(2)]
     assert runs[0] == runs[1] and all(len(t) == 20 for t in runs[0])
@@ -196,7 +198,7 @@ def test_a_bad_word_the_drafts_propose_is_never_emitted(ckpt, plain, method):
     params = SamplingParams(max_tokens=24, end_id=-1, bad_words=(BAD_WORD,))
     want = _run(plain, prompts, params)
     assert not any(_contains(t, BAD_IDS) for t in want)
-    rt = (_rt(ckpt, {"method": "ngram", "num_draft_tokens": 4, "ngram_min": 1}) if method == "ngram"
+    rt = (_rt(ckpt, {"method": "ngram", "num_draft_tokens": 4, "ngram_min": 1, "adaptive": False}) if method == "ngram"
           else _self_drafted(ckpt))
     fed = _recording(rt)
     assert _run(rt, prompts, params) == want
@@ -305,3 +307,30 @@ def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir,
     assert all(r["identical"] and r["output_tokens"] == 8 and r["acceptance_length"] >= 1 for r in runs)
     assert "speedup" in result.table()[0] and "ngram, up to 2 drafts" in result.table()[-1]
 
+
+
+def test_lookups_that_find_nothing_are_made_less_often_and_said_so_a_step_ahead(monkeypatch):
+    """``Speculator.found_nothing``: from the second empty lookup in a row the request looks again after 1, 2, 4, then
+    at most 8 decode steps; ``drafts_next`` never says "no" for a step that then drafts (a decode step is chained on
+    the one before only where it says no for every row: tests/test_fast_step_routing.py), and a found draft resets
+    the count. ``TRTLLM_PIPELINE_SPEC_QUIET=0``: a lookup every step."""
+    from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
+
+    def lookups(sp, steps=40, found_at=()):
+        made = []
+        for step in range(steps):
+            ahead = sp.drafts_next("r")
+            k = sp.budget("r")
+            assert ahead or k == 0, step
+            if k:
+                made.append(step)
+                if step in found_at:
+                    sp.verified("r", k, k)  # drafted and kept
+                else:
+                    sp.found_nothing("r")
+        return made
+
+    assert lookups(Speculator(None, 4)) == [0, 1, 3, 6, 11, 20, 29, 38]
+    assert lookups(Speculator(None, 4), found_at={6}) == [0, 1, 3, 6, 7, 8, 10, 13, 18, 27, 36]
+    monkeypatch.setenv("TRTLLM_PIPELINE_SPEC_QUIET", "0")
+    assert lookups(Speculator(None, 4), steps=10) == list(range(10))

@@ -23,6 +23,8 @@ part served 240 TRITON_CACHE_DIR=/tmp/triton-cache-b TRTLLM_PIPELINE_FAST_PREFIL
 # INT4-AWQ SmolLM2 that did not load (its GEMM tiles now fitted to the shared memory)
 await /tmp/smolw/ready 60
 part spec 120 WHEELS=/tmp/smolw SPEC_BATCHES=1
+# the same with a lookup at every step (before: no chaining beside speculation, and no quiet backoff)
+part spec 120 WHEELS=/tmp/smolw SPEC_BATCHES=1 TRTLLM_PIPELINE_SPEC_QUIET=0
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
 # 32: the random 7B INT4-AWQ build's bench --in-process at batch 1/8/16 with the several-row GEMV switched off and on
 part int4_rows 420

@@ -67,12 +67,11 @@ def overlap_enabled() -> bool:
     return os.environ.get("TRTLLM_PIPELINE_OVERLAP", "1").strip() != "0"
 
 
-def chaining_enabled(decoder, speculator) -> bool:
-    """Decode steps chained on the running one (``OverlapSteps._chain``): where overlap is on, the decoder can take
-    its tokens on the device (one rank's ``DecodeGraphs``) and no speculation proposes from the tokens, unless
-    ``TRTLLM_PIPELINE_CHAIN=0`` (the A/B of the benchmarks)."""
-    return (hasattr(decoder, "greedy_host") and speculator is None
-            and os.environ.get("TRTLLM_PIPELINE_CHAIN", "1").strip() != "0")
+def chaining_enabled(decoder) -> bool:
+    """Decode steps chained on the running one (``OverlapSteps._chain``): where overlap is on and the decoder can
+    take its tokens on the device (one rank's ``DecodeGraphs``), unless ``TRTLLM_PIPELINE_CHAIN=0`` (the A/B of the
+    benchmarks). With speculation, only steps none of whose requests will draft next (``Speculator.drafts_next``)."""
+    return hasattr(decoder, "greedy_host") and os.environ.get("TRTLLM_PIPELINE_CHAIN", "1").strip() != "0"
 
 
 def _given(**kwargs) -> dict:
@@ -88,7 +87,7 @@ class OverlapSteps:
         and probes swap in a decoder of their own through this, as the runtime sets its own)."""
         self.decoder = decoder
         self.overlap = decoder is not None and overlap_enabled()
-        self.chaining = self.overlap and chaining_enabled(decoder, self.speculator)
+        self.chaining = self.overlap and chaining_enabled(decoder)
         self._launched: LaunchedStep | None = None  # the fast step left running
 
     def _may_leave_running(self, rows: list[PlanRow]) -> bool:
@@ -129,8 +128,11 @@ class OverlapSteps:
         ends = list(itertools.accumulate(len(r.tokens) for r in rows))
         index = [p for r, end in zip(rows, ends) for p in range(end - logit_span(r), end)]
         host, ready = self.decoder.greedy_host() if self.chaining else (None, None)
-        # the next step may feed this one's argmax to the device as it is: every row greedy, nothing banned
-        chainable = self.chaining and all(req.params.greedy and not req.may_ban() for req in reqs)
+        # the next step may feed this one's argmax to the device as it is: every row greedy, nothing banned, and no
+        # request about to draft (drafts are proposed from the tokens on the host)
+        sp = self.speculator
+        chainable = self.chaining and all(req.params.greedy and not req.may_ban() for req in reqs) and (
+            sp is None or not any(sp.drafts_next(req.request_id) for req in reqs))
         return LaunchedStep(rows, reqs, logits, greedy, index, host, ready, chainable)
 
     def _settle_launched(self) -> list[TokenEvent]:

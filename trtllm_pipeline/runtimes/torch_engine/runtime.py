@@ -34,7 +34,7 @@ from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
 from trtllm_pipeline.runtimes.torch_engine.executor import Executor, ExecutorLost, LocalExecutor
 from trtllm_pipeline.runtimes.torch_engine.kv_cache import KVCacheManager
 from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
-from trtllm_pipeline.runtimes.torch_engine.overlap import OverlapSteps
+from trtllm_pipeline.runtimes.torch_engine.overlap import PENDING, OverlapSteps
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow, logit_span, rows_at
 from trtllm_pipeline.runtimes.torch_engine.scheduler import Scheduler, Sequence as _Sequence
 from trtllm_pipeline.runtimes.torch_engine.tp.executor import TpExecutor
@@ -418,8 +418,9 @@ class TorchRuntime(OverlapSteps, Runtime):
         except ExecutorLost as exc:
             return self._fail_everything(exc)
         ts = time.perf_counter()
-        if not chained:  # (drafts read the generated tokens: never proposed from a pending one)
-            self._propose()
+        # (chained: the pending requests were launched on as drafting nothing this step, ``Speculator.drafts_next``;
+        # their budgets tick on, and only requests whose tokens are known may propose)
+        self._propose()
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
             self.decoder.release(plan.preempted)
@@ -479,11 +480,13 @@ class TorchRuntime(OverlapSteps, Runtime):
                 continue
             room = min(req.params.max_tokens - len(req.generated), self.max_seq_len - req.length) - 1
             k = min(room, sp.budget(req.request_id)) if room > 0 else 0
-            if k > 0:
+            if k > 0 and req.generated[-1] != PENDING:  # (pending: launched on as drafting nothing; never from it)
                 asks.append(DraftRequest(req.request_id, req.prompt, req.generated, k))
                 seqs.append(req)
         for req, ask, drafts in zip(seqs, asks, sp.propose(asks)):
             req.draft = [int(t) for t in drafts[: ask.k]]
+            if not req.draft:
+                sp.found_nothing(req.request_id)
 
     def _split(self, rows: list[PlanRow]) -> tuple[list[PlanRow], list[PlanRow]]:
         """Rows for the fast path and for the eager model. Fast: decodes, then, where the decoder verifies (one

@@ -5,18 +5,25 @@ it by one (up to ``k``), one that keeps some sets it to kept + 1, one that keeps
 drafts nothing for ``backoff`` decode steps, then probes with one draft; each fruitless probe doubles the wait (up
 to ``MAX_BACKOFF``). So a request whose drafts keep missing decodes plainly nearly all the time, and one that starts
 repeating its input (the lookups hitting) is back to ``k`` within a few steps. A step where the proposer had nothing
-to offer (an n-gram that never occurred) costs nothing and changes nothing.
+to offer (an n-gram that never occurred) costs no verify step; after ``QUIET_AFTER`` such steps in a row the request
+looks again in 1, then 2, 4, up to ``MAX_QUIET`` decode steps while the lookups keep finding nothing, so that text
+which never repeats decodes plainly and its steps chain (``OverlapSteps``: a step is launched on the running one's
+tokens only where no request drafts next), and text that starts repeating is found within ``MAX_QUIET`` steps.
+``TRTLLM_PIPELINE_SPEC_QUIET=0`` looks up at every step instead (the A/B of the H200 benchmark).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Sequence
 
 from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import DraftRequest, Proposer
 
 FIRST_BACKOFF = 4
 MAX_BACKOFF = 64
+QUIET_AFTER = 2  # lookups in a row that find nothing before the request looks less often (a copy's boundary: 1-2)
+MAX_QUIET = 8
 
 
 @dataclasses.dataclass
@@ -24,18 +31,24 @@ class _Track:
     k: int
     wait: int = 0
     backoff: int = FIRST_BACKOFF
+    idle: int = 0  # decode steps left before the next lookup, after lookups that found nothing
+    quiet: int = 0  # lookups in a row that found nothing
 
 
 class Speculator:
     def __init__(self, proposer: Proposer, k: int, *, adaptive: bool = True):
         self.proposer, self.k, self.adaptive = proposer, k, adaptive
         self.enabled = True  # bench's baseline turns it off on the same loaded runtime
+        self.quiet_backoff = adaptive and os.environ.get("TRTLLM_PIPELINE_SPEC_QUIET", "1").strip() != "0"
         self._tracks: dict[Any, _Track] = {}
         self.draft_tokens = self.accepted_tokens = self.verify_rows = 0
 
     def budget(self, request_id: Any) -> int:
         """Drafts ``request_id`` may have this step (called once per decode step of a request that could draft)."""
         t = self._tracks.setdefault(request_id, _Track(self.k))
+        if t.idle > 0:
+            t.idle -= 1
+            return 0
         if t.k == 0:
             t.wait -= 1
             if t.wait > 0:
@@ -46,6 +59,24 @@ class Speculator:
     def propose(self, batch: Sequence[DraftRequest]) -> list[list[int]]:
         return self.proposer.propose(batch) if batch else []
 
+    def drafts_next(self, request_id: Any) -> bool:
+        """Whether ``request_id`` may draft at its next decode step (its next ``budget`` may be above 0): False only
+        while it waits out a backoff with more than that step left, or with speculation off. A decode step whose rows
+        all say False may be chained on (``OverlapSteps``): its tokens are not needed on the host to propose."""
+        if not self.enabled:
+            return False
+        t = self._tracks.get(request_id)
+        return t is None or t.idle == 0 and (t.k > 0 or t.wait <= 1)
+
+    def found_nothing(self, request_id: Any) -> None:
+        """The proposer had no draft for ``request_id`` this step: from the ``QUIET_AFTER``-th in a row, look again
+        only after 1, 2, 4 ... ``MAX_QUIET`` decode steps."""
+        t = self._tracks.get(request_id)
+        if t is not None and self.quiet_backoff:
+            t.quiet += 1
+            if t.quiet >= QUIET_AFTER:
+                t.idle = min(MAX_QUIET, 2 ** (t.quiet - QUIET_AFTER))
+
     def verified(self, request_id: Any, drafted: int, accepted: int) -> None:
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
@@ -53,6 +84,7 @@ class Speculator:
         t = self._tracks.get(request_id)
         if t is None or not self.adaptive or drafted == 0:
             return
+        t.quiet = 0  # (it found something to draft)
         if accepted == drafted:
             t.k = min(self.k, t.k + 1)
             t.backoff = FIRST_BACKOFF
