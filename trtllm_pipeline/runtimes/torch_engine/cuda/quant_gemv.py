@@ -204,6 +204,22 @@ def _accumulate(p, s_lo, s_hi, xh, xl, c, step, acc_lo, acc_hi, masks, XB: tl.co
 
 
 @triton.jit
+def _tile_coords(N, k_iters_per_split, XB: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A program's tile: its packed weight rows ``rj`` (output rows 2 rj and 2 rj + 1) and which of them exist, its
+    K tile's input blocks ``rb`` and words ([NB, XW]: the tile's words, block by block), and where its K split
+    starts; with the program's ids."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    XW: tl.constexpr = XB // 4
+    NB: tl.constexpr = BLOCK_K // XB
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rj = pid_n * HALF + tl.arange(0, HALF)
+    rb = tl.arange(0, NB)
+    words = rb[:, None] * XW + tl.arange(0, XW)[None, :]
+    return pid_n, pid_s, rj, rj < N // 2, rb, words, pid_s * k_iters_per_split * BLOCK_K
+
+
+@triton.jit
 def _int4_gemv_kernel(
     xp_ptr, w_ptr, s_ptr, xp2_ptr, w2_ptr, s2_ptr, out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, ws_ptr, clear_ptr,
     w_desc, w2_desc, x_desc, x2_desc,
@@ -219,15 +235,8 @@ def _int4_gemv_kernel(
     (fixed_sum), with REDUCE summed into split 0's row by the row tile's last program (or, with GLU,
     silu(fc) * gate of two matrices, and with PREPARE_OUT that result prepared for the next GEMV too)."""
     HALF: tl.constexpr = BLOCK_N // 2
-    XW: tl.constexpr = XB // 4
     NB: tl.constexpr = BLOCK_K // XB
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    rj = pid_n * HALF + tl.arange(0, HALF)  # packed rows: output rows 2 rj and 2 rj + 1
-    rb = tl.arange(0, NB)
-    words = rb[:, None] * XW + tl.arange(0, XW)[None, :]  # [NB, XW]: the tile's words, block by block
-    k0 = pid_s * k_iters_per_split * BLOCK_K
-    j_ok = rj < N // 2
+    pid_n, pid_s, rj, j_ok, rb, words, k0 = _tile_coords(N, k_iters_per_split, XB, BLOCK_N, BLOCK_K)
     acc_lo = tl.zeros((HALF, NB), dtype=tl.float32)
     acc_hi = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_lo = tl.zeros((HALF, NB), dtype=tl.float32)
@@ -413,17 +422,10 @@ def _int4_gemv_rows_kernel(
     the row tile's last program (REDUCE), or with GLU (K not split) silu(fc) * gate per row, and with PREPARE_OUT
     each row prepared for mlp.proj's GEMV (``stride_xo`` words apart)."""
     HALF: tl.constexpr = BLOCK_N // 2
-    XW: tl.constexpr = XB // 4
     NB: tl.constexpr = BLOCK_K // XB
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    rj = pid_n * HALF + tl.arange(0, HALF)  # packed rows: output rows 2 rj and 2 rj + 1
-    rb = tl.arange(0, NB)
-    words = rb[:, None] * XW + tl.arange(0, XW)[None, :]
+    pid_n, pid_s, rj, j_ok, rb, words, k0 = _tile_coords(N, k_iters_per_split, XB, BLOCK_N, BLOCK_K)
     rm = tl.arange(0, BLOCK_M)
     m_ok = rm < M
-    k0 = pid_s * k_iters_per_split * BLOCK_K
-    j_ok = rj < N // 2
     acc_lo = tl.zeros((BLOCK_M, HALF, NB), dtype=tl.float32)
     acc_hi = tl.zeros((BLOCK_M, HALF, NB), dtype=tl.float32)
     acc2_lo = tl.zeros((BLOCK_M, HALF, NB), dtype=tl.float32)
