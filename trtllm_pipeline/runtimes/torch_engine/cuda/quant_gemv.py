@@ -220,6 +220,21 @@ def _tile_coords(N, k_iters_per_split, XB: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
+def _store_partials(y, out_ptr, offs, ok, pid_n, pid_s, stride_os, count_ptr, FIXED: tl.constexpr,
+                    REDUCE: tl.constexpr, SPLITS: tl.constexpr):
+    """A program's split-K partial ``y`` at ``offs``: added into the int64 accumulators (FIXED: the splits' exact
+    sum, whatever order they finish in), or stored as its split's row, summed into split 0's by the row tile's last
+    program (REDUCE)."""
+    if FIXED:
+        fixed_sum.add(out_ptr + offs, y, ok)
+    else:
+        tl.store(out_ptr + pid_s * stride_os + offs, y, mask=ok)
+        if REDUCE and last_program(count_ptr, pid_n, SPLITS):
+            tl.store(out_ptr + offs, _split_sum(out_ptr, stride_os, offs, ok, SPLITS), mask=ok)
+            tl.store(count_ptr + pid_n, 0)
+
+
+@triton.jit
 def _int4_gemv_kernel(
     xp_ptr, w_ptr, s_ptr, xp2_ptr, w2_ptr, s2_ptr, out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, ws_ptr, clear_ptr,
     w_desc, w2_desc, x_desc, x2_desc,
@@ -339,13 +354,8 @@ def _int4_gemv_kernel(
         else:
             _glu_out(y, y2, pid_n * BLOCK_N, cols, ok, N, out_ptr, pqs_out_ptr, xp_out_ptr, PREPARE_OUT, HAS_PQS_OUT,
                      XB_OUT, COMPUTE, BLOCK_N)
-    elif FIXED:  # into the int64 accumulators: the splits' exact sum, whatever order they finish in
-        fixed_sum.add(out_ptr + cols, y, ok)
     else:
-        tl.store(out_ptr + pid_s * stride_os + cols, y, mask=ok)
-        if REDUCE and last_program(count_ptr, pid_n, SPLITS):
-            tl.store(out_ptr + cols, _split_sum(out_ptr, stride_os, cols, ok, SPLITS), mask=ok)
-            tl.store(count_ptr + pid_n, 0)
+        _store_partials(y, out_ptr, cols, ok, pid_n, pid_s, stride_os, count_ptr, FIXED, REDUCE, SPLITS)
 
 
 @triton.jit
@@ -459,13 +469,8 @@ def _int4_gemv_rows_kernel(
                 _glu_out(_row(y, rm, r), _row(y2, rm, r), pid_n * BLOCK_N, cols, cols < N, N,
                          out_ptr + r * stride_om, pqs_out_ptr, xp_out_ptr + r * stride_xo, PREPARE_OUT, HAS_PQS_OUT,
                          XB_OUT, COMPUTE, BLOCK_N)
-    elif FIXED:
-        fixed_sum.add(out_ptr + offs, y, ok)
     else:
-        tl.store(out_ptr + pid_s * stride_os + offs, y, mask=ok)
-        if REDUCE and last_program(count_ptr, pid_n, SPLITS):
-            tl.store(out_ptr + offs, _split_sum(out_ptr, stride_os, offs, ok, SPLITS), mask=ok)
-            tl.store(count_ptr + pid_n, 0)
+        _store_partials(y, out_ptr, offs, ok, pid_n, pid_s, stride_os, count_ptr, FIXED, REDUCE, SPLITS)
 
 
 # Under PDL, which programs load their first weight tile before waiting for the previous kernel: "all",
