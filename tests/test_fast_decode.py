@@ -590,6 +590,17 @@ def test_int4_gemv_compiles_for_hopper_at_half_a_dp4a_per_weight():
         assert r["registers"] <= registers, (name, r)
 
 
+def test_int4_gemv_for_several_rows_compiles_for_hopper_unpacking_each_weight_once():
+    """quant_gemv's several-row kernel (batch 2-16) compiled for sm_90 here: per weight its K loop spends half an
+    integer dot-product instruction per input row (the unpacked word against each row's two byte planes) but only
+    batch 1's ~0.3 LOP3 (each word unpacked once for every row), with no register spills (8 rows: ~230 registers)."""
+    for rows in (2, 8):
+        r = _gemv_sass(["--rows", str(rows), "--block-n", "64"])
+        per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LOP3")}
+        assert per_weight["IDP"] == 0.5 * rows, (rows, r)
+        assert per_weight["LOP3"] <= 0.35 and r["local_memory_ops"] == 0, (rows, r)
+
+
 def test_int4_gemv_on_hopper_takes_its_tiles_from_the_copy_engine():
     """Hopper's GEMV configs at the 7B shapes, the copy-engine kernel of quant_gemv (without the warp
     specialization that is the default): weight tiles and the input's two byte planes (one box)

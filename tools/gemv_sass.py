@@ -10,6 +10,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --block-n 128 --stages 2                                       # proj's
     python tools/gemv_sass.py --tma --glu --block-n 64 --splits 1 --stages 3     # the copy-engine GLU
     python tools/gemv_sass.py --ws --glu --block-n 64 --splits 1 --stages 3      # Hopper's (warp-specialized)
+    python tools/gemv_sass.py --rows 8 --block-n 64                              # batch 2-16's, 8 input rows
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -55,6 +56,26 @@ def compile_kernel(block_n: int, block_k: int, glu: bool, tile_scale: bool, warp
            if n.endswith("desc") else "i32" for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n] != "constexpr" and "desc" not in sig[n] and (n.endswith("ptr") or n in DIVISIBLE)}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+
+
+def compile_rows(rows: int, block_n: int, block_k: int, glu: bool, tile_scale: bool, warps: int, stages: int,
+                 splits: int = 28):
+    """quant_gemv's several-row kernel (``_int4_gemv_rows_kernel``) for BLOCK_M = ``rows`` input rows, as the decode
+    step launches it at batch 2-16 (the GLU preparing proj's inputs, the others adding into int64 accumulators)."""
+    fn = quant_gemv._int4_gemv_rows_kernel
+    consts = dict(GROUP=128, XB=16, GLU=glu, EVEN=True, TILE_SCALE=tile_scale, PREPARE_OUT=glu, HAS_PQS_OUT=True,
+                  XB_OUT=16, SPLITS=splits, REDUCE=False, FIXED=not glu, CLEAR=True, COMPUTE=tl.bfloat16,
+                  BLOCK_M=rows, BLOCK_N=block_n, BLOCK_K=block_k, ASM=True, PDL=True, STAGES=stages)
+    pointers = {"count_ptr": "*i32", "clear_ptr": "*i64", "xp_ptr": "*i32", "xp2_ptr": "*i32", "xp_out_ptr": "*i32",
+                "w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32",
+                "out_ptr": "*bf16" if glu else "*i64"}
+    sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr") else "i32"
+           for n in fn.arg_names}
+    divisible = DIVISIBLE | {"stride_xp", "stride_om", "stride_xo"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and (n.endswith("ptr") or n in divisible)}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
@@ -138,9 +159,12 @@ def main() -> None:
                     help="with --ws: the norm folded in (gemv_input.NormFold), this many K tiles per program")
     ap.add_argument("--scales32", action="store_true", help="with --ws: float32 scales (SCALES_16BIT off)")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
+    ap.add_argument("--rows", type=int, default=0, help="the several-row kernel for this many input rows (2-16)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
-    if a.ws:
+    if a.rows:
+        kernel = compile_rows(a.rows, a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits)
+    elif a.ws:
         kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS, a.fold,
                             quant_gemv_ws.SCALES_16BIT and not a.scales32)
     else:
