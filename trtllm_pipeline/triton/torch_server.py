@@ -481,10 +481,13 @@ class TorchModelServer:
             self.outbox.put(stop.sender, None, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _gone(self, job: _Job) -> None:
-        """A response to ``job`` could not be sent: stop generating for it, if it still runs."""
+        """A response to ``job`` could not be sent: stop generating for it, if it still runs. Its client went away,
+        which the cancelled count says as a stop request's ``_end`` does (whichever of the two comes first: a client
+        that closes its stream makes both)."""
         number = job.rows[0].key[0]
         if self._jobs.get(number) is not job:
             return
+        self.metrics.add("cancelled")
         self._ended(job, "aborted")
         for row in job.rows:
             self.runtime.cancel(row.key)
