@@ -619,16 +619,20 @@ class TorchModelServer:
         requests, H200), each made only if asked: a streaming row's response is made at a step's rate (64 streams:
         served_host_probe's on_events -20%)."""
         pb, wanted = self.pb, job.outputs
+
+        def asked(name: str) -> bool:
+            return not wanted or name in wanted
+
         outputs = []
-        if not wanted or "output_ids" in wanted:
+        if asked("output_ids"):
             width = max(len(x) for x in ids)
             outputs.append(pb.Tensor("output_ids", np.array([[x + [job.pad_id] * (width - len(x))] for x in ids],
                                                             dtype=np.int32)))
-        if not wanted or "sequence_length" in wanted:
+        if asked("sequence_length"):
             outputs.append(pb.Tensor("sequence_length", np.array([[len(x)] for x in ids], dtype=np.int32)))
-        if not wanted or "output_text" in wanted:
+        if asked("output_text"):
             outputs.append(pb.Tensor("output_text", np.array([[p.encode("utf-8")] for p in pieces], dtype=object)))
-        if job.logits is not None and (not wanted or "generation_logits" in wanted):
+        if job.logits is not None and asked("generation_logits"):
             outputs.append(pb.Tensor("generation_logits", job.logits))
         return pb.InferenceResponse(output_tensors=outputs)
 

@@ -20,6 +20,7 @@ the step's ordering is read in one place.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -56,8 +57,10 @@ class LaunchedStep:
         bounds = list(itertools.accumulate((logit_span(r) for r in self.rows), initial=0))
         return [self.index[a:b] for a, b in zip(bounds, bounds[1:])]
 
+    @functools.cached_property
     def sampled_at(self) -> dict[Any, int]:
-        """The token row of each sampling row's token (its last), by request."""
+        """The token row of each sampling row's token (its last), by request (read by ``_chain`` and
+        ``_settle_pending`` of the same step: made once)."""
         return {r.request_id: span[-1] for r, span in zip(self.rows, self.spans()) if r.sample}
 
 
@@ -88,6 +91,8 @@ class OverlapSteps:
         self.decoder = decoder
         self.overlap = decoder is not None and overlap_enabled()
         self.chaining = self.overlap and chaining_enabled(decoder)
+        if hasattr(decoder, "read_back"):  # the per-step copy of the argmax to the host: only what chaining reads
+            decoder.read_back = self.chaining
         self._launched: LaunchedStep | None = None  # the fast step left running
 
     def _may_leave_running(self, rows: list[PlanRow]) -> bool:
@@ -180,7 +185,7 @@ class OverlapSteps:
         for a plan that cannot chain (the caller then runs it after reading the pending tokens)."""
         if eager or not self._may_leave_running(fast):
             return False
-        at = launched.sampled_at()
+        at = launched.sampled_at
         pending = {r.request_id: at[r.request_id] for r in fast if r.tokens[0] == PENDING}
         try:
             self._launched = self._launch(fast, pending)
@@ -200,7 +205,7 @@ class OverlapSteps:
         if launched.ready is not None:
             launched.ready.synchronize()
         tokens = launched.host.tolist()
-        at = launched.sampled_at()
+        at = launched.sampled_at
         events = []
         for row, req in zip(launched.rows, launched.reqs):
             if not row.sample or self._requests.get(row.request_id) is not req:

@@ -82,6 +82,7 @@ class DecodeGraphs:
         self._read: list = [None, None]  # event after each set's greedy tokens reached the host
         self._last = None  # (greedy tokens on the host, their event) of the last step
         self._last_greedy: torch.Tensor | None = None  # its greedy tokens on the device: a chained step's inputs
+        self.read_back = True  # each step's argmax copied to the host behind it (off where nothing chains on it)
         self._tables_copied = None  # event after the pinned tables' last copy to the device (``_table_rows``)
         self._tables_pending = False  # that copy not waited for yet
         rows = self.buckets[-1] + 1
@@ -300,11 +301,14 @@ class DecodeGraphs:
     def _read_back(self, greedy: torch.Tensor, n: int) -> None:
         """The step's argmax tokens to this turn's pinned host buffer, behind the step on the stream (its tokens of
         two steps ago were read by then: a caller chains one step at most)."""
+        self._last_greedy = greedy
+        if not self.read_back:
+            return
         host = self._greedy_host[self._turn][:n]
         host.copy_(greedy[:n], non_blocking=self._cuda)
         if self._cuda:
             self._read[self._turn] = _recorded(self._read[self._turn])
-        self._last, self._last_greedy = (host, self._read[self._turn]), greedy
+        self._last = (host, self._read[self._turn])
 
 
 def _recorded(event):
