@@ -131,12 +131,12 @@ bench-inprocess-%: setup
 # Every weight format of MODEL (default here: the real model) built, evaluated (MMLU 5-shot and GSM8K subsets,
 # fidelity against BF16) and gated against BF16 on this machine: reports/accuracy.md and README.md's table,
 # then reports/report.md over those builds. ACCURACY_ARGS: the subsets, default --mmlu 20 --gsm8k 4 --fidelity 4
-# (what fits 7 formats in 30 minutes on 2 shared CPU cores; more on a quiet machine, e.g. --mmlu 114 --gsm8k 20).
+# (what fits 8 rows in 30 minutes on 2 shared CPU cores; more on a quiet machine, e.g. --mmlu 114 --gsm8k 20).
 ACCURACY_MODEL ?= smollm2-135m-instruct
 accuracy-table: setup
 	$(BIN)/python tools/accuracy_table.py --model $(ACCURACY_MODEL) --engines-dir $(ENGINES_DIR) \
 	  --data-dir "$(DATA_DIR)" --readme README.md $(ACCURACY_ARGS)
-	$(CLI) report $(foreach f,bf16 fp8 int4-awq w4a8-awq int8-sq int8-wo nvfp4,build_configs/$(ACCURACY_MODEL)-$(f)-tp1.yaml) \
+	$(CLI) report $(foreach f,bf16 fp8 fp8-fp8kv int4-awq w4a8-awq int8-sq int8-wo nvfp4,build_configs/$(ACCURACY_MODEL)-$(f)-tp1.yaml) \
 	  --engines-dir $(ENGINES_DIR) --gates eval/gates.yaml
 
 # reports/report.md over every shipped config (what was not measured here shows as such).

@@ -4,6 +4,7 @@ tokens attention is most of a step (H200, random 7B FP8, 2026-12-04: the step gr
 blocks scattered) for batch x context x (BLOCK_T, warps, stages, splits), each checked against the module's default
 launch, and prints the best per case with its GB/s of KV. One call on the H200:
     python benchmarks/attention_sweep.py -o attention_sweep.json
+``--kv fp8``: the pool in E4M3 with a scale (``quantization.kv_cache: fp8``), half the bytes a key takes.
 On the CPU (Triton's interpreter) ``--dry-run`` runs one small case of each shape, unchecked for speed.
 """
 
@@ -28,12 +29,13 @@ HEADS, KV_HEADS, D, BS = 28, 4, 128, 32  # the 7B's attention; the pool's block 
 SHAPES = [(bt, w, s) for bt in (32, 64, 128) for w, s in ((4, 2), (4, 3), (4, 4), (8, 2), (8, 3))]
 
 
-def case(batch: int, ctx: int, device, gen):
+def case(batch: int, ctx: int, device, gen, kv: str = "bf16"):
     """A pool holding ``batch`` rows of ``ctx`` tokens in scattered blocks, and one step's inputs."""
     per_row = -(-(ctx + 1) // BS)
     blocks = 1 + batch * per_row
-    k = torch.randn(blocks, KV_HEADS, BS, D, generator=gen, device=device).to(torch.bfloat16)
-    v = torch.randn(blocks, KV_HEADS, BS, D, generator=gen, device=device).to(torch.bfloat16)
+    dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+    k = torch.randn(blocks, KV_HEADS, BS, D, generator=gen, device=device).to(dtype)
+    v = torch.randn(blocks, KV_HEADS, BS, D, generator=gen, device=device).to(dtype)
     order = 1 + torch.randperm(blocks - 1, generator=gen, device=device)
     tables = order.view(batch, per_row)
     width = (HEADS + 2 * KV_HEADS) * D
@@ -51,9 +53,14 @@ def launch(inputs, splits: int, block_t: int):
     lse = torch.empty(batch, HEADS, splits, device=device)
     out = torch.empty(batch, HEADS * D, dtype=torch.bfloat16, device=device)
 
+    scales = {}
+    if k.dtype == torch.float8_e4m3fn:  # ModelOpt's FP8 KV scale, 1 (unless a layer's keys pass 448)
+        one = torch.ones(1, device=device)
+        scales = {"kv_scale": one, "kv_inv": one, "kv_unit": True}
+
     def call():
         attention.decode_attention(parts, None, rot, rot, k, v, positions, rows, tables, o, lse, out, None,
-                                   heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16, block_t=block_t)
+                                   heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16, block_t=block_t, **scales)
     return call, out
 
 
@@ -78,6 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="64,128,256")
     ap.add_argument("--contexts", default="512,1024,2048")
+    ap.add_argument("--kv", choices=("bf16", "fp8"), default="bf16", help="the pool's element type")
     ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter: one small case")
     ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args()
@@ -91,17 +99,17 @@ def main() -> None:
     default = (attention.BLOCK_T, attention.ATTENTION_WARPS, attention.ATTENTION_STAGES)
     rows, t0 = [], time.perf_counter()
     for batch, ctx in itertools.product(batches, contexts):
-        inputs = case(batch, ctx, device, gen)
+        inputs = case(batch, ctx, device, gen, args.kv)
         base = attention.pick_splits(batch, KV_HEADS, sm)
-        kv_bytes = 2 * batch * KV_HEADS * (ctx + 1) * D * 2
+        kv_bytes = 2 * batch * KV_HEADS * (ctx + 1) * D * inputs[0].element_size()
         ref_call, ref_out = launch(inputs, base, default[0])
         ref_call()
         want = ref_out.float().clone()
         results = []
         for (block_t, warps, stages), splits in itertools.product(shapes, sorted({base, 2 * base, 4 * base})):
             attention.ATTENTION_WARPS, attention.ATTENTION_STAGES = warps, stages
-            row = {"batch": batch, "ctx": ctx, "block_t": block_t, "warps": warps, "stages": stages, "splits": splits,
-                   "default": (block_t, warps, stages) == default and splits == base}
+            row = {"batch": batch, "ctx": ctx, "kv": args.kv, "block_t": block_t, "warps": warps, "stages": stages,
+                   "splits": splits, "default": (block_t, warps, stages) == default and splits == base}
             try:
                 call, out = launch(inputs, splits, block_t)
                 call()

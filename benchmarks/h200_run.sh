@@ -16,6 +16,8 @@
 #                                          # at batch 1/8/16 by kernel choice)
 #   bash benchmarks/h200_run.sh int4_rows  # random 7B INT4-AWQ build: bench --in-process at batch 1/8/16, the
 #                                          # several-row GEMV's switch off and on (TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS)
+#   bash benchmarks/h200_run.sh int8_gemv  # random 7B INT8-SQ build: bench --in-process at batch 1 and 8, the dp4a
+#                                          # GEMV's switch off and on (TRTLLM_PIPELINE_INT8_GEMV)
 #   bash benchmarks/h200_run.sh smollm2    # the real SmolLM2-135M-Instruct (issue 33): per SMOLLM2_FORMATS (default
 #                                          # "bf16 fp8 int4-awq"): quantize + build, its answer to a question, and
 #                                          # bench --in-process at batch 1 (the fast path's ms/step). Needs the wheels
@@ -36,7 +38,9 @@
 #                                          # --long-prompt 8192 beside LONG_REQUESTS (64) requests decoding
 #                                          # 128/512: their worst inter-token gap while it is prefilled against
 #                                          # one chunk step (issue 31; SKIP_LONG_PROMPT=1 skips it), then
-#                                          # batch-1 ms/step (SKIP_BATCH1=1 skips it)
+#                                          # batch-1 ms/step (SKIP_BATCH1=1 skips it); LOAD_VARIANT=-fp8kv: the
+#                                          # same build with an FP8 KV cache (-load-fp8kv config); PREFILL_CHUNK=N:
+#                                          # the pairs' runs with --prefill-chunk-tokens N
 #   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
 #                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
 #   bash benchmarks/h200_run.sh attention  # the decode attention kernel's BLOCK_T / warps / stages / splits at the
@@ -290,6 +294,14 @@ case "$part" in
       TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=$rows tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,16 \
         --context 2048 --output-tokens 256 -o "$out/inprocess-int4-awq-gemv-rows-$rows.json"
     done ;;
+  int8_gemv)  # INT8 SmoothQuant at batch 1 on quant_gemv_int8's dp4a GEMV: the random 7B INT8-SQ build in-process at
+    # batch 1 (context 128 and 2048) and 8, the tensor-core kernel (the switch off) against the GEMV (on)
+    c=$(config int8-sq)
+    tp build -c "$c" --engines-dir "$engines"
+    for on in 0 1; do
+      TRTLLM_PIPELINE_INT8_GEMV=$on tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8 \
+        --context 128,2048 --output-tokens 256 -o "$out/inprocess-int8-sq-gemv-$on.json"
+    done ;;
   smollm2)
     for variant in ${SMOLLM2_FORMATS:-bf16 fp8 int4-awq}; do
       c=build_configs/smollm2-135m-instruct-$variant-tp1.yaml
@@ -337,22 +349,23 @@ case "$part" in
       tp bench --in-process -c "$c" --engines-dir "$engines" --tp-mode distributed --batch 1,8,32 --context 2048 \
         -o "$out/inprocess-fp8-tp$n.json"
     done ;;
-  throughput)
+  throughput)  # LOAD_VARIANT=-fp8kv: the -load build with an FP8 KV cache (its own config and quantize)
     c=$(config fp8)
-    c=${c%.yaml}-load.yaml
+    c=${c%.yaml}-load${LOAD_VARIANT:-}.yaml
     tp build -c "$c" --engines-dir "$engines"
     for pair in ${LENGTHS:-128/2048 500/2000 1000/1000 2048/2048 2048/128}; do
       [ "$pair" = none ] && continue
       tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths "$pair" \
-        --requests "${REQUESTS:-1000}" -o "$out/throughput-${pair/\//x}.json"
+        --requests "${REQUESTS:-1000}" ${PREFILL_CHUNK:+--prefill-chunk-tokens "$PREFILL_CHUNK"} \
+        -o "$out/throughput-${pair/\//x}${LOAD_VARIANT:-}${PREFILL_CHUNK:+-chunk$PREFILL_CHUNK}.json"
     done
     if [ -z "${SKIP_LONG_PROMPT:-}" ]; then  # issue 31: an 8k prompt may stall the decodes by one chunk step at most
       tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 128/512 \
-        --requests "${LONG_REQUESTS:-64}" --long-prompt 8192 -o "$out/throughput-long-prompt.json"
+        --requests "${LONG_REQUESTS:-64}" --long-prompt 8192 -o "$out/throughput-long-prompt${LOAD_VARIANT:-}.json"
     fi
     if [ -z "${SKIP_BATCH1:-}" ]; then  # paging must cost nothing at batch 1 (before: FP8 2.62-2.75 ms/step)
       tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1 --context 128,2048 --output-tokens 256 \
-        -o "$out/inprocess-fp8-batch1-paged.json"
+        -o "$out/inprocess-fp8-batch1-paged${LOAD_VARIANT:-}.json"
     fi ;;
   probe)  # where a loaded step's time goes (benchmarks/throughput_probe.py): progress lines, a profiler trace
     c=$(config fp8)
@@ -361,7 +374,7 @@ case "$part" in
     python3 benchmarks/throughput_probe.py -c "$c" --engines-dir "$engines" --lengths "${LENGTHS:-128/2048}" \
       --requests "${REQUESTS:-512}" --seconds "${SECONDS_:-60}" -o "$out/throughput-probe.json" ;;
   attention)  # the decode attention's launch shape at 64-256 rows x 512-2048 tokens (benchmarks/attention_sweep.py)
-    python3 benchmarks/attention_sweep.py -o "$out/attention-sweep.json" ;;
+    python3 benchmarks/attention_sweep.py --kv "${ATTN_KV:-bf16}" -o "$out/attention-sweep-${ATTN_KV:-bf16}.json" ;;
   prefill)  # prefill's time by prompt length, the layers fused or not, a later chunk's masked attention, kernels
     c=$(config fp8)
     [ -n "${PREFILL_SERVED_BUILD:-}" ] || c=${c%.yaml}-load.yaml  # the served build: no second quantize in a call

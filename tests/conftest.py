@@ -200,6 +200,31 @@ def built(engines_dir, quantized, artifact_store):
     return get
 
 
+@pytest.fixture(scope="session")
+def kv_scaled(built, tmp_path_factory):
+    """``kv_scaled("tiny-qwen2-bf16-fp8kv-tp1", 0.02)`` -> a copy of that build's checkpoint (an FP8 KV cache's) with
+    every layer's KV scale set to 0.02. ModelOpt clamps FP8 KV scales to at least 1 (export/quant_utils.py), so the
+    tiny models' are all 1; a smaller one saturates their larger keys and values and makes the scale's use show."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    def get(name: str, scale: float) -> Path:
+        src = built(name).engine_dir.parent / "checkpoint"
+        dst = tmp_path_factory.mktemp("kv-scaled") / "checkpoint"
+        shutil.copytree(src, dst)
+        (dst / "manifest.json").unlink()  # a checkpoint of another tool's (quantize's record would refuse it)
+        for rank in dst.glob("rank*.safetensors"):
+            tensors = load_file(rank)
+            for key in [k for k in tensors if k.endswith("attention.kv_cache_scaling_factor")]:
+                tensors[key] = torch.full_like(tensors[key], scale)
+            save_file(tensors, rank)
+        return dst
+
+    return get
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct TCP ports free on 127.0.0.1 right now (the OS picks them; never assume 8000 is free)."""
     import socket

@@ -75,7 +75,7 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
     want = reference_input(lin32, x) @ lin._dequantize().t()
     row = {"fmt": fmt, "m": m, "n": n, "k": k, "group": q.group, "dtype": str(dtype).removeprefix("torch."),
            "config": [cfg.block_n, cfg.block_k, cfg.splits], "tile_scale": q.group % cfg.block_k == 0,
-           "gemv": cfg.gemv, "tma": cfg.tma,
+           "gemv": cfg.gemv, "tma": cfg.tma, "dp4a8": cfg.dp4a8,
            "kernel": errors(out.sum(0), want), "eager_bf16": errors(lin(x), want)}
     if cfg.gemv:  # against the input as the GEMV's int16 block floating point represents it
         planes_x = gemv_input.reference(reference_input(lin32, x), gemv_input.block_inputs(q.group))
@@ -100,6 +100,14 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
     glu_want = F.silu(fc).to(dtype).float() * gate
     row["glu"] = errors(act, glu_want)
     row["glu_eager_bf16"] = errors(F.silu(lin(x)) * lin2(x), glu_want)
+    if cfg.dp4a8:  # the same int32 sums as quant_linear's tensor-core kernel: its partials and GLU, exactly
+        # (the dot kernel at the GEMV's K tile and splits: each split's K range, and so its int32 sum, is the same)
+        dot_cfg = dataclasses.replace(quant_linear.pick_config(q, m, sm_count=4, gemv=False), block_k=cfg.block_k,
+                                      splits=cfg.splits)
+        dot, dot_act = torch.full_like(out, float("nan")), torch.full_like(act, float("nan"))
+        quant_linear.quant_partials(x, q, dot, dot_cfg, dtype)
+        quant_linear.quant_glu(x, q, q2, dot_act, dot_cfg, dtype)
+        row["equals_dot_kernel"] = bool(torch.equal(out, dot) and torch.equal(act, dot_act))
     if cfg.gemv:  # the GLU split over K: the last program per row tile sums fc and gate, then applies SiLU
         split_act, counters = torch.full_like(act, float("nan")), torch.zeros(8, dtype=torch.int32)
         workspace = torch.empty(2 * 2 * n)
@@ -128,6 +136,10 @@ def main() -> None:
     # the same with tiles by the copy engine (rows and inputs past the matrix come back as zeros)
     rows.append(case("int4_awq", 1, 96, 384, 128, block_n=64, splits=2, tma=True))
     rows.append(case("int4_awq", 1, 64, 256, 128, block_n=32, splits=1, tma=True))
+    # INT8 SmoothQuant at M = 1 on its dp4a GEMV (quant_gemv_int8): N and K tails, split K, one split
+    rows.append(case("int8_sq", 1, 90, 160, 32, splits=2, gemv=True))
+    rows.append(case("int8_sq", 1, 64, 512, 32, splits=1, gemv=True))
+    rows.append(case("int8_sq", 1, 130, 1000, 32, splits=3, gemv=True, dtype=torch.float16))
     print(json.dumps(rows))
 
 

@@ -32,13 +32,13 @@ def _checkpoint(built, name: str) -> Path:
 
 
 def _interpreted(ckpt: Path | None, script: str = "fast_decode_check.py", *args: str, library: bool = False,
-                 parts: tuple[str, ...] = ("greedy", "ending")):
+                 parts: tuple[str, ...] = ("greedy", "ending"), env: dict[str, str] | None = None):
     """``script``'s JSON result. fast_decode_check.py: ``parts``, its optional fast-path runs (FAST_CHECK_PARTS),
     only those whose results the test asserts on (each is a few steps through the interpreter)."""
     # interpreter_site: worker processes (tensor parallel) load the interpreter's rounding fixes too
     path = [str(TESTS / "interpreter_site"), str(TESTS), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "FAST_CHECK_LIBRARY": "1" if library else "0",
-           "FAST_CHECK_PARTS": ",".join(parts)}
+           "FAST_CHECK_PARTS": ",".join(parts), **(env or {})}
     proc = subprocess.run([sys.executable, str(TESTS / script), *([str(ckpt)] if ckpt else []), *args],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -64,6 +64,24 @@ def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
     assert r["weight_bytes_fast"] == r["weight_bytes_eager"]  # the same tensors, read once per step
     # Same rounding points as eager, other accumulation order: as close to float32 as eager is.
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.02
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", [None, 0.02], ids=["modelopt-scales", "scale-0.02"])
+def test_fast_kernels_read_and_write_an_fp8_kv_cache_as_eager_does(built, kv_scaled, scale):
+    """An FP8 KV cache (quantization.kv_cache: fp8): the decode kernel stores E4M3 keys and values and attends over
+    them as the eager model reads them back, in decode steps and in a prompt's rows of a fast step (written by a first
+    attention pass, read by the second). ModelOpt's scales (all 1: converted without a multiply) and 0.02 (keys
+    saturate, the scale is used)."""
+    name = "tiny-qwen2-bf16-fp8kv-tp1"
+    r = _interpreted(_checkpoint(built, name) if scale is None else kv_scaled(name, scale),
+                     parts=("greedy", "prefill"))
+    assert r["decode_path"].startswith("triton kernels") and r["argmax_equal"]
+    assert r["greedy_fast"] == r["greedy_eager"] and r["staggered_fast"] == r["greedy_eager"]
+    assert r["chained_steps"] > 0
+    assert r["prefill_fast_rows"] >= 2 and r["prefill_parted_near_ties"]
+    assert sum(f == e for f, e in zip(r["prefill_fast"], r["prefill_eager"])) >= 2
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.05
 
 
 @pytest.mark.slow
@@ -106,6 +124,9 @@ def test_quant_kernels_match_the_dequantized_reference():
     rows = _interpreted(None, "quant_kernel_check.py")
     assert {r["fmt"] for r in rows} == {"int4_awq", "w4a8_awq", "int8_sq", "int8_wo"}
     assert {r["gemv"] for r in rows if r["fmt"] == "int4_awq" and r["m"] == 1} == {True, False}
+    # INT8 SmoothQuant's dp4a GEMV (M = 1, asked for): the tensor-core kernel's partials and GLU bit for bit
+    dp4a8 = [r for r in rows if r["dp4a8"]]
+    assert len(dp4a8) == 3 and all(r["equals_dot_kernel"] for r in dp4a8), dp4a8
     for r in rows:
         exact = r["tile_scale"] or r["fmt"] in ("w4a8_awq", "int8_sq")
         bound = 5e-5 if r["dtype"] == "float16" else 1e-5
@@ -494,10 +515,12 @@ def test_greedy_token_kernel_takes_the_first_of_equal_maxima():
         assert case["tokens"][3] == 3 and case["tokens"][4] == 0, case
 
 
-def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_wait():
+@pytest.mark.parametrize("kv", ["bf16", "fp8", "fp8-scaled"])
+def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_wait(kv):
     """attention's kernel compiled for sm_90 here as the decode step launches it under PDL: each program's
     cached keys and values are fetched into L2 before the PDL wait, and the tiles go from memory to shared
-    memory by cp.async, in under 40 KB (patching the new key into them took 55 KB)."""
+    memory by cp.async, in under 40 KB (patching the new key into them took 55 KB). An FP8 cache too (ModelOpt's
+    unit scale, and another): the new key and value stored as E4M3."""
     import inspect
 
     import triton
@@ -509,9 +532,12 @@ def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_
     fn = attention._decode_attention_kernel
     consts = dict(H=28, KVH=4, D=128, GROUP=7, QKV_SPLITS=1, HAS_BIAS=True, SPLITS=32, BLOCK_H=16,
                   BLOCK_T=attention.BLOCK_T, BS=32, COMPUTE=triton.language.bfloat16, PDL=True, PREFETCH=True,
-                  NORM_PARTS=10, NORM_BLOCK=16, FIXED=True)
+                  NORM_PARTS=10, NORM_BLOCK=16, FIXED=True, KV_FP8=kv != "bf16", KV_UNIT=kv == "fp8",
+                  LINE=64 if kv == "bf16" else 128, LINES=2 if kv == "bf16" else 1)
+    cache = "*bf16" if kv == "bf16" else "*fp8e4nv"
     types = {"qkv_ptr": "*i64", "bias_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*fp32",
-             "lse_ptr": "*fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i64",
+             "lse_ptr": "*fp32", "k_cache_ptr": cache, "v_cache_ptr": cache, "kv_scale_ptr": "*fp32",
+             "kv_inv_ptr": "*fp32", "pos_ptr": "*i64",
              "slot_ptr": "*i64", "bt_ptr": "*i64", "qk_scale": "fp32", "sq_ptr": "*fp32", "eps": "fp32"}
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
@@ -524,6 +550,7 @@ def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_
     ptx = kernel.asm["ptx"]
     assert 0 <= ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
     assert "cp.async" in ptx and kernel.metadata.shared <= 40 * 1024
+    assert ("cvt.rn.satfinite.e4m3x2" in ptx) == (kv != "bf16")  # the new key and value stored as E4M3
 
 
 @pytest.mark.slow
@@ -569,6 +596,20 @@ def _gemv_sass(args: list[str]) -> dict:
     finally:
         sys.argv = argv
     return json.loads(out.getvalue())
+
+
+def test_int8_gemv_compiles_for_hopper_at_a_quarter_dp4a_per_weight():
+    """INT8 SmoothQuant's batch-1 GEMV (quant_gemv_int8) compiled for sm_90 on this CPU machine at the 7B's
+    divisibility: per weight its K loop spends a quarter of a dp4a (IDP.4A: a word of 4 weights against 4 inputs) and
+    under one instruction in all, loads 16 bytes at a time (8 loads a thread for its 64 x 256 tile, 2 for the input
+    tile), no spills; the GLU (fc and gate) the same per weight, within 192 registers."""
+    for args, registers in (([], 128), (["--glu"], 192)):
+        r = _gemv_sass(["--int8", "--block-n", "64", "--block-k", "256", "--stages", "3", *args])
+        per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LDG")}
+        assert per_weight["IDP"] == 0.25, r
+        assert r["mix"]["LDG"] * r["threads"] * 16 >= r["weights"], r  # 16-byte weight loads (and the input's few)
+        assert r["loop_per_thread"] * r["threads"] / r["weights"] < 1.0, r
+        assert r["local_memory_ops"] == 0 and r["registers"] <= registers, r
 
 
 def test_int4_gemv_compiles_for_hopper_at_half_a_dp4a_per_weight():
@@ -753,6 +794,23 @@ def test_fast_kernels_match_eager_accuracy_int8_sq(built):
     assert same >= 9 and all(f[:1] == e[:1] for f, e in zip(r["greedy_fast"], r["greedy_eager"])), r
     assert r["staggered_fast"] == r["greedy_fast"] and [len(t) for t in r["staggered_fast"]] == [r["max_tokens"]] * 3
     assert r["padding_wrote_scratch_only"]
+
+
+@pytest.mark.slow
+def test_int8_sq_batch_1_takes_the_dp4a_gemv_when_switched_on(built, monkeypatch):
+    """TRTLLM_PIPELINE_INT8_GEMV=1: INT8 SmoothQuant's linears at batch 1 (every bucket-1 step of the continuous
+    batching part) run quant_gemv_int8's dp4a GEMV, whose int32 sums are the tensor-core kernel's (its splits' float
+    partials summed in another grouping): the same tokens as without the switch, within the bounds above."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_int8
+
+    monkeypatch.setenv(quant_gemv_int8.ENV, "1")
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int8-sq-tp1"), parts=("greedy",))
+    assert r["int8_gemv_buckets"] == [1], r["int8_gemv_buckets"]
+    assert r["staggered_fast"] == r["greedy_fast"] and r["argmax_equal"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.1
+    monkeypatch.setenv(quant_gemv_int8.ENV, "yes")
+    with pytest.raises(InputError, match="TRTLLM_PIPELINE_INT8_GEMV='yes'"):
+        quant_gemv_int8.forced()
 
 
 def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():

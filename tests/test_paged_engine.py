@@ -8,6 +8,8 @@ import torch
 
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.runtimes.torch_engine.model import quantize_fp8
+from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 NAME = "tiny-qwen2-bf16-tp1"
@@ -145,3 +147,41 @@ def _drain(rt) -> dict:
         for e in rt.step():
             out.setdefault(e.request_id, []).extend(e.token_ids)
     return out
+
+
+def test_an_fp8_kv_cache_stores_e4m3_and_every_path_reads_it_alike(built, kv_scaled, ckpt, plain):
+    """``quantization.kv_cache: fp8``: the same weights (the tiny BF16 model), keys and values stored as E4M3 at a
+    token's quarter of float32's bytes; chunked paged prefill and decode equal the unpaged math, which reads its keys
+    and values as the cache would hold them; the cache holds exactly ``x / scale`` in E4M3 (layer 0, whose keys
+    nothing quantized before); and the outputs are not those of the unquantized cache."""
+    name = "tiny-qwen2-bf16-fp8kv-tp1"
+    modelopt = _rt(built(name).engine_dir.parent / "checkpoint")
+    assert modelopt.engine.kv_unit_scale and modelopt.engine.kv_scale.tolist() == [1.0] * 4  # clamped to >= 1
+    rt = _rt(kv_scaled(name, 0.005), prefill_chunk_tokens=8)  # keys saturate, every value is rounded by the scale
+    assert rt.engine.cache_k.dtype == rt.engine.cache_v.dtype == torch.float8_e4m3fn and not rt.engine.kv_unit_scale
+    assert rt.describe()["kv_cache_dtype"] == "float8_e4m3fn" and plain.describe()["kv_cache_dtype"] == "float32"
+    assert rt.describe()["kv_bytes_per_token"] * 4 == plain.describe()["kv_bytes_per_token"]
+    for r in (rt, plain):  # the pool is sized (on CUDA: from the memory free) by what a block really takes
+        assert r.kv_block_bytes == r.engine.kv_bytes_per_token() * r.kv.block_size
+    prompts = [SYSTEM + q for q in QUESTIONS[:3]]
+    outs = _greedy(rt, prompts, n=10)
+    for prompt, out in zip(prompts, outs):
+        ref, ref_logits = _contiguous_greedy(rt, prompt, 10)
+        assert out == ref
+        paged = rt.engine.logits(rt.hidden_states(prompt)[-1])
+        assert float((paged - ref_logits).norm() / ref_logits.norm()) < 1e-5
+    unquantized = _rt(ckpt, prefill_chunk_tokens=8)
+    prompt = prompts[0]
+    logits = [r.engine.logits(r.hidden_states(prompt)[-1]) for r in (rt, unquantized)]
+    assert float((logits[0] - logits[1]).norm() / logits[1].norm()) > 1e-3
+    # layer 0's keys and values of the prompt's first block, as each pool holds them
+    for r in (rt, unquantized):
+        r.kv.admit("p", prompt, len(prompt), use_cache=False, watermark=False)
+        r._forward([PlanRow("p", prompt, 0, r.kv.tables["p"], False)])
+    saturated = 0
+    for name in ("cache_k", "cache_v"):
+        got = getattr(rt.engine, name)[0, rt.kv.tables["p"][0]]
+        want = getattr(unquantized.engine, name)[0, unquantized.kv.tables["p"][0]]
+        assert torch.equal(got.view(torch.uint8), quantize_fp8(want, rt.engine.kv_inv[0]).view(torch.uint8))
+        saturated += int((got.float().abs() == 448).sum())
+    assert saturated > 0

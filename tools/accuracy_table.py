@@ -29,7 +29,8 @@ from trtllm_pipeline.results import load_eval
 from trtllm_pipeline.tasks import fidelity
 
 REPO = Path(__file__).resolve().parents[1]
-FORMATS = ("bf16", "fp8", "int4-awq", "w4a8-awq", "int8-sq", "int8-wo", "nvfp4")
+# (fp8-fp8kv: FP8 weights and an FP8 KV cache, what trtllm-bench runs for an FP8 model)
+FORMATS = ("bf16", "fp8", "fp8-fp8kv", "int4-awq", "w4a8-awq", "int8-sq", "int8-wo", "nvfp4")
 START, END = "<!-- accuracy-table:start -->", "<!-- accuracy-table:end -->"
 
 
@@ -50,6 +51,7 @@ def produce(cfg, baseline, engines_dir: Path, data_dir: Path, limits: dict[str, 
 def row(cfg, baseline, engines_dir: Path, limits: dict[str, int], gates, seconds: float, failure: str | None):
     q = cfg.quantization
     label = "BF16" if q.format == "none" else FORMAT_LABELS.get(q.format, q.format)
+    label += " + FP8 KV" if q.kv_cache == "fp8" else ""
     scored = [t for t in limits if t != "fidelity"]
     if failure is not None:  # the row stays, with what stopped it
         return [label, bytes_cell(weight_bytes(cfg)), *("—" for _ in scored), "—", "—", "—", "—", "—",

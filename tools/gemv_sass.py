@@ -11,6 +11,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --tma --glu --block-n 64 --splits 1 --stages 3     # the copy-engine GLU
     python tools/gemv_sass.py --ws --glu --block-n 64 --splits 1 --stages 3      # Hopper's (warp-specialized)
     python tools/gemv_sass.py --rows 8 --block-n 64                              # batch 2-16's, 8 input rows
+    python tools/gemv_sass.py --int8 --block-n 64 --block-k 256 --stages 3       # INT8 SmoothQuant's (quant_gemv_int8)
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -31,7 +32,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_ws
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_int8, quant_gemv_ws
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -114,6 +115,21 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
                           options={"num_warps": 4, "maxnreg": quant_gemv_ws.MAX_REGISTERS})
 
 
+def compile_int8(block_n: int, block_k: int, glu: bool, warps: int, stages: int):
+    """quant_gemv_int8's kernel (INT8 SmoothQuant at batch 1) at the 7B's divisibility."""
+    fn = quant_gemv_int8._int8_gemv_kernel
+    consts = dict(HAS_PQS=True, GLU=glu, EVEN=True, COMPUTE=tl.bfloat16, BLOCK_N=block_n, BLOCK_K=block_k, ASM=True,
+                  PDL=True)
+    pointers = {"w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32", "aq_ptr": "*fp32",
+                "aq2_ptr": "*fp32", "out_ptr": "*bf16" if glu else "*fp32"}
+    sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr") else "i32"
+           for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and (n.endswith("ptr") or n in DIVISIBLE)}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
 def disassemble(kernel) -> tuple[str, int | None]:
     """(SASS text, registers per thread) of a compiled kernel."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,9 +176,12 @@ def main() -> None:
     ap.add_argument("--scales32", action="store_true", help="with --ws: float32 scales (SCALES_16BIT off)")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--rows", type=int, default=0, help="the several-row kernel for this many input rows (2-16)")
+    ap.add_argument("--int8", action="store_true", help="INT8 SmoothQuant's GEMV (quant_gemv_int8), --stages deep")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
-    if a.rows:
+    if a.int8:
+        kernel = compile_int8(a.block_n, a.block_k, a.glu, a.warps, a.stages)
+    elif a.rows:
         kernel = compile_rows(a.rows, a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits)
     elif a.ws:
         kernel = compile_ws(a.block_n, a.glu, a.splits, a.stages, a.tiled or quant_gemv_ws.TILED_WEIGHTS, a.fold,

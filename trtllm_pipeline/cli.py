@@ -442,6 +442,10 @@ def _length_pairs(ctx, param, value):
               "submitted. Reported: the running requests' steady ITL p50, their worst and p99 inter-token gap while "
               "it is prefilled, the steps and chunks its prefill took, the time of a chunk step, and whether the "
               "worst gap stayed within one chunk step + the steady ITL (issue 31).")
+@click.option("--prefill-chunk-tokens", type=click.IntRange(min=16), default=None, metavar="TOKENS",
+              help="--in-process: prompt tokens the torch runtime prefills per step, in place of the config's "
+              "runtime.prefill_chunk_tokens (2048 by default: a short stall for running decodes; up to "
+              "build.max_num_tokens for throughput: several prompts a step, their launches shared).")
 @click.option("--speculative", type=click.Choice(["ngram", "draft", "self"]), default=None,
               help="--in-process: plain decoding against speculative decoding (this proposer) on the same runtime and "
               "prompts, per --workload and --batch (default 1): tokens/s, speedup, acceptance length, drafted and "
@@ -489,7 +493,8 @@ def _length_pairs(ctx, param, value):
               help="Seconds to wait for any one response.")
 @engines_dir_option
 @tp_mode_option
-def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, speculative, num_draft_tokens,
+def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, prefill_chunk_tokens,
+          speculative, num_draft_tokens,
           draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, engines_dir, tp_mode) -> None:
@@ -507,8 +512,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                                "--throughput -c CFG --lengths 128/512 --long-prompt 8192")
     if (throughput or lengths or shared_prefix) and not (in_process and throughput):
         raise click.UsageError("--lengths and --shared-prefix go with --throughput, and --throughput with --in-process")
-    if (speculative or draft_checkpoint) and not in_process:
-        raise click.UsageError("--speculative and --draft-checkpoint go with --in-process")
+    if (speculative or draft_checkpoint or prefill_chunk_tokens) and not in_process:
+        raise click.UsageError("--speculative, --draft-checkpoint and --prefill-chunk-tokens go with --in-process")
     if speculative and throughput:
         raise click.UsageError("--speculative and --throughput are separate runs: give one")
     if draft_checkpoint and speculative != "draft":
@@ -516,15 +521,15 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
     if in_process:
         if config is None:
             raise click.UsageError("--in-process needs -c CONFIG: it loads that build's engine")
+        cfg = load_config(config).with_runtime(tp_mode=tp_mode, prefill_chunk_tokens=prefill_chunk_tokens)
         if speculative:
             spec_settings = speculative_bench.SpeculativeSettings(
                 method=speculative, num_draft_tokens=num_draft_tokens,
                 draft_checkpoint=str(draft_checkpoint) if draft_checkpoint else None,
                 batches=tuple(batches or (1,)), workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()),
                 output_tokens=output_tokens, seed=seed)
-            result = speculative_bench.run_speculative(load_config(config).with_runtime(tp_mode=tp_mode),
-                                                       engines_dir=engines_dir, settings=spec_settings, output=output,
-                                                       progress=click.echo)
+            result = speculative_bench.run_speculative(cfg, engines_dir=engines_dir, settings=spec_settings,
+                                                       output=output, progress=click.echo)
             echo_lines(result.table())
             click.echo(f"results: {result.path}")
             return
@@ -532,18 +537,16 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
             tp_settings = throughput_bench.ThroughputSettings(
                 lengths=tuple(lengths or ((input_tokens, output_tokens),)), requests=num_requests,
                 shared_prefix=shared_prefix, long_prompt=long_prompt or 0, seed=seed)
-            result = throughput_bench.run_throughput(load_config(config).with_runtime(tp_mode=tp_mode),
-                                                     engines_dir=engines_dir, settings=tp_settings, output=output,
-                                                     progress=click.echo)
+            result = throughput_bench.run_throughput(cfg, engines_dir=engines_dir, settings=tp_settings,
+                                                     output=output, progress=click.echo)
             echo_lines(result.table())
             click.echo(f"results: {result.path}")
             return
         settings = inprocess.InProcessSettings(batches=tuple(batches or (1, 8, 32, 64)),
                                                contexts=tuple(contexts or (128, 2048, 8192)),
                                                output_tokens=output_tokens, seed=seed)
-        result = inprocess.run_inprocess(load_config(config).with_runtime(tp_mode=tp_mode), engines_dir=engines_dir,
-                                         settings=settings,
-                                         output=output, progress=click.echo)
+        result = inprocess.run_inprocess(cfg, engines_dir=engines_dir, settings=settings, output=output,
+                                         progress=click.echo)
         echo_lines(result.table())
         click.echo(f"results: {result.path}")
         return

@@ -22,6 +22,13 @@ keys of one head are one contiguous run, which is what the decode kernel's tiles
 and length packed together, each with its block table): prefill chunks, decodes and scoring are the same code
 path. ``forward_contiguous`` keeps the unpaged math (one sequence, no cache) as the reference the paged path
 is checked against.
+
+With ``quantization.kv_cache: fp8`` (the checkpoint's ``kv_cache_quant_algo`` FP8, a calibrated
+``attention.kv_cache_scaling_factor`` per layer, as TensorRT-LLM's engine and ``trtllm-bench`` keep it) the pool
+holds E4M3 keys and values, ``x / scale`` saturated to +-448: half the bytes a token takes, so twice the tokens in
+the same memory and half the bytes a decode step's attention reads. Every attention reads keys and values as the
+cache holds them (``dequantize_fp8``), the step's own new ones included, so a prompt gives the same numbers
+whatever its chunking and whichever path (eager, fused prefill, the fast step) computed it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_pipeline.checkpoint import FORMAT_NAMES, CheckpointLayout
+from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
 from trtllm_pipeline.model import families
 
@@ -49,6 +57,12 @@ E2M1_ROUND_UP = (0.75, 1.75, 3.5)
 def quantize_fp8(x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
     """Static per-tensor E4M3 quantization in float32, saturating, as ModelOpt's fake quant does."""
     return (x.float() * inv_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """E4M3 values times their float32 ``scale``, rounded to ``dtype``: what an FP8 KV cache's reader sees (the
+    decode kernel rounds each loaded key and value the same way before its dots)."""
+    return (q.float() * scale).to(dtype)
 
 
 def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -406,6 +420,19 @@ class Qwen2Engine(torch.nn.Module):
             })
         base = float(config.get("rotary_base") or 10000.0)
         self.cos, self.sin = rotary_tables(max_seq_len, self.head_dim, base, device, families.rope_scaling(config))
+        self.kv_scale = self.kv_inv = None  # float32 [layers]: an FP8 KV cache's dequantization scales, 1 / them
+        if layout.kv_cache_quant_algo == "FP8":
+            scales = [tensors[f"transformer.layers.{i}.attention.kv_cache_scaling_factor"].float().reshape(())
+                      for i in range(layout.layers)]
+            self.kv_scale = torch.stack(scales).to(device)
+            self.kv_inv = 1.0 / self.kv_scale
+        elif layout.kv_cache_quant_algo is not None:
+            raise InputError(f"the checkpoint's KV cache is {layout.kv_cache_quant_algo}; the torch runtime keeps "
+                             "it in FP8 or the compute dtype.", fix="quantize with quantization.kv_cache: fp8 or none")
+        # ModelOpt clamps FP8 KV scales to at least 1 (export/quant_utils.py): all 1 unless a layer's keys or values
+        # pass 448, and then E4M3 converts to the compute dtype exactly, with no multiply (the decode kernel's case)
+        self.kv_unit_scale = self.kv_scale is not None and bool((self.kv_scale == 1).all())
+        self.kv_dtype = torch.float8_e4m3fn if self.kv_scale is not None else self.dtype
         self.block_size, self.slot_blocks = block_size, -(-max_seq_len // block_size)
         self.cache_k = self.cache_v = None
         if max_slots is not None and num_blocks is None:
@@ -430,12 +457,21 @@ class Qwen2Engine(torch.nn.Module):
         self.block_size = block_size
         self.slot_blocks = -(-self.max_seq_len // block_size)
         shape = (len(self.layers), num_blocks, self.kv_heads, block_size, self.head_dim)
-        self.cache_k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.cache_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # (zeroed as bytes, then viewed: an E4M3 zero is the zero byte, and byte kernels exist on every device)
+        self.cache_k = torch.zeros(shape, dtype=_byte_type(self.kv_dtype), device=self.device).view(self.kv_dtype)
+        self.cache_v = torch.zeros(shape, dtype=_byte_type(self.kv_dtype), device=self.device).view(self.kv_dtype)
 
     @property
     def num_blocks(self) -> int:
         return 0 if self.cache_k is None else self.cache_k.shape[1]
+
+    def kv_store(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Keys or values as layer ``layer``'s cache stores them (FP8: ``x / scale``, saturated, to E4M3)."""
+        return x if self.kv_scale is None else quantize_fp8(x, self.kv_inv[layer])
+
+    def kv_load(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Keys or values read from layer ``layer``'s cache, in the compute dtype."""
+        return x if self.kv_scale is None else dequantize_fp8(x, self.kv_scale[layer], self.dtype)
 
     def slot_tables(self, slots) -> list[list[int]]:
         """Fixed block tables of "slots" (an engine built with ``max_slots``): slot s owns its own run of blocks."""
@@ -468,9 +504,10 @@ class Qwen2Engine(torch.nn.Module):
         attention = _PagedAttention(self, batch.block_tables, starts, lengths)
 
         def attend(i: int, q, k, v):
-            self.cache_k[i][blocks, :, within] = k
-            self.cache_v[i][blocks, :, within] = v
-            return attention(i, q, k, v)
+            k, v = self.kv_store(i, k), self.kv_store(i, v)
+            _as_bytes(self.cache_k[i])[blocks, :, within] = _as_bytes(k)
+            _as_bytes(self.cache_v[i])[blocks, :, within] = _as_bytes(v)
+            return attention(i, q, self.kv_load(i, k), self.kv_load(i, v))
 
         return positions, attend
 
@@ -489,6 +526,7 @@ class Qwen2Engine(torch.nn.Module):
         positions = torch.arange(tokens.shape[0], device=tokens.device)
 
         def attend(i: int, q, k, v):
+            k, v = self.kv_load(i, self.kv_store(i, k)), self.kv_load(i, self.kv_store(i, v))  # as a cache holds them
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                  v.transpose(0, 1)[None], is_causal=True,
                                                  scale=1.0 / math.sqrt(self.head_dim), enable_gqa=True)
@@ -563,7 +601,7 @@ class Qwen2Engine(torch.nn.Module):
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one request's token occupies, over all layers (read once per decode step)."""
-        return 2 * len(self.layers) * self.kv_heads * self.head_dim * self.dtype.itemsize
+        return 2 * len(self.layers) * self.kv_heads * self.head_dim * self.kv_dtype.itemsize
 
 
 class _PagedAttention:
@@ -619,9 +657,10 @@ class _PagedAttention:
             group["mask"] = _additive(keys[None, None, :] <= queries[:, :, None], self.engine.dtype)[:, None]
         return group
 
-    def _gather(self, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        """[rows, W] block ids -> the rows' keys (or values) [rows, kv_heads, W * block_size, D]."""
-        g = cache[tables]  # [rows, W, kv_heads, bs, D]
+    def _gather(self, layer: int, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """[rows, W] block ids -> the rows' keys (or values) of ``layer`` [rows, kv_heads, W * block_size, D], in the
+        compute dtype."""
+        g = self.engine.kv_load(layer, _as_bytes(cache[layer])[tables].view(cache.dtype))  # [rows, W, kv_heads, bs, D]
         return g.transpose(1, 2).reshape(g.shape[0], g.shape[2], -1, g.shape[-1])
 
     def __call__(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -632,7 +671,7 @@ class _PagedAttention:
         scale = 1.0 / math.sqrt(e.head_dim)
         if self.decodes.numel():
             tables = self.tables[self.decodes, : self.decode_blocks]
-            kd, vd = self._gather(e.cache_k[i], tables), self._gather(e.cache_v[i], tables)
+            kd, vd = self._gather(i, e.cache_k, tables), self._gather(i, e.cache_v, tables)
             qd = q[self.decode_tokens][:, :, None]  # [Bd, heads, 1, D]
             o = _masked_attention(qd, kd, vd, self.decode_mask, scale)
             out[self.decode_tokens] = o.reshape(o.shape[0], -1)
@@ -643,8 +682,8 @@ class _PagedAttention:
                 return x[g["pad"]].view(r, w, x.shape[1], x.shape[2]).transpose(1, 2)
 
             if "mask" in g:
-                kg = self._gather(e.cache_k[i], g["tables"])
-                vg = self._gather(e.cache_v[i], g["tables"])
+                kg = self._gather(i, e.cache_k, g["tables"])
+                vg = self._gather(i, e.cache_v, g["tables"])
                 o = _masked_attention(padded(q), kg, vg, g["mask"], scale)
             else:
                 o = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale,
@@ -652,6 +691,16 @@ class _PagedAttention:
             o = o.transpose(1, 2).reshape(r * w, -1)
             out[g["tokens"]] = o[g["real"]]
         return out
+
+
+def _byte_type(dtype: torch.dtype) -> torch.dtype:
+    return torch.uint8 if dtype == torch.float8_e4m3fn else dtype
+
+
+def _as_bytes(x: torch.Tensor) -> torch.Tensor:
+    """An E4M3 tensor as its bytes, for indexing (PyTorch's index kernels do not all take float8 on every device);
+    any other tensor as it is."""
+    return x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
 
 
 def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

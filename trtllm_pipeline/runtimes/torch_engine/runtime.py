@@ -153,7 +153,9 @@ class TorchRuntime(OverlapSteps, Runtime):
         ranks = layout.tp if self.tp_mode == "distributed" else 1
         # On CPU the pool's size is known before the weights load: refuse at once what cannot fit.
         kv_heads = layout.kv_heads_per_rank if ranks > 1 else layout.kv_heads
-        block_bytes = 2 * layout.layers * kv_heads * layout.head_size * compute_dtype.itemsize * kv_block_size
+        kv_itemsize = 1 if layout.kv_cache_quant_algo == "FP8" else compute_dtype.itemsize  # (E4M3: Qwen2Engine)
+        block_bytes = 2 * layout.layers * kv_heads * layout.head_size * kv_itemsize * kv_block_size
+        self.kv_block_bytes = block_bytes  # one block over all layers, one rank: what the pool is sized by
         sizing = dict(device=self.device, block_bytes=block_bytes, block_size=kv_block_size,
                       max_batch_size=max_batch_size, max_seq_len=self.max_seq_len,
                       fraction=kv_cache_free_gpu_mem_fraction, blocks=kv_cache_blocks and kv_cache_blocks + 1,
@@ -180,8 +182,9 @@ class TorchRuntime(OverlapSteps, Runtime):
             self.kv = KVCacheManager(num_blocks, kv_block_size, enable_prefix_cache=enable_kv_cache_reuse)
             self.scheduler = Scheduler(self.kv, max_running=max_batch_size, max_num_tokens=max_num_tokens,
                                        prefill_chunk_tokens=self.prefill_chunk_tokens)
-            log.info("KV pool: %d blocks of %d tokens (%.2f GiB per rank), prefix cache %s", num_blocks - 1,
-                     kv_block_size, num_blocks * block_bytes / 2**30, "on" if enable_kv_cache_reuse else "off")
+            log.info("KV pool: %d blocks of %d tokens (%.2f GiB per rank, %s), prefix cache %s", num_blocks - 1,
+                     kv_block_size, num_blocks * block_bytes / 2**30,
+                     str(self.engine.kv_dtype).removeprefix("torch."), "on" if enable_kv_cache_reuse else "off")
             # speculation: the fast path's largest bucket holds every row's 1 + k tokens (a verify step)
             spec_k = 0 if speculative is None or speculative.method == "none" else speculative.num_draft_tokens
             self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
@@ -310,6 +313,8 @@ class TorchRuntime(OverlapSteps, Runtime):
             "dtype": str(self.engine.dtype).removeprefix("torch."),
             "quant_algo": layout.quant_algo,
             "kv_cache_quant_algo": layout.kv_cache_quant_algo,
+            "kv_cache_dtype": str(self.engine.kv_dtype).removeprefix("torch."),
+            "prefill_chunk_tokens": self.prefill_chunk_tokens,
             "fp8_gemm": gemm,
             "checkpoint_tp": layout.tp,
             "tp_mode": self.tp_mode,

@@ -18,6 +18,10 @@ The new token's key and value are taken from registers rather than from the cach
 depends on another program's write within the launch: the split whose range holds it scores it apart from
 the cached tiles (after them, as if in its last tile), which go from memory (fetched into L2 before the PDL
 wait) straight into the dots.
+
+An FP8 cache (``kv_scale``: the layer's float32 dequantization scale) stores ``x / scale`` saturated to E4M3,
+and every key and value the dots take, the new token's included, is its E4M3 value times the scale rounded to the
+compute dtype: the eager model's ``kv_store`` / ``kv_load``, so the two agree whatever path wrote the cache.
 """
 
 from __future__ import annotations
@@ -56,6 +60,21 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
+def _to_e4m3(x, inv):
+    """``x * inv`` in float32, saturated to +-448, rounded to E4M3 (to nearest, even): the eager ``quantize_fp8``."""
+    return tl.clamp(x.to(tl.float32) * inv, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _from_e4m3(x, scale, UNIT: tl.constexpr, COMPUTE: tl.constexpr):
+    """E4M3 keys or values as the dots take them: times ``scale`` in float32, rounded to the compute dtype (UNIT, a
+    scale of 1: converted straight, which is exact; ModelOpt's scales are 1 unless a layer's keys pass 448)."""
+    if UNIT:
+        return x.to(COMPUTE)
+    return (x.to(tl.float32) * scale).to(COMPUTE)
+
+
+@triton.jit
 def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, rstd, QKV_SPLITS: tl.constexpr,
                 FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
     """The projection output at ``cols`` and at the rotate-half partner columns (its split partials summed, or
@@ -73,7 +92,7 @@ def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, rstd, QKV_SP
 def _decode_attention_kernel(
     qkv_ptr, stride_qs, stride_qb, bias_ptr,
     cos_ptr, sin_ptr, stride_rot,
-    k_cache_ptr, v_cache_ptr, stride_cb, stride_ch, stride_ct,
+    k_cache_ptr, v_cache_ptr, stride_cb, stride_ch, stride_ct, kv_scale_ptr, kv_inv_ptr,
     pos_ptr, slot_ptr, bt_ptr, stride_btb, stride_btj,
     o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
     qk_scale, sq_ptr, hidden, eps,
@@ -81,7 +100,8 @@ def _decode_attention_kernel(
     NORM_BLOCK: tl.constexpr,
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BS: tl.constexpr, COMPUTE: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, KV_FP8: tl.constexpr, KV_UNIT: tl.constexpr, LINE: tl.constexpr,
+    LINES: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -100,7 +120,7 @@ def _decode_attention_kernel(
         for t0 in range(start, end, BLOCK_T):
             t = tl.minimum(t0 + tl.arange(0, BLOCK_T), length - 1)  # 128-byte lines of live rows only
             rows = tl.load(table + (t // BS) * stride_btj) * stride_cb + head + (t % BS) * stride_ct
-            lines = rows[:, None] + tl.arange(0, D // 64)[None, :] * 64
+            lines = rows[:, None] + tl.arange(0, LINES)[None, :] * LINE
             _prefetch_l2(k_cache_ptr + lines)
             _prefetch_l2(v_cache_ptr + lines)
     if PDL:
@@ -138,10 +158,21 @@ def _decode_attention_kernel(
     v, _ = _rope_input(row, stride_qs, bias_ptr, (H + KVH + kvh) * D + d, (H + KVH + kvh) * D + d, all_d, rstd,
                        QKV_SPLITS, FIXED, HAS_BIAS, COMPUTE)
     v = v.to(COMPUTE)
+    k_stored, v_stored = k, v
+    kv_scale = 1.0
+    if KV_FP8:  # stored as E4M3; attended as read back, as every cached key is
+        kv_inv = 1.0
+        if not KV_UNIT:
+            kv_scale = tl.load(kv_scale_ptr)
+            kv_inv = tl.load(kv_inv_ptr)
+        k_stored = _to_e4m3(k, kv_inv)
+        v_stored = _to_e4m3(v, kv_inv)
+        k = _from_e4m3(k_stored, kv_scale, KV_UNIT, COMPUTE)
+        v = _from_e4m3(v_stored, kv_scale, KV_UNIT, COMPUTE)
     if split == 0:
         new_row = tl.load(table + (pos // BS) * stride_btj) * stride_cb + head + (pos % BS) * stride_ct
-        tl.store(k_cache_ptr + new_row + d, k)
-        tl.store(v_cache_ptr + new_row + d, v)
+        tl.store(k_cache_ptr + new_row + d, k_stored)
+        tl.store(v_cache_ptr + new_row + d, v_stored)
 
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
@@ -158,6 +189,8 @@ def _decode_attention_kernel(
         blocks = tl.load(table + (t // BS) * stride_btj, mask=t < end, other=0)
         offs = (blocks * stride_cb + head + (t % BS) * stride_ct)[:, None] + d[None, :]
         kt = tl.load(k_cache_ptr + offs, mask=cached[:, None], other=0.0)
+        if KV_FP8:
+            kt = _from_e4m3(kt, kv_scale, KV_UNIT, COMPUTE)
         s = tl.dot(q, tl.trans(kt)) * qk_scale
         s = tl.where(cached[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -166,6 +199,8 @@ def _decode_attention_kernel(
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = tl.load(v_cache_ptr + offs, mask=cached[:, None], other=0.0)
+        if KV_FP8:
+            vt = _from_e4m3(vt, kv_scale, KV_UNIT, COMPUTE)
         acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), vt)
         m_i = m_new
     # last, as if in the split's last tile: its p against the final maximum, rounded as the tiles' are
@@ -226,7 +261,8 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      o_work: torch.Tensor, lse_work: torch.Tensor, out: torch.Tensor, out_inv: torch.Tensor | None,
                      *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int | None = None,
                      prepared: Prepared | None = None, norm_sumsq: torch.Tensor | None = None, hidden: int = 0,
-                     eps: float = 0.0, pdl: bool = False) -> None:
+                     eps: float = 0.0, pdl: bool = False, kv_scale: torch.Tensor | None = None,
+                     kv_inv: torch.Tensor | None = None, kv_unit: bool = False) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
@@ -237,12 +273,17 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     and ``lse_work``: [B, heads, SPLITS] float32 scratch, whose SPLITS sets the key-range split;
     ``prepared``: attention.dense's INT4 GEMV input, written from ``out`` too (``gemv_input``); ``norm_sumsq``:
     float32 [S'] where the QKV GEMV folded the input RMSNorm in (``gemv_input.NormFold``): its K splits' sums of
-    squares of the ``hidden`` residual values, whose ``1 / sqrt(sum / hidden + eps)`` multiplies the projection.
+    squares of the ``hidden`` residual values, whose ``1 / sqrt(sum / hidden + eps)`` multiplies the projection;
+    ``kv_scale`` / ``kv_inv``: float32 [1], an FP8 cache's dequantization scale for this layer and its inverse
+    (``kv_unit``: both are 1, and the kernel converts without them).
     """
     qkv_partials, fixed = fixed_sum.as_partials(qkv_partials)
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
     assert norm_sumsq is None or batch == 1 and fixed, "the folded norm: one row, the QKV GEMV's accumulators"
     d = k_cache.shape[-1]
+    kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    assert kv_fp8 == (kv_scale is not None and kv_inv is not None), "an FP8 cache comes with its scale"
+    line = 128 // k_cache.element_size()  # elements per 128-byte line (the L2 prefetch's unit)
     splits = o_work.shape[2]
     group = heads // kv_heads
     dt = tl_dtype(compute)
@@ -253,6 +294,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         qkv_partials, qkv_partials.stride(0), qkv_partials.stride(1), bias if bias is not None else qkv_partials,
         cos, sin, cos.stride(0),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        kv_scale if kv_fp8 else o_work, kv_inv if kv_fp8 else o_work,
         positions, table_rows, block_tables, block_tables.stride(0), block_tables.stride(1),
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
         LOG2E / d**0.5, norm_sumsq if norm_sumsq is not None else o_work, hidden, eps,
@@ -261,7 +303,8 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
         SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t,
         BS=k_cache.shape[2], COMPUTE=dt,
-        PDL=pdl, PREFETCH=PREFETCH_KV and pdl,
+        PDL=pdl, PREFETCH=PREFETCH_KV and pdl, KV_FP8=kv_fp8, KV_UNIT=kv_fp8 and kv_unit,
+        LINE=line, LINES=max(1, d // line),
         num_warps=ATTENTION_WARPS, num_stages=stages, launch_pdl=pdl,
     )
     p = prepared

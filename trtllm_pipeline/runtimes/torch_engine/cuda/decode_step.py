@@ -203,6 +203,10 @@ class DecodeStep:
         # Between ranks' collectives the launches are ordinary stream order (not measured with PDL yet).
         self.pdl = self.pdl and self.comm is None
         self.hidden = engine.embedding.shape[1]
+        # an FP8 KV cache's scale and its inverse, one [1] view each per layer (made once: graphs keep pointers)
+        self.kv_scales = [{} if engine.kv_scale is None else
+                          {"kv_scale": engine.kv_scale[i : i + 1], "kv_inv": engine.kv_inv[i : i + 1],
+                           "kv_unit": engine.kv_unit_scale} for i in range(len(engine.layers))]
         self.qkv_width = self.layers[0].qkv.out_features
         self.intermediate = self.layers[0].fc.out_features
         self.vocab = engine.lm_head.shape[0]
@@ -447,7 +451,7 @@ class DecodeStep:
                                            buf.table_rows, buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                            heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                            prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
-                                           hidden=self.hidden, eps=e.eps, pdl=pdl)
+                                           hidden=self.hidden, eps=e.eps, pdl=pdl, **self.kv_scales[i])
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
                                    buf.sums.get("hidden"), clear=buf.sums.get("qkv"))

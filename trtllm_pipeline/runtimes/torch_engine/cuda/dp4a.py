@@ -1,4 +1,4 @@
-"""The integer dot-product instruction that both INT4 GEMVs (quant_gemv, quant_gemv_ws) are built on."""
+"""The integer dot-product instruction that the GEMVs (quant_gemv, quant_gemv_ws, quant_gemv_int8) are built on."""
 
 from __future__ import annotations
 
@@ -7,19 +7,22 @@ import triton.language as tl
 
 
 @triton.jit
-def dp4a(a, b, c, B_SIGNED: tl.constexpr, ASM: tl.constexpr):
-    """``c + sum_i a_i b_i`` over the four bytes of int32 ``a`` (unsigned) and ``b`` (signed or unsigned): one
-    dp4a instruction on the GPU; in Triton's interpreter, which cannot run PTX, the same exact sum from the words'
-    bytes (``_word_bytes``)."""
+def dp4a(a, b, c, B_SIGNED: tl.constexpr, ASM: tl.constexpr, A_SIGNED: tl.constexpr = False):
+    """``c + sum_i a_i b_i`` over the four bytes of int32 ``a`` (unsigned, or A_SIGNED) and ``b`` (signed or
+    unsigned): one dp4a instruction on the GPU; in Triton's interpreter, which cannot run PTX, the same exact sum from
+    the words' bytes (``_word_bytes``)."""
     if ASM:
-        if B_SIGNED:
+        if A_SIGNED:  # (int8 weights against int8 inputs: quant_gemv_int8)
+            c = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        elif B_SIGNED:
             c = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
                                           is_pure=True, pack=1)
         else:
             c = tl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
                                           is_pure=True, pack=1)
     else:
-        c += tl.sum(_word_bytes(a, False) * _word_bytes(b, B_SIGNED), axis=len(a.shape))
+        c += tl.sum(_word_bytes(a, A_SIGNED) * _word_bytes(b, B_SIGNED), axis=len(a.shape))
     return c
 
 

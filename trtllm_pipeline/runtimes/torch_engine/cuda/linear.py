@@ -46,6 +46,7 @@ class LinearConfig:
     swap: bool = False  # with gemm: the weight tile on the MMA's M side, the input rows on its N side
     scale_weights: bool = False  # with gemm: INT4-AWQ's group scale on each weight, not on the tile's dot result
     library: bool = False  # BF16 / FP8 at large batches: cuBLAS (F.linear, torch._scaled_mm), not this module's kernels
+    dp4a8: bool = False  # quant_gemv_int8's dp4a matrix-vector kernel (INT8 SmoothQuant at batch 1)
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, quant_gemv
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, quant_gemv, quant_gemv_int8
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 
@@ -151,6 +151,8 @@ def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, spl
     Otherwise linear.py's tile rule for these layouts: 128 bytes of K per weight row and tile (INT4: 128
     inputs of a packed row pair, so BLOCK_N = 128 output rows are 8 KB per stage like FP8's 64 x 128),
     ~4 programs per SM."""
+    if gemv and quant_gemv_int8.supported(q, m):  # (only where asked: not measured on a GPU yet)
+        return quant_gemv_int8.pick_config(q, sm_count, glu=glu, splits=splits)
     if gemv or (gemv is None and m == 1 and quant_gemv.supported(q, m)):
         return quant_gemv.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n, m=m)
     block_m = max(16, triton.next_power_of_2(m))
@@ -412,6 +414,8 @@ def _launch(x, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: L
     """Launches the kernel; returns Triton's handle of it (registers and spills: the benchmark reports them)."""
     if cfg.gemv:
         return quant_gemv.launch(x, q, q2, out, cfg, compute, pdl, **gemv)
+    if cfg.dp4a8:
+        return quant_gemv_int8.launch(x, q, q2, out, cfg, compute, pdl)
     m, k = x.shape
     assert k == q.k and x.stride(1) == 1
     glu = q2 is not None
