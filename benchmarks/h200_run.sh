@@ -40,7 +40,8 @@
 #                                          # one chunk step (issue 31; SKIP_LONG_PROMPT=1 skips it), then
 #                                          # batch-1 ms/step (SKIP_BATCH1=1 skips it); LOAD_VARIANT=-fp8kv: the
 #                                          # same build with an FP8 KV cache (-load-fp8kv config); PREFILL_CHUNK=N:
-#                                          # the pairs' runs with --prefill-chunk-tokens N
+#                                          # the pairs' runs with --prefill-chunk-tokens N; MAX_BATCH=N: with
+#                                          # --max-batch-size N (rows a step: up to 1024 for BF16 / FP8)
 #   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
 #                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
 #   bash benchmarks/h200_run.sh attention  # the decode attention kernel's BLOCK_T / warps / stages / splits at the
@@ -357,7 +358,8 @@ case "$part" in
       [ "$pair" = none ] && continue
       tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths "$pair" \
         --requests "${REQUESTS:-1000}" ${PREFILL_CHUNK:+--prefill-chunk-tokens "$PREFILL_CHUNK"} \
-        -o "$out/throughput-${pair/\//x}${LOAD_VARIANT:-}${PREFILL_CHUNK:+-chunk$PREFILL_CHUNK}.json"
+        ${MAX_BATCH:+--max-batch-size "$MAX_BATCH"} \
+        -o "$out/throughput-${pair/\//x}${LOAD_VARIANT:-}${PREFILL_CHUNK:+-chunk$PREFILL_CHUNK}${MAX_BATCH:+-rows$MAX_BATCH}.json"
     done
     if [ -z "${SKIP_LONG_PROMPT:-}" ]; then  # issue 31: an 8k prompt may stall the decodes by one chunk step at most
       tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 128/512 \

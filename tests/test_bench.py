@@ -230,6 +230,25 @@ def test_throughput_bench_runs_requests_through_the_scheduler_and_the_shared_pre
     assert bad.returncode == 2 and "INPUT/OUTPUT" in bad.stderr
 
 
+def test_throughput_bench_takes_the_runs_batch_and_prefill_chunk(built, engines_dir, tmp_path):
+    """``--max-batch-size`` and ``--prefill-chunk-tokens`` set the torch runtime's rows a step and prompt tokens a
+    step for this run (the config's build.max_batch_size 8 and runtime.prefill_chunk_tokens 2048 stay in the file):
+    the results say what ran. In-process options only."""
+    built("tiny-qwen2-fp8-tp1")
+    out = tmp_path / "throughput.json"
+    cfg = str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml")
+    proc = run_cli("bench", "--in-process", "--throughput", "-c", cfg, "--engines-dir", str(engines_dir),
+                   "--lengths", "40/3", "--requests", "7", "--max-batch-size", "3", "--prefill-chunk-tokens", "32",
+                   "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["runtime"]["max_batch_size"] == 3 and data["runtime"]["prefill_chunk_tokens"] == 32
+    assert data["runtime"]["kv_pool"]["tokens"] == 3 * 8192  # the CPU's pool: that many sequences of max_seq_len
+    assert data["runs"][0]["output_tokens_total"] == 7 * 3
+    served = run_cli("bench", "-c", cfg, "--engines-dir", str(engines_dir), "--max-batch-size", "3")
+    assert served.returncode == 2 and "go with --in-process" in served.stderr
+
+
 def test_long_prompt_beside_running_decodes_is_prefilled_in_chunks_while_every_decode_keeps_its_token(
         built, engines_dir, tmp_path):
     """Issue 31: a long prompt submitted beside decoding requests takes ceil(prompt / budget) steps, the budget being

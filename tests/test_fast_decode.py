@@ -51,8 +51,9 @@ def test_fast_kernels_give_eager_greedy_tokens_bf16(built):
     assert r["decode_path"].startswith("triton kernels")
     assert r["greedy_fast"] == r["greedy_eager"]
     # Large batches on cuBLAS's linears (decode_step.LIBRARY_MIN_BATCH, 2 here): eager's products exactly, the
-    # attention and norm kernels around them; batch 1 keeps the kernels.
-    assert r["library_configs"] == [True] and r["library_bucket1_kernels"]
+    # attention and norm kernels around them; batch 1 keeps the kernels. Bucket 4 is past graphs.MAX_FAST_ROWS (2
+    # here) and still a fast step: only the one-tile linears bound the rows (graphs.row_limit).
+    assert r["library_configs"] == [True] and r["library_bucket1_kernels"] and r["library_buckets"] == [1, 2, 4]
     assert r["library_greedy"] == r["library_staggered"] == r["greedy_eager"]
     assert r["library_padding_wrote_scratch_only"]
     assert r["library_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["library_vs_eager"] < 0.01
@@ -918,6 +919,24 @@ def test_batch_buckets_and_padding():
     assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
     assert batch_buckets(64, [1, 3, 100]) == [1, 3, 64]  # out-of-range sizes dropped, the maximum kept
     assert batch_buckets(512)[-1] == 256 and batch_buckets(512, [1, 300]) == [1, 256]  # MAX_FAST_ROWS
+    assert batch_buckets(512, limit=1024)[-1] == 512  # where cuBLAS takes every linear of a large step: row_limit
+
+
+def test_steps_past_256_rows_only_where_cublas_takes_every_linear(monkeypatch):
+    """graphs.row_limit: BF16 and FP8 engines on one GPU run steps of up to MAX_LIBRARY_ROWS rows (their linears
+    from LIBRARY_MIN_BATCH rows are cuBLAS's, tiled over the rows); the 4/8-bit formats, whose kernels hold a step's
+    rows in one tile, and tensor-parallel ranks stay at MAX_FAST_ROWS."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import decode_step, graphs
+
+    class Engine:
+        def __init__(self, fmt):
+            self.format = fmt
+
+    assert graphs.row_limit(Engine("fp8"), 1) == graphs.row_limit(Engine("none"), 1) == graphs.MAX_LIBRARY_ROWS
+    assert graphs.row_limit(Engine("fp8"), 2) == graphs.MAX_FAST_ROWS
+    assert all(graphs.row_limit(Engine(f), 1) == graphs.MAX_FAST_ROWS for f in ("int4_awq", "int8_sq", "nvfp4"))
+    monkeypatch.setattr(decode_step, "LIBRARY_MIN_BATCH", 512)  # cuBLAS only past the one-tile limit: no gain
+    assert graphs.row_limit(Engine("fp8"), 1) == graphs.MAX_FAST_ROWS
     assert [bucket_for(n, [1, 2, 4, 8]) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
     with pytest.raises(ValueError, match="exceed"):
         bucket_for(9, [1, 2, 4, 8])

@@ -446,6 +446,9 @@ def _length_pairs(ctx, param, value):
               help="--in-process: prompt tokens the torch runtime prefills per step, in place of the config's "
               "runtime.prefill_chunk_tokens (2048 by default: a short stall for running decodes; up to "
               "build.max_num_tokens for throughput: several prompts a step, their launches shared).")
+@click.option("--max-batch-size", type=click.IntRange(min=1), default=None, metavar="ROWS",
+              help="--in-process, torch runtime: requests decoding together, in place of the config's "
+              "build.max_batch_size (the torch runtime reads it at load; a TensorRT-LLM engine's is built in).")
 @click.option("--speculative", type=click.Choice(["ngram", "draft", "self"]), default=None,
               help="--in-process: plain decoding against speculative decoding (this proposer) on the same runtime and "
               "prompts, per --workload and --batch (default 1): tokens/s, speedup, acceptance length, drafted and "
@@ -494,7 +497,7 @@ def _length_pairs(ctx, param, value):
 @engines_dir_option
 @tp_mode_option
 def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, prefill_chunk_tokens,
-          speculative, num_draft_tokens,
+          max_batch_size, speculative, num_draft_tokens,
           draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, engines_dir, tp_mode) -> None:
@@ -512,8 +515,9 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                                "--throughput -c CFG --lengths 128/512 --long-prompt 8192")
     if (throughput or lengths or shared_prefix) and not (in_process and throughput):
         raise click.UsageError("--lengths and --shared-prefix go with --throughput, and --throughput with --in-process")
-    if (speculative or draft_checkpoint or prefill_chunk_tokens) and not in_process:
-        raise click.UsageError("--speculative, --draft-checkpoint and --prefill-chunk-tokens go with --in-process")
+    if (speculative or draft_checkpoint or prefill_chunk_tokens or max_batch_size) and not in_process:
+        raise click.UsageError("--speculative, --draft-checkpoint, --prefill-chunk-tokens and --max-batch-size go "
+                               "with --in-process")
     if speculative and throughput:
         raise click.UsageError("--speculative and --throughput are separate runs: give one")
     if draft_checkpoint and speculative != "draft":
@@ -522,6 +526,7 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
         if config is None:
             raise click.UsageError("--in-process needs -c CONFIG: it loads that build's engine")
         cfg = load_config(config).with_runtime(tp_mode=tp_mode, prefill_chunk_tokens=prefill_chunk_tokens)
+        cfg = inprocess.with_batch(cfg, engines_dir, max_batch_size)
         if speculative:
             spec_settings = speculative_bench.SpeculativeSettings(
                 method=speculative, num_draft_tokens=num_draft_tokens,

@@ -492,6 +492,14 @@ class BuildConfig(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def with_max_batch_size(self, rows: int) -> "BuildConfig":
+        """This config with ``build.max_batch_size`` ``rows`` (``bench --in-process --max-batch-size``: the torch
+        runtime reads it at load), ``serving.max_batch_size`` lowered to it where above, validated as a file's."""
+        data = self.to_dict()
+        data["build"] = {**data["build"], "max_batch_size": rows}
+        data["serving"] = {**data["serving"], "max_batch_size": min(rows, data["serving"]["max_batch_size"])}
+        return config_from_dict(data, name=self._name, path=self._path)
+
     def with_runtime(self, **settings: Any) -> "BuildConfig":
         """This config with ``runtime`` settings overridden (a command line's ``--tp-mode``), validated
         as the file's would be; None leaves a setting as it is."""

@@ -88,6 +88,19 @@ class InProcessResult:
         return lines
 
 
+def with_batch(cfg: BuildConfig, engines_dir: str | Path, max_batch_size: int | None) -> BuildConfig:
+    """``cfg`` with ``build.max_batch_size`` set for an in-process run of the torch runtime, which reads it at load
+    (``bench --max-batch-size``); a TensorRT-LLM engine has its own built in: InputError."""
+    if max_batch_size is None:
+        return cfg
+    built_for = artifacts.engine_manifest(engines_dir, cfg)["runtime"]
+    if built_for != "torch":
+        raise InputError(f"--max-batch-size sets the torch runtime's batch; {cfg.name} was built for {built_for}, "
+                         f"whose engine has build.max_batch_size {cfg.build.max_batch_size} built in.",
+                         fix="rebuild with another build.max_batch_size, or drop the option")
+    return cfg.with_max_batch_size(max_batch_size)
+
+
 def run_inprocess(cfg: BuildConfig, *, engines_dir: Path, settings: InProcessSettings, output: Path | None = None,
                   progress: Callable[[str], None] = print) -> InProcessResult:
     """Load the build's runtime here and time every batch x context of ``settings``; write the results."""

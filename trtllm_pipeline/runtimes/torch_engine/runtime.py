@@ -224,13 +224,14 @@ class TorchRuntime(OverlapSteps, Runtime):
             log.warning("the fast CUDA decode path is off: %s; decoding eagerly", why)
             return None, f"eager ({why})"
         from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import Unsupported
-        from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import MAX_FAST_ROWS, batch_buckets
+        from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets, row_limit
 
         try:
-            buckets = batch_buckets(self.max_batch_size, sizes)
+            limit = row_limit(self.engine, self.executor.world_size)
+            buckets = batch_buckets(self.max_batch_size, sizes, limit)
             if spec_k and self.executor.world_size == 1:  # one more bucket: a full batch's verify step, or the most
                 # rows a fast step takes (rows with drafts past it verify eagerly: ``_split``)
-                buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), MAX_FAST_ROWS)})
+                buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), limit)})
             decoder = self._prepared_decoder(buckets, graphs)
             if spec_k and hasattr(decoder, "prepare_verify"):  # every verify graph now, not inside generation
                 decoder.prepare_verify()
@@ -254,16 +255,19 @@ class TorchRuntime(OverlapSteps, Runtime):
         """The executor's fast decoder over ``buckets``, and on one CUDA device ``FAST_PREFILL_BUCKETS`` too (short
         prompts' rows, ``_split``); where those larger steps cannot be prepared for this engine (a kernel's tile past
         the device's shared memory), the decode buckets alone, said in the log."""
-        extra = sorted(set(FAST_PREFILL_BUCKETS) - set(buckets))
-        if not (extra and self.executor.world_size == 1 and self.device.type == "cuda" and fast_prefill_enabled()):
+        if not (self.executor.world_size == 1 and self.device.type == "cuda" and fast_prefill_enabled()):
             return self.executor.fast_decoder(buckets, graphs)
+        extra = sorted(set(FAST_PREFILL_BUCKETS) - set(buckets))
+        # the verify steps a short prompt's rows take: those buckets, and past them the largest (a loaded engine's
+        # prompt beside hundreds of decodes), captured now, not in the first served request's (or a timed run's) step
+        verify = sorted(set(FAST_PREFILL_BUCKETS) | {b for b in buckets[-1:] if b > max(FAST_PREFILL_BUCKETS)})
         try:
             decoder = self.executor.fast_decoder(sorted(buckets + extra), graphs)
-            decoder.prepare_verify(extra)  # their verify graphs now, not in the first served request's step
+            decoder.prepare_verify(verify)
             return decoder
         except Exception as exc:  # noqa: BLE001 - any failure of the extra buckets: decode as before, and say so
             log.warning("the fast path cannot take %s rows a step for this engine (%s: %s); short prompts prefill "
-                        "eagerly", extra, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip()
+                        "eagerly", sorted(set(extra) | set(verify)), type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip()
                         else "")
             torch.cuda.empty_cache()
             return self.executor.fast_decoder(buckets, graphs)
@@ -315,6 +319,7 @@ class TorchRuntime(OverlapSteps, Runtime):
             "kv_cache_quant_algo": layout.kv_cache_quant_algo,
             "kv_cache_dtype": str(self.engine.kv_dtype).removeprefix("torch."),
             "prefill_chunk_tokens": self.prefill_chunk_tokens,
+            "max_batch_size": self.max_batch_size,
             "fp8_gemm": gemm,
             "checkpoint_tp": layout.tp,
             "tp_mode": self.tp_mode,

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from trtllm_pipeline.runtimes.torch_engine.cuda import decode_step
 from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep, StepBuffers
 
 log = logging.getLogger(__name__)
@@ -28,12 +29,23 @@ log = logging.getLogger(__name__)
 # two accumulators and operand stages need 240 KiB of shared memory where Hopper has 227 (seen on the H200: a
 # speculative verify bucket of 32 x 9 rows). More rows than this run eagerly.
 MAX_FAST_ROWS = 256
+# ... unless every linear of a step that large runs on cuBLAS (BF16 / FP8 on one GPU from
+# ``decode_step.LIBRARY_MIN_BATCH`` rows), tiled over the rows, with the per-row attention and norm kernels around it:
+# then this many (a loaded engine's batch; its KV pool, not the kernels, bounds it).
+MAX_LIBRARY_ROWS = 1024
 
 
-def batch_buckets(max_batch_size: int, sizes: Sequence[int] | None = None) -> list[int]:
+def row_limit(engine, world_size: int) -> int:
+    """The most rows a fast step of ``engine`` takes: ``MAX_LIBRARY_ROWS`` where its large steps' linears are all
+    cuBLAS's (BF16 or FP8 weights, one rank), else ``MAX_FAST_ROWS``."""
+    library = world_size == 1 and getattr(engine, "format", None) in ("none", "fp8")
+    return MAX_LIBRARY_ROWS if library and decode_step.LIBRARY_MIN_BATCH <= MAX_FAST_ROWS else MAX_FAST_ROWS
+
+
+def batch_buckets(max_batch_size: int, sizes: Sequence[int] | None = None, limit: int = MAX_FAST_ROWS) -> list[int]:
     """The batch sizes to capture: ``sizes`` if given, else powers of two, always up to the maximum (at most
-    ``MAX_FAST_ROWS``)."""
-    top = min(max_batch_size, MAX_FAST_ROWS)
+    ``limit``: ``row_limit``)."""
+    top = min(max_batch_size, limit)
     if sizes:
         chosen = {int(s) for s in sizes if 1 <= int(s) <= top}
     else:
