@@ -16,8 +16,8 @@
 #                                          # at batch 1/8/16 by kernel choice)
 #   bash benchmarks/h200_run.sh int4_rows  # random 7B INT4-AWQ build: bench --in-process at batch 1/8/16, the
 #                                          # several-row GEMV's switch off and on (TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS)
-#   bash benchmarks/h200_run.sh int8_gemv  # random 7B INT8-SQ build: bench --in-process at batch 1 and 8, the dp4a
-#                                          # GEMV's switch off and on (TRTLLM_PIPELINE_INT8_GEMV)
+#   bash benchmarks/h200_run.sh int8_gemv  # random 7B INT8-SQ and INT8-WO builds: bench --in-process at batch 1 and 8,
+#                                          # the dp4a GEMV's switch off and on (TRTLLM_PIPELINE_INT8_GEMV)
 #   bash benchmarks/h200_run.sh smollm2    # the real SmolLM2-135M-Instruct (issue 33): per SMOLLM2_FORMATS (default
 #                                          # "bf16 fp8 int4-awq"): quantize + build, its answer to a question, and
 #                                          # bench --in-process at batch 1 (the fast path's ms/step). Needs the wheels
@@ -40,8 +40,9 @@
 #                                          # one chunk step (issue 31; SKIP_LONG_PROMPT=1 skips it), then
 #                                          # batch-1 ms/step (SKIP_BATCH1=1 skips it); LOAD_VARIANT=-fp8kv: the
 #                                          # same build with an FP8 KV cache (-load-fp8kv config); PREFILL_CHUNK=N:
-#                                          # the pairs' runs with --prefill-chunk-tokens N; MAX_BATCH=N: with
-#                                          # --max-batch-size N (rows a step: up to 1024 for BF16 / FP8)
+#                                          # the pairs' runs with --prefill-chunk-tokens N; MAX_BATCHES="256 512":
+#                                          # each pair at each --max-batch-size (rows a step: up to 1024 for BF16 /
+#                                          # FP8); CLEAN=1: the build removed after the part
 #   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
 #                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
 #   bash benchmarks/h200_run.sh attention  # the decode attention kernel's BLOCK_T / warps / stages / splits at the
@@ -83,6 +84,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 engines=/tmp/engines
 tp() { python3 -m trtllm_pipeline "$@"; }
 config() { echo "build_configs/r1-distill-qwen-7b-random-$1-tp1.yaml"; }
+# CLEAN=1: a part's 7B build removed when the part is done (the machine's 64 GiB disk holds the random model and
+# about three builds; a queue of many parts asks for it on the builds no later part reads)
+clean() { [ -n "${CLEAN:-}" ] && rm -rf "$engines/$(basename "$1" .yaml)" && echo "removed the build of $1"; return 0; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv | tee "$out/gpu.csv"
 
 case "$part" in
@@ -295,13 +299,16 @@ case "$part" in
       TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=$rows tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,16 \
         --context 2048 --output-tokens 256 -o "$out/inprocess-int4-awq-gemv-rows-$rows.json"
     done ;;
-  int8_gemv)  # INT8 SmoothQuant at batch 1 on quant_gemv_int8's dp4a GEMV: the random 7B INT8-SQ build in-process at
-    # batch 1 (context 128 and 2048) and 8, the tensor-core kernel (the switch off) against the GEMV (on)
-    c=$(config int8-sq)
-    tp build -c "$c" --engines-dir "$engines"
-    for on in 0 1; do
-      TRTLLM_PIPELINE_INT8_GEMV=$on tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8 \
-        --context 128,2048 --output-tokens 256 -o "$out/inprocess-int8-sq-gemv-$on.json"
+  int8_gemv)  # INT8 at batch 1 on quant_gemv_int8's dp4a GEMV: the random 7B INT8-SQ and INT8-WO builds (INT8_FORMATS)
+    # in-process at batch 1 (context 128 and 2048) and 8, today's kernels (the switch off) against the GEMV (on)
+    for variant in ${INT8_FORMATS:-int8-sq int8-wo}; do
+      c=$(config "$variant")
+      tp build -c "$c" --engines-dir "$engines"
+      for on in 0 1; do
+        TRTLLM_PIPELINE_INT8_GEMV=$on tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8 \
+          --context 128,2048 --output-tokens 256 -o "$out/inprocess-$variant-gemv-$on.json"
+      done
+      clean "$c"
     done ;;
   smollm2)
     for variant in ${SMOLLM2_FORMATS:-bf16 fp8 int4-awq}; do
@@ -354,12 +361,15 @@ case "$part" in
     c=$(config fp8)
     c=${c%.yaml}-load${LOAD_VARIANT:-}.yaml
     tp build -c "$c" --engines-dir "$engines"
-    for pair in ${LENGTHS:-128/2048 500/2000 1000/1000 2048/2048 2048/128}; do
-      [ "$pair" = none ] && continue
-      tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths "$pair" \
-        --requests "${REQUESTS:-1000}" ${PREFILL_CHUNK:+--prefill-chunk-tokens "$PREFILL_CHUNK"} \
-        ${MAX_BATCH:+--max-batch-size "$MAX_BATCH"} \
-        -o "$out/throughput-${pair/\//x}${LOAD_VARIANT:-}${PREFILL_CHUNK:+-chunk$PREFILL_CHUNK}${MAX_BATCH:+-rows$MAX_BATCH}.json"
+    for rows in ${MAX_BATCHES:-config}; do  # MAX_BATCHES="256 512": each pair at each, --max-batch-size
+      batch=()
+      [ "$rows" = config ] || batch=(--max-batch-size "$rows")
+      for pair in ${LENGTHS:-128/2048 500/2000 1000/1000 2048/2048 2048/128}; do
+        [ "$pair" = none ] && continue
+        tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths "$pair" \
+          --requests "${REQUESTS:-1000}" ${PREFILL_CHUNK:+--prefill-chunk-tokens "$PREFILL_CHUNK"} "${batch[@]}" \
+          -o "$out/throughput-${pair/\//x}${LOAD_VARIANT:-}${PREFILL_CHUNK:+-chunk$PREFILL_CHUNK}${batch:+-rows$rows}.json"
+      done
     done
     if [ -z "${SKIP_LONG_PROMPT:-}" ]; then  # issue 31: an 8k prompt may stall the decodes by one chunk step at most
       tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 128/512 \
@@ -368,7 +378,8 @@ case "$part" in
     if [ -z "${SKIP_BATCH1:-}" ]; then  # paging must cost nothing at batch 1 (before: FP8 2.62-2.75 ms/step)
       tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1 --context 128,2048 --output-tokens 256 \
         -o "$out/inprocess-fp8-batch1-paged${LOAD_VARIANT:-}.json"
-    fi ;;
+    fi
+    clean "$c" ;;
   probe)  # where a loaded step's time goes (benchmarks/throughput_probe.py): progress lines, a profiler trace
     c=$(config fp8)
     c=${c%.yaml}-load.yaml

@@ -100,7 +100,10 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
     glu_want = F.silu(fc).to(dtype).float() * gate
     row["glu"] = errors(act, glu_want)
     row["glu_eager_bf16"] = errors(F.silu(lin(x)) * lin2(x), glu_want)
-    if cfg.dp4a8:  # the same int32 sums as quant_linear's tensor-core kernel: its partials and GLU, exactly
+    if cfg.dp4a8 and fmt == "int8_wo":  # against the input as its int16 block floating point stands for it
+        planes_x = gemv_input.reference(reference_input(lin32, x), 16)
+        row["kernel_vs_prepared"] = errors(out.sum(0), planes_x @ lin._dequantize().t())
+    elif cfg.dp4a8:  # the same int32 sums as quant_linear's tensor-core kernel: its partials and GLU, exactly
         # (the dot kernel at the GEMV's K tile and splits: each split's K range, and so its int32 sum, is the same)
         dot_cfg = dataclasses.replace(quant_linear.pick_config(q, m, sm_count=4, gemv=False), block_k=cfg.block_k,
                                       splits=cfg.splits)
@@ -140,6 +143,9 @@ def main() -> None:
     rows.append(case("int8_sq", 1, 90, 160, 32, splits=2, gemv=True))
     rows.append(case("int8_sq", 1, 64, 512, 32, splits=1, gemv=True))
     rows.append(case("int8_sq", 1, 130, 1000, 32, splits=3, gemv=True, dtype=torch.float16))
+    # ... and weight-only, its input as int16 block floating point: per channel, and two scale slices of 256
+    rows.append(case("int8_wo", 1, 90, 512, 512, splits=2, gemv=True))
+    rows.append(case("int8_wo", 1, 130, 512, 256, splits=1, gemv=True, slices=2, dtype=torch.float16))
     print(json.dumps(rows))
 
 

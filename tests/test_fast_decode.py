@@ -125,9 +125,15 @@ def test_quant_kernels_match_the_dequantized_reference():
     rows = _interpreted(None, "quant_kernel_check.py")
     assert {r["fmt"] for r in rows} == {"int4_awq", "w4a8_awq", "int8_sq", "int8_wo"}
     assert {r["gemv"] for r in rows if r["fmt"] == "int4_awq" and r["m"] == 1} == {True, False}
-    # INT8 SmoothQuant's dp4a GEMV (M = 1, asked for): the tensor-core kernel's partials and GLU bit for bit
+    # The INT8 dp4a GEMV (M = 1, asked for): SmoothQuant's partials and GLU bit for bit the tensor-core kernel's;
+    # weight-only exact against its input's int16 block floating point, as the INT4 GEMV is
     dp4a8 = [r for r in rows if r["dp4a8"]]
-    assert len(dp4a8) == 3 and all(r["equals_dot_kernel"] for r in dp4a8), dp4a8
+    assert sorted(r["fmt"] for r in dp4a8) == ["int8_sq"] * 3 + ["int8_wo"] * 2, dp4a8
+    for r in dp4a8:
+        if r["fmt"] == "int8_sq":
+            assert r["equals_dot_kernel"], r
+        else:
+            assert r["kernel_vs_prepared"]["rel"] < 1e-6 and r["kernel"]["rel"] < 0.1 * r["eager_bf16"]["rel"], r
     for r in rows:
         exact = r["tile_scale"] or r["fmt"] in ("w4a8_awq", "int8_sq")
         bound = 5e-5 if r["dtype"] == "float16" else 1e-5
@@ -600,17 +606,17 @@ def _gemv_sass(args: list[str]) -> dict:
 
 
 def test_int8_gemv_compiles_for_hopper_at_a_quarter_dp4a_per_weight():
-    """INT8 SmoothQuant's batch-1 GEMV (quant_gemv_int8) compiled for sm_90 on this CPU machine at the 7B's
-    divisibility: per weight its K loop spends a quarter of a dp4a (IDP.4A: a word of 4 weights against 4 inputs) and
-    under one instruction in all, loads 16 bytes at a time (8 loads a thread for its 64 x 256 tile, 2 for the input
-    tile), no spills; the GLU (fc and gate) the same per weight, within 192 registers."""
-    for args, registers in (([], 128), (["--glu"], 192)):
-        r = _gemv_sass(["--int8", "--block-n", "64", "--block-k", "256", "--stages", "3", *args])
-        per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "LDG")}
-        assert per_weight["IDP"] == 0.25, r
-        assert r["mix"]["LDG"] * r["threads"] * 16 >= r["weights"], r  # 16-byte weight loads (and the input's few)
-        assert r["loop_per_thread"] * r["threads"] / r["weights"] < 1.0, r
-        assert r["local_memory_ops"] == 0 and r["registers"] <= registers, r
+    """INT8's batch-1 GEMV (quant_gemv_int8) compiled for sm_90 on this CPU machine at the 7B's divisibility:
+    SmoothQuant's K loop spends a quarter of a dp4a per weight (IDP.4A: a word of 4 weights against 4 inputs) and
+    under one instruction in all; weight-only half a dp4a (its input's two byte planes) and under 2 in all; both
+    load 16 bytes at a time, no spills; the GLUs (fc and gate) the same per weight, within 192 registers."""
+    for fmt, idp, most in (("int8_sq", 0.25, 1.0), ("int8_wo", 0.5, 2.0)):
+        for args, registers in (([], 128), (["--glu"], 192)):
+            r = _gemv_sass(["--int8", fmt, "--block-n", "64", "--block-k", "256", "--stages", "3", *args])
+            assert r["mix"]["IDP"] * r["threads"] / r["weights"] == idp, (fmt, r)
+            assert r["mix"]["LDG"] * r["threads"] * 16 >= r["weights"], (fmt, r)  # 16-byte weight loads
+            assert r["loop_per_thread"] * r["threads"] / r["weights"] < most, (fmt, r)
+            assert r["local_memory_ops"] == 0 and r["registers"] <= registers, (fmt, r)
 
 
 def test_int4_gemv_compiles_for_hopper_at_half_a_dp4a_per_weight():
@@ -798,14 +804,16 @@ def test_fast_kernels_match_eager_accuracy_int8_sq(built):
 
 
 @pytest.mark.slow
-def test_int8_sq_batch_1_takes_the_dp4a_gemv_when_switched_on(built, monkeypatch):
-    """TRTLLM_PIPELINE_INT8_GEMV=1: INT8 SmoothQuant's linears at batch 1 (every bucket-1 step of the continuous
-    batching part) run quant_gemv_int8's dp4a GEMV, whose int32 sums are the tensor-core kernel's (its splits' float
-    partials summed in another grouping): the same tokens as without the switch, within the bounds above."""
+@pytest.mark.parametrize("fmt", ["int8-sq", "int8-wo"])
+def test_int8_batch_1_takes_the_dp4a_gemv_when_switched_on(built, monkeypatch, fmt):
+    """TRTLLM_PIPELINE_INT8_GEMV=1: INT8 linears at batch 1 (every bucket-1 step of the continuous batching part) run
+    quant_gemv_int8's dp4a GEMV: SmoothQuant's int32 sums are the tensor-core kernel's (its splits' float partials
+    summed in another grouping), weight-only's input is int16 block floating point (2^-15 of a block's largest):
+    the tokens of the steps without it, within the bounds above."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_int8
 
     monkeypatch.setenv(quant_gemv_int8.ENV, "1")
-    r = _interpreted(_checkpoint(built, "tiny-qwen2-int8-sq-tp1"), parts=("greedy",))
+    r = _interpreted(_checkpoint(built, f"tiny-qwen2-{fmt}-tp1"), parts=("greedy",))
     assert r["int8_gemv_buckets"] == [1], r["int8_gemv_buckets"]
     assert r["staggered_fast"] == r["greedy_fast"] and r["argmax_equal"]
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.1

@@ -11,7 +11,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --tma --glu --block-n 64 --splits 1 --stages 3     # the copy-engine GLU
     python tools/gemv_sass.py --ws --glu --block-n 64 --splits 1 --stages 3      # Hopper's (warp-specialized)
     python tools/gemv_sass.py --rows 8 --block-n 64                              # batch 2-16's, 8 input rows
-    python tools/gemv_sass.py --int8 --block-n 64 --block-k 256 --stages 3       # INT8 SmoothQuant's (quant_gemv_int8)
+    python tools/gemv_sass.py --int8 int8_sq --block-n 64 --block-k 256 --stages 3   # INT8's (quant_gemv_int8)
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -115,11 +115,12 @@ def compile_ws(block_n: int, glu: bool, splits: int, stages: int, tiled: bool = 
                           options={"num_warps": 4, "maxnreg": quant_gemv_ws.MAX_REGISTERS})
 
 
-def compile_int8(block_n: int, block_k: int, glu: bool, warps: int, stages: int):
-    """quant_gemv_int8's kernel (INT8 SmoothQuant at batch 1) at the 7B's divisibility."""
+def compile_int8(fmt: str, block_n: int, block_k: int, glu: bool, warps: int, stages: int):
+    """quant_gemv_int8's kernel (INT8 SmoothQuant or weight-only at batch 1) at the 7B's divisibility."""
     fn = quant_gemv_int8._int8_gemv_kernel
-    consts = dict(HAS_PQS=True, GLU=glu, EVEN=True, COMPUTE=tl.bfloat16, BLOCK_N=block_n, BLOCK_K=block_k, ASM=True,
-                  PDL=True)
+    sq = fmt == "int8_sq"
+    consts = dict(A8=sq, HAS_PQS=sq, GLU=glu, EVEN=True, COMPUTE=tl.bfloat16, BLOCK_N=block_n, BLOCK_K=block_k,
+                  ASM=True, PDL=True)
     pointers = {"w_ptr": "*i32", "w2_ptr": "*i32", "s_ptr": "*fp32", "s2_ptr": "*fp32", "aq_ptr": "*fp32",
                 "aq2_ptr": "*fp32", "out_ptr": "*bf16" if glu else "*fp32"}
     sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr") else "i32"
@@ -176,11 +177,12 @@ def main() -> None:
     ap.add_argument("--scales32", action="store_true", help="with --ws: float32 scales (SCALES_16BIT off)")
     ap.add_argument("--splits", type=int, default=28, help="K splits (> 1: the last program per row tile sums them)")
     ap.add_argument("--rows", type=int, default=0, help="the several-row kernel for this many input rows (2-16)")
-    ap.add_argument("--int8", action="store_true", help="INT8 SmoothQuant's GEMV (quant_gemv_int8), --stages deep")
+    ap.add_argument("--int8", choices=("int8_sq", "int8_wo"), default=None,
+                    help="INT8's GEMV (quant_gemv_int8) for this format, --stages deep")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.int8:
-        kernel = compile_int8(a.block_n, a.block_k, a.glu, a.warps, a.stages)
+        kernel = compile_int8(a.int8, a.block_n, a.block_k, a.glu, a.warps, a.stages)
     elif a.rows:
         kernel = compile_rows(a.rows, a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits)
     elif a.ws:

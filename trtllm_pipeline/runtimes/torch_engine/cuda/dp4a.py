@@ -12,8 +12,11 @@ def dp4a(a, b, c, B_SIGNED: tl.constexpr, ASM: tl.constexpr, A_SIGNED: tl.conste
     unsigned): one dp4a instruction on the GPU; in Triton's interpreter, which cannot run PTX, the same exact sum from
     the words' bytes (``_word_bytes``)."""
     if ASM:
-        if A_SIGNED:  # (int8 weights against int8 inputs: quant_gemv_int8)
+        if A_SIGNED and B_SIGNED:  # (int8 weights against int8 inputs, or a high-byte plane: quant_gemv_int8)
             c = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        elif A_SIGNED:  # (int8 weights against a low-byte plane)
+            c = tl.inline_asm_elementwise("dp4a.s32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
                                           is_pure=True, pack=1)
         elif B_SIGNED:
             c = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,

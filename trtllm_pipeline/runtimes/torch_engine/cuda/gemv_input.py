@@ -90,9 +90,9 @@ def empty(batch: int, k: int, block: int, pqs: torch.Tensor | None, device) -> P
 
 
 @triton.jit
-def store_planes(v, k0, K, dst, BLOCK: tl.constexpr, XB: tl.constexpr):
-    """Write inputs ``k0 .. k0 + BLOCK - 1`` of one row: ``v`` [BLOCK] float32 (zero past K), ``dst`` the row's
-    first word; ``k0`` and BLOCK are multiples of XB."""
+def planes(v, BLOCK: tl.constexpr, XB: tl.constexpr):
+    """``v`` [BLOCK] float32 as int16 block floating point: the high-byte and low-byte planes [BLOCK / 4] (four
+    inputs a word), each block's sum of x_int and its 2^E [BLOCK / XB] (float32)."""
     NB: tl.constexpr = BLOCK // XB
     WB: tl.constexpr = BLOCK // 4
     vb = tl.reshape(v, (NB, XB))
@@ -106,7 +106,17 @@ def store_planes(v, k0, K, dst, BLOCK: tl.constexpr, XB: tl.constexpr):
     # bytes into words: the shifted bytes do not overlap, so their sum is their OR (int32 sums wrap)
     xh = tl.sum((tl.reshape(xi >> 8, (WB, 4)) & 0xFF) << sh, axis=1)
     xl = tl.sum((tl.reshape(xi, (WB, 4)) & 0xFF) << sh, axis=1)
-    c = -8 * tl.sum(xi, axis=1)
+    return xh, xl, tl.sum(xi, axis=1), step
+
+
+@triton.jit
+def store_planes(v, k0, K, dst, BLOCK: tl.constexpr, XB: tl.constexpr):
+    """Write inputs ``k0 .. k0 + BLOCK - 1`` of one row: ``v`` [BLOCK] float32 (zero past K), ``dst`` the row's
+    first word; ``k0`` and BLOCK are multiples of XB."""
+    NB: tl.constexpr = BLOCK // XB
+    WB: tl.constexpr = BLOCK // 4
+    xh, xl, total, step = planes(v, BLOCK, XB)
+    c = -8 * total
     rw = k0 // 4 + tl.arange(0, WB)
     rb = k0 // XB + tl.arange(0, NB)
     w_ok = rw < K // 4

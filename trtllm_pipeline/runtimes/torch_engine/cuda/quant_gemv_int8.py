@@ -1,4 +1,4 @@
-"""INT8 SmoothQuant at batch 1: a matrix-vector product with the integer dot-product instruction.
+"""INT8 weights at batch 1 (SmoothQuant and weight-only): a matrix-vector product with the integer dot-product instruction.
 
 quant_linear's kernel multiplies int8 x int8 on the tensor cores, the one input row padded to 16 and every padding
 row quantized with it; on the H200 its SmoothQuant linears streamed at 1.7-2.5 TB/s where FP8's streamed the same
@@ -13,6 +13,12 @@ bytes at 2.1-3.4 (docs/perf-notes.md: the 7B step 3.40 ms against FP8's 2.42). H
 * Each program's int32 sum over its K range is exact (|w x| <= 2^14, K < 2^17); its row's ``activation step x weight
   scale[n]`` multiplies it once, into the same float32 split-K partials as quant_linear's (or, for mlp.fc + mlp.gate,
   ``silu(fc) * gate`` in the compute dtype, K not split).
+
+Weight-only (W8A16) takes the INT4 GEMV's input form instead, made in the program from its tile: int16 block floating
+point, one power of two per 16 inputs, as a signed high-byte and an unsigned low-byte plane (``gemv_input.planes``):
+per block and row, 4 dp4a over the high plane, shifted by 8 bits, carry into 4 over the low plane (``sum w x_int``
+exactly, < 2^26), then one conversion and one multiply-add by ``2^E x scale[n]``; half a dp4a per weight. The input's
+int16 rounding (at 2^-15 of each block's largest) is the only difference from float32 ``x @ W^T``, as for INT4.
 
 Not measured on a GPU yet: the decode step takes it only under ``ENV`` (``TRTLLM_PIPELINE_INT8_GEMV=1``); the H200
 queue times the step both ways. Triton's interpreter cannot run PTX: there ``dp4a`` is the same sum from shifts.
@@ -29,6 +35,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
+from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import planes
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
@@ -41,14 +48,18 @@ def forced() -> bool:
     quant_gemm's choice)."""
     value = os.environ.get(ENV, "0").strip()
     if value not in ("0", "1", ""):
-        raise InputError(f"{ENV}={value!r}: 1 takes the INT8 SmoothQuant GEMV at batch 1, 0 leaves it off.",
+        raise InputError(f"{ENV}={value!r}: 1 takes the INT8 GEMV at batch 1, 0 leaves it off.",
                          fix=f"set {ENV} to 0 or 1, or unset it")
     return value == "1"
 
 
 def supported(q, m: int) -> bool:
-    """SmoothQuant weights at one input row, whose rows are whole int32 words."""
-    return q.fmt == "int8_sq" and m == 1 and q.k % 4 == 0
+    """INT8 weights at one input row, whose rows are whole int32 words; weight-only: whole 16-input blocks, each K
+    tile inside one scale group (per channel: the group is K), and no pre-quant scale (ModelOpt's export has none)."""
+    if m != 1 or q.k % 4:
+        return False
+    one_group = q.group == q.k or q.group % BLOCK_K == 0
+    return q.fmt == "int8_sq" or q.fmt == "int8_wo" and q.k % 16 == 0 and one_group and q.pqs is None
 
 
 def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = None) -> LinearConfig:
@@ -92,14 +103,47 @@ def _word_sums(w_ptr, words, rn, n_ok, w0, KW_ALL, stride_wn, xw, acc, EVEN: tl.
 
 
 @triton.jit
+def _quarters(t):
+    """The 4 entries of the last axis of ``t`` [A, B, 4] as 4 [A, B] (a thread holds them: one 16-byte load)."""
+    t02, t13 = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    t0, t2 = tl.split(t02)
+    t1, t3 = tl.split(t13)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _block_sums(w_ptr, words, rn, n_ok, w0, KW_ALL, stride_wn, xh, xl, EVEN: tl.constexpr, ASM: tl.constexpr,
+                BLOCK_N: tl.constexpr, NB: tl.constexpr):
+    """Weight-only: per row and 16-input block, ``sum w x_int`` in int32 [BLOCK_N, NB] over one tile (the high
+    plane's chain shifted by 8 bits carries the low plane's)."""
+    wb = w0 + words
+    w_ptrs = w_ptr + rn[:, None] * stride_wn + wb[None, :]
+    if EVEN:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & (wb < KW_ALL)[None, :], other=0)
+    w0_, w1_, w2_, w3_ = _quarters(tl.reshape(w, (BLOCK_N, NB, 4)))
+    h0, h1, h2, h3 = _quarters(tl.reshape(xh, (1, NB, 4)))
+    l0, l1, l2, l3 = _quarters(tl.reshape(xl, (1, NB, 4)))
+    a = dp4a(w3_, h3, dp4a(w2_, h2, dp4a(w1_, h1, dp4a(w0_, h0, tl.zeros((BLOCK_N, NB), dtype=tl.int32), True, ASM,
+                                                     A_SIGNED=True), True, ASM, A_SIGNED=True), True, ASM,
+                                   A_SIGNED=True), True, ASM, A_SIGNED=True)
+    a = a << 8
+    return dp4a(w3_, l3, dp4a(w2_, l2, dp4a(w1_, l1, dp4a(w0_, l0, a, False, ASM, A_SIGNED=True), False, ASM,
+                                            A_SIGNED=True), False, ASM, A_SIGNED=True), False, ASM, A_SIGNED=True)
+
+
+@triton.jit
 def _int8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, pqs_ptr, aq_ptr, w2_ptr, s2_ptr, pqs2_ptr, aq2_ptr, out_ptr,
-    N, K, k_iters_per_split, stride_wn, stride_os,
-    HAS_PQS: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+    N, K, k_iters_per_split, stride_wn, stride_os, stride_sg, GROUP,
+    A8: tl.constexpr, HAS_PQS: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr, COMPUTE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Split-K partials of ``x W^T`` for one input row (or, GLU, ``silu(x W^T) * (x W2^T)`` unsplit)."""
+    """Split-K partials of ``x W^T`` for one input row (or, GLU, ``silu(x W^T) * (x W2^T)`` unsplit): SmoothQuant
+    (A8) or weight-only."""
     KW: tl.constexpr = BLOCK_K // 4
+    NB: tl.constexpr = BLOCK_K // 16
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -110,21 +154,41 @@ def _int8_gemv_kernel(
     rk = tl.arange(0, BLOCK_K)
     words = tl.arange(0, KW)
     k0 = pid_s * k_iters_per_split * BLOCK_K
-    acc = tl.zeros((BLOCK_N, KW), dtype=tl.int32)
-    acc2 = tl.zeros((BLOCK_N, KW), dtype=tl.int32)
+    if A8:  # each word's running int32 sum
+        acc = tl.zeros((BLOCK_N, KW), dtype=tl.int32)
+        acc2 = tl.zeros((BLOCK_N, KW), dtype=tl.int32)
+    else:  # each 16-input block's float32 sum, its power of two and the tile's scale applied
+        acc = tl.zeros((BLOCK_N, NB), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_N, NB), dtype=tl.float32)
     for i in range(k_iters_per_split):
         k_tile = k0 + i * BLOCK_K
         kk = k_tile + rk
         k_ok = kk < K
-        xw = _input_words(x_ptr, pqs_ptr, aq_ptr, kk, k_ok, HAS_PQS, COMPUTE, KW)
-        acc = _word_sums(w_ptr, words, rn, n_ok, k_tile // 4, K // 4, stride_wn, xw, acc, EVEN, ASM)
-        if GLU:
-            xw2 = _input_words(x_ptr, pqs2_ptr, aq2_ptr, kk, k_ok, HAS_PQS, COMPUTE, KW)
-            acc2 = _word_sums(w2_ptr, words, rn, n_ok, k_tile // 4, K // 4, stride_wn, xw2, acc2, EVEN, ASM)
-    # the activation step x weight scale[n], one multiplier per row (QuantWeight.of), as quant_linear's epilogue
-    y = tl.sum(acc, axis=1).to(tl.float32) * tl.load(s_ptr + rn, mask=n_ok, other=0.0)
-    if GLU:
+        if A8:
+            xw = _input_words(x_ptr, pqs_ptr, aq_ptr, kk, k_ok, HAS_PQS, COMPUTE, KW)
+            acc = _word_sums(w_ptr, words, rn, n_ok, k_tile // 4, K // 4, stride_wn, xw, acc, EVEN, ASM)
+            if GLU:
+                xw2 = _input_words(x_ptr, pqs2_ptr, aq2_ptr, kk, k_ok, HAS_PQS, COMPUTE, KW)
+                acc2 = _word_sums(w2_ptr, words, rn, n_ok, k_tile // 4, K // 4, stride_wn, xw2, acc2, EVEN, ASM)
+        else:
+            x = tl.load(x_ptr + kk, mask=k_ok, other=0.0)  # (weight-only: no pre-quant scale, ``supported``)
+            g = k_tile // GROUP  # the tile's scale group (supported: a tile lies in one)
+            xh, xl, _, step = planes(tl.where(k_ok, x.to(tl.float32), 0.0), BLOCK_K, 16)
+            s = tl.load(s_ptr + g * stride_sg + rn, mask=n_ok, other=0.0)
+            v = _block_sums(w_ptr, words, rn, n_ok, k_tile // 4, K // 4, stride_wn, xh, xl, EVEN, ASM, BLOCK_N, NB)
+            acc += v.to(tl.float32) * (s[:, None] * step[None, :])
+            if GLU:
+                s2 = tl.load(s2_ptr + g * stride_sg + rn, mask=n_ok, other=0.0)
+                v2 = _block_sums(w2_ptr, words, rn, n_ok, k_tile // 4, K // 4, stride_wn, xh, xl, EVEN, ASM,
+                                 BLOCK_N, NB)
+                acc2 += v2.to(tl.float32) * (s2[:, None] * step[None, :])
+    if A8:  # the activation step x weight scale[n], one multiplier per row (QuantWeight.of), as quant_linear's
+        y = tl.sum(acc, axis=1).to(tl.float32) * tl.load(s_ptr + rn, mask=n_ok, other=0.0)
         y2 = tl.sum(acc2, axis=1).to(tl.float32) * tl.load(s2_ptr + rn, mask=n_ok, other=0.0)
+    else:
+        y = tl.sum(acc, axis=1)
+        y2 = tl.sum(acc2, axis=1)
+    if GLU:
         tl.store(out_ptr + rn, silu_mul(y, y2, COMPUTE), mask=n_ok)
     else:
         tl.store(out_ptr + pid_s * stride_os + rn, y, mask=n_ok)
@@ -142,10 +206,11 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     words, words2 = q.weight.view(torch.int32), q2.weight.view(torch.int32)
     dummy = out
     return _int8_gemv_kernel[(triton.cdiv(q.n, cfg.block_n), splits)](
-        x, words, q.scales, q.pqs if q.pqs is not None else dummy, q.act_q,
-        words2, q2.scales, q2.pqs if q2.pqs is not None else dummy, q2.act_q, out,
+        x, words, q.scales, q.pqs if q.pqs is not None else dummy, q.act_q if q.act_q is not None else dummy,
+        words2, q2.scales, q2.pqs if q2.pqs is not None else dummy, q2.act_q if q2.act_q is not None else dummy, out,
         q.n, q.k, per_split, words.stride(0), 0 if glu or out.dim() == 2 else out.stride(0),
-        HAS_PQS=q.pqs is not None, GLU=glu, COMPUTE=tl_dtype(compute),
+        q.scales.stride(0) if q.scales.dim() == 2 else 0, q.group,
+        A8=q.fmt == "int8_sq", HAS_PQS=q.pqs is not None, GLU=glu, COMPUTE=tl_dtype(compute),
         EVEN=q.n % cfg.block_n == 0 and q.k % cfg.block_k == 0 and k_iters % splits == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         ASM=not interpreting(), PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
