@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from trtllm_pipeline.runtimes.base import SamplingParams
-from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs, batch_buckets
+from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs, batch_buckets, row_limit
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 
@@ -66,7 +66,8 @@ def main() -> None:
     ckpt = args.checkpoint
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=args.rows, max_seq_len=2048,
                       fast_decode=False)
-    decoder = DecodeGraphs(_NoStep(rt.engine), batch_buckets(args.rows), use_graphs=False)
+    decoder = DecodeGraphs(_NoStep(rt.engine), batch_buckets(args.rows, limit=row_limit(rt.engine, 1)),
+                           use_graphs=False)
     decoder.prepare()
     rt.attach_decoder(decoder)  # overlap and chaining as the runtime sets them for its own decoder
     params = SamplingParams(max_tokens=args.steps + 20, end_id=-1)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_step_probe import _NoStep  # noqa: E402  (benchmarks/: the no-model decode step both share)
 
 from trtllm_pipeline.runtimes.base import SamplingParams  # noqa: E402
-from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs, batch_buckets  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs, batch_buckets, row_limit  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime  # noqa: E402
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -188,7 +188,7 @@ def make_runtime(ckpt: Path, rows: int) -> TorchRuntime:
     """``host_step_probe``'s runtime: the tiny checkpoint, continuous batching, a decode step that runs no model."""
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=rows, max_seq_len=2048,
                       fast_decode=False)
-    decoder = DecodeGraphs(_NoStep(rt.engine), batch_buckets(rows), use_graphs=False)
+    decoder = DecodeGraphs(_NoStep(rt.engine), batch_buckets(rows, limit=row_limit(rt.engine, 1)), use_graphs=False)
     decoder.prepare()
     rt.attach_decoder(decoder)  # overlap and chaining as the runtime sets them for its own decoder
     return rt

@@ -82,10 +82,15 @@ def test_trtllm_serve_argv_uses_only_its_options():
 
 @pytest.mark.parametrize("name", SEVEN_B)
 def test_the_7b_configs_validate_for_it_and_plan_without_tensorrt_llm(name, tmp_path):
-    cfg = with_backend(name)
-    assert cfg.runtime.backend == "tensorrt_llm_pytorch"
     from trtllm_pipeline.build import plan
 
+    if not load_yaml(CONFIGS / f"{name}.yaml")["quantization"].get("export_hf_checkpoint", True):
+        # a torch-runtime benchmark build that skips the unified HF checkpoint (disk on the H200): refused, saying why
+        with pytest.raises(InputError, match="export_hf_checkpoint: false"):
+            plan(with_backend(name), engines_dir=tmp_path)
+        return
+    cfg = with_backend(name)
+    assert cfg.runtime.backend == "tensorrt_llm_pytorch"
     lines = "\n".join(plan(cfg, engines_dir=tmp_path))
     assert "no engine is built" in lines and "TensorRT-LLM is not installed" in lines
     assert "--model-repository=" in lines  # the serve command, printed anywhere
