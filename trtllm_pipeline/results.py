@@ -22,6 +22,15 @@ THROUGHPUT_SCHEMA = "throughput-1"  # bench --in-process --throughput: N request
 THROUGHPUT_PREFIX = "throughput-"  # its files in a build's bench/ directory
 
 
+def runtime_line(rt: dict[str, Any]) -> str:
+    """What ran a benchmark, from its results' ``runtime`` (a runtime's ``describe()``): the runtime and device, the
+    weight format, the KV cache's element type, tensor parallelism, the decode path."""
+    kv = f", KV {rt['kv_cache_dtype']}" if rt.get("kv_cache_dtype") else ""
+    tp = f", tp {rt.get('world_size')} {rt.get('tp_mode')}" if rt.get("tp_mode") else ""
+    return (f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}{kv}{tp}; "
+            f"decode: {rt.get('decode_path', 'n/a')}")
+
+
 def number_cell(value: float | None, spec: str = ".1f", missing: str = "n/a") -> str:
     """A measured number as text in ``spec``, or ``missing`` when nothing was measured. Never a zero for a
     non-zero measurement: where ``spec`` would round it away (0.3 GB/s as ``.0f``), two significant digits."""

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.results import INPROCESS_PREFIX, INPROCESS_SCHEMA, number_cell
+from trtllm_pipeline.results import INPROCESS_PREFIX, INPROCESS_SCHEMA, number_cell, runtime_line
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams
 from trtllm_pipeline.runtimes.engine_loop import EngineLoop
 from trtllm_pipeline.runtimes.registry import load_runtime
@@ -81,10 +81,7 @@ class InProcessResult:
                          f"{number_cell(r.get('graph_replay_ms'), '7.3f'):>7} "
                          f"{r['tokens_per_s']:>9.0f} {number_cell(r['achieved_gbps'], '6.0f'):>6} {floor or 'n/a':>8} "
                          f"{r['prefill_ms']:>10.1f} {number_cell(r['peak_memory_gib'], '8.2f'):>8}")
-        rt = self.data["runtime"]
-        tp = f", tp {rt.get('world_size')} {rt.get('tp_mode')}" if rt.get("tp_mode") else ""
-        lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}{tp}; "
-                     f"decode: {rt.get('decode_path', 'n/a')}")
+        lines.append(runtime_line(self.data["runtime"]))
         return lines
 
 

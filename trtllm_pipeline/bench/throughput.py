@@ -41,7 +41,7 @@ from typing import Any, Callable
 from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.results import THROUGHPUT_PREFIX, THROUGHPUT_SCHEMA
+from trtllm_pipeline.results import THROUGHPUT_PREFIX, THROUGHPUT_SCHEMA, runtime_line
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams
 from trtllm_pipeline.runtimes.registry import load_runtime
 
@@ -134,7 +134,7 @@ def throughput_table(data: dict[str, Any]) -> list[str]:
 
     ref = data.get("reference", {}).get("output_tokens_per_s", {})
     if not data["runs"]:  # the long-prompt workload alone
-        return long_prompt_lines(data.get("long_prompt")) + runtime_line(data["runtime"])
+        return long_prompt_lines(data.get("long_prompt")) + [runtime_line(data["runtime"])]
     lines = [f"{'in/out':>10} {'reqs':>5} {'prefix':>8} {'out tok/s':>10} {'req/s':>7} {'TTFT p50':>9} "
              f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'KV peak':>7} {'preempt':>7} {'peak GiB':>8} {'TRT-LLM*':>9}"]
     for r in data["runs"]:
@@ -145,15 +145,10 @@ def throughput_table(data: dict[str, Any]) -> list[str]:
                      f"{r['itl_ms']['p50']:>8.2f} {r['itl_ms']['p99']:>7.2f} "
                      f"{cell(r['kv_usage_peak'] and 100 * r['kv_usage_peak'], '6.0f'):>6}% {cell(r['preemptions'], 'd'):>7} "
                      f"{cell(r['peak_memory_gib'], '8.2f'):>8} {cell(ref.get(pair), 'd'):>9}")
-    lines += runtime_line(data["runtime"])
+    lines.append(runtime_line(data["runtime"]))
     if ref:
         lines.append(f"* reference only, another model and engine: {data['reference']['source']}")
     return lines
-
-
-def runtime_line(rt: dict[str, Any]) -> list[str]:
-    return [f"runtime {rt.get('runtime')} on {rt.get('device')}, {rt.get('quant_algo') or rt.get('dtype')}; "
-            f"decode: {rt.get('decode_path', 'n/a')}"]
 
 
 def long_prompt_lines(lp: dict[str, Any] | None) -> list[str]:
