@@ -11,16 +11,16 @@
 part served 360 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess inprocess_nochain inprocess_sync"
 # 31: the headline row with chained decode steps (the GPU never waiting for the host between decode steps); its A/B
 # without them comes after the FP8 KV cache and the prefill chunk
-part throughput 300 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+part throughput 300 LENGTHS=128/2048 REQUESTS=1500 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 # 31: the same row with an FP8 KV cache (its own quantize of the 7B: ModelOpt's KV scales) at 256 and at 512 rows a
 # step (half the KV a token: the pool holds them; past 256 rows every linear is cuBLAS's), then its batch 1 (the
 # decode kernel's FP8 loads must cost nothing there); its build removed after (disk: the later parts' builds)
-part throughput 600 LOAD_VARIANT=-fp8kv MAX_BATCHES="256 512" LENGTHS=128/2048 REQUESTS=2000 SKIP_LONG_PROMPT=1 CLEAN=1
+part throughput 600 LOAD_VARIANT=-fp8kv MAX_BATCHES="256 512" LENGTHS=128/2048 REQUESTS=1500 SKIP_LONG_PROMPT=1 CLEAN=1
 # the prefill-bound rows with the step's whole token budget for prompts (four 2048-token prompts a step instead of
 # one; before: 2,635 and 11,050 tokens/s at 2048 a step)
 part throughput 300 PREFILL_CHUNK=8192 LENGTHS="2048/128 1000/1000" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 # the chained row's A/B: the same without chaining (TRTLLM_PIPELINE_CHAIN=0)
-part throughput 200 TRTLLM_PIPELINE_CHAIN=0 LENGTHS=128/2048 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+part throughput 240 TRTLLM_PIPELINE_CHAIN=0 LENGTHS=128/2048 REQUESTS=1500 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 # the decode attention's launch shapes over an FP8 pool (the loaded shape was chosen on BF16 keys)
 part attention 240 ATTN_KV=fp8
 # 32: INT4-AWQ at batch 2-16 on quant_gemv's several-row GEMV (docs/perf-notes.md, "INT4-AWQ at batch 2-16"): the
