@@ -8,6 +8,10 @@ with PyTorch's (their relative difference and whether their argmax agree); and t
 fast path against eager's. One call after a build:
     python benchmarks/model_check.py -c build_configs/smollm2-135m-instruct-bf16-tp1.yaml --engines-dir /tmp/engines
 Prints a table; ``-o`` writes it as JSON. Runs on the CPU too (eager only: the fast path needs CUDA).
+
+``--require-fast``: exit 1 unless the fast path ran (no eager fallback: a kernel that did not compile or launch on
+this GPU) and its first decode step is within ``--max-rel`` of eager's, the queue's smoke check of new kernels before
+its long parts; ``--max-batch-size N``: the torch runtime at N rows (its batch buckets compiled and captured at load).
 """
 
 from __future__ import annotations
@@ -65,9 +69,14 @@ def main() -> None:
     ap.add_argument("-c", "--config", required=True)
     ap.add_argument("--engines-dir", type=Path, default=Path("engines"))
     ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--require-fast", action="store_true", help="exit 1 unless the fast path ran, within --max-rel")
+    ap.add_argument("--max-rel", type=float, default=0.05, help="the first decode step's relative distance from eager")
+    ap.add_argument("--max-batch-size", type=int, default=None, help="the torch runtime's rows a step")
     ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args()
     cfg = load_config(Path(args.config))
+    if args.max_batch_size:
+        cfg = cfg.with_max_batch_size(args.max_batch_size)
     report: dict = {"config": cfg.name, "prompts": []}
     texts: dict[str, list[str]] = {}
     for path, overrides in (("fast", {}), ("eager", {"fast_decode": False})):
@@ -111,6 +120,13 @@ def main() -> None:
     print(f"decode paths: {report.get('decode_path')}")
     if args.output:
         args.output.write_text(json.dumps(report, indent=1))
+    if args.require_fast:
+        fast = report["decode_path"]["fast"]
+        worst = max((row.get("decode_fast_vs_eager", float("inf")) for row in report["prompts"]), default=float("inf"))
+        if not fast.startswith("triton kernels") or not worst <= args.max_rel:
+            raise SystemExit(f"smoke check failed for {cfg.name}: decode path {fast!r}, first decode step "
+                             f"{worst:.2e} from eager (at most {args.max_rel})")
+        print(f"smoke check passed for {cfg.name}: {fast}; first decode step within {worst:.2e} of eager")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@
 # slow cold compile shows as its time, not as a hang (the server's log now has each batch bucket's seconds); at the
 # deadline the stubs' stacks and the log are kept. In-process: chained decode steps (default), overlap without
 # chaining, synchronous.
+# the kernels new since the last GPU run (FP8 KV cache, INT8 dp4a GEMV, 512-row buckets) on tiny builds: a failure
+# here says which later figures would have come from an eager fallback (the part's log names the kernel)
+part smoke 240
 part served 360 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess inprocess_nochain inprocess_sync"
 # 31: the headline row with chained decode steps (the GPU never waiting for the host between decode steps); its A/B
 # without them comes after the FP8 KV cache and the prefill chunk
