@@ -266,9 +266,9 @@ class TorchRuntime(OverlapSteps, Runtime):
             decoder.prepare_verify(verify)
             return decoder
         except Exception as exc:  # noqa: BLE001 - any failure of the extra buckets: decode as before, and say so
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             log.warning("the fast path cannot take %s rows a step for this engine (%s: %s); short prompts prefill "
-                        "eagerly", sorted(set(extra) | set(verify)), type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip()
-                        else "")
+                        "eagerly", sorted(set(extra) | set(verify)), type(exc).__name__, first)
             torch.cuda.empty_cache()
             return self.executor.fast_decoder(buckets, graphs)
 

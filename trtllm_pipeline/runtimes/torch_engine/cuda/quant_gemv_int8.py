@@ -1,4 +1,4 @@
-"""INT8 weights at batch 1 (SmoothQuant and weight-only): a matrix-vector product with the integer dot-product instruction.
+"""INT8 weights at batch 1 (SmoothQuant, weight-only): a matrix-vector product with the integer dot-product instruction.
 
 quant_linear's kernel multiplies int8 x int8 on the tensor cores, the one input row padded to 16 and every padding
 row quantized with it; on the H200 its SmoothQuant linears streamed at 1.7-2.5 TB/s where FP8's streamed the same
@@ -211,6 +211,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
         q.n, q.k, per_split, words.stride(0), 0 if glu or out.dim() == 2 else out.stride(0),
         q.scales.stride(0) if q.scales.dim() == 2 else 0, q.group,
         A8=q.fmt == "int8_sq", HAS_PQS=q.pqs is not None, GLU=glu, COMPUTE=tl_dtype(compute),
-        EVEN=q.n % cfg.block_n == 0 and q.k % cfg.block_k == 0 and k_iters % splits == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN=q.n % cfg.block_n == 0 and q.k % cfg.block_k == 0 and k_iters % splits == 0,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         ASM=not interpreting(), PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
