@@ -2,15 +2,15 @@
 # queue copies it to /tmp/wheels), then at once two short `WAIT_S=3 ... wait` calls carrying .whl_s1 and .whl_s2
 # (SmolLM2's wheel in halves, made by tools/gpu_wheels.sh, joined by `wait`), then `wait` calls back to back carrying
 # nothing. In order of need; what is cut is what comes last.
+# the kernels new since the last GPU run (FP8 KV cache, INT8 dp4a GEMV, 512-row buckets) on tiny builds: a failure
+# here says which later figures would have come from an eager fallback (the part's log names the kernel)
+part smoke 240
 # 30: the served start that never became ready (2026-12-04, after short prompts became rows of fast steps, bans lost
 # their copy and decode steps were left running; the log was lost). That start was the first part on a fresh machine:
 # an empty kernel cache. Each start here has a cache of its own (empty) and 180 s (serving.startup_timeout_s), so a
 # slow cold compile shows as its time, not as a hang (the server's log now has each batch bucket's seconds); at the
 # deadline the stubs' stacks and the log are kept. In-process: chained decode steps (default), overlap without
 # chaining, synchronous.
-# the kernels new since the last GPU run (FP8 KV cache, INT8 dp4a GEMV, 512-row buckets) on tiny builds: a failure
-# here says which later figures would have come from an eager fallback (the part's log names the kernel)
-part smoke 240
 part served 360 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess inprocess_nochain inprocess_sync"
 # 31: the headline row with chained decode steps (the GPU never waiting for the host between decode steps); its A/B
 # without them comes after the FP8 KV cache and the prefill chunk
