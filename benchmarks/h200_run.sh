@@ -16,7 +16,7 @@
 #                                          # at batch 1/8/16 by kernel choice)
 #   bash benchmarks/h200_run.sh int4_rows  # random 7B INT4-AWQ build: bench --in-process at batch 1/8/16, the
 #                                          # several-row GEMV's switch off and on (TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS)
-#   bash benchmarks/h200_run.sh smoke      # tiny builds: the newest kernels take the fast path on this GPU, within 5%
+#   bash benchmarks/h200_run.sh smoke      # tiny builds: the newest kernels take the fast path on this GPU, within 10%
 #                                          # of eager (benchmarks/model_check.py --require-fast); fails the part if not
 #   bash benchmarks/h200_run.sh int8_gemv  # random 7B INT8-SQ and INT8-WO builds: bench --in-process at batch 1 and 8,
 #                                          # the dp4a GEMV's switch off and on (TRTLLM_PIPELINE_INT8_GEMV)
@@ -302,15 +302,16 @@ case "$part" in
         --context 2048 --output-tokens 256 -o "$out/inprocess-int4-awq-gemv-rows-$rows.json"
     done ;;
   smoke)  # the kernels new since the last GPU run, on this GPU before the long parts: the fast path taken (no eager
-    # fallback) and its first decode step within 5% of eager's, per tiny build (the FP8 KV cache; INT8 SmoothQuant and
-    # weight-only on the dp4a GEMV; FP8 at 512 rows a step, buckets past 256 captured)
+    # fallback) and its first decode step within 10% of eager's (a wrong kernel is ~100% off; W8A8 re-quantizes
+    # every activation), per tiny build (the FP8 KV cache; INT8 SmoothQuant and weight-only on the dp4a GEMV; FP8 at
+    # 512 rows a step, buckets past 256 captured)
     failed=0
     for spec in tiny-qwen2-bf16-fp8kv-tp1: tiny-qwen2-fp8-tp1:512 tiny-qwen2-int8-sq-tp1: tiny-qwen2-int8-wo-tp1:; do
       name=${spec%%:*} rows=${spec#*:}
       c=build_configs/$name.yaml
       tp build -c "$c" --engines-dir "$engines" --runtime torch
       TRTLLM_PIPELINE_INT8_GEMV=1 python3 benchmarks/model_check.py -c "$c" --engines-dir "$engines" --require-fast \
-        --max-tokens 16 ${rows:+--max-batch-size "$rows"} -o "$out/smoke-$name${rows:+-rows$rows}.json" || failed=1
+        --max-rel 0.1 --max-tokens 16 ${rows:+--max-batch-size "$rows"} -o "$out/smoke-$name${rows:+-rows$rows}.json" || failed=1
     done
     exit $failed ;;
   int8_gemv)  # INT8 at batch 1 on quant_gemv_int8's dp4a GEMV: the random 7B INT8-SQ and INT8-WO builds (INT8_FORMATS)
