@@ -141,7 +141,12 @@ def values(result: list[dict], label: str | None = None) -> dict:
     return {(r["metric"].get(label) if label else None): float(r["value"][1]) for r in result}
 
 
-def load(server, requests_: int = 8, concurrency: int = 4, tokens: int = 96) -> tuple[int, int]:
+# Tokens a load request is forced to: enough that two rounds of 4 concurrent requests outlast a couple of 1 s scrapes
+# on a fast CPU (at 96, ~0.6 s here: a load could fall between two scrapes and the running gauge read 0 throughout)
+LOAD_TOKENS = 512
+
+
+def load(server, requests_: int = 8, concurrency: int = 4, tokens: int = LOAD_TOKENS) -> tuple[int, int]:
     """Streamed chat requests forced to ``tokens`` tokens; (prompt, completion) tokens as their usage said."""
     got, errors, lock = [], [], threading.Lock()
     todo = iter(range(requests_))
@@ -186,7 +191,7 @@ def test_prometheus_scrapes_the_engine_and_every_dashboard_query_answers(server,
         after = [values(prometheus.query(q)) for q in tokens], values(prometheus.query(outcomes[0]), "outcome")
         # The counters moved by exactly what the load generator was told in each answer's usage.
         assert after[0][0][None] - before[0][0][None] == prompt_tokens
-        assert after[0][1][None] - before[0][1][None] == completion_tokens == 8 * 96
+        assert after[0][1][None] - before[0][1][None] == completion_tokens == 8 * LOAD_TOKENS
         assert {o: after[1][o] - before[1][o] for o in em.OUTCOMES} == {"finished": 8, "stopped": 0, "aborted": 0,
                                                                           "failed": 0}
         check_panels(prometheus, queries, engine_metrics(server))
