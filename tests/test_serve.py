@@ -527,11 +527,12 @@ def _postprocessing_runs(server) -> tuple[float, float]:
 
 
 def test_every_streaming_path_sends_one_event_per_token_as_it_is_made(server):
-    """32 forced tokens through HTTP generate_stream (ensemble, tensorrt_llm_bls), the gRPC stream and /v1 SSE:
-    32 events each, spread over the answer's time, not bunched. The ensemble's postprocessing used to batch the
-    responses of a stream that queued while it was busy and release them together."""
+    """96 forced tokens through HTTP generate_stream (ensemble, tensorrt_llm_bls), the gRPC stream and /v1 SSE:
+    96 events each, spread over the answer's time, not bunched. The ensemble's postprocessing used to batch the
+    responses of a stream that queued while it was busy and release them together. (At 32 tokens an answer took
+    ~60 ms on this CPU: one stall of the client's process under a full suite's load bunched all of it, seen once.)"""
     counted_before = _postprocessing_runs(server)
-    prompt, n = PROMPTS[1], 32
+    prompt, n = PROMPTS[1], 96
     arrivals = {}
     for model in ("ensemble", "tensorrt_llm_bls"):
         events = _sse_arrivals(server.http_port, f"/v2/models/{model}/generate_stream",
@@ -544,7 +545,8 @@ def test_every_streaming_path_sends_one_event_per_token_as_it_is_made(server):
     # /v1 sends a token's text as it comes; a token whose text is held back (part of a character) has no event
     arrivals["openai"] = [t for t, payload in events if any(c.get("text") for c in json.loads(payload)["choices"])]
     for path, times in arrivals.items():
-        assert len(times) == n or (path == "openai" and n - 4 <= len(times) <= n), f"{path}: {len(times)} events"
+        # (/v1: a token whose text is part of a character sends nothing; a few in a random model's answer)
+        assert len(times) == n or (path == "openai" and n - n // 8 <= len(times) <= n), f"{path}: {len(times)} events"
         together = sum(b - a < 2e-4 for a, b in zip(times, times[1:]))  # events that landed with the one before
         # Spread over the answer's time; not strictly one read each: on a loaded machine a process of the path can
         # stall for 100 ms and release the tokens made meanwhile at once (seen with 2 cores at load 12).
