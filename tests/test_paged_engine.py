@@ -47,16 +47,23 @@ def _contiguous_greedy(rt: TorchRuntime, prompt: list[int], n: int) -> tuple[lis
     return seq[len(prompt):], first
 
 
+def _paged_equals_unpaged(rt: TorchRuntime, prompts, n: int = 10) -> list[list[int]]:
+    """``rt``'s greedy tokens for ``prompts`` (batched, paged, in its chunks), each equal to the unpaged math's, and
+    each prompt's last logits within 1e-5 of it; the tokens."""
+    outs = _greedy(rt, prompts, n=n)
+    for prompt, out in zip(prompts, outs):
+        ref, ref_logits = _contiguous_greedy(rt, prompt, n)
+        assert out == ref
+        paged = rt.engine.logits(rt.hidden_states(prompt)[-1])
+        assert float((paged - ref_logits).norm() / ref_logits.norm()) < 1e-5
+    return outs
+
+
 def test_paged_chunked_prefill_and_decode_match_the_unpaged_math(ckpt, plain):
     # prefill in chunks of 8 over blocks of 4, decodes batched beside other rows' chunks
     rt = _rt(ckpt, prefill_chunk_tokens=8)
     prompts = [SYSTEM + q for q in QUESTIONS[:3]]
-    outs = _greedy(rt, prompts, n=10)
-    for prompt, out in zip(prompts, outs):
-        ref, ref_logits = _contiguous_greedy(rt, prompt, 10)
-        assert out == ref
-        paged = rt.engine.logits(rt.hidden_states(prompt)[-1])
-        assert float((paged - ref_logits).norm() / ref_logits.norm()) < 1e-5
+    outs = _paged_equals_unpaged(rt, prompts)
     # whole prompts in one step each give the same tokens
     assert _greedy(plain, prompts, n=10) == outs
     assert rt.kv.free_blocks == rt.kv.usable_blocks  # every block back
@@ -164,12 +171,7 @@ def test_an_fp8_kv_cache_stores_e4m3_and_every_path_reads_it_alike(built, kv_sca
     for r in (rt, plain):  # the pool is sized (on CUDA: from the memory free) by what a block really takes
         assert r.kv_block_bytes == r.engine.kv_bytes_per_token() * r.kv.block_size
     prompts = [SYSTEM + q for q in QUESTIONS[:3]]
-    outs = _greedy(rt, prompts, n=10)
-    for prompt, out in zip(prompts, outs):
-        ref, ref_logits = _contiguous_greedy(rt, prompt, 10)
-        assert out == ref
-        paged = rt.engine.logits(rt.hidden_states(prompt)[-1])
-        assert float((paged - ref_logits).norm() / ref_logits.norm()) < 1e-5
+    _paged_equals_unpaged(rt, prompts)
     unquantized = _rt(ckpt, prefill_chunk_tokens=8)
     prompt = prompts[0]
     logits = [r.engine.logits(r.hidden_states(prompt)[-1]) for r in (rt, unquantized)]

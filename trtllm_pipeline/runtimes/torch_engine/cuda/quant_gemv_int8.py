@@ -36,6 +36,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import planes
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import _quarters
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
@@ -88,27 +89,25 @@ def _input_words(x_ptr, pqs_ptr, aq_ptr, kk, k_ok, HAS_PQS: tl.constexpr, COMPUT
 
 
 @triton.jit
-def _word_sums(w_ptr, words, rn, n_ok, w0, KW_ALL, stride_wn, xw, acc, EVEN: tl.constexpr, ASM: tl.constexpr):
-    """``acc`` [BLOCK_N, KW] plus each weight word's dot with its input word over one tile: one dp4a per word into
-    its own running sum (the sums across words are taken once, after the K loop: no shuffles inside it). EVEN: the
-    tile lies inside the matrix, no masks. (Clamped addresses instead of masks measured worse here: the compiler
-    then loads word by word, 34 loads a thread and tile instead of 10; tools/gemv_sass.py --int8.)"""
+def _weight_words(w_ptr, words, rn, n_ok, w0, KW_ALL, stride_wn, EVEN: tl.constexpr):
+    """One tile of the weight as int32 words [BLOCK_N, KW]; EVEN: the tile lies inside the matrix, no masks.
+    (Clamped addresses instead of masks measured worse here: the compiler then loads word by word, 34 loads a thread
+    and tile instead of 10; tools/gemv_sass.py --int8.)"""
     wb = w0 + words
     w_ptrs = w_ptr + rn[:, None] * stride_wn + wb[None, :]
     if EVEN:
         w = tl.load(w_ptrs)
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & (wb < KW_ALL)[None, :], other=0)
-    return dp4a(w, xw[None, :], acc, True, ASM, A_SIGNED=True)
+    return w
 
 
 @triton.jit
-def _quarters(t):
-    """The 4 entries of the last axis of ``t`` [A, B, 4] as 4 [A, B] (a thread holds them: one 16-byte load)."""
-    t02, t13 = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
-    t0, t2 = tl.split(t02)
-    t1, t3 = tl.split(t13)
-    return t0, t1, t2, t3
+def _word_sums(w_ptr, words, rn, n_ok, w0, KW_ALL, stride_wn, xw, acc, EVEN: tl.constexpr, ASM: tl.constexpr):
+    """``acc`` [BLOCK_N, KW] plus each weight word's dot with its input word over one tile: one dp4a per word into
+    its own running sum (the sums across words are taken once, after the K loop: no shuffles inside it)."""
+    w = _weight_words(w_ptr, words, rn, n_ok, w0, KW_ALL, stride_wn, EVEN)
+    return dp4a(w, xw[None, :], acc, True, ASM, A_SIGNED=True)
 
 
 @triton.jit
@@ -116,12 +115,7 @@ def _block_sums(w_ptr, words, rn, n_ok, w0, KW_ALL, stride_wn, xh, xl, EVEN: tl.
                 BLOCK_N: tl.constexpr, NB: tl.constexpr):
     """Weight-only: per row and 16-input block, ``sum w x_int`` in int32 [BLOCK_N, NB] over one tile (the high
     plane's chain shifted by 8 bits carries the low plane's)."""
-    wb = w0 + words
-    w_ptrs = w_ptr + rn[:, None] * stride_wn + wb[None, :]
-    if EVEN:
-        w = tl.load(w_ptrs)
-    else:
-        w = tl.load(w_ptrs, mask=n_ok[:, None] & (wb < KW_ALL)[None, :], other=0)
+    w = _weight_words(w_ptr, words, rn, n_ok, w0, KW_ALL, stride_wn, EVEN)
     w0_, w1_, w2_, w3_ = _quarters(tl.reshape(w, (BLOCK_N, NB, 4)))
     h0, h1, h2, h3 = _quarters(tl.reshape(xh, (1, NB, 4)))
     l0, l1, l2, l3 = _quarters(tl.reshape(xl, (1, NB, 4)))
