@@ -30,7 +30,8 @@ part attention 240 ATTN_KV=fp8
 # GEMV against today's kernels at M 1/2/4/8/16 for the 7B's four linears, the merged quant_gemm_table.json (copy it
 # into the package where its "gemv" rows win), steps at batch 1/8/16 by choice (table, switch, measured)
 part quant_gemm 360 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq KERNEL_SWEEP_S=90
-# 32: INT8 at batch 1 on the dp4a GEMV against today's kernels (SmoothQuant 3.40, weight-only 3.53 ms/step; goal 2.5)
+# 32: INT8 at batch 1 on the dp4a GEMV against today's kernels (graph replay: SmoothQuant 3.40, weight-only 3.53 ms;
+# goal 2.5 ms/step)
 part int8_gemv 480 CLEAN=1
 # 30: the served start without the fast-step prefill buckets (cold and warm), the A/B of the start either way
 part served 240 TRITON_CACHE_DIR=/tmp/triton-cache-b TRTLLM_PIPELINE_FAST_PREFILL=0 TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold warm bench"

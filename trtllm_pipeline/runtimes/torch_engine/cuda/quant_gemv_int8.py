@@ -2,7 +2,8 @@
 
 quant_linear's kernel multiplies int8 x int8 on the tensor cores, the one input row padded to 16 and every padding
 row quantized with it; on the H200 its SmoothQuant linears streamed at 1.7-2.5 TB/s where FP8's streamed the same
-bytes at 2.1-3.4 (docs/perf-notes.md: the 7B step 3.40 ms against FP8's 2.42). Here, per program and K tile:
+bytes at 2.1-3.4 (docs/perf-notes.md: the 7B step's graph replay 3.40 ms against FP8's 2.42). Here, per program
+and K tile:
 
 * The input row's tile is quantized once: ``x * pre_quant_scale`` rounded to the compute dtype, then ``round(x *
   (127 / amax))`` half to even in [-128, 127], exactly as quant_linear's ``_act_tile`` (so the int32 sums are the
