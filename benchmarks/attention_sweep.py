@@ -4,7 +4,8 @@ tokens attention is most of a step (H200, random 7B FP8, 2026-12-04: the step gr
 blocks scattered) for batch x context x (BLOCK_T, warps, stages, splits), each checked against the module's default
 launch, and prints the best per case with its GB/s of KV. One call on the H200:
     python benchmarks/attention_sweep.py -o attention_sweep.json
-``--kv fp8``: the pool in E4M3 with a scale (``quantization.kv_cache: fp8``), half the bytes a key takes.
+``--kv fp8``: the pool in E4M3 with a scale (``quantization.kv_cache: fp8``), half the bytes a key takes; every
+shape with bfloat16 and with float16 dots (``attention.FP8_DOTS_F16``, each row's ``dots``).
 On the CPU (Triton's interpreter) ``--dry-run`` runs one small case of each shape, unchecked for speed.
 """
 
@@ -27,6 +28,10 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import attention  # noqa: E402
 
 HEADS, KV_HEADS, D, BS = 28, 4, 128, 32  # the 7B's attention; the pool's block size
 SHAPES = [(bt, w, s) for bt in (32, 64, 128) for w, s in ((4, 2), (4, 3), (4, 4), (8, 2), (8, 3))]
+# tiles loaded without the cp.async pipeline: an 8-bit tile then reaches the dots without byte-wise shared-memory
+# reads (sm_90 SASS, tools/attention_sass.py: an FP8 tile's key loop 605 -> 482 instructions a thread, 370 with
+# float16 dots)
+SHAPES += [(32, 4, 1), (64, 4, 1), (32, 8, 1)]
 
 
 def case(batch: int, ctx: int, device, gen, kv: str = "bf16"):
@@ -97,6 +102,7 @@ def main() -> None:
     contexts = [int(c) for c in args.contexts.split(",")] if cuda else [70]
     shapes = SHAPES if cuda else SHAPES[:2]
     default = (attention.BLOCK_T, attention.ATTENTION_WARPS, attention.ATTENTION_STAGES)
+    fp8_dots = attention.FP8_DOTS_F16
     rows, t0 = [], time.perf_counter()
     for batch, ctx in itertools.product(batches, contexts):
         inputs = case(batch, ctx, device, gen, args.kv)
@@ -106,10 +112,14 @@ def main() -> None:
         ref_call()
         want = ref_out.float().clone()
         results = []
-        for (block_t, warps, stages), splits in itertools.product(shapes, sorted({base, 2 * base, 4 * base})):
+        dots = ("bf16", "f16") if args.kv == "fp8" else ("bf16",)
+        for (block_t, warps, stages), splits, dot in itertools.product(shapes, sorted({base, 2 * base, 4 * base}),
+                                                                       dots):
             attention.ATTENTION_WARPS, attention.ATTENTION_STAGES = warps, stages
+            attention.FP8_DOTS_F16 = dot == "f16"
             row = {"batch": batch, "ctx": ctx, "kv": args.kv, "block_t": block_t, "warps": warps, "stages": stages,
-                   "splits": splits, "default": (block_t, warps, stages) == default and splits == base}
+                   "splits": splits, "dots": dot,
+                   "default": (block_t, warps, stages) == default and splits == base and dot == dots[0]}
             try:
                 call, out = launch(inputs, splits, block_t)
                 call()
@@ -121,6 +131,7 @@ def main() -> None:
                 row["failed"] = repr(exc)[:200]
             results.append(row)
         attention.ATTENTION_WARPS, attention.ATTENTION_STAGES = default[1], default[2]
+        attention.FP8_DOTS_F16 = fp8_dots
         rows += results
         timed = [r for r in results if "us" in r and r["rel_err"] < 1e-2]
         mine = next((r for r in results if r["default"]), {})
@@ -128,7 +139,8 @@ def main() -> None:
             best = min(timed, key=lambda r: r["us"])
             print(f"batch {batch:4d} ctx {ctx:5d}: default {mine.get('us', float('nan')):8.1f} us "
                   f"({mine.get('kv_gbps', 0):5.0f} GB/s); best {best['us']:8.1f} us ({best['kv_gbps']:5.0f} GB/s) "
-                  f"BLOCK_T {best['block_t']} warps {best['warps']} stages {best['stages']} splits {best['splits']}",
+                  f"BLOCK_T {best['block_t']} warps {best['warps']} stages {best['stages']} splits {best['splits']} "
+                  f"dots {best['dots']}",
                   flush=True)
         else:
             failed = sum("failed" in r for r in results)

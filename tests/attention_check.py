@@ -3,7 +3,8 @@ through Triton's interpreter, against attention computed in float64 by torch, at
 token opens a tile, closes one, sits alone in the last tile of its split, or is the only key, its keys read
 through a shuffled block table (blocks of 16 in a pool); and once with the
 projection as int64 accumulators of the unnormalized input whose 1 / rms the kernel applies (the input norm
-folded into the QKV GEMV, gemv_input.NormFold). Prints JSON.
+folded into the QKV GEMV, gemv_input.NormFold); and over an E4M3 cache with bfloat16 and with float16 dots.
+Prints JSON.
 
     python tests/attention_check.py
 """
@@ -27,12 +28,14 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def reference(qkv, cos, sin, k_cache, v_cache, pos: int) -> torch.Tensor:
-    """The new token's attention output over keys 0..pos of sequence 1 (contiguous), the new key and value at pos."""
+    """The new token's attention output over keys 0..pos of sequence 1 (contiguous), the new key and value at pos
+    (an E4M3 cache's: rounded to E4M3, as the kernel stores and reads them at unit scale)."""
+    stored = (lambda t: t.to(torch.float8_e4m3fn).double()) if k_cache.dtype == torch.float8_e4m3fn else (lambda t: t)
     x = qkv[0, 0].view(HEADS + 2 * KV_HEADS, D).bfloat16().double()
     q = rope(x[:HEADS], cos[pos].double(), sin[pos].double())
     k = rope(x[HEADS:HEADS + KV_HEADS], cos[pos].double(), sin[pos].double())
     keys, values = k_cache[1, :, : pos + 1].double(), v_cache[1, :, : pos + 1].double()
-    keys[:, pos], values[:, pos] = k, x[HEADS + KV_HEADS:].bfloat16().double()
+    keys[:, pos], values[:, pos] = stored(k), stored(x[HEADS + KV_HEADS:].bfloat16().double())
     group = HEADS // KV_HEADS
     out = [torch.softmax(q[h] @ keys[h // group].T / D**0.5, -1) @ values[h // group] for h in range(HEADS)]
     return torch.cat(out)
@@ -56,20 +59,32 @@ def main() -> None:
         row, written, new_key = run_case(gen, cos, sin, pos, qkv, qkv, block_t=attention.LOADED_BLOCK_T)
         rows.append({**row, "block_t": attention.LOADED_BLOCK_T, "cache_written": torch.equal(written, new_key)})
     rows.append(folded_norm(gen, cos, sin))
+    # an E4M3 cache at unit scale (ModelOpt's), at the loaded tile, with bfloat16 and with float16 dots
+    # (attention.FP8_DOTS_F16): both within the output's rounding of float64 attention over the stored values
+    for f16 in (False, True):
+        attention.FP8_DOTS_F16 = f16
+        qkv = torch.randn(1, 1, (HEADS + 2 * KV_HEADS) * D, generator=gen)
+        one = torch.ones(1)
+        row, written, new_key = run_case(gen, cos, sin, 300, qkv, qkv, block_t=attention.LOADED_BLOCK_T, fp8=True,
+                                         kv_scale=one, kv_inv=one, kv_unit=True)
+        rows.append({**row, "kv": "fp8", "dots": "f16" if f16 else "bf16",
+                     "cache_written": torch.equal(written, new_key.to(torch.float8_e4m3fn).double())})
+    attention.FP8_DOTS_F16 = False
     print(json.dumps(rows))
 
 
 def run_case(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: int, qkv: torch.Tensor,
-             given: torch.Tensor, **options) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """The kernel over random caches at ``pos``, handed the projection as ``given`` (with decode_attention's
-    ``options``), against the reference's attention over ``qkv``: (its row, the key it wrote to the cache, the
-    reference's new key)."""
-    k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
-    v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+             given: torch.Tensor, fp8: bool = False, **options) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """The kernel over random caches at ``pos`` (``fp8``: E4M3), handed the projection as ``given`` (with
+    decode_attention's ``options``), against the reference's attention over ``qkv``: (its row, the key it wrote to
+    the cache, the reference's new key)."""
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).to(dtype)
+    v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).to(dtype)
     expected = reference(qkv, cos, sin, k_cache, v_cache, pos)
     # slot 1's keys and values paged: its blocks scattered over the pool in a shuffled table
     table = (torch.randperm(POOL - 1, generator=gen)[: MAX_LEN // BS] + 1)
-    k_pool = torch.zeros(POOL, KV_HEADS, BS, D, dtype=torch.bfloat16)
+    k_pool = torch.zeros(POOL, KV_HEADS, BS, D, dtype=dtype)
     v_pool = torch.zeros_like(k_pool)
     for j, block in enumerate(table.tolist()):
         k_pool[block] = k_cache[1, :, j * BS : (j + 1) * BS]

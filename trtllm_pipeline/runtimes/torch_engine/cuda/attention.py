@@ -21,7 +21,11 @@ wait) straight into the dots.
 
 An FP8 cache (``kv_scale``: the layer's float32 dequantization scale) stores ``x / scale`` saturated to E4M3,
 and every key and value the dots take, the new token's included, is its E4M3 value times the scale rounded to the
-compute dtype: the eager model's ``kv_store`` / ``kv_load``, so the two agree whatever path wrote the cache.
+compute dtype: the eager model's ``kv_store`` / ``kv_load``, so the two agree whatever path wrote the cache. With
+scales of 1 (ModelOpt's, unless a layer's keys pass 448) the dots can take float16 operands (``FP8_DOTS_F16``): E4M3
+converts to float16 in one instruction per pair, exactly as to bfloat16 (which takes two more conversions through
+float32); a bfloat16 query is exact in float16 from 2^-14 to 65504 in magnitude (below, its bits past 2^-24 go, far
+under the scores' rounding); only the probabilities round finer than eager's bfloat16 ones (2^-11 against 2^-8).
 """
 
 from __future__ import annotations
@@ -50,6 +54,12 @@ BLOCK_T = 64
 # rows keep the shape the batch-1 step was tuned with.
 LOADED_ROWS = 64
 LOADED_BLOCK_T, LOADED_STAGES = 32, 3
+# An FP8 cache at unit scale: float16 dots (the module docstring). Read from sm_90 SASS (tools/attention_sass.py, the
+# loaded shape's K loop): 605 instructions a thread with bfloat16 dots, 510 with float16, 370 with float16 and the
+# tiles loaded without the cp.async pipeline (BF16 keys: 368). Off until the H200 has timed it (attention_sweep
+# --kv fp8 times both): on the tiny random model's three-token prompts as rows of a fast step it parts from eager
+# on one first token whose two best logits are 0.106 apart in float32 (bfloat16 dots part on another, within 0.1).
+FP8_DOTS_F16 = False
 
 
 @triton.jit
@@ -101,7 +111,7 @@ def _decode_attention_kernel(
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BS: tl.constexpr, COMPUTE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, KV_FP8: tl.constexpr, KV_UNIT: tl.constexpr, LINE: tl.constexpr,
-    LINES: tl.constexpr,
+    LINES: tl.constexpr, DOT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -182,6 +192,7 @@ def _decode_attention_kernel(
     # and back to shared memory: H200, 7B INT4 step 1.807 -> 1.789 ms, run 87.)
     here = (pos >= start) & (pos < end)
     s_new = tl.where(here, tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale, float("-inf"))
+    q_dot = q.to(DOT)  # exact: a bfloat16 query in float16 (DOT differs from COMPUTE only there)
     t_in = tl.arange(0, BLOCK_T)
     for t0 in range(start, end, BLOCK_T):
         t = t0 + t_in
@@ -190,8 +201,8 @@ def _decode_attention_kernel(
         offs = (blocks * stride_cb + head + (t % BS) * stride_ct)[:, None] + d[None, :]
         kt = tl.load(k_cache_ptr + offs, mask=cached[:, None], other=0.0)
         if KV_FP8:
-            kt = _from_e4m3(kt, kv_scale, KV_UNIT, COMPUTE)
-        s = tl.dot(q, tl.trans(kt)) * qk_scale
+            kt = _from_e4m3(kt, kv_scale, KV_UNIT, DOT)
+        s = tl.dot(q_dot, tl.trans(kt)) * qk_scale
         s = tl.where(cached[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile holding only the new token: all -inf
@@ -200,15 +211,15 @@ def _decode_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = tl.load(v_cache_ptr + offs, mask=cached[:, None], other=0.0)
         if KV_FP8:
-            vt = _from_e4m3(vt, kv_scale, KV_UNIT, COMPUTE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), vt)
+            vt = _from_e4m3(vt, kv_scale, KV_UNIT, DOT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), vt)
         m_i = m_new
     # last, as if in the split's last tile: its p against the final maximum, rounded as the tiles' are
     m_new = tl.maximum(m_i, s_new)
     alpha = tl.where(here, tl.exp2(m_i - m_new), 1.0)
     p_new = tl.where(here, tl.exp2(s_new - m_new), 0.0)
     l_i = l_i * alpha + p_new
-    acc = acc * alpha[:, None] + p_new.to(COMPUTE).to(tl.float32)[:, None] * v.to(tl.float32)[None, :]
+    acc = acc * alpha[:, None] + p_new.to(DOT).to(tl.float32)[:, None] * v.to(tl.float32)[None, :]
     m_i = tl.where(here, m_new, m_i)
 
     has = l_i > 0
@@ -305,6 +316,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         BS=k_cache.shape[2], COMPUTE=dt,
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl, KV_FP8=kv_fp8, KV_UNIT=kv_fp8 and kv_unit,
         LINE=line, LINES=max(1, d // line),
+        DOT=tl.float16 if kv_fp8 and kv_unit and FP8_DOTS_F16 else dt,
         num_warps=ATTENTION_WARPS, num_stages=stages, launch_pdl=pdl,
     )
     p = prepared
