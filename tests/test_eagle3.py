@@ -152,7 +152,7 @@ def test_an_eagle3_head_drafts_and_greedy_stays_plain_greedy_token_for_token(ckp
     vocab = set(proposer.head.targets.tolist())
     assert all(len(d) == r.k and set(d) <= vocab for r, d, _ in calls)  # k drafts, each a draft-vocabulary token
     assert sum(len(set(d)) for _, d, _ in calls) > 1.5 * len(calls)  # they depend on the step, not only the context
-    _same_as_a_fresh_proposer(rt, head, calls[::3])
+    _same_as_a_fresh_proposer(rt, head, calls[::4])
     assert not proposer._requests and proposer.kv.free_blocks == proposer.kv.usable_blocks  # all released
     rt.close()
 
@@ -167,9 +167,9 @@ def test_kept_drafts_go_through_d2t_and_the_rollback(ckpt, expected, tmp_path):
     assert _greedy(rt) == expected
     assert {t for _, d, _ in calls for t in d} == {FREQUENT}
     assert rt.stats()["spec_decode_accepted_tokens"] >= 2  # once in each of the two outputs that hold it
-    kept = [i for i, (ask, _, _) in enumerate(calls) if FREQUENT in ask.generated]
-    assert kept
-    _same_as_a_fresh_proposer(rt, head, [calls[i] for i in kept])  # the requests' steps after a kept draft
+    after = [c for c in calls if FREQUENT in c[0].generated[-3:]]  # the proposals just after a kept draft
+    assert after
+    _same_as_a_fresh_proposer(rt, head, after)
     rt.close()
 
 
