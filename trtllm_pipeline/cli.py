@@ -449,14 +449,15 @@ def _length_pairs(ctx, param, value):
 @click.option("--max-batch-size", type=click.IntRange(min=1), default=None, metavar="ROWS",
               help="--in-process, torch runtime: requests decoding together, in place of the config's "
               "build.max_batch_size (the torch runtime reads it at load; a TensorRT-LLM engine's is built in).")
-@click.option("--speculative", type=click.Choice(["ngram", "draft", "self"]), default=None,
+@click.option("--speculative", type=click.Choice(["ngram", "draft", "self", "eagle3"]), default=None,
               help="--in-process: plain decoding against speculative decoding (this proposer) on the same runtime and "
               "prompts, per --workload and --batch (default 1): tokens/s, speedup, acceptance length, drafted and "
               "accepted tokens, outputs compared.")
 @click.option("--num-draft-tokens", type=click.IntRange(1, 8), default=4, show_default=True,
               help="--speculative: k, tokens drafted per request per step.")
 @click.option("--draft-checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="--speculative draft: the draft model's checkpoint directory (same tokenizer as the target).")
+              help="--speculative draft: the draft model's checkpoint directory (same tokenizer as the target); "
+              "eagle3: the EAGLE-3 head's directory.")
 @click.option("--workload", "workloads", default="grounded,random", show_default=True,
               help="--speculative: grounded (rewrite / summarise / answer from a shipped passage) and/or random "
               "(random token prompts: lookups rarely hit), comma separated.")
@@ -520,8 +521,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                                "with --in-process")
     if speculative and throughput:
         raise click.UsageError("--speculative and --throughput are separate runs: give one")
-    if draft_checkpoint and speculative != "draft":
-        raise click.UsageError("--draft-checkpoint goes with --speculative draft")
+    if draft_checkpoint and speculative not in ("draft", "eagle3"):
+        raise click.UsageError("--draft-checkpoint goes with --speculative draft or eagle3")
     if in_process:
         if config is None:
             raise click.UsageError("--in-process needs -c CONFIG: it loads that build's engine")

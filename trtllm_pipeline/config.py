@@ -297,7 +297,8 @@ class BuildSection(_Section):
     extra_args: list[str] = Field(default_factory=list, description="passed to trtllm-build verbatim")
 
 
-SPECULATIVE_METHODS = ("none", "ngram", "draft", "self")
+SPECULATIVE_METHODS = ("none", "ngram", "draft", "self", "eagle3")
+CHECKPOINT_METHODS = ("draft", "eagle3")  # the methods that read runtime.speculative.draft_checkpoint
 
 
 class SpeculativeSection(_Section):
@@ -307,13 +308,15 @@ class SpeculativeSection(_Section):
     method: Literal[SPECULATIVE_METHODS] = Field(  # type: ignore[valid-type]
         "none", description="none; ngram = prompt lookup (the continuation of the request's last n tokens where they "
         "occurred before in its prompt + output); draft = a smaller checkpoint with the same tokenizer drafts greedily; "
-        "self = the target's first draft_layers layers (with its final norm and head) draft greedily")
+        "self = the target's first draft_layers layers (with its final norm and head) draft greedily; eagle3 = an "
+        "EAGLE-3 draft head (draft_checkpoint: its directory) drafts greedily from the target's own hidden states")
     num_draft_tokens: int = Field(4, ge=1, le=8, description="k: tokens drafted per request per step (1..8)")
     ngram_min: int = Field(2, ge=1, le=16, description="ngram: the shortest suffix looked up")
     ngram_max: int = Field(4, ge=1, le=16, description="ngram: the longest suffix looked up (tried first)")
     draft_checkpoint: str | None = Field(
         None, description="draft: the draft model's checkpoint directory (what `quantize` wrote, with its tokenizer/; "
-        "e.g. engines/<small build>/checkpoint); its tokenizer must equal the target's")
+        "e.g. engines/<small build>/checkpoint); its tokenizer must equal the target's. eagle3: the EAGLE-3 head's "
+        "directory (config.json, *.safetensors), trained for this target")
     draft_layers: int | None = Field(
         None, ge=1, le=1024, description="self: how many of the target's first layers draft (default a quarter)")
     adaptive: bool = Field(
@@ -659,12 +662,16 @@ def speculative_problems(cfg: BuildConfig) -> list[str]:
     if spec.method == "draft" and not spec.draft_checkpoint:
         out.append("runtime.speculative.method: draft needs runtime.speculative.draft_checkpoint (the draft model's "
                    "checkpoint directory). Fix: set it, or use method: ngram.")
+    if spec.method == "eagle3" and not spec.draft_checkpoint:
+        out.append("runtime.speculative.method: eagle3 needs runtime.speculative.draft_checkpoint (the EAGLE-3 head's "
+                   "directory: config.json and *.safetensors, trained for this model). Fix: set it, or use method: "
+                   "ngram.")
     if spec.draft_layers is not None and spec.method != "self":
         out.append(f"runtime.speculative.draft_layers is set but method is {spec.method!r}; it would be ignored. "
                    "Fix: set method: self, or remove draft_layers.")
-    if spec.draft_checkpoint and spec.method != "draft":
+    if spec.draft_checkpoint and spec.method not in CHECKPOINT_METHODS:
         out.append(f"runtime.speculative.draft_checkpoint is set but method is {spec.method!r}; it would be ignored. "
-                   "Fix: set method: draft, or remove draft_checkpoint.")
+                   "Fix: set method: draft (a draft model) or eagle3 (an EAGLE-3 head), or remove draft_checkpoint.")
     return out
 
 

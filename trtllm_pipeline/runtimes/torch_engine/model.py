@@ -537,22 +537,44 @@ class Qwen2Engine(torch.nn.Module):
     def _layers(self, tokens: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
         """The network over packed tokens [N] at ``positions`` [N]; ``attend(layer, q, k, v)`` (rotated q [N, heads,
         D], k and v [N, kv_heads, D]) gives the attention output [N, heads * D]."""
-        n = tokens.shape[0]
         cos, sin = self.cos[positions][None], self.sin[positions][None]
         x = self._embed(tokens[None])
-        hd, nq, nkv = self.head_dim, self.heads, self.kv_heads
-        for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer["input_norm"], self.eps)
-            qkv = layer["qkv"](h)
-            q = qkv[..., : nq * hd].view(1, n, nq, hd)
-            k = qkv[..., nq * hd : (nq + nkv) * hd].view(1, n, nkv, hd)
-            v = qkv[..., (nq + nkv) * hd :].view(1, n, nkv, hd)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            x = x + layer["dense"](attend(i, q[0], k[0], v[0])[None])
-            h = rms_norm(x, layer["post_norm"], self.eps)
-            fc, gate = layer["fc_gate"](h).chunk(2, dim=-1)
-            x = x + layer["proj"](F.silu(fc) * gate)
+        for i in range(len(self.layers)):
+            x = self._layer(i, x, cos, sin, attend)
         return rms_norm(x, self.final_norm, self.eps)[0]
+
+    def _layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        """Layer ``i`` on the residual stream ``x`` [1, N, hidden]: the stream leaving it."""
+        layer, n = self.layers[i], x.shape[1]
+        hd, nq, nkv = self.head_dim, self.heads, self.kv_heads
+        h = rms_norm(x, layer["input_norm"], self.eps)
+        qkv = layer["qkv"](h)
+        q = qkv[..., : nq * hd].view(1, n, nq, hd)
+        k = qkv[..., nq * hd : (nq + nkv) * hd].view(1, n, nkv, hd)
+        v = qkv[..., (nq + nkv) * hd :].view(1, n, nkv, hd)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        x = x + layer["dense"](attend(i, q[0], k[0], v[0])[None])
+        h = rms_norm(x, layer["post_norm"], self.eps)
+        fc, gate = layer["fc_gate"](h).chunk(2, dim=-1)
+        return x + layer["proj"](F.silu(fc) * gate)
+
+    @torch.inference_mode()
+    def residual_streams(self, batch, points) -> torch.Tensor:
+        """The residual stream entering layer ``j`` for each ``j`` of ``points`` (``j == len(self.layers)``: leaving
+        the last layer, before the final norm; 0: the embedding), for ``batch``'s packed tokens, concatenated in the
+        order of ``points``: [N, len(points) * hidden]. The layers run eagerly (K/V written through the block tables as
+        ``forward`` writes them), and only as far as the last point. What an EAGLE-3 draft head reads
+        (``speculative/eagle3.py``)."""
+        positions, attend = self.paged(batch)
+        cos, sin = self.cos[positions][None], self.sin[positions][None]
+        x = self._embed(batch.tokens[None])
+        taken, last = {}, max(points)
+        for i in range(last):
+            if i in points:
+                taken[i] = x
+            x = self._layer(i, x, cos, sin, attend)
+        taken[last] = x
+        return torch.cat([taken[j][0] for j in points], dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (TensorRT-LLM's default logits dtype): bf16 logits tie too often."""

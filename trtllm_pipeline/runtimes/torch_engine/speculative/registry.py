@@ -19,10 +19,17 @@ def _self_layers(settings, target) -> Proposer:
     return DraftProposer.from_target_layers(settings, target)
 
 
+def _eagle3_head(settings, target) -> Proposer:
+    from trtllm_pipeline.runtimes.torch_engine.speculative.eagle3 import Eagle3Proposer
+
+    return Eagle3Proposer.from_settings(settings, target)
+
+
 PROPOSERS: dict[str, Callable[[Any, Any], Proposer]] = {
     "ngram": lambda settings, target: NgramProposer(settings.ngram_min, settings.ngram_max),
     "draft": _draft_model,
     "self": _self_layers,
+    "eagle3": _eagle3_head,
 }
 
 
