@@ -147,6 +147,11 @@ case "$part" in
       tp serve -c "$c" --engines-dir "$engines" --stop || true
       exit 1
     }
+    # the server's Prometheus metrics now, into metrics-$1.txt (what a later diff of two scrapes divides by requests)
+    scrape() {
+      python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())" \
+        http://127.0.0.1:8002/metrics > "$out/metrics-$1.txt" 2>&1 || true
+    }
     start_server cold
     # A served load under a deadline: when it has not ended by then, every stub's and the bench's stacks (py-spy)
     # and the server's log are kept before it is stopped (a hang shows where it waits). $1: name, $2: seconds.
@@ -187,9 +192,11 @@ case "$part" in
       stop_if_hung
     fi
     if has bench; then
+      scrape before-c1
       deadline served-grpc-c1 60 tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 1 \
         --input-tokens 128 --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-grpc-c1.json"
       stop_if_hung
+      scrape after-c1  # Triton's per-model request / queue / compute time (preprocessing's share of TTFT) and ours
       deadline served-grpc 150 tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc \
         --concurrency 8,32,64 --input-tokens 128 --output-tokens 256 --requests 128 --warmup 4 \
         -o "$out/served-grpc.json"
