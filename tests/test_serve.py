@@ -501,6 +501,29 @@ def test_bls_model_streams_the_same_text(server):
         assert all(tokens is not None for *_, tokens in bls._grpc_responses(values))  # the model's count, not a guess
 
 
+def _model_runs(server, model: str) -> float:
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    return float(re.search(rf'^nv_inference_count{{model="{model}",version="1"}} (\S+)$', text, re.M).group(1))
+
+
+def test_the_bls_tokenizes_a_short_prompt_itself_and_sends_a_long_one_to_preprocessing(server, runtime):
+    """A short prompt's ids made inside tensorrt_llm_bls (preprocessing's own code: no round trip through its stub,
+    ~1.5 ms of a request's TTFT here), a long one (past LOCAL_TOKENIZE_BYTES) by the preprocessing model (the
+    tokenizer holds the GIL, which would stall the streams the BLS relays); either way in-process generate's text,
+    and the limits' errors the same."""
+    from trtllm_pipeline.triton.contract import LOCAL_TOKENIZE_BYTES
+
+    long_prompt = " ".join([PROMPTS[1]] * (LOCAL_TOKENIZE_BYTES // len(PROMPTS[1]) + 1))
+    assert len(long_prompt.encode()) > LOCAL_TOKENIZE_BYTES
+    with TritonClient(url(server, "grpc")) as client:
+        for prompt, runs in ((PROMPTS[1], 0), (long_prompt, 1)):
+            before = _model_runs(server, "preprocessing")
+            assert client.generate(prompt, max_tokens=6) == in_process(runtime, prompt, max_tokens=6).text
+            assert _model_runs(server, "preprocessing") - before == runs, prompt[:40]
+        with pytest.raises(ServerError, match="max_seq_len"):
+            client.generate(PROMPTS[1], max_tokens=10**6)
+
+
 def _sse_arrivals(port: int, path: str, body: dict) -> list[tuple[float, bytes]]:
     """(arrival time, payload) of each server-sent event, read from the socket as the bytes land."""
     import http.client

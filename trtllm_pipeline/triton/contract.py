@@ -49,6 +49,10 @@ BLS_ID_PREFIX = "bls-"
 # The request parameter by which the BLS marks its engine requests (a front's id passes through it unchanged)
 BLS_PARAMETER = "trtllm_pipeline_bls"
 
+# tensorrt_llm_bls tokenizes prompts up to this many bytes itself (~1k tokens: ~2 ms of its GIL at most on this
+# project's CPU machine), longer ones through the preprocessing model (the tokenizer holds the GIL while it works)
+LOCAL_TOKENIZE_BYTES = 4096
+
 # ensemble input -> preprocessing input, and preprocessing output -> tensorrt_llm input.
 PREPROCESSING_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
                          "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}

@@ -141,7 +141,8 @@ def postprocessing_config(cfg: "BuildConfig", *, tokenizer_dir: Path, detokenize
     }
 
 
-def bls_config(cfg: "BuildConfig", *, tokenizer_dir: Path, limits: RequestLimits) -> dict[str, Any]:
+def bls_config(cfg: "BuildConfig", *, tokenizer_dir: Path, limits: RequestLimits, end_id: int,
+               pad_id: int) -> dict[str, Any]:
     # Besides the ensemble's outputs, how many generated tokens each response stands for (a streamed response
     # may carry several): the name Triton's vLLM backend and OpenAI frontend use.
     outputs = [*client_outputs(), tensor(NUM_OUTPUT_TOKENS, "TYPE_INT32", [1])]
@@ -151,6 +152,8 @@ def bls_config(cfg: "BuildConfig", *, tokenizer_dir: Path, limits: RequestLimits
         "input": client_inputs(), "output": outputs,
         "parameters": mc.parameters({"tokenizer_dir": tokenizer_dir, "tensorrt_llm_model_name": "tensorrt_llm",
                                      "preprocessing_model_name": "preprocessing",
+                                     # what preprocessing knows, for the short prompts the BLS tokenizes itself
+                                     "end_id": end_id, "pad_id": pad_id,
                                      "limits": json.dumps(limits.to_dict())}),
         "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
     }
@@ -172,7 +175,7 @@ def write_repository(cfg: "BuildConfig", runtime: str, engine: EngineModel, out:
         "preprocessing": preprocessing_config(cfg, tokenizer_dir=tokenizer_dir, end_id=end_id, pad_id=pad_id,
                                               limits=limits),
         "postprocessing": postprocessing_config(cfg, tokenizer_dir=tokenizer_dir, detokenize=not engine.streams_text),
-        "tensorrt_llm_bls": bls_config(cfg, tokenizer_dir=tokenizer_dir, limits=limits),
+        "tensorrt_llm_bls": bls_config(cfg, tokenizer_dir=tokenizer_dir, limits=limits, end_id=end_id, pad_id=pad_id),
         "tensorrt_llm": engine.config,
     }
     sources = {name: name for name in MODELS if name not in ("ensemble", "tensorrt_llm")}
