@@ -244,6 +244,75 @@ def test_the_bans_at_a_verified_position_take_the_drafts_before_it_as_generated(
     assert early.may_ban() and not _Request("t", [1], params=SamplingParams(max_tokens=9), end_id=5).may_ban()
 
 
+def _chi2_critical(df: int, z: float = 3.09) -> float:
+    """The chi-square distribution's quantile at the normal quantile ``z`` (3.09: 0.999), Wilson-Hilferty's cube."""
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_the_rejection_rule_emits_the_targets_distribution():
+    """Speculative sampling's rule (``accept_sampled``) over a known target: the first emitted token is distributed
+    as the target's first row whatever the draft (a point mass, as this project's proposers commit to one token, or
+    a draft model's distribution q, its draft drawn from q), and after an accepted draft the next one as the second
+    row. Chi-square against the target at the 0.999 quantile, 20,000 draws each, seeded."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.05, 0.40, 0.10, 0.30, 0.15], [0.25, 0.25, 0.10, 0.20, 0.20]], dtype=torch.float64)
+    q = torch.tensor([0.50, 0.10, 0.20, 0.10, 0.10], dtype=torch.float64)
+    n = 20_000
+    for draft_probs in (None, q[None]):
+        first, second = torch.zeros(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64)
+        kept = 0
+        for _ in range(n):
+            d = 1 if draft_probs is None else int(torch.multinomial(q, 1, generator=gen))
+            out = accept_sampled(p, [d], gen, draft_probs)
+            first[out[0]] += 1
+            if len(out) == 2:  # the draft was kept: the token after it is the second row's
+                kept += 1
+                second[out[1]] += 1
+        assert _chi2(first, p[0]) < _chi2_critical(4), (draft_probs, first)
+        assert _chi2(second, p[1]) < _chi2_critical(4), (draft_probs, second)
+        # kept with probability sum min(p, q): 0.40 for the point mass on token 1, 0.70 for q
+        want = 0.40 if draft_probs is None else float(torch.minimum(p[0], q).sum())
+        assert abs(kept / n - want) < 4 * (want * (1 - want) / n) ** 0.5, (kept, want)
+
+
+def test_sampling_with_speculation_draws_what_plain_sampling_draws(ckpt):
+    """The tiny model end to end: 600 seeded requests sampled (temperature 1, top-k 3) with the target drafting for
+    itself (its greedy drafts kept or rejected by the rule; from the second token on, a verify row) against 600
+    plain ones: the three tokens' joint counts are one distribution (two-sample chi-square at the 0.999 quantile,
+    sequences seen fewer than 10 times in all pooled)."""
+    plain = _rt(ckpt, max_batch_size=32)
+    spec = _rt(ckpt, {"method": "draft", "num_draft_tokens": 3, "draft_checkpoint": str(ckpt), "adaptive": False},
+               max_batch_size=32)
+    n, prompt = 600, PROMPTS[1]
+
+    def pairs(rt, seeds) -> dict:
+        out: dict = {}
+        for i, seed in enumerate(seeds):
+            rt.submit(i, prompt, SamplingParams(max_tokens=3, temperature=1.0, top_k=3, seed=seed, end_id=-1))
+        got = {i: [] for i in range(len(seeds))}
+        while rt.has_work():
+            for e in rt.step():
+                got[e.request_id] += e.token_ids
+        for tokens in got.values():
+            out[tuple(tokens)] = out.get(tuple(tokens), 0) + 1
+        return out
+
+    a, b = pairs(plain, range(n)), pairs(spec, range(n, 2 * n))
+    assert spec.stats()["spec_decode_draft_tokens"] > 0 and spec.stats()["spec_decode_accepted_tokens"] > 0
+    rare = {c for c in set(a) | set(b) if a.get(c, 0) + b.get(c, 0) < 10}
+    for counts in (a, b):
+        counts["rare"] = sum(counts.pop(c, 0) for c in rare)
+    cells = [c for c in set(a) | set(b) if a.get(c, 0) + b.get(c, 0)]
+    stat = sum((a.get(c, 0) - b.get(c, 0)) ** 2 / (a.get(c, 0) + b.get(c, 0)) for c in cells)
+    print(f"two-sample chi-square {stat:.1f} over {len(cells)} cells (0.999 quantile {_chi2_critical(len(cells) - 1):.1f})")
+    assert len(cells) > 5 and stat < _chi2_critical(len(cells) - 1), (stat, a, b)
+
+
 def test_acceptance_rules_and_prompt_lookup():
     assert accept_greedy([5, 6, 9, 1], [5, 6, 7]) == [5, 6, 9]
     assert accept_greedy([5, 6, 7, 1], [5, 6, 7]) == [5, 6, 7, 1]
