@@ -94,6 +94,7 @@
       this.text = this.node.querySelector(".text");
       this.reasoning = null;
       this.content = "";
+      this.started = false; // a character other than a newline shown
       this.pieces = 0;
     }
 
@@ -111,13 +112,19 @@
         this.node.insertBefore(details, this.text);
         this.reasoning = details;
       }
-      this.reasoning.querySelector(".reasoning-text").textContent += piece;
+      // each piece appended as a text node: rewriting the whole text per piece made a long answer quadratic, and
+      // the page fell behind the stream
+      this.reasoning.querySelector(".reasoning-text").appendChild(document.createTextNode(piece));
     }
 
     say(piece) {
       if (this.reasoning && !this.content) this.reasoning.open = false; // the answer began: fold the reasoning
       this.content += piece;
-      this.text.textContent = this.content.replace(/^\n+/, ""); // R1 puts blank lines after </think>
+      const shown = this.started ? piece : piece.replace(/^\n+/, ""); // R1 puts blank lines after </think>
+      if (shown) {
+        this.started = true;
+        this.text.appendChild(document.createTextNode(shown));
+      }
     }
 
     end(state) {
@@ -126,12 +133,21 @@
     }
   }
 
-  // Server-sent events off the response body: yields each `data:` payload ("[DONE]" included).
-  async function* events(response) {
+  // Server-sent events off the response body: yields each `data:` payload ("[DONE]" included). A read of data
+  // already received resolves as a microtask, so while the page is behind the stream this loop would keep the
+  // browser from handling anything else (Stop among it) until it caught up: it gives the event loop a turn every
+  // frame's worth of work (a click on Stop then aborts the request, and the next read fails).
+  async function* events(response, signal) {
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
+    let turn = performance.now();
     for (;;) {
+      if (performance.now() - turn > 16) {
+        await new Promise((resolve) => setTimeout(resolve, 0));
+        turn = performance.now();
+        if (signal && signal.aborted) throw new DOMException("stopped", "AbortError");
+      }
       const { value, done } = await reader.read();
       buffer += decoder.decode(value || new Uint8Array(), { stream: !done });
       const parts = buffer.split(/\r?\n\r?\n/);
@@ -189,7 +205,7 @@
       });
       if (!response.ok) throw new Error(await responseError(response));
       answer = new Answer();
-      for await (const data of events(response)) {
+      for await (const data of events(response, controller.signal)) {
         if (data === "[DONE]") break;
         const chunk = parseEvent(data);
         if (chunk.error) throw new Error(errorText(null, chunk));
