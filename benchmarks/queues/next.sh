@@ -12,6 +12,9 @@ part throughput 240 TRTLLM_PIPELINE_CHAIN=0 LENGTHS=128/2048 REQUESTS=1500 SKIP_
 # ITL 12.55 ms against BF16's 12.15): launch shapes incl. tiles without the cp.async pipeline, bfloat16 against
 # float16 dots (sm_90 SASS of the key loop: 605, 510, 482 and 370 instructions a thread against ~496 cycles of bytes)
 part attention 330 ATTN_KV=fp8
+# 31: the prefill-bound rows at 2048 prompt tokens a step, the same call's baseline for 2026-12-05's 8192 (2048/128
+# 2,368 tok/s, 1000/1000 12,633; the day before at 2048: 2,635 and 11,050, other code)
+part throughput 300 LENGTHS="2048/128 1000/1000" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 # 32: INT4-AWQ at batch 2-16 on quant_gemv's several-row GEMV (docs/perf-notes.md, "INT4-AWQ at batch 2-16"): the
 # GEMV against today's kernels at M 1/2/4/8/16 for the 7B's four linears, the merged quant_gemm_table.json (copy it
 # into the package where its "gemv" rows win), steps at batch 1/8/16 by choice (table, switch, measured)
