@@ -43,15 +43,30 @@ def same_tokenizer(a_dir: Path, b_dir: Path) -> bool:
     return a.backend.get_vocab(with_added_tokens=True) == b.backend.get_vocab(with_added_tokens=True)
 
 
+def first_layers(engine: Qwen2Engine, n: int) -> Qwen2Engine:
+    """A view of ``engine``'s first ``n`` layers: an attribute dict of its own (the layer list, a KV pool to allocate),
+    the target's tensors (no second set of weights)."""
+    view = copy.copy(engine)
+    view.layers = engine.layers[:n]
+    view.cache_k = view.cache_v = None
+    return view
+
+
+def own_pool(engine: Qwen2Engine, *, max_batch_size: int, max_seq_len: int, block_size: int) -> KVCacheManager:
+    """A proposer's KV pool on ``engine``, allocated now: every row's whole length, a block a row to spare and the
+    null block; and the manager of its blocks."""
+    blocks = -(-max_batch_size * max_seq_len // block_size) + max_batch_size + 1
+    engine.allocate_kv(blocks, block_size)
+    return KVCacheManager(blocks, block_size)
+
+
 class DraftProposer(Proposer):
     name = "draft"
 
     def __init__(self, engine: Qwen2Engine, *, vocab_limit: int, max_batch_size: int, max_seq_len: int,
                  block_size: int = 32):
         self.engine, self.vocab_limit, self.max_seq_len = engine, vocab_limit, max_seq_len
-        blocks = -(-max_batch_size * max_seq_len // block_size) + max_batch_size + 1
-        engine.allocate_kv(blocks, block_size)
-        self.kv = KVCacheManager(blocks, block_size)
+        self.kv = own_pool(engine, max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size)
         self._fed: dict[Any, _Fed] = {}
 
     @classmethod
@@ -93,9 +108,7 @@ class DraftProposer(Proposer):
         if n >= total:
             raise ConfigError(f"runtime.speculative.draft_layers: {n} is not fewer than the target's {total} layers.",
                               fix=f"use 1..{total - 1}")
-        draft = copy.copy(engine)  # its own attribute dict: its layer list and KV pool; the tensors are shared
-        draft.layers = engine.layers[:n]
-        draft.cache_k = draft.cache_v = None
+        draft = first_layers(engine, n)
         log.info("speculative decoding: self-speculation with the first %d of %d layers", n, total)
         return cls(draft, vocab_limit=target.vocab_size, max_batch_size=target.max_batch_size,
                    max_seq_len=target.max_seq_len)

@@ -23,7 +23,6 @@ Needs the whole target in this process (not a tensor-parallel shard), as ``self`
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from pathlib import Path
@@ -32,10 +31,10 @@ from typing import Any
 import torch
 
 from trtllm_pipeline.errors import ConfigError, InputError
-from trtllm_pipeline.runtimes.torch_engine.kv_cache import KVCacheManager
 from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
 from trtllm_pipeline.runtimes.torch_engine.speculative import eagle3_checkpoint
+from trtllm_pipeline.runtimes.torch_engine.speculative.draft import first_layers, own_pool, same_tokenizer
 from trtllm_pipeline.runtimes.torch_engine.speculative.eagle3_head import Eagle3Head, HeadCache
 from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import Proposer
 
@@ -57,17 +56,13 @@ class Eagle3Proposer(Proposer):
     def __init__(self, head: Eagle3Head, view: Qwen2Engine, points: tuple[int, ...], *, max_batch_size: int,
                  max_seq_len: int, block_size: int = 32):
         self.head, self.view, self.points, self.max_seq_len = head, view, points, max_seq_len
-        blocks = -(-max_batch_size * max_seq_len // block_size) + max_batch_size + 1
-        view.allocate_kv(blocks, block_size)
-        self.kv = KVCacheManager(blocks, block_size)
+        self.kv = own_pool(view, max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size)
         self._requests: dict[Any, _Request] = {}
 
     @classmethod
     def from_settings(cls, settings, target) -> "Eagle3Proposer":
         """The EAGLE-3 head at ``settings.draft_checkpoint`` for ``target`` (a ``TorchRuntime``), checked against it
         (``eagle3_checkpoint``: InputError / ConfigError, exit 2, naming the fix)."""
-        from trtllm_pipeline.runtimes.torch_engine.speculative.draft import same_tokenizer
-
         where = Path(settings.draft_checkpoint).expanduser()
         if not where.is_dir():
             raise ConfigError(f"runtime.speculative.draft_checkpoint: {where} is not a directory.",
@@ -88,9 +83,7 @@ class Eagle3Proposer(Proposer):
         head = Eagle3Head(spec, tensors, embedding=engine.embedding, target_lm_head=engine.lm_head,
                           max_seq_len=target.max_seq_len, dtype=engine.dtype, device=engine.device)
         del tensors
-        view = copy.copy(engine)  # its own attribute dict: its layer list and KV pool; the tensors are the target's
-        view.layers = engine.layers[: max(spec.points)]
-        view.cache_k = view.cache_v = None
+        view = first_layers(engine, max(spec.points))
         log.info("speculative decoding: EAGLE-3 head %s (hidden %d, draft vocabulary %d) reading the target's "
                  "streams %s (%s)", where, spec.hidden, spec.draft_vocab, list(spec.points), spec.points_from)
         return cls(head, view, spec.points, max_batch_size=target.max_batch_size, max_seq_len=target.max_seq_len)
