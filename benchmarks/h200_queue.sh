@@ -60,7 +60,13 @@ part() {
   stamp "start $name (at most $seconds s) $*"
   env WHEELS=/tmp/wheels "$@" OUT="$dir" timeout -s INT -k 30 "$seconds" bash benchmarks/h200_run.sh "$name" > "$dir/part.log" 2>&1
   rc=$?
+  # No server or client outlives its part: a hung server's stubs ignored SIGTERM on 2026-12-05 and held 72 GiB through the next
+  # five parts (two failed out of memory)
+  pkill -f 'python3 -m trtllm_pipeline'  # a client the part's deadline left running (it held the server)
   pkill -f tritonserver; pkill -f triton_python_backend_stub; sleep 2
+  local left=0
+  while pgrep -f 'tritonserver|triton_python_backend_stub' > /dev/null && [ $left -lt 10 ]; do sleep 1; left=$((left + 1)); done
+  pkill -9 -f 'tritonserver|triton_python_backend_stub'; sleep 1
   stamp "end $name rc=$rc after $((SECONDS - start)) s$([ $rc = 124 ] && echo ' (deadline)')"
 }
 

@@ -59,17 +59,18 @@ def main() -> None:
         row, written, new_key = run_case(gen, cos, sin, pos, qkv, qkv, block_t=attention.LOADED_BLOCK_T)
         rows.append({**row, "block_t": attention.LOADED_BLOCK_T, "cache_written": torch.equal(written, new_key)})
     rows.append(folded_norm(gen, cos, sin))
-    # an E4M3 cache at unit scale (ModelOpt's), at the loaded tile, with bfloat16 and with float16 dots
-    # (attention.FP8_DOTS_F16): both within the output's rounding of float64 attention over the stored values
+    # an E4M3 cache at unit scale (ModelOpt's), at the FP8 pool's loaded tile (LOADED_FP8_BLOCK_T), with bfloat16 and
+    # with float16 dots (attention.FP8_DOTS_F16): both within the output's rounding of float64 attention over the stored values
+    module_dots = attention.FP8_DOTS_F16
     for f16 in (False, True):
         attention.FP8_DOTS_F16 = f16
         qkv = torch.randn(1, 1, (HEADS + 2 * KV_HEADS) * D, generator=gen)
         one = torch.ones(1)
-        row, written, new_key = run_case(gen, cos, sin, 300, qkv, qkv, block_t=attention.LOADED_BLOCK_T, fp8=True,
+        row, written, new_key = run_case(gen, cos, sin, 300, qkv, qkv, block_t=attention.LOADED_FP8_BLOCK_T, fp8=True,
                                          kv_scale=one, kv_inv=one, kv_unit=True)
         rows.append({**row, "kv": "fp8", "dots": "f16" if f16 else "bf16",
                      "cache_written": torch.equal(written, new_key.to(torch.float8_e4m3fn).double())})
-    attention.FP8_DOTS_F16 = False
+    attention.FP8_DOTS_F16 = module_dots
     print(json.dumps(rows))
 
 

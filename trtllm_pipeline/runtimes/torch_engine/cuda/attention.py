@@ -30,6 +30,8 @@ under the scores' rounding); only the probabilities round finer than eager's bfl
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -54,12 +56,19 @@ BLOCK_T = 64
 # rows keep the shape the batch-1 step was tuned with.
 LOADED_ROWS = 64
 LOADED_BLOCK_T, LOADED_STAGES = 32, 3
+# An FP8 pool from LOADED_ROWS rows: tiles of 128 keys (the bytes of BF16's 64) in 2 stages. Of 216 shapes timed at
+# 64-256 rows x 512-2048 tokens it was the fastest at 7 of 9 and within 10% at the others; the BF16 pool's loaded
+# shape (32 keys, 3 stages) was 1.3-1.7x slower over FP8 keys (H100, ``attention_sweep.py --kv fp8``, 2026-12-05,
+# a layer: 256 x 2048 362 -> 259 us, 128 x 2048 227 -> 131 us, 64 x 2048 120 -> 72 us).
+LOADED_FP8_BLOCK_T, LOADED_FP8_STAGES = 128, 2
 # An FP8 cache at unit scale: float16 dots (the module docstring). Read from sm_90 SASS (tools/attention_sass.py, the
-# loaded shape's K loop): 605 instructions a thread with bfloat16 dots, 510 with float16, 370 with float16 and the
-# tiles loaded without the cp.async pipeline (BF16 keys: 368). Off until the H200 has timed it (attention_sweep
-# --kv fp8 times both): on the tiny random model's three-token prompts as rows of a fast step it parts from eager
-# on one first token whose two best logits are 0.106 apart in float32 (bfloat16 dots part on another, within 0.1).
-FP8_DOTS_F16 = False
+# 32-key shape's K loop): 605 instructions a thread with bfloat16 dots, 510 with float16, 370 with float16 and the
+# tiles loaded without the cp.async pipeline (BF16 keys: 368). Timed in the loaded shape above: 3-19% faster than
+# bfloat16 dots at every shape of the same sweep, so None (the module's choice) takes them from LOADED_ROWS rows.
+# Fewer rows keep bfloat16 dots (not timed there; on the tiny random model's three-token prompts as rows of a fast
+# step float16 dots part from eager on one first token whose two best logits are 0.106 apart in float32). True or
+# False forces either (the sweep, the kernel check).
+FP8_DOTS_F16: bool | None = None
 
 
 @triton.jit
@@ -266,6 +275,20 @@ def pick_splits(batch: int, kv_heads: int, sm_count: int, max_splits: int = 32) 
     return max(1, min(max_splits, triton.next_power_of_2(want)))
 
 
+class LaunchShape(NamedTuple):
+    block_t: int
+    stages: int
+    f16_dots: bool
+
+
+def launch_shape(batch: int, kv_fp8: bool, kv_unit: bool) -> LaunchShape:
+    """The decode attention's key tile, pipeline stages and dot type for ``batch`` rows over a BF16 or FP8 pool."""
+    loaded = batch >= LOADED_ROWS
+    block_t, stages = ((LOADED_FP8_BLOCK_T, LOADED_FP8_STAGES) if kv_fp8 else (LOADED_BLOCK_T, LOADED_STAGES)) \
+        if loaded else (BLOCK_T, ATTENTION_STAGES)
+    return LaunchShape(block_t, stages, kv_fp8 and kv_unit and (loaded if FP8_DOTS_F16 is None else FP8_DOTS_F16))
+
+
 def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, table_rows: torch.Tensor,
                      block_tables: torch.Tensor,
@@ -299,8 +322,10 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     group = heads // kv_heads
     dt = tl_dtype(compute)
     stages = ATTENTION_STAGES
+    shape = launch_shape(batch, kv_fp8, kv_unit)
     if block_t is None:  # the module's choice (a benchmark passes its own, with ATTENTION_STAGES)
-        block_t, stages = (LOADED_BLOCK_T, LOADED_STAGES) if batch >= LOADED_ROWS else (BLOCK_T, ATTENTION_STAGES)
+        block_t, stages = shape.block_t, shape.stages
+    f16_dots = shape.f16_dots
     _decode_attention_kernel[(batch, kv_heads, splits)](
         qkv_partials, qkv_partials.stride(0), qkv_partials.stride(1), bias if bias is not None else qkv_partials,
         cos, sin, cos.stride(0),
@@ -316,7 +341,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         BS=k_cache.shape[2], COMPUTE=dt,
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl, KV_FP8=kv_fp8, KV_UNIT=kv_fp8 and kv_unit,
         LINE=line, LINES=max(1, d // line),
-        DOT=tl.float16 if kv_fp8 and kv_unit and FP8_DOTS_F16 else dt,
+        DOT=tl.float16 if f16_dots else dt,
         num_warps=ATTENTION_WARPS, num_stages=stages, launch_pdl=pdl,
     )
     p = prepared
