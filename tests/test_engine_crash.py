@@ -3,9 +3,10 @@
 Speculation served: the same greedy text as plain decoding and the engine metrics count what was drafted and
 accepted. The crash (on the H200 a segmentation fault in the stub's ``send`` did this): Triton 2.51 still says
 the model is ready and a streaming request waiting on it waited for ever; with ``health``'s record of the
-engine's process the waiting request ends with an error naming the crash and readiness answers 503. One
-server for all, served as on a GPU (the outbox's thread, coalesced streams; the crash test last: tests of a file
-run in order, on one worker)."""
+engine's process the waiting request ends with an error naming the crash and readiness answers 503 (the BLS
+reads its engine stream on the engine model's socket, triton/direct.py: the crash closes it). Served as on a GPU
+(the outbox's thread, coalesced streams; the crash test last: tests of a file run in order, on one worker); a
+second server of the plain build keeps the BLS's requests on Triton's path, as TensorRT-LLM's engine model has it."""
 
 from __future__ import annotations
 
@@ -59,19 +60,33 @@ def spec_cfg(built, engines_dir, tmp_path_factory):
 GPU_LIKE = {"TRTLLM_PIPELINE_OUTBOX_THREAD": "1", "TRTLLM_PIPELINE_STREAM_COALESCE": "1"}
 
 
-@pytest.fixture(scope="module")
-def server(spec_cfg, engines_dir):
+def _start(cfg, engines_dir, env: dict[str, str]):
     http, grpc, metrics, openai = free_ports(4)
-    saved = {k: os.environ.get(k) for k in GPU_LIKE}
-    os.environ.update(GPU_LIKE)  # the server's processes inherit them
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the server's processes inherit them
     try:
-        started = serve.start(spec_cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics,
-                              openai=openai)
+        return serve.start(cfg, engines_dir=engines_dir, http=http, grpc=grpc, metrics=metrics, openai=openai)
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def server(spec_cfg, engines_dir):
+    started = _start(spec_cfg, engines_dir, GPU_LIKE)
     yield started
     serve.stop(spec_cfg, engines_dir=engines_dir)
+    assert not serve.group_alive(started.pid)
+
+
+@pytest.fixture(scope="module")
+def through_triton(built, engines_dir):
+    """The plain build served as on a GPU with the BLS's requests through Triton, as with TensorRT-LLM's engine
+    model (no socket of the torch engine's: ``TRTLLM_PIPELINE_BLS_DIRECT=0``)."""
+    built(PLAIN)
+    started = _start(load(PLAIN), engines_dir, {**GPU_LIKE, "TRTLLM_PIPELINE_BLS_DIRECT": "0"})
+    yield started
+    serve.stop(load(PLAIN), engines_dir=engines_dir)
     assert not serve.group_alive(started.pid)
 
 
@@ -114,6 +129,38 @@ def test_speculation_served_gives_plain_greedy_text_and_the_metrics_count_drafts
         time.sleep(0.2)
     assert 0 < m["spec_decode_num_accepted_tokens_total"] <= m["spec_decode_num_draft_tokens_total"]
     assert m["spec_decode_num_verify_rows_total"] > 0 and m["spec_decode_acceptance_length"] >= 1
+
+
+def test_the_bls_through_triton_streams_sixteen_requests_at_once_with_plain_greedy_text(through_triton, engines_dir):
+    """The path TensorRT-LLM's engine model takes (Triton's BLS requests, the empty first response that frees the
+    exec() thread), still right under concurrency: every stream in-process generate's text, and Triton counted a
+    tensorrt_llm request for each (the socket path counts none: test_serve)."""
+    prompts = [f"{p} {i}" for i in range(4) for p in PROMPTS]
+    plain = load_runtime(load(PLAIN), engines_dir)
+    try:
+        expected = {p: plain.generate([plain.tokenizer.encode(p, add_special_tokens=True)],
+                                      SamplingParams(max_tokens=24, end_id=-1))[0].text for p in prompts}
+    finally:
+        plain.close()
+    before = _engine_requests(through_triton)
+    got = {}
+
+    def ask(prompt: str) -> None:
+        with TritonClient(f"127.0.0.1:{through_triton.grpc_port}") as client:
+            got[prompt] = "".join(client.stream(prompt, max_tokens=24, end_id=-1))
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == expected
+    assert _engine_requests(through_triton) - before == len(prompts)
+
+
+def _engine_requests(server) -> float:
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    return float(re.search(r'^nv_inference_count{model="tensorrt_llm",version="1"} (\S+)$', text, re.M).group(1))
 
 
 def test_a_crashed_engine_process_ends_the_waiting_stream_with_the_reason_and_readiness_turns_503(

@@ -524,6 +524,21 @@ def test_the_bls_tokenizes_a_short_prompt_itself_and_sends_a_long_one_to_preproc
             client.generate(PROMPTS[1], max_tokens=10**6)
 
 
+def test_the_bls_reaches_the_torch_engine_on_its_socket_not_through_triton(server, runtime):
+    """tensorrt_llm_bls sends the engine request on the torch engine model's own socket (triton/direct.py): Triton
+    counts no tensorrt_llm request for it (the ensemble's and direct clients' still go through Triton), the text is
+    in-process generate's, and an error the engine finds comes back with its message."""
+    with TritonClient(url(server, "grpc")) as bls, TritonClient(url(server, "grpc"), model="ensemble") as ens:
+        before = _model_runs(server, "tensorrt_llm")
+        assert bls.generate(PROMPTS[0], max_tokens=8) == in_process(runtime, PROMPTS[0], max_tokens=8).text
+        assert "".join(bls.stream(PROMPTS[0], max_tokens=8)) == in_process(runtime, PROMPTS[0], max_tokens=8).text
+        assert _model_runs(server, "tensorrt_llm") == before
+        assert ens.generate(PROMPTS[0], max_tokens=8) == in_process(runtime, PROMPTS[0], max_tokens=8).text
+        assert _model_runs(server, "tensorrt_llm") == before + 1
+        with pytest.raises(ServerError, match="temperature"):
+            bls.generate(PROMPTS[0], max_tokens=4, top_k=5, temperature=float("inf"))
+
+
 def _sse_arrivals(port: int, path: str, body: dict) -> list[tuple[float, bytes]]:
     """(arrival time, payload) of each server-sent event, read from the socket as the bytes land."""
     import http.client

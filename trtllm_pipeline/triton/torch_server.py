@@ -1,6 +1,7 @@
 """The torch runtime behind Triton's decoupled ``tensorrt_llm`` model: continuous batching in one thread.
 
-``execute`` only parses requests and queues them; the engine loop (``runtimes/engine_loop``, the one
+``execute`` only parses requests and queues them (the BLS's come on a socket of their own, ``triton/direct.py``,
+and are parsed the same way); the engine loop (``runtimes/engine_loop``, the one
 ``bench --in-process`` runs too) owns the runtime in one thread: this class is its host, admitting queued
 requests between steps and handing each request's new token to the outbox (on a GPU, a thread that sends while
 the loop runs the next step). Text is made by a ``TextStream`` per request and the runtime's own event
@@ -48,7 +49,7 @@ import numpy as np
 from trtllm_pipeline.errors import InputError, PipelineError, UnavailableError
 from trtllm_pipeline.runtimes import Runtime, SamplingParams, TextStream
 from trtllm_pipeline.runtimes.engine_loop import EngineLoop
-from trtllm_pipeline.triton import health, stops
+from trtllm_pipeline.triton import direct, health, stops
 from trtllm_pipeline.triton.contract import BLS_ID_PREFIX, BLS_PARAMETER, STOP_ID_PREFIX
 from trtllm_pipeline.triton.engine_metrics import MetricBatch, RequestTimes, engine_metrics, outcome_of
 from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_list
@@ -263,7 +264,7 @@ class _NoMetrics:
 
 class TorchModelServer:
     def __init__(self, runtime: Runtime, pb_utils, *, exclude_input_in_output: bool, stop_address: str | None = None,
-                 model_name: str = "tensorrt_llm", repository: str | None = None):
+                 model_name: str = "tensorrt_llm", repository: str | None = None, direct_address: str | None = None):
         self.runtime = runtime
         self.repository, self._lost = repository, False
         self.pb = pb_utils
@@ -296,14 +297,23 @@ class TorchModelServer:
                 self._stops = stops.Listener(stop_address, lambda rid: self._incoming.put(_Stop(None, rid)))
             except OSError as exc:
                 log.warning("no stop side channel (%s): stop requests come through Triton only", exc)
+        self._direct = None
+        if direct_address is not None:  # the BLS's requests on a socket of their own (triton/direct.py)
+            try:
+                self._direct = direct.Listener(direct_address, self._enqueue)
+            except OSError as exc:
+                log.warning("no direct socket for the BLS (%s): its requests come through Triton", exc)
 
     # ---- called by Triton's thread ---------------------------------------------------------------
 
     def enqueue(self, request) -> None:
-        sender = request.get_response_sender()
+        self._enqueue(request, request.get_response_sender())
+
+    def _enqueue(self, request, sender) -> None:
+        """Parse and queue a request: Triton's (``enqueue``) or one on the direct socket (its listener's thread)."""
         try:
             job = self._parse(request, sender)
-            if isinstance(job, _Job) and job.streaming and _from_bls(request):
+            if isinstance(job, _Job) and job.streaming and _from_bls(request) and not _direct(job.sender):
                 # An empty first response at once: the BLS's exec() holds one of its model instance's Python-backend
                 # threads (32) until a request's first response, so requests queued here would hold them all and
                 # leave none to send the running requests' tokens: the server stalls (seen at 64 streams, 8 rows).
@@ -319,6 +329,8 @@ class TorchModelServer:
     def close(self) -> None:
         if self._stops is not None:
             self._stops.close()
+        if self._direct is not None:
+            self._direct.close()
         self._incoming.put(None)  # wakes a loop waiting for work
         self.loop.close(timeout=30)
         self.outbox.close()
@@ -327,6 +339,8 @@ class TorchModelServer:
     # ---- parsing ---------------------------------------------------------------------------------
 
     def _input(self, request, name: str) -> np.ndarray | None:
+        if isinstance(request, direct.Request):
+            return request.input(name)
         tensor = self.pb.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
 
@@ -623,18 +637,19 @@ class TorchModelServer:
         def asked(name: str) -> bool:
             return not wanted or name in wanted
 
-        outputs = []
+        outputs = {}
         if asked("output_ids"):
             width = max(len(x) for x in ids)
-            outputs.append(pb.Tensor("output_ids", np.array([[x + [job.pad_id] * (width - len(x))] for x in ids],
-                                                            dtype=np.int32)))
+            outputs["output_ids"] = np.array([[x + [job.pad_id] * (width - len(x))] for x in ids], dtype=np.int32)
         if asked("sequence_length"):
-            outputs.append(pb.Tensor("sequence_length", np.array([[len(x)] for x in ids], dtype=np.int32)))
+            outputs["sequence_length"] = np.array([[len(x)] for x in ids], dtype=np.int32)
         if asked("output_text"):
-            outputs.append(pb.Tensor("output_text", np.array([[p.encode("utf-8")] for p in pieces], dtype=object)))
+            outputs["output_text"] = np.array([[p.encode("utf-8")] for p in pieces], dtype=object)
         if job.logits is not None and asked("generation_logits"):
-            outputs.append(pb.Tensor("generation_logits", job.logits))
-        return pb.InferenceResponse(output_tensors=outputs)
+            outputs["generation_logits"] = job.logits
+        if _direct(job.sender):
+            return direct.Response(outputs)
+        return pb.InferenceResponse(output_tensors=[pb.Tensor(name, value) for name, value in outputs.items()])
 
     def _stream_response(self, job: _Job, ids: list[int], piece: str):
         return self._response(job, [ids], [piece])
@@ -647,7 +662,12 @@ class TorchModelServer:
         """An error response; ``invalid``: the request's fault (INVALID_ARG); ``unavailable``: the engine can run
         nothing now (UNAVAILABLE: HTTP 503); else the server's fault (INTERNAL)."""
         error = self.pb.TritonError
-        code = getattr(error, "INVALID_ARG" if invalid else "UNAVAILABLE" if unavailable else "INTERNAL", None)
+        name = "INVALID_ARG" if invalid else "UNAVAILABLE" if unavailable else "INTERNAL"
+        if _direct(sender):
+            self.outbox.put(sender, direct.Response(error=message, code=name),
+                            self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        code = getattr(error, name, None)
         self.outbox.put(sender, self.pb.InferenceResponse(output_tensors=[], error=error(message) if code is None
                                                           else error(message, code)),
                         self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -682,7 +702,8 @@ def _requested_outputs(request) -> list[str]:
 
 
 def _polled(job: _Job) -> bool:
-    return job.request is not None and not job.request_id.startswith((STOP_ID_PREFIX, BLS_ID_PREFIX))
+    return (job.request is not None and not isinstance(job.request, direct.Request)
+            and not job.request_id.startswith((STOP_ID_PREFIX, BLS_ID_PREFIX)))
 
 
 def _cancelled(job: _Job) -> bool:
@@ -701,6 +722,11 @@ def _client_names(message: str) -> str:
         if message.startswith(f"{field} ") and field != client:
             return f"{client} ({field}) {message[len(field) + 1:]}"
     return message
+
+
+def _direct(sender) -> bool:
+    """Whether the request answered by ``sender`` came on the direct socket (its responses are ``direct.Response``)."""
+    return isinstance(sender, direct.Sender)
 
 
 def _from_bls(request) -> bool:

@@ -5,7 +5,8 @@ Same client contract as ``ensemble``. It tokenizes a short prompt itself (``prep
 counted 4.9 ms a request there for 0.17 ms of tokenizing; TTFT at concurrency 1, tiny model on this project's
 2-core CPU machine, 16.3-16.8 -> 14.9-15.4 ms) and has ``preprocessing`` tokenize a long
 one (``LOCAL_TOKENIZE_BYTES``; the tokenizer holds the GIL: here a 570 KB prompt takes 0.35 s, which would stall
-every stream this model relays), then calls ``tensorrt_llm`` and, as
+every stream this model relays), then calls ``tensorrt_llm`` (the torch engine model on its own socket,
+``triton/direct.py``: no round trips through Triton per token; TensorRT-LLM's through Triton) and, as
 it sees a request's whole stream, detokenizes with a ``TextStream``: streamed text is exact for
 either runtime (TensorRT-LLM's C++ backend included), stop strings are cut as text. One prompt
 per request; each request runs in its own thread so that requests overlap. The tokenizer
@@ -35,14 +36,16 @@ import json
 import os
 import queue
 import threading
+import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
-from trtllm_pipeline.triton import health, stops
+from trtllm_pipeline.triton import direct, health, stops
 from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, BLS_PARAMETER, CLIENT_INPUTS, LOCAL_TOKENIZE_BYTES,
                                              NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                                              REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
@@ -57,6 +60,10 @@ _MORE = object()  # watched(): the engine's stream goes on
 _PREPROCESSOR_ARGS = {"QUERY": "queries", "REQUEST_OUTPUT_LEN": "max_tokens", "STOP_WORDS_DICT": "stop_words",
                       "BAD_WORDS_DICT": "bad_words", "END_ID": "end_id", "PAD_ID": "pad_id"}
 WATCH_S = 0.1  # how often a request waiting on the engine looks whether the engine was lost (a stat)
+# How often a request asks Triton whether its client cancelled it (a synchronous round trip to the server): at most
+# this often, not at every engine response (one a step, ~3 ms on the GPU)
+CANCEL_POLL_S = 0.01
+LOST_WAIT_S = 1.0  # after the engine's socket closed early: how long the engine's process may take to show as gone
 
 
 class Cancelled(Exception):
@@ -69,6 +76,16 @@ class EngineError(Exception):
     def __init__(self, message, code):
         super().__init__(message)
         self.code = code
+
+
+class _Item(NamedTuple):
+    """One engine response, whichever way it came: its error, or its token ids (``length`` of them; none for an
+    empty response) and generation logits."""
+
+    error: EngineError | None = None
+    ids: np.ndarray | None = None
+    length: int = 0
+    logits: np.ndarray | None = None
 
 
 class TritonPythonModel:
@@ -85,6 +102,9 @@ class TritonPythonModel:
         # Engine responses that came while one was handled answered together (TRTLLM_PIPELINE_STREAM_COALESCE=1,
         # as the torch engine model's outbox reads it); off: one response out per response in, as TensorRT-LLM.
         self.coalesce = os.environ.get("TRTLLM_PIPELINE_STREAM_COALESCE", "0") == "1"
+        # The torch engine model's own socket (triton/direct.py); off where nothing listens (TensorRT-LLM's backend)
+        self.direct_address = direct.address(self.repository)
+        self.direct = os.environ.get("TRTLLM_PIPELINE_BLS_DIRECT", "1") != "0"
 
     @functools.cached_property
     def tokenizer(self):
@@ -156,32 +176,29 @@ class TritonPythonModel:
         given = request.request_id() or ""
         request_id = given if given.startswith(STOP_ID_PREFIX) else f"{BLS_ID_PREFIX}{uuid.uuid4().hex}"
         wanted = _requested_outputs(request)
-        responses = self.watched(self.request(self.engine_model, ENGINE_OUTPUTS, engine,
-                                              request_id=request_id).exec(decoupled=True))
+        responses = self.watched(self.engine_stream(engine, request_id))
+        polled = 0.0
         for batch in responses:  # every engine response that came since the last look: one response out
-            if request.is_cancelled():
-                self.stop(request_id)
-                for _ in responses:  # to the engine's final response
-                    pass
-                raise Cancelled
+            if time.monotonic() - polled >= CANCEL_POLL_S:
+                polled = time.monotonic()
+                if request.is_cancelled():
+                    self.stop(request_id)
+                    for _ in responses:  # to the engine's final response
+                        pass
+                    raise Cancelled
             pieces, count, fresh_logits = [], 0, None
-            for response in batch:
-                if response.has_error():
-                    raise EngineError(response.error().message(), _code(response.error()))
-                ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
-                if ids is None:  # an empty final response
+            for item in batch:
+                if item.error is not None:
+                    raise item.error
+                if item.ids is None or item.length == 0:  # an empty response, or one without a token (the end id's)
                     continue
-                n = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
-                if n == 0:  # a response without a token (the end id's)
-                    continue
-                pieces.append(text.push(ids.as_numpy().reshape(-1)[:n].tolist()))
-                count += n
+                pieces.append(text.push(item.ids[: item.length].tolist()))
+                count += item.length
                 if len(text.token_ids) >= max_tokens and not flushed:  # the last token: its response takes the tail
                     pieces.append(text.flush())
                     flushed = True
-                found = pb_utils.get_output_tensor_by_name(response, "generation_logits")
-                if found is not None:
-                    logits = fresh_logits = found.as_numpy()
+                if item.logits is not None:
+                    logits = fresh_logits = item.logits
                 if text.stopped:  # a stop string matched: what follows is not the client's
                     break
             if streaming and count:
@@ -198,6 +215,37 @@ class TritonPythonModel:
             self.send(sender, tail, None, wanted, tokens=0, final=True)
         else:
             sender.send(flags=FINAL)
+
+    def engine_stream(self, engine, request_id):
+        """The engine's responses to the request ``engine`` (its input tensors) as ``_Item``s: on the torch engine
+        model's socket (``direct``) where it listens, else through Triton. Either way the request is made here, in
+        the request's thread (Triton's ``exec()`` returns once the engine has it); the responses are read later."""
+        if self.direct:
+            header = {"request_id": request_id, "outputs": ENGINE_OUTPUTS, "parameters": {BLS_PARAMETER: True}}
+            try:
+                sock = direct.open_stream(self.direct_address, header, engine)
+            except OSError as exc:
+                raise EngineError(f"cannot send the request to the engine model's socket: {exc}",
+                                  pb_utils.TritonError.UNAVAILABLE) from None
+            if sock is not None:
+                return self._socket_items(sock)
+            self.direct = False  # nothing listens: an engine model of another kind (TensorRT-LLM's), for good
+            logger = getattr(pb_utils, "Logger", None)
+            if logger is not None:
+                logger.log_info("tensorrt_llm_bls: the engine model has no socket; its requests go through Triton")
+        return (_triton_item(r) for r in self.request(self.engine_model, ENGINE_OUTPUTS, engine,
+                                                      request_id=request_id).exec(decoupled=True))
+
+    def _socket_items(self, sock):
+        try:
+            for header, arrays in direct.responses(sock):
+                yield _socket_item(header, arrays)
+        except (OSError, direct.ProtocolError) as exc:  # the engine's process died, or the stream broke
+            deadline = time.monotonic() + LOST_WAIT_S
+            while (why := health.lost(self.repository)) is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # a killed process closes its sockets before it shows as gone
+            raise EngineError(why or f"the engine model's stream ended early: {exc}",
+                              pb_utils.TritonError.UNAVAILABLE) from None
 
     def watched(self, responses):
         """The engine's responses in batches: one each, or, coalescing, all that arrived since the previous batch
@@ -275,6 +323,27 @@ def _requested_outputs(request):
         return set(request.requested_output_names())
     except Exception:  # a Python backend without it: send everything
         return set()
+
+
+def _triton_item(response) -> _Item:
+    if response.has_error():
+        return _Item(EngineError(response.error().message(), _code(response.error())))
+    ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
+    if ids is None:  # an empty response (the first to a BLS request, or an empty final one)
+        return _Item()
+    length = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
+    found = pb_utils.get_output_tensor_by_name(response, "generation_logits")
+    return _Item(None, ids.as_numpy().reshape(-1), length, None if found is None else found.as_numpy())
+
+
+def _socket_item(header, arrays) -> _Item:
+    if "error" in header:
+        code = getattr(pb_utils.TritonError, str(header.get("code")), pb_utils.TritonError.INTERNAL)
+        return _Item(EngineError(str(header["error"]), code))
+    if "output_ids" not in arrays:
+        return _Item()
+    logits = arrays.get("generation_logits")
+    return _Item(None, arrays["output_ids"].reshape(-1), int(arrays["sequence_length"].reshape(-1)[0]), logits)
 
 
 def _code(error):

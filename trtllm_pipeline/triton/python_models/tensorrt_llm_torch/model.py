@@ -16,7 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.console import setup_logging
 from trtllm_pipeline.runtimes.registry import load_runtime
-from trtllm_pipeline.triton import health, stops, torch_repo
+from trtllm_pipeline.triton import direct, health, stops, torch_repo
 from trtllm_pipeline.triton.tensors import string_parameters
 from trtllm_pipeline.triton.torch_server import TorchModelServer
 
@@ -36,6 +36,7 @@ class TritonPythonModel:
         self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"], **device), pb_utils,
                                        exclude_input_in_output=params["exclude_input_in_output"] == "true",
                                        stop_address=stops.address(repository), repository=str(repository),
+                                       direct_address=direct.address(repository),
                                        model_name=cfg.name)
         health.mark_alive(repository)  # a crash of this process then shows as the engine lost (health.lost)
 

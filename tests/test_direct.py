@@ -1,0 +1,129 @@
+"""The BLS's socket to the torch engine model (triton/direct.py): frames, one connection a request, ends early."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+from trtllm_pipeline.triton import direct
+
+
+def _where() -> str:
+    return f"\0trtllm-pipeline-test-{uuid.uuid4().hex}"
+
+
+def test_a_frame_carries_numbers_flags_and_strings_exactly():
+    arrays = {"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "streaming": np.array([[True]]),
+              "temperature": np.array([[0.5]], dtype=np.float32), "seed": np.array([[2**63]], dtype=np.uint64),
+              "logits": np.arange(12, dtype=np.float32).reshape(1, 1, 1, 12),
+              "output_text": np.array([["é piece".encode()]], dtype=object)}
+    header, back = direct.read_frame(io.BytesIO(direct.encode({"request_id": "bls-1", "flags": 1}, arrays)))
+    assert header["request_id"] == "bls-1" and header["flags"] == 1
+    assert set(back) == set(arrays)
+    for name, value in arrays.items():
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape
+        assert (back[name] == value).all()
+    assert back["output_text"][0, 0].decode() == "é piece"
+
+
+@pytest.mark.parametrize("cut", [2, 7, -3])
+def test_a_frame_cut_short_is_a_protocol_error_and_an_empty_stream_is_the_end(cut):
+    frame = direct.encode({}, {"ids": np.arange(4, dtype=np.int64)})
+    with pytest.raises(direct.ProtocolError):
+        direct.read_frame(io.BytesIO(frame[:cut]))
+    assert direct.read_frame(io.BytesIO(b"")) is None
+
+
+def test_a_frame_naming_an_unknown_dtype_or_a_huge_array_is_refused():
+    for arrays in ([["x", "complex128", [1]]], [["x", "float32", [1 << 40]]]):
+        head = direct.json.dumps({"arrays": arrays}).encode()
+        with pytest.raises(direct.ProtocolError):
+            direct.read_frame(io.BytesIO(direct._LENGTH.pack(len(head)) + head))
+
+
+def test_a_request_and_its_responses_travel_on_one_connection_to_the_final_one():
+    where, seen = _where(), []
+
+    def on_request(request: direct.Request, sender: direct.Sender) -> None:
+        seen.append((request.request_id(), request.requested_output_names(), request.input("input_ids").tolist(),
+                     request.parameters()))
+        for token in (7, 8):
+            sender.send(direct.Response({"output_ids": np.array([[token]], dtype=np.int32)}))
+        sender.send(None, direct.FINAL)
+
+    listener = direct.Listener(where, on_request)
+    try:
+        sock = direct.open_stream(where, {"request_id": "bls-x", "outputs": ["output_ids"], "parameters": {"p": 1}},
+                                  {"input_ids": np.array([[4, 5]], dtype=np.int32)})
+        frames = list(direct.responses(sock))
+    finally:
+        listener.close()
+    assert seen == [("bls-x", ["output_ids"], [[4, 5]], '{"p": 1}')]
+    assert [f[1]["output_ids"].item() for f in frames[:2]] == [7, 8]
+    assert frames[-1][0]["flags"] == direct.FINAL and frames[-1][1] == {}
+
+
+def test_an_error_response_names_its_code_and_ends_the_stream():
+    where = _where()
+
+    def on_request(request, sender):
+        sender.send(direct.Response(error="max_tokens must be at least 1", code="INVALID_ARG"), direct.FINAL)
+
+    listener = direct.Listener(where, on_request)
+    try:
+        (header, _), = list(direct.responses(direct.open_stream(where, {}, {})))
+    finally:
+        listener.close()
+    assert header["error"] == "max_tokens must be at least 1" and header["code"] == "INVALID_ARG"
+
+
+def test_nothing_listening_is_none_and_a_connection_closed_early_is_a_connection_error():
+    assert direct.open_stream(_where(), {}, {}) is None
+    where, held = _where(), []
+    listener = direct.Listener(where, lambda request, sender: held.append(sender))
+    try:
+        sock = direct.open_stream(where, {}, {})
+        stream = direct.responses(sock)
+        for _ in range(100):
+            if held:
+                break
+            threading.Event().wait(0.02)
+        held[0].conn.close()  # the engine's end goes away without a final response
+        with pytest.raises(ConnectionError):
+            list(stream)
+    finally:
+        listener.close()
+
+
+def test_the_engine_hears_a_closed_connection_at_its_next_write():
+    where, held, ready = _where(), [], threading.Event()
+
+    def on_request(request, sender):
+        held.append(sender)
+        ready.set()
+
+    listener = direct.Listener(where, on_request)
+    try:
+        sock = direct.open_stream(where, {}, {})
+        assert ready.wait(5)
+        sock.close()  # the BLS's client went away
+        with pytest.raises(OSError):
+            for _ in range(50):  # the first write may still land in the socket's buffer
+                held[0].send(direct.Response({"output_ids": np.zeros((1, 1), np.int32)}))
+                threading.Event().wait(0.01)
+    finally:
+        listener.close()
+
+
+def test_the_address_is_the_repositorys_and_abstract(tmp_path):
+    a, b = direct.address(tmp_path / "a"), direct.address(tmp_path / "b")
+    assert a.startswith("\0") and a != b and a == direct.address(tmp_path / "a")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.bind(a)  # abstract: no file appears in the repository
+    probe.close()
+    assert not list(tmp_path.iterdir())
