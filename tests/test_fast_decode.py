@@ -827,21 +827,23 @@ def test_fast_kernels_match_eager_accuracy_int8_sq(built):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["int8-sq", "int8-wo"])
-def test_int8_batch_1_takes_the_dp4a_gemv_when_switched_on(built, monkeypatch, fmt):
-    """TRTLLM_PIPELINE_INT8_GEMV=1: INT8 linears at batch 1 (every bucket-1 step of the continuous batching part) run
+def test_int8_batch_1_takes_the_dp4a_gemv_unless_switched_off(built, monkeypatch, fmt):
+    """By default (TRTLLM_PIPELINE_INT8_GEMV unset or 1) INT8 linears at batch 1 (every bucket-1 step of the continuous batching part) run
     quant_gemv_int8's dp4a GEMV: SmoothQuant's int32 sums are the tensor-core kernel's (its splits' float partials
     summed in another grouping), weight-only's input is int16 block floating point (2^-15 of a block's largest):
     the tokens of the steps without it, within the bounds above."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_int8
 
-    monkeypatch.setenv(quant_gemv_int8.ENV, "1")
+    monkeypatch.delenv(quant_gemv_int8.ENV, raising=False)
     r = _interpreted(_checkpoint(built, f"tiny-qwen2-{fmt}-tp1"), parts=("greedy",))
     assert r["int8_gemv_buckets"] == [1], r["int8_gemv_buckets"]
     assert r["staggered_fast"] == r["greedy_fast"] and r["argmax_equal"]
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.1
     monkeypatch.setenv(quant_gemv_int8.ENV, "yes")
     with pytest.raises(InputError, match="TRTLLM_PIPELINE_INT8_GEMV='yes'"):
-        quant_gemv_int8.forced()
+        quant_gemv_int8.enabled()
+    monkeypatch.setenv(quant_gemv_int8.ENV, "0")
+    assert not quant_gemv_int8.enabled()
 
 
 def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():

@@ -770,7 +770,7 @@ def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     INT4-AWQ batch 1, else this GEMM (its tiles, or the dot kernel's, ``fit`` to the device's shared memory). The
     GEMV at batch 2-16 (its several-row kernel) only where the table measured it fastest for that M, at the table's
     tiles where it has them, or where ``$TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS`` asks for it (``quant_gemv.forced``)."""
-    if quant_gemv_int8.supported(q, m) and quant_gemv_int8.forced():  # INT8 SmoothQuant's GEMV, where asked
+    if quant_gemv_int8.supported(q, m) and quant_gemv_int8.enabled():  # INT8's dp4a GEMV at batch 1
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
     if quant_gemv.supported(q, m) and quant_gemv.forced(m):
