@@ -204,21 +204,29 @@ def built(engines_dir, quantized, artifact_store):
 def kv_scaled(built, tmp_path_factory):
     """``kv_scaled("tiny-qwen2-bf16-fp8kv-tp1", 0.02)`` -> a copy of that build's checkpoint (an FP8 KV cache's) with
     every layer's KV scale set to 0.02. ModelOpt clamps FP8 KV scales to at least 1 (export/quant_utils.py), so the
-    tiny models' are all 1; a smaller one saturates their larger keys and values and makes the scale's use show."""
+    tiny models' are all 1; a smaller one saturates their larger keys and values and makes the scale's use show.
+    ``scale`` may also be one value per layer; a build without an FP8 KV cache (``tiny-qwen2-fp8-tp1``) gets one."""
+    import json
     import shutil
 
     import torch
     from safetensors.torch import load_file, save_file
 
-    def get(name: str, scale: float) -> Path:
+    def get(name: str, scale) -> Path:
         src = built(name).engine_dir.parent / "checkpoint"
         dst = tmp_path_factory.mktemp("kv-scaled") / "checkpoint"
         shutil.copytree(src, dst)
         (dst / "manifest.json").unlink()  # a checkpoint of another tool's (quantize's record would refuse it)
+        config = json.loads((dst / "config.json").read_text())
+        layers = config["num_hidden_layers"]
+        scales = [float(s) for s in scale] if isinstance(scale, (list, tuple)) else [float(scale)] * layers
+        assert len(scales) == layers, (scales, layers)
+        config["quantization"]["kv_cache_quant_algo"] = "FP8"
+        (dst / "config.json").write_text(json.dumps(config, indent=2))
         for rank in dst.glob("rank*.safetensors"):
             tensors = load_file(rank)
-            for key in [k for k in tensors if k.endswith("attention.kv_cache_scaling_factor")]:
-                tensors[key] = torch.full_like(tensors[key], scale)
+            for i, s in enumerate(scales):
+                tensors[f"transformer.layers.{i}.attention.kv_cache_scaling_factor"] = torch.tensor([s])
             save_file(tensors, rank)
         return dst
 
