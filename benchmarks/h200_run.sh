@@ -20,6 +20,8 @@
 #                                          # of eager (benchmarks/model_check.py --require-fast); fails the part if not
 #   bash benchmarks/h200_run.sh int8_gemv  # random 7B INT8-SQ and INT8-WO builds: bench --in-process at batch 1 and 8,
 #                                          # the dp4a GEMV's switch off and on (TRTLLM_PIPELINE_INT8_GEMV)
+#   bash benchmarks/h200_run.sh w4a8_gemv  # the tiny W4A8 build's first step with quant_gemv_w4a8 on, then the random 7B
+#                                          # W4A8-AWQ build at batch 1 and 8, TRTLLM_PIPELINE_W4A8_GEMV off and on
 #   bash benchmarks/h200_run.sh smollm2    # the real SmolLM2-135M-Instruct (issue 33): per SMOLLM2_FORMATS (default
 #                                          # "bf16 fp8 int4-awq"): quantize + build, its answer to a question, and
 #                                          # bench --in-process at batch 1 (the fast path's ms/step). Needs the wheels
@@ -332,6 +334,20 @@ case "$part" in
       done
       clean "$c"
     done ;;
+  w4a8_gemv)  # W4A8-AWQ at batch 1 on quant_gemv_w4a8's table-lookup dp4a GEMV (off by default, untimed until this
+    # part): the tiny W4A8 build's first step against eager with it on (the fast path taken, within 10%), then the random
+    # 7B W4A8-AWQ build in-process at batch 1 (context 128 and 2048) and 8, the switch off and on
+    c=build_configs/tiny-qwen2-w4a8-awq-tp1.yaml
+    tp build -c "$c" --engines-dir "$engines" --runtime torch
+    TRTLLM_PIPELINE_W4A8_GEMV=1 python3 benchmarks/model_check.py -c "$c" --engines-dir "$engines" --require-fast \
+      --max-rel 0.1 --max-tokens 16 -o "$out/smoke-tiny-w4a8.json" || exit 1
+    c=$(config w4a8-awq)
+    tp build -c "$c" --engines-dir "$engines"
+    for on in 0 1; do
+      TRTLLM_PIPELINE_W4A8_GEMV=$on tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8 \
+        --context 128,2048 --output-tokens 256 -o "$out/inprocess-w4a8-awq-gemv-$on.json"
+    done
+    clean "$c" ;;
   smollm2)
     for variant in ${SMOLLM2_FORMATS:-bf16 fp8 int4-awq}; do
       c=build_configs/smollm2-135m-instruct-$variant-tp1.yaml

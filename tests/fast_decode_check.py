@@ -121,6 +121,9 @@ def main() -> None:
     # the buckets whose steps ran INT8 SmoothQuant's dp4a GEMV (quant_gemv_int8: under its switch)
     result["int8_gemv_buckets"] = sorted(b for b, buf in local.buffers.items()
                                          if any(c.dp4a8 for c in buf.configs.values()))
+    # the buckets whose steps ran W4A8's table-lookup GEMV (quant_gemv_w4a8: under its switch)
+    result["w4a8_gemv_buckets"] = sorted(b for b, buf in local.buffers.items()
+                                         if any(c.w4a8 for c in buf.configs.values()))
     fast.close()
     if os.environ.get("FAST_CHECK_LIBRARY") == "1":  # the same checks with buckets 2 and 4 on cuBLAS's linears
         from trtllm_pipeline.runtimes.torch_engine.cuda import decode_step, graphs

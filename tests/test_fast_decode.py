@@ -874,6 +874,98 @@ def test_int8_batch_1_takes_the_dp4a_gemv_unless_switched_off(built, monkeypatch
     assert not quant_gemv_int8.enabled()
 
 
+def test_w4a8_gemv_integer_form_is_exact():
+    """quant_gemv_w4a8's claim (docs/perf-notes.md, "W4A8-AWQ at batch 1"): per scale group and row, the 16 E4M3
+    weights E4M3(q t), q = -8..7, are ``c_q x u`` exactly, c_q integers of at most 127 in magnitude (120: E4M3's
+    largest significand x 8) and u = 2^(e - 6) for e the binade of the largest; checked over 200,000 random steps t
+    from e^-14 to e^4 (subnormal to saturated) and the edges: zero, subnormals, the clamp at 448, powers of two."""
+    import math
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8
+
+    gen = torch.Generator().manual_seed(0)
+    t = torch.exp(torch.rand(200_000, generator=gen, dtype=torch.float64) * 18 - 14).float()
+    edges = torch.tensor([0.0, 2.0**-12, 2.0**-10, 2.0**-9, 3 * 2.0**-10, 2.0**-7, 1.0, 56.0, 57.0, 60.0, 64.0,
+                          448.0, 1e4, 7 * 2.0**-9, 0.9999, 1.0001])
+    t = torch.cat([t, edges])
+    c, u = quant_gemv_w4a8.integer_form(t)  # (raises where the claim fails)
+    v = quant_gemv_w4a8.values(t)
+    assert torch.equal(c * u[:, None], v) and torch.equal(c, c.round())
+    assert c.abs().max() <= 120 and torch.equal(c[:, 8], torch.zeros_like(c[:, 8]))
+    powers = torch.frexp(u)[0]
+    assert torch.all(powers == 0.5), "u is a power of two"
+    nonzero = v.abs().amax(1) > 0
+    assert torch.all(c[nonzero].abs().amax(1) >= 64) and math.isclose(float(u[-16 + 11]), 2.0**(8 - 6))  # 448: 2^8
+    # the tables hold c_8 = |c_-8|, c_1 .. c_7 as bytes, byte 0 first; rows decode back to c
+    lut, units = quant_gemv_w4a8.tables(t[:1024].reshape(4, 2, 128))
+    b = torch.stack([(lut[:, :, w] >> (8 * i)) & 0xFF for w in range(2) for i in range(4)], -1).float()
+    cc = c[:1024].reshape(4, 2, 128, 16)
+    assert torch.equal(b[..., 0], -cc[..., 0]) and torch.equal(b[..., 1:], cc[..., 9:])
+    assert torch.equal(units, u[:1024].reshape(4, 2, 128))
+
+
+def test_w4a8_gemv_matches_the_dequantized_reference():
+    """W4A8's batch-1 table-lookup GEMV (quant_gemv_w4a8) through the interpreter, for each decode linear's kind
+    (qkv and dense and proj: float32 split-K partials; the GLU: silu(fc) * gate in the compute dtype), at the 7B's
+    group (a table per row and K tile) and the tiny model's (8: a table per row and block), with N and K tails. The
+    tables' weights are eager's dequantized W4A8 weights bit for bit. Against float32 ``x @ W^T`` (x as the FP8
+    activation quantizer leaves it) the products are exact: float32 sums (<= 2e-7 here) and the int16 block floating
+    point of inputs below 2^-11 of their 16-input block's largest (rounded at 2^-15 of it: 2.9e-6 in one case) are the
+    only differences, so 1e-5 is the bound, ~100x under eager's own bfloat16 error (2.4-3.0e-3); against the input's
+    block floating point itself, 1e-6; against quant_linear's FP8 tensor-core kernel, 1e-5. The GLU rounds fc, gate
+    and silu(fc) to the compute dtype where eager does: within eager's own distance from float32."""
+    rows = _interpreted(None, "w4a8_gemv_check.py")
+    assert {r["kind"] for r in rows} == {"qkv", "dense", "glu", "proj"} and {r["group"] for r in rows} == {8, 128}
+    for r in rows:
+        assert r["tables_equal_eager_weight"], r
+        if r["kind"] == "glu":
+            assert r["kernel"]["rel"] < 1.2 * r["eager_bf16"]["rel"] + 1e-5, r
+            assert r["vs_dot_kernel"]["rel"] < 0.5 * r["eager_bf16"]["rel"], r
+        else:
+            assert r["input_exact"] and r["kernel_vs_prepared"]["rel"] < 1e-6, r
+            assert r["kernel"]["rel"] < 1e-5 and r["kernel"]["rel"] < 0.01 * r["eager_bf16"]["rel"], r
+            assert r["vs_dot_kernel"]["rel"] < 1e-5, r
+
+
+@pytest.mark.slow
+def test_w4a8_batch_1_takes_the_table_gemv_only_when_switched_on(built, monkeypatch):
+    """TRTLLM_PIPELINE_W4A8_GEMV=1: W4A8-AWQ linears at batch 1 (every bucket-1 step of the continuous batching part)
+    run quant_gemv_w4a8's table-lookup GEMV, through the interpreter: the tokens of eager within the FP8-activation
+    bounds (as SmoothQuant's: the activations are re-quantized to E4M3). Unset or 0 leaves quant_gemm's choice; a bad
+    value is an InputError naming the fix."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8
+
+    monkeypatch.setenv(quant_gemv_w4a8.ENV, "1")
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-w4a8-awq-tp1"), parts=("greedy",))
+    assert r["decode_path"].startswith("triton kernels")
+    print({k: r[k] for k in ("greedy_fast", "greedy_eager", "fast_vs_fp32", "eager_vs_fp32")})
+    assert r["w4a8_gemv_buckets"] == [1], r["w4a8_gemv_buckets"]
+    assert r["staggered_fast"] == r["greedy_fast"] and r["argmax_equal"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.1
+    assert all(f[:1] == e[:1] for f, e in zip(r["greedy_fast"], r["greedy_eager"])), r
+    monkeypatch.setenv(quant_gemv_w4a8.ENV, "yes")
+    with pytest.raises(InputError, match="TRTLLM_PIPELINE_W4A8_GEMV='yes'"):
+        quant_gemv_w4a8.enabled()
+    monkeypatch.setenv(quant_gemv_w4a8.ENV, "0")
+    assert not quant_gemv_w4a8.enabled()
+    monkeypatch.delenv(quant_gemv_w4a8.ENV)
+    assert not quant_gemv_w4a8.enabled()
+
+
+def test_w4a8_gemv_compiles_for_hopper():
+    """W4A8's batch-1 GEMV (quant_gemv_w4a8) compiled for sm_90 on this CPU machine at the 7B's group and divisibility:
+    per 8 weights (a word: 4 inputs of two rows) 4 PRMT (two tables a row), 4 dp4a (two input planes a row): half an
+    IDP.4A a weight; 16-byte weight loads, no spills. Under 3 instructions a weight at the default 256 x 128 tiles
+    (the input's per-tile preparation, done by every program, is most of what is over the ~2.1 of the word work)."""
+    r = _gemv_sass(["--w4a8", "--block-n", "256", "--block-k", "128", "--stages", "3"])
+    per_weight = r["threads"] / r["weights"]
+    assert r["mix"]["IDP"] * per_weight == 0.5, r
+    assert r["mix"]["PRMT"] * per_weight >= 0.5, r
+    assert r["mix"]["LDG"] * r["threads"] * 16 >= r["weights"] // 2, r  # 16-byte loads of the packed weight
+    assert r["loop_per_thread"] * per_weight < 3.0, r
+    assert r["local_memory_ops"] == 0 and r["registers"] <= 168, r
+
+
 def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():
     """benchmarks/gpu_fast_path.py --parts quant builds its 7B engines from random BF16 tensors quantized on the
     GPU; here the same code at a tiny shape on the CPU: the packing is the checkpoint's, each format loads, the

@@ -12,6 +12,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --ws --glu --block-n 64 --splits 1 --stages 3      # Hopper's (warp-specialized)
     python tools/gemv_sass.py --rows 8 --block-n 64                              # batch 2-16's, 8 input rows
     python tools/gemv_sass.py --int8 int8_sq --block-n 64 --block-k 256 --stages 3   # INT8's (quant_gemv_int8)
+    python tools/gemv_sass.py --w4a8 --block-n 128 --stages 3                        # W4A8's (quant_gemv_w4a8)
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -32,7 +33,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_int8, quant_gemv_ws
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_gemv_ws
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -131,6 +132,23 @@ def compile_int8(fmt: str, block_n: int, block_k: int, glu: bool, warps: int, st
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
+def compile_w4a8(block_n: int, block_k: int, glu: bool, warps: int, stages: int):
+    """quant_gemv_w4a8's kernel (W4A8-AWQ at batch 1) at the 7B's group (128) and divisibility."""
+    fn = quant_gemv_w4a8._w4a8_gemv_kernel
+    consts = dict(GROUP=128, XB=16, HAS_PQS=True, GLU=glu, EVEN=True, COMPUTE=tl.bfloat16, BLOCK_N=block_n,
+                  BLOCK_K=block_k, ASM=True, PDL=True)
+    pointers = {"w_ptr": "*i32", "w2_ptr": "*i32", "t_ptr": "*i32", "t2_ptr": "*i32", "u_ptr": "*fp32",
+                "u2_ptr": "*fp32", "aq_ptr": "*fp32", "aq2_ptr": "*fp32", "osc_ptr": "*fp32", "osc2_ptr": "*fp32",
+                "out_ptr": "*bf16" if glu else "*fp32"}
+    sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr") else "i32"
+           for n in fn.arg_names}
+    divisible = DIVISIBLE | {"stride_tg", "stride_t2", "stride_tw", "stride_ug", "stride_u2"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and (n.endswith("ptr") or n in divisible)}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
 def disassemble(kernel) -> tuple[str, int | None]:
     """(SASS text, registers per thread) of a compiled kernel."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,9 +197,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=0, help="the several-row kernel for this many input rows (2-16)")
     ap.add_argument("--int8", choices=("int8_sq", "int8_wo"), default=None,
                     help="INT8's GEMV (quant_gemv_int8) for this format, --stages deep")
+    ap.add_argument("--w4a8", action="store_true", help="W4A8's GEMV (quant_gemv_w4a8), --stages deep")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
-    if a.int8:
+    if a.w4a8:
+        kernel = compile_w4a8(a.block_n, a.block_k, a.glu, a.warps, a.stages)
+    elif a.int8:
         kernel = compile_int8(a.int8, a.block_n, a.block_k, a.glu, a.warps, a.stages)
     elif a.rows:
         kernel = compile_rows(a.rows, a.block_n, a.block_k, a.glu, not a.no_tile_scale, a.warps, a.stages, a.splits)

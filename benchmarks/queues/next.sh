@@ -13,6 +13,9 @@ part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES="256 512" LENGTHS=128/2048 R
 # 32: INT8 at batch 1 on the dp4a GEMV, now the default (H100: weight-only 4.24 -> 3.21, SmoothQuant 3.75 -> 3.57
 # ms/step); on the H200 against the goal of 2.5 ms
 part int8_gemv 480 CLEAN=1
+# 32: W4A8-AWQ at batch 1 on its table-lookup dp4a GEMV (quant_gemv_w4a8, switched on here only; goal 1.8 ms/step,
+# 5.27 today on quant_linear's FP8 tensor-core kernel)
+part w4a8_gemv 360 CLEAN=1
 # 35/33: prompt lookup on the real SmolLM2 (the 2026-12-05 run lost it to a hung server's memory); the INT4-AWQ SmolLM2
 # (it loads and answers now) in-process; the FP8 KV model check (0.35 relative at the first decode step on the H100)
 await /tmp/smolw/ready 60

@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, prefill,
-                                           quant_gemm, quant_gemv, quant_gemv_ws, quant_linear, support)
+                                           quant_gemm, quant_gemv, quant_gemv_w4a8, quant_gemv_ws, quant_linear,
+                                           support)
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 from trtllm_pipeline.runtimes.torch_engine.model import quantize_fp8
 
@@ -247,6 +248,7 @@ class DecodeStep:
             configs = {name: dataclasses.replace(c, splits=1, library=True) for name, c in configs.items()}
         if quant_gemv_ws.TILED_WEIGHTS:
             self._tile_weights(configs)
+        self._w4a8_tables(configs)
         max_splits = max(c.splits for c in configs.values())
         splits = attention.pick_splits(batch, e.kv_heads, self.sm_count)
 
@@ -330,6 +332,15 @@ class DecodeStep:
                 lin = getattr(layer, name)
                 if configs[cfg].ws and lin.quant is not None:
                     lin.quant = quant_gemv_ws.tile_weights(lin.quant, configs[cfg].block_n // 2)
+
+    def _w4a8_tables(self, configs: dict[str, linear.LinearConfig]) -> None:
+        """The W4A8 table-lookup GEMV's tables (``quant_gemv_w4a8.with_tables``: per group and row 8 bytes and a float32
+        power of two, once per engine) for the linears whose config takes it."""
+        for layer in self.layers:
+            for name, cfg in (("qkv", "qkv"), ("dense", "dense"), ("fc", "glu"), ("gate", "glu"), ("proj", "proj")):
+                lin = getattr(layer, name)
+                if configs[cfg].w4a8 and lin.quant is not None:
+                    lin.quant = quant_gemv_w4a8.with_tables(lin.quant)
 
     def _tp_buffers(self, batch: int) -> _TpBuffers:
         dev = self.engine.device

@@ -47,6 +47,7 @@ class LinearConfig:
     scale_weights: bool = False  # with gemm: INT4-AWQ's group scale on each weight, not on the tile's dot result
     library: bool = False  # BF16 / FP8 at large batches: cuBLAS (F.linear, torch._scaled_mm), not this module's kernels
     dp4a8: bool = False  # quant_gemv_int8's dp4a matrix-vector kernel (INT8 SmoothQuant at batch 1)
+    w4a8: bool = False  # quant_gemv_w4a8's table-lookup dp4a matrix-vector kernel (W4A8-AWQ at batch 1)
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, quant_gemv, quant_gemv_int8
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, quant_gemv, quant_gemv_int8, quant_gemv_w4a8
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 
@@ -78,6 +78,10 @@ class QuantWeight:
     tile_rows: int = 0
     # INT4-AWQ: ``scales`` in the compute dtype, whose values they are (quant_gemv_ws reads them: half the bytes)
     scales16: torch.Tensor | None = None
+    # W4A8-AWQ at batch 1 (quant_gemv_w4a8.tables): per group and row the E4M3 values' integers, int32 [G, 2, 2, N/2],
+    # and their power of two, float32 [G, 2, N/2] (None: not made)
+    lut: torch.Tensor | None = None
+    units: torch.Tensor | None = None
 
     @property
     def int4(self) -> bool:
@@ -103,7 +107,7 @@ class QuantWeight:
         else:
             weight, scales = self.weight[start:stop], self.scales[start:stop]
         return dataclasses.replace(self, weight=weight, scales=scales.contiguous(), n=stop - start, tiled=None,
-                                   scales16=None)
+                                   scales16=None, lut=None, units=None)
 
     @classmethod
     def of(cls, lin) -> "QuantWeight":
@@ -153,6 +157,8 @@ def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, spl
     ~4 programs per SM."""
     if gemv and quant_gemv_int8.supported(q, m):  # (only where asked: not measured on a GPU yet)
         return quant_gemv_int8.pick_config(q, sm_count, glu=glu, splits=splits)
+    if gemv and quant_gemv_w4a8.supported(q, m):  # W4A8's table-lookup GEMV (only where asked: untimed)
+        return quant_gemv_w4a8.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
     if gemv or (gemv is None and m == 1 and quant_gemv.supported(q, m)):
         return quant_gemv.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n, m=m)
     block_m = max(16, triton.next_power_of_2(m))
@@ -416,6 +422,8 @@ def _launch(x, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: L
         return quant_gemv.launch(x, q, q2, out, cfg, compute, pdl, **gemv)
     if cfg.dp4a8:
         return quant_gemv_int8.launch(x, q, q2, out, cfg, compute, pdl)
+    if cfg.w4a8:
+        return quant_gemv_w4a8.launch(x, q, q2, out, cfg, compute, pdl)
     m, k = x.shape
     assert k == q.k and x.stride(1) == 1
     glu = q2 is not None

@@ -1,0 +1,352 @@
+"""W4A8-AWQ at batch 1: a matrix-vector product by table lookup (PRMT) into the integer dot-product instruction.
+
+quant_linear's W4A8 kernel rounds every scaled weight to E4M3 (``q x t``, t = group step / scale_2: a multiply, a
+clamp and a conversion a weight) before FP8 tensor-core dots at 16 padded rows (5.27 ms a 7B step on the H200,
+where INT4-AWQ's GEMV does 1.7 on the same bytes). Here (docs/perf-notes.md, "W4A8-AWQ at batch 1"):
+
+* Per output row and scale group the weight takes at most 16 values, E4M3(q t) for q in -8..7, and all of them are
+  ``c_q x u`` exactly, with c_q a signed integer of at most 120 in magnitude and u = 2^(e - 6), e the binade of the
+  largest (E4M3(8t)): an E4M3 value in binade e' is a multiple of 2^(e' - 3), the smallest nonzero value lies at
+  most 3 binades below the largest, and subnormals are multiples of 2^-9, which is then a multiple of u. Checked at
+  load (``tables``: every group and row; a group rounded to all zeros takes u = 1) and in tests/w4a8_gemv_check.py.
+* ``tables`` stores, per group and row, 8 bytes ``T = [c_8, c_1, ..., c_7]`` (c_8 = |c_-8|; c_0 is always 0) and u
+  (float32). A program makes from them, once per row and tile, ``P = [0, c_1 .. c_7]`` (an AND) and ``N = [c_8, c_7
+  .. c_1]`` = |c_-8| .. |c_-1| (two PRMT: E4M3 rounding is symmetric, so |c_-q| = c_q).
+* A nibble becomes its integer by a byte permute: ``PRMT(P, s)`` with a word's 4 nibbles as the selectors gives
+  c_q where q >= 0 and 0 where q < 0 (the selector's bit 3 replicates the picked byte's sign, and every table byte
+  is below 128), ``PRMT(N, s ^ 0x8888)`` gives |c_q| where q < 0 and 0 elsewhere; ``P' - N' + 0x80808080`` (one
+  IADD3) is ``c_q + 128`` in every byte, with no borrow or carry between bytes (8..248).
+* The selectors come from the checkpoint's packing (byte k of packed row j: row 2j in the low nibble, 2j+1 in the
+  high): ``(w & 0x0F0F) | (w >> 12 & 0xF0F0)`` (row 2j) and ``(w >> 4 & 0x0F0F) | (w >> 16 & 0xF0F0)`` (row 2j+1)
+  hold inputs 0, 2, 1, 3 of the word in selector order; the input words are packed in that order.
+* The input: ``x x pre_quant_scale`` rounded to the compute dtype, then E4M3 of ``x x (448 / amax)`` as quant_linear's
+  ``_act_tile`` rounds it, in the INT8 weight-only GEMV's in-program int16 block floating point (``gemv_input.planes``:
+  a power of two per 16 inputs, a signed high-byte and an unsigned low-byte plane; E4M3's 4 significant bits are
+  exact within 2^11 of a block's largest). Per block and row: 4 ``dp4a.u32.s32`` over the high plane, shifted by 8
+  bits, plus the block's -128 x sum x_int, carry into 4 ``dp4a.u32.u32`` over the low plane: ``sum c x_int`` exactly
+  (< 2^26), then one conversion and one multiply-add by ``2^E x u``; the output scale (activation scale x scale_2)
+  once per row at the end.
+
+The products are exact (the weights are quant_linear's E4M3 values, the inputs its FP8 input): against float32
+``x @ W^T`` the only differences are float32 accumulation order and inputs below 2^-11 of their block's largest
+(rounded at 2^-15 of it). Output: the float32 split-K partials of quant_linear's kernels, or for mlp.fc + mlp.gate
+(K not split) ``silu(fc) * gate`` in the compute dtype, each matrix with its own input scales.
+
+Off by default (not yet timed on a GPU): ``TRTLLM_PIPELINE_W4A8_GEMV=1`` makes the decode step take it at batch 1.
+Triton's interpreter cannot run PTX: there ``dp4a`` and ``prmt`` are the same operations from shifts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from trtllm_pipeline.errors import InputError
+from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
+from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import planes
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import _quarters
+from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
+
+ENV = "TRTLLM_PIPELINE_W4A8_GEMV"
+BLOCK_N, BLOCK_K = 256, 128  # 128 packed rows x 128 bytes: 16 KB a tile; 128 inputs: the 7B's scale group
+GLU_BLOCK_N = 64
+FP8_MAX = 448.0
+BIAS = tl.constexpr(-2139062144)  # 0x80808080 as an int32
+
+
+def enabled() -> bool:
+    """Whether the decode step takes this kernel at batch 1: only where ``$TRTLLM_PIPELINE_W4A8_GEMV`` is 1 (not yet
+    timed on a GPU; unset or 0: quant_gemm's choice)."""
+    value = os.environ.get(ENV, "0").strip()
+    if value not in ("0", "1", ""):
+        raise InputError(f"{ENV}={value!r}: 1 takes the W4A8 table-lookup GEMV at batch 1, 0 leaves it off.",
+                         fix=f"set {ENV} to 0 or 1, or unset it")
+    return value == "1"
+
+
+def block_inputs(group: int) -> int | None:
+    """Inputs per shared exponent of the input (and per integer sum): 16, or the whole group when it is 8."""
+    return 16 if group % 16 == 0 else 8 if group == 8 else None
+
+
+def supported(q, m: int) -> bool:
+    """W4A8-AWQ at one input row: whole 16-input blocks (or a scale group of 8), K whole groups."""
+    return (m == 1 and q.fmt == "w4a8_awq" and q.n % 2 == 0 and block_inputs(q.group) is not None
+            and q.k % 16 == 0 and q.k % q.group == 0)
+
+
+def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = None, block_n: int | None = None,
+                block_k: int | None = None) -> LinearConfig:
+    """128 rows x 128 inputs a tile (the GLU 64 rows, K not split: its SiLU in the epilogue); K split for about four
+    programs per SM, a split count that divides the K tiles where one is within 2x of that (not measured: the
+    INT8 GEMV's rule)."""
+    block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
+    block_k = block_k or BLOCK_K
+    tiles, k_tiles = triton.cdiv(q.n, block_n), triton.cdiv(q.k, block_k)
+    if splits is None and not glu:
+        want = max(1, min(k_tiles // 2, round(4 * sm_count / tiles)))
+        even = [d for d in range(1, k_tiles // 2 + 1) if k_tiles % d == 0 and want / 2 <= d <= 2 * want]
+        splits = min(even, key=lambda d: abs(d - want)) if even else want
+    return LinearConfig(1, block_n, block_k, 1 if glu else splits, 4, 3, w4a8=True)
+
+
+# ------------------------------------------------------------------------------------------ tables (at load)
+
+
+def values(t: torch.Tensor) -> torch.Tensor:
+    """E4M3(q x t) for q = -8..7 along a new last axis (float32), as quant_linear's kernel rounds each weight."""
+    q = torch.arange(-8, 8, dtype=torch.float32, device=t.device)
+    return (q * t.float()[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+
+
+def integer_form(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c [..., 16] float32, u [...] float32): ``values(t) == c x u`` with c integers, |c| <= 127 and u a power of
+    two, 2^(e - 6) for e the binade of the largest magnitude (1 where every value is 0). Raises if the claim fails."""
+    v = values(t)
+    amax = v.abs().amax(-1)
+    _, exp = torch.frexp(amax)  # amax = m 2^exp, m in [0.5, 1): the binade is exp - 1
+    u = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), exp - 7), torch.ones_like(amax))
+    c = v / u[..., None]
+    if not (torch.equal(c, c.round()) and c.abs().max() <= 127 and torch.equal(c[..., 1:8], -c[..., 9:16].flip(-1))):
+        raise ValueError("W4A8 GEMV: a group's E4M3 values are not small integers of one power of two")
+    return c, u
+
+
+def tables(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's tables from the step ``t`` (QuantWeight.scales of W4A8: [G, 2, N/2], group scale / scale_2 in the
+    INT4 layout): int32 [G, 2, 2, N/2] (even / odd rows, then the words [c_8, c_1, c_2, c_3] and [c_4 .. c_7], byte 0
+    first) and u float32 [G, 2, N/2]."""
+    c, u = integer_form(t)
+    b = c[..., 8:].to(torch.int32)  # c_0 .. c_7 (all >= 0)
+    b[..., 0] = -c[..., 0].to(torch.int32)  # c_8 = |c_-8| in c_0's place (c_0 is 0)
+    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32, device=t.device)
+    lo = (b[..., 0:4] << shifts).sum(-1, dtype=torch.int32)
+    hi = (b[..., 4:8] << shifts).sum(-1, dtype=torch.int32)
+    return torch.stack([lo, hi], dim=2).contiguous(), u.contiguous()
+
+
+def with_tables(q):
+    """``q`` with its tables (``QuantWeight.lut``, ``units``): made once per weight (the decode step's buffers)."""
+    if q.lut is not None:
+        return q
+    lut, units = tables(q.scales)
+    return dataclasses.replace(q, lut=lut, units=units)
+
+
+# ------------------------------------------------------------------------------------------ kernel
+
+
+@triton.jit
+def prmt(a, b, sel, ASM: tl.constexpr):
+    """PTX ``prmt.b32`` (the default mode): byte i of the result is byte ``sel[4i+2:4i]`` of {b, a} (a: bytes 0-3),
+    or, where ``sel`` bit 4i+3 is set, that byte's sign bit replicated. In the interpreter, from shifts."""
+    if ASM:
+        return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        ab = (b.to(tl.int64) << 32) | (a.to(tl.int64) & 0xFFFFFFFF)
+        out = tl.zeros(sel.shape, dtype=tl.int32)
+        for i in tl.static_range(4):
+            nib = (sel >> (4 * i)) & 0xF
+            byte = ((ab >> ((nib & 7) * 8).to(tl.int64)) & 0xFF).to(tl.int32)
+            byte = tl.where((nib & 8) != 0, tl.where(byte >= 128, 255, 0), byte)
+            out = out | (byte << (8 * i))
+        return out
+
+
+@triton.jit
+def bitsel(a, b, mask, ASM: tl.constexpr):
+    """``(a & mask) | (b & ~mask)``: one LOP3 (written as PTX: the compiler otherwise splits it in two)."""
+    if ASM:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xE4;", "=r,r,r,r",
+                                         [a, b, tl.full(a.shape, mask, tl.int32)], dtype=tl.int32, is_pure=True,
+                                         pack=1)
+    else:
+        return (a & mask) | (b & ~mask)
+
+
+@triton.jit
+def _biased(p_lo, p_hi, n_lo, n_hi, sel, ASM: tl.constexpr):
+    """The words' weights as ``c_q + 128`` in each byte (unsigned)."""
+    pos = prmt(p_lo, p_hi, sel, ASM)
+    neg = prmt(n_lo, n_hi, sel ^ 0x8888, ASM)
+    return pos - neg + BIAS
+
+
+@triton.jit
+def _row_tables(t_ptr, u_ptr, g, rj, ok, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2, ODD: tl.constexpr,
+                ASM: tl.constexpr):
+    """One parity's P, N (lo and hi words) and units for groups ``g`` of packed rows ``rj`` (any broadcast shape)."""
+    base = t_ptr + g * stride_tg + ODD * stride_t2 + rj
+    t_lo = tl.load(base, mask=ok, other=0)
+    t_hi = tl.load(base + stride_tw, mask=ok, other=0)
+    u = tl.load(u_ptr + g * stride_ug + ODD * stride_u2 + rj, mask=ok, other=0.0)
+    n_lo = prmt(t_lo, t_hi, tl.full(t_lo.shape, 0x5670, tl.int32), ASM)  # c_8, c_7, c_6, c_5
+    n_hi = prmt(t_lo, t_hi, tl.full(t_lo.shape, 0x1234, tl.int32), ASM)  # c_4, c_3, c_2, c_1
+    return t_lo & -256, t_hi, n_lo, n_hi, u
+
+
+@triton.jit
+def _chain(d, xh, xl, c, XW: tl.constexpr, ASM: tl.constexpr):
+    """Per row and input block ``sum (c_q + 128) x_int - 128 sum x_int = sum c_q x_int`` in int32, exactly: ``d``
+    [HALF, NB, XW] biased weight words, ``xh``/``xl`` [1, NB, XW] the input's planes, ``c`` [1, NB] -128 sum x_int."""
+    zero = tl.zeros((d.shape[0], d.shape[1]), dtype=tl.int32)
+    if XW == 4:
+        d0, d1, d2, d3 = _quarters(d)
+        h0, h1, h2, h3 = _quarters(xh)
+        l0, l1, l2, l3 = _quarters(xl)
+        a = dp4a(d3, h3, dp4a(d2, h2, dp4a(d1, h1, dp4a(d0, h0, zero, True, ASM), True, ASM), True, ASM), True, ASM)
+        a = (a << 8) + c
+        a = dp4a(d3, l3, dp4a(d2, l2, dp4a(d1, l1, dp4a(d0, l0, a, False, ASM), False, ASM), False, ASM), False,
+                 ASM)
+    else:  # XW == 2: a scale group of 8
+        d0, d1 = tl.split(d)
+        h0, h1 = tl.split(xh)
+        l0, l1 = tl.split(xl)
+        a = dp4a(d1, h1, dp4a(d0, h0, zero, True, ASM), True, ASM)
+        a = (a << 8) + c
+        a = dp4a(d1, l1, dp4a(d0, l0, a, False, ASM), False, ASM)
+    return a
+
+
+@triton.jit
+def _input(x_ptr, pqs_ptr, aq_ptr, kp, k_ok, HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_K: tl.constexpr,
+           XB: tl.constexpr):
+    """One K tile of the input (inputs ``kp``, in the selectors' order) as quant_linear's ``_act_tile`` leaves it
+    (E4M3 of ``x x pre_quant_scale x (448 / amax)``), as int16 block floating point: planes [1, NB, XW], the blocks'
+    -128 x sum x_int [1, NB] and 2^E [1, NB]."""
+    NB: tl.constexpr = BLOCK_K // XB
+    XW: tl.constexpr = XB // 4
+    x = tl.load(x_ptr + kp, mask=k_ok, other=0.0)
+    if HAS_PQS:
+        x = (x.to(tl.float32) * tl.load(pqs_ptr + kp, mask=k_ok, other=0.0).to(tl.float32)).to(COMPUTE)
+    v = tl.clamp(x.to(tl.float32) * tl.load(aq_ptr), -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    xh, xl, total, step = planes(tl.where(k_ok, v.to(tl.float32), 0.0), BLOCK_K, XB)
+    return (tl.reshape(xh, (1, NB, XW)), tl.reshape(xl, (1, NB, XW)), (-128 * total)[None, :], step[None, :])
+
+
+@triton.jit
+def _matrix(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok, xh, xl, c, step, acc_e, acc_o,
+            stride_wn, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2, TILE_SCALE: tl.constexpr,
+            EVEN: tl.constexpr, XW: tl.constexpr, ASM: tl.constexpr):
+    """One K tile of one matrix into the even and odd rows' float32 accumulators [HALF, NB]."""
+    w_ptrs = w_ptr + rj[:, None, None] * stride_wn + wb
+    if EVEN:
+        p = tl.load(w_ptrs)
+    else:
+        p = tl.load(w_ptrs, mask=j_ok[:, None, None] & w_ok, other=0)
+    if TILE_SCALE:  # one group: a table per row
+        tr, tok = rj[:, None, None], j_ok[:, None, None] & g_ok
+    else:  # a table per row and input block [HALF, NB, 1]
+        tr, tok = rj[:, None, None], j_ok[:, None, None] & g_ok[None, :, None]
+        g = g[None, :, None]
+    pe_lo, pe_hi, ne_lo, ne_hi, ue = _row_tables(t_ptr, u_ptr, g, tr, tok, stride_tg, stride_t2, stride_tw,
+                                                 stride_ug, stride_u2, 0, ASM)
+    po_lo, po_hi, no_lo, no_hi, uo = _row_tables(t_ptr, u_ptr, g, tr, tok, stride_tg, stride_t2, stride_tw,
+                                                 stride_ug, stride_u2, 1, ASM)
+    # (PRMT reads the selectors' low 16 bits only)
+    sel_e = bitsel(p, p >> 12, 0x0F0F, ASM)  # row 2j's nibbles of inputs 0, 2, 1, 3
+    sel_o = bitsel(p >> 4, p >> 16, 0x0F0F, ASM)  # row 2j + 1's
+    d_e = _biased(tl.broadcast_to(pe_lo, p.shape), tl.broadcast_to(pe_hi, p.shape), tl.broadcast_to(ne_lo, p.shape),
+                  tl.broadcast_to(ne_hi, p.shape), sel_e, ASM)
+    d_o = _biased(tl.broadcast_to(po_lo, p.shape), tl.broadcast_to(po_hi, p.shape), tl.broadcast_to(no_lo, p.shape),
+                  tl.broadcast_to(no_hi, p.shape), sel_o, ASM)
+    a_e = _chain(d_e, xh, xl, c, XW, ASM)
+    a_o = _chain(d_o, xh, xl, c, XW, ASM)
+    acc_e += a_e.to(tl.float32) * (tl.reshape(ue, (ue.shape[0], ue.shape[1])) * step)
+    acc_o += a_o.to(tl.float32) * (tl.reshape(uo, (uo.shape[0], uo.shape[1])) * step)
+    return acc_e, acc_o
+
+
+@triton.jit
+def _w4a8_gemv_kernel(
+    x_ptr, w_ptr, t_ptr, u_ptr, pqs_ptr, aq_ptr, osc_ptr, w2_ptr, t2_ptr, u2_ptr, pqs2_ptr, aq2_ptr, osc2_ptr, out_ptr,
+    N, K, G, k_iters_per_split, stride_wn, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2, stride_os,
+    GROUP: tl.constexpr, XB: tl.constexpr, HAS_PQS: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr,
+    COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+):
+    """Split-K partials of ``x W^T`` for one input row (or, GLU, ``silu(x W^T) * (x W2^T)`` unsplit)."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    NB: tl.constexpr = BLOCK_K // XB
+    XW: tl.constexpr = XB // 4
+    TILE_SCALE: tl.constexpr = GROUP % BLOCK_K == 0
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rj = pid_n * HALF + tl.arange(0, HALF)  # packed rows: output rows 2 rj and 2 rj + 1
+    j_ok = rj < N // 2
+    rk = tl.arange(0, BLOCK_K)
+    perm = (rk & -4) | ((rk & 1) << 1) | ((rk >> 1) & 1)  # inputs 0, 2, 1, 3 of each word: the selectors' order
+    rb = tl.arange(0, NB)
+    words = (rb[:, None] * XW + tl.arange(0, XW)[None, :])[None]  # [1, NB, XW]
+    k0 = pid_s * k_iters_per_split * BLOCK_K
+    acc_e = tl.zeros((HALF, NB), dtype=tl.float32)
+    acc_o = tl.zeros((HALF, NB), dtype=tl.float32)
+    acc2_e = tl.zeros((HALF, NB), dtype=tl.float32)
+    acc2_o = tl.zeros((HALF, NB), dtype=tl.float32)
+    for i in range(k_iters_per_split):
+        k_tile = k0 + i * BLOCK_K
+        kp = k_tile + perm
+        k_ok = kp < K
+        wb = k_tile // 4 + words
+        w_ok = wb < K // 4
+        if TILE_SCALE:
+            g = k_tile // GROUP
+            g_ok = g < G
+        else:
+            g = (k_tile + rb * XB) // GROUP
+            g_ok = g < G
+        xh, xl, c, step = _input(x_ptr, pqs_ptr, aq_ptr, kp, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
+        acc_e, acc_o = _matrix(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok, xh, xl, c, step, acc_e, acc_o,
+                               stride_wn, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2, TILE_SCALE, EVEN,
+                               XW, ASM)
+        if GLU:  # the gate: its own pre-quant and activation scales
+            xh2, xl2, c2, step2 = _input(x_ptr, pqs2_ptr, aq2_ptr, kp, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
+            acc2_e, acc2_o = _matrix(w2_ptr, t2_ptr, u2_ptr, rj, j_ok, wb, w_ok, g, g_ok, xh2, xl2, c2, step2,
+                                     acc2_e, acc2_o, stride_wn, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2,
+                                     TILE_SCALE, EVEN, XW, ASM)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    y = tl.reshape(tl.join(tl.sum(acc_e, axis=1), tl.sum(acc_o, axis=1)), (BLOCK_N,)) * tl.load(osc_ptr)
+    if GLU:
+        y2 = tl.reshape(tl.join(tl.sum(acc2_e, axis=1), tl.sum(acc2_o, axis=1)), (BLOCK_N,)) * tl.load(osc2_ptr)
+        tl.store(out_ptr + rn, silu_mul(y, y2, COMPUTE), mask=n_ok)
+    else:
+        tl.store(out_ptr + pid_s * stride_os + rn, y, mask=n_ok)
+
+
+def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool):
+    """``x`` [1, K] in the compute dtype (before the pre-quant scale); ``out`` [splits, 1, N] float32 partials, or
+    (``q2``: the GLU's gate) [1, N] in the compute dtype. The tables are made here where ``q`` has none (the decode
+    step makes them with its buffers: ``with_tables``)."""
+    assert supported(q, x.shape[0]) and x.stride(1) == 1 and q.weight.is_contiguous()
+    assert cfg.block_n % 2 == 0 and cfg.block_k % block_inputs(q.group) == 0
+    glu = q2 is not None
+    q = with_tables(q)
+    q2 = with_tables(q2) if glu else q
+    if glu:
+        assert q2.lut.stride() == q.lut.stride() and q2.units.stride() == q.units.stride()
+        assert q2.weight.stride() == q.weight.stride() and (q2.pqs is None) == (q.pqs is None)
+    k_iters = triton.cdiv(q.k, cfg.block_k)
+    splits = 1 if glu else cfg.splits
+    per_split = triton.cdiv(k_iters, splits)
+    words, words2 = q.weight.view(torch.int32), q2.weight.view(torch.int32)
+    half = cfg.block_n // 2
+    return _w4a8_gemv_kernel[(triton.cdiv(q.n // 2, half), splits)](
+        x, words, q.lut, q.units, q.pqs if q.pqs is not None else out, q.act_q, q.out_scale,
+        words2, q2.lut, q2.units, q2.pqs if q2.pqs is not None else out, q2.act_q, q2.out_scale, out,
+        q.n, q.k, q.lut.shape[0], per_split, words.stride(0), q.lut.stride(0), q.lut.stride(1), q.lut.stride(2),
+        q.units.stride(0), q.units.stride(1), 0 if glu or out.dim() == 2 else out.stride(0),
+        GROUP=q.group, XB=block_inputs(q.group), HAS_PQS=q.pqs is not None, GLU=glu, COMPUTE=tl_dtype(compute),
+        EVEN=(q.n // 2) % half == 0 and q.k % cfg.block_k == 0 and k_iters % splits == 0,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        ASM=not interpreting(), PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+    )
