@@ -31,6 +31,7 @@ try:  # the serving process's module path, before any package import (runtimes/t
 except ImportError:  # a server this project did not start (TensorRT-LLM's container)
     pass
 
+import collections
 import functools
 import json
 import os
@@ -64,6 +65,15 @@ WATCH_S = 0.1  # how often a request waiting on the engine looks whether the eng
 # this often, not at every engine response (one a step, ~3 ms on the GPU)
 CANCEL_POLL_S = 0.01
 LOST_WAIT_S = 1.0  # after the engine's socket closed early: how long the engine's process may take to show as gone
+# Triton 2.51's Python backend drops a finished BLS response iterator's entry from its map on the stub's own cleanup
+# thread, without the GIL (pb_stub.cc, SendCleanupId). Where the Python side had already let go of the iterator, that
+# frees it there, and with it its responses' numpy arrays, Python objects: the heap corrupts. On this project's CPU
+# machine every server on this path died so ("malloc(): unaligned fastbin chunk detected", 3 of 3 within 80-250
+# requests of 16-32 tokens). So each iterator is kept here until LINGER_S after its stream ended: the cleanup has run by
+# then, and the last reference, ours, goes in a Python thread, with the GIL.
+LINGER_S = 2.0
+_lingering: collections.deque = collections.deque()
+_lingering_lock = threading.Lock()
 
 
 class Cancelled(Exception):
@@ -233,8 +243,8 @@ class TritonPythonModel:
             logger = getattr(pb_utils, "Logger", None)
             if logger is not None:
                 logger.log_info("tensorrt_llm_bls: the engine model has no socket; its requests go through Triton")
-        return (_triton_item(r) for r in self.request(self.engine_model, ENGINE_OUTPUTS, engine,
-                                                      request_id=request_id).exec(decoupled=True))
+        return _triton_items(self.request(self.engine_model, ENGINE_OUTPUTS, engine,
+                                          request_id=request_id).exec(decoupled=True))
 
     def _socket_items(self, sock):
         try:
@@ -296,8 +306,10 @@ class TritonPythonModel:
         if not stops.send(self.stop_address, request_id):
             stop = {"input_ids": np.zeros((1, 1), np.int32), "input_lengths": np.ones((1, 1), np.int32),
                     "request_output_len": np.ones((1, 1), np.int32), "stop": np.array([[True]])}
-            for _ in self.request(self.engine_model, ["output_ids"], stop, request_id=request_id).exec(decoupled=True):
+            iterator = self.request(self.engine_model, ["output_ids"], stop, request_id=request_id).exec(decoupled=True)
+            for _ in iterator:
                 pass
+            _linger(iterator)
 
     def request(self, model, outputs, tensors, request_id=""):
         # BLS_PARAMETER marks the request as this model's, whatever its id (a front's passes through): the torch engine
@@ -323,6 +335,27 @@ def _requested_outputs(request):
         return set(request.requested_output_names())
     except Exception:  # a Python backend without it: send everything
         return set()
+
+
+def _triton_items(iterator):
+    """A BLS response iterator's responses as ``_Item``s; the iterator lingers after (``LINGER_S``)."""
+    try:
+        for response in iterator:
+            yield _triton_item(response)
+    finally:
+        _linger(iterator)
+
+
+def _linger(iterator) -> None:
+    """Keep ``iterator`` for ``LINGER_S``; those kept longer are let go here (outside the lock: an unfinished one reads
+    its stream to the end as it goes)."""
+    now = time.monotonic()
+    expired = []
+    with _lingering_lock:
+        _lingering.append((now, iterator))
+        while now - _lingering[0][0] > LINGER_S:
+            expired.append(_lingering.popleft())
+    expired.clear()
 
 
 def _triton_item(response) -> _Item:
