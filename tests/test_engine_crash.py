@@ -186,6 +186,27 @@ def test_the_bls_through_triton_lives_through_hundreds_of_short_streams(through_
     assert errors == [] and len(done) == 600 and all(done)
 
 
+def test_a_crashed_front_model_turns_readiness_503_and_names_it(through_triton, engines_dir):
+    """Every Python model's stub records its process (health.mark_stub); when one dies (here the BLS, killed), the
+    HTTP front's readiness and its new requests answer 503 naming that model, as for the engine's process: Triton 2.51
+    itself keeps the model ready and answers "Stub process ... is not healthy". The last test of this server."""
+    stubs = artifacts.ArtifactPaths(engines_dir / PLAIN).serve_state / health.STUBS
+    recorded = {name.rpartition(".")[0]: int(name.rpartition(".")[2]) for name in os.listdir(stubs)}
+    assert set(recorded) == {"tensorrt_llm_bls", "preprocessing", "postprocessing"}
+    pid = recorded["tensorrt_llm_bls"]
+    assert b"triton_python_backend_stub" in open(f"/proc/{pid}/cmdline", "rb").read()
+    assert _ready_status(through_triton.http_port) == 200
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _ready_status(through_triton.http_port) != 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ready_status(through_triton.http_port) == 503
+    answer = requests.post(f"http://127.0.0.1:{through_triton.http_port}/v2/models/tensorrt_llm_bls/generate",
+                           json={"text_input": "hi", "max_tokens": 4}, timeout=30)
+    assert answer.status_code == 503
+    assert f"tensorrt_llm_bls model's process (pid {pid}) is gone" in answer.text, answer.text
+
+
 def _engine_requests(server) -> float:
     text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
     return float(re.search(r'^nv_inference_count{model="tensorrt_llm",version="1"} (\S+)$', text, re.M).group(1))

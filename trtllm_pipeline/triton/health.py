@@ -11,7 +11,10 @@ request waiting on the engine ends with the error instead of waiting for respons
 A crash cannot write anything: the engine model's process (the Python-backend stub) dies, Triton 2.51 still
 reports the model ready, and every request waiting on it waits for ever (seen on the H200: a segmentation
 fault inside the stub's ``send``). So the engine model also records its process id once it is loaded
-(``mark_alive``), and ``lost`` reports the engine lost when that process is gone.
+(``mark_alive``), and ``lost`` reports the engine lost when that process is gone. The deployment's other Python
+models (the BLS, preprocessing, postprocessing: each instance a stub process) record theirs too (``mark_stub``): a dead
+front model serves nothing either (Triton 2.51 answers its later requests "Stub process ... is not healthy", keeps it
+ready, and leaves its streams in flight waiting; seen on this project's CPU machine when the BLS's stub crashed).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from trtllm_pipeline import artifacts
@@ -27,6 +31,7 @@ log = logging.getLogger(__name__)
 
 MARKER = "engine-lost.json"
 ALIVE = "engine-process.json"
+STUBS = "stubs"  # a folder: one empty file <model>.<pid> per Python model instance's process
 
 
 def marker(repository: str | os.PathLike, name: str = MARKER) -> Path:
@@ -44,6 +49,16 @@ def mark_alive(repository: str | os.PathLike) -> None:
         log.error("cannot write %s (%s): a crash of the engine's process will not show", path, exc)
 
 
+def mark_stub(repository: str | os.PathLike, model: str) -> None:
+    """Record this process as an instance of ``model`` (called by each Python model of the deployment once loaded)."""
+    path = marker(repository, STUBS) / f"{model}.{os.getpid()}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError as exc:
+        log.error("cannot write %s (%s): a crash of the %s model's process will not show", path, exc, model)
+
+
 def mark_lost(repository: str | os.PathLike, message: str) -> None:
     """Record that the engine cannot run (best effort: a full disk must not hide the error it reports)."""
     path = marker(repository)
@@ -59,7 +74,7 @@ def lost(repository: str | os.PathLike) -> str | None:
     try:
         data = json.loads(marker(repository).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return _process_gone(repository)
+        return _process_gone(repository) or _stub_gone(repository)
     except (OSError, ValueError):
         return "the engine model reported itself lost (its marker is unreadable)"
     message = data.get("message") if isinstance(data, dict) else None
@@ -76,6 +91,20 @@ def _process_gone(repository: str | os.PathLike) -> str | None:
     log_file = marker(repository, ALIVE).parent / "tritonserver.log"
     return (f"the engine model's process (pid {pid}) is gone: it crashed (its stack, if it left one, is in "
             f"{log_file}); restart the server: serve --stop, then serve")
+
+
+def _stub_gone(repository: str | os.PathLike) -> str | None:
+    folder = marker(repository, STUBS)
+    try:
+        names = os.listdir(folder)
+    except OSError:  # none recorded (not loaded yet, or a repository deployed before this record)
+        return None
+    for name in names:
+        model, _, pid = name.rpartition(".")
+        if model and pid.isdigit() and not _running(int(pid)):
+            return (f"the {model} model's process (pid {pid}) is gone: it crashed (its stack, if it left one, is in "
+                    f"{folder.parent / 'tritonserver.log'}); restart the server: serve --stop, then serve")
+    return None
 
 
 def _running(pid: int) -> bool:
@@ -95,9 +124,13 @@ def _running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
 
 
-def clear(repository: str | os.PathLike) -> None:
+def clear(repository: str | os.PathLike, *, stubs: bool = True) -> None:
+    """Forget an earlier server's records (its processes' ids may since belong to others). ``stubs=False`` (the engine
+    model, loading beside the others): the other models' records stay."""
     for name in (MARKER, ALIVE):
         try:
             marker(repository, name).unlink(missing_ok=True)
         except OSError as exc:  # a read-only engines directory: then nothing could have written it either
             log.warning("cannot remove %s: %s", marker(repository, name), exc)
+    if stubs:
+        shutil.rmtree(marker(repository, STUBS), ignore_errors=True)

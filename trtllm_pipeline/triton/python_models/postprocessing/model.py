@@ -12,15 +12,18 @@ except ImportError:  # a server this project did not start (TensorRT-LLM's conta
     pass
 
 import json
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtllm_pipeline.triton import health
 from trtllm_pipeline.triton.tensors import decode_rows, string_parameters
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        health.mark_stub(Path(args["model_repository"]).parent, args["model_name"])  # its crash shows (health.lost)
         params = string_parameters(json.loads(args["model_config"]))
         self.tokenizer = None
         if params["detokenize"] == "true":

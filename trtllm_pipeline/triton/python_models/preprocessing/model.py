@@ -10,10 +10,12 @@ except ImportError:  # a server this project did not start (TensorRT-LLM's conta
     pass
 
 import json
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.tokenizer import Tokenizer
+from trtllm_pipeline.triton import health
 from trtllm_pipeline.triton.contract import RequestLimits
 from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, string_parameters
 
@@ -22,6 +24,7 @@ OPTIONAL = {"stop_words": "STOP_WORDS_DICT", "bad_words": "BAD_WORDS_DICT", "end
 
 class TritonPythonModel:
     def initialize(self, args):
+        health.mark_stub(Path(args["model_repository"]).parent, args["model_name"])  # its crash shows (health.lost)
         params = string_parameters(json.loads(args["model_config"]))
         self.preprocess = Preprocessor(
             Tokenizer(params["tokenizer_dir"]), end_id=int(params["end_id"]),

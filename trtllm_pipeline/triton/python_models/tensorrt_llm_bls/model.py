@@ -108,6 +108,7 @@ class TritonPythonModel:
         # a repository written before the BLS tokenized (no end_id here): every prompt goes to preprocessing
         self.ids = (int(params["end_id"]), int(params["pad_id"])) if "end_id" in params else None
         self.repository = Path(args["model_repository"]).parent
+        health.mark_stub(self.repository, args["model_name"])  # its crash then shows (health.lost)
         self.stop_address = stops.address(self.repository)
         # Engine responses that came while one was handled answered together (TRTLLM_PIPELINE_STREAM_COALESCE=1,
         # as the torch engine model's outbox reads it); off: one response out per response in, as TensorRT-LLM.

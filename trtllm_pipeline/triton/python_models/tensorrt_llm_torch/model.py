@@ -32,7 +32,7 @@ class TritonPythonModel:
         # A GPU instance group: the GPU Triton gave this instance (the runtime compiles and captures its decode
         # graphs here, before Triton reports the model ready).
         device = {"device": f"cuda:{args['model_instance_device_id']}"} if args.get("model_instance_kind") == "GPU" else {}
-        health.clear(repository)
+        health.clear(repository, stubs=False)  # (the other models, loading beside it, have recorded theirs)
         self.server = TorchModelServer(load_runtime(cfg, params["engines_dir"], **device), pb_utils,
                                        exclude_input_in_output=params["exclude_input_in_output"] == "true",
                                        stop_address=stops.address(repository), repository=str(repository),
