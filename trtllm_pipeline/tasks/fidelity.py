@@ -11,8 +11,9 @@ tokens of full distributions do not.
 The text set is fixed and comes from the evaluation data the user already passes (``--data-dir``
 or the hub), never from a file of this repository's machine: MMLU test questions with their
 correct answer and GSM8K test problems with their worked solution, in an order fixed by a hash of
-each document's id, joined by blank lines and tokenized as one text. As llama.cpp does, the token
-stream is cut into ``CHUNKS`` chunks of ``CHUNK_TOKENS`` tokens (the first token of each is the
+each document's id, joined by blank lines and tokenized as one text (a data dir with ``fidelity/documents.jsonl``,
+the subset ``tools/accuracy_subset.py`` writes, holds just the test rows of that text, ids and all). As llama.cpp
+does, the token stream is cut into ``CHUNKS`` chunks of ``CHUNK_TOKENS`` tokens (the first token of each is the
 tokenizer's BOS where it adds one) and only the second half of each chunk is scored, so every
 scored token sees at least half a chunk of context: 16 x 255 = 4080 tokens.
 
@@ -54,21 +55,34 @@ def settings(evaluation, limit: int | None) -> dict[str, Any]:
 
 def load(data_dir) -> TaskData:
     """The chunk slots as items, and the ordered documents (``fewshot["documents"]``) they are cut from."""
-    mmlu_test, _, mmlu_source = data.mmlu_rows(data_dir)
-    gsm8k_test, _, gsm8k_source = data.gsm8k_rows(data_dir)
-    documents: dict[str, str] = {}
-    seen: dict[str, int] = {}
-    for row in mmlu_test:
-        index = seen.get(row["subject"], 0)
-        seen[row["subject"]] = index + 1
-        answer = row["choices"][data.LETTERS.index(row["answer"])]
-        documents[f"mmlu/{row['subject']}/{index}"] = f"{row['question'].strip()}\nAnswer: {answer.strip()}"
-    for index, row in enumerate(gsm8k_test):
-        documents[f"gsm8k/test/{index}"] = f"{row['question'].strip()}\n{row['answer'].strip()}"
-    order = sorted(documents, key=lambda doc_id: item_rank(ORDER_SEED, doc_id))[:DOCUMENTS]
+    own = data.fidelity_rows(data_dir)  # a subset's own copy of the documents (tools/accuracy_subset.py)
+    if own is None:
+        mmlu_test, _, mmlu_source = data.mmlu_rows(data_dir)
+        gsm8k_test, _, gsm8k_source = data.gsm8k_rows(data_dir)
+        own = (mmlu_test, gsm8k_test, f"{mmlu_source} + {gsm8k_source}")
+    mmlu_test, gsm8k_test, source = own
     items = [Item(id=f"chunk{i}", stratum="text", doc={"chunk": i}) for i in range(CHUNKS)]
-    pool = [{"id": doc_id, "text": documents[doc_id]} for doc_id in order]
-    return TaskData(items=items, fewshot={"documents": pool}, source=f"{mmlu_source} + {gsm8k_source}")
+    pool = [{"id": f"{task}/{item_id}", "text": document(task, row)}
+            for task, item_id, row in ordered_rows(mmlu_test, gsm8k_test, source)]
+    return TaskData(items=items, fewshot={"documents": pool}, source=source)
+
+
+def ordered_rows(mmlu_test: list[dict], gsm8k_test: list[dict], source: str) -> list[tuple[str, str, dict]]:
+    """(task, item id, row) of the ``DOCUMENTS`` test rows the text is made of, in its fixed order: a hash of each
+    document's id ("mmlu/<subject>/<n>", "gsm8k/test/<n>"), whatever the rows' order or which others are there."""
+    rows = [("mmlu", item_id, row) for item_id, row in
+            zip(data.item_ids(mmlu_test, source, lambda row: row["subject"]), mmlu_test)]
+    rows += [("gsm8k", item_id, row) for item_id, row in
+             zip(data.item_ids(gsm8k_test, source, lambda row: "test"), gsm8k_test)]
+    return sorted(rows, key=lambda r: item_rank(ORDER_SEED, f"{r[0]}/{r[1]}"))[:DOCUMENTS]
+
+
+def document(task: str, row: dict) -> str:
+    """A test row as text: the MMLU question and its correct answer, the GSM8K problem and its worked solution."""
+    if task == "mmlu":
+        answer = row["choices"][data.LETTERS.index(row["answer"])]
+        return f"{row['question'].strip()}\nAnswer: {answer.strip()}"
+    return f"{row['question'].strip()}\n{row['answer'].strip()}"
 
 
 # --------------------------------------------------------------------------- the text

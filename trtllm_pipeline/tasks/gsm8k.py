@@ -58,8 +58,9 @@ def settings(evaluation, limit: int | None) -> dict[str, Any]:
 
 def load(data_dir) -> TaskData:
     test, train, source = data.gsm8k_rows(data_dir)
-    items = [Item(id=f"test/{i}", stratum=_difficulty(row["answer"]), doc=row) for i, row in enumerate(test)]
-    return TaskData(items=items, fewshot={"train": train}, source=source)
+    items = [Item(id=item_id, stratum=_difficulty(row["answer"]), doc=data.without_item_id(row))
+             for item_id, row in zip(data.item_ids(test, source, lambda row: "test"), test)]
+    return TaskData(items=items, fewshot={"train": [data.without_item_id(row) for row in train]}, source=source)
 
 
 def _difficulty(solution: str) -> str:

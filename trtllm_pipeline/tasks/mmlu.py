@@ -68,16 +68,14 @@ def load(data_dir) -> TaskData:
                          fix="point --data-dir at the MMLU release (test/ and dev/ CSVs) or cais/mmlu files")
     fewshot: dict[str, list[dict]] = {}
     for row in dev:
-        fewshot.setdefault(row["subject"], []).append(row)
-    items, seen = [], {}
-    for row in test:
+        fewshot.setdefault(row["subject"], []).append(data.without_item_id(row))
+    items = []
+    for item_id, row in zip(data.item_ids(test, source, lambda row: row["subject"]), test):
         subject = row["subject"]
         if not fewshot.get(subject):
             raise InputError(f"{source}: subject {subject} has test questions but no dev-split exemplars.",
                              fix="include the dev split (dev/<subject>_dev.csv)")
-        index = seen.get(subject, 0)
-        seen[subject] = index + 1
-        items.append(Item(id=f"{subject}/{index}", stratum=subject, doc=row))
+        items.append(Item(id=item_id, stratum=subject, doc=data.without_item_id(row)))
     return TaskData(items=items, fewshot=fewshot, source=source)
 
 
