@@ -11,11 +11,11 @@ import yaml
 from click.testing import CliRunner
 
 from conftest import CONFIGS, run_cli
-from trtllm_pipeline import artifacts
+from trtllm_pipeline import artifacts, machine
 from trtllm_pipeline.cli import main
 from trtllm_pipeline.config import config_from_dict
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.eval import evaluate, output_path
+from trtllm_pipeline.eval import evaluate, output_path, runtime_identity
 
 BF16, FP8 = "tiny-qwen2-bf16-tp1", "tiny-qwen2-fp8-tp1"
 MMLU_LIMIT, GSM8K_LIMIT, GSM8K_TOKENS = 40, 4, 24
@@ -124,6 +124,21 @@ def test_a_runtime_setting_that_changes_the_numerics_is_not_a_cache_hit(evaluate
     (other,) = evaluate(changed, engines_dir=engines_dir, tasks=["mmlu"], limit=MMLU_LIMIT, data_dir=data_dir,
                         output=copy)
     assert not other.cache_hit and other.results["inputs_hash"] != same.results["inputs_hash"]
+
+
+def test_device_auto_evaluated_on_a_gpu_is_not_the_cpu_run_s_cache_entry(monkeypatch):
+    """``runtime.device: auto`` runs on the GPU where there is one (bfloat16 there, float32 on a CPU): an engines
+    directory evaluated on both must not answer one with the other's results. A CPU's key is what it was."""
+    cfg = tiny(BF16)
+    assert cfg.runtime.device == "auto"
+    monkeypatch.setattr(machine, "cuda_available", lambda: False)  # (this machine has none: said, not assumed)
+    on_cpu = runtime_identity(cfg)
+    assert on_cpu == {"device": "auto", "compute_dtype": cfg.runtime.compute_dtype, "tp_mode": cfg.runtime.tp_mode,
+                      "fast_decode": cfg.runtime.fast_decode}
+    monkeypatch.setattr(machine, "cuda_available", lambda: True)
+    assert runtime_identity(cfg) == {**on_cpu, "resolved_device": "cuda"}
+    pinned = cfg.with_runtime(device="cpu")  # a pinned device is its own key wherever it runs
+    assert runtime_identity(pinned)["device"] == "cpu" and "resolved_device" not in runtime_identity(pinned)
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtllm_pipeline import artifacts
+from trtllm_pipeline import artifacts, machine
 from trtllm_pipeline.config import BuildConfig, load_config
 from trtllm_pipeline.endpoints import resolve_url
 from trtllm_pipeline.errors import InputError
@@ -173,7 +173,12 @@ def runtime_identity(cfg: BuildConfig) -> dict[str, Any]:
     """The runtime settings that change what an in-process run computes (its numerics), as configured:
     the same engine evaluated in float32 or bfloat16, on another device, merged or distributed (a
     row-parallel sum rounds unlike the whole GEMM), or with the fused CUDA kernels is another result."""
-    return {key: getattr(cfg.runtime, key) for key in ("device", "compute_dtype", "tp_mode", "fast_decode")}
+    identity = {key: getattr(cfg.runtime, key) for key in ("device", "compute_dtype", "tp_mode", "fast_decode")}
+    if identity["device"] == "auto" and machine.cuda_available():
+        # "auto" runs on the GPU here (and computes in bfloat16 there): not the CPU's result of the same config, which
+        # keeps its key (a CPU machine's cached results stay valid)
+        identity["resolved_device"] = "cuda"
+    return identity
 
 
 def cached_results(path: Path, inputs_hash: str) -> dict[str, Any] | None:

@@ -29,6 +29,15 @@ class Gpu:
     free_gib: float
 
 
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device here (where the torch runtime's ``device: auto`` goes)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def gpus() -> list[Gpu]:
     try:
         import torch
