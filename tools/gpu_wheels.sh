@@ -14,8 +14,9 @@
 # h200_queue.sh carries it (.whl fills the first call) and `wait` copies it to /tmp/gpu_data (benchmarks/queues/next.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+exclude=$(git rev-parse --git-path info/exclude)  # (a worktree's .git is a file)
 for ignored in /.whl/ /.whl_s1/ /.whl_s2/; do
-  grep -qx "$ignored" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "$ignored" >> .git/info/exclude; }
+  grep -qx "$ignored" "$exclude" 2>/dev/null || { mkdir -p "$(dirname "$exclude")"; echo "$ignored" >> "$exclude"; }
 done
 download() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
