@@ -196,7 +196,26 @@ def test_a_crashed_front_model_turns_readiness_503_and_names_it(through_triton, 
     pid = recorded["tensorrt_llm_bls"]
     assert b"triton_python_backend_stub" in open(f"/proc/{pid}/cmdline", "rb").read()
     assert _ready_status(through_triton.http_port) == 200
+    # a stream in flight through the HTTP front: it ends with the reason, not silence
+    stream = requests.post(f"http://127.0.0.1:{through_triton.http_port}/v2/models/tensorrt_llm_bls/generate_stream",
+                           json={"text_input": "Once upon a time", "max_tokens": 400, "min_tokens": 400,
+                                 "stream": True}, stream=True, timeout=30)
+    events = stream.iter_lines()
+    assert next(e for e in events if e.startswith(b"data:"))  # the first token came
+    # and one through the OpenAI front (Triton's gRPC behind it)
+    chat = requests.post(f"http://127.0.0.1:{through_triton.openai_port}/v1/completions", stream=True, timeout=30,
+                         json={"model": PLAIN, "prompt": "Once upon a time", "max_tokens": 400, "min_tokens": 400,
+                               "stream": True})
+    chunks = chat.iter_lines()
+    assert next(e for e in chunks if e.startswith(b"data:"))
     os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    rest = [e for e in events if e.startswith(b"data:")]  # to the end of the stream
+    assert time.monotonic() - killed < 10
+    assert len(rest) < 398 and f"tensorrt_llm_bls model's process (pid {pid}) is gone" in rest[-1].decode(), rest[-3:]
+    rest = [e for e in chunks if e.startswith(b"data:")]
+    assert time.monotonic() - killed < 10 and rest[-1] == b"data: [DONE]"
+    assert f"tensorrt_llm_bls model's process (pid {pid}) is gone" in rest[-2].decode(), rest[-3:]
     deadline = time.monotonic() + 10
     while _ready_status(through_triton.http_port) != 503 and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -34,6 +34,7 @@ from trtllm_pipeline.triton import stops
 from trtllm_pipeline.triton.contract import STOP_ID_PREFIX, RequestLimits
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+LOST_POLL_S = 0.5  # how often a request in flight looks whether the model it waits on was lost (triton.health)
 BODY_TIMEOUT_S = 20.0  # a body trickled in slower than this is a slow client's (408), not a request
 
 
@@ -51,8 +52,11 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
     created = int(time.time())
     names = {model_id, *aliases}
 
+    def lost() -> str | None:
+        return engine_health.lost(repository) if repository is not None else None
+
     def check_engine() -> None:
-        if repository is not None and (why := engine_health.lost(repository)) is not None:
+        if (why := lost()) is not None:
             raise OpenAIError(503, f"the model cannot serve: {why}", code="model_not_ready")
 
     @app.exception_handler(OpenAIError)
@@ -101,7 +105,7 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
         cancelled = threading.Event()
         pieces = _Pieces(upstream.stream(prepared.text, prepared.inputs, cancelled, engine_id), cancelled, stop)
         try:
-            async with _cancel_on_disconnect(http, pieces):
+            async with _cancel_on_disconnect(http, pieces, lost):
                 await pieces.first()  # an upstream refusal is answered with its status, before any 200
                 if not req.stream:
                     return await _whole(pieces, prepared, request_id, req.model, chat)
@@ -111,7 +115,8 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
                 check_engine()  # the engine was lost under this request: 503, as for the next ones
             raise
         events = _events(pieces, prepared, request_id, req.model, chat, req.include_usage)
-        return StreamingResponse(_watched(events, http, pieces), media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(_watched(events, http, pieces, lost), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
 
     async def _whole(pieces: "_Pieces", prepared: Prepared, request_id: str, model: str, chat: bool):
         text, tokens = [], 0
@@ -220,12 +225,14 @@ class _Pieces:
                  stop: Callable[[], Any] | None = None):
         self.stream, self.cancelled, self._first, self._has_first = stream, cancelled, None, False
         self.stop, self.finished = stop, False
+        self.lost: str | None = None  # why the model was lost under this request (the stream was cut for it)
 
     async def first(self) -> None:
         try:
             self._first = await self.stream.__anext__()
             self._has_first = True
         except StopAsyncIteration:
+            self._check_lost()
             self.finished = True
 
     async def __aiter__(self):
@@ -234,7 +241,17 @@ class _Pieces:
             yield self._first
         async for item in self.stream:
             yield item
+        self._check_lost()
         self.finished = True
+
+    def _check_lost(self) -> None:
+        if self.lost is not None:
+            raise OpenAIError(503, f"the model cannot serve: {self.lost}", code="model_not_ready")
+
+    def lose(self, why: str) -> None:
+        """The model this request waits on was lost: end the stream, which then raises that."""
+        self.lost = why
+        self.cancel()
 
     def cancel(self) -> None:
         if not self.cancelled.is_set() and not self.finished and self.stop is not None:
@@ -248,24 +265,33 @@ class _Pieces:
 
 
 @contextlib.asynccontextmanager
-async def _cancel_on_disconnect(http: Request, pieces: _Pieces):
+async def _cancel_on_disconnect(http: Request, pieces: _Pieces, lost: Callable[[], str | None] = lambda: None):
     """While inside: the client's ``http.disconnect`` cancels the Triton request at once (not at the
-    next write, which may be far off while the request waits in a queue)."""
+    next write, which may be far off while the request waits in a queue); and a model lost under the request
+    (``lost()``, every ``LOST_POLL_S``: a crashed stub answers nothing, and Triton 2.51 leaves its streams waiting)
+    ends it with that reason."""
     async def watch() -> None:
         while (await http.receive())["type"] != "http.disconnect":
             pass
         pieces.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    async def watch_model() -> None:
+        while (why := lost()) is None:
+            await asyncio.sleep(LOST_POLL_S)
+        pieces.lose(why)
+
+    watchers = [asyncio.ensure_future(watch()), asyncio.ensure_future(watch_model())]
     try:
         yield
     finally:
-        watcher.cancel()
+        for watcher in watchers:
+            watcher.cancel()
 
 
-async def _watched(events: AsyncIterator[bytes], http: Request, pieces: _Pieces) -> AsyncIterator[bytes]:
+async def _watched(events: AsyncIterator[bytes], http: Request, pieces: _Pieces,
+                   lost: Callable[[], str | None] = lambda: None) -> AsyncIterator[bytes]:
     try:
-        async with _cancel_on_disconnect(http, pieces):
+        async with _cancel_on_disconnect(http, pieces, lost):
             async for chunk in events:
                 yield chunk
     finally:

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Iterator
 
 from trtllm_pipeline.endpoints import allowed_host_names, header_problem
 from trtllm_pipeline.runtimes.base import float32_problem
@@ -62,6 +62,9 @@ READY_PATH = re.compile(r"^/v2/health/ready(?:\?.*)?$|^/v2/models/[^/?]+(?:/vers
 # headers and body (and the idle wait before them) READ_DEADLINE_S in all, and at most MAX_CONNECTIONS
 # connections are open at once (each holds a thread); one over that is answered 503 and closed.
 IO_TIMEOUT_S = 10.0
+# How often a generate request in flight looks whether the model it waits on was lost (health.lost: a crashed stub
+# answers nothing, and Triton 2.51 leaves its requests waiting)
+LOST_POLL_S = 0.5
 READ_DEADLINE_S = 20.0
 MAX_CONNECTIONS = 512
 TRITON_GENERATE_KEYS = {"id": str, "parameters": dict}  # the generate extension's own fields
@@ -287,23 +290,31 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except BadRequest as exc:
             self._error(exc.status, str(exc), stream=stream)
             return
-        try:
-            upstream = http.client.HTTPConnection(*self.server.upstream)
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
-            upstream.request(self.command, self.path, body=body if body or self.command == "POST" else None,
-                             headers=headers)
-            response = upstream.getresponse()
-        except OSError:
-            self._error(503, "the server is not ready (its HTTP endpoint is not listening yet)")
-            return
+        upstream = http.client.HTTPConnection(*self.server.upstream)
         gone = _Gone(self.server.upstream, upstream, request_id, self.server.stop_address)
-        watcher = _ClientWatcher(self.connection, gone)
-        rename = None if client_id is None else (json.dumps(request_id).encode(), json.dumps(client_id).encode())
+        # watching from before the request is sent: a non-streaming answer's headers come only when it is whole
+        watcher = _ClientWatcher(self.connection, gone, self._engine_lost if generate else None)
         try:
-            self._relay(response, rename)
-        except (OSError, http.client.HTTPException):  # the client went away mid-response
-            self.close_connection = True
-            gone()
+            try:
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
+                upstream.request(self.command, self.path, body=body if body or self.command == "POST" else None,
+                                 headers=headers)
+                response = upstream.getresponse()
+            except (OSError, http.client.HTTPException):
+                if watcher.client_gone:
+                    self.close_connection = True
+                elif watcher.lost_reason is not None:
+                    self._error(503, f"the model cannot serve: {watcher.lost_reason}", stream=stream)
+                else:
+                    self._error(503, "the server is not ready (its HTTP endpoint is not listening yet)")
+                return
+            rename = None if client_id is None else (json.dumps(request_id).encode(), json.dumps(client_id).encode())
+            try:
+                self._relay(response, rename, lambda: watcher.lost_reason)
+            except (OSError, http.client.HTTPException):  # the client went away mid-response
+                self.close_connection = True
+                gone()
         finally:
             watcher.done()
             upstream.close()
@@ -339,8 +350,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                              "(build.max_input_len allows no longer prompt)", 413)
         return self.rfile.read(length) if length else b""
 
-    def _relay(self, response: http.client.HTTPResponse, rename: tuple[bytes, bytes] | None = None) -> None:
-        """Triton's answer as it comes; ``rename``: (the front's id, the client's), put back where Triton echoes it."""
+    def _relay(self, response: http.client.HTTPResponse, rename: tuple[bytes, bytes] | None = None,
+               lost=lambda: None) -> None:
+        """Triton's answer as it comes; ``rename``: (the front's id, the client's), put back where Triton echoes it;
+        ``lost()``: why the model was lost mid-stream (the stream then ends with that error as its last event)."""
         self.send_response_only(response.status, response.reason)
         for key, value in response.getheaders():
             if key.lower() not in HOP_BY_HOP:
@@ -350,7 +363,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         if rename is not None:
-            self._relay_renamed(response, length, *rename)
+            self._relay_renamed(response, length, *rename, lost)
             return
         if length is not None:
             self.send_header("Content-Length", length)
@@ -365,13 +378,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        while chunk := response.read1(1 << 16):  # as it arrives: one server-sent event per token
+        for chunk in _arriving(response, lost):  # as it arrives: one server-sent event per token
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        self._last_chunk(lost())
 
-    def _relay_renamed(self, response: http.client.HTTPResponse, length: str | None, ours: bytes, theirs: bytes) -> None:
+    def _relay_renamed(self, response: http.client.HTTPResponse, length: str | None, ours: bytes, theirs: bytes,
+                       lost) -> None:
         if length is not None:  # a generate answer: small, whole
             body = response.read(int(length)).replace(ours, theirs)
             self.send_header("Content-Length", str(len(body)))
@@ -381,7 +394,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         pending = b""
-        while chunk := response.read1(1 << 16):  # whole events (the id cannot straddle two), as they arrive
+        for chunk in _arriving(response, lost):  # whole events (the id cannot straddle two), as they arrive
             pending += chunk
             cut = pending.rfind(b"\n\n") + 2
             if cut > 1:
@@ -391,6 +404,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if pending:
             pending = pending.replace(ours, theirs)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(pending), pending))
+        self._last_chunk(lost())
+
+    def _last_chunk(self, lost: str | None) -> None:
+        """The chunked answer's end, after an error event where the model was lost mid-stream (the client reads an
+        error, not a stream that merely stopped)."""
+        if lost is not None:
+            event = b"data: " + json.dumps({"error": f"the model cannot serve: {lost}"}).encode() + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -405,6 +426,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
+
+
+def _arriving(response: http.client.HTTPResponse, lost) -> Iterator[bytes]:
+    """Triton's streamed answer as it arrives, to its end, or to where the watcher cut it because the model was lost
+    (``lost()`` then says why; any other broken read is raised)."""
+    try:
+        while chunk := response.read1(1 << 16):
+            yield chunk
+    except (OSError, http.client.HTTPException):
+        if lost() is None:
+            raise
 
 
 class _Gone:
@@ -446,20 +478,33 @@ class _Gone:
 
 class _ClientWatcher:
     """Calls ``gone`` as soon as the client's socket reaches end of file, so that a request whose
-    client went away is stopped even while no response is being written."""
+    client went away is stopped even while no response is being written; and, given ``lost`` (``health.lost``),
+    as soon as the model the request waits on is lost (``lost_reason``): its upstream connection then ends."""
 
-    def __init__(self, client: socket.socket, gone: _Gone):
-        self.client, self.gone = client, gone
+    def __init__(self, client: socket.socket, gone: _Gone, lost=None):
+        self.client, self.gone, self.lost = client, gone, lost
+        self.client_gone = False
+        self.lost_reason: str | None = None
         self._stop_r, self._stop_w = socket.socketpair()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
     def _watch(self) -> None:
         try:
-            readable, _, _ = select.select([self.client, self._stop_r], [], [])
-            if self.client in readable and self._stop_r not in readable:
-                if self.client.recv(1, socket.MSG_PEEK) == b"":  # end of file: the client is gone
+            while True:
+                readable, _, _ = select.select([self.client, self._stop_r], [], [],
+                                               LOST_POLL_S if self.lost is not None else None)
+                if self._stop_r in readable:
+                    return
+                if self.client in readable:
+                    if self.client.recv(1, socket.MSG_PEEK) == b"":  # end of file: the client is gone
+                        self.client_gone = True
+                        self.gone()
+                    return
+                if (why := self.lost()) is not None:
+                    self.lost_reason = why
                     self.gone()
+                    return
         except OSError:  # either socket closed meanwhile
             pass
 
