@@ -25,3 +25,17 @@ def assert_same_or_tied(rt, prompts, got: list[list[int]], want: list[list[int]]
     assert len(got) - len(parted) >= (len(got) - 1 if most is None else most), (parted, got, want)
     for i in parted:
         assert near_greedy(rt, prompts[i], got[i]) and near_greedy(rt, prompts[i], want[i]), (i, got[i], want[i])
+
+
+def first_near_tie(rt, prompt: Sequence[int], tokens: Sequence[int], tol: float) -> int | None:
+    """The first of ``tokens`` (greedy after ``prompt``) whose best logit leads the second by less than ``tol`` (one
+    forward of the whole sequence, alone), or None: up to there no rounding can change the greedy output."""
+    if not tokens:
+        return None
+    seq = list(prompt) + list(tokens[:-1])
+    rows = rt.engine.logits(rt.hidden_states(seq))[len(prompt) - 1 :]
+    for i, row in enumerate(rows[: len(tokens)]):
+        top = row.float().topk(2).values
+        if float(top[0] - top[1]) < tol:
+            return i
+    return None

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import requests
 from conftest import REPO, free_ports, load, run_cli
+from near_ties import first_near_tie
 
 from trtllm_pipeline import serve
 from trtllm_pipeline.client import ServerError, TritonClient
@@ -31,6 +32,9 @@ from trtllm_pipeline.runtimes.registry import load_runtime
 pytestmark = pytest.mark.slow
 
 NAME = "tiny-qwen2-fp8-tp1"
+# A greedy lead smaller than this may flip with the batch a request shares a step with: FP8 re-quantizes every
+# activation, which turns a float32 GEMM's last-bit difference into up to ~0.1 of a logit (tests/near_ties.py)
+NEAR_TIE = 0.1
 SPLIT_PROMPT = "Café au lait 0"
 PROMPTS = [SPLIT_PROMPT, "The capital of France is"]
 # Prompts whose greedy output may hold a lone byte token, which TextStream holds back (an empty streamed
@@ -126,14 +130,18 @@ def test_sixteen_concurrent_streams_all_complete_correctly(server, runtime):
     """16 streams at once, half gRPC and half HTTP: every one completes, and equals in-process generation. Where the
     CPU's float32 GEMM is not row-invariant (seen on a Sapphire Rapids host: ``x[:1] @ W.T`` differs from
     ``(x @ W.T)[:1]`` in the last bits, and FP8's activation rounding makes that a logit 0.1 away), a random
-    model's greedy token can depend on which requests share a step, which the servers' arrival order decides: such a
-    prompt (its output alone and in a batch of 16 differ here) must follow both until they part."""
+    model's greedy token can depend on which requests share a step, which the servers' arrival order decides (on an
+    AMD EPYC host a prompt equal alone and in a batch of 16 parted served, at a lead of 0.0005). So a served stream
+    that parts from in-process generation must follow it up to its first near tie (a lead under NEAR_TIE), and most
+    streams (12 of 16) are exact."""
     prompts = [f"Story number {i}:" for i in range(16)]
-    expected = {p: in_process(runtime, p, max_tokens=20).text for p in prompts}
-    ids = [runtime.tokenizer.encode(p, add_special_tokens=True) for p in prompts]
-    batched = {p: c.text for p, c in zip(prompts, runtime.generate(ids, SamplingParams(max_tokens=20)))}
-    varying = {p for p in prompts if batched[p] != expected[p]}
-    assert len(varying) <= 4, varying  # the rest is exact whatever the batch
+    ids = {p: runtime.tokenizer.encode(p, add_special_tokens=True) for p in prompts}
+    alone = {p: in_process(runtime, p, max_tokens=20) for p in prompts}
+    expected = {p: c.text for p, c in alone.items()}
+    safe = {}  # the text no rounding can change: up to the first near tie
+    for p, c in alone.items():
+        tie = first_near_tie(runtime, ids[p], c.token_ids, NEAR_TIE)
+        safe[p] = c.text if tie is None else runtime.tokenizer.decode(c.token_ids[:tie]).rstrip("\ufffd")
     results, errors = {}, []
 
     def worker(i, prompt):
@@ -151,10 +159,10 @@ def test_sixteen_concurrent_streams_all_complete_correctly(server, runtime):
         t.join(timeout=300)
     assert not errors
     served = {p: "".join(pieces) for p, pieces in results.items()}
-    assert {p: served[p] for p in prompts if p not in varying} == {p: expected[p] for p in prompts if p not in varying}
-    for p in varying:
-        agreed = os.path.commonprefix([expected[p], batched[p]])
-        assert served[p].startswith(agreed) and len(served[p]) > len(agreed), (p, served[p], expected[p], batched[p])
+    parted = [p for p in prompts if served[p] != expected[p]]
+    assert len(parted) <= 4, {p: (served[p], expected[p]) for p in parted}
+    for p in parted:
+        assert served[p].startswith(safe[p]) and len(served[p]) > len(safe[p]), (p, served[p], expected[p], safe[p])
     assert all(len(pieces) > 1 for pieces in results.values())
 
 
