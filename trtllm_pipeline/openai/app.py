@@ -35,6 +35,7 @@ from trtllm_pipeline.triton.contract import STOP_ID_PREFIX, RequestLimits
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 LOST_POLL_S = 0.5  # how often a request in flight looks whether the model it waits on was lost (triton.health)
+LOST_WAIT_S = 1.0  # after the upstream failed: how long a dead stub's process may take to show as gone
 BODY_TIMEOUT_S = 20.0  # a body trickled in slower than this is a slow client's (408), not a request
 
 
@@ -103,7 +104,7 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
         engine_id = f"{STOP_ID_PREFIX}{uuid.uuid4().hex}"
         stop = (lambda: stops.send(stops.address(repository), engine_id)) if repository is not None else None
         cancelled = threading.Event()
-        pieces = _Pieces(upstream.stream(prepared.text, prepared.inputs, cancelled, engine_id), cancelled, stop)
+        pieces = _Pieces(upstream.stream(prepared.text, prepared.inputs, cancelled, engine_id), cancelled, stop, lost)
         try:
             async with _cancel_on_disconnect(http, pieces, lost):
                 await pieces.first()  # an upstream refusal is answered with its status, before any 200
@@ -222,14 +223,14 @@ class _Pieces:
     (from anywhere) ends it and cancels the Triton request."""
 
     def __init__(self, stream: AsyncIterator[tuple[str, int]], cancelled: threading.Event,
-                 stop: Callable[[], Any] | None = None):
+                 stop: Callable[[], Any] | None = None, model_lost: Callable[[], str | None] = lambda: None):
         self.stream, self.cancelled, self._first, self._has_first = stream, cancelled, None, False
-        self.stop, self.finished = stop, False
+        self.stop, self.finished, self.model_lost = stop, False, model_lost
         self.lost: str | None = None  # why the model was lost under this request (the stream was cut for it)
 
     async def first(self) -> None:
         try:
-            self._first = await self.stream.__anext__()
+            self._first = await self._next()
             self._has_first = True
         except StopAsyncIteration:
             self._check_lost()
@@ -239,10 +240,29 @@ class _Pieces:
         if self._has_first:
             self._has_first = False
             yield self._first
-        async for item in self.stream:
+        while True:
+            try:
+                item = await self._next()
+            except StopAsyncIteration:
+                break
             yield item
         self._check_lost()
         self.finished = True
+
+    async def _next(self) -> tuple[str, int]:
+        """The upstream's next item; where it failed because the model was lost (Triton 2.51 may end a stream with an
+        error when a stub dies, before the watcher's next look), that reason instead of Triton's."""
+        try:
+            return await self.stream.__anext__()
+        except OpenAIError as exc:
+            if exc.status < 500:
+                raise
+            for _ in range(int(LOST_WAIT_S / 0.05)):  # a killed process closes its sockets before it shows as gone
+                if (why := self.model_lost()) is not None:
+                    self.lost = why
+                    self._check_lost()
+                await asyncio.sleep(0.05)
+            raise
 
     def _check_lost(self) -> None:
         if self.lost is not None:

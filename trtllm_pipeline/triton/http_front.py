@@ -65,6 +65,7 @@ IO_TIMEOUT_S = 10.0
 # How often a generate request in flight looks whether the model it waits on was lost (health.lost: a crashed stub
 # answers nothing, and Triton 2.51 leaves its requests waiting)
 LOST_POLL_S = 0.5
+LOST_WAIT_S = 1.0  # after a stream broke: how long a dead stub's process may take to show as gone
 READ_DEADLINE_S = 20.0
 MAX_CONNECTIONS = 512
 TRITON_GENERATE_KEYS = {"id": str, "parameters": dict}  # the generate extension's own fields
@@ -304,14 +305,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             except (OSError, http.client.HTTPException):
                 if watcher.client_gone:
                     self.close_connection = True
-                elif watcher.lost_reason is not None:
-                    self._error(503, f"the model cannot serve: {watcher.lost_reason}", stream=stream)
+                elif (why := watcher.broken_by_loss()) is not None:
+                    self._error(503, f"the model cannot serve: {why}", stream=stream)
                 else:
                     self._error(503, "the server is not ready (its HTTP endpoint is not listening yet)")
                 return
             rename = None if client_id is None else (json.dumps(request_id).encode(), json.dumps(client_id).encode())
             try:
-                self._relay(response, rename, lambda: watcher.lost_reason)
+                self._relay(response, rename, watcher)
             except (OSError, http.client.HTTPException):  # the client went away mid-response
                 self.close_connection = True
                 gone()
@@ -350,10 +351,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                              "(build.max_input_len allows no longer prompt)", 413)
         return self.rfile.read(length) if length else b""
 
-    def _relay(self, response: http.client.HTTPResponse, rename: tuple[bytes, bytes] | None = None,
-               lost=lambda: None) -> None:
-        """Triton's answer as it comes; ``rename``: (the front's id, the client's), put back where Triton echoes it;
-        ``lost()``: why the model was lost mid-stream (the stream then ends with that error as its last event)."""
+    def _relay(self, response: http.client.HTTPResponse, rename: tuple[bytes, bytes] | None,
+               watcher: "_ClientWatcher") -> None:
+        """Triton's answer as it comes; ``rename``: (the front's id, the client's), put back where Triton echoes it.
+        Where the model was lost mid-stream (``watcher``), the stream ends with that error as its last event."""
         self.send_response_only(response.status, response.reason)
         for key, value in response.getheaders():
             if key.lower() not in HOP_BY_HOP:
@@ -363,7 +364,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         if rename is not None:
-            self._relay_renamed(response, length, *rename, lost)
+            self._relay_renamed(response, length, *rename, watcher)
             return
         if length is not None:
             self.send_header("Content-Length", length)
@@ -378,13 +379,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for chunk in _arriving(response, lost):  # as it arrives: one server-sent event per token
+        for chunk in _arriving(response, watcher):  # as it arrives: one server-sent event per token
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
-        self._last_chunk(lost())
+        self._last_chunk(watcher.lost_reason)
 
     def _relay_renamed(self, response: http.client.HTTPResponse, length: str | None, ours: bytes, theirs: bytes,
-                       lost) -> None:
+                       watcher: "_ClientWatcher") -> None:
         if length is not None:  # a generate answer: small, whole
             body = response.read(int(length)).replace(ours, theirs)
             self.send_header("Content-Length", str(len(body)))
@@ -394,7 +395,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         pending = b""
-        for chunk in _arriving(response, lost):  # whole events (the id cannot straddle two), as they arrive
+        for chunk in _arriving(response, watcher):  # whole events (the id cannot straddle two), as they arrive
             pending += chunk
             cut = pending.rfind(b"\n\n") + 2
             if cut > 1:
@@ -404,7 +405,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if pending:
             pending = pending.replace(ours, theirs)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(pending), pending))
-        self._last_chunk(lost())
+        self._last_chunk(watcher.lost_reason)
 
     def _last_chunk(self, lost: str | None) -> None:
         """The chunked answer's end, after an error event where the model was lost mid-stream (the client reads an
@@ -428,14 +429,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def _arriving(response: http.client.HTTPResponse, lost) -> Iterator[bytes]:
-    """Triton's streamed answer as it arrives, to its end, or to where the watcher cut it because the model was lost
-    (``lost()`` then says why; any other broken read is raised)."""
+def _arriving(response: http.client.HTTPResponse, watcher: "_ClientWatcher") -> Iterator[bytes]:
+    """Triton's streamed answer as it arrives, to its end, or to where it broke because the model was lost (cut by
+    the watcher, or by Triton itself: ``watcher.lost_reason`` then says why); any other broken read is raised."""
     try:
         while chunk := response.read1(1 << 16):
             yield chunk
     except (OSError, http.client.HTTPException):
-        if lost() is None:
+        if watcher.broken_by_loss() is None:
             raise
 
 
@@ -507,6 +508,20 @@ class _ClientWatcher:
                     return
         except OSError:  # either socket closed meanwhile
             pass
+
+    def broken_by_loss(self) -> str | None:
+        """After the upstream stream broke: why the model was lost, where it was (Triton 2.51 sometimes drops a
+        stream when a stub dies, before this watcher's next look; a killed process closes its sockets before it shows
+        as gone, so ``lost`` is asked for up to ``LOST_WAIT_S``), else None."""
+        deadline = time.monotonic() + LOST_WAIT_S
+        while self.lost_reason is None and not self.client_gone and self.lost is not None:
+            if (why := self.lost()) is not None:
+                self.lost_reason = why
+            elif time.monotonic() >= deadline:
+                break
+            else:
+                time.sleep(0.05)
+        return self.lost_reason
 
     def done(self) -> None:
         try:
