@@ -55,6 +55,14 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> dict:
             "max_rel": float(d.max() / want.float().abs().max())}
 
 
+def glu_reference(want: torch.Tensor, lin, lin2, lin2_32, x: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 silu(fc) * gate, rounded to ``dtype`` where eager rounds: fc, gate and silu(fc); eager's own GLU):
+    ``want`` is fc's float32 ``x @ W^T``, the gate its own matrix with its own pre-quant / activation scales."""
+    fc = want.to(dtype).float()
+    gate = (reference_input(lin2_32, x) @ lin2._dequantize().t()).to(dtype).float()
+    return F.silu(fc).to(dtype).float() * gate, F.silu(lin(x)) * lin2(x)
+
+
 def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=torch.bfloat16, slices=1, seed=0,
          gemv=None, tma=False):
     gen = torch.Generator().manual_seed(seed)
@@ -95,11 +103,9 @@ def case(fmt, m, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=
     # the GLU: silu(fc) * gate, each matrix with its own pre-quant / activation scales
     act = torch.full((m, n), float("nan"), dtype=dtype)
     quant_linear.quant_glu(x, q, q2, act, cfg, dtype)
-    fc = want.to(dtype).float()
-    gate = (reference_input(lin2_32, x) @ lin2._dequantize().t()).to(dtype).float()
-    glu_want = F.silu(fc).to(dtype).float() * gate
+    glu_want, glu_eager = glu_reference(want, lin, lin2, lin2_32, x, dtype)
     row["glu"] = errors(act, glu_want)
-    row["glu_eager_bf16"] = errors(F.silu(lin(x)) * lin2(x), glu_want)
+    row["glu_eager_bf16"] = errors(glu_eager, glu_want)
     if cfg.dp4a8 and fmt == "int8_wo":  # against the input as its int16 block floating point stands for it
         planes_x = gemv_input.reference(reference_input(lin32, x), 16)
         row["kernel_vs_prepared"] = errors(out.sum(0), planes_x @ lin._dequantize().t())

@@ -90,6 +90,15 @@ def through_triton(built, engines_dir):
     assert not serve.group_alive(started.pid)
 
 
+def _all_at_once(fn, args, timeout_s: float) -> None:
+    """``fn(a)`` for each of ``args``, each in a thread of its own, all started before any is awaited."""
+    threads = [threading.Thread(target=fn, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+
+
 def _engine_metrics(server) -> dict[str, float]:
     text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
     return {k: float(v) for k, v in re.findall(r"^trtllm_pipeline:(\w+)\{[^}]*\} (\S+)$", text, re.MULTILINE)}
@@ -117,11 +126,7 @@ def test_speculation_served_gives_plain_greedy_text_and_the_metrics_count_drafts
             # end_id -1: never ends early, as in-process (the plain reference above is the same)
             got[prompt] = "".join(client.stream(prompt, max_tokens=TOKENS, end_id=-1))
 
-    threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    _all_at_once(ask, PROMPTS, 120)
     assert got == expected
     deadline = time.monotonic() + 10  # the engine's metrics reach Triton batched, ~10 times a second
     while (m := _engine_metrics(server)).get("spec_decode_num_draft_tokens_total", 0) == 0:
@@ -149,11 +154,7 @@ def test_the_bls_through_triton_streams_sixteen_requests_at_once_with_plain_gree
         with TritonClient(f"127.0.0.1:{through_triton.grpc_port}") as client:
             got[prompt] = "".join(client.stream(prompt, max_tokens=24, end_id=-1))
 
-    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    _all_at_once(ask, prompts, 120)
     assert got == expected
     assert _engine_requests(through_triton) - before == len(prompts)
 
@@ -176,11 +177,7 @@ def test_the_bls_through_triton_lives_through_hundreds_of_short_streams(through_
                     errors.append(str(exc))
                     return
 
-    threads = [threading.Thread(target=ask, args=(w,)) for w in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    _all_at_once(ask, range(6), 300)
     log = open(through_triton.log, errors="replace").read()
     assert "Fatal Python error" not in log, log[log.index("Fatal Python error"):][:3000]
     assert errors == [] and len(done) == 600 and all(done)

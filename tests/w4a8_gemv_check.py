@@ -13,8 +13,7 @@ import json
 
 import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
-import torch.nn.functional as F
-from quant_kernel_check import CPU, errors, reference_input, tensors
+from quant_kernel_check import CPU, errors, glu_reference, reference_input, tensors
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import gemv_input, quant_gemv_w4a8, quant_linear
 from trtllm_pipeline.runtimes.torch_engine.model import Linear
@@ -53,11 +52,9 @@ def case(kind, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=to
     if glu:
         act = torch.full((1, n), float("nan"), dtype=dtype)
         quant_linear.quant_glu(x, q, q2, act, cfg, dtype)
-        fc = want.to(dtype).float()
-        gate = (reference_input(lin2_32, x) @ lin2._dequantize().t()).to(dtype).float()
-        glu_want = F.silu(fc).to(dtype).float() * gate
+        glu_want, glu_eager = glu_reference(want, lin, lin2, lin2_32, x, dtype)
         row["kernel"] = errors(act, glu_want)
-        row["eager_bf16"] = errors(F.silu(lin(x)) * lin2(x), glu_want)
+        row["eager_bf16"] = errors(glu_eager, glu_want)
         dot = torch.full_like(act, float("nan"))
         quant_linear.quant_glu(x, q, q2, dot, quant_linear.pick_config(q, 1, sm_count=4, glu=True, gemv=False), dtype)
         row["vs_dot_kernel"] = errors(act, dot)

@@ -39,12 +39,10 @@ def cuda_available() -> bool:
 
 
 def gpus() -> list[Gpu]:
-    try:
-        import torch
-    except ImportError:
+    if not cuda_available():
         return []
-    if not torch.cuda.is_available():
-        return []
+    import torch
+
     out = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)

@@ -70,12 +70,17 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     """64 rows x 256 inputs a tile; K split for about four programs per SM, at least two tiles each, a split count
     that divides the K tiles where one is within 2x of that (no masks: the 7B's qkv and dense take 7); the GLU is
     not split (its SiLU in the epilogue; 2 x 296 tiles of the 7B's fc and gate fill the SMs as they are)."""
-    tiles, k_tiles = triton.cdiv(q.n, BLOCK_N), triton.cdiv(q.k, BLOCK_K)
     if splits is None and not glu:
-        want = max(1, min(k_tiles // 2, round(4 * sm_count / tiles)))
-        even = [d for d in range(1, k_tiles // 2 + 1) if k_tiles % d == 0 and want / 2 <= d <= 2 * want]
-        splits = min(even, key=lambda d: abs(d - want)) if even else want
+        splits = pick_splits(triton.cdiv(q.n, BLOCK_N), triton.cdiv(q.k, BLOCK_K), sm_count)
     return LinearConfig(1, BLOCK_N, BLOCK_K, 1 if glu else splits, 4, 3, dp4a8=True)
+
+
+def pick_splits(tiles: int, k_tiles: int, sm_count: int) -> int:
+    """K splits for about four programs per SM, at least two K tiles each, a count that divides the K tiles where one
+    is within 2x of that (no masked last split)."""
+    want = max(1, min(k_tiles // 2, round(4 * sm_count / tiles)))
+    even = [d for d in range(1, k_tiles // 2 + 1) if k_tiles % d == 0 and want / 2 <= d <= 2 * want]
+    return min(even, key=lambda d: abs(d - want)) if even else want
 
 
 @triton.jit

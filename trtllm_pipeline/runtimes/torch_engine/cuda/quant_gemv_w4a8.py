@@ -47,10 +47,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_int8
 from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import planes
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import _quarters
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import _block_dot
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
 ENV = "TRTLLM_PIPELINE_W4A8_GEMV"
@@ -88,11 +88,8 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     INT8 GEMV's rule)."""
     block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
     block_k = block_k or BLOCK_K
-    tiles, k_tiles = triton.cdiv(q.n, block_n), triton.cdiv(q.k, block_k)
     if splits is None and not glu:
-        want = max(1, min(k_tiles // 2, round(4 * sm_count / tiles)))
-        even = [d for d in range(1, k_tiles // 2 + 1) if k_tiles % d == 0 and want / 2 <= d <= 2 * want]
-        splits = min(even, key=lambda d: abs(d - want)) if even else want
+        splits = quant_gemv_int8.pick_splits(triton.cdiv(q.n, block_n), triton.cdiv(q.k, block_k), sm_count)
     return LinearConfig(1, block_n, block_k, 1 if glu else splits, 4, 3, w4a8=True)
 
 
@@ -193,29 +190,6 @@ def _row_tables(t_ptr, u_ptr, g, rj, ok, stride_tg, stride_t2, stride_tw, stride
 
 
 @triton.jit
-def _chain(d, xh, xl, c, XW: tl.constexpr, ASM: tl.constexpr):
-    """Per row and input block ``sum (c_q + 128) x_int - 128 sum x_int = sum c_q x_int`` in int32, exactly: ``d``
-    [HALF, NB, XW] biased weight words, ``xh``/``xl`` [1, NB, XW] the input's planes, ``c`` [1, NB] -128 sum x_int."""
-    zero = tl.zeros((d.shape[0], d.shape[1]), dtype=tl.int32)
-    if XW == 4:
-        d0, d1, d2, d3 = _quarters(d)
-        h0, h1, h2, h3 = _quarters(xh)
-        l0, l1, l2, l3 = _quarters(xl)
-        a = dp4a(d3, h3, dp4a(d2, h2, dp4a(d1, h1, dp4a(d0, h0, zero, True, ASM), True, ASM), True, ASM), True, ASM)
-        a = (a << 8) + c
-        a = dp4a(d3, l3, dp4a(d2, l2, dp4a(d1, l1, dp4a(d0, l0, a, False, ASM), False, ASM), False, ASM), False,
-                 ASM)
-    else:  # XW == 2: a scale group of 8
-        d0, d1 = tl.split(d)
-        h0, h1 = tl.split(xh)
-        l0, l1 = tl.split(xl)
-        a = dp4a(d1, h1, dp4a(d0, h0, zero, True, ASM), True, ASM)
-        a = (a << 8) + c
-        a = dp4a(d1, l1, dp4a(d0, l0, a, False, ASM), False, ASM)
-    return a
-
-
-@triton.jit
 def _input(x_ptr, pqs_ptr, aq_ptr, kp, k_ok, HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_K: tl.constexpr,
            XB: tl.constexpr):
     """One K tile of the input (inputs ``kp``, in the selectors' order) as quant_linear's ``_act_tile`` leaves it
@@ -257,8 +231,9 @@ def _matrix(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok, xh, xl, c, step, a
                   tl.broadcast_to(ne_hi, p.shape), sel_e, ASM)
     d_o = _biased(tl.broadcast_to(po_lo, p.shape), tl.broadcast_to(po_hi, p.shape), tl.broadcast_to(no_lo, p.shape),
                   tl.broadcast_to(no_hi, p.shape), sel_o, ASM)
-    a_e = _chain(d_e, xh, xl, c, XW, ASM)
-    a_o = _chain(d_o, xh, xl, c, XW, ASM)
+    # per row and block sum (c_q + 128) x_int - 128 sum x_int = sum c_q x_int (INT4's dp4a chains; c: the -128 term)
+    a_e = _block_dot(d_e, xh, xl, c, XW, ASM)
+    a_o = _block_dot(d_o, xh, xl, c, XW, ASM)
     acc_e += a_e.to(tl.float32) * (tl.reshape(ue, (ue.shape[0], ue.shape[1])) * step)
     acc_o += a_o.to(tl.float32) * (tl.reshape(uo, (uo.shape[0], uo.shape[1])) * step)
     return acc_e, acc_o
