@@ -106,6 +106,8 @@ config() { echo "build_configs/r1-distill-qwen-7b-random-$1-tp1.yaml"; }
 clean() { [ -n "${CLEAN:-}" ] && rm -rf "$engines/$(basename "$1" .yaml)" && echo "removed the build of $1"; return 0; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv | tee "$out/gpu.csv"
 
+# int8_gemv's and w4a8_gemv's in-process rows; GEMV_BATCH=1 GEMV_CONTEXT=128 keeps only the goal's row (a short session)
+gemv_batch=${GEMV_BATCH:-1,8} gemv_context=${GEMV_CONTEXT:-128,2048}
 case "$part" in
   pipeline)
     for variant in fp8 bf16; do
@@ -342,8 +344,8 @@ case "$part" in
       c=$(config "$variant")
       tp build -c "$c" --engines-dir "$engines"
       for on in 0 1; do
-        TRTLLM_PIPELINE_INT8_GEMV=$on tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8 \
-          --context 128,2048 --output-tokens 256 -o "$out/inprocess-$variant-gemv-$on.json"
+        TRTLLM_PIPELINE_INT8_GEMV=$on tp bench --in-process -c "$c" --engines-dir "$engines" --batch "$gemv_batch" \
+          --context "$gemv_context" --output-tokens 256 -o "$out/inprocess-$variant-gemv-$on.json"
       done
       clean "$c"
     done ;;
@@ -357,8 +359,8 @@ case "$part" in
     c=$(config w4a8-awq)
     tp build -c "$c" --engines-dir "$engines"
     for on in 0 1; do
-      TRTLLM_PIPELINE_W4A8_GEMV=$on tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8 \
-        --context 128,2048 --output-tokens 256 -o "$out/inprocess-w4a8-awq-gemv-$on.json"
+      TRTLLM_PIPELINE_W4A8_GEMV=$on tp bench --in-process -c "$c" --engines-dir "$engines" --batch "$gemv_batch" \
+        --context "$gemv_context" --output-tokens 256 -o "$out/inprocess-w4a8-awq-gemv-$on.json"
     done
     clean "$c" ;;
   smollm2)
