@@ -122,17 +122,24 @@ def run_speculative(cfg: BuildConfig, *, engines_dir: Path, settings: Speculativ
 
 
 def _prompts(rt, workload: str, batch: int, settings: SpeculativeSettings) -> list[list[int]]:
-    tok = rt.tokenizer
+    return workload_prompts(rt.tokenizer, workload, batch, seed=settings.seed + batch,
+                            random_tokens=settings.random_tokens)
+
+
+def workload_prompts(tok, workload: str, count: int, *, seed: int, random_tokens: int = 256) -> list[list[int]]:
+    """``count`` prompts of ``workload`` as token ids: grounded ones (``grounded_texts``) through the tokenizer's chat
+    template where it has one, random ones of ``random_tokens`` non-special ids drawn from ``random.Random(seed)``
+    (also read by benchmarks/spec_simulate.py, so that the study replays the bench's prompts)."""
     if workload == "grounded":
-        texts = grounded_texts(batch)
+        texts = grounded_texts(count)
         if getattr(tok, "chat_template", None):
             return [list(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
                                                  add_generation_prompt=True)) for t in texts]
         return [tok.encode(t) for t in texts]
-    rng = random.Random(settings.seed + batch)
+    rng = random.Random(seed)
     special = set(getattr(tok, "all_special_ids", []))
     ids = [i for i in range(min(len(tok), 50_000)) if i not in special]
-    return [[rng.choice(ids) for _ in range(settings.random_tokens)] for _ in range(batch)]
+    return [[rng.choice(ids) for _ in range(random_tokens)] for _ in range(count)]
 
 
 def _best_runs(rt, speculator, prompts, settings: SpeculativeSettings):
