@@ -7,10 +7,10 @@ On the GPU a SmolLM2 step costs about the same whether it verifies 1 or 1 + k to
 the steps a setting takes for the output are the speedup's proxy, and they depend only on the greedy output: a verify
 step emits exactly plain greedy decoding's tokens. So:
 
-1. Greedy outputs, made once and cached (``--cache``, JSON; remade when the config, dtype, length or prompts
-   change): the build loaded on the CPU through the project's runtime (built first if needed; speculation off), each
-   prompt alone (batch 1), ``--output-tokens`` tokens with no end id, as ``bench --in-process --speculative``
-   generates them. Workloads: ``grounded``, all 18 task x passage pairs (``bench/passages.py``, chat template, in
+1. Greedy outputs, made once and cached (``--cache``, JSON; one made with other options is refused): the build
+   loaded on the CPU through the project's runtime (built first if needed; speculation off), each prompt alone
+   (batch 1), ``--output-tokens`` tokens with no end id, as ``bench --in-process --speculative`` generates them.
+   Workloads: ``grounded``, all 18 task x passage pairs (``bench/passages.py``, chat template, in
    ``grounded_texts`` order: the first is the bench's old single batch-1 prompt); ``random``, ``--random-prompts``
    prompts of random ids (``workload_prompts`` with the bench's batch-1 seed: the first is its prompt).
 2. Each setting replayed per prompt with the runtime's own ``NgramProposer`` and ``Speculator``, driven as
@@ -60,7 +60,11 @@ def greedy_outputs(config: Path, engines_dir: Path, cache: Path, output_tokens: 
     cfg = load_config(config).with_runtime(device="cpu", compute_dtype=compute_dtype)
     key = {"config": cfg.name, "compute_dtype": compute_dtype, "output_tokens": output_tokens,
            "random_prompts": random_prompts}
-    if cache.is_file() and (data := json.loads(cache.read_text())).get("key") == key:
+    if cache.is_file():  # made for these options, or refused (remade only where the file is removed)
+        data = json.loads(cache.read_text())
+        if data.get("key") != key:
+            raise SystemExit(f"{cache} holds the outputs of {data.get('key')}, not {key}: give its options, or "
+                             "another --cache")
         return data["workloads"]
     build(cfg, engines_dir=engines_dir, runtime="torch")  # a cache hit once built
     rt = load_runtime(cfg, engines_dir)
@@ -208,7 +212,7 @@ def main(argv=None) -> None:
                                args.compute_dtype)
     from trtllm_pipeline.config import SpeculativeSection
 
-    d = SpeculativeSection()
+    d = SpeculativeSection(method="ngram")  # (prompt lookup's defaults: k is by method)
     default = {"k": d.num_draft_tokens, "ngram_min": d.ngram_min, "ngram_max": d.ngram_max, "adaptive": d.adaptive,
                "quiet": d.adaptive}
     grid = settings_grid(args.ks, args.ngram_mins, args.ngram_maxs)

@@ -347,6 +347,10 @@ def test_speculative_config_refusals(ckpt, tmp_path):
     assert "draft_layers is set but method is 'draft'" in error({"method": "draft", "draft_checkpoint": "x",
                                                                  "draft_layers": 2})
     assert config_from_dict(base, name="t").runtime.speculative.method == "none"  # off by default
+    # k by method where none is given (config.DEFAULT_DRAFT_TOKENS: prompt lookup's from benchmarks/spec_simulate.py)
+    assert (SpeculativeSection(method="ngram").num_draft_tokens, SpeculativeSection(method="ngram").ngram_min) == (8, 1)
+    assert SpeculativeSection(method="self").num_draft_tokens == 4
+    assert SpeculativeSection(method="ngram", num_draft_tokens=3).num_draft_tokens == 3
     # a draft whose tokenizer is not the target's: refused, naming both
     other = tmp_path / "other"
     other.mkdir()
