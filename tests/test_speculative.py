@@ -369,19 +369,28 @@ def test_speculative_config_refusals(ckpt, tmp_path):
 
 
 def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir, tmp_path):
+    """Batch 1 runs ``prompts`` prompts one after another, its figures their totals, each prompt's listed too; batch
+    2 runs two together; k is the method's default where none is given (ngram: 8, in the file's name)."""
     from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative
 
     built(NAME)
-    settings = SpeculativeSettings(method="ngram", num_draft_tokens=2, output_tokens=8)
+    settings = SpeculativeSettings(method="ngram", output_tokens=8, prompts=3, batches=(1, 2), repeats=1)
     result = run_speculative(config_from_dict(yaml.safe_load((CONFIGS / f"{NAME}.yaml").read_text()), name=NAME),
-                             engines_dir=engines_dir, settings=settings, output=tmp_path / "spec.json",
-                             progress=lambda line: None)
-    runs = json.loads((tmp_path / "spec.json").read_text())["runs"]
-    assert [(r["workload"], r["batch"]) for r in runs] == [("grounded", 1), ("random", 1)]
-    assert all(r["identical"] and r["output_tokens"] == 8 and r["acceptance_length"] >= 1 for r in runs)
-    assert "speedup" in result.table()[0] and "ngram, up to 2 drafts" in result.table()[-1]
-
-
+                             engines_dir=engines_dir, settings=settings, progress=lambda line: None)
+    assert result.path == engines_dir / NAME / "bench" / "speculative-ngram-k8.json"
+    data = json.loads(result.path.read_text())
+    assert data["schema"] == "speculative-2" and data["settings"]["num_draft_tokens"] == 8
+    runs = data["runs"]
+    assert [(r["workload"], r["batch"], r["prompts"]) for r in runs] == [
+        ("grounded", 1, 3), ("grounded", 2, 2), ("random", 1, 3), ("random", 2, 2)]
+    assert all(r["identical"] and r["output_tokens"] == 8 * r["prompts"] and r["acceptance_length"] >= 1
+               for r in runs)
+    for r in (r for r in runs if r["batch"] == 1):
+        each = r["per_prompt"]
+        assert len(each) == 3 and abs(sum(p["spec_s"] for p in each) - r["spec_s"]) < 1e-9
+        assert sum(p["draft_tokens"] for p in each) == r["draft_tokens"]
+    assert all("per_prompt" not in r for r in runs if r["batch"] == 2)
+    assert "speedup" in result.table()[0] and "ngram, up to 8 drafts" in result.table()[-1]
 
 
 def test_the_offline_study_replays_what_the_runtime_drafts_keeps_and_steps(built, engines_dir, monkeypatch):
