@@ -70,7 +70,8 @@
 #   bash benchmarks/h200_run.sh spec       # speculative decoding (issue 35), random 7B FP8: the fast verify step
 #                                          # (1 + k tokens per row) against eager logits, its cost against a 1-token
 #                                          # step at batch 1/8/32 x k 1..8, and ngram speedups at batch 1 on the
-#                                          # grounded and random workloads (benchmarks/spec_decode.py); with the
+#                                          # grounded and random workloads, 18 prompts each one after another
+#                                          # (SPEC_PROMPTS; benchmarks/spec_decode.py); with the
 #                                          # SmolLM2 wheels in $WHEELS, the real SmolLM2-135M's ngram speedup too
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
@@ -477,7 +478,8 @@ case "$part" in
       tp build -c "$more" --engines-dir "$engines" --runtime torch
     fi
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
-      --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" | tee "$out/spec_decode.txt" ;;
+      --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" --prompts "${SPEC_PROMPTS:-18}" \
+      | tee "$out/spec_decode.txt" ;;
   *)
     echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
 esac

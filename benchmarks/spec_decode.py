@@ -12,7 +12,8 @@
    the same positions (relative error, argmax agreement): the two-pass attention on real hardware.
 3. Prompt-lookup speedup at batch 1: ``bench --in-process --speculative ngram`` (trtllm_pipeline/bench/speculative)
    on the grounded and random workloads, for the build and each --ngram-configs build (a random model never copies
-   its input: its grounded row shows the turned-down cost only; a real model's shows the speedup).
+   its input: its grounded row shows the turned-down cost only; a real model's shows the speedup), at prompt
+   lookup's default k (8), over --prompts prompts of each workload one after another (18: every grounded pair).
 
 Prints a table and writes spec_decode.json under --out.
 """
@@ -120,6 +121,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--ngram-configs", default="", help="more builds (already built) for the ngram speedup")
     ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=18, help="ngram: prompts of each workload at batch 1, in turn")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (Triton's interpreter), no timing meaning")
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
@@ -145,8 +147,8 @@ def main() -> None:
     ngram = []
     for path in [args.config] + [c for c in args.ngram_configs.split(",") if c]:
         c = load_config(Path(path))
-        settings = SpeculativeSettings(method="ngram", num_draft_tokens=4, batches=(1,),
-                                       output_tokens=args.output_tokens)
+        settings = SpeculativeSettings(method="ngram", batches=(1,), output_tokens=args.output_tokens,
+                                       prompts=args.prompts)
         res = run_speculative(c, engines_dir=args.engines_dir, settings=settings,
                               output=args.out / f"spec-ngram-{c.name}.json")
         ngram += [{"config": c.name, **r} for r in res.data["runs"]]

@@ -179,6 +179,8 @@ def test_cli_bench_usage_errors_exit_2(tmp_path):
     assert proc.returncode == 2 and "--tokenizer" in proc.stderr
     proc = run_cli("bench", "--concurrency", "1,x", "--tokenizer", "t", "-o", "x.json")
     assert proc.returncode == 2 and "comma-separated" in proc.stderr
+    proc = run_cli("bench", "--in-process", "-c", "x.yaml", "--prompts", "6")  # (refused before the config is read)
+    assert proc.returncode == 2 and "--prompts goes with --speculative" in proc.stderr
 
 
 def test_in_process_bench_times_decode_steps_by_batch_and_context(built, engines_dir, tmp_path):

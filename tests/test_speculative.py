@@ -11,12 +11,13 @@ from array import array
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS
+from conftest import CONFIGS, REPO, load
 from spec_oracle import oracle_settings
 
 from trtllm_pipeline.config import SpeculativeSection, config_from_dict
 from trtllm_pipeline.errors import ConfigError
 from trtllm_pipeline.runtimes.base import SamplingParams
+from trtllm_pipeline.runtimes.registry import load_runtime
 from trtllm_pipeline.runtimes.torch_engine import sampling
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime, _Request
 from trtllm_pipeline.runtimes.torch_engine.speculative.acceptance import accept_greedy, accept_sampled
@@ -346,6 +347,10 @@ def test_speculative_config_refusals(ckpt, tmp_path):
     assert "draft_layers is set but method is 'draft'" in error({"method": "draft", "draft_checkpoint": "x",
                                                                  "draft_layers": 2})
     assert config_from_dict(base, name="t").runtime.speculative.method == "none"  # off by default
+    # k by method where none is given (config.DEFAULT_DRAFT_TOKENS: prompt lookup's from benchmarks/spec_simulate.py)
+    assert (SpeculativeSection(method="ngram").num_draft_tokens, SpeculativeSection(method="ngram").ngram_min) == (8, 1)
+    assert SpeculativeSection(method="self").num_draft_tokens == 4
+    assert SpeculativeSection(method="ngram", num_draft_tokens=3).num_draft_tokens == 3
     # a draft whose tokenizer is not the target's: refused, naming both
     other = tmp_path / "other"
     other.mkdir()
@@ -364,18 +369,63 @@ def test_speculative_config_refusals(ckpt, tmp_path):
 
 
 def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir, tmp_path):
+    """Batch 1 runs ``prompts`` prompts one after another, its figures their totals, each prompt's listed too; batch
+    2 runs two together; k is the method's default where none is given (ngram: 8, in the file's name)."""
     from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative
 
     built(NAME)
-    settings = SpeculativeSettings(method="ngram", num_draft_tokens=2, output_tokens=8)
+    settings = SpeculativeSettings(method="ngram", output_tokens=8, prompts=3, batches=(1, 2), repeats=1)
     result = run_speculative(config_from_dict(yaml.safe_load((CONFIGS / f"{NAME}.yaml").read_text()), name=NAME),
-                             engines_dir=engines_dir, settings=settings, output=tmp_path / "spec.json",
-                             progress=lambda line: None)
-    runs = json.loads((tmp_path / "spec.json").read_text())["runs"]
-    assert [(r["workload"], r["batch"]) for r in runs] == [("grounded", 1), ("random", 1)]
-    assert all(r["identical"] and r["output_tokens"] == 8 and r["acceptance_length"] >= 1 for r in runs)
-    assert "speedup" in result.table()[0] and "ngram, up to 2 drafts" in result.table()[-1]
+                             engines_dir=engines_dir, settings=settings, progress=lambda line: None)
+    assert result.path == engines_dir / NAME / "bench" / "speculative-ngram-k8.json"
+    data = json.loads(result.path.read_text())
+    assert data["schema"] == "speculative-2" and data["settings"]["num_draft_tokens"] == 8
+    runs = data["runs"]
+    assert [(r["workload"], r["batch"], r["prompts"]) for r in runs] == [
+        ("grounded", 1, 3), ("grounded", 2, 2), ("random", 1, 3), ("random", 2, 2)]
+    assert all(r["identical"] and r["output_tokens"] == 8 * r["prompts"] and r["acceptance_length"] >= 1
+               for r in runs)
+    for r in (r for r in runs if r["batch"] == 1):
+        each = r["per_prompt"]
+        assert len(each) == 3 and abs(sum(p["spec_s"] for p in each) - r["spec_s"]) < 1e-9
+        assert sum(p["draft_tokens"] for p in each) == r["draft_tokens"]
+    assert all("per_prompt" not in r for r in runs if r["batch"] == 2)
+    assert "speedup" in result.table()[0] and "ngram, up to 8 drafts" in result.table()[-1]
 
+
+def test_the_offline_study_replays_what_the_runtime_drafts_keeps_and_steps(built, engines_dir, monkeypatch):
+    """benchmarks/spec_simulate.replay, which issue 35's study runs over cached greedy outputs, drafts, keeps,
+    verifies and steps as the runtime does: SmolLM2 (a trained model, whose lookups both hit and miss; the tiny
+    model's text never repeats) on the first grounded prompt, 48 tokens alone, under the default settings and under
+    a fixed k of 8 with 1-token lookups; ``Runtime.stats()`` and the steps taken against the replay of the run's
+    own output, with the settings read from the runtime's speculator."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from spec_simulate import replay
+
+    from trtllm_pipeline.bench.speculative import SPEC_KEYS, workload_prompts
+
+    monkeypatch.delenv("TRTLLM_PIPELINE_SPEC_QUIET", raising=False)
+    name = "smollm2-135m-instruct-bf16-tp1"
+    built(name)
+    rt = load_runtime(load(name).with_runtime(speculative={"method": "ngram"}), engines_dir)
+    try:
+        prompt = workload_prompts(rt.tokenizer, "grounded", 1, seed=0)[0]
+        for settings in (None, SpeculativeSection(method="ngram", num_draft_tokens=8, ngram_min=1, adaptive=False)):
+            if settings is not None:
+                rt.speculator = rt._speculator(settings)  # (as the runtime builds it from its config)
+            sp = rt.speculator
+            before, steps = rt.stats(), rt.phase_times()["steps"]
+            out = rt.generate([prompt], SamplingParams(max_tokens=48, end_id=-1))[0].token_ids
+            ran = {k: rt.stats()[k] - before[k] for k in SPEC_KEYS}
+            replayed = replay(prompt, out, k=sp.k, ngram_min=sp.proposer.min_n, ngram_max=sp.proposer.max_n,
+                              adaptive=sp.adaptive, quiet=sp.quiet_backoff)
+            assert [ran[k] for k in SPEC_KEYS] == [replayed[k] for k in ("drafted", "accepted", "verify_rows")]
+            assert rt.phase_times()["steps"] - steps == replayed["steps"]  # the prefill's step included
+            assert 0 < ran["spec_decode_accepted_tokens"] < ran["spec_decode_draft_tokens"]  # kept some, not all
+    finally:
+        rt.close()
 
 
 def test_lookups_that_find_nothing_are_made_less_often_and_said_so_a_step_ahead(monkeypatch):

@@ -451,10 +451,15 @@ def _length_pairs(ctx, param, value):
               "build.max_batch_size (the torch runtime reads it at load; a TensorRT-LLM engine's is built in).")
 @click.option("--speculative", type=click.Choice(["ngram", "draft", "self", "eagle3"]), default=None,
               help="--in-process: plain decoding against speculative decoding (this proposer) on the same runtime and "
-              "prompts, per --workload and --batch (default 1): tokens/s, speedup, acceptance length, drafted and "
+              "prompts, per --workload and --batch (default 1; batch 1: --prompts prompts one after another, their "
+              "totals): tokens/s, speedup, acceptance length, drafted and "
               "accepted tokens, outputs compared.")
-@click.option("--num-draft-tokens", type=click.IntRange(1, 8), default=4, show_default=True,
-              help="--speculative: k, tokens drafted per request per step.")
+@click.option("--num-draft-tokens", type=click.IntRange(1, 8), default=None,
+              help="--speculative: k, tokens drafted per request per step (default: the method's, ngram 8, others 4).")
+@click.option("--prompts", "spec_prompts", type=click.IntRange(min=1), default=None,
+              help="--speculative at batch 1 (default 18): prompts of each workload generated one after another, each alone, the "
+              "figures their totals (grounded: the first N task x passage pairs, rewrites first; 18 = all), so that "
+              "one prompt's luck does not decide them; batch B > 1 runs B prompts together.")
 @click.option("--draft-checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="--speculative draft: the draft model's checkpoint directory (same tokenizer as the target); "
               "eagle3: the EAGLE-3 head's directory.")
@@ -498,7 +503,7 @@ def _length_pairs(ctx, param, value):
 @engines_dir_option
 @tp_mode_option
 def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, prefill_chunk_tokens,
-          max_batch_size, speculative, num_draft_tokens,
+          max_batch_size, speculative, num_draft_tokens, spec_prompts,
           draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, engines_dir, tp_mode) -> None:
@@ -521,6 +526,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                                "with --in-process")
     if speculative and throughput:
         raise click.UsageError("--speculative and --throughput are separate runs: give one")
+    if spec_prompts and not speculative:
+        raise click.UsageError("--prompts goes with --speculative")
     if draft_checkpoint and speculative not in ("draft", "eagle3"):
         raise click.UsageError("--draft-checkpoint goes with --speculative draft or eagle3")
     if in_process:
@@ -533,7 +540,7 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                 method=speculative, num_draft_tokens=num_draft_tokens,
                 draft_checkpoint=str(draft_checkpoint) if draft_checkpoint else None,
                 batches=tuple(batches or (1,)), workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()),
-                output_tokens=output_tokens, seed=seed)
+                output_tokens=output_tokens, seed=seed, prompts=spec_prompts or speculative_bench.SpeculativeSettings.prompts)
             result = speculative_bench.run_speculative(cfg, engines_dir=engines_dir, settings=spec_settings,
                                                        output=output, progress=click.echo)
             echo_lines(result.table())

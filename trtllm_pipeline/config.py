@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from trtllm_pipeline.errors import ConfigError
 from trtllm_pipeline.model.catalog import ModelShape
@@ -299,6 +299,12 @@ class BuildSection(_Section):
 
 SPECULATIVE_METHODS = ("none", "ngram", "draft", "self", "eagle3")
 CHECKPOINT_METHODS = ("draft", "eagle3")  # the methods that read runtime.speculative.draft_checkpoint
+# k where the config gives none. Prompt lookup drafts for free and a verify row of 1 + k costs about one step at batch
+# 1, so long copies want a long k: benchmarks/spec_simulate.py (SmolLM2, 18 grounded prompts x 128 tokens, with
+# ngram 1..4 and an all-kept row going back to k) 1646 steps at k 8 against 1765 at k 4 and today's 2..4 (float32
+# outputs; bf16 1616 / 1730), 6 random prompts 235 / 254. A draft model pays k of its own steps per row: unmeasured
+# there, so 4 stays.
+DEFAULT_DRAFT_TOKENS = {"ngram": 8}
 
 
 class SpeculativeSection(_Section):
@@ -310,8 +316,12 @@ class SpeculativeSection(_Section):
         "occurred before in its prompt + output); draft = a smaller checkpoint with the same tokenizer drafts greedily; "
         "self = the target's first draft_layers layers (with its final norm and head) draft greedily; eagle3 = an "
         "EAGLE-3 draft head (draft_checkpoint: its directory) drafts greedily from the target's own hidden states")
-    num_draft_tokens: int = Field(4, ge=1, le=8, description="k: tokens drafted per request per step (1..8)")
-    ngram_min: int = Field(2, ge=1, le=16, description="ngram: the shortest suffix looked up")
+    num_draft_tokens: int = Field(4, ge=1, le=8, description="k: tokens drafted per request per step (1..8; default 8 "
+                                  "for ngram, 4 for the model-based proposers)")
+    # 1: a 1-token suffix drafts right after an edit, where 2 finds nothing for two steps; its misses turn the
+    # request down (halved k, back-off). With k 8 and all-kept rows back to k: 1646 grounded steps against 1684 at
+    # 2..4 (float32 outputs; bf16 1616 / 1676), random 235 / 248 (spec_simulate; see DEFAULT_DRAFT_TOKENS)
+    ngram_min: int = Field(1, ge=1, le=16, description="ngram: the shortest suffix looked up")
     ngram_max: int = Field(4, ge=1, le=16, description="ngram: the longest suffix looked up (tried first)")
     draft_checkpoint: str | None = Field(
         None, description="draft: the draft model's checkpoint directory (what `quantize` wrote, with its tokenizer/; "
@@ -322,6 +332,13 @@ class SpeculativeSection(_Section):
     adaptive: bool = Field(
         True, description="per request: draft fewer tokens (down to none, probing again later) while few are "
         "accepted, so a workload whose drafts miss runs as fast as plain decoding")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _draft_tokens_by_method(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("num_draft_tokens") is None:  # not given (or null): by method
+            data = {**data, "num_draft_tokens": DEFAULT_DRAFT_TOKENS.get(data.get("method"), 4)}
+        return data
 
 
 class RuntimeSection(_Section):

@@ -26,7 +26,8 @@ part w4a8_gemv 240 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128
 part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES="256 512" LENGTHS=128/2048 REQUESTS=1500 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 # 35/33: prompt lookup on the real SmolLM2 (the 2026-12-05 run lost it to a hung server's memory); the INT4-AWQ SmolLM2
 # (it loads and answers now) in-process; the FP8 KV model check (0.35 relative at the first decode step on the H100)
-part spec 120 WHEELS=/tmp/smolw SPEC_BATCHES=1
+# (batch 1 now runs 18 prompts a workload in turn, 3 runs of each mode: ~30 s for SmolLM2, ~85 s for the 7B)
+part spec 240 WHEELS=/tmp/smolw SPEC_BATCHES=1
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
 part modelcheck 150 WHEELS=/tmp/smolw SMOLLM2_FORMATS="fp8-fp8kv fp8"
 part accuracy 480 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data SMOLLM2_FORMATS="bf16 w4a8-awq int8-sq int8-wo nvfp4"
