@@ -84,7 +84,7 @@ out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
 # (written beside $out first: tar reading the folder it writes into fails with "file changed as we read it")
-trap 'tar -czf "$out.tgz.part" -C "$out" --exclude=all.tgz . 2>/dev/null; mv -f "$out.tgz.part" "$out/all.tgz"' EXIT
+trap 'clean_new 2>/dev/null; tar -czf "$out.tgz.part" -C "$out" --exclude=all.tgz . 2>/dev/null; mv -f "$out.tgz.part" "$out/all.tgz"' EXIT
 cd "$(dirname "$0")/.."
 wheels=${WHEELS:-.whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
@@ -100,6 +100,17 @@ export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-
 # NVLink multicast stays off on the device tool's machines (its KINDS.md), whatever the image sets
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 engines=/tmp/engines
+# CLEAN=1: what the part built is removed however it ends: a part stopped by its deadline (int8_gemv, H200,
+# 2026-12-05) left a 7B build behind, and the next part's quantize found too little disk and refused
+mkdir -p "$engines"
+builds_before=$(ls "$engines")
+clean_new() {
+  [ -n "${CLEAN:-}" ] || return 0
+  local d
+  for d in $(ls "$engines"); do
+    grep -qx "$d" <<< "$builds_before" || { rm -rf "${engines:?}/$d"; echo "removed the build $d (CLEAN)"; }
+  done
+}
 tp() { python3 -m trtllm_pipeline "$@"; }
 config() { echo "build_configs/r1-distill-qwen-7b-random-$1-tp1.yaml"; }
 # CLEAN=1: a part's 7B build removed when the part is done (the machine's 64 GiB disk holds the random model and
@@ -227,7 +238,9 @@ case "$part" in
         --output-tokens 256 --requests 384 --warmup 0 -o "$out/served-grpc-spy.json" > "$out/spy-load.log" 2>&1 &
       sleep 4
       for pid in $(pgrep -f triton_python_backend_stub) $(pgrep -f "trtllm_pipeline bench"); do
-        name=$(tr '\0' ' ' < /proc/$pid/cmdline | grep -o '[a-z_]*_0_0\|bench' | head -n 1)
+        # (a process gone since pgrep, or a cmdline without a model's name: no name; under set -e the bare
+        # substitution's failure ended the whole part on 2026-12-05, H200, before any stub was profiled)
+        name=$(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -o '[a-z_]*_0_0\|bench' | head -n 1 || true)
         timeout 20 py-spy record --nonblocking -d 8 -r 200 -f raw --threads -o "$out/spy-${name:-$pid}.txt" \
           --pid "$pid" > /dev/null 2>&1 &
       done
