@@ -137,10 +137,12 @@ def extract(engines_dir: Path, model: str, formats: tuple[str, ...], out: Path) 
 
 
 def yardstick(engines_dir: Path, model: str, formats: tuple[str, ...], data_dir: Path, limits: dict[str, int],
-              out: Path) -> list[str]:
+              out: Path, compute_dtype: str = "bfloat16") -> list[str]:
     """Every format's built engine evaluated again on this machine with bfloat16 compute, extracted to ``out``: what
     rounding alone changes against the float32 runs. The engines and their results are left as they are (results
-    go to a temporary folder); fidelity is against BF16 with bfloat16 compute too."""
+    go to a temporary folder); fidelity is against BF16 with bfloat16 compute too. ``compute_dtype="float32"`` on a
+    GPU instead: the GPU's float32 against the CPU's, where only summation order differs (a wrong kernel shows
+    there, not hidden by bfloat16's rounding)."""
     import tempfile
 
     import yaml
@@ -151,11 +153,11 @@ def yardstick(engines_dir: Path, model: str, formats: tuple[str, ...], data_dir:
     formats = ("bf16", *(f for f in formats if f != "bf16"))
     written = []
     with tempfile.TemporaryDirectory() as tmp:
-        base_cfg = load_config(REPO / "build_configs" / f"{model}-bf16-tp1.yaml").with_runtime(compute_dtype="bfloat16")
+        base_cfg = load_config(REPO / "build_configs" / f"{model}-bf16-tp1.yaml").with_runtime(compute_dtype=compute_dtype)
         reference = Path(tmp) / f"{base_cfg.name}.yaml"  # a file: eval opens the reference from its config file
         reference.write_text(yaml.safe_dump(base_cfg.to_dict()), encoding="utf-8")
         for fmt in formats:
-            cfg = load_config(REPO / "build_configs" / f"{model}-{fmt}-tp1.yaml").with_runtime(compute_dtype="bfloat16")
+            cfg = load_config(REPO / "build_configs" / f"{model}-{fmt}-tp1.yaml").with_runtime(compute_dtype=compute_dtype)
             results = Path(tmp) / fmt
             for task, limit in limits.items():
                 evaluate(cfg, engines_dir=engines_dir, tasks=[task], limit=limit, data_dir=data_dir,
@@ -163,7 +165,7 @@ def yardstick(engines_dir: Path, model: str, formats: tuple[str, ...], data_dir:
                          reference=reference if task == "fidelity" and fmt != "bf16" else None)
             write_record(out, extract_format(engines_dir, model, fmt, results))
             written.append(fmt)
-            print(f"{fmt}: evaluated with bfloat16 compute", flush=True)
+            print(f"{fmt}: evaluated with {compute_dtype} compute", flush=True)
     return written
 
 
@@ -420,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     ys.add_argument("--model", default="smollm2-135m-instruct")
     ys.add_argument("--formats", default=" ".join(FORMATS))
     ys.add_argument("--limits", default="mmlu=20,gsm8k=4,fidelity=4", help="as the float32 runs' (accuracy_table's)")
+    ys.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="float32 on a GPU: its float32 against the CPU's (summation order only)")
     ys.add_argument("-o", "--out", type=Path, required=True)
     cmp_ = sub.add_parser("compare", help="two extracted runs, item by item")
     cmp_.add_argument("cpu", type=Path)
@@ -436,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "yardstick":
             limits = {k: int(v) for k, v in (pair.split("=") for pair in args.limits.split(","))}
             written = yardstick(args.engines_dir, args.model, tuple(args.formats.split()), args.data_dir, limits,
-                                args.out)
+                                args.out, args.compute_dtype)
             print(f"{args.out}: {', '.join(written)}")
             return 0
         result = compare(args.cpu, args.gpu, tuple(args.formats.split()) if args.formats else None, args.yardstick)

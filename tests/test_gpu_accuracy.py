@@ -278,3 +278,16 @@ def test_the_yardstick_sets_each_formats_tolerance(extracted, subset, engines, t
         assert r["tolerance_basis"] == "the CPU's bfloat16 rounding"
         assert r["tolerance"]["max_dll"] == round(3 * max(rounding["mmlu"]["max_dll"], 0.05), 5)
         assert r["cpu_bfloat16"]["mmlu_same"] == r["mmlu"]["same"]
+
+
+def test_a_float32_yardstick_on_the_cpu_is_the_float32_run_item_by_item(extracted, subset, engines, tmp_path):
+    # What the GPU's float32 run is compared with (h200_run.sh accuracy, ACCURACY_F32): here, on the machine that made
+    # the float32 runs, it is those runs again: every letter's log-likelihood and every token's NLL equal
+    out, _ = subset
+    f32 = tmp_path / "float32"
+    assert accuracy_compare.main(["yardstick", "--engines-dir", str(engines), "--data-dir", str(out), "--model",
+                                  "tiny-qwen2", "--formats", "bf16", "--compute-dtype", "float32", "--limits",
+                                  ",".join(f"{k}={v}" for k, v in LIMITS.items()), "-o", str(f32)]) == 0
+    assert json.loads((f32 / "bf16.json").read_text())["dtype"] == "float32"
+    r = accuracy_compare.compare(extracted, f32, ("bf16",))["formats"]["bf16"]
+    assert r["within"] and r["same_checkpoint"] and r["mmlu"]["max_dll"] == 0 and r["fidelity"]["max_dnll"] == 0

@@ -21,7 +21,7 @@ part w4a8_gemv 240 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128
 # INT4-AWQ ran on 2026-12-05: benchmarks/results/h200-2026-12-05b/)
 await /tmp/smolw/ready 60
 await /tmp/gpu_data/subset.json 60
-part accuracy 480 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data SMOLLM2_FORMATS="bf16 w4a8-awq int8-sq int8-wo nvfp4"
+part accuracy 480 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data ACCURACY_F32=1 SMOLLM2_FORMATS="bf16 w4a8-awq int8-sq int8-wo nvfp4"
 # 31: the FP8 pool's decode attention on 128-key tiles with float16 dots from 64 rows (H100 sweep: 256 x 2048 362 ->
 # 259 us a layer): 128/2048 at 256 and 512 rows (H200 2026-12-05 before it: 19,074 and 20,873 tok/s; BF16 KV 19,559)
 part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES="256 512" LENGTHS=128/2048 REQUESTS=1500 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
