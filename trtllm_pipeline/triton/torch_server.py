@@ -80,6 +80,14 @@ class _Job:
     request_id: str = ""
     outputs: frozenset[str] = frozenset()  # the outputs the request asked for (empty: all)
 
+    def __post_init__(self):
+        asked = lambda name: not self.outputs or name in self.outputs  # noqa: E731
+        self.asked_ids, self.asked_length = asked("output_ids"), asked("sequence_length")
+        # A streaming response on the direct socket that carries token ids alone (direct.Tokens): no text asked
+        # for, no logits (the BLS's requests, which detokenize the stream themselves)
+        self.tokens_only = (_direct(self.sender) and self.logits is None and not self.wants_logits
+                            and not asked("output_text"))
+
 
 @dataclasses.dataclass
 class _Stop:
@@ -126,6 +134,7 @@ class _Outbox:
         self._chunks: dict[tuple[int, int], _Chunk] = {}  # (id of the job, row): waiting in the queue
         self._sent = threading.Condition()
         self._queued = self._done = 0
+        self._awaited = 0  # the mark ``wait`` waits for: the sending thread wakes it only once that is reached
         self._thread = None
         if threaded:
             self._thread = threading.Thread(target=self._run, name="torch-runtime-outbox", daemon=True)
@@ -167,6 +176,7 @@ class _Outbox:
 
     def wait(self, mark: int, timeout: float = 30.0) -> None:
         with self._sent:
+            self._awaited = mark
             self._sent.wait_for(lambda: self._done >= mark, timeout=timeout)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -203,7 +213,9 @@ class _Outbox:
                 self._on_gone(job)
         with self._sent:
             self._done += 1
-            self._sent.notify_all()
+            # not at every send: a waiting loop would wake (and take the GIL) once a response to see it is not done
+            if self._done >= self._awaited:
+                self._sent.notify_all()
 
 
 class _Metrics:
@@ -652,6 +664,8 @@ class TorchModelServer:
         return pb.InferenceResponse(output_tensors=[pb.Tensor(name, value) for name, value in outputs.items()])
 
     def _stream_response(self, job: _Job, ids: list[int], piece: str):
+        if job.tokens_only:  # the BLS's: its frame made without numpy or JSON (direct.Tokens, the same bytes)
+            return direct.Tokens(ids, job.asked_ids, job.asked_length)
         return self._response(job, [ids], [piece])
 
     def _send(self, job: _Job, response, *, final: bool) -> None:
