@@ -50,6 +50,23 @@ def test_a_frame_naming_its_dtypes_by_name_reads_as_one_naming_them_by_code():
         assert arrays["output_ids"].dtype == np.int32 and arrays["output_ids"].tolist() == [[[7]]]
 
 
+def test_a_tokens_response_is_the_frame_encode_makes_of_its_arrays():
+    """direct.Tokens (a streaming row's token ids, its frame made without numpy or JSON) writes the bytes a Response
+    of the same arrays does, for every subset of its two outputs, and reads back as them."""
+    for ids in ([5], [1, 2, 3], [], [2**31 - 1]):
+        for flags in (0, direct.FINAL):
+            for has_ids, has_length in ((True, True), (True, False), (False, True), (False, False)):
+                tokens = direct.Tokens(ids, has_ids, has_length)
+                frame = tokens.frame(flags)
+                assert frame == direct.Response(tokens.outputs).frame(flags)
+                header, arrays = direct.read_frame(io.BytesIO(frame))
+                assert header["flags"] == flags and set(arrays) == set(tokens.outputs)
+                if has_ids:
+                    assert arrays["output_ids"].dtype == np.int32 and arrays["output_ids"].tolist() == [[ids]]
+                if has_length:
+                    assert arrays["sequence_length"].tolist() == [[len(ids)]]
+
+
 def test_a_frame_naming_an_unknown_dtype_or_a_huge_array_is_refused():
     for arrays in ([["x", "complex128", [1]]], [["x", "float32", [1 << 40]]], [["x", "int8", [-2, -2]]],
                    [["x", ["int8"], [1]]]):

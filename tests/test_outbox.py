@@ -94,7 +94,8 @@ def test_without_coalescing_every_token_is_its_own_response_and_the_loop_can_wai
 
 def test_served_host_probe_runs_a_few_steps_and_prints_its_table(quantized, tmp_path, capsys):
     """benchmarks/served_host_probe.py (the served loop's host time per step, no model): a real TorchModelServer on
-    the tiny checkpoint with the stand-in pb_utils, 4 streams, 5 timed steps, both outbox modes."""
+    the tiny checkpoint with the stand-in pb_utils, 4 streams, 5 timed steps, both outbox modes, on the direct
+    socket (a process reading the frames as the BLS does; every token arrives) and through the fake Triton."""
     import json
     import sys
     from pathlib import Path
@@ -103,10 +104,13 @@ def test_served_host_probe_runs_a_few_steps_and_prints_its_table(quantized, tmp_
     import served_host_probe
 
     ckpt = quantized("tiny-qwen2-bf16-tp1").checkpoint_dir
-    out = tmp_path / "probe.json"
-    served_host_probe.main(["--checkpoint", str(ckpt), "--streams", "4", "--steps", "5", "--prompt-tokens", "8",
-                            "--timeout", "120", "-o", str(out)])
-    assert "ms/step" in capsys.readouterr().out
-    results = json.loads(out.read_text())["results"]
-    assert [(r["streams"], r["coalesce"], r["steps"]) for r in results] == [(4, False, 5), (4, True, 5)]
-    assert all(r["ms_per_step"] > 0 and r["on_events_ms"] > 0 and r["runtime_only_ms"] > 0 for r in results)
+    for path, coalesce in (("direct", "0,1"), ("fakepb", "1")):
+        out = tmp_path / f"probe-{path}.json"
+        served_host_probe.main(["--checkpoint", str(ckpt), "--streams", "4", "--steps", "5", "--prompt-tokens", "8",
+                                "--timeout", "120", "--path", path, "--coalesce", coalesce, "-o", str(out)])
+        assert "ms/step" in capsys.readouterr().out
+        results = json.loads(out.read_text())["results"]
+        expected = [(4, False, 5), (4, True, 5)] if coalesce == "0,1" else [(4, True, 5)]
+        assert [(r["streams"], r["coalesce"], r["steps"]) for r in results] == expected
+        assert all(r["path"] == path and r["ms_per_step"] > 0 and r["on_events_ms"] > 0 and r["runtime_only_ms"] > 0
+                   and r["tokens_per_response"] >= 1 for r in results)

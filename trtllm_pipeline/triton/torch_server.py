@@ -57,12 +57,34 @@ from trtllm_pipeline.triton.tensors import RequestError, per_row, words_from_lis
 log = logging.getLogger(__name__)
 
 
+class _TokenIds:
+    """A row's tokens where nobody reads its text, in place of its ``TextStream`` (read the same way by
+    ``Runtime.apply_event``: no text, never stopped): a BLS request with no stop string. The BLS asks for no
+    ``output_text``: it detokenizes the stream itself, with the client's stop strings. The two tokenizer decodes a
+    token of a TextStream were ~65% of ``on_events`` (served_host_probe, 64 streams on the direct socket). The one
+    difference a response can show: a stream that ends on its end id while its last character is incomplete ends
+    with an empty final response, not one of no token carrying that text; the BLS reads both as no token."""
+
+    stopped = False
+    text = ""
+
+    def __init__(self):
+        self.token_ids: list[int] = []
+
+    def push(self, token_ids) -> str:
+        self.token_ids.extend(token_ids)
+        return ""
+
+    def flush(self) -> str:
+        return ""
+
+
 @dataclasses.dataclass
 class _Row:
     key: tuple[int, int]
     prompt: list[int]
     params: SamplingParams
-    text: TextStream
+    text: TextStream | _TokenIds
     reason: str | None = None
     times: RequestTimes = dataclasses.field(default_factory=RequestTimes)  # from its arrival, for the metrics
 
@@ -79,6 +101,14 @@ class _Job:
     request: Any = None  # Triton's request: is_cancelled() and its request id
     request_id: str = ""
     outputs: frozenset[str] = frozenset()  # the outputs the request asked for (empty: all)
+
+    def __post_init__(self):
+        asked = lambda name: not self.outputs or name in self.outputs  # noqa: E731
+        self.asked_ids, self.asked_length = asked("output_ids"), asked("sequence_length")
+        # A streaming response on the direct socket that carries token ids alone (direct.Tokens): no text asked
+        # for, no logits (the BLS's requests, which detokenize the stream themselves)
+        self.tokens_only = (_direct(self.sender) and self.logits is None and not self.wants_logits
+                            and not asked("output_text"))
 
 
 @dataclasses.dataclass
@@ -126,6 +156,7 @@ class _Outbox:
         self._chunks: dict[tuple[int, int], _Chunk] = {}  # (id of the job, row): waiting in the queue
         self._sent = threading.Condition()
         self._queued = self._done = 0
+        self._awaited = 0  # the mark ``wait`` waits for: the sending thread wakes it only once that is reached
         self._thread = None
         if threaded:
             self._thread = threading.Thread(target=self._run, name="torch-runtime-outbox", daemon=True)
@@ -167,6 +198,7 @@ class _Outbox:
 
     def wait(self, mark: int, timeout: float = 30.0) -> None:
         with self._sent:
+            self._awaited = mark
             self._sent.wait_for(lambda: self._done >= mark, timeout=timeout)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -203,7 +235,9 @@ class _Outbox:
                 self._on_gone(job)
         with self._sent:
             self._done += 1
-            self._sent.notify_all()
+            # not at every send: a waiting loop would wake (and take the GIL) once a response to see it is not done
+            if self._done >= self._awaited:
+                self._sent.notify_all()
 
 
 class _Metrics:
@@ -366,6 +400,9 @@ class TorchModelServer:
             raise RequestError(f"streaming and return_generation_logits take one prompt per request; this one "
                                f"has {batch}")
         words = {name: self._input(request, name) for name in ("stop_words_list", "bad_words_list")}
+        outputs = frozenset(_requested_outputs(request))
+        # Nobody reads the text of a BLS request that asks for none: the BLS detokenizes the stream itself
+        untold = bool(outputs) and "output_text" not in outputs and _from_bls(request)
         number = next(self._numbers)
         rows = []
         for i in range(batch):
@@ -376,11 +413,12 @@ class TorchModelServer:
                 raise RequestError("return_generation_logits needs max_tokens 1 on the torch runtime "
                                    "(the logits of the step after the prompt)")
             prompt = [int(t) for t in ids[i, : int(lengths[i])]]
-            rows.append(_Row((number, i), prompt, params, TextStream(self.runtime.tokenizer, params.stop_words)))
+            text = (_TokenIds() if untold and not params.stop_words  # (a stop string is cut here: its text is read)
+                    else TextStream(self.runtime.tokenizer, params.stop_words))
+            rows.append(_Row((number, i), prompt, params, text))
         pad_id = value["pad_id"][0] if value["pad_id"][0] is not None else self.runtime.tokenizer.eos_token_id
         return _Job(sender, rows, streaming, bool(value["exclude_input_in_output"][0]), int(pad_id),
-                    wants_logits=wants_logits, request=request, request_id=request_id,
-                    outputs=frozenset(_requested_outputs(request)))
+                    wants_logits=wants_logits, request=request, request_id=request_id, outputs=outputs)
 
     @staticmethod
     def _sampling(v: dict[str, Any], words: dict[str, tuple[str, ...]]) -> SamplingParams:
@@ -652,6 +690,8 @@ class TorchModelServer:
         return pb.InferenceResponse(output_tensors=[pb.Tensor(name, value) for name, value in outputs.items()])
 
     def _stream_response(self, job: _Job, ids: list[int], piece: str):
+        if job.tokens_only:  # the BLS's: its frame made without numpy or JSON (direct.Tokens, the same bytes)
+            return direct.Tokens(ids, job.asked_ids, job.asked_length)
         return self._response(job, [ids], [piece])
 
     def _send(self, job: _Job, response, *, final: bool) -> None:
