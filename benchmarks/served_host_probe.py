@@ -27,7 +27,9 @@ case that many times, interleaved, and prints medians. Runs on the CPU, on the t
         --streams 1,32,64,128 --coalesce 0,1 --repeat 5 -o served_host.json [--profile] [--path fakepb]
 
 ``--profile`` is cProfile in the loop's thread only; for both threads, py-spy (``py-spy record --threads --format
-raw -- python benchmarks/served_host_probe.py --streams 64 --coalesce 1 --steps 1500``).
+raw -- python benchmarks/served_host_probe.py --streams 64 --coalesce 1 --steps 1500``). Figures, before and after
+issue 30's cuts of the host work per stream (direct path, with and without ``--gpu-ms``): docs/serving.md, "On the
+BLS's direct socket".
 """
 
 from __future__ import annotations
