@@ -512,10 +512,10 @@ def main(argv=None) -> None:
 def _row(r: dict) -> str:
     base = r["runtime_only_ms"]
     ratio = f"{r['ms_per_step'] / base:5.1f}" if base else "    -"
-    return (f"{r['streams']:>7} {int(r['coalesce']):>4} {r['ms_per_step']:8.3f} {r['step_ms']:7.3f} {r['host_ms']:7.3f} "
-            f"{r['between_steps_ms']:7.3f} {r['on_events_ms']:7.3f} {r['loop_cpu_ms']:7.3f} {r['outbox_cpu_ms']:7.3f} "
-            f"{r['send_ms']:6.3f} {r['polls_per_step']:5.1f} {r['sends_per_step']:6.1f} {r['tokens_per_response']:7.2f} "
-            f"{r['gpu_wait_ms']:7.3f} "
+    return (f"{r['streams']:>7} {int(r['coalesce']):>4} {r['ms_per_step']:8.3f} {r['step_ms']:7.3f} "
+            f"{r['host_ms']:7.3f} {r['between_steps_ms']:7.3f} {r['on_events_ms']:7.3f} {r['loop_cpu_ms']:7.3f} "
+            f"{r['outbox_cpu_ms']:7.3f} {r['send_ms']:6.3f} {r['polls_per_step']:5.1f} {r['sends_per_step']:6.1f} "
+            f"{r['tokens_per_response']:7.2f} {r['gpu_wait_ms']:7.3f} "
             f"{r['loop_us_per_stream']:6.1f} {r['outbox_us_per_stream']:7.1f} {(base or 0):7.3f} {ratio}")
 
 
