@@ -27,7 +27,9 @@ case that many times, interleaved, and prints medians. Runs on the CPU, on the t
         --streams 1,32,64,128 --coalesce 0,1 --repeat 5 -o served_host.json [--profile] [--path fakepb]
 
 ``--profile`` is cProfile in the loop's thread only; for both threads, py-spy (``py-spy record --threads --format
-raw -- python benchmarks/served_host_probe.py --streams 64 --coalesce 1 --steps 1500``).
+raw -- python benchmarks/served_host_probe.py --streams 64 --coalesce 1 --steps 1500``). Figures, before and after
+issue 30's cuts of the host work per stream (direct path, with and without ``--gpu-ms``): docs/serving.md, "On the
+BLS's direct socket".
 """
 
 from __future__ import annotations
@@ -510,10 +512,10 @@ def main(argv=None) -> None:
 def _row(r: dict) -> str:
     base = r["runtime_only_ms"]
     ratio = f"{r['ms_per_step'] / base:5.1f}" if base else "    -"
-    return (f"{r['streams']:>7} {int(r['coalesce']):>4} {r['ms_per_step']:8.3f} {r['step_ms']:7.3f} {r['host_ms']:7.3f} "
-            f"{r['between_steps_ms']:7.3f} {r['on_events_ms']:7.3f} {r['loop_cpu_ms']:7.3f} {r['outbox_cpu_ms']:7.3f} "
-            f"{r['send_ms']:6.3f} {r['polls_per_step']:5.1f} {r['sends_per_step']:6.1f} {r['tokens_per_response']:7.2f} "
-            f"{r['gpu_wait_ms']:7.3f} "
+    return (f"{r['streams']:>7} {int(r['coalesce']):>4} {r['ms_per_step']:8.3f} {r['step_ms']:7.3f} "
+            f"{r['host_ms']:7.3f} {r['between_steps_ms']:7.3f} {r['on_events_ms']:7.3f} {r['loop_cpu_ms']:7.3f} "
+            f"{r['outbox_cpu_ms']:7.3f} {r['send_ms']:6.3f} {r['polls_per_step']:5.1f} {r['sends_per_step']:6.1f} "
+            f"{r['tokens_per_response']:7.2f} {r['gpu_wait_ms']:7.3f} "
             f"{r['loop_us_per_stream']:6.1f} {r['outbox_us_per_stream']:7.1f} {(base or 0):7.3f} {ratio}")
 
 

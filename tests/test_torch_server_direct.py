@@ -70,7 +70,8 @@ def test_a_bls_request_without_text_or_stop_strings_keeps_ids_only_and_streams_t
         assert isinstance(plain.rows[0].text, _TokenIds)
         assert isinstance(cut.rows[0].text, TextStream) and isinstance(texted.rows[0].text, TextStream)
         # one after the other: each alone in the batch, as in generate (a batch's shape may flip a near tie)
-        results = {"plain": _stream(where, _header(), _inputs(12)), "cut": _stream(where, _header(), _inputs(12, stop_ids))}
+        results = {"plain": _stream(where, _header(), _inputs(12)),
+                   "cut": _stream(where, _header(), _inputs(12, stop_ids))}
     finally:
         server.close()
     for name, want in (("plain", expected), ("cut", stopped.token_ids)):

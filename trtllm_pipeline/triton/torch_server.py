@@ -6,7 +6,8 @@ and are parsed the same way); the engine loop (``runtimes/engine_loop``, the one
 requests between steps and handing each request's new token to the outbox (on a GPU, a thread that sends while
 the loop runs the next step). Text is made by a ``TextStream`` per request and the runtime's own event
 handling (``Runtime.apply_event``), exactly as in-process ``generate`` makes it, so a streamed request's
-pieces concatenate to the non-streamed text.
+pieces concatenate to the non-streamed text; a BLS request that asks for no text and has no stop string keeps its
+token ids only (``_TokenIds``: the BLS detokenizes its stream itself).
 
 Streaming sends one response per generated token, like TensorRT-LLM: ``output_ids`` holds that
 token and ``output_text`` its exact text piece (often empty while a character or a possible stop
