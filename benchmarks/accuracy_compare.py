@@ -153,11 +153,12 @@ def yardstick(engines_dir: Path, model: str, formats: tuple[str, ...], data_dir:
     formats = ("bf16", *(f for f in formats if f != "bf16"))
     written = []
     with tempfile.TemporaryDirectory() as tmp:
-        base_cfg = load_config(REPO / "build_configs" / f"{model}-bf16-tp1.yaml").with_runtime(compute_dtype=compute_dtype)
+        configs = REPO / "build_configs"
+        base_cfg = load_config(configs / f"{model}-bf16-tp1.yaml").with_runtime(compute_dtype=compute_dtype)
         reference = Path(tmp) / f"{base_cfg.name}.yaml"  # a file: eval opens the reference from its config file
         reference.write_text(yaml.safe_dump(base_cfg.to_dict()), encoding="utf-8")
         for fmt in formats:
-            cfg = load_config(REPO / "build_configs" / f"{model}-{fmt}-tp1.yaml").with_runtime(compute_dtype=compute_dtype)
+            cfg = load_config(configs / f"{model}-{fmt}-tp1.yaml").with_runtime(compute_dtype=compute_dtype)
             results = Path(tmp) / fmt
             for task, limit in limits.items():
                 evaluate(cfg, engines_dir=engines_dir, tasks=[task], limit=limit, data_dir=data_dir,

@@ -457,8 +457,9 @@ def _length_pairs(ctx, param, value):
 @click.option("--num-draft-tokens", type=click.IntRange(1, 8), default=None,
               help="--speculative: k, tokens drafted per request per step (default: the method's, ngram 8, others 4).")
 @click.option("--prompts", "spec_prompts", type=click.IntRange(min=1), default=None,
-              help="--speculative at batch 1 (default 18): prompts of each workload generated one after another, each alone, the "
-              "figures their totals (grounded: the first N task x passage pairs, rewrites first; 18 = all), so that "
+              help="--speculative at batch 1 (default 18): prompts of each workload generated one after another, "
+              "each alone, the figures their totals (grounded: the first N task x passage pairs, rewrites first; "
+              "18 = all), so that "
               "one prompt's luck does not decide them; batch B > 1 runs B prompts together.")
 @click.option("--draft-checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="--speculative draft: the draft model's checkpoint directory (same tokenizer as the target); "
@@ -540,7 +541,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                 method=speculative, num_draft_tokens=num_draft_tokens,
                 draft_checkpoint=str(draft_checkpoint) if draft_checkpoint else None,
                 batches=tuple(batches or (1,)), workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()),
-                output_tokens=output_tokens, seed=seed, prompts=spec_prompts or speculative_bench.SpeculativeSettings.prompts)
+                output_tokens=output_tokens, seed=seed,
+                prompts=spec_prompts or speculative_bench.SpeculativeSettings.prompts)
             result = speculative_bench.run_speculative(cfg, engines_dir=engines_dir, settings=spec_settings,
                                                        output=output, progress=click.echo)
             echo_lines(result.table())
