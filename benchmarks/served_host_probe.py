@@ -155,20 +155,7 @@ class Request:
     """A streaming request as the ensemble's preprocessing hands it to the engine model (one prompt)."""
 
     def __init__(self, prompt: list[int], max_tokens: int, sender: Sender, poll_s: float, clock: "Clock"):
-        self.inputs = {
-            "input_ids": np.array([prompt], dtype=np.int32),
-            "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
-            "request_output_len": np.array([[max_tokens]], dtype=np.int32),
-            "end_id": np.array([[-1]], dtype=np.int32),  # no end: every request runs its max_tokens
-            "pad_id": np.array([[0]], dtype=np.int32),
-            "streaming": np.array([[True]]),
-            "stop_words_list": np.array([[[0], [-1]]], dtype=np.int32),  # preprocessing's empty word lists
-            "bad_words_list": np.array([[[0], [-1]]], dtype=np.int32),
-            "temperature": np.array([[0.0]], dtype=np.float32),
-            "runtime_top_k": np.array([[0]], dtype=np.int32),
-            "runtime_top_p": np.array([[0.0]], dtype=np.float32),
-            "exclude_input_in_output": np.array([[True]]),
-        }
+        self.inputs = bls_reader.engine_inputs(prompt, max_tokens)  # the same tensors either path
         self.sender, self.poll_s, self.clock = sender, poll_s, clock
 
     def get_response_sender(self) -> Sender:
