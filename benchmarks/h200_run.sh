@@ -181,7 +181,8 @@ case "$part" in
       python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())" \
         http://127.0.0.1:8002/metrics > "$out/metrics-$1.txt" 2>&1 || true
     }
-    start_server cold
+    # soak alone starts and stops a server of its own (a part of its own after the others, the kernel cache warm)
+    if [ "$(echo $phases)" != soak ]; then start_server cold; fi
     # A served load under a deadline: when it has not ended by then, every stub's and the bench's stacks (py-spy)
     # and the server's log are kept before it is stopped (a hang shows where it waits). $1: name, $2: seconds.
     deadline() {
@@ -233,6 +234,24 @@ case "$part" in
       # Seen once (H200, 2026-12-04): after this load the server process lived but refused gRPC, its stubs exiting
       health after-load
     fi
+    # In-process on this GPU in the same call (the served figures' baseline) while the server is stopped, then the
+    # second start, with the kernel cache warm, for what remains (spy, openai)
+    if has inprocess || has warm; then
+      tp serve -c "$c" --engines-dir "$engines" --stop || true
+      if has inprocess; then
+        tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
+          -o "$out/inprocess-fp8-c128.json" || status=$?
+      fi
+      if has inprocess_sync; then  # the A/B of the overlapped decode steps: every step returns its own tokens
+        TRTLLM_PIPELINE_OVERLAP=0 tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 \
+          --output-tokens 256 -o "$out/inprocess-sync-fp8-c128.json" || status=$?
+      fi
+      if has inprocess_nochain; then  # the A/B of chained decode steps: overlap without them (TRTLLM_PIPELINE_CHAIN=0)
+        TRTLLM_PIPELINE_CHAIN=0 tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 \
+          --output-tokens 256 -o "$out/inprocess-nochain-fp8-c128.json" || status=$?
+      fi
+      if has warm || has spy || has openai; then start_server warm; fi
+    fi
     if has spy; then  # where the server's processes spend a c=64 stream's time: py-spy, 8 s of each stub
       tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 64 --input-tokens 128 \
         --output-tokens 256 --requests 384 --warmup 0 -o "$out/served-grpc-spy.json" > "$out/spy-load.log" 2>&1 &
@@ -259,22 +278,6 @@ case "$part" in
     if has soak; then  # starts and stops a server of its own (the kernel cache warm by now)
       python3 benchmarks/soak.py -c "$c" --engines-dir "$engines" --seconds "${SOAK_SECONDS:-60}" \
         --baseline-seconds 15 --streams 64 -o "$out/soak.json" | tail -n 25 || status=$?
-    fi
-    if has warm; then
-      start_server warm
-      tp serve -c "$c" --engines-dir "$engines" --stop || true
-    fi
-    if has inprocess; then
-      tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 --output-tokens 256 \
-        -o "$out/inprocess-fp8-c128.json" || status=$?
-    fi
-    if has inprocess_sync; then  # the A/B of the overlapped decode steps: every step returns its own tokens
-      TRTLLM_PIPELINE_OVERLAP=0 tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 \
-        --output-tokens 256 -o "$out/inprocess-sync-fp8-c128.json" || status=$?
-    fi
-    if has inprocess_nochain; then  # the A/B of chained decode steps: overlap without them (TRTLLM_PIPELINE_CHAIN=0)
-      TRTLLM_PIPELINE_CHAIN=0 tp bench --in-process -c "$c" --engines-dir "$engines" --batch 1,8,32,64 --context 128 \
-        --output-tokens 256 -o "$out/inprocess-nochain-fp8-c128.json" || status=$?
     fi
     python3 benchmarks/served_table.py "$out" | tee "$out/served-table.md"
     exit $status ;;

@@ -8,8 +8,11 @@
 # what is cut is what comes last. On an H100 instead of the H200 every part below still carries its own baseline.
 # 30: the BLS on the torch engine's own socket (triton/direct.py). H200 2026-12-05 (session 25): c=1/8/32/64 served
 # without a stall (2.59 / 3.25 / 4.09 / 5.36 ms a server step); the part then ended in its py-spy phase (a script bug,
-# fixed), so in-process in the same call, the OpenAI front and the warm start are still to measure
-part served 480 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench openai inprocess spy warm"
+# fixed), so in-process in the same call, the OpenAI front and the warm start are still to measure. The engine's host
+# cost per stream was cut since (a0264ca). In-process runs between the cold start's bench and the warm start.
+part served 600 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess warm openai spy"
+# 30: the soak (64 streams, ~20% malformed, disconnects) for 60 s against the GPU server, never run on a GPU yet
+part served 200 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=soak
 # 32: INT8 weight-only at batch 1 on the dp4a GEMV (the default; H200 2026-12-05: SmoothQuant 3.243 -> 2.876 ms/step,
 # the goal 2.5; weight-only was cut by the part's deadline)
 part int8_gemv 240 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128 INT8_FORMATS=int8-wo
