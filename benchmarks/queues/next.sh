@@ -11,6 +11,11 @@
 # fixed), so in-process in the same call, the OpenAI front and the warm start are still to measure. The engine's host
 # cost per stream was cut since (a0264ca). In-process runs between the cold start's bench and the warm start.
 part served 600 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess warm openai spy"
+# 33: the accuracy subsets' other four formats on the GPU, item by item against the CPU (BF16, FP8, FP8 + FP8 KV and
+# INT4-AWQ ran on 2026-12-05: benchmarks/results/h200-2026-12-05b/)
+await /tmp/smolw/ready 60
+await /tmp/gpu_data/subset.json 60
+part accuracy 480 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data ACCURACY_F32=1 SMOLLM2_FORMATS="bf16 w4a8-awq int8-sq int8-wo nvfp4"
 # 30: the soak (64 streams, ~20% malformed, disconnects) for 60 s against the GPU server, never run on a GPU yet
 part served 200 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=soak
 # 32: INT8 weight-only at batch 1 on the dp4a GEMV (the default; H200 2026-12-05: SmoothQuant 3.243 -> 2.876 ms/step,
@@ -20,11 +25,6 @@ part int8_gemv 240 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128 INT8_FORMATS=int8-wo
 # 5.27 today on quant_linear's FP8 tensor-core kernel; the tiny build's smoke passed on the H200, the 7B's quantize
 # found the disk full on 2026-12-05)
 part w4a8_gemv 240 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128
-# 33: the accuracy subsets' other four formats on the GPU, item by item against the CPU (BF16, FP8, FP8 + FP8 KV and
-# INT4-AWQ ran on 2026-12-05: benchmarks/results/h200-2026-12-05b/)
-await /tmp/smolw/ready 60
-await /tmp/gpu_data/subset.json 60
-part accuracy 480 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data ACCURACY_F32=1 SMOLLM2_FORMATS="bf16 w4a8-awq int8-sq int8-wo nvfp4"
 # 31: the FP8 pool's decode attention on 128-key tiles with float16 dots from 64 rows (H100 sweep: 256 x 2048 362 ->
 # 259 us a layer): 128/2048 at 256 and 512 rows (H200 2026-12-05 before it: 19,074 and 20,873 tok/s; BF16 KV 19,559)
 part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES="256 512" LENGTHS=128/2048 REQUESTS=1500 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
