@@ -61,4 +61,5 @@ def test_prompt_lookup_replays_as_spec_simulate_and_the_oracle_bounds_every_prop
             runs = [spec_tree.replay(c, s)["steps"] for c in ctxs]
             assert all(o <= r for o, r in zip(oracle, runs))
         steps[workload] = sum(r["steps"] for r in ngram), sum(oracle)
-    assert steps == {"grounded": (1385, 839), "random": (225, 88)}  # (the README's table)
+    # (the README's table; random: 225 steps before NgramProposer repeated a period cut by the context's end)
+    assert steps == {"grounded": (1385, 839), "random": (88, 88)}

@@ -328,6 +328,9 @@ def test_acceptance_rules_and_prompt_lookup():
     # the latest occurrence wins, and the match is on whole tokens (int32s), never across two
     assert lookup(array("i", [7, 1, 7, 2, 7]), 2, 1, 1) == [2, 7]
     assert lookup(array("i", [256, 1, 0, 1]), 2, 1, 1) == [0, 1]
+    # a continuation cut by the history's end repeats its period: a looping output drafts k tokens, not one period
+    assert lookup(array("i", [1, 2, 3, 1, 2, 3, 1, 2]), 8, 1, 4) == [3, 1, 2, 3, 1, 2, 3, 1]
+    assert lookup(array("i", [5, 9, 9]), 3, 1, 1) == [9, 9, 9]
 
 
 def test_speculative_config_refusals(ckpt, tmp_path):

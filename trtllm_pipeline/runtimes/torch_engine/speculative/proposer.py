@@ -66,7 +66,7 @@ class NgramProposer(Proposer):
 
 
 def lookup(hist: array, k: int, min_n: int, max_n: int) -> list[int]:
-    """The continuation (at most ``k`` tokens) of the latest earlier occurrence of ``hist``'s last n tokens."""
+    """The continuation (``k`` tokens) of the latest earlier occurrence of ``hist``'s last n tokens, or none."""
     data, size = hist.tobytes(), hist.itemsize
     total = len(hist)
     for n in range(min(max_n, total - 1), min_n - 1, -1):
@@ -78,6 +78,12 @@ def lookup(hist: array, k: int, min_n: int, max_n: int) -> list[int]:
                 break
             if at % size == 0:  # aligned on a token, not across two
                 start = at // size + n
-                return hist[start : start + k].tolist()
+                drafts = hist[start : start + k].tolist()
+                # cut by the history's end: the text repeats with period total - start since that occurrence, so
+                # the drafts go on repeating it (a looping output drafts k tokens, not one period)
+                period = total - start
+                while len(drafts) < k:
+                    drafts.append(drafts[len(drafts) - period])
+                return drafts
             end = at + len(pattern) - 1
     return []
