@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 import requests
 
+from trtllm_pipeline.triton.contract import NUM_OUTPUT_TOKENS
+
 MODELS = ("tensorrt_llm_bls", "ensemble")
 FRONT = "tensorrt_llm_bls"
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Translate to German: good morning",
@@ -171,7 +173,7 @@ def send_valid(target: Target, session: requests.Session, request: Valid, body: 
                         request.error = f"HTTP {response.status_code}: {event['error']}"
                         break
                     request.times.append(time.perf_counter())
-                    request.tokens += 1
+                    request.tokens += int(event.get(NUM_OUTPUT_TOKENS, 1))
         else:
             import tritonclient.grpc as grpcclient
 
@@ -187,7 +189,8 @@ def send_valid(target: Target, session: requests.Session, request: Valid, body: 
                         break
                     if result.as_numpy("text_output") is not None:
                         request.times.append(time.perf_counter())
-                        request.tokens += 1
+                        carried = result.as_numpy(NUM_OUTPUT_TOKENS)
+                        request.tokens += 1 if carried is None else int(carried.reshape(-1)[0])
                     final = result.get_response().parameters.get("triton_final_response")
                     if final is not None and final.bool_param:
                         break
