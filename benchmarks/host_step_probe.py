@@ -43,7 +43,8 @@ class _NoStep:
         self.engine = engine
 
     def buffers(self, batch: int, tables: torch.Tensor):
-        return self._Buffers(batch, torch.zeros((3, batch), dtype=torch.long),
+        # inputs: token, position, table row, ban (``StepBuffers.inputs``; the probe's requests ban nothing)
+        return self._Buffers(batch, torch.zeros((4, batch), dtype=torch.long),
                              torch.zeros((batch, self.engine.embedding.shape[0])), torch.zeros(batch, dtype=torch.long))
 
     def run(self, buf) -> None:

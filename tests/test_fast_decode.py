@@ -552,10 +552,15 @@ def test_residual_norm_reads_the_exact_sums_and_can_write_the_residual_elsewhere
 def test_greedy_token_kernel_takes_the_first_of_equal_maxima():
     """The step's argmax over the logits (greedy.py, one launch after lm_head): torch.argmax's index on every row,
     the first of two equal maxima that lie in different parts of the row, index 0 on a row of equal logits, and
-    on widths whose last part is short; the counters left at zero for the next step."""
+    on widths whose last part is short; the counters left at zero for the next step. With a token banned on a row
+    (``ban``), the argmax of the others."""
     for case in _interpreted(None, "greedy_check.py"):
         assert case["tokens"] == case["torch"] and case["counters_left_zero"], case
         assert case["tokens"][3] == 3 and case["tokens"][4] == 0, case
+        # a banned token (the end id before min_tokens) skipped: the argmax of the rest, on the rows that ban one
+        assert case["banned"] == case["banned_torch"] == case["argmax_torch"], case
+        assert case["banned"][3] == case["width"] // 2 and case["banned"][4] == 1, case
+        assert [case["banned"][i] for i in (0, 2)] == [case["tokens"][i] for i in (0, 2)], case
 
 
 @pytest.mark.parametrize("kv", ["bf16", "fp8", "fp8-scaled"])

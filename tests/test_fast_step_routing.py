@@ -15,6 +15,7 @@ import torch
 from continuous_batching import staggered
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine import runtime as runtime_module
+from trtllm_pipeline.runtimes.torch_engine.cuda import greedy
 from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
@@ -34,14 +35,14 @@ class _PlusOne:
     def __init__(self, engine, vocab: int):
         self.engine, self.vocab, self.rows = engine, vocab, []
 
-    def buffers(self, batch: int, tables):
-        return _Buffers(batch, torch.zeros((3, batch), dtype=torch.long), torch.zeros((batch, self.vocab)),
+    def buffers(self, batch: int, tables):  # inputs: token, position, table row, ban (``StepBuffers.inputs``)
+        return _Buffers(batch, torch.zeros((4, batch), dtype=torch.long), torch.zeros((batch, self.vocab)),
                         torch.zeros(batch, dtype=torch.long))
 
     def run(self, buf) -> None:
-        torch.remainder(buf.inputs[0] + 1, self.vocab, out=buf.greedy)
         buf.logits.zero_()
-        buf.logits[torch.arange(buf.batch), buf.greedy] = 1.0
+        buf.logits[torch.arange(buf.batch), torch.remainder(buf.inputs[0] + 1, self.vocab)] = 1.0
+        greedy.argmax_torch(buf.logits, buf.greedy, buf.inputs[3])  # the step's argmax skips each row's ban
         self.rows.append(buf.batch)
 
     def weight_bytes(self) -> int:
@@ -186,18 +187,25 @@ def test_chained_decode_steps_give_the_synchronous_tokens_and_ends(runtime):
     assert runtime.kv.free_blocks == runtime.kv.usable_blocks and not runtime.kv.tables
 
 
-def test_chained_steps_wait_for_bans_and_sampling(runtime):
-    """A row whose token is not the argmax as it stands (its end id banned before min_tokens, or sampled) cannot
-    feed the argmax on: those steps settle first, and the tokens are the synchronous ones."""
-    greedy = SamplingParams(max_tokens=8, end_id=-1)
-    banned = SamplingParams(max_tokens=8, min_tokens=6, end_id=15)  # 13, 14, (15 banned) ...
-    tokens, ends = _run(runtime, [("g", list(range(20, 23)), greedy), ("m", list(range(10, 13)), banned)])
-    assert tokens["g"] == list(range(23, 31)) and tokens["m"][:2] == [13, 14] and 15 not in tokens["m"][:6]
-    assert runtime.phase_rows["chained_steps"] >= 1  # once "m" is past min_tokens
+def test_chained_steps_skip_the_end_id_before_min_tokens_and_wait_for_bad_words_and_sampling(runtime):
+    """A decode step's own argmax skips each row's end id before min_tokens (``DecodeGraphs.decode``'s ``bans``), so
+    such rows chain on, with the synchronous tokens. A row whose token is not the argmax as it stands (a bad word
+    banned, or sampled) cannot feed the argmax on: those steps settle first, and the tokens are the synchronous
+    ones."""
+    greedy_params = SamplingParams(max_tokens=8, end_id=-1)
+    banned = SamplingParams(max_tokens=8, min_tokens=6, end_id=15)  # 13, 14, (15 banned: the argmax of the rest, 0)
+    submits = [("g", list(range(20, 23)), greedy_params), ("m", list(range(10, 13)), banned)]
+    tokens, ends = _run(runtime, submits)
+    assert tokens["g"] == list(range(23, 31)) and tokens["m"] == [13, 14, 0, 1, 2, 3, 4, 5]
+    assert ends["m"] == "length"
+    assert runtime.phase_rows["chained_steps"] >= 6  # every decode step after the first, min_tokens or not
+    runtime.chaining = runtime.overlap = False
+    assert _run(runtime, submits) == (tokens, ends)
+    runtime.chaining = runtime.overlap = True
     before = runtime.phase_rows["chained_steps"]
     # sampled (logits 100 at t + 1 against 0: still t + 1)
     sampled = SamplingParams(max_tokens=6, temperature=0.01, end_id=-1, seed=1)
-    tokens, _ = _run(runtime, [("s", list(range(30, 33)), sampled), ("g2", list(range(40, 43)), greedy)])
+    tokens, _ = _run(runtime, [("s", list(range(30, 33)), sampled), ("g2", list(range(40, 43)), greedy_params)])
     assert tokens["s"] == list(range(33, 39)) and tokens["g2"] == list(range(43, 51))
     assert runtime.phase_rows["chained_steps"] - before <= 2  # only the steps after "s" ended
 

@@ -125,18 +125,26 @@ class OverlapSteps:
         if sources:  # each token row's source: the running step's row, or -1 where the token is known
             per_token = [sources[r.request_id] if j == 0 and r.request_id in sources else -1
                          for r in rows for j in range(len(r.tokens))]
-        if all(r.is_decode for r in rows):
-            logits = self.decoder.decode([r.tokens[0] for r in rows], *args, **_given(sources=per_token))
+        decode = all(r.is_decode for r in rows)
+        if decode:
+            # (chaining: each row's end id before min_tokens, skipped by the step's own argmax, which then stays the
+            # greedy token: served requests with min_tokens chain too. H200, 2026-12-05, random 7B FP8 served at
+            # c=64 with min_tokens: none chained, 4.54 ms a step against 3.25 chained in-process)
+            bans = [req.end_ban() for req in reqs] if self.chaining else None
+            logits = self.decoder.decode([r.tokens[0] for r in rows], *args,
+                                         **_given(sources=per_token, bans=bans if bans and max(bans) >= 0 else None))
             greedy = self.decoder.greedy(len(rows))
         else:
             logits, greedy = self.decoder.verify([r.tokens for r in rows], *args, **_given(sources=per_token))
         ends = list(itertools.accumulate(len(r.tokens) for r in rows))
         index = [p for r, end in zip(rows, ends) for p in range(end - logit_span(r), end)]
         host, ready = self.decoder.greedy_host() if self.chaining else (None, None)
-        # the next step may feed this one's argmax to the device as it is: every row greedy, nothing banned, and no
-        # request about to draft (drafts are proposed from the tokens on the host)
+        # the next step may feed this one's argmax to the device as it is: every row greedy, nothing banned that the
+        # argmax did not skip (a decode step skips the end id, not bad words), and no request about to draft (drafts
+        # are proposed from the tokens on the host)
         sp = self.speculator
-        chainable = self.chaining and all(req.params.greedy and not req.may_ban() for req in reqs) and (
+        chainable = self.chaining and all(
+            req.params.greedy and not (req.bad_ids if decode else req.may_ban()) for req in reqs) and (
             sp is None or not any(sp.drafts_next(req.request_id) for req in reqs))
         return LaunchedStep(rows, reqs, logits, greedy, index, host, ready, chainable)
 

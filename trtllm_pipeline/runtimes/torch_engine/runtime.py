@@ -61,6 +61,11 @@ class _Request(_Sequence):
                 out.append(ids[-1])
         return out
 
+    def end_ban(self) -> int:
+        """The end id while this request's next token may not end it (before min_tokens), else -1: what a decode
+        step's own argmax skips for it (``DecodeGraphs.decode``'s ``bans``)."""
+        return self.end_id if self.end_id >= 0 and len(self.generated) < self.params.min_tokens else -1
+
     def may_ban(self) -> bool:
         """Whether ``banned`` may be anything but empty now (bad words; the end id before min_tokens)."""
         return bool(self.bad_ids) or (self.end_id >= 0 and len(self.generated) < self.params.min_tokens)

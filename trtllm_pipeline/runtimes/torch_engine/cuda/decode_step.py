@@ -84,7 +84,9 @@ class StepBuffers:
     """The static inputs, scratch and outputs of one decode step at one batch size."""
 
     batch: int
-    inputs: torch.Tensor  # [3, B] int64: each row's token, position and block-table row (one copy per step)
+    # [4, B] int64: each row's token, position, block-table row and the token its argmax may not take (-1: none; the
+    # end id before min_tokens), one copy per step
+    inputs: torch.Tensor
     block_tables: torch.Tensor  # [S, W] int64: the block tables on the device (``graphs.DecodeGraphs`` keeps them)
     residual: torch.Tensor  # [B, hidden], compute dtype
     normed: torch.Tensor  # [B, hidden], FP8 or compute dtype: input of QKV / fc+gate
@@ -128,6 +130,10 @@ class StepBuffers:
     @property
     def table_rows(self) -> torch.Tensor:  # which row of ``block_tables`` holds each row's KV blocks
         return self.inputs[2]
+
+    @property
+    def ban(self) -> torch.Tensor:  # the token each row's greedy argmax skips (-1: none)
+        return self.inputs[3]
 
 
 @dataclasses.dataclass
@@ -281,7 +287,8 @@ class DecodeStep:
 
         buf = StepBuffers(
             batch=batch,
-            inputs=torch.zeros((3, batch), dtype=torch.long, device=dev),
+            inputs=torch.cat([torch.zeros((3, batch), dtype=torch.long, device=dev),
+                              torch.full((1, batch), -1, dtype=torch.long, device=dev)]),
             block_tables=block_tables,
             residual=empty(batch, self.hidden, dtype=self.dtype),
             normed=empty(batch, self.hidden, dtype=act_dtype),
@@ -493,9 +500,9 @@ class DecodeStep:
             self.comm.all_gather(buf.tp.gathered, buf.tp.local_logits)
             torch.cat(buf.tp.gathered, dim=-1, out=buf.tp.padded_logits)
         if buf.argmax is not None:
-            greedy.argmax(buf.logits, buf.argmax, pdl)
+            greedy.argmax(buf.logits, buf.argmax, pdl, ban=buf.ban)
         else:
-            torch.argmax(buf.logits, dim=-1, out=buf.greedy)
+            greedy.argmax_torch(buf.logits, buf.greedy, buf.ban)
 
     def _all_reduce(self, partials: torch.Tensor, buf: StepBuffers) -> torch.Tensor:
         """A row-parallel linear's output as the next kernel reads it: its split-K partials (one rank), or

@@ -113,8 +113,8 @@ class DecodeGraphs:
         for batch in reversed(self.buckets):  # largest first: later captures reuse its memory
             mark = time.perf_counter()
             buf = self.buffers[batch] = self.step.buffers(batch, self.tables)
-            # rows: tokens, positions, table rows, and a chained step's sources (``decode``)
-            self.staging[batch] = [torch.zeros((4, batch), dtype=torch.long, pin_memory=self._cuda) for _ in range(2)]
+            # rows: the step's inputs (tokens, positions, table rows, bans), and a chained step's sources (``decode``)
+            self.staging[batch] = [torch.zeros((5, batch), dtype=torch.long, pin_memory=self._cuda) for _ in range(2)]
             self.sources[batch] = torch.zeros(batch, dtype=torch.long, device=self.tables.device)
             self._fill(batch, [], [], [])
             self.step.run(buf)  # compiles the kernels outside the capture
@@ -144,7 +144,8 @@ class DecodeGraphs:
         log.info("fast verify steps ready: batch buckets %s, in %.1f s", sorted(self.verify_buffers), seconds)
 
     def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int],
-               request_ids: Sequence | None = None, sources: Sequence[int] | None = None) -> torch.Tensor:
+               request_ids: Sequence | None = None, sources: Sequence[int] | None = None,
+               bans: Sequence[int] | None = None) -> torch.Tensor:
         """Float32 logits [len(tokens), vocab] of one decode step: row i's token at ``positions[i]``, its K/V in
         the blocks ``tables[i]`` (a view valid until the next call). ``request_ids``: each row's request, whose
         table row persists between steps (``release`` it when the request leaves); None: rows 0.. this step.
@@ -152,7 +153,10 @@ class DecodeGraphs:
         ``sources``: a chained step, launched before the previous step's tokens (``decode``'s or ``verify``'s) were
         read: row i feeds that step's greedy token of its row ``sources[i]``, taken on the device (``tokens[i]`` is then a placeholder), or
         where ``sources[i]`` is negative, ``tokens[i]`` (a request that joined the decodes since). Every step's argmax
-        tokens also come to the host by themselves (``greedy_host``), without waiting for a later step."""
+        tokens also come to the host by themselves (``greedy_host``), without waiting for a later step.
+
+        ``bans``: per row, a token its argmax (``greedy``) skips, negative for none (the end id before min_tokens: so
+        a chained step may feed on the argmax of a row with ``min_tokens`` left); None: none at all."""
         keys = request_ids if request_ids is not None else [("row", i) for i in range(len(tokens))]
         rows = self._table_rows(keys, tables)
         if request_ids is None:
@@ -162,7 +166,7 @@ class DecodeGraphs:
         n = len(tokens)
         batch = bucket_for(n, self.buckets)
         buf = self.buffers[batch]
-        self._fill(batch, tokens, positions, rows, sources)
+        self._fill(batch, tokens, positions, rows, sources, bans)
         if sources is not None:  # after the inputs' copy, before the replay: in stream order, the previous step's
             self._chain_tokens(buf.inputs[0, :n], self.sources[batch][:n], min(sources) < 0)
         if self.use_graphs:
@@ -295,18 +299,18 @@ class DecodeGraphs:
         """The argmax tokens of the last ``decode`` of ``n`` rows, computed inside the step."""
         return self.buffers[bucket_for(n, self.buckets)].greedy[:n]
 
-    def _fill(self, batch: int, tokens, positions, rows, sources=None) -> None:
+    def _fill(self, batch: int, tokens, positions, rows, sources=None, bans=None) -> None:
         """The step's inputs into this turn's pinned set, copied to the device ahead of the replay on the stream.
         The set was last used two fills ago; its copy is done unless two steps were chained past it (then wait)."""
         self._turn ^= 1
         if (copied := self._copied[self._turn]) is not None:
             copied.synchronize()
         staging = self.staging[batch][self._turn]
-        write_step_inputs(staging.numpy(), tokens, positions, rows, self.padding_row)
-        self.buffers[batch].inputs.copy_(staging[:3], non_blocking=True)
+        write_step_inputs(staging.numpy(), tokens, positions, rows, self.padding_row, bans)
+        self.buffers[batch].inputs.copy_(staging[:4], non_blocking=True)
         if sources is not None:
-            staging.numpy()[3, : len(sources)] = sources
-            self.sources[batch].copy_(staging[3], non_blocking=True)
+            staging.numpy()[4, : len(sources)] = sources
+            self.sources[batch].copy_(staging[4], non_blocking=True)
         if self._cuda:
             self._copied[self._turn] = _recorded(self._copied[self._turn])
 
@@ -331,16 +335,18 @@ def _recorded(event):
 
 
 def write_step_inputs(out, tokens: Sequence[int], positions: Sequence[int], rows: Sequence[int],
-                      padding_row: int) -> None:
-    """Fill ``out`` ([3, batch] int64, a numpy view of the pinned staging tensor: written in place, no temporary
-    tensors on the step's path) with tokens, positions and table rows; padding rows: token 0 at position 0, in
-    the padding table row (all null blocks)."""
+                      padding_row: int, bans: Sequence[int] | None = None) -> None:
+    """Fill ``out`` ([4+, batch] int64, a numpy view of the pinned staging tensor: written in place, no temporary
+    tensors on the step's path) with tokens, positions, table rows and bans (-1: none); padding rows: token 0 at
+    position 0, in the padding table row (all null blocks), no ban."""
     n = len(tokens)
     out[0, :n] = tokens
     out[1, :n] = positions
     out[2, :n] = rows
+    out[3, :n] = -1 if bans is None else bans
     out[:2, n:] = 0
     out[2, n:] = padding_row
+    out[3, n:] = -1
 
 
 def prepared(engine, buckets: Sequence[int], *, use_graphs: bool = True,

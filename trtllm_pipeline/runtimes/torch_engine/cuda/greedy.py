@@ -41,8 +41,8 @@ class Greedy:
 
 
 @triton.jit
-def _argmax_kernel(logits_ptr, best_ptr, best_idx_ptr, out_ptr, count_ptr, N, stride_l, per_part,
-                   PARTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _argmax_kernel(logits_ptr, ban_ptr, best_ptr, best_idx_ptr, out_ptr, count_ptr, N, stride_l, per_part,
+                   PARTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, BAN: tl.constexpr):
     row = tl.program_id(0)
     part = tl.program_id(1)
     if PDL:
@@ -55,6 +55,8 @@ def _argmax_kernel(logits_ptr, best_ptr, best_idx_ptr, out_ptr, count_ptr, N, st
     for c in range(start, end, BLOCK):
         cols = c + tl.arange(0, BLOCK)
         v = tl.load(logits_ptr + row * stride_l + cols, mask=cols < end, other=float("-inf"))
+        if BAN:  # (one int64 a row: from L1 after the first iteration)
+            v = tl.where(cols == tl.load(ban_ptr + row), float("-inf"), v)
         m = tl.max(v, 0)
         better = m > top  # strictly: an equal maximum later in the row keeps the earlier index
         arg = tl.where(better, c + tl.argmax(v, 0, tie_break_left=True), arg)
@@ -69,10 +71,21 @@ def _argmax_kernel(logits_ptr, best_ptr, best_idx_ptr, out_ptr, count_ptr, N, st
         tl.store(count_ptr + row, 0)
 
 
-def argmax(logits: torch.Tensor, out: Greedy, pdl: bool = False) -> None:
-    """``out.tokens[b] = argmax(logits[b])`` for float32 ``logits`` [B, N] (one launch)."""
+def argmax(logits: torch.Tensor, out: Greedy, pdl: bool = False, ban: torch.Tensor | None = None) -> None:
+    """``out.tokens[b] = argmax(logits[b])`` for float32 ``logits`` [B, N] (one launch). ``ban`` (int64 [B]): a
+    token row b may not take (its end id before ``min_tokens``), negative for none: skipped as if its logit were
+    -inf, so the step's own argmax is the greedy token under that ban and a chained step may feed on it."""
     batch, n = logits.shape
     assert logits.stride(1) == 1 and out.tokens.shape[0] == batch
     per_part = triton.cdiv(triton.cdiv(n, PARTS), 16) * 16
-    _argmax_kernel[(batch, PARTS)](logits, out.best, out.best_idx, out.tokens, out.counters, n, logits.stride(0),
-                                   per_part, PARTS=PARTS, BLOCK=BLOCK, PDL=pdl, num_warps=4, launch_pdl=pdl)
+    _argmax_kernel[(batch, PARTS)](logits, logits if ban is None else ban, out.best, out.best_idx, out.tokens,
+                                   out.counters, n, logits.stride(0), per_part, PARTS=PARTS, BLOCK=BLOCK, PDL=pdl,
+                                   BAN=ban is not None, num_warps=4, launch_pdl=pdl)
+
+
+def argmax_torch(logits: torch.Tensor, out: torch.Tensor, ban: torch.Tensor) -> None:
+    """``argmax``'s result by torch (no PDL): the argmax of ``logits`` with each row's ``ban`` at -inf (the
+    logits themselves untouched)."""
+    banned = ban.clamp(min=0).unsqueeze(1)
+    masked = logits.scatter(1, banned, torch.where(ban.unsqueeze(1) >= 0, float("-inf"), logits.gather(1, banned)))
+    torch.argmax(masked, dim=-1, out=out)
