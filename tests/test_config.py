@@ -238,3 +238,17 @@ def test_a_model_check_fails_the_same_in_build_and_serve_dry_runs(tmp_path):
     for command in ("build", "serve"):
         proc = run_cli(command, "-c", str(cfg), "--dry-run", "--engines-dir", str(tmp_path / "engines"))
         assert proc.returncode == 2 and "awq_block_size" in proc.stderr, (command, proc.stderr)
+
+
+def test_calibration_dtype_is_the_machines_unless_set_and_a_bad_one_is_named():
+    from trtllm_pipeline.quantize import calibration_dtype
+
+    cfg = load("tiny-qwen2-fp8-tp1")
+    assert cfg.quantization.calibration.dtype == "auto" and calibration_dtype(cfg) == "float32"  # (a CPU here)
+    pinned = cfg.with_section("quantization.calibration", dtype="bfloat16")
+    assert calibration_dtype(pinned) == "bfloat16" and pinned.quantization.calibration.num_samples == \
+        cfg.quantization.calibration.num_samples
+    assert cfg.with_section("quantization.calibration", dtype=None) is cfg
+    data = _base()
+    data["quantization"]["calibration"]["dtype"] = "float8"
+    assert "quantization.calibration.dtype" in _error(data)

@@ -94,15 +94,17 @@ def row(cfg, baseline, engines_dir: Path, limits: dict[str, int], gates, seconds
 
 
 def run(model: str, data_dir: Path, engines_dir: Path, limits: dict[str, int], gates_path: Path,
-        formats: tuple[str, ...] = FORMATS) -> tuple[str, float]:
+        formats: tuple[str, ...] = FORMATS, calibration_dtype: str | None = None) -> tuple[str, float]:
     """(markdown, wall seconds) of the whole table, every stage included (a cached stage costs nothing).
 
     ``limits``: items per task (MMLU questions, GSM8K problems, fidelity chunks of 255 scored tokens). A format this
     machine cannot produce keeps its row, with the error that stopped it. ``formats``: the rows; BF16, the baseline
-    every other is measured against, always comes first."""
+    every other is measured against, always comes first. ``calibration_dtype``: ``quantization.calibration.dtype``
+    for every format (None: each config's; float32 on a GPU writes the CPU's checkpoints within rounding)."""
     start, cpu_start = time.perf_counter(), cpu_seconds()
     formats = ("bf16", *(f for f in formats if f != "bf16"))
-    configs = [load_config(REPO / "build_configs" / f"{model}-{f}-tp1.yaml") for f in formats]
+    configs = [load_config(REPO / "build_configs" / f"{model}-{f}-tp1.yaml").with_section(
+        "quantization.calibration", dtype=calibration_dtype) for f in formats]
     baseline = configs[0]
     gates = gating.load_gates(gates_path)
     rows = []
@@ -170,13 +172,16 @@ def main() -> None:
     parser.add_argument("--gates", type=Path, default=REPO / "eval" / "gates.yaml")
     parser.add_argument("--out", type=Path, default=Path("reports") / "accuracy.md")
     parser.add_argument("--readme", type=Path, default=None, help="write the table into this README's markers")
+    parser.add_argument("--calibration-dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="calibrate every format in this dtype (default: each config's; float32 on a GPU gives "
+                        "the CPU's checkpoints within rounding, for comparing the two machines)")
     args = parser.parse_args()
     formats = tuple(args.formats.split())
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         parser.error(f"--formats: {', '.join(unknown)} unknown; the formats are {' '.join(FORMATS)}")
     table, wall = run(args.model, args.data_dir, args.engines_dir, {"mmlu": args.mmlu, "gsm8k": args.gsm8k, "fidelity": args.fidelity},
-                      args.gates, formats)
+                      args.gates, formats, args.calibration_dtype)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with artifacts.atomic_file(args.out) as tmp:
         tmp.write_text(f"# Accuracy and fidelity of {args.model}, every format\n\n{table}\n", encoding="utf-8")

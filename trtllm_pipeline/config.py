@@ -145,6 +145,10 @@ class CalibrationSection(_Section):
     max_seq_len: int = Field(512, gt=0, le=131_072)
     batch_size: BatchSize = 1
     seed: Seed = 1234
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="what the model computes in while calibrating: auto = the config's dtype on a GPU, "
+        "float32 on a CPU; float32 on a GPU takes the CPU's statistics (its checkpoint then matches a CPU's within "
+        "rounding: what a comparison across machines needs)")
 
     @field_validator("dataset")
     @classmethod
@@ -523,11 +527,20 @@ class BuildConfig(_Section):
     def with_runtime(self, **settings: Any) -> "BuildConfig":
         """This config with ``runtime`` settings overridden (a command line's ``--tp-mode``), validated
         as the file's would be; None leaves a setting as it is."""
+        return self.with_section("runtime", **settings)
+
+    def with_section(self, section: str, **settings: Any) -> "BuildConfig":
+        """This config with the settings of ``section`` (dotted: ``quantization.calibration``) overridden, validated
+        as the file's would be; None leaves a setting as it is."""
         changes = {k: v for k, v in settings.items() if v is not None}
         if not changes:
             return self
         data = self.to_dict()
-        data["runtime"] = {**data["runtime"], **changes}
+        *parents, last = section.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[last] = {**node[last], **changes}
         return config_from_dict(data, name=self._name, path=self._path)
 
 

@@ -144,7 +144,8 @@ def _inputs(cfg: BuildConfig, model: ResolvedModel, paths: artifacts.ArtifactPat
 
 
 def calibration_dtype(cfg: BuildConfig) -> str:
-    """The dtype the model computes in while ModelOpt calibrates: the config's on a GPU, float32 on a CPU.
+    """The dtype the model computes in while ModelOpt calibrates: ``quantization.calibration.dtype``; ``auto``: the
+    config's on a GPU, float32 on a CPU.
 
     A CPU without BF16 matrix units (AVX512-BF16, AMX) runs a bfloat16 matmul about 8x slower than a float32 one
     (47 ms against 6 ms for 512x576 @ 576x1536 here): AWQ's search, eleven fake-quantized forwards of every linear
@@ -153,6 +154,8 @@ def calibration_dtype(cfg: BuildConfig) -> str:
     """
     import torch
 
+    if cfg.quantization.calibration.dtype != "auto":
+        return cfg.quantization.calibration.dtype
     return cfg.dtype if torch.cuda.is_available() else "float32"
 
 
