@@ -92,7 +92,9 @@ def test_closed_loop_forced_length_and_consistent_metrics(stub_url, tokenizer, t
         assert r["error"] is None and r["output_tokens"] == 10 and r["output_tokens_retokenized"] == 10
         assert len(r["token_times_ms"]) == 10 and r["token_times_ms"] == sorted(r["token_times_ms"])
         assert r["e2e_ms"] == pytest.approx(r["ttft_ms"] + 9 * r["itl_ms"], rel=0.10)
-        assert r["ttft_ms"] == r["token_times_ms"][0] and r["e2e_ms"] == r["token_times_ms"][-1]
+        assert r["ttft_ms"] == r["token_times_ms"][0]
+        # e2e runs to the stream's end: OpenAI's usage chunk, here at once after the last text
+        assert r["token_times_ms"][-1] <= r["e2e_ms"] <= r["token_times_ms"][-1] + 5
 
 
 def test_a_server_on_a_cpu_has_no_cost_and_queueing_levels_say_so(stub_url, tokenizer, tmp_path):

@@ -52,6 +52,14 @@ def test_itl_uses_the_token_count_not_the_response_count():
     assert r.tpot() == pytest.approx(0.6 / 7)
 
 
+def test_a_stream_that_ends_after_its_last_text_ends_there():
+    # OpenAI's usage chunk at +0.8 s after the last chunk with text at +0.6 s (text held back meanwhile): e2e, ITL and
+    # TPOT run to the stream's end, as AIPerf's request latency does
+    r = RequestResult(LEVEL, 0, 0.0, 0.8, token_times=[0.1, 0.35, 0.6], output_tokens=7)
+    assert r.e2e() == pytest.approx(0.8) and r.itl() == pytest.approx((0.8 - 0.1) / 6)
+    assert r.tpot() == pytest.approx(0.8 / 7) and r.ttft() == pytest.approx(0.1)
+
+
 def test_undefined_metrics_are_none_not_zero():
     one = stream(0.0, 0.1, 0.0, 1)
     assert one.itl() is None  # a single token has no inter-token gap

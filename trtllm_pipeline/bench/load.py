@@ -113,8 +113,9 @@ def execute_request(client, job: Job, level: dict[str, Any], output_tokens: int,
     except Exception as exc:  # any failure of one request is data: recorded, counted, not fatal
         error = str(exc) if isinstance(exc, RequestFailed) else f"{type(exc).__name__}: {exc}"
         return RequestResult(level, job.index, start, time.perf_counter(), input_tokens=job.input_tokens, error=error)
+    last = streamed.token_times[-1] if streamed.token_times else time.perf_counter()
     result = RequestResult(
-        level, job.index, start, streamed.token_times[-1] if streamed.token_times else time.perf_counter(),
+        level, job.index, start, max(last, streamed.ended or last),
         token_times=streamed.token_times, output_tokens=streamed.output_tokens, input_tokens=job.input_tokens,
         output_tokens_retokenized=len(tokenizer.encode(streamed.text, add_special_tokens=False)),
     )

@@ -3,7 +3,8 @@
 Names and definitions follow AIPerf (NVIDIA's successor to genai-perf), docs/metrics_reference.md
 of ai-dynamo/aiperf:
   time to first token  ttft = arrival of the first token - request sent
-  request latency      e2e  = arrival of the last token - request sent
+  request latency      e2e  = arrival of the last response - request sent (the last token's, or a stream's end
+                       where a response without tokens closes it: OpenAI's usage chunk)
   inter-token latency  itl  = (e2e - ttft) / (output tokens - 1): excludes the first token, so
                        it is the decode speed a user sees (the "ms/token" of the reference recipe);
                        vLLM's benchmark_serving calls this same quantity TPOT.
@@ -34,7 +35,7 @@ class RequestResult:
     level: dict[str, Any]  # {"concurrency": 4} or {"request_rate": 2.0}
     index: int
     start: float
-    end: float  # last token, or when the request failed
+    end: float  # the last response (a token's, or the stream's end), or when the request failed
     token_times: list[float] = dataclasses.field(default_factory=list)  # arrival of each token-bearing response
     output_tokens: int = 0  # from the server: one token per streamed response, or the usage block
     output_tokens_retokenized: int | None = None  # the returned text re-encoded (BPE may merge tokens)
@@ -49,13 +50,13 @@ class RequestResult:
         return ttft(self.start, self.token_times)
 
     def e2e(self) -> float | None:
-        return e2e_latency(self.start, self.token_times)
+        return e2e_latency(self.start, self.token_times, self.end)
 
     def itl(self) -> float | None:
-        return inter_token_latency(self.start, self.token_times, self.output_tokens)
+        return inter_token_latency(self.start, self.token_times, self.output_tokens, self.end)
 
     def tpot(self) -> float | None:
-        return time_per_output_token(self.start, self.token_times, self.output_tokens)
+        return time_per_output_token(self.start, self.token_times, self.output_tokens, self.end)
 
     def to_record(self) -> dict[str, Any]:
         """The per-request entry of the results file (milliseconds from the request's start)."""
@@ -81,22 +82,27 @@ def ttft(start: float, token_times: Sequence[float]) -> float | None:
     return token_times[0] - start if token_times else None
 
 
-def e2e_latency(start: float, token_times: Sequence[float]) -> float | None:
-    return token_times[-1] - start if token_times else None
+def e2e_latency(start: float, token_times: Sequence[float], end: float | None = None) -> float | None:
+    """``end`` (the last response's arrival) - start; ``end`` None: the last token's."""
+    if not token_times:
+        return None
+    return (token_times[-1] if end is None else end) - start
 
 
-def inter_token_latency(start: float, token_times: Sequence[float], output_tokens: int) -> float | None:
+def inter_token_latency(start: float, token_times: Sequence[float], output_tokens: int,
+                        end: float | None = None) -> float | None:
     """(e2e - ttft) / (n - 1); undefined for fewer than two tokens."""
     if output_tokens < 2 or not token_times:
         return None
-    return (token_times[-1] - token_times[0]) / (output_tokens - 1)
+    return ((token_times[-1] if end is None else end) - token_times[0]) / (output_tokens - 1)
 
 
-def time_per_output_token(start: float, token_times: Sequence[float], output_tokens: int) -> float | None:
+def time_per_output_token(start: float, token_times: Sequence[float], output_tokens: int,
+                          end: float | None = None) -> float | None:
     """e2e / n: time per token including the first one."""
     if output_tokens < 1 or not token_times:
         return None
-    return (token_times[-1] - start) / output_tokens
+    return ((token_times[-1] if end is None else end) - start) / output_tokens
 
 
 # --------------------------------------------------------------------------- per load level

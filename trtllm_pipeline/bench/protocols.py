@@ -35,6 +35,9 @@ class Streamed:
     token_times: list[float] = dataclasses.field(default_factory=list)  # perf_counter at each arrival
     pieces: list[str] = dataclasses.field(default_factory=list)
     usage_tokens: int | None = None  # the server's own count, where the protocol reports one
+    # the stream's last response where it carries no token (OpenAI's usage chunk): its end, after the last text (a
+    # token whose text the server still held back, as a random model's partial UTF-8, sends none)
+    ended: float | None = None
 
     @property
     def text(self) -> str:
@@ -127,6 +130,7 @@ class OpenAIClient:
                 usage = chunk.get("usage")
                 if usage and usage.get("completion_tokens") is not None:
                     out.usage_tokens = int(usage["completion_tokens"])
+                    out.ended = arrived
                 for choice in chunk.get("choices") or []:
                     if choice.get("text"):  # a chunk without text carries no token (AIPerf ignores it too)
                         out.token_times.append(arrived)
