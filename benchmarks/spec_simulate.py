@@ -182,24 +182,32 @@ def table(results: list[dict], top: int, default: dict) -> list[str]:
     return lines
 
 
-def _ints(text: str) -> list[int]:
+def ints(text: str) -> list[int]:
+    """A comma-separated list of integers (an option's value)."""
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def greedy_arguments(description: str, out: str) -> argparse.ArgumentParser:
+    """A parser with the options of the cached greedy outputs (``greedy_outputs``) and ``--out`` (default ``out``):
+    this study's and ``spec_tree.py``'s."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=description)
     parser.add_argument("-c", "--config", type=Path, default=DEFAULT_CONFIG, help="build config (default SmolLM2)")
     parser.add_argument("--engines-dir", type=Path, default=REPO / "engines")
     parser.add_argument("--cache", type=Path, default=Path("spec-greedy.json"), help="greedy outputs (JSON)")
-    parser.add_argument("--out", type=Path, default=Path("spec-simulate.json"), help="every setting's figures (JSON)")
+    parser.add_argument("--out", type=Path, default=Path(out), help="every setting's figures (JSON)")
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--random-prompts", type=int, default=6)
     parser.add_argument("--compute-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                         help="the CPU runtime's matmuls (auto: float32 on the CPU)")
-    parser.add_argument("--ks", type=_ints, default=[4, 6, 8, 12, 16])
-    parser.add_argument("--ngram-mins", type=_ints, default=[1, 2, 3])
-    parser.add_argument("--ngram-maxs", type=_ints, default=[3, 4, 6])
+    return parser
+
+
+def main(argv=None) -> None:
+    parser = greedy_arguments(__doc__, "spec-simulate.json")
+    parser.add_argument("--ks", type=ints, default=[4, 6, 8, 12, 16])
+    parser.add_argument("--ngram-mins", type=ints, default=[1, 2, 3])
+    parser.add_argument("--ngram-maxs", type=ints, default=[3, 4, 6])
     parser.add_argument("--verify-cost", type=float, default=1.0,
                         help="the model's verify row, in unchained plain steps (SmolLM2 on the H200: about 1)")
     parser.add_argument("--chain-cost", type=float, default=0.85,

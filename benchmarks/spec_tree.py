@@ -40,7 +40,6 @@ these only where the quiet back-off skips a lookup).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -48,7 +47,7 @@ from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spec_simulate import DEFAULT_CONFIG, REPO, greedy_outputs, modelled  # noqa: E402
+from spec_simulate import greedy_arguments, greedy_outputs, ints, modelled  # noqa: E402
 
 from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import lookup  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import MAX_QUIET, QUIET_AFTER  # noqa: E402
@@ -299,23 +298,11 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.2f}%"
 
 
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("-c", "--config", type=Path, default=DEFAULT_CONFIG, help="build config (default SmolLM2)")
-    parser.add_argument("--engines-dir", type=Path, default=REPO / "engines")
-    parser.add_argument("--cache", type=Path, default=Path("spec-greedy.json"), help="greedy outputs (JSON)")
-    parser.add_argument("--out", type=Path, default=Path("spec-tree.json"), help="every setting's figures (JSON)")
-    parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--random-prompts", type=int, default=6)
-    parser.add_argument("--compute-dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    parser.add_argument("--ks", type=_ints, default=[8, 16, 32])
-    parser.add_argument("--cs", type=_ints, default=[1, 2, 4, 8])
-    parser.add_argument("--budgets", type=_ints, default=[8, 16, 32, 64])
+    parser = greedy_arguments(__doc__, "spec-tree.json")
+    parser.add_argument("--ks", type=ints, default=[8, 16, 32])
+    parser.add_argument("--cs", type=ints, default=[1, 2, 4, 8])
+    parser.add_argument("--budgets", type=ints, default=[8, 16, 32, 64])
     parser.add_argument("--verify-cost", type=float, default=1.0, help="spec_simulate's (a verify row, plain steps)")
     parser.add_argument("--chain-cost", type=float, default=0.85, help="spec_simulate's (a chained plain step)")
     parser.add_argument("--target", type=float, default=1.8, help="the break-even's grounded speedup")
