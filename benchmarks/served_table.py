@@ -2,9 +2,11 @@
 
     python benchmarks/served_table.py RESULTS_DIR      # prints markdown; reads what the run wrote there
 
-Rows: each served load level (TTFT p50, ITL p50/p99, output tokens/s, and the server's own ms per step and tokens
-per step over the level) beside the in-process figure of the same batch (ms/step, its graph's replay, tokens/s)
-and the served/in-process ratios the issue's goals name; then the start-up times (cold, warm) and the soak's
+Rows: each served load level (TTFT p50, ITL p50/p99, output tokens/s, and the server's own view of the level: ms
+and tokens per step, the share of steps chained, the eager forwards' share of the time, the engine's mean TTFT)
+beside the in-process figure of the same batch (ms/step, its graph's replay, tokens/s) and the served/in-process
+ratios the issue's goals name, the last also against the in-process batch's whole run (its prefill included, as a
+served load's tokens/s is); then the start-up times (cold, warm) and the soak's
 figures. A file the run did not write is left out, never guessed.
 """
 
@@ -43,9 +45,10 @@ def _inprocess(out: Path, name: str) -> dict[int, dict]:
 
 def table(out: Path) -> list[str]:
     inproc = _inprocess(out, "inprocess-fp8-c128.json")
-    lines = ["| protocol | concurrency | TTFT p50 ms | ITL p50 ms | ITL p99 ms | tokens/s | server ms/step "
-             "| server tokens/step | in-process ms/step | served ITL / in-process | served tok/s / in-process |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| protocol | concurrency | TTFT p50 ms | engine TTFT mean ms | ITL p50 ms | ITL p99 ms | tokens/s "
+             "| server ms/step | server tokens/step | chained steps | eager share | in-process ms/step "
+             "| served ITL / in-process | served tok/s / in-process | served tok/s / in-process whole |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     grpc_itl: dict[int, float] = {}
     for protocol, entry in _served_levels(out):
         c = entry.get("concurrency")
@@ -56,15 +59,21 @@ def table(out: Path) -> list[str]:
             grpc_itl[c] = itl
         ratio_itl = itl / ref["decode_ms"] if itl and ref.get("decode_ms") else None
         ratio_rate = rate / ref["tokens_per_s"] if rate and ref.get("tokens_per_s") else None
-        lines.append(f"| {protocol} | {c} | {_fmt(entry['ttft_ms'].get('p50'), '.1f')} | {_fmt(itl, '.3f')} | "
+        ratio_whole = rate / ref["whole_tokens_per_s"] if rate and ref.get("whole_tokens_per_s") else None
+        chained = server["chained_steps"] / server["steps"] if "chained_steps" in server else None
+        lines.append(f"| {protocol} | {c} | {_fmt(entry['ttft_ms'].get('p50'), '.1f')} | "
+                     f"{_fmt(server.get('engine_ttft_ms_mean'), '.1f')} | {_fmt(itl, '.3f')} | "
                      f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
                      f"{_fmt(server.get('ms_per_step'), '.3f')} | {_fmt(server.get('tokens_per_step'), '.1f')} | "
-                     f"{_fmt(ref.get('decode_ms'), '.3f')} | {_fmt(ratio_itl, '.3f')} | {_fmt(ratio_rate, '.3f')} |")
-    lines += ["", "| in-process batch | ms/step | graph replay ms | tokens/s | prefill ms |",
-              "|---|---|---|---|---|"]
+                     f"{_fmt(chained, '.0%')} | {_fmt(server.get('eager_share'), '.0%')} | "
+                     f"{_fmt(ref.get('decode_ms'), '.3f')} | {_fmt(ratio_itl, '.3f')} | {_fmt(ratio_rate, '.3f')} | "
+                     f"{_fmt(ratio_whole, '.3f')} |")
+    lines += ["", "| in-process batch | ms/step | graph replay ms | tokens/s | whole-batch tokens/s | prefill ms |",
+              "|---|---|---|---|---|---|"]
     for batch, run in sorted(inproc.items()):
         lines.append(f"| {batch} | {_fmt(run['decode_ms'], '.3f')} | {_fmt(run.get('graph_replay_ms'), '.3f')} | "
-                     f"{_fmt(run['tokens_per_s'], '.0f')} | {_fmt(run['prefill_ms'], '.1f')} |")
+                     f"{_fmt(run['tokens_per_s'], '.0f')} | {_fmt(run.get('whole_tokens_per_s'), '.0f')} | "
+                     f"{_fmt(run['prefill_ms'], '.1f')} |")
     ready = {kind: (out / f"ready-{kind}.txt").read_text().strip() for kind in ("cold", "warm")
              if (out / f"ready-{kind}.txt").is_file()}
     if ready:

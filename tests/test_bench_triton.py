@@ -35,6 +35,14 @@ def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, e
         # step carries at most the level's concurrency of them (other tests' requests may share the server).
         server = entry["server"]
         assert server["steps"] >= 23 and 1 <= server["tokens_per_step"] <= 8 and server["ms_per_step"] > 0
+        # and the engine's step totals: on the CPU nothing chains and every prompt token runs eagerly, in a share
+        # of the level's time that one loop cannot exceed
+        if data["settings"]["device"] == "cpu":
+            assert server["chained_steps"] == 0 and server["fast_prefill_chunks"] == 0
+            assert server["eager_tokens"] >= 8 * 48 and 0 < server["eager_share"] <= 1.05
+            # the engine's own time to first token is part of the client's (which adds the BLS and the network)
+            assert 0 < server["engine_ttft_ms_mean"] <= entry["ttft_ms"]["mean"]
+        assert "chained" in proc.stderr + proc.stdout
         assert "ms/step" in proc.stderr + proc.stdout
     # the server computes on this machine: on its CPU no GPU price applies (as the report says)
     assert data["settings"]["device"] == ("cuda" if gpus() else "cpu")

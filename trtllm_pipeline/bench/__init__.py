@@ -202,7 +202,18 @@ def describe_level(entry: dict[str, Any]) -> str:
             f"e2e p50 {fmt(entry['e2e_ms']['p50'], ' ms')}; "
             f"{fmt(entry['output_tokens_per_s'])} tokens/s, {fmt(entry['requests_per_s'])} requests/s"
             + (f"; server {entry['server']['ms_per_step']:.2f} ms/step, {entry['server']['tokens_per_step']:.1f} "
-               "tokens/step" if entry.get("server") else ""))
+               "tokens/step" if entry.get("server") else "") + _engine_steps(entry.get("server") or {}))
+
+
+def _engine_steps(server: dict[str, Any]) -> str:
+    """The torch runtime's step totals over the level, where its server exports them: chained steps, and the
+    eager forwards' tokens and share of the wall time."""
+    if "chained_steps" not in server:
+        return ""
+    return (f" ({server['chained_steps'] / server['steps']:.0%} chained, {server.get('eager_tokens', 0):.0f} "
+            f"tokens eager in {server.get('eager_share', 0):.0%} of the time"
+            + (f"; engine TTFT mean {server['engine_ttft_ms_mean']:.1f} ms" if "engine_ttft_ms_mean" in server else "")
+            + ")")
 
 
 def default_output(engines_dir: Path, config_name: str, settings: BenchSettings) -> Path:

@@ -1,7 +1,10 @@
 """The server's own view of a load level (torch runtime): its step and generated-token counters on the metrics
 port, read before and after the level. Beside the client's inter-token latency it says which side set the pace:
 a served ITL well above the server's milliseconds per step is delivery (the responses' path to the client), an
-ITL that equals it is the engine loop itself (slowed, for instance, by waiting on its sends)."""
+ITL that equals it is the engine loop itself (slowed, for instance, by waiting on its sends). Where the runtime
+exports them (``Runtime.stats()``, ``triton/engine_metrics.STATS``), also how many of its steps were chained on the
+previous one (the host off the GPU's path) and what went through the eager model: prefill tokens with no room on the
+fast path and the host seconds they took, the two things that set a loaded server's pace beside the decode step."""
 
 from __future__ import annotations
 
@@ -9,11 +12,20 @@ import re
 
 STEPS = "trtllm_pipeline_runtime_steps_total"
 TOKENS = "trtllm_pipeline_generated_tokens_total"
+# the engine's step totals (torch runtime), by the key ``between`` reports their change under
+ENGINE = {"chained_steps": "trtllm_pipeline:engine_steps_chained_total",
+          "eager_tokens": "trtllm_pipeline:engine_eager_tokens_total",
+          "fast_prefill_chunks": "trtllm_pipeline:engine_fast_prefill_chunks_total",
+          "eager_seconds": "trtllm_pipeline:engine_eager_seconds_total"}
+# the engine's TTFT histogram (arrival at the engine model to the first token): its mean over a level, beside the
+# client's TTFT, splits the time to first token between the engine and the path in front of it (BLS, network)
+TTFT_SUM, TTFT_COUNT = "trtllm_pipeline:time_to_first_token_seconds_sum", "trtllm_pipeline:time_to_first_token_seconds_count"
 
 
 def read_counters(url: str | None) -> dict[str, float] | None:
-    """The two counters at ``url`` (``http://HOST:PORT/metrics``); None where they cannot be read (no server
-    there, or a runtime without them, such as TensorRT-LLM's)."""
+    """The step and token counters at ``url`` (``http://HOST:PORT/metrics``), and the engine's step totals where
+    it has them; None where the first cannot be read (no server there, or a runtime without them, such as
+    TensorRT-LLM's)."""
     if url is None:
         return None
     import requests
@@ -23,23 +35,34 @@ def read_counters(url: str | None) -> dict[str, float] | None:
     except requests.RequestException:
         return None
     found = {}
-    for name in (STEPS, TOKENS):
-        values = re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
+    for name in (STEPS, TOKENS, *ENGINE.values(), TTFT_SUM, TTFT_COUNT):
+        values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
         if values:
             found[name] = sum(float(v) for v in values)
     return found if STEPS in found else None
 
 
 def between(before: dict[str, float] | None, after: dict[str, float] | None, seconds: float) -> dict | None:
-    """Steps, wall milliseconds per step (idle gaps included) and tokens per step over ``seconds``."""
+    """Steps, wall milliseconds per step (idle gaps included) and tokens per step over ``seconds``; the engine's
+    totals' changes where both readings have them (``ENGINE``), the eager forwards' share of ``seconds``, and the
+    engine's mean time to first token over the requests that got theirs in between."""
     if not before or not after or seconds <= 0:
         return None
     steps = after[STEPS] - before[STEPS]
     if steps <= 0:
         return None
     tokens = after.get(TOKENS, 0.0) - before.get(TOKENS, 0.0)
-    return {"steps": int(steps), "ms_per_step": round(1e3 * seconds / steps, 3),
-            "tokens_per_step": round(tokens / steps, 2)}
+    found = {"steps": int(steps), "ms_per_step": round(1e3 * seconds / steps, 3),
+             "tokens_per_step": round(tokens / steps, 2)}
+    for key, name in ENGINE.items():
+        if name in before and name in after:
+            found[key] = round(after[name] - before[name], 3)
+    if "eager_seconds" in found:  # the share of the level's wall time the loop spent in eager forwards
+        found["eager_share"] = round(found["eager_seconds"] / seconds, 3)
+    firsts = after.get(TTFT_COUNT, 0.0) - before.get(TTFT_COUNT, 0.0)
+    if firsts > 0 and TTFT_SUM in after:
+        found["engine_ttft_ms_mean"] = round(1e3 * (after[TTFT_SUM] - before.get(TTFT_SUM, 0.0)) / firsts, 3)
+    return found
 
 
 def metrics_url(host: str, port: int) -> str:

@@ -369,10 +369,15 @@ class TorchRuntime(OverlapSteps, Runtime):
     # ---- requests -------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Requests running and waiting, and the KV pool's ``kv_stats``: usage 0..1, prefix-cache tokens queried and
-        hit, preemptions (a plain dict: the metrics endpoint reads it)."""
+        """Requests running and waiting, the KV pool's ``kv_stats`` (usage 0..1, prefix-cache tokens queried and
+        hit, preemptions), and the steps' totals: chained, tokens through the eager model, prefill chunks on the fast
+        path, host seconds in eager forwards (a plain dict: the metrics endpoint reads it)."""
+        n = self.phase_rows
+        # where the steps' time went (totals since load): what a served load's ITL and TTFT are read against
+        steps = {"steps_chained": n["chained_steps"], "eager_tokens": n["eager_tokens"],
+                 "fast_prefill_chunks": n["fast_prefill_rows"], "eager_seconds": round(self.phase_s["eager"], 6)}
         return {"requests_running": len(self.scheduler.running), "requests_waiting": len(self.scheduler.waiting),
-                **self.kv.stats(), **(self.speculator.stats() if self.speculator is not None else {})}
+                **self.kv.stats(), **steps, **(self.speculator.stats() if self.speculator is not None else {})}
 
     def submit(self, request_id: Any, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         if self.executor.failure is not None:  # the tensor-parallel group is gone: say so, at once
