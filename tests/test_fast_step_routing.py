@@ -83,6 +83,45 @@ def test_fast_prefill_can_be_turned_off(runtime, monkeypatch):
     assert all(t[1:] == [t[0] + 1, t[0] + 2] for t in out)
 
 
+def _wave(rt, prompts, params) -> list[list[int]]:
+    """Every prompt submitted at once (a closed-loop benchmark's wave), then steps until all are done."""
+    for i, prompt in enumerate(prompts):
+        rt.submit(i, prompt, params)
+    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    while rt.has_work():
+        for event in rt.step():
+            out[event.request_id] += event.token_ids
+    return [out[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("wait", ["0", "1"])
+def test_a_wave_of_short_prompts_waits_for_room_on_the_fast_path_when_asked(runtime, monkeypatch, wait):
+    # four 3-token prompts at once: two fit the largest bucket (8) a step. Waiting, the others take the next steps'
+    # room (all on the fast path: each first token is its prompt's last + 1); else they prefill eagerly at once
+    monkeypatch.setenv("TRTLLM_PIPELINE_PREFILL_WAIT", wait)
+    prompts = [list(range(10 * i, 10 * i + 3)) for i in range(1, 5)]
+    out = _wave(runtime, prompts, SamplingParams(max_tokens=4, end_id=-1))
+    n = runtime.phase_rows
+    if wait == "1":
+        assert out == [[p[-1] + 1 + j for j in range(4)] for p in prompts]
+        assert n["fast_prefill_rows"] == 4 and n["eager_rows"] == 0
+    else:
+        assert n["fast_prefill_rows"] == 2 and n["eager_rows"] == 2
+        assert all(t[1:] == [t[0] + 1 + j for j in range(3)] for t in out)
+    assert runtime.kv.stats()["kv_cache_usage"] == 0  # every block back
+
+
+def test_fast_prefill_buckets_follow_the_engines_row_limit_and_the_environment(monkeypatch):
+    monkeypatch.delenv("TRTLLM_PIPELINE_FAST_PREFILL_ROWS", raising=False)
+    assert runtime_module.fast_prefill_buckets(1024) == (128, 256, 512, 1024)  # BF16 / FP8 on one GPU
+    assert runtime_module.fast_prefill_buckets(256) == (128, 256)  # the 4- and 8-bit formats' one-tile kernels
+    monkeypatch.setenv("TRTLLM_PIPELINE_FAST_PREFILL_ROWS", "256")  # the A/B: the buckets before waves fitted
+    assert runtime_module.fast_prefill_buckets(1024) == (128, 256)
+    monkeypatch.setenv("TRTLLM_PIPELINE_FAST_PREFILL_ROWS", "lots")
+    with pytest.raises(runtime_module.InputError, match="FAST_PREFILL_ROWS"):
+        runtime_module.fast_prefill_buckets(1024)
+
+
 def test_a_decode_step_samples_every_row_without_gathering_its_logits(runtime, monkeypatch):
     """All rows sampled in order: the step's logits go to the sampler as they are, the decode buffer itself (no
     indexed copy of [rows, vocab] float32 logits each step)."""

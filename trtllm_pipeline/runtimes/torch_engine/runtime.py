@@ -237,7 +237,7 @@ class TorchRuntime(OverlapSteps, Runtime):
             if spec_k and self.executor.world_size == 1:  # one more bucket: a full batch's verify step, or the most
                 # rows a fast step takes (rows with drafts past it verify eagerly: ``_split``)
                 buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), limit)})
-            decoder = self._prepared_decoder(buckets, graphs)
+            decoder = self._prepared_decoder(buckets, graphs, limit)
             if spec_k and hasattr(decoder, "prepare_verify"):  # every verify graph now, not inside generation
                 decoder.prepare_verify()
         except Unsupported as exc:
@@ -256,26 +256,30 @@ class TorchRuntime(OverlapSteps, Runtime):
         return decoder, (f"triton kernels, {kind} for batches {decoder.buckets}{ranks}, ready in "
                          f"{decoder.setup_seconds:.1f} s")
 
-    def _prepared_decoder(self, buckets: list[int], graphs: bool):
-        """The executor's fast decoder over ``buckets``, and on one CUDA device ``FAST_PREFILL_BUCKETS`` too (short
-        prompts' rows, ``_split``); where those larger steps cannot be prepared for this engine (a kernel's tile past
-        the device's shared memory), the decode buckets alone, said in the log."""
+    def _prepared_decoder(self, buckets: list[int], graphs: bool, limit: int):
+        """The executor's fast decoder over ``buckets``, and on one CUDA device ``fast_prefill_buckets(limit)`` too
+        (short prompts' rows, ``_split``); where those larger steps cannot be prepared for this engine (a kernel's
+        tile past the device's shared memory, memory), the default ones (``FAST_PREFILL_BUCKETS``' first two), else
+        the decode buckets alone, said in the log."""
         if not (self.executor.world_size == 1 and self.device.type == "cuda" and fast_prefill_enabled()):
             return self.executor.fast_decoder(buckets, graphs)
-        extra = sorted(set(FAST_PREFILL_BUCKETS) - set(buckets))
-        # the verify steps a short prompt's rows take: those buckets, and past them the largest (a loaded engine's
-        # prompt beside hundreds of decodes), captured now, not in the first served request's (or a timed run's) step
-        verify = sorted(set(FAST_PREFILL_BUCKETS) | {b for b in buckets[-1:] if b > max(FAST_PREFILL_BUCKETS)})
-        try:
-            decoder = self.executor.fast_decoder(sorted(buckets + extra), graphs)
-            decoder.prepare_verify(verify)
-            return decoder
-        except Exception as exc:  # noqa: BLE001 - any failure of the extra buckets: decode as before, and say so
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            log.warning("the fast path cannot take %s rows a step for this engine (%s: %s); short prompts prefill "
-                        "eagerly", sorted(set(extra) | set(verify)), type(exc).__name__, first)
-            torch.cuda.empty_cache()
-            return self.executor.fast_decoder(buckets, graphs)
+        wanted = fast_prefill_buckets(limit)
+        for prefill in dict.fromkeys((wanted, wanted[:2])):  # (the same tuple once where they agree)
+            extra = sorted(set(prefill) - set(buckets))
+            # the verify steps a short prompt's rows take: those buckets, and past them the largest (a loaded
+            # engine's prompt beside hundreds of decodes), captured now, not in the first served request's step
+            verify = sorted(set(prefill) | {b for b in buckets[-1:] if b > max(prefill)})
+            try:
+                decoder = self.executor.fast_decoder(sorted(buckets + extra), graphs)
+                decoder.prepare_verify(verify)
+                return decoder
+            except Exception as exc:  # noqa: BLE001 - any failure of the extra buckets: fewer, and say so
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                log.warning("the fast path cannot take %s rows a step for this engine (%s: %s)",
+                            sorted(set(extra) | set(verify)), type(exc).__name__, first)
+                torch.cuda.empty_cache()
+        log.warning("short prompts prefill eagerly")
+        return self.executor.fast_decoder(buckets, graphs)
 
     def _speculator(self, settings):
         """Speculative decoding as configured (``speculative/``), or None. Verify rows run on the CUDA fast path
@@ -514,22 +518,31 @@ class TorchRuntime(OverlapSteps, Runtime):
         tokens are rows of one step there, as a verify row's are (``DecodeGraphs.verify``), so a short prompt costs
         one graph replay instead of an eager forward whose launches take ~27 ms of host time whatever its length
         (H200, random 7B: the served c=32 load spent half its time in 128-token prefills). Eager: the rest (long
-        chunks, and decodes past the largest batch)."""
+        chunks, and decodes past the largest batch). With ``TRTLLM_PIPELINE_PREFILL_WAIT=1``, a short chunk with no
+        room left beside another on the fast path waits for the next step (planned again then: nothing ran or
+        advanced) instead of an eager forward: a wave of short prompts then prefills as a few full fast steps, the
+        first prompts' first tokens early, instead of all of them after one eager forward."""
         if self.decoder is None:
             return [], list(rows)
         largest = self.decoder.buckets[-1]
         room = largest if hasattr(self.decoder, "verify") else 0
         prefill = fast_prefill_enabled()
+        wait = prefill and room > 0 and prefill_wait_enabled()
         fast, eager = [], []
         decodes = min(largest, sum(1 for r in rows if r.is_decode and r.sample))
         room -= decodes
+        chunks = 0  # prefill chunks on the fast path this step
         for row in rows:
+            short = prefill and not row.is_decode and not row.draft
             if row.is_decode and row.sample and decodes:
                 fast.append(row)
                 decodes -= 1
-            elif (row.draft or (prefill and not row.is_decode)) and len(row.tokens) <= room:
+            elif (row.draft or short) and len(row.tokens) <= room:
                 fast.append(row)
                 room -= len(row.tokens)
+                chunks += short
+            elif wait and short and chunks and len(row.tokens) <= largest:
+                continue  # the next step's (see above)
             else:
                 eager.append(row)
         return fast, eager
@@ -828,15 +841,40 @@ class TorchRuntime(OverlapSteps, Runtime):
         return hidden, plan_rows
 
 
-# The fast path's batch buckets past the decode ones for short prefill chunks (``_split``): a 128-token prompt, and
-# the most rows a fast step takes (``graphs.MAX_FAST_ROWS``), which holds a short prompt beside the running decodes.
-FAST_PREFILL_BUCKETS = (128, 256)
+# The fast path's batch buckets past the decode ones for short prefill chunks (``_split``): a 128-token prompt, 256
+# rows (``graphs.MAX_FAST_ROWS``: a short prompt beside the running decodes), and where the engine's steps take more
+# rows (``graphs.row_limit``: BF16 and FP8 on one GPU, up to 1,024) a wave of short prompts in one step. Past the
+# largest, prompts prefill in an eager forward, whose launches cost ~27 ms of host time whatever its length (H200,
+# random 7B FP8 served at c=64, 2026-12-05: 38% of the engine loop's samples were eager prefills of waves of
+# 128-token prompts); a 1,024-row step is one graph replay, ~16 ms of FP8 compute for 1,024 of the 7B's tokens.
+FAST_PREFILL_BUCKETS = (128, 256, 512, 1024)
+
+
+def fast_prefill_buckets(limit: int) -> tuple[int, ...]:
+    """``FAST_PREFILL_BUCKETS`` up to ``limit`` rows (``graphs.row_limit``), or up to
+    ``TRTLLM_PIPELINE_FAST_PREFILL_ROWS`` where that is smaller (256: the buckets before waves fitted, the A/B of
+    ``benchmarks/h200_run.sh``)."""
+    top = limit
+    given = os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL_ROWS", "").strip()
+    if given:
+        try:
+            top = min(limit, int(given))
+        except ValueError:
+            raise InputError(f"TRTLLM_PIPELINE_FAST_PREFILL_ROWS={given!r} is not a number of rows.",
+                             fix="set it to 256, 512 or 1024, or unset it") from None
+    return tuple(b for b in FAST_PREFILL_BUCKETS if b <= top) or FAST_PREFILL_BUCKETS[:1]
 
 
 def fast_prefill_enabled() -> bool:
     """Short prefill chunks on the fast path (``_split``): on unless ``TRTLLM_PIPELINE_FAST_PREFILL=0`` (the eager
     forward then takes every chunk: the A/B of ``benchmarks/h200_run.sh``)."""
     return os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL", "1").strip() != "0"
+
+
+def prefill_wait_enabled() -> bool:
+    """Short prefill chunks with no room on this step's fast path wait for the next one instead of an eager forward
+    (``_split``): off unless ``TRTLLM_PIPELINE_PREFILL_WAIT=1`` (not yet timed on a GPU)."""
+    return os.environ.get("TRTLLM_PIPELINE_PREFILL_WAIT", "0").strip() == "1"
 
 
 def _common_prefix(seqs: list[tuple[int, ...]]) -> int:
