@@ -2,7 +2,7 @@
 
     python benchmarks/accuracy_compare.py extract --engines-dir ENGINES [--model M] [--formats "bf16 fp8"] -o DIR
     python benchmarks/accuracy_compare.py yardstick --engines-dir ENGINES --data-dir DATA -o DIR
-    python benchmarks/accuracy_compare.py compare CPU_DIR GPU_DIR [--yardstick DIR] [--formats ...] [-o compare.json]
+    python benchmarks/accuracy_compare.py compare CPU_DIR GPU_DIR [--yardstick DIR [--yardstick-base DIR]] [--formats ...] [-o compare.json]
 
 ``extract`` keeps, per format, what the comparison reads from a run's ``eval/<task>.json`` (``tools/accuracy_table.py``
 made them): each MMLU item's letter log-likelihoods and prediction, each GSM8K item's output and answer, fidelity's
@@ -347,11 +347,15 @@ def compare_format(cpu: dict, gpu: dict, rounding: dict | None = None) -> dict:
 
 
 def compare(cpu_dir: Path, gpu_dir: Path, formats: tuple[str, ...] | None = None,
-            yardstick_dir: Path | None = None) -> dict:
+            yardstick_dir: Path | None = None, yardstick_base: Path | None = None) -> dict:
     """Every format of ``formats`` (default: those of either dir), a format on one side only a failure;
-    ``yardstick_dir``: the CPU's bfloat16 runs (``yardstick``), which set each format's tolerance."""
+    ``yardstick_dir``: the CPU's bfloat16 runs (``yardstick``), which set each format's tolerance, measured against
+    ``yardstick_base`` (the CPU's float32 runs they were made from; default ``cpu_dir``). A base of its own lets the
+    first side be another machine's float32 runs: the GPU's own, whose checkpoints are the GPU's bfloat16 runs' bytes
+    (a calibration on CUDA reduces in another order than the CPU's), so that the comparison is of the runtime alone."""
     cpu, gpu = load_dir(cpu_dir), load_dir(gpu_dir)
     rounding_runs = load_dir(yardstick_dir) if yardstick_dir else {}
+    base = load_dir(yardstick_base) if yardstick_base else cpu
     if formats is None:
         formats = tuple(f for f in FORMATS if f in cpu or f in gpu) + tuple(sorted((set(cpu) | set(gpu)) - set(FORMATS)))
     result: dict[str, Any] = {"cpu": str(cpu_dir), "gpu": str(gpu_dir), "yardstick": str(yardstick_dir or ""),
@@ -361,7 +365,7 @@ def compare(cpu_dir: Path, gpu_dir: Path, formats: tuple[str, ...] | None = None
             missing = "cpu" if fmt not in cpu else "gpu"
             result["formats"][fmt] = {"within": False, "problems": [f"no {missing} run"], "missing": missing}
             continue
-        rounding = measure(cpu[fmt], rounding_runs[fmt]) if fmt in rounding_runs else None
+        rounding = measure(base[fmt], rounding_runs[fmt]) if fmt in rounding_runs and fmt in base else None
         result["formats"][fmt] = compare_format(cpu[fmt], gpu[fmt], rounding)
     result["within"] = all(r["within"] for r in result["formats"].values())
     return result
@@ -432,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("-o", "--out", type=Path, help="the comparison as JSON")
     cmp_.add_argument("--formats", help="these formats only (default: every format of either dir)")
     cmp_.add_argument("--yardstick", type=Path, help="the CPU's bfloat16 runs (`yardstick`): each format's tolerance")
+    cmp_.add_argument("--yardstick-base", type=Path,
+                      help="the float32 runs the yardstick's were made from (default: the first dir; give it where "
+                      "the first dir is another machine's float32 runs)")
     args = parser.parse_args(argv)
     try:
         if args.command == "extract":
@@ -444,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                                 args.out, args.compute_dtype)
             print(f"{args.out}: {', '.join(written)}")
             return 0
-        result = compare(args.cpu, args.gpu, tuple(args.formats.split()) if args.formats else None, args.yardstick)
+        result = compare(args.cpu, args.gpu, tuple(args.formats.split()) if args.formats else None, args.yardstick,
+                         args.yardstick_base)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

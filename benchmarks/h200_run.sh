@@ -424,12 +424,20 @@ case "$part" in
     # ACCURACY_F32=1: BF16 evaluated again in float32 here, against the CPU's float32 run (the same checkpoint bytes):
     # only summation order differs, so what the bfloat16 comparison cannot tell from rounding shows (2026-12-05: BF16's
     # mean |ΔLL| 0.029 against a tolerance of 0.025, 2.1% of top-1 tokens against 2.0%)
+    # ACCURACY_F32_FORMATS (default bf16): the formats evaluated so. Each is then also compared with itself: this GPU's
+    # bfloat16 fast path against its own float32 on the same checkpoint bytes (a calibration on CUDA is not the CPU's
+    # to the bit: 2026-12-05d, every quantized format), judged by what bfloat16 changed on the CPU: the runtime alone
     if [ -n "${ACCURACY_F32:-}" ]; then
-      python3 benchmarks/accuracy_compare.py yardstick --engines-dir "$engines" --data-dir "$data" --formats bf16 \
+      f32=${ACCURACY_F32_FORMATS:-bf16}
+      python3 benchmarks/accuracy_compare.py yardstick --engines-dir "$engines" --data-dir "$data" --formats "$f32" \
         --compute-dtype float32 --limits "$(python3 -c 'import json, sys; print(",".join(f"{k}={v}" for k, v in json.load(open(sys.argv[1]))["limits"].items()))' "$data/subset.json")" \
         -o "$out/gpu-float32" || echo "accuracy: the float32 evaluation failed (above)"
       python3 benchmarks/accuracy_compare.py compare benchmarks/results/cpu-accuracy-smollm2 "$out/gpu-float32" \
-        --formats bf16 -o "$out/accuracy-compare-float32.json" | tee "$out/accuracy-compare-float32.md" || true
+        --formats "$f32" -o "$out/accuracy-compare-float32.json" | tee "$out/accuracy-compare-float32.md" || true
+      python3 benchmarks/accuracy_compare.py compare "$out/gpu-float32" "$out/gpu" --formats "$f32" \
+        --yardstick benchmarks/results/cpu-accuracy-smollm2/bf16-compute \
+        --yardstick-base benchmarks/results/cpu-accuracy-smollm2 \
+        -o "$out/accuracy-compare-runtime.json" | tee "$out/accuracy-compare-runtime.md" || true
     fi
     exit "${verdict:-0}" ;;
   tp1)

@@ -278,6 +278,14 @@ def test_the_yardstick_sets_each_formats_tolerance(extracted, subset, engines, t
         assert r["tolerance_basis"] == "the CPU's bfloat16 rounding"
         assert r["tolerance"]["max_dll"] == round(3 * max(rounding["mmlu"]["max_dll"], 0.05), 5)
         assert r["cpu_bfloat16"]["mmlu_same"] == r["mmlu"]["same"]
+    # The yardstick measured from a base of its own (h200_run.sh: the GPU's bfloat16 against its own float32, the
+    # rounding still the CPU's): the bfloat16 runs against themselves agree in full, within the base's tolerance
+    own = accuracy_compare.compare(yard, yard, yardstick_dir=yard, yardstick_base=extracted)
+    alone = accuracy_compare.compare(yard, yard, yardstick_dir=yard)  # (base: the first dir, itself: nothing moved)
+    assert own["within"] and own["formats"] and alone["within"]
+    for fmt, r in own["formats"].items():
+        assert r["mmlu"]["max_dll"] == 0 and r["tolerance"] == result["formats"][fmt]["tolerance"]
+        assert r["cpu_bfloat16"]["max_dll"] > 0 == alone["formats"][fmt]["cpu_bfloat16"]["max_dll"]
 
 
 def test_a_float32_yardstick_on_the_cpu_is_the_float32_run_item_by_item(extracted, subset, engines, tmp_path):
