@@ -22,6 +22,9 @@
 #                                          # the dp4a GEMV's switch off and on (TRTLLM_PIPELINE_INT8_GEMV)
 #   bash benchmarks/h200_run.sh w4a8_gemv  # the tiny W4A8 build's first step with quant_gemv_w4a8 on, then the random 7B
 #                                          # W4A8-AWQ build at batch 1 and 8, TRTLLM_PIPELINE_W4A8_GEMV off and on
+#   bash benchmarks/h200_run.sh w4a8_kernels # quant_gemv_w4a8 alone at the 7B's four decode launches (no build, ~1
+#                                          # minute): its first launch rule (legacy) against today's (new) and a
+#                                          # short sweep (benchmarks/w4a8_gemv.py; W4A8_GEMV_VARIANTS=legacy,new: no sweep)
 #   bash benchmarks/h200_run.sh smollm2    # the real SmolLM2-135M-Instruct (issue 33): per SMOLLM2_FORMATS (default
 #                                          # "bf16 fp8 int4-awq"): quantize + build, its answer to a question, and
 #                                          # bench --in-process at batch 1 (the fast path's ms/step). Needs the wheels
@@ -380,6 +383,9 @@ case "$part" in
         --context "$gemv_context" --output-tokens 256 -o "$out/inprocess-w4a8-awq-gemv-$on.json"
     done
     clean "$c" ;;
+  w4a8_kernels)  # quant_gemv_w4a8 alone at the 7B's decode launches on random weights: legacy_config against
+    # pick_config (splits, rows, the next tile prefetched) and a sweep around it, each checked against the dot kernel
+    python3 benchmarks/w4a8_gemv.py --out "$out" --variants "${W4A8_GEMV_VARIANTS:-legacy,new,sweep}" ;;
   smollm2)
     for variant in ${SMOLLM2_FORMATS:-bf16 fp8 int4-awq}; do
       c=build_configs/smollm2-135m-instruct-$variant-tp1.yaml

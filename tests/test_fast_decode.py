@@ -961,17 +961,41 @@ def test_w4a8_batch_1_takes_the_table_gemv_only_when_switched_on(built, monkeypa
 
 
 def test_w4a8_gemv_compiles_for_hopper():
-    """W4A8's batch-1 GEMV (quant_gemv_w4a8) compiled for sm_90 on this CPU machine at the 7B's group and divisibility:
-    per 8 weights (a word: 4 inputs of two rows) 4 PRMT (two tables a row), 4 dp4a (two input planes a row): half an
-    IDP.4A a weight; 16-byte weight loads, no spills. Under 3 instructions a weight at the default 256 x 128 tiles
-    (the input's per-tile preparation, done by every program, is most of what is over the ~2.1 of the word work)."""
-    r = _gemv_sass(["--w4a8", "--block-n", "256", "--block-k", "128", "--stages", "3"])
-    per_weight = r["threads"] / r["weights"]
-    assert r["mix"]["IDP"] * per_weight == 0.5, r
-    assert r["mix"]["PRMT"] * per_weight >= 0.5, r
-    assert r["mix"]["LDG"] * r["threads"] * 16 >= r["weights"] // 2, r  # 16-byte loads of the packed weight
-    assert r["loop_per_thread"] * per_weight < 3.0, r
-    assert r["local_memory_ops"] == 0 and r["registers"] <= 168, r
+    """W4A8's batch-1 GEMV (quant_gemv_w4a8) compiled for sm_90 on this CPU machine at the 7B's group and
+    divisibility, at pick_config's launches: qkv/dense 256 x 128 one tile a program (no prefetch), proj 128 x 128 and the GLU 64 x
+    128 with the next tile prefetched into registers (``--stages 2``). Per 8 weights (a word: 4 inputs of two rows)
+    4 PRMT (two tables a row), 4 dp4a (two input planes a row): half an IDP.4A a weight; the selectors 1 shift a word
+    (``_selectors``: 101 -> 69 SHF a thread and tile at 256 rows); 16-byte weight loads, no spills, registers for 3
+    (256 rows) or 4 (prefetched) programs an SM. Under 3 instructions a weight at 256 x 128 (the input's per-tile
+    preparation, done by every program, is most of what is over the ~2 of the word work)."""
+    for args, per_weight_max, regs_max in ((["--block-n", "256", "--stages", "1"], 2.9, 168),
+                                           (["--block-n", "128", "--stages", "2"], 3.6, 128),
+                                           (["--block-n", "64", "--glu", "--stages", "2"], 4.5, 128)):
+        r = _gemv_sass(["--w4a8", "--block-k", "128", *args])
+        per_weight = r["threads"] / r["weights"]
+        assert r["mix"]["IDP"] * per_weight == 0.5, (args, r)
+        assert r["mix"]["PRMT"] * per_weight >= 0.5, (args, r)
+        assert r["mix"]["LDG"] * r["threads"] * 16 >= r["weights"] // 2, (args, r)  # 16-byte loads of the weight
+        assert r["loop_per_thread"] * per_weight < per_weight_max, (args, r)
+        assert r["local_memory_ops"] == 0 and r["registers"] <= regs_max, (args, r)
+    r = _gemv_sass(["--w4a8", "--block-n", "256", "--block-k", "128", "--stages", "1"])
+    assert r["mix"]["SHF"] * r["threads"] / r["weights"] <= 70 / 256, r  # one shift a word (+ the input's few)
+
+
+def test_w4a8_gemv_benchmark_dry_run(tmp_path):
+    """benchmarks/w4a8_gemv.py --dry-run (the next GPU call's W4A8 GEMV A/B at the 7B's launches): every variant
+    (legacy_config, pick_config, the sweep) at tiny shapes through the interpreter, each equal to quant_linear's FP8
+    tensor-core kernel up to float32 summation order."""
+    path = [str(TESTS / "interpreter_site"), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "w4a8_gemv.py"), "--dry-run", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "w4a8_gemv.json").read_text())["rows"]
+    assert {r["linear"] for r in rows} == {"qkv", "dense", "glu", "proj"}
+    assert {"legacy", "new", "glu-32", "glu-128"} <= {r["variant"] for r in rows}
+    assert {r["prefetch"] for r in rows} == {True, False}
+    assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in rows), rows
 
 
 def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():

@@ -19,7 +19,8 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import gemv_input, quant_gemv_w4
 from trtllm_pipeline.runtimes.torch_engine.model import Linear
 
 
-def case(kind, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=torch.bfloat16, seed=0) -> dict:
+def case(kind, n, k, group, *, block_n=None, block_k=None, splits=None, prefetch=None, dtype=torch.bfloat16,
+         seed=0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     t, t2 = tensors("w4a8_awq", n, k, group, gen), tensors("w4a8_awq", n, k, group, gen)
     lin, lin32 = (Linear(t, "p", dt, CPU, "w4a8_awq", group) for dt in (dtype, torch.float32))
@@ -30,12 +31,14 @@ def case(kind, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=to
     cfg = quant_linear.pick_config(q, 1, sm_count=4, glu=glu, splits=splits, block_n=block_n, gemv=True)
     if block_k:
         cfg = dataclasses.replace(cfg, block_k=block_k)
+    if prefetch is not None:  # the kernel's own prefetch of the next K tile (num_stages > 1), or none
+        cfg = dataclasses.replace(cfg, num_stages=2 if prefetch else 1)
     assert cfg.w4a8
     w = lin._dequantize()  # float32: E4M3(q x step / scale_2) x scale_2, as ModelOpt's fake quantizer computes it
     xr = reference_input(lin32, x)
     want = xr @ w.t()
     row = {"kind": kind, "n": n, "k": k, "group": group, "dtype": str(dtype).removeprefix("torch."),
-           "config": [cfg.block_n, cfg.block_k, cfg.splits]}
+           "config": [cfg.block_n, cfg.block_k, cfg.splits], "prefetch": cfg.num_stages > 1}
     # the tables' integers times their units are the kernel's weights; those are eager's dequantized weight
     qt = quant_gemv_w4a8.with_tables(q)
     c, u = quant_gemv_w4a8.integer_form(q.scales)
@@ -80,12 +83,17 @@ def case(kind, n, k, group, *, block_n=None, block_k=None, splits=None, dtype=to
 
 def main() -> None:
     rows = [
-        case("qkv", 192, 256, 128, splits=2),  # the 7B's group: a table per row and tile, K split
-        case("dense", 128, 256, 128, block_n=64, splits=1),
+        case("qkv", 192, 256, 128, splits=2),  # the 7B's group: a table per row and tile, one tile a split
+        case("dense", 128, 256, 128, block_n=64, splits=1),  # two tiles, the second prefetched
+        case("dense", 128, 256, 128, block_n=64, splits=1, prefetch=False),  # each tile loaded in its iteration
         case("proj", 90, 384, 128, block_n=64, splits=2),  # N tail (45 packed rows), 3 tiles over 2 splits
-        case("glu", 96, 256, 128),
+        case("proj", 90, 384, 128, block_n=64, splits=2, prefetch=False),
+        case("proj", 64, 512, 128),  # pick_config's own splits (short K): one tile a program, 4 splits
+        case("glu", 96, 256, 128),  # prefetched
+        case("glu", 96, 256, 128, prefetch=False),
         case("qkv", 96, 128, 8, splits=1),  # the tiny model's group of 8: a table per row and block
-        case("proj", 90, 352, 8, splits=2),  # the tiny model's proj K (352: a K tail in the last tile)
+        case("proj", 90, 352, 8, splits=2),  # the tiny model's proj K (352: a K tail in the last tile), prefetched
+        case("proj", 90, 352, 8, splits=2, prefetch=False),
         case("glu", 90, 128, 8, dtype=torch.float16),
     ]
     print(json.dumps(rows))

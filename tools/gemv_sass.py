@@ -136,7 +136,7 @@ def compile_w4a8(block_n: int, block_k: int, glu: bool, warps: int, stages: int)
     """quant_gemv_w4a8's kernel (W4A8-AWQ at batch 1) at the 7B's group (128) and divisibility."""
     fn = quant_gemv_w4a8._w4a8_gemv_kernel
     consts = dict(GROUP=128, XB=16, HAS_PQS=True, GLU=glu, EVEN=True, COMPUTE=tl.bfloat16, BLOCK_N=block_n,
-                  BLOCK_K=block_k, ASM=True, PDL=True)
+                  BLOCK_K=block_k, PREFETCH=stages > 1, ASM=True, PDL=True)
     pointers = {"w_ptr": "*i32", "w2_ptr": "*i32", "t_ptr": "*i32", "t2_ptr": "*i32", "u_ptr": "*fp32",
                 "u2_ptr": "*fp32", "aq_ptr": "*fp32", "aq2_ptr": "*fp32", "osc_ptr": "*fp32", "osc2_ptr": "*fp32",
                 "out_ptr": "*bf16" if glu else "*fp32"}
@@ -146,7 +146,9 @@ def compile_w4a8(block_n: int, block_k: int, glu: bool, warps: int, stages: int)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n] != "constexpr" and (n.endswith("ptr") or n in divisible)}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    # (stages > 1: the kernel's own prefetch of the next tile into registers, as launch passes it; Triton's pipeliner
+    # never staged these loads through shared memory)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
 def disassemble(kernel) -> tuple[str, int | None]:

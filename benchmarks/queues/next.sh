@@ -24,6 +24,9 @@ part accuracy 420 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data ACCURACY_CALIBRA
 # found the disk full on 2026-12-05)
 # (2026-12-05c: off 5.250 ms/step; the part was cut by its deadline in the run with it on: 330 s now)
 part w4a8_gemv 330 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128
+# 32: the W4A8 GEMV alone at the 7B's launches, its first launch rule against pick_config's (one K tile a program for
+# qkv/dense, proj at 128 rows, the next tile prefetched; static counts only so far): ~1 minute, no build
+part w4a8_kernels 120
 # 31: the FP8 pool's decode attention on 128-key tiles with float16 dots from 64 rows (H100 sweep: 256 x 2048 362 ->
 # 259 us a layer): 128/2048 at 256 and 512 rows (H200 2026-12-05 before it: 19,074 and 20,873 tok/s; BF16 KV 19,559)
 part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES="256 512" LENGTHS=128/2048 REQUESTS=1500 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1

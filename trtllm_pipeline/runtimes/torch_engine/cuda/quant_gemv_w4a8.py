@@ -17,8 +17,9 @@ where INT4-AWQ's GEMV does 1.7 on the same bytes). Here (docs/perf-notes.md, "W4
   is below 128), ``PRMT(N, s ^ 0x8888)`` gives |c_q| where q < 0 and 0 elsewhere; ``P' - N' + 0x80808080`` (one
   IADD3) is ``c_q + 128`` in every byte, with no borrow or carry between bytes (8..248).
 * The selectors come from the checkpoint's packing (byte k of packed row j: row 2j in the low nibble, 2j+1 in the
-  high): ``(w & 0x0F0F) | (w >> 12 & 0xF0F0)`` (row 2j) and ``(w >> 4 & 0x0F0F) | (w >> 16 & 0xF0F0)`` (row 2j+1)
-  hold inputs 0, 2, 1, 3 of the word in selector order; the input words are packed in that order.
+  high): ``(w & 0x0F0F) | (w >> 12 & 0xF0F0)`` (row 2j) and ``((w & 0xF0F0) | (w >> 12 & ~0xF0F0)) >> 4`` (row
+  2j+1: the same shift, one LOP3 each) hold inputs 0, 2, 1, 3 of the word in selector order; the input words are
+  packed in that order.
 * The input: ``x x pre_quant_scale`` rounded to the compute dtype, then E4M3 of ``x x (448 / amax)`` as quant_linear's
   ``_act_tile`` rounds it, in the INT8 weight-only GEMV's in-program int16 block floating point (``gemv_input.planes``:
   a power of two per 16 inputs, a signed high-byte and an unsigned low-byte plane; E4M3's 4 significant bits are
@@ -32,7 +33,12 @@ The products are exact (the weights are quant_linear's E4M3 values, the inputs i
 (rounded at 2^-15 of it). Output: the float32 split-K partials of quant_linear's kernels, or for mlp.fc + mlp.gate
 (K not split) ``silu(fc) * gate`` in the compute dtype, each matrix with its own input scales.
 
-Off by default (not yet timed on a GPU): ``TRTLLM_PIPELINE_W4A8_GEMV=1`` makes the decode step take it at batch 1.
+Loads go straight to registers (Triton's pipeliner stages no load that feeds no ``tl.dot``); with ``num_stages`` > 1
+in the config the next K tile's are issued before a tile is computed (``pick_config``: proj and the GLU; qkv and
+dense take one tile a program instead).
+
+Off by default: ``TRTLLM_PIPELINE_W4A8_GEMV=1`` makes the decode step take it at batch 1 (its first launch rule,
+``legacy_config``: 4.288 ms a 7B step on the H200, 26% of the floor; ``pick_config``'s not yet timed).
 Triton's interpreter cannot run PTX: there ``dp4a`` and ``prmt`` are the same operations from shifts.
 """
 
@@ -56,6 +62,9 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 ENV = "TRTLLM_PIPELINE_W4A8_GEMV"
 BLOCK_N, BLOCK_K = 256, 128  # 128 packed rows x 128 bytes: 16 KB a tile; 128 inputs: the 7B's scale group
 GLU_BLOCK_N = 64
+LONG_K_BLOCK_N = 128  # K past SHORT_K_TILES tiles (the 7B's proj): the prefetched loop at 128 registers
+SHORT_K_TILES = 64
+PROGRAMS_PER_SM = 8
 FP8_MAX = 448.0
 BIAS = tl.constexpr(-2139062144)  # 0x80808080 as an int32
 
@@ -82,15 +91,45 @@ def supported(q, m: int) -> bool:
 
 
 def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = None, block_n: int | None = None,
-                block_k: int | None = None) -> LinearConfig:
-    """128 rows x 128 inputs a tile (the GLU 64 rows, K not split: its SiLU in the epilogue); K split for about four
-    programs per SM, a split count that divides the K tiles where one is within 2x of that (not measured: the
-    INT8 GEMV's rule)."""
-    block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
+                block_k: int | None = None, prefetch: bool | None = None) -> LinearConfig:
+    """128 inputs a tile (the 7B's scale group). K short (<= ``SHORT_K_TILES`` tiles: the 7B's qkv and dense): 256
+    rows, K split for about ``PROGRAMS_PER_SM`` programs per SM, down to one tile a program (its loads all issued at
+    once; programs overlap one another's latency). K long (proj): 128 rows (128 registers with the prefetch: 4
+    programs an SM, 256 rows take 216), the next tile prefetched into registers while one is computed, split the
+    same way. The GLU: 64 rows, K not split (its SiLU in the epilogue), prefetched. ``num_stages`` > 1 in the config
+    is the kernel's own prefetch (Triton's pipeliner never staged these loads). Static SASS counts only
+    (tools/gemv_sass.py); not timed (``legacy_config``: the first rule, for the A/B in benchmarks/w4a8_gemv.py)."""
     block_k = block_k or BLOCK_K
-    if splits is None and not glu:
-        splits = quant_gemv_int8.pick_splits(triton.cdiv(q.n, block_n), triton.cdiv(q.k, block_k), sm_count)
-    return LinearConfig(1, block_n, block_k, 1 if glu else splits, 4, 3, w4a8=True)
+    k_tiles = triton.cdiv(q.k, block_k)
+    if glu:
+        block_n = block_n or GLU_BLOCK_N
+        splits = 1
+    else:
+        block_n = block_n or (BLOCK_N if k_tiles <= SHORT_K_TILES else LONG_K_BLOCK_N)
+        if splits is None:
+            splits = pick_splits(triton.cdiv(q.n, block_n), k_tiles, sm_count)
+    if prefetch is None:
+        prefetch = triton.cdiv(k_tiles, splits) > 1
+    return LinearConfig(1, block_n, block_k, splits, 4, 2 if prefetch else 1, w4a8=True)
+
+
+def legacy_config(q, sm_count: int, *, glu: bool = False) -> LinearConfig:
+    """The first rule (H200 2026-12-05d: 4.288 ms a 7B step, 26% of the floor): 256 rows (the GLU 64), K split for
+    ~4 programs per SM with at least two tiles each (quant_gemv_int8.pick_splits), each tile loaded at the top of
+    its iteration (no prefetch)."""
+    block_n = GLU_BLOCK_N if glu else BLOCK_N
+    splits = 1 if glu else quant_gemv_int8.pick_splits(triton.cdiv(q.n, block_n), triton.cdiv(q.k, BLOCK_K),
+                                                        sm_count)
+    return LinearConfig(1, block_n, BLOCK_K, splits, 4, 1, w4a8=True)
+
+
+def pick_splits(tiles: int, k_tiles: int, sm_count: int) -> int:
+    """K splits for about ``PROGRAMS_PER_SM`` programs per SM (at most one per K tile): a count that divides the K
+    tiles where one is within 2x of that (no masked last split). The 7B on 132 SMs: qkv 28 (504 programs of one
+    tile), dense 28 (392), proj 37 at 128 rows (1036 of four)."""
+    want = max(1, min(k_tiles, round(PROGRAMS_PER_SM * sm_count / tiles)))
+    even = [d for d in range(1, k_tiles + 1) if k_tiles % d == 0 and want / 2 <= d <= 2 * want]
+    return min(even, key=lambda d: (abs(d - want), d)) if even else want
 
 
 # ------------------------------------------------------------------------------------------ tables (at load)
@@ -177,56 +216,88 @@ def _biased(p_lo, p_hi, n_lo, n_hi, sel, ASM: tl.constexpr):
 
 
 @triton.jit
-def _row_tables(t_ptr, u_ptr, g, rj, ok, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2, ODD: tl.constexpr,
-                ASM: tl.constexpr):
-    """One parity's P, N (lo and hi words) and units for groups ``g`` of packed rows ``rj`` (any broadcast shape)."""
-    base = t_ptr + g * stride_tg + ODD * stride_t2 + rj
-    t_lo = tl.load(base, mask=ok, other=0)
-    t_hi = tl.load(base + stride_tw, mask=ok, other=0)
-    u = tl.load(u_ptr + g * stride_ug + ODD * stride_u2 + rj, mask=ok, other=0.0)
-    n_lo = prmt(t_lo, t_hi, tl.full(t_lo.shape, 0x5670, tl.int32), ASM)  # c_8, c_7, c_6, c_5
-    n_hi = prmt(t_lo, t_hi, tl.full(t_lo.shape, 0x1234, tl.int32), ASM)  # c_4, c_3, c_2, c_1
-    return t_lo & -256, t_hi, n_lo, n_hi, u
+def _selectors(p, ASM: tl.constexpr):
+    """A weight word's selectors (PRMT reads their low 16 bits): row 2j's nibbles of inputs 0, 2, 1, 3 and row
+    2j + 1's, in that order. With ``t = p >> 12``: ``bitsel(p, t, 0x0F0F)`` (row 2j) and ``bitsel(p, t, 0xF0F0) >> 4``
+    (its bits 4-19 hold row 2j + 1's: p's bits 4-7, t's 8-11 = p's 20-23, p's 12-15, t's 16-19 = p's 28-31): one
+    shift a word fewer than shifting p by 4 and 16 for the odd row."""
+    t = p >> 12
+    return bitsel(p, t, 0x0F0F, ASM), bitsel(p, t, 0xF0F0, ASM) >> 4
 
 
 @triton.jit
-def _input(x_ptr, pqs_ptr, aq_ptr, kp, k_ok, HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_K: tl.constexpr,
-           XB: tl.constexpr):
-    """One K tile of the input (inputs ``kp``, in the selectors' order) as quant_linear's ``_act_tile`` leaves it
-    (E4M3 of ``x x pre_quant_scale x (448 / amax)``), as int16 block floating point: planes [1, NB, XW], the blocks'
-    -128 x sum x_int [1, NB] and 2^E [1, NB]."""
-    NB: tl.constexpr = BLOCK_K // XB
-    XW: tl.constexpr = XB // 4
+def _load_x(x_ptr, pqs_ptr, pqs2_ptr, kp, k_ok, HAS_PQS: tl.constexpr, GLU: tl.constexpr):
+    """One K tile of the raw input (inputs ``kp``, in the selectors' order) and its pre-quant scales (the GLU: the
+    gate's too); without them, ``x`` in their place (unused)."""
     x = tl.load(x_ptr + kp, mask=k_ok, other=0.0)
     if HAS_PQS:
-        x = (x.to(tl.float32) * tl.load(pqs_ptr + kp, mask=k_ok, other=0.0).to(tl.float32)).to(COMPUTE)
+        s = tl.load(pqs_ptr + kp, mask=k_ok, other=0.0)
+        if GLU:
+            s2 = tl.load(pqs2_ptr + kp, mask=k_ok, other=0.0)
+        else:
+            s2 = s
+    else:
+        s = x
+        s2 = x
+    return x, s, s2
+
+
+@triton.jit
+def _input(x, s, aq_ptr, k_ok, HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_K: tl.constexpr,
+           XB: tl.constexpr):
+    """One K tile of the input (``x`` and its pre-quant scales ``s`` from ``_load_x``) as quant_linear's
+    ``_act_tile`` leaves it (E4M3 of ``x x pre_quant_scale x (448 / amax)``), as int16 block floating point: planes
+    [1, NB, XW], the blocks' -128 x sum x_int [1, NB] and 2^E [1, NB]."""
+    NB: tl.constexpr = BLOCK_K // XB
+    XW: tl.constexpr = XB // 4
+    if HAS_PQS:
+        x = (x.to(tl.float32) * s.to(tl.float32)).to(COMPUTE)
     v = tl.clamp(x.to(tl.float32) * tl.load(aq_ptr), -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
     xh, xl, total, step = planes(tl.where(k_ok, v.to(tl.float32), 0.0), BLOCK_K, XB)
     return (tl.reshape(xh, (1, NB, XW)), tl.reshape(xl, (1, NB, XW)), (-128 * total)[None, :], step[None, :])
 
 
 @triton.jit
-def _matrix(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok, xh, xl, c, step, acc_e, acc_o,
-            stride_wn, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2, TILE_SCALE: tl.constexpr,
-            EVEN: tl.constexpr, XW: tl.constexpr, ASM: tl.constexpr):
-    """One K tile of one matrix into the even and odd rows' float32 accumulators [HALF, NB]."""
+def _load_w(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok, stride_wn, stride_tg, stride_t2, stride_tw, stride_ug,
+            stride_u2, TILE_SCALE: tl.constexpr, EVEN: tl.constexpr):
+    """One K tile of one matrix as loaded: the weight words [HALF, NB, XW] and, per parity, the tables' two words
+    and unit (per row [HALF, 1, 1], or per row and input block [HALF, NB, 1] where a tile spans groups)."""
     w_ptrs = w_ptr + rj[:, None, None] * stride_wn + wb
     if EVEN:
         p = tl.load(w_ptrs)
     else:
         p = tl.load(w_ptrs, mask=j_ok[:, None, None] & w_ok, other=0)
     if TILE_SCALE:  # one group: a table per row
-        tr, tok = rj[:, None, None], j_ok[:, None, None] & g_ok
+        tok = j_ok[:, None, None] & g_ok
     else:  # a table per row and input block [HALF, NB, 1]
-        tr, tok = rj[:, None, None], j_ok[:, None, None] & g_ok[None, :, None]
+        tok = j_ok[:, None, None] & g_ok[None, :, None]
         g = g[None, :, None]
-    pe_lo, pe_hi, ne_lo, ne_hi, ue = _row_tables(t_ptr, u_ptr, g, tr, tok, stride_tg, stride_t2, stride_tw,
-                                                 stride_ug, stride_u2, 0, ASM)
-    po_lo, po_hi, no_lo, no_hi, uo = _row_tables(t_ptr, u_ptr, g, tr, tok, stride_tg, stride_t2, stride_tw,
-                                                 stride_ug, stride_u2, 1, ASM)
-    # (PRMT reads the selectors' low 16 bits only)
-    sel_e = bitsel(p, p >> 12, 0x0F0F, ASM)  # row 2j's nibbles of inputs 0, 2, 1, 3
-    sel_o = bitsel(p >> 4, p >> 16, 0x0F0F, ASM)  # row 2j + 1's
+    base = t_ptr + g * stride_tg + rj[:, None, None]
+    ubase = u_ptr + g * stride_ug + rj[:, None, None]
+    te_lo = tl.load(base, mask=tok, other=0)
+    te_hi = tl.load(base + stride_tw, mask=tok, other=0)
+    ue = tl.load(ubase, mask=tok, other=0.0)
+    to_lo = tl.load(base + stride_t2, mask=tok, other=0)
+    to_hi = tl.load(base + stride_t2 + stride_tw, mask=tok, other=0)
+    uo = tl.load(ubase + stride_u2, mask=tok, other=0.0)
+    return p, te_lo, te_hi, ue, to_lo, to_hi, uo
+
+
+@triton.jit
+def _row_tables(t_lo, t_hi, ASM: tl.constexpr):
+    """One parity's P and N (lo and hi words) from its table words T = [c_8, c_1 .. c_7]."""
+    n_lo = prmt(t_lo, t_hi, tl.full(t_lo.shape, 0x5670, tl.int32), ASM)  # c_8, c_7, c_6, c_5
+    n_hi = prmt(t_lo, t_hi, tl.full(t_lo.shape, 0x1234, tl.int32), ASM)  # c_4, c_3, c_2, c_1
+    return t_lo & -256, t_hi, n_lo, n_hi
+
+
+@triton.jit
+def _matrix(p, te_lo, te_hi, ue, to_lo, to_hi, uo, xh, xl, c, step, acc_e, acc_o, XW: tl.constexpr,
+            ASM: tl.constexpr):
+    """One K tile of one matrix (``_load_w``'s) into the even and odd rows' float32 accumulators [HALF, NB]."""
+    pe_lo, pe_hi, ne_lo, ne_hi = _row_tables(te_lo, te_hi, ASM)
+    po_lo, po_hi, no_lo, no_hi = _row_tables(to_lo, to_hi, ASM)
+    sel_e, sel_o = _selectors(p, ASM)  # row 2j's and 2j + 1's nibbles of inputs 0, 2, 1, 3
     d_e = _biased(tl.broadcast_to(pe_lo, p.shape), tl.broadcast_to(pe_hi, p.shape), tl.broadcast_to(ne_lo, p.shape),
                   tl.broadcast_to(ne_hi, p.shape), sel_e, ASM)
     d_o = _biased(tl.broadcast_to(po_lo, p.shape), tl.broadcast_to(po_hi, p.shape), tl.broadcast_to(no_lo, p.shape),
@@ -240,13 +311,28 @@ def _matrix(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok, xh, xl, c, step, a
 
 
 @triton.jit
+def _tile(k_tile, perm, words, rb, K, G, GROUP: tl.constexpr, XB: tl.constexpr, TILE_SCALE: tl.constexpr):
+    """A K tile's input indices (selector order) and mask, weight word offsets and mask, and its group(s)."""
+    kp = k_tile + perm
+    wb = k_tile // 4 + words
+    if TILE_SCALE:
+        g = k_tile // GROUP
+    else:
+        g = (k_tile + rb * XB) // GROUP
+    return kp, kp < K, wb, wb < K // 4, g, g < G
+
+
+@triton.jit
 def _w4a8_gemv_kernel(
     x_ptr, w_ptr, t_ptr, u_ptr, pqs_ptr, aq_ptr, osc_ptr, w2_ptr, t2_ptr, u2_ptr, pqs2_ptr, aq2_ptr, osc2_ptr, out_ptr,
     N, K, G, k_iters_per_split, stride_wn, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2, stride_os,
     GROUP: tl.constexpr, XB: tl.constexpr, HAS_PQS: tl.constexpr, GLU: tl.constexpr, EVEN: tl.constexpr,
-    COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+    COMPUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """Split-K partials of ``x W^T`` for one input row (or, GLU, ``silu(x W^T) * (x W2^T)`` unsplit)."""
+    """Split-K partials of ``x W^T`` for one input row (or, GLU, ``silu(x W^T) * (x W2^T)`` unsplit). PREFETCH: the
+    next K tile's weights, tables and raw input are loaded (into registers) before this tile is computed, so their
+    memory latency overlaps its arithmetic; otherwise each tile is loaded at the top of its iteration and waited for."""
     HALF: tl.constexpr = BLOCK_N // 2
     NB: tl.constexpr = BLOCK_K // XB
     XW: tl.constexpr = XB // 4
@@ -267,27 +353,62 @@ def _w4a8_gemv_kernel(
     acc_o = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_e = tl.zeros((HALF, NB), dtype=tl.float32)
     acc2_o = tl.zeros((HALF, NB), dtype=tl.float32)
-    for i in range(k_iters_per_split):
-        k_tile = k0 + i * BLOCK_K
-        kp = k_tile + perm
-        k_ok = kp < K
-        wb = k_tile // 4 + words
-        w_ok = wb < K // 4
-        if TILE_SCALE:
-            g = k_tile // GROUP
-            g_ok = g < G
-        else:
-            g = (k_tile + rb * XB) // GROUP
-            g_ok = g < G
-        xh, xl, c, step = _input(x_ptr, pqs_ptr, aq_ptr, kp, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
-        acc_e, acc_o = _matrix(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok, xh, xl, c, step, acc_e, acc_o,
-                               stride_wn, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2, TILE_SCALE, EVEN,
-                               XW, ASM)
-        if GLU:  # the gate: its own pre-quant and activation scales
-            xh2, xl2, c2, step2 = _input(x_ptr, pqs2_ptr, aq2_ptr, kp, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
-            acc2_e, acc2_o = _matrix(w2_ptr, t2_ptr, u2_ptr, rj, j_ok, wb, w_ok, g, g_ok, xh2, xl2, c2, step2,
-                                     acc2_e, acc2_o, stride_wn, stride_tg, stride_t2, stride_tw, stride_ug, stride_u2,
-                                     TILE_SCALE, EVEN, XW, ASM)
+    if PREFETCH:
+        kp, k_ok, wb, w_ok, g, g_ok = _tile(k0, perm, words, rb, K, G, GROUP, XB, TILE_SCALE)
+        x, s, s2 = _load_x(x_ptr, pqs_ptr, pqs2_ptr, kp, k_ok, HAS_PQS, GLU)
+        p, te_lo, te_hi, ue, to_lo, to_hi, uo = _load_w(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok, stride_wn,
+                                                        stride_tg, stride_t2, stride_tw, stride_ug, stride_u2,
+                                                        TILE_SCALE, EVEN)
+        p2, te2_lo, te2_hi, ue2, to2_lo, to2_hi, uo2 = p, te_lo, te_hi, ue, to_lo, to_hi, uo
+        if GLU:
+            p2, te2_lo, te2_hi, ue2, to2_lo, to2_hi, uo2 = _load_w(w2_ptr, t2_ptr, u2_ptr, rj, j_ok, wb, w_ok, g, g_ok,
+                                                                   stride_wn, stride_tg, stride_t2, stride_tw,
+                                                                   stride_ug, stride_u2, TILE_SCALE, EVEN)
+        for i in range(k_iters_per_split - 1):
+            # the next tile's loads first (in flight while this one is computed)
+            kpn, k_okn, wbn, w_okn, gn, g_okn = _tile(k0 + (i + 1) * BLOCK_K, perm, words, rb, K, G, GROUP, XB,
+                                                     TILE_SCALE)
+            xn, sn, s2n = _load_x(x_ptr, pqs_ptr, pqs2_ptr, kpn, k_okn, HAS_PQS, GLU)
+            pn, te_lon, te_hin, uen, to_lon, to_hin, uon = _load_w(w_ptr, t_ptr, u_ptr, rj, j_ok, wbn, w_okn, gn,
+                                                                   g_okn, stride_wn, stride_tg, stride_t2, stride_tw,
+                                                                   stride_ug, stride_u2, TILE_SCALE, EVEN)
+            p2n, te2_lon, te2_hin, ue2n, to2_lon, to2_hin, uo2n = pn, te_lon, te_hin, uen, to_lon, to_hin, uon
+            if GLU:
+                p2n, te2_lon, te2_hin, ue2n, to2_lon, to2_hin, uo2n = _load_w(
+                    w2_ptr, t2_ptr, u2_ptr, rj, j_ok, wbn, w_okn, gn, g_okn, stride_wn, stride_tg, stride_t2,
+                    stride_tw, stride_ug, stride_u2, TILE_SCALE, EVEN)
+            xh, xl, c, step = _input(x, s, aq_ptr, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
+            acc_e, acc_o = _matrix(p, te_lo, te_hi, ue, to_lo, to_hi, uo, xh, xl, c, step, acc_e, acc_o, XW, ASM)
+            if GLU:  # the gate: its own pre-quant and activation scales
+                xh2, xl2, c2, step2 = _input(x, s2, aq2_ptr, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
+                acc2_e, acc2_o = _matrix(p2, te2_lo, te2_hi, ue2, to2_lo, to2_hi, uo2, xh2, xl2, c2, step2, acc2_e,
+                                         acc2_o, XW, ASM)
+            k_ok, x, s, s2 = k_okn, xn, sn, s2n
+            p, te_lo, te_hi, ue, to_lo, to_hi, uo = pn, te_lon, te_hin, uen, to_lon, to_hin, uon
+            p2, te2_lo, te2_hi, ue2, to2_lo, to2_hi, uo2 = p2n, te2_lon, te2_hin, ue2n, to2_lon, to2_hin, uo2n
+        xh, xl, c, step = _input(x, s, aq_ptr, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
+        acc_e, acc_o = _matrix(p, te_lo, te_hi, ue, to_lo, to_hi, uo, xh, xl, c, step, acc_e, acc_o, XW, ASM)
+        if GLU:
+            xh2, xl2, c2, step2 = _input(x, s2, aq2_ptr, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
+            acc2_e, acc2_o = _matrix(p2, te2_lo, te2_hi, ue2, to2_lo, to2_hi, uo2, xh2, xl2, c2, step2, acc2_e,
+                                     acc2_o, XW, ASM)
+    else:
+        for i in range(k_iters_per_split):
+            kp, k_ok, wb, w_ok, g, g_ok = _tile(k0 + i * BLOCK_K, perm, words, rb, K, G, GROUP, XB, TILE_SCALE)
+            x, s, s2 = _load_x(x_ptr, pqs_ptr, pqs2_ptr, kp, k_ok, HAS_PQS, GLU)
+            p, te_lo, te_hi, ue, to_lo, to_hi, uo = _load_w(w_ptr, t_ptr, u_ptr, rj, j_ok, wb, w_ok, g, g_ok,
+                                                            stride_wn, stride_tg, stride_t2, stride_tw, stride_ug,
+                                                            stride_u2, TILE_SCALE, EVEN)
+            xh, xl, c, step = _input(x, s, aq_ptr, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
+            acc_e, acc_o = _matrix(p, te_lo, te_hi, ue, to_lo, to_hi, uo, xh, xl, c, step, acc_e, acc_o, XW, ASM)
+            if GLU:  # the gate: its own pre-quant and activation scales
+                p2, te2_lo, te2_hi, ue2, to2_lo, to2_hi, uo2 = _load_w(w2_ptr, t2_ptr, u2_ptr, rj, j_ok, wb, w_ok, g,
+                                                                       g_ok, stride_wn, stride_tg, stride_t2,
+                                                                       stride_tw, stride_ug, stride_u2, TILE_SCALE,
+                                                                       EVEN)
+                xh2, xl2, c2, step2 = _input(x, s2, aq2_ptr, k_ok, HAS_PQS, COMPUTE, BLOCK_K, XB)
+                acc2_e, acc2_o = _matrix(p2, te2_lo, te2_hi, ue2, to2_lo, to2_hi, uo2, xh2, xl2, c2, step2, acc2_e,
+                                         acc2_o, XW, ASM)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     y = tl.reshape(tl.join(tl.sum(acc_e, axis=1), tl.sum(acc_o, axis=1)), (BLOCK_N,)) * tl.load(osc_ptr)
@@ -322,6 +443,6 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
         q.units.stride(0), q.units.stride(1), 0 if glu or out.dim() == 2 else out.stride(0),
         GROUP=q.group, XB=block_inputs(q.group), HAS_PQS=q.pqs is not None, GLU=glu, COMPUTE=tl_dtype(compute),
         EVEN=(q.n // 2) % half == 0 and q.k % cfg.block_k == 0 and k_iters % splits == 0,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        ASM=not interpreting(), PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.num_stages > 1,
+        ASM=not interpreting(), PDL=pdl, num_warps=cfg.num_warps, num_stages=1, launch_pdl=pdl,
     )

@@ -1,0 +1,200 @@
+"""W4A8-AWQ's batch-1 table-lookup GEMV (runtimes/torch_engine/cuda/quant_gemv_w4a8.py) alone at the 7B's four decode
+linears, before and after a change, in one call (issue 32): no 7B build, random weights quantized on the GPU.
+
+    python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,sweep]
+    TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/w4a8_gemv.py --dry-run --out DIR
+
+Per linear (qkv 3584 -> 4608, dense 3584 -> 3584, fc + gate 3584 -> 2 x 18944 as the GLU launch, proj 18944 -> 3584)
+and variant, the kernel is checked against quant_linear's FP8 tensor-core kernel on the same weights and input (the
+call fails past 1e-4, the GLU 1e-2; float32 ``x @ W^T`` with W dequantized is reported too) and timed from a CUDA
+graph of launches over rotating weight copies larger than L2:
+us per launch, GB/s of the bytes it reads (packed weight, tables, units, pre-quant scale), fraction of 4.3 TB/s.
+
+Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
+  legacy  ``quant_gemv_w4a8.legacy_config``: the first rule, timed in the 7B step at 4.288 ms (H200 2026-12-05d):
+          256 rows (GLU 64), ~4 programs per SM of >= 2 K tiles, each tile loaded at the top of its iteration
+  new     ``quant_gemv_w4a8.pick_config``: what the decode step takes now
+  sweep   others around ``new`` (no prefetch; proj at 256 rows; the GLU at 32 and 128 rows; qkv/dense at the
+          legacy splits prefetched), until $W4A8_GEMV_SWEEP_S seconds (default 40) have passed
+Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
+static counts in docs/perf-notes.md); the difference between legacy and new is the launch: splits, rows, prefetch.
+
+The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time, ms). Results:
+DIR/w4a8_gemv.json. ~1 minute on an H200 (each distinct config is one compilation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import quant_fast_path as qf  # noqa: E402
+import quant_gemm as qg  # noqa: E402
+
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_linear  # noqa: E402
+
+BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
+LAYERS = 28
+SHAPES = [("qkv", 4608, 3584), ("dense", 3584, 3584), ("glu", 18944, 3584), ("proj", 3584, 18944)]
+DRY_SHAPES = [("qkv", 192, 256), ("dense", 128, 256), ("glu", 96, 256), ("proj", 128, 512)]
+SWEEP_S = float(os.environ.get("W4A8_GEMV_SWEEP_S", "40"))
+
+
+def time_graph(fn, reps: int, iters: int = 10) -> float:
+    """Median microseconds of one ``fn()``, from a CUDA graph of ``reps`` calls replayed ``iters`` times."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    return statistics.median(times)
+
+
+def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]]:
+    """(name, LinearConfig) to run for one linear: ``which``'s, in order, without repeats."""
+    r = dataclasses.replace
+    new = quant_gemv_w4a8.pick_config(q, sm, glu=glu)
+    out = []
+    for v in which:
+        if v == "legacy":
+            out.append(("legacy", quant_gemv_w4a8.legacy_config(q, sm, glu=glu)))
+        elif v == "new":
+            out.append(("new", new))
+        elif v == "sweep":
+            out.append(("new-no-prefetch", r(new, num_stages=1)))
+            if glu:
+                out += [(f"glu-{n}", quant_gemv_w4a8.pick_config(q, sm, glu=True, block_n=n)) for n in (32, 128)]
+            elif new.block_n != quant_gemv_w4a8.BLOCK_N:
+                out.append(("256-rows", quant_gemv_w4a8.pick_config(q, sm, block_n=quant_gemv_w4a8.BLOCK_N)))
+            else:
+                legacy = quant_gemv_w4a8.legacy_config(q, sm)
+                out.append(("legacy-splits-prefetch", r(legacy, num_stages=2)))
+        else:
+            raise SystemExit(f"--variants: unknown {v!r} (legacy, new, sweep)")
+    seen, unique = set(), []
+    for name, cfg in out:
+        if cfg not in seen:
+            seen.add(cfg)
+            unique.append((name, cfg))
+    return unique
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS", "legacy,new,sweep"))
+    ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter at tiny shapes")
+    args = ap.parse_args()
+    which = [v for v in args.variants.split(",") if v]
+    if args.dry_run:
+        dev, sm, shapes, layers = torch.device("cpu"), 4, DRY_SHAPES, 1
+    else:
+        dev = torch.device("cuda")
+        sm = torch.cuda.get_device_properties(dev).multi_processor_count
+        shapes, layers = SHAPES, LAYERS
+    args.out.mkdir(parents=True, exist_ok=True)
+    cuda = dev.type == "cuda"
+    dt = torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(11)
+    t0 = time.perf_counter()
+    rows = []
+    for name, n, k in shapes:
+        glu = name == "glu"
+        lins = qg._weights("w4a8_awq", n, k, 2 if glu else 1, gen, dev)
+        qs = [quant_gemv_w4a8.with_tables(lin.kernel_weight()) for lin in lins]
+        nbytes = sum(t.numel() * t.element_size() for q in qs for t in (q.weight, q.lut, q.units, q.pqs)
+                     if t is not None)
+        copies = max(2, math.ceil(4 * 60 * 2**20 / nbytes)) if cuda else 1
+        sets = [qs] + [[dataclasses.replace(q, weight=q.weight.clone(), lut=q.lut.clone(), units=q.units.clone())
+                        for q in qs] for _ in range(copies - 1)]
+        x = (torch.randn(1, k, generator=gen, device=dev) * 2).to(dt)
+        ref = [qg._reference(lin, x) for lin in lins]
+        want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if glu else ref[0]
+        # quant_linear's FP8 tensor-core kernel (the step's choice with the switch off) on the same weights and input
+        dot_cfg = quant_linear.pick_config(qs[0], 1, sm, glu=glu, gemv=False)
+        if glu:
+            dot = torch.empty(1, n, dtype=dt, device=dev)
+            quant_linear.quant_glu(x, qs[0], qs[1], dot, dot_cfg, dt)
+            dot = dot.float()
+        else:
+            dot = torch.empty(dot_cfg.splits, 1, n, device=dev)
+            quant_linear.quant_partials(x, qs[0], dot, dot_cfg, dt)
+            dot = dot.sum(0)
+        for vname, cfg in variants(qs[0], sm, glu, which):
+            if vname not in ("legacy", "new") and time.perf_counter() - t0 > SWEEP_S:
+                continue
+            row = {"linear": name, "n": n, "k": k, "variant": vname, "config": dataclasses.astuple(cfg),
+                   "block_n": cfg.block_n, "splits": cfg.splits, "prefetch": cfg.num_stages > 1,
+                   "programs": -(-n // cfg.block_n) * cfg.splits, "bytes": nbytes}
+            out = torch.empty(1, n, dtype=dt, device=dev) if glu else torch.empty(cfg.splits, 1, n, device=dev)
+
+            def call(i, cfg=cfg, out=out):
+                ws = sets[i % copies]
+                if glu:
+                    return quant_linear.quant_glu(x, ws[0], ws[1], out, cfg, dt, pdl=cuda)
+                return quant_linear.quant_partials(x, ws[0], out, cfg, dt, pdl=cuda)
+            try:
+                handle = call(0)
+                got = out.float() if glu else out.sum(0)
+                row["error"] = qf.rel(got, want)
+                row["vs_dot"] = qf.rel(got, dot)
+                if hasattr(handle, "n_regs"):
+                    row["registers"], row["spills"] = handle.n_regs, handle.n_spills
+                if cuda:
+                    it = iter(range(10**9))
+                    us = time_graph(lambda: call(next(it)), copies * 2)
+                    row.update(us=us, gbps=nbytes / us / 1e3, of_floor=nbytes / BANDWIDTH * 1e6 / us)
+            except Exception as exc:  # a config that does not compile or run is a finding, not a stop
+                row["failed"] = repr(exc)[:300]
+            rows.append(row)
+            timing = (f"{row['us']:8.1f} us {row['gbps']:6.0f} GB/s {row['of_floor']:5.0%} of 4.3 TB/s"
+                      if "us" in row else " (not timed)" if "failed" not in row else " FAILED " + row["failed"])
+            print(f"{name:5} {vname:24} rows {cfg.block_n:3} splits {cfg.splits:3} prefetch {int(row['prefetch'])} "
+                  f"programs {row['programs']:5} regs {row.get('registers', '-')!s:>3}{timing}"
+                  f"  err {row.get('error', float('nan')):.1e} vs dot kernel {row.get('vs_dot', float('nan')):.1e}",
+                  flush=True)
+        del sets, qs, lins
+        if cuda:
+            torch.cuda.empty_cache()
+    summary = {}
+    for v in ("legacy", "new"):
+        got = {r["linear"]: r["us"] for r in rows if r["variant"] == v and "us" in r}
+        if len(got) == len(shapes):
+            summary[v] = {"per_layer_us": got, "step_ms": layers * sum(got.values()) / 1000}
+            print(f"{v}: the four launches x {layers} layers: {summary[v]['step_ms']:.3f} ms a step "
+                  f"({', '.join(f'{k} {u:.1f}' for k, u in got.items())} us)")
+    (args.out / "w4a8_gemv.json").write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+                                                         "sm": sm, "rows": rows, "summary": summary}, indent=1))
+    # against the dot kernel: float32 sums in another order (the GLU: rounded to bfloat16 where eager rounds)
+    bad = [r for r in rows if "failed" in r or r["vs_dot"] > (1e-2 if r["linear"] == "glu" else 1e-4)]
+    if bad:
+        print(f"{len(bad)} variant(s) failed or parted from the dot kernel (1e-4; the GLU 1e-2)")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
