@@ -20,7 +20,8 @@ policy, as ``spec_simulate``'s grid found; adaptive k only trims the tokens veri
   end (an output looping with a period under k: the most recent occurrence is a period back) by an older one's.
 * ``freqtree``: SuffixDecoding's tree: the continuations (k tokens) of every occurrence of the longest matching
   suffix (up to ``ngram_max`` tokens; the shorter ones' too while fewer than ``min_occ`` occurrences), counted in a
-  trie; its ``budget`` most frequent nodes are verified (a node is never more frequent than its parent).
+  trie; its ``budget`` most frequent nodes are verified (a node is never more frequent than its parent). The
+  runtime drafts it (``runtime.speculative.tree``: ``speculative/tree.py``, whose ranking this replay imports).
 * ``suffix``: single candidate, the longest matching suffix (up to ``ngram_max``); of all its occurrences'
   continuations the one seen most often (``pick frequent``: the trie walked from the root by the most frequent child,
   the most recent occurrence breaking ties) or the most recent (``pick recent``: ``NgramProposer`` with a long max).
@@ -51,6 +52,7 @@ from spec_simulate import greedy_arguments, greedy_outputs, ints, modelled  # no
 
 from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import lookup  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import MAX_QUIET, QUIET_AFTER  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.speculative.tree import count_trie, most_frequent  # noqa: E402
 
 
 class Context:
@@ -105,14 +107,9 @@ def tree_candidates(ctx: Context, total: int, k: int, c: int, min_n: int, max_n:
 
 
 def _count_trie(ctx: Context, total: int, k: int, starts: list[int]) -> dict[tuple, list]:
-    """{path: [count, rank of its most recent occurrence]} over the continuations of ``starts`` (most recent first)."""
-    trie: dict[tuple, list] = {}
-    for rank, start in enumerate(starts):
-        cont = tuple(ctx.tokens[start : min(start + k, total)])
-        for d in range(1, len(cont) + 1):
-            node = trie.setdefault(cont[:d], [0, rank])
-            node[0] += 1
-    return trie
+    """{path: [count, rank of its most recent occurrence]} over the continuations of ``starts`` (most recent first),
+    cut by the context's end (the runtime's ``frequency_tree`` repeats the period there, as ``lookup`` does)."""
+    return count_trie(ctx.tokens[start : min(start + k, total)] for start in starts)
 
 
 def _starts(ctx: Context, total: int, min_n: int, max_n: int, min_occ: int) -> list[int]:
@@ -128,7 +125,7 @@ def _starts(ctx: Context, total: int, min_n: int, max_n: int, min_occ: int) -> l
 def freqtree_candidates(ctx: Context, total: int, k: int, budget: int, min_n: int, max_n: int,
                         min_occ: int) -> list[list[int]]:
     trie = _count_trie(ctx, total, k, _starts(ctx, total, min_n, max_n, min_occ))
-    kept = sorted(trie, key=lambda p: (-trie[p][0], len(p), trie[p][1]))[:budget]
+    kept = most_frequent(trie, budget)  # the runtime's ``NgramTreeProposer`` ranks its nodes so
     parents = {p[:-1] for p in kept}
     return [list(p) for p in kept if p not in parents]  # the leaves: their root paths are the tree
 

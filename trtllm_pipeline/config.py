@@ -311,6 +311,16 @@ CHECKPOINT_METHODS = ("draft", "eagle3")  # the methods that read runtime.specul
 DEFAULT_DRAFT_TOKENS = {"ngram": 8}
 
 
+class SpeculativeTreeSection(_Section):
+    """Tree drafts for prompt lookup (``speculative/tree.py``): SuffixDecoding's frequency tree, verified in one row."""
+
+    max_nodes: int = Field(32, ge=1, le=64, description="tokens of the tree verified a step (its most frequent "
+                           "continuations' nodes); 32: benchmarks/spec_tree.py's best (1.86x ideal, SmolLM2 grounded)")
+    max_depth: int = Field(32, ge=1, le=64, description="the longest continuation counted (replaces num_draft_tokens)")
+    min_occurrences: int = Field(4, ge=1, le=64, description="shorter suffixes' continuations are counted too while "
+                                 "the longest matching one occurred fewer times than this")
+
+
 class SpeculativeSection(_Section):
     """Speculative decoding in the torch runtime (runtimes/torch_engine/speculative): a proposer drafts up to
     ``num_draft_tokens`` tokens per decoding request, the target verifies them in one step."""
@@ -336,6 +346,10 @@ class SpeculativeSection(_Section):
     adaptive: bool = Field(
         True, description="per request: draft fewer tokens (down to none, probing again later) while few are "
         "accepted, so a workload whose drafts miss runs as fast as plain decoding")
+    tree: SpeculativeTreeSection | None = Field(
+        None, description="ngram: draft a token tree (several continuations of the matched suffix, e.g. "
+        "{max_nodes: 32}) instead of one; greedy requests verify it (eagerly: the CUDA fast path verifies chains), "
+        "sampled ones take its most frequent path")
 
     @model_validator(mode="before")
     @classmethod
@@ -699,6 +713,9 @@ def speculative_problems(cfg: BuildConfig) -> list[str]:
     if spec.draft_layers is not None and spec.method != "self":
         out.append(f"runtime.speculative.draft_layers is set but method is {spec.method!r}; it would be ignored. "
                    "Fix: set method: self, or remove draft_layers.")
+    if spec.tree is not None and spec.method != "ngram":
+        out.append(f"runtime.speculative.tree is set but method is {spec.method!r}; only prompt lookup drafts "
+                   "trees, so it would be ignored. Fix: set method: ngram, or remove tree.")
     if spec.draft_checkpoint and spec.method not in CHECKPOINT_METHODS:
         out.append(f"runtime.speculative.draft_checkpoint is set but method is {spec.method!r}; it would be ignored. "
                    "Fix: set method: draft (a draft model) or eagle3 (an EAGLE-3 head), or remove draft_checkpoint.")

@@ -74,6 +74,13 @@ class Executor:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def move_kv(self, table: list[int], sources: list[int], destinations: list[int]) -> None:
+        """K/V at positions ``sources`` of a sequence (its block ``table``) copied to ``destinations``, every layer: a
+        tree verify row's accepted path moved into place (``Qwen2Engine.move_kv``). Only where ``trees`` is True."""
+        raise NotImplementedError
+
+    trees: bool = False  # whether ``forward`` verifies tree rows (``PagedBatch.parents``) and ``move_kv`` runs
+
     def free_memory(self) -> int:
         """Bytes free on the device now (the least over the ranks): what the KV pool is sized from on CUDA."""
         raise NotImplementedError
@@ -109,6 +116,11 @@ class LocalExecutor(Executor):
 
     def logits(self, hidden):
         return self.engine.logits(hidden)
+
+    trees = True
+
+    def move_kv(self, table, sources, destinations):
+        self.engine.move_kv(table, sources, destinations)
 
     def free_memory(self):
         return device_free_bytes(self.device)

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from trtllm_pipeline.checkpoint import FORMAT_NAMES, CheckpointLayout
 from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, row_ancestors
 from trtllm_pipeline.model import families
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -501,7 +501,10 @@ class Qwen2Engine(torch.nn.Module):
         if positions.numel() and int(positions.max()) >= self.max_seq_len:
             raise ValueError(f"a position exceeds this engine's max_seq_len {self.max_seq_len}")
         blocks, within = batch.block_tables[rows, positions // bs], positions % bs
-        attention = _PagedAttention(self, batch.block_tables, starts, lengths)
+        trees = _trees(batch.parents, lengths)
+        attention = _PagedAttention(self, batch.block_tables, starts, lengths, trees)
+        if trees:  # a tree row's token is rotated at the position of its depth (its K/V written at its row index)
+            positions = positions - _depth_gaps(trees, lengths).to(dev)
 
         def attend(i: int, q, k, v):
             k, v = self.kv_store(i, k), self.kv_store(i, v)
@@ -510,6 +513,17 @@ class Qwen2Engine(torch.nn.Module):
             return attention(i, q, self.kv_load(i, k), self.kv_load(i, v))
 
         return positions, attend
+
+    @torch.inference_mode()
+    def move_kv(self, table: list[int], sources: list[int], destinations: list[int]) -> None:
+        """Positions ``sources`` of the sequence whose blocks are ``table`` copied to ``destinations`` in every layer
+        (a tree row's accepted path into consecutive positions; every source is read before any is written)."""
+        bs, dev = self.block_size, self.device
+        t = torch.tensor(table, dtype=torch.long, device=dev)
+        src, dst = (torch.tensor(x, dtype=torch.long, device=dev) for x in (sources, destinations))
+        for cache in (self.cache_k, self.cache_v):
+            c = _as_bytes(cache)  # [layers, blocks, kv_heads, block_size, D]
+            c[:, t[dst // bs], :, dst % bs] = c[:, t[src // bs], :, src % bs]
 
     def forward_slots(self, tokens: torch.Tensor, slots, starts, key_len: int | None = None) -> torch.Tensor:
         """``tokens`` [B, T] of fixed-table slots (an engine built with ``max_slots``) from positions ``starts``:
@@ -635,8 +649,11 @@ class _PagedAttention:
     keys through their tables under a mask of each query's visible positions. Per-row calls cost ~10 launches
     a row and layer: at 64 prompts a step that is what the step took (H200, random 7B, issue 31)."""
 
-    def __init__(self, engine: Qwen2Engine, tables: torch.Tensor, starts: list[int], lengths: list[int]):
+    def __init__(self, engine: Qwen2Engine, tables: torch.Tensor, starts: list[int], lengths: list[int],
+                 trees: dict[int, list[int]] | None = None):
+        """``trees``: row -> its tokens' ancestor bitmasks (``tree.row_ancestors``), for tree verify rows."""
         self.engine, self.tables, self.starts, self.lengths = engine, tables, starts, lengths
+        self.trees = trees or {}
         dev, bs = tables.device, engine.block_size
         offsets = [0]
         for n in lengths:
@@ -654,7 +671,8 @@ class _PagedAttention:
         groups: dict[tuple[bool, int], list[int]] = {}
         for r, n in enumerate(lengths):
             if n > 1:
-                groups.setdefault((starts[r] > 0, 1 << (n - 1).bit_length()), []).append(r)
+                # (a tree row reads its keys through its table, under its mask: a later chunk's way)
+                groups.setdefault((starts[r] > 0 or r in self.trees, 1 << (n - 1).bit_length()), []).append(r)
         self.groups = [self._group(rows, later) for (later, _), rows in sorted(groups.items())]
 
     def _group(self, rows: list[int], later: bool) -> dict:
@@ -676,7 +694,13 @@ class _PagedAttention:
             keys = torch.arange(blocks * bs, device=dev)
             queries = torch.tensor([self.starts[r] for r in rows], device=dev)[:, None] + \
                 torch.arange(width, device=dev)[None, :]  # [R, width] positions (padding: past the row's end)
-            group["mask"] = _additive(keys[None, None, :] <= queries[:, :, None], self.engine.dtype)[:, None]
+            visible = keys[None, None, :] <= queries[:, :, None]  # [R, width, keys]
+            for i, r in enumerate(rows):
+                if r in self.trees:  # the row's own positions: its ancestors and itself only
+                    n, start = self.lengths[r], self.starts[r]
+                    bits = torch.tensor([[(m >> j) & 1 for j in range(n)] for m in self.trees[r]], dtype=torch.bool)
+                    visible[i, :n, start : start + n] = bits.to(dev)
+            group["mask"] = _additive(visible, self.engine.dtype)[:, None]
         return group
 
     def _gather(self, layer: int, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
@@ -713,6 +737,30 @@ class _PagedAttention:
             o = o.transpose(1, 2).reshape(r * w, -1)
             out[g["tokens"]] = o[g["real"]]
         return out
+
+
+def _trees(parents: torch.Tensor | None, lengths: list[int]) -> dict[int, list[int]]:
+    """Row -> ancestor bitmasks of each tree row of a batch (``PagedBatch.parents``); plain rows (chains) left out."""
+    if parents is None:
+        return {}
+    flat, out, at = parents.tolist(), {}, 0
+    for r, n in enumerate(lengths):
+        mine = flat[at : at + n]
+        at += n
+        if mine != list(range(-1, n - 1)):
+            out[r] = row_ancestors(mine)
+    return out
+
+
+def _depth_gaps(trees: dict[int, list[int]], lengths: list[int]) -> torch.Tensor:
+    """[N]: each packed token's row index minus its depth (0 outside tree rows): what its position drops by."""
+    gaps = []
+    for r, n in enumerate(lengths):
+        if r in trees:  # depth = ancestors - 1: the bitmask counts the token itself
+            gaps += [j - (bin(m).count("1") - 1) for j, m in enumerate(trees[r])]
+        else:
+            gaps += [0] * n
+    return torch.tensor(gaps, dtype=torch.long)
 
 
 def _byte_type(dtype: torch.dtype) -> torch.dtype:

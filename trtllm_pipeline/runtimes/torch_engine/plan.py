@@ -6,7 +6,9 @@ preempted request, or its last sampled token), written at positions ``start ..``
 prefill, every decode). With speculative decoding a decode row carries ``draft`` more tokens (the last sampled
 token, then k drafted ones): its logits are read at every one of its positions (the verify step), then the table is
 rolled back past the rejected drafts (``Scheduler.verified``; ``KVCacheManager.trim`` frees whole blocks past the
-kept length).
+kept length). A tree verify row (``parents``: ``speculative.tree``) carries several continuations at once: each token
+attends to the context and its ancestors only, at the position of its depth; its K/V is written at its index in the
+row, and the accepted path's is moved to consecutive positions before the rollback (``Qwen2Engine.move_kv``).
 
 ``PagedBatch`` is the tensor form the model runs (``model.Qwen2Engine.forward``): rows packed one after another
 (no padding between them), their start positions and lengths, and their block tables padded with the null block.
@@ -30,6 +32,7 @@ class PlanRow:
     block_table: list[int]
     sample: bool
     draft: int = 0  # the last ``draft`` tokens are drafts: logits at every position from the decode token on
+    parents: list[int] | None = None  # a tree verify row: per token its parent's index in the row (-1: the first)
 
     @property
     def is_decode(self) -> bool:  # one token: the CUDA fast path's kind of row
@@ -48,34 +51,64 @@ class StepPlan:
 
 @dataclasses.dataclass
 class PagedBatch:
-    """Rows packed: ``tokens`` [N], ``starts`` / ``lengths`` [B], ``block_tables`` [B, W] (int64)."""
+    """Rows packed: ``tokens`` [N], ``starts`` / ``lengths`` [B], ``block_tables`` [B, W] (int64); ``parents``
+    [N] only where some row is a tree: each token's parent's index in its row (-1 for a row's first; a plain row a
+    chain, i - 1), a host tensor (the attention's mask and the positions are built from it on the host)."""
 
     tokens: torch.Tensor
     starts: torch.Tensor
     lengths: torch.Tensor
     block_tables: torch.Tensor
+    parents: torch.Tensor | None = None
 
     @classmethod
     def of(cls, rows: Sequence[PlanRow] | Sequence[tuple[Sequence[int], int, Sequence[int]]]) -> "PagedBatch":
         """From plan rows, or (tokens, start, block table) triples."""
         triples = [(r.tokens, r.start, r.block_table) if isinstance(r, PlanRow) else r for r in rows]
         width = max(len(t) for _, _, t in triples)
+        trees = [r.parents if isinstance(r, PlanRow) else None for r in rows]
+        parents = None
+        if any(p is not None for p in trees):
+            parents = torch.tensor([x for p, (toks, _, _) in zip(trees, triples)
+                                    for x in (p if p is not None else range(-1, len(toks) - 1))], dtype=torch.long)
         return cls(tokens=torch.tensor([x for toks, _, _ in triples for x in toks], dtype=torch.long),
                    starts=torch.tensor([s for _, s, _ in triples], dtype=torch.long),
                    lengths=torch.tensor([len(toks) for toks, _, _ in triples], dtype=torch.long),
-                   block_tables=torch.tensor(tables_padded((t for _, _, t in triples), width), dtype=torch.long))
+                   block_tables=torch.tensor(tables_padded((t for _, _, t in triples), width), dtype=torch.long),
+                   parents=parents)
 
     def to(self, device) -> "PagedBatch":
-        return PagedBatch(*(t.to(device) for t in dataclasses.astuple(self)))
+        return PagedBatch(self.tokens.to(device), self.starts.to(device), self.lengths.to(device),
+                          self.block_tables.to(device), self.parents)  # (parents: read on the host)
 
     def flat(self) -> torch.Tensor:
-        """One int64 tensor (the tensor-parallel wire format): tokens, starts, lengths, tables; ``unflat`` reads it."""
+        """One int64 tensor (the tensor-parallel wire format): tokens, starts, lengths, tables; ``unflat`` reads it.
+        Tree rows do not cross it: the runtime drafts chains where its executor cannot verify trees."""
+        if self.parents is not None:
+            raise ValueError("a batch with tree rows cannot be sent to tensor-parallel ranks")
         return torch.cat([self.tokens, self.starts, self.lengths, self.block_tables.reshape(-1)])
 
     @classmethod
     def unflat(cls, flat: torch.Tensor, rows: int, tokens: int, width: int) -> "PagedBatch":
         n, b = tokens, rows
         return cls(flat[:n], flat[n : n + b], flat[n + b : n + 2 * b], flat[n + 2 * b :].view(b, width))
+
+
+def row_depths(parents: Sequence[int]) -> list[int]:
+    """Per index of a tree row (``PlanRow.parents``), its offset from the row's first position: where it is rotated."""
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
+def row_ancestors(parents: Sequence[int]) -> list[int]:
+    """Per index of a tree row (``PlanRow.parents``), a bitmask of the row indices it attends to: its ancestors and
+    itself (its depth: the count, less one)."""
+    out: list[int] = []
+    for i, p in enumerate(parents):
+        out.append((0 if p < 0 else out[p]) | (1 << i))
+    return out
 
 
 def decode_inputs(tokens, tables, positions, batch: int, width: int) -> torch.Tensor:

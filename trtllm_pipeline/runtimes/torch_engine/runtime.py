@@ -35,7 +35,7 @@ from trtllm_pipeline.runtimes.torch_engine.executor import Executor, ExecutorLos
 from trtllm_pipeline.runtimes.torch_engine.kv_cache import KVCacheManager
 from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
 from trtllm_pipeline.runtimes.torch_engine.overlap import PENDING, OverlapSteps
-from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow, logit_span, rows_at
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow, logit_span, row_depths, rows_at
 from trtllm_pipeline.runtimes.torch_engine.scheduler import Scheduler, Sequence as _Sequence
 from trtllm_pipeline.runtimes.torch_engine.tp.executor import TpExecutor
 from trtllm_pipeline.runtimes.torch_engine.tp.mode import resolve_tp_mode
@@ -69,6 +69,17 @@ class _Request(_Sequence):
     def may_ban(self) -> bool:
         """Whether ``banned`` may be anything but empty now (bad words; the end id before min_tokens)."""
         return bool(self.bad_ids) or (self.end_id >= 0 and len(self.generated) < self.params.min_tokens)
+
+
+def _drafts_before(row: PlanRow) -> list[list[int]]:
+    """Per position of a verify row, the drafts before it that the request would have generated there: the earlier
+    drafts of a chain, a tree node's ancestors (and itself) in a tree."""
+    if row.parents is None:
+        return [row.tokens[1 : 1 + j] for j in range(1 + row.draft)]
+    out: list[list[int]] = []
+    for j, p in enumerate(row.parents):
+        out.append([] if p < 0 else out[p] + [row.tokens[j]])
+    return out
 
 
 def _ends_with(generated: Sequence[int], ahead: Sequence[int], tail: Sequence[int]) -> bool:
@@ -144,6 +155,7 @@ class TorchRuntime(OverlapSteps, Runtime):
         """
         self.device = resolve_device(device)
         self.speculator = None
+        self.tree_verify = False  # greedy requests' tree drafts verified as trees (``_speculator``)
         config = checkpoint.read_config(checkpoint_dir)
         layout = checkpoint.CheckpointLayout(config)
         self.tp_mode, self.tp_notice = resolve_tp_mode(tp_mode, layout.tp, self.device)
@@ -196,6 +208,9 @@ class TorchRuntime(OverlapSteps, Runtime):
             if self.speculator is not None and self.decoder is not None and not hasattr(self.decoder, "verify"):
                 log.warning("speculative decoding: verify steps run eagerly (this fast path, tensor parallel, "
                             "decodes one token per row); rows without drafts stay on it")
+            elif self.tree_verify and self.decoder is not None:
+                log.warning("speculative decoding: tree drafts verify eagerly (the fast path's verify step has no tree "
+                            "mask); linear drafts and plain decodes stay on it")
         except BaseException:
             if self.speculator is not None:
                 self.speculator.close()
@@ -289,7 +304,14 @@ class TorchRuntime(OverlapSteps, Runtime):
         from trtllm_pipeline.runtimes.torch_engine.speculative.registry import make_proposer
         from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
 
-        return Speculator(make_proposer(settings, self), settings.num_draft_tokens, adaptive=settings.adaptive)
+        tree = getattr(settings, "tree", None)
+        self.tree_verify = tree is not None and self.executor.trees
+        self.tree_nodes = tree.max_nodes if tree is not None else 0
+        if tree is not None and not self.tree_verify:
+            log.warning("speculative decoding: tree drafts cannot cross to tensor-parallel ranks; each request drafts "
+                        "its tree's most frequent path instead")
+        k = settings.num_draft_tokens if tree is None else tree.max_depth  # a tree's depth is its k
+        return Speculator(make_proposer(settings, self), k, adaptive=settings.adaptive)
 
     @classmethod
     def from_engine(cls, engine_dir: Path, cfg, manifest: dict, device: str | None = None,
@@ -353,7 +375,9 @@ class TorchRuntime(OverlapSteps, Runtime):
         if sp is None:
             return "off"
         where = "on the fast path" if hasattr(self.decoder, "verify") else "eagerly"
-        return f"{sp.proposer.name}, up to {sp.k} drafts{' (adaptive)' if sp.adaptive else ''}, verified {where}"
+        trees = f", trees of up to {self.tree_nodes} nodes verified eagerly" if self.tree_verify else ""
+        return (f"{sp.proposer.name}, up to {sp.k} drafts{' (adaptive)' if sp.adaptive else ''}, verified {where}"
+                f"{trees}")
 
     @property
     def processes(self) -> list[int]:
@@ -496,10 +520,11 @@ class TorchRuntime(OverlapSteps, Runtime):
         if sp is None or not sp.enabled:
             return
         from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import DraftRequest
+        from trtllm_pipeline.runtimes.torch_engine.speculative.tree import DraftTree
 
         asks, seqs = [], []
         for req in self.scheduler.running:
-            req.draft = []
+            req.draft, req.draft_parents = [], None
             if not req.decoding:
                 continue
             room = min(req.params.max_tokens - len(req.generated), self.max_seq_len - req.length) - 1
@@ -508,9 +533,26 @@ class TorchRuntime(OverlapSteps, Runtime):
                 asks.append(DraftRequest(req.request_id, req.prompt, req.generated, k))
                 seqs.append(req)
         for req, ask, drafts in zip(seqs, asks, sp.propose(asks)):
-            req.draft = [int(t) for t in drafts[: ask.k]]
+            if isinstance(drafts, DraftTree):
+                self._take_tree(req, drafts, ask.k)
+            else:
+                req.draft = [int(t) for t in drafts[: ask.k]]
             if not req.draft:
                 sp.found_nothing(req.request_id)
+
+    def _take_tree(self, req: _Request, tree, k: int) -> None:
+        """A proposed tree as ``req``'s drafts, at most ``k`` deep. A greedy request verifies it where the executor
+        can, cut to as many nodes as a chain could have drafts (its nodes take cache positions one after another,
+        so the row never passes max_seq_len nor needs more blocks than the request's longest life); a sampled
+        request (the rejection rule here is a chain's) and the rest take its most frequent path. A chain is a linear
+        row."""
+        tree = tree.limited(k)
+        room = min(req.params.max_tokens - len(req.generated), self.max_seq_len - req.length) - 1
+        if self.tree_verify and req.params.greedy and not tree.is_chain():
+            tree = tree.truncated(room)
+            req.draft, req.draft_parents = [int(t) for t in tree.tokens], list(tree.parents)
+        else:
+            req.draft = [int(t) for t in tree.chain()[:k]]
 
     def _split(self, rows: list[PlanRow]) -> tuple[list[PlanRow], list[PlanRow]]:
         """Rows for the fast path and for the eager model. Fast: decodes, then, where the decoder verifies (one
@@ -537,7 +579,7 @@ class TorchRuntime(OverlapSteps, Runtime):
             if row.is_decode and row.sample and decodes:
                 fast.append(row)
                 decodes -= 1
-            elif (row.draft or short) and len(row.tokens) <= room:
+            elif (row.draft or short) and row.parents is None and len(row.tokens) <= room:
                 fast.append(row)
                 room -= len(row.tokens)
                 chunks += short
@@ -630,8 +672,9 @@ class TorchRuntime(OverlapSteps, Runtime):
         from trtllm_pipeline.runtimes.torch_engine.speculative import acceptance
 
         spans = list(itertools.accumulate((1 + r.draft for r in rows), initial=0))
-        # the tokens banned at each position: plain decoding's there, its earlier drafts taken as generated
-        bans = [[req.banned(row.tokens[1 : 1 + j]) for j in range(1 + row.draft)] if req.may_ban() else None
+        # the tokens banned at each position: plain decoding's there, its earlier drafts (a tree's: its ancestors)
+        # taken as generated
+        bans = [[req.banned(ahead) for ahead in _drafts_before(row)] if req.may_ban() else None
                 for row, req in zip(rows, reqs)]
         argmax = []
         if any(req.params.greedy for req in reqs):  # one host read for every greedy row
@@ -649,7 +692,9 @@ class TorchRuntime(OverlapSteps, Runtime):
         out = []
         for i, (row, req) in enumerate(zip(rows, reqs)):
             drafts = row.tokens[1:]
-            if req.params.greedy:
+            if row.parents is not None:  # (only greedy requests verify trees: ``_take_tree``)
+                out.append(acceptance.accept_tree_greedy(argmax[spans[i] : spans[i + 1]], row.tokens, row.parents))
+            elif req.params.greedy:
                 out.append(acceptance.accept_greedy(argmax[spans[i] : spans[i + 1]], drafts))
             else:
                 span = logits[spans[i] : spans[i + 1]]
@@ -660,17 +705,30 @@ class TorchRuntime(OverlapSteps, Runtime):
 
     def _record_verified(self, row: PlanRow, req: _Request, tokens: list[int]) -> TokenEvent:
         """A verify row's tokens recorded one by one (the request may end at any); the cache keeps the row's
-        tokens up to the last accepted draft, the rest rolled back."""
+        tokens up to the last accepted draft, the rest rolled back (a tree's accepted path moved into place first)."""
         accepted = len(tokens) - 1
-        self.speculator.verified(req.request_id, row.draft, accepted)
+        depth = None if row.parents is None else max(row_depths(row.parents))
+        self.speculator.verified(req.request_id, row.draft, accepted, depth)
         emitted: list[int] = []
         for token in tokens:
             event = self._record(req, token)
             emitted += event.token_ids
             if event.finish_reason:
                 return TokenEvent(req.request_id, emitted, event.finish_reason)
+        if row.parents is not None:
+            self._move_path(row, tokens[:-1])
         self.scheduler.verified(req, 1 + accepted)
         return TokenEvent(req.request_id, emitted)
+
+    def _move_path(self, row: PlanRow, kept: list[int]) -> None:
+        """A tree row's kept drafts' K/V (written at their row indices) moved to the positions right after the row's
+        first token, where the cache keeps them (nothing to move where the path is the row's first nodes)."""
+        from trtllm_pipeline.runtimes.torch_engine.speculative.acceptance import tree_path
+
+        path = tree_path(row.tokens, row.parents, kept)
+        if path != list(range(1, len(path) + 1)):
+            self.executor.move_kv(row.block_table, [row.start + j for j in path],
+                                  [row.start + 1 + d for d in range(len(path))])
 
     def _run_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """The rows on the CUDA fast path: a decode step, or, when some rows carry drafts, a verify step (every

@@ -19,7 +19,9 @@ cache still holds), so that its output continues exactly where it was (greedy: t
 
 Speculative decoding: a decoding request with drafts (``Sequence.draft``, set by the runtime before ``schedule``)
 feeds its last token and as many drafts as the step's token budget has room for, in one row with KV blocks for all
-of them; ``verified`` then keeps the accepted ones and rolls the table back past the rest.
+of them; ``verified`` then keeps the accepted ones and rolls the table back past the rest. A tree of drafts
+(``draft_parents``) is fed the same way, its nodes in order; the runtime moves the accepted path's K/V to the
+positions after the last token before ``verified``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Sequence:
     generated: list[int] = dataclasses.field(default_factory=list)
     computed: int = 0
     draft: list[int] = dataclasses.field(default_factory=list)  # tokens proposed for this step (speculation)
+    draft_parents: list[int] | None = None  # a tree of drafts: each one's parent (-1: the last token; ``tree``)
     keys: list | None = None  # the prompt's full blocks' prefix-cache keys, hashed once (Scheduler._prefix_keys)
     held: bool = False  # its last token is not read yet and ends it by length: no row until then (chained steps)
 
@@ -147,9 +150,10 @@ class Scheduler:
 
     def _row(self, seq: Sequence, n: int, decoding: bool | None = None) -> PlanRow:
         if seq.decoding if decoding is None else decoding:  # all but its last sampled token cached: that one
-            drafts = seq.draft[: n - 1]
+            drafts = seq.draft[: n - 1]  # (a tree's first nodes are a tree: parents come first)
+            parents = None if seq.draft_parents is None else [-1] + [p + 1 for p in seq.draft_parents[: n - 1]]
             return PlanRow(seq.request_id, seq.generated[-1:] + drafts, seq.computed,
-                           self.kv.tables[seq.request_id], sample=True, draft=len(drafts))
+                           self.kv.tables[seq.request_id], sample=True, draft=len(drafts), parents=parents)
         return PlanRow(seq.request_id, seq.tokens(seq.computed, seq.computed + n), seq.computed,
                        self.kv.tables[seq.request_id], sample=seq.computed + n == seq.length)
 
@@ -157,7 +161,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.preempted(seq.request_id)
         seq.computed = 0
-        seq.draft = []
+        seq.draft, seq.draft_parents = [], None
         self.waiting.appendleft(seq)
 
     def advance(self, seq: Sequence, n: int) -> None:
@@ -170,7 +174,7 @@ class Scheduler:
         """``seq``'s verify row ran and kept ``fed`` of its tokens (its last token and the accepted drafts; the
         emitted tokens already appended to ``generated``): those are cached; the rejected drafts' positions are
         dropped (written, never keyed, overwritten later) and blocks wholly past the kept length freed."""
-        seq.draft = []
+        seq.draft, seq.draft_parents = [], None
         self.advance(seq, fed)
         self.kv.trim(seq.request_id, seq.length)
 

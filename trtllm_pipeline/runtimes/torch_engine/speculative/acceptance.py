@@ -31,6 +31,33 @@ def accept_greedy(argmax: Sequence[int], drafts: Sequence[int]) -> list[int]:
     return out
 
 
+def accept_tree_greedy(argmax: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
+    """Tokens emitted by a greedy tree row (``PlanRow.parents``: index 0 the request's last token; ``argmax`` per row
+    index): from the root, the child whose token is the target's argmax at its parent while there is one, then the
+    target's own token after the last kept node. A chain gives ``accept_greedy``'s tokens."""
+    out, at = [], 0
+    while True:
+        want = int(argmax[at])
+        out.append(want)
+        at = _child(tokens, parents, at, want)
+        if at is None:
+            return out
+
+
+def tree_path(tokens: Sequence[int], parents: Sequence[int], kept: Sequence[int]) -> list[int]:
+    """The row indices of the kept drafts ``kept`` (the emitted tokens but the last): the path whose K/V moves into
+    place. The first child with the token at each step, as ``accept_tree_greedy`` walks (a trie's siblings differ)."""
+    path, at = [], 0
+    for token in kept:
+        at = _child(tokens, parents, at, token)
+        path.append(at)
+    return path
+
+
+def _child(tokens: Sequence[int], parents: Sequence[int], node: int, token: int) -> int | None:
+    return next((c for c in range(node + 1, len(parents)) if parents[c] == node and tokens[c] == token), None)
+
+
 def accept_sampled(probs: torch.Tensor, drafts: Sequence[int], generator: torch.Generator | None,
                    draft_probs: torch.Tensor | None = None) -> list[int]:
     """Tokens emitted by a sampled row. ``probs``: the target's [m + 1, vocab]; ``draft_probs``: q [m, vocab], or

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 
 @dataclasses.dataclass
@@ -25,8 +25,9 @@ class DraftRequest:
 class Proposer:
     name = "proposer"
 
-    def propose(self, batch: Sequence[DraftRequest]) -> list[list[int]]:
-        """Up to ``r.k`` draft tokens for each request of ``batch``, in order."""
+    def propose(self, batch: Sequence[DraftRequest]) -> list:
+        """Up to ``r.k`` draft tokens for each request of ``batch``, in order (a list of tokens; a tree proposer's
+        are ``tree.DraftTree``s, at most ``r.k`` deep)."""
         raise NotImplementedError
 
     def release(self, request_id: Any) -> None:
@@ -51,6 +52,10 @@ class NgramProposer(Proposer):
         return [self._lookup(r) for r in batch]
 
     def _lookup(self, r: DraftRequest) -> list[int]:
+        return lookup(self._synced(r), r.k, self.min_n, self.max_n)
+
+    def _synced(self, r: DraftRequest) -> array:
+        """``r``'s history, brought up to its tokens now (appended to, not rebuilt, at each step)."""
         hist = self._history.setdefault(r.request_id, array("i"))
         total = len(r.prompt) + len(r.generated)
         if len(hist) > total:  # not this request's history any more (an id reused): start again
@@ -59,7 +64,7 @@ class NgramProposer(Proposer):
             hist.extend(r.prompt[len(hist):])
         if len(hist) < total:
             hist.extend(r.generated[len(hist) - len(r.prompt):])
-        return lookup(hist, r.k, self.min_n, self.max_n)
+        return hist
 
     def release(self, request_id):
         self._history.pop(request_id, None)
@@ -67,23 +72,35 @@ class NgramProposer(Proposer):
 
 def lookup(hist: array, k: int, min_n: int, max_n: int) -> list[int]:
     """The continuation (``k`` tokens) of the latest earlier occurrence of ``hist``'s last n tokens, or none."""
+    for n in range(min(max_n, len(hist) - 1), min_n - 1, -1):
+        start = next(occurrences(hist, n), None)
+        if start is not None:
+            return continuation(hist, start, k)
+    return []
+
+
+def occurrences(hist: array, n: int) -> Iterator[int]:
+    """Where the continuations of the earlier occurrences of ``hist``'s last ``n`` tokens start, most recent first
+    (an occurrence must end before the last token, so something follows it)."""
     data, size = hist.tobytes(), hist.itemsize
     total = len(hist)
-    for n in range(min(max_n, total - 1), min_n - 1, -1):
-        pattern = data[(total - n) * size :]
-        end = (total - 1) * size  # an occurrence must end before the last token, so something follows it
-        while True:
-            at = data.rfind(pattern, 0, end)
-            if at < 0:
-                break
-            if at % size == 0:  # aligned on a token, not across two
-                start = at // size + n
-                drafts = hist[start : start + k].tolist()
-                # cut by the history's end: the text repeats with period total - start since that occurrence, so
-                # the drafts go on repeating it (a looping output drafts k tokens, not one period)
-                period = total - start
-                while len(drafts) < k:
-                    drafts.append(drafts[len(drafts) - period])
-                return drafts
-            end = at + len(pattern) - 1
-    return []
+    pattern = data[(total - n) * size :]
+    end = (total - 1) * size
+    while True:
+        at = data.rfind(pattern, 0, end)  # searched in C
+        if at < 0:
+            return
+        if at % size == 0:  # aligned on a token, not across two
+            yield at // size + n
+        end = at + len(pattern) - 1
+
+
+def continuation(hist: array, start: int, k: int) -> list[int]:
+    """``k`` tokens of ``hist`` from ``start``: cut by the history's end, the text repeats with period
+    ``len(hist) - start`` since that occurrence, so the drafts go on repeating it (a looping output drafts k tokens,
+    not one period)."""
+    drafts = hist[start : start + k].tolist()
+    period = len(hist) - start
+    while len(drafts) < k:
+        drafts.append(drafts[len(drafts) - period])
+    return drafts

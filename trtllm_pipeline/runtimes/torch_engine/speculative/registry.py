@@ -25,8 +25,17 @@ def _eagle3_head(settings, target) -> Proposer:
     return Eagle3Proposer.from_settings(settings, target)
 
 
+def _ngram(settings, target) -> Proposer:
+    tree = getattr(settings, "tree", None)
+    if tree is None:
+        return NgramProposer(settings.ngram_min, settings.ngram_max)
+    from trtllm_pipeline.runtimes.torch_engine.speculative.tree import NgramTreeProposer
+
+    return NgramTreeProposer(settings.ngram_min, settings.ngram_max, tree.max_nodes, tree.min_occurrences)
+
+
 PROPOSERS: dict[str, Callable[[Any, Any], Proposer]] = {
-    "ngram": lambda settings, target: NgramProposer(settings.ngram_min, settings.ngram_max),
+    "ngram": _ngram,
     "draft": _draft_model,
     "self": _self_layers,
     "eagle3": _eagle3_head,

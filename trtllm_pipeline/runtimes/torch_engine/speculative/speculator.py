@@ -77,11 +77,14 @@ class Speculator:
             if t.quiet >= QUIET_AFTER:
                 t.idle = min(MAX_QUIET, 2 ** (t.quiet - QUIET_AFTER))
 
-    def verified(self, request_id: Any, drafted: int, accepted: int) -> None:
+    def verified(self, request_id: Any, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """A verify row of ``drafted`` tokens kept ``accepted``; ``depth``: a tree's (its longest path), which the
+        adaptive length follows (a tree keeps at most its depth)."""
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
         self.verify_rows += 1
         t = self._tracks.get(request_id)
+        drafted = drafted if depth is None else depth
         if t is None or not self.adaptive or drafted == 0:
             return
         t.quiet = 0  # (it found something to draft)
