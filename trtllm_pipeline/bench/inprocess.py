@@ -12,8 +12,8 @@ the bandwidth floor (100% would be a step that only reads its bytes once at copy
 Results file (JSON, ``schema`` ``inprocess-1``): ``settings``, ``runtime`` (its ``describe()``),
 ``copy_gbps``, and ``runs``, one per batch x context: ``decode_ms`` (median wall time per step,
 the host's part included), ``decode_ms_p90``, ``graph_replay_ms`` (CUDA: the step's graph alone), ``tokens_per_s`` (batch / decode step),
-``whole_tokens_per_s`` (the batch's output tokens over the time from its submission to its last token: the
-batch's prefill included, as in a served load), ``prefill_ms``, ``bytes_per_step``,
+``whole_s`` and ``whole_tokens_per_s`` (the batch's time from its submission to its last token, its prefill
+included as in a served load, and its output tokens over that time), ``prefill_ms``, ``bytes_per_step``,
 ``achieved_gbps``, ``floor_ms``, ``fraction_of_floor``, ``peak_memory_gib``, ``steps_timed``; and
 ``rss_after``, each process's resident set size after the runs (one per tensor-parallel rank).
 Numbers are the named runtime's on the named device, never another's.
@@ -180,7 +180,7 @@ def _run(rt: Runtime, device, batch: int, context: int, settings: InProcessSetti
     return {"batch": batch, "context": context, "output_tokens": settings.output_tokens, "steps_timed": len(timed),
             "graph_replay_ms": _graph_replay_ms(rt, batch) if cuda else None,
             "decode_ms": decode_ms, "decode_ms_p90": p90, "tokens_per_s": batch * 1000 / decode_ms,
-            "whole_tokens_per_s": batch * settings.output_tokens / whole_s if whole_s > 0 else None,
+            "whole_s": whole_s, "whole_tokens_per_s": batch * settings.output_tokens / whole_s if whole_s > 0 else None,
             "prefill_ms": prefill_ms, "bytes_per_step": step_bytes, "achieved_gbps": achieved, "floor_ms": floor_ms,
             "fraction_of_floor": floor_ms / decode_ms if floor_ms else None, "peak_memory_gib": peak,
             # the torch runtime's steps, and those chained on the previous one's argmax (the GPU not waiting for the host)
