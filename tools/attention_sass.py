@@ -96,7 +96,8 @@ def main() -> None:
     if a.json:
         print(json.dumps(row))
         return
-    print(f"{a.kv} cache, {a.dots} dots{', tree mask' if a.tree else ''}, {a.block_t} keys a tile, {a.stages} stages: {regs} registers, key loop "
+    tree = ", tree mask" if a.tree else ""
+    print(f"{a.kv} cache, {a.dots} dots{tree}, {a.block_t} keys a tile, {a.stages} stages: {regs} registers, key loop "
           f"{row['loop_per_thread']} instructions a thread against ~{row['byte_cycles_per_sm']} cycles of bytes, "
           f"{row['shared_bytes']} bytes of shared memory")
     print("  " + ", ".join(f"{op} {n}" for op, n in mix.most_common(16)))

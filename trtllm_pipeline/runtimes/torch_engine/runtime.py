@@ -562,7 +562,7 @@ class TorchRuntime(OverlapSteps, Runtime):
 
     def _fast_trees(self) -> int:
         """The longest tree verify row the fast path's verify step takes (``DecodeGraphs.verify``'s ``parents``;
-        ``graphs.TREE_TOKENS``), 0 where it takes none (no fast path, tensor parallel, or ``fast_trees_enabled`` off)."""
+        ``graphs.TREE_TOKENS``), 0 where it takes none (no fast path, tensor parallel, ``fast_trees_enabled`` off)."""
         return getattr(self.decoder, "tree_tokens", 0) if fast_trees_enabled() else 0
 
     def _split(self, rows: list[PlanRow]) -> tuple[list[PlanRow], list[PlanRow]]:
