@@ -563,12 +563,13 @@ def test_greedy_token_kernel_takes_the_first_of_equal_maxima():
         assert [case["banned"][i] for i in (0, 2)] == [case["tokens"][i] for i in (0, 2)], case
 
 
-@pytest.mark.parametrize("kv", ["bf16", "fp8", "fp8-scaled"])
-def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_wait(kv):
+@pytest.mark.parametrize("kv,tree", [("bf16", False), ("fp8", False), ("fp8-scaled", False), ("bf16", True)])
+def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_wait(kv, tree):
     """attention's kernel compiled for sm_90 here as the decode step launches it under PDL: each program's
     cached keys and values are fetched into L2 before the PDL wait, and the tiles go from memory to shared
     memory by cp.async, in under 40 KB (patching the new key into them took 55 KB). An FP8 cache too (ModelOpt's
-    unit scale, and another): the new key and value stored as E4M3; at unit scale the dots in float16."""
+    unit scale, and another): the new key and value stored as E4M3; at unit scale the dots in float16. A tree
+    verify step's (``tree``: the keys masked by each row's ancestor bits) likewise."""
     import inspect
 
     import triton
@@ -582,12 +583,13 @@ def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_
                   BLOCK_T=attention.BLOCK_T, BS=32, COMPUTE=triton.language.bfloat16, PDL=True, PREFETCH=True,
                   NORM_PARTS=10, NORM_BLOCK=16, FIXED=True, KV_FP8=kv != "bf16", KV_UNIT=kv == "fp8",
                   LINE=64 if kv == "bf16" else 128, LINES=2 if kv == "bf16" else 1,
-                  DOT=triton.language.float16 if kv == "fp8" else triton.language.bfloat16)
+                  DOT=triton.language.float16 if kv == "fp8" else triton.language.bfloat16, TREE=tree)
     cache = "*bf16" if kv == "bf16" else "*fp8e4nv"
     types = {"qkv_ptr": "*i64", "bias_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*fp32",
              "lse_ptr": "*fp32", "k_cache_ptr": cache, "v_cache_ptr": cache, "kv_scale_ptr": "*fp32",
              "kv_inv_ptr": "*fp32", "pos_ptr": "*i64",
-             "slot_ptr": "*i64", "bt_ptr": "*i64", "qk_scale": "fp32", "sq_ptr": "*fp32", "eps": "fp32"}
+             "slot_ptr": "*i64", "bt_ptr": "*i64", "qk_scale": "fp32", "sq_ptr": "*fp32", "eps": "fp32",
+             "rot_ptr": "*i64", "seen_ptr": "*i64"}
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     # as the launch specializes them: 16-byte aligned pointers, strides multiples of 16
@@ -1209,3 +1211,26 @@ def test_speculative_verify_step_on_the_fast_path_gives_eager_greedy_tokens(buil
     assert r["word_ids"] == expected[1][3:5] and expected[0][1] not in banned[0]
     assert banned[1][:4] == expected[1][:4] and banned[1][4] != expected[1][4]  # the bans changed the output
     assert r["banned_fast"] == banned and r["banned_verify_steps"] > 0 and r["banned_accepted"] > 0
+
+
+@pytest.mark.slow
+def test_tree_verify_rows_on_the_fast_path_match_the_eager_tree_row_and_give_plain_greedy(built):
+    """Tree rows (issue 35) through the fast verify step, Triton's interpreter: each node rotated at its depth and
+    masked to the context and its ancestors (``attention.decode_attention``'s ``tree``), within the fast path's usual
+    distance of float32 eager, as the eager tree row is; a chain given as parents exactly today's linear verify step
+    (logits, argmax, K/V); greedy decoding with decoy trees (the kept path never the first nodes: its K/V moved in the
+    pool the fast step reads) the tokens of eager decoding without speculation, every tree row on the fast path."""
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"), "spec_tree_fast_check.py")
+    assert r["decode_path"].startswith("triton kernels")
+    for kind in ("tree", "linear"):  # (the linear row beside the tree row in the same step)
+        fast, eager = r[f"{kind}_fast_vs_fp32"], r[f"{kind}_eager_vs_fp32"]
+        assert fast < 1.5 * eager + 1e-3 and fast < 0.02, r
+    assert r["tree_argmax_equal"], r
+    assert r["chain_logits_equal"] and r["chain_greedy_equal"] and r["chain_kv_equal"], r
+    assert r["fast_trees"] == r["expected"], r
+    assert r["tree_steps"] > 0 and r["eager_tree_rows"] == 0 and r["moves"] > 0, r
+    assert 0 < r["accepted"] < r["drafted"] and r["blocks_back"], r
+    assert "trees of up to 8 nodes verified on the fast path" in r["describe"], r
+    # TRTLLM_PIPELINE_FAST_TREES=0: the same trees verified eagerly keep the same drafts
+    assert r["off_tree_steps"] == 0 and r["off_eager_tree_rows"] > 0 and r["off_fast_trees"] == r["expected"], r
+    assert (r["off_accepted"], r["off_drafted"]) == (r["accepted"], r["drafted"]), r

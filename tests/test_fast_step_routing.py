@@ -311,3 +311,45 @@ def test_speculation_that_turns_itself_down_lets_decode_steps_chain(built):
         assert rt.phase_rows["chained_steps"] >= 20
     finally:
         rt.close()
+
+
+def test_tree_rows_go_to_the_fast_verify_step_where_it_takes_them(runtime, monkeypatch):
+    """``_split``: a tree verify row to the fast path where its decoder verifies trees (``tree_tokens``) and the row is
+    no longer than that; else (too long, a decoder without trees, ``TRTLLM_PIPELINE_FAST_TREES=0``) eagerly."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import TREE_TOKENS
+    from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
+
+    rows = [PlanRow("t", [1, 2, 3, 4], 10, [1, 2, 3, 4], True, draft=3, parents=[-1, 0, 0, 1]),
+            PlanRow("c", [5, 6], 10, [5, 6, 7], True, draft=1)]
+    fast, eager = runtime._split(rows)
+    assert [r.request_id for r in fast] == ["t", "c"] and not eager and TREE_TOKENS == 65
+    monkeypatch.setattr(runtime.decoder, "tree_tokens", 3)  # the tree row past what the step takes
+    assert [r.request_id for r in runtime._split(rows)[1]] == ["t"]
+    monkeypatch.setattr(runtime.decoder, "tree_tokens", 0)  # a decoder without trees (tensor parallel's)
+    assert [r.request_id for r in runtime._split(rows)[1]] == ["t"]
+    monkeypatch.undo()
+    monkeypatch.setenv("TRTLLM_PIPELINE_FAST_TREES", "0")
+    fast, eager = runtime._split(rows)
+    assert [r.request_id for r in fast] == ["c"] and [r.request_id for r in eager] == ["t"]
+
+
+def test_a_tree_steps_inputs_rotate_each_node_at_its_depth_and_mask_the_rows_other_slots():
+    """``graphs.tree_inputs``: per token row the rotary position (start + depth) and the slots before its own it sees
+    (bit j: slot position - 1 - j; the row's first token and the context always); a linear row's: its positions,
+    every slot (-1), as a chain given as parents."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import tree_inputs
+
+    # row 0: root, then nodes a (parent 0), b (parent 0), c (parent 1 = a), d (parent 2 = b); row 1 linear
+    rot, seen = tree_inputs([[9, 1, 2, 3, 4], [7, 8]], [20, 5], [[-1, 0, 0, 1, 2], None])
+    assert rot == [20, 21, 21, 22, 22, 5, 6]
+    # index 2 (b) misses slot 21 (a: j 0); index 3 (c) misses 22 (b: j 0); index 4 (d) misses 23, 21 (c, a: j 0, 2)
+    assert seen == [-1, -1, ~0b1, ~0b1, ~0b101, -1, -1]
+    chain = tree_inputs([[1, 2, 3]], [4], [[-1, 0, 1]])
+    assert chain == tree_inputs([[1, 2, 3]], [4], [None]) == ([4, 5, 6], [-1, -1, -1])
+    # the longest row a step takes: its last token's window reaches the row's first (bit 63), always seen
+    wide = list(range(-1, 64))
+    wide[64] = 0  # the last token a child of the root: blind to slots 1..63 of its row
+    rot, seen = tree_inputs([[0] * 65], [0], [wide])
+    assert rot[64] == 1 and seen[64] == -(1 << 63)  # bits 0..62 clear, 63 (the root) set: the sign bit
+    with pytest.raises(ValueError, match="65 at most"):
+        tree_inputs([[0] * 66], [0], [list(range(-1, 65))])

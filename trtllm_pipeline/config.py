@@ -348,7 +348,7 @@ class SpeculativeSection(_Section):
         "accepted, so a workload whose drafts miss runs as fast as plain decoding")
     tree: SpeculativeTreeSection | None = Field(
         None, description="ngram: draft a token tree (several continuations of the matched suffix, e.g. "
-        "{max_nodes: 32}) instead of one; greedy requests verify it (eagerly: the CUDA fast path verifies chains), "
+        "{max_nodes: 32}) instead of one; greedy requests verify it (on one GPU in the CUDA fast path's verify step), "
         "sampled ones take its most frequent path")
 
     @model_validator(mode="before")

@@ -204,13 +204,15 @@ class TorchRuntime(OverlapSteps, Runtime):
                      str(self.engine.kv_dtype).removeprefix("torch."), "on" if enable_kv_cache_reuse else "off")
             # speculation: the fast path's largest bucket holds every row's 1 + k tokens (a verify step)
             spec_k = 0 if speculative is None or speculative.method == "none" else speculative.num_draft_tokens
+            if self.tree_verify:  # a tree row: its nodes are its drafts
+                spec_k = max(spec_k, self.tree_nodes)
             self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
             if self.speculator is not None and self.decoder is not None and not hasattr(self.decoder, "verify"):
                 log.warning("speculative decoding: verify steps run eagerly (this fast path, tensor parallel, "
                             "decodes one token per row); rows without drafts stay on it")
-            elif self.tree_verify and self.decoder is not None:
-                log.warning("speculative decoding: tree drafts verify eagerly (the fast path's verify step has no tree "
-                            "mask); linear drafts and plain decodes stay on it")
+            elif self.tree_verify and self.decoder is not None and not self._fast_trees():
+                log.warning("speculative decoding: tree drafts verify eagerly (this fast path verifies no trees, or "
+                            "TRTLLM_PIPELINE_FAST_TREES=0); linear drafts and plain decodes stay on it")
         except BaseException:
             if self.speculator is not None:
                 self.speculator.close()
@@ -254,7 +256,10 @@ class TorchRuntime(OverlapSteps, Runtime):
                 buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), limit)})
             decoder = self._prepared_decoder(buckets, graphs, limit)
             if spec_k and hasattr(decoder, "prepare_verify"):  # every verify graph now, not inside generation
-                decoder.prepare_verify()
+                if self.tree_verify and getattr(decoder, "tree_tokens", 0):
+                    decoder.prepare_verify(trees=True)  # (the tree steps' graphs too)
+                else:
+                    decoder.prepare_verify()
         except Unsupported as exc:
             log.warning("the fast CUDA decode path cannot run this engine: %s; decoding eagerly", exc)
             return None, f"eager ({exc})"
@@ -375,7 +380,8 @@ class TorchRuntime(OverlapSteps, Runtime):
         if sp is None:
             return "off"
         where = "on the fast path" if hasattr(self.decoder, "verify") else "eagerly"
-        trees = f", trees of up to {self.tree_nodes} nodes verified eagerly" if self.tree_verify else ""
+        trees = f", trees of up to {self.tree_nodes} nodes verified {where if self._fast_trees() else 'eagerly'}" \
+            if self.tree_verify else ""
         return (f"{sp.proposer.name}, up to {sp.k} drafts{' (adaptive)' if sp.adaptive else ''}, verified {where}"
                 f"{trees}")
 
@@ -554,6 +560,11 @@ class TorchRuntime(OverlapSteps, Runtime):
         else:
             req.draft = [int(t) for t in tree.chain()[:k]]
 
+    def _fast_trees(self) -> int:
+        """The longest tree verify row the fast path's verify step takes (``DecodeGraphs.verify``'s ``parents``;
+        ``graphs.TREE_TOKENS``), 0 where it takes none (no fast path, tensor parallel, ``fast_trees_enabled`` off)."""
+        return getattr(self.decoder, "tree_tokens", 0) if fast_trees_enabled() else 0
+
     def _split(self, rows: list[PlanRow]) -> tuple[list[PlanRow], list[PlanRow]]:
         """Rows for the fast path and for the eager model. Fast: decodes, then, where the decoder verifies (one
         rank), verify rows and short prefill chunks, as long as all their tokens fit its largest batch: a chunk's
@@ -563,7 +574,8 @@ class TorchRuntime(OverlapSteps, Runtime):
         chunks, and decodes past the largest batch). With ``TRTLLM_PIPELINE_PREFILL_WAIT=1``, a short chunk with no
         room left beside another on the fast path waits for the next step (planned again then: nothing ran or
         advanced) instead of an eager forward: a wave of short prompts then prefills as a few full fast steps, the
-        first prompts' first tokens early, instead of all of them after one eager forward."""
+        first prompts' first tokens early, instead of all of them after one eager forward. A tree verify row goes to
+        the fast path where its verify step takes trees (``_fast_trees``) and the row is no longer than it takes."""
         if self.decoder is None:
             return [], list(rows)
         largest = self.decoder.buckets[-1]
@@ -574,12 +586,14 @@ class TorchRuntime(OverlapSteps, Runtime):
         decodes = min(largest, sum(1 for r in rows if r.is_decode and r.sample))
         room -= decodes
         chunks = 0  # prefill chunks on the fast path this step
+        trees = self._fast_trees()
         for row in rows:
             short = prefill and not row.is_decode and not row.draft
             if row.is_decode and row.sample and decodes:
                 fast.append(row)
                 decodes -= 1
-            elif (row.draft or short) and row.parents is None and len(row.tokens) <= room:
+            elif (row.draft or short) and (row.parents is None or len(row.tokens) <= trees) and \
+                    len(row.tokens) <= room:
                 fast.append(row)
                 room -= len(row.tokens)
                 chunks += short
@@ -736,7 +750,9 @@ class TorchRuntime(OverlapSteps, Runtime):
         args = ([r.tokens for r in rows], [r.block_table for r in rows], [r.start for r in rows],
                 [r.request_id for r in rows])
         if any(not r.is_decode for r in rows):  # drafts or prefill chunks: logits at each row's ``logit_span`` only
-            logits, greedy = self.decoder.verify(*args)
+            trees = [r.parents for r in rows]  # (tree rows: a tree step, ``DecodeGraphs.verify``)
+            tree = any(p is not None for p in trees)
+            logits, greedy = self.decoder.verify(*args, **({"parents": trees} if tree else {}))
             ends = itertools.accumulate(len(r.tokens) for r in rows)
             index = [p for r, end in zip(rows, ends) for p in range(end - logit_span(r), end)]
             if len(index) != logits.shape[0]:
@@ -927,6 +943,12 @@ def fast_prefill_enabled() -> bool:
     """Short prefill chunks on the fast path (``_split``): on unless ``TRTLLM_PIPELINE_FAST_PREFILL=0`` (the eager
     forward then takes every chunk: the A/B of ``benchmarks/h200_run.sh``)."""
     return os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL", "1").strip() != "0"
+
+
+def fast_trees_enabled() -> bool:
+    """Tree verify rows on the fast path's verify step where it takes them (``_split``): on unless
+    ``TRTLLM_PIPELINE_FAST_TREES=0`` (they verify eagerly then: the A/B; not yet timed on a GPU)."""
+    return os.environ.get("TRTLLM_PIPELINE_FAST_TREES", "1").strip() != "0"
 
 
 def prefill_wait_enabled() -> bool:

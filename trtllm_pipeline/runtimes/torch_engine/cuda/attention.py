@@ -42,6 +42,10 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import Prepared, cons
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import tl_dtype
 
 LOG2E = 1.4426950408889634
+# A tree verify row's token (``decode_attention``'s ``tree``) masks the slots this far before its own by one int64:
+# a tree row of at most this many tokens and one more (its first, at its context's end, is every node's ancestor:
+# seen whatever its bit; ``graphs.TREE_TOKENS``)
+TREE_WINDOW = tl.constexpr(64)
 COMBINE_WARPS = 1  # one program per (request, head): D values, a few splits each
 # Under PDL, each program fetches its share of the cached keys and values into L2 before waiting for the QKV
 # linear: no kernel of the step writes them (H200, 7B INT4 step: 1.789 -> 1.779 ms, run 87)
@@ -112,7 +116,7 @@ def _decode_attention_kernel(
     qkv_ptr, stride_qs, stride_qb, bias_ptr,
     cos_ptr, sin_ptr, stride_rot,
     k_cache_ptr, v_cache_ptr, stride_cb, stride_ch, stride_ct, kv_scale_ptr, kv_inv_ptr,
-    pos_ptr, slot_ptr, bt_ptr, stride_btb, stride_btj,
+    pos_ptr, slot_ptr, bt_ptr, stride_btb, stride_btj, rot_ptr, seen_ptr,
     o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
     qk_scale, sq_ptr, hidden, eps,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, NORM_PARTS: tl.constexpr,
@@ -120,7 +124,7 @@ def _decode_attention_kernel(
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BS: tl.constexpr, COMPUTE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, KV_FP8: tl.constexpr, KV_UNIT: tl.constexpr, LINE: tl.constexpr,
-    LINES: tl.constexpr, DOT: tl.constexpr,
+    LINES: tl.constexpr, DOT: tl.constexpr, TREE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -150,8 +154,13 @@ def _decode_attention_kernel(
     half = D // 2
     d_rot = (d + half) % D
     sign = tl.where(d < half, -1.0, 1.0)
-    cos = tl.load(cos_ptr + pos * stride_rot + d)
-    sin = tl.load(sin_ptr + pos * stride_rot + d)
+    rot = pos
+    seen = -1  # the keys this row sees among the TREE_WINDOW slots before its own: all (a chain, a decode)
+    if TREE:  # a tree verify row's token: rotated at its depth, and blind to the row's slots off its path
+        rot = tl.load(rot_ptr + b)
+        seen = tl.load(seen_ptr + b)
+    cos = tl.load(cos_ptr + rot * stride_rot + d)
+    sin = tl.load(sin_ptr + rot * stride_rot + d)
     row = qkv_ptr + b * stride_qb
     rstd = 1.0
     if NORM_PARTS > 0:  # the QKV GEMV folded the input norm in: the sum of its splits' sums of squares
@@ -206,6 +215,10 @@ def _decode_attention_kernel(
     for t0 in range(start, end, BLOCK_T):
         t = t0 + t_in
         cached = (t < end) & (t != pos)
+        if TREE:  # slot pos - 1 - j seen where bit j of ``seen`` is set (farther back: the context, seen)
+            back = pos - 1 - t
+            bit = (seen >> tl.minimum(tl.maximum(back, 0), TREE_WINDOW - 1)) & 1
+            cached = cached & ((back >= TREE_WINDOW) | (bit != 0))
         blocks = tl.load(table + (t // BS) * stride_btj, mask=t < end, other=0)
         offs = (blocks * stride_cb + head + (t % BS) * stride_ct)[:, None] + d[None, :]
         kt = tl.load(k_cache_ptr + offs, mask=cached[:, None], other=0.0)
@@ -296,7 +309,8 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      *, heads: int, kv_heads: int, compute: torch.dtype, block_t: int | None = None,
                      prepared: Prepared | None = None, norm_sumsq: torch.Tensor | None = None, hidden: int = 0,
                      eps: float = 0.0, pdl: bool = False, kv_scale: torch.Tensor | None = None,
-                     kv_inv: torch.Tensor | None = None, kv_unit: bool = False) -> None:
+                     kv_inv: torch.Tensor | None = None, kv_unit: bool = False,
+                     tree: torch.Tensor | None = None) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
@@ -309,7 +323,12 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     float32 [S'] where the QKV GEMV folded the input RMSNorm in (``gemv_input.NormFold``): its K splits' sums of
     squares of the ``hidden`` residual values, whose ``1 / sqrt(sum / hidden + eps)`` multiplies the projection;
     ``kv_scale`` / ``kv_inv``: float32 [1], an FP8 cache's dequantization scale for this layer and its inverse
-    (``kv_unit``: both are 1, and the kernel converts without them).
+    (``kv_unit``: both are 1, and the kernel converts without them);
+    ``tree``: [2, B] int64 for a tree verify step (None: every row is rotated at its position and sees every key
+    before it, as a decode or a chain's verify step): row 0 each row's rotary position (a tree node's: its context
+    length plus its depth; its K/V still goes to its ``positions`` slot), row 1 the keys it sees among the
+    ``TREE_WINDOW`` slots before its own, bit j the slot ``position - 1 - j`` (-1: all; slots farther back are seen).
+    A linear row's bits are all set and its rotary position its position: exactly the step without ``tree``.
     """
     qkv_partials, fixed = fixed_sum.as_partials(qkv_partials)
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
@@ -332,6 +351,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         kv_scale if kv_fp8 else o_work, kv_inv if kv_fp8 else o_work,
         positions, table_rows, block_tables, block_tables.stride(0), block_tables.stride(1),
+        tree[0] if tree is not None else positions, tree[1] if tree is not None else positions,
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
         LOG2E / d**0.5, norm_sumsq if norm_sumsq is not None else o_work, hidden, eps,
         H=heads, KVH=kv_heads, D=d, GROUP=group, NORM_PARTS=norm_sumsq.numel() if norm_sumsq is not None else 0,
@@ -341,7 +361,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         BS=k_cache.shape[2], COMPUTE=dt,
         PDL=pdl, PREFETCH=PREFETCH_KV and pdl, KV_FP8=kv_fp8, KV_UNIT=kv_fp8 and kv_unit,
         LINE=line, LINES=max(1, d // line),
-        DOT=tl.float16 if f16_dots else dt,
+        DOT=tl.float16 if f16_dots else dt, TREE=tree is not None,
         num_warps=ATTENTION_WARPS, num_stages=stages, launch_pdl=pdl,
     )
     p = prepared

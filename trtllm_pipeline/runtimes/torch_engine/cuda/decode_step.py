@@ -118,6 +118,9 @@ class StepBuffers:
     # first pass writing every row's K/V into the cache (its outputs discarded), the second reading them back for
     # the later positions (one launch's programs never see each other's writes: ``attention``'s docstring)
     attention_passes: int = 1
+    # a tree verify step's extra inputs ([2, B] int64, ``attention.decode_attention``'s ``tree``: each row's rotary
+    # position and the slots before its own that it sees); None: every step that has no tree row (its kernels unchanged)
+    tree: torch.Tensor | None = None
 
     @property
     def tokens(self) -> torch.Tensor:  # the token each row feeds back
@@ -469,7 +472,7 @@ class DecodeStep:
                                            buf.table_rows, buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                            heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                            prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
-                                           hidden=self.hidden, eps=e.eps, pdl=pdl, **self.kv_scales[i])
+                                           hidden=self.hidden, eps=e.eps, pdl=pdl, tree=buf.tree, **self.kv_scales[i])
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
                                    buf.sums.get("hidden"), clear=buf.sums.get("qkv"))

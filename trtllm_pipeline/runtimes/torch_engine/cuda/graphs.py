@@ -19,10 +19,17 @@ from typing import Sequence
 
 import torch
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import decode_step
+from trtllm_pipeline.runtimes.torch_engine.cuda import attention, decode_step
 from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep, StepBuffers
+from trtllm_pipeline.runtimes.torch_engine.plan import row_ancestors, row_depths
 
 log = logging.getLogger(__name__)
+
+# The longest tree verify row the fast step takes (its first token and its nodes): each token row masks the slots
+# before its own by one int64 (``attention.TREE_WINDOW``), its row's tokens but the first (every node's ancestor, so
+# seen whatever the mask); longer tree rows verify eagerly (``TorchRuntime._split``). 65: a tree of the config's
+# most nodes (64).
+TREE_TOKENS = attention.TREE_WINDOW.value + 1
 
 
 # The most rows one fast step takes: its kernels hold all of a step's rows in one tile, and 512 rows of the GLU's
@@ -83,6 +90,10 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_buffers: dict[int, StepBuffers] = {}  # speculative verify steps: the same buffers, two passes
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # tree verify steps (``verify``'s ``parents``): the verify buffers plus each row's rotary position and mask
+        # ([2, B] on the device), a graph of their own, so that steps without tree rows run the kernels unchanged
+        self.tree_buffers: dict[int, StepBuffers] = {}
+        self.tree_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.setup_seconds = 0.0
         self._cuda = step.engine.device.type == "cuda"
         # Two sets of pinned host buffers used in turn (``_fill``, ``_read_back``): a chained step (``decode``'s
@@ -107,6 +118,8 @@ class DecodeGraphs:
         self._tail = [0] * rows  # each row's last entry written (a Python int: read every step for every row)
         self._free_rows = list(range(rows - 2, -1, -1))
 
+    tree_tokens = TREE_TOKENS  # the capability the runtime asks for (``TorchRuntime._split``): tree rows verified
+
     def prepare(self) -> None:
         """Compile every kernel for every bucket and capture the graphs (once per process)."""
         start = time.perf_counter()
@@ -114,7 +127,8 @@ class DecodeGraphs:
             mark = time.perf_counter()
             buf = self.buffers[batch] = self.step.buffers(batch, self.tables)
             # rows: the step's inputs (tokens, positions, table rows, bans), and a chained step's sources (``decode``)
-            self.staging[batch] = [torch.zeros((5, batch), dtype=torch.long, pin_memory=self._cuda) for _ in range(2)]
+            # and a tree verify step's rotary positions and masks (``verify``)
+            self.staging[batch] = [torch.zeros((7, batch), dtype=torch.long, pin_memory=self._cuda) for _ in range(2)]
             self.sources[batch] = torch.zeros(batch, dtype=torch.long, device=self.tables.device)
             self._fill(batch, [], [], [])
             self.step.run(buf)  # compiles the kernels outside the capture
@@ -129,19 +143,23 @@ class DecodeGraphs:
         log.info("fast decode path ready: %d batch buckets %s, %s, in %.1f s", len(self.buckets), self.buckets,
                  "CUDA graphs" if self.use_graphs else "direct launches", self.setup_seconds)
 
-    def prepare_verify(self, batches: Sequence[int] | None = None) -> None:
+    def prepare_verify(self, batches: Sequence[int] | None = None, trees: bool = False) -> None:
         """Capture the verify graphs of ``batches``' buckets (None: every bucket: speculative decoding is on; the
         runtime's short-prefill buckets otherwise) now. Captured on first use instead, each verify bucket a request's
         draft length (or a prompt's length) first reaches cost a capture (a synchronize and every kernel of the step
-        recorded: milliseconds) inside generation, the first requests' and a benchmark's timed run's."""
+        recorded: milliseconds) inside generation, the first requests' and a benchmark's timed run's. ``trees``: the
+        tree verify steps' graphs too (tree speculation is on)."""
         if not self.buffers:
             self.prepare()
         start = time.perf_counter()
         for batch in reversed(sorted({bucket_for(b, self.buckets) for b in batches or self.buckets})):
             self._verify_buffers(batch)
+            if trees:
+                self._verify_buffers(batch, tree=True)
         seconds = time.perf_counter() - start
         self.setup_seconds += seconds
-        log.info("fast verify steps ready: batch buckets %s, in %.1f s", sorted(self.verify_buffers), seconds)
+        log.info("fast verify steps ready: batch buckets %s%s, in %.1f s", sorted(self.verify_buffers),
+                 " (tree steps too)" if trees else "", seconds)
 
     def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int],
                request_ids: Sequence | None = None, sources: Sequence[int] | None = None,
@@ -192,12 +210,18 @@ class DecodeGraphs:
         return self._last
 
     def verify(self, token_lists: Sequence[Sequence[int]], tables: Sequence[Sequence[int]], starts: Sequence[int],
-               request_ids: Sequence, sources: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               request_ids: Sequence, sources: Sequence[int] | None = None,
+               parents: Sequence[Sequence[int] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Speculative decoding's verify step: request i feeds ``token_lists[i]`` at positions ``starts[i] ..``,
         every token a row of one step (all of a request's rows name its one table row), so the weights are read
         once for all of them; the step runs attention twice (``StepBuffers.attention_passes``), from a graph of its
         own per batch bucket (``prepare_verify``, or on first use). Float32 logits and their argmax, [total tokens]
-        rows in order. ``sources``: per token row, as ``decode``'s (a chained step)."""
+        rows in order. ``sources``: per token row, as ``decode``'s (a chained step).
+
+        ``parents``: per request, None (a linear row) or its tree row's parent index per token (``PlanRow.parents``,
+        at most ``TREE_TOKENS`` tokens): where any is given the step is a tree step (``tree_inputs``: each node
+        rotated at its depth, its K/V at its index in the row, seeing the context and its ancestors only), from a
+        graph of its own; a step without trees runs the kernels as before."""
         rows = self._table_rows(request_ids, tables)
         if not self.buffers:
             self.prepare()
@@ -205,21 +229,36 @@ class DecodeGraphs:
         positions = [start + j for toks, start in zip(token_lists, starts) for j in range(len(toks))]
         expanded = [row for toks, row in zip(token_lists, rows) for _ in toks]
         batch = bucket_for(len(tokens), self.buckets)
-        buf = self._verify_buffers(batch)
+        tree = None
+        if parents is not None and any(p is not None for p in parents):
+            tree = tree_inputs(token_lists, starts, parents)
+        buf = self._verify_buffers(batch, tree=tree is not None)
         n = len(tokens)
-        self._fill(batch, tokens, positions, expanded, sources)
+        self._fill(batch, tokens, positions, expanded, sources, tree=tree)
         if sources is not None:
             self._chain_tokens(buf.inputs[0, :n], self.sources[batch][:n], min(sources) < 0)
         if self.use_graphs:
-            self.verify_graphs[batch].replay()
+            (self.tree_graphs if tree is not None else self.verify_graphs)[batch].replay()
         else:
             self.step.run(buf)
         self._read_back(buf.greedy, n)
         return buf.logits[:n], buf.greedy[:n]
 
-    def _verify_buffers(self, batch: int):
+    def _verify_buffers(self, batch: int, tree: bool = False):
         """The bucket's buffers (shared with its decode graph: the two never run at once) with two attention
-        passes, and their graph."""
+        passes, and their graph (``tree``: a tree step's, with its own tree inputs)."""
+        if tree:
+            buf = self.tree_buffers.get(batch)
+            if buf is None:
+                inputs = torch.zeros((2, batch), dtype=torch.long, device=self.tables.device)
+                inputs[1] = -1
+                buf = self.tree_buffers[batch] = dataclasses.replace(self._verify_buffers(batch), tree=inputs)
+                if self.use_graphs:  # the attention kernel's TREE variant compiled outside the capture, by a step
+                    self._fill(batch, [], [], [], tree=([], []))  # of padding rows only (the null block's)
+                    self.step.run(buf)
+                    self.tree_graphs[batch] = self._capture(buf)
+                    torch.cuda.synchronize()
+            return buf
         buf = self.verify_buffers.get(batch)
         if buf is None:
             buf = self.verify_buffers[batch] = dataclasses.replace(self.buffers[batch], attention_passes=2)
@@ -299,9 +338,10 @@ class DecodeGraphs:
         """The argmax tokens of the last ``decode`` of ``n`` rows, computed inside the step."""
         return self.buffers[bucket_for(n, self.buckets)].greedy[:n]
 
-    def _fill(self, batch: int, tokens, positions, rows, sources=None, bans=None) -> None:
+    def _fill(self, batch: int, tokens, positions, rows, sources=None, bans=None, tree=None) -> None:
         """The step's inputs into this turn's pinned set, copied to the device ahead of the replay on the stream.
-        The set was last used two fills ago; its copy is done unless two steps were chained past it (then wait)."""
+        The set was last used two fills ago; its copy is done unless two steps were chained past it (then wait).
+        ``tree``: a tree step's (rotary positions, masks) per token row (``tree_inputs``)."""
         self._turn ^= 1
         if (copied := self._copied[self._turn]) is not None:
             copied.synchronize()
@@ -311,6 +351,11 @@ class DecodeGraphs:
         if sources is not None:
             staging.numpy()[4, : len(sources)] = sources
             self.sources[batch].copy_(staging[4], non_blocking=True)
+        if tree is not None:
+            host, n = staging.numpy(), len(tokens)
+            host[5, :n], host[6, :n] = tree
+            host[5, n:], host[6, n:] = 0, -1  # padding rows: position 0, every key seen (their one)
+            self.tree_buffers[batch].tree.copy_(staging[5:7], non_blocking=True)
         if self._cuda:
             self._copied[self._turn] = _recorded(self._copied[self._turn])
 
@@ -332,6 +377,31 @@ def _recorded(event):
     event = event if event is not None else torch.cuda.Event()
     event.record()
     return event
+
+
+def tree_inputs(token_lists: Sequence[Sequence[int]], starts: Sequence[int],
+                parents: Sequence[Sequence[int] | None]) -> tuple[list[int], list[int]]:
+    """A tree verify step's rotary position and key mask per token row (``attention.decode_attention``'s ``tree``):
+    a tree row's token i at its start plus its depth, seeing the slots of the row's tokens before it that are its
+    ancestors (bit j of the mask: the slot ``start + i - 1 - j``) and every slot before the row; a linear row's
+    tokens (``parents`` None) at their positions, seeing everything (-1)."""
+    rot, seen = [], []
+    for toks, start, par in zip(token_lists, starts, parents):
+        if par is None:
+            rot += range(start, start + len(toks))
+            seen += [-1] * len(toks)
+            continue
+        if len(par) != len(toks) or len(toks) > TREE_TOKENS:
+            raise ValueError(f"a tree row of {len(toks)} tokens ({len(par)} parents): the fast step takes "
+                             f"{TREE_TOKENS} at most, one parent per token")
+        depths, ancestors = row_depths(par), row_ancestors(par)
+        for i, (depth, mine) in enumerate(zip(depths, ancestors)):
+            rot.append(start + depth)
+            # the row's tokens 1 .. i - 1 off its path (the first is every token's ancestor), reversed into
+            # slot order (bit j: token i - 1 - j) and complemented: an int64 whose sign bit is the first token's, set
+            blind = ~mine & ((1 << i) - 1) & ~1
+            seen.append(~int(format(blind, f"0{i}b")[::-1], 2) if blind else -1)
+    return rot, seen
 
 
 def write_step_inputs(out, tokens: Sequence[int], positions: Sequence[int], rows: Sequence[int],
