@@ -13,7 +13,9 @@
 3. Prompt-lookup speedup at batch 1: ``bench --in-process --speculative ngram`` (trtllm_pipeline/bench/speculative)
    on the grounded and random workloads, for the build and each --ngram-configs build (a random model never copies
    its input: its grounded row shows the turned-down cost only; a real model's shows the speedup), at prompt
-   lookup's default k (8), over --prompts prompts of each workload one after another (18: every grounded pair).
+   lookup's default k (8), over --prompts prompts of each workload one after another (18: every grounded pair);
+   with --tree-nodes N (default 32) each build again drafting trees of N nodes (``runtime.speculative.tree``), and at
+   batch 1 a tree verify row of 1 + N tokens timed against a linear row of as many and the 1-token step.
 
 Prints a table and writes spec_decode.json under --out.
 """
@@ -53,7 +55,7 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times) * 1000
 
 
-def verify_costs(rt: TorchRuntime, batches, ks, context: int, repeats: int) -> list[dict]:
+def verify_costs(rt: TorchRuntime, batches, ks, context: int, repeats: int, tree_nodes: int = 0) -> list[dict]:
     dec = rt.decoder
     rows = []
     for b in batches:
@@ -81,6 +83,18 @@ def verify_costs(rt: TorchRuntime, batches, ks, context: int, repeats: int) -> l
                          "ratio": ms / base})
             print(f"  batch {b:>3} k {k}: verify {ms:7.3f} ms, 1-token step {base:7.3f} ms, {ms / base:5.2f}x",
                   flush=True)
+        if b == 1 and tree_nodes and getattr(dec, "tree_tokens", 0) > tree_nodes:
+            # a tree row of 1 + tree_nodes tokens (4 branches under the root, as a frequency tree's first levels)
+            # against a linear row of as many tokens and the 1-token step: what the tree's mask costs
+            n = tree_nodes
+            parents = [-1] + [0 if j <= 4 else j - 4 for j in range(1, n + 1)]
+            tree = lambda: dec.verify([[11] * (1 + n)], tables, starts, rids, parents=[parents])[1].tolist()  # noqa: E731
+            chain = lambda: dec.verify([[11] * (1 + n)], tables, starts, rids)[1].tolist()  # noqa: E731
+            t_ms, c_ms = _timed(tree, repeats), _timed(chain, repeats)
+            rows.append({"batch": 1, "tree_nodes": n, "rows": 1 + n, "decode_ms": base, "tree_verify_ms": t_ms,
+                         "chain_verify_ms": c_ms, "tree_ratio": t_ms / base, "chain_ratio": c_ms / base})
+            print(f"  batch   1 tree of {n} nodes: verify {t_ms:7.3f} ms ({t_ms / base:5.2f}x), a chain of as many "
+                  f"{c_ms:7.3f} ms ({c_ms / base:5.2f}x)", flush=True)
         if b == 1:  # the eager model's verify step, for scale: what the fast path saves (and TP still pays)
             for k in (1, 4, 8):
                 row = PlanRow(rids[0], [11] * (1 + k), context, tables[0], True)
@@ -123,13 +137,16 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=18, help="ngram: prompts of each workload at batch 1, in turn")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (Triton's interpreter), no timing meaning")
+    ap.add_argument("--tree-nodes", type=int, default=32,
+                    help="a tree verify row of 1 + N tokens timed at batch 1, and each ngram build run again drafting "
+                    "trees of N nodes (runtime.speculative.tree); 0: neither")
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
     cfg = load_config(Path(args.config))
     ckpt = args.engines_dir / cfg.name / "checkpoint"
     # 5: the agreement check's row of 1 + 4; past MAX_FAST_ROWS a verify step runs eagerly (not measured here)
-    largest = min(max(max(batches) * (1 + max(ks)), 5), MAX_FAST_ROWS)
+    largest = min(max(max(batches) * (1 + max(ks)), 5, 1 + args.tree_nodes), MAX_FAST_ROWS)
     buckets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, largest} - {n for n in (128, 256) if n > largest})
     start = time.perf_counter()
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device=args.device, max_batch_size=largest, max_seq_len=2048,
@@ -138,7 +155,7 @@ def main() -> None:
     result = {"config": cfg.name, "describe": rt.describe(), "context": args.context}
     result["agreement"] = agreement(rt)
     print(f"fast verify vs eager: {result['agreement']}", flush=True)
-    result["verify_costs"] = verify_costs(rt, batches, ks, args.context, args.repeats)
+    result["verify_costs"] = verify_costs(rt, batches, ks, args.context, args.repeats, args.tree_nodes)
     rt.close()
     del rt
     gc.collect()
@@ -147,13 +164,14 @@ def main() -> None:
     ngram = []
     for path in [args.config] + [c for c in args.ngram_configs.split(",") if c]:
         c = load_config(Path(path))
-        settings = SpeculativeSettings(method="ngram", batches=(1,), output_tokens=args.output_tokens,
-                                       prompts=args.prompts)
-        res = run_speculative(c, engines_dir=args.engines_dir, settings=settings,
-                              output=args.out / f"spec-ngram-{c.name}.json")
-        ngram += [{"config": c.name, **r} for r in res.data["runs"]]
-        print("\n".join(res.table()), flush=True)
-        gc.collect()
+        for tree in (None, args.tree_nodes or None) if args.tree_nodes else (None,):
+            settings = SpeculativeSettings(method="ngram", batches=(1,), output_tokens=args.output_tokens,
+                                           prompts=args.prompts, tree_nodes=tree)
+            res = run_speculative(c, engines_dir=args.engines_dir, settings=settings,
+                                  output=args.out / f"spec-ngram-{c.name}{f'-tree{tree}' if tree else ''}.json")
+            ngram += [{"config": c.name, "tree_nodes": tree, **r} for r in res.data["runs"]]
+            print("\n".join(res.table()), flush=True)
+            gc.collect()
     result["ngram"] = ngram
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "spec_decode.json").write_text(json.dumps(result, indent=2))
@@ -168,10 +186,14 @@ def main() -> None:
     if eager:
         print("eager verify at batch 1 (no fast path): " + ", ".join(f"k={r['k']} {r['eager_ratio']:.1f}x"
                                                                    for r in eager))
-    print(f"\n{'config':>40} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>5}")
+    trees = [r for r in result["verify_costs"] if "tree_ratio" in r]
+    if trees:
+        print("tree verify at batch 1: " + ", ".join(f"{r['tree_nodes']} nodes {r['tree_ratio']:.2f}x (a chain of as "
+                                                    f"many {r['chain_ratio']:.2f}x)" for r in trees))
+    print(f"\n{'config':>40} {'tree':>5} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>5}")
     for r in ngram:
-        print(f"{r['config']:>40} {r['workload']:>9} {r['speedup']:>6.2f}x {r['acceptance_length']:>10.2f} "
-              f"{str(r['identical']):>5}")
+        print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['workload']:>9} {r['speedup']:>6.2f}x "
+              f"{r['acceptance_length']:>10.2f} {str(r['identical']):>5}")
     print(f"results: {args.out / 'spec_decode.json'}")
 
 

@@ -11,7 +11,7 @@ from array import array
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, REPO, load
+from conftest import CONFIGS, REPO, load, run_cli
 from spec_oracle import oracle_settings
 
 from trtllm_pipeline.config import SpeculativeSection, config_from_dict
@@ -394,6 +394,22 @@ def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir,
         assert sum(p["draft_tokens"] for p in each) == r["draft_tokens"]
     assert all("per_prompt" not in r for r in runs if r["batch"] == 2)
     assert "speedup" in result.table()[0] and "ngram, up to 8 drafts" in result.table()[-1]
+
+
+def test_bench_in_process_speculative_with_trees_from_the_command_line(built, engines_dir, tmp_path):
+    """``--tree-nodes``: prompt lookup drafts trees (runtime.speculative.tree), the outputs still plain greedy's, the
+    file named by it; with another method it is refused before anything loads."""
+    built(NAME)
+    out = tmp_path / "tree.json"
+    proc = run_cli("bench", "--in-process", "-c", str(CONFIGS / f"{NAME}.yaml"), "--engines-dir", str(engines_dir),
+                   "--speculative", "ngram", "--tree-nodes", "8", "--prompts", "2", "--workload", "grounded",
+                   "--output-tokens", "8", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["settings"]["tree_nodes"] == 8 and "trees of up to 8 nodes" in data["runtime"]["speculative"]
+    assert [r["identical"] for r in data["runs"]] == [True]
+    proc = run_cli("bench", "--in-process", "-c", "x.yaml", "--speculative", "draft", "--tree-nodes", "8")
+    assert proc.returncode == 2 and "--tree-nodes goes with --speculative ngram" in proc.stderr
 
 
 def test_the_offline_study_replays_what_the_runtime_drafts_keeps_and_steps(built, engines_dir, monkeypatch):

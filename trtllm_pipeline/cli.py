@@ -456,6 +456,9 @@ def _length_pairs(ctx, param, value):
               "accepted tokens, outputs compared.")
 @click.option("--num-draft-tokens", type=click.IntRange(1, 8), default=None,
               help="--speculative: k, tokens drafted per request per step (default: the method's, ngram 8, others 4).")
+@click.option("--tree-nodes", type=click.IntRange(1, 64), default=None,
+              help="--speculative ngram: draft token trees of up to N nodes (several continuations of the matched "
+              "suffix, verified in one row: runtime.speculative.tree.max_nodes) instead of one continuation.")
 @click.option("--prompts", "spec_prompts", type=click.IntRange(min=1), default=None,
               help="--speculative at batch 1 (default 18): prompts of each workload generated one after another, "
               "each alone, the figures their totals (grounded: the first N task x passage pairs, rewrites first; "
@@ -504,7 +507,7 @@ def _length_pairs(ctx, param, value):
 @engines_dir_option
 @tp_mode_option
 def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, prefill_chunk_tokens,
-          max_batch_size, speculative, num_draft_tokens, spec_prompts,
+          max_batch_size, speculative, num_draft_tokens, spec_prompts, tree_nodes,
           draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, engines_dir, tp_mode) -> None:
@@ -529,6 +532,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
         raise click.UsageError("--speculative and --throughput are separate runs: give one")
     if spec_prompts and not speculative:
         raise click.UsageError("--prompts goes with --speculative")
+    if tree_nodes and speculative != "ngram":
+        raise click.UsageError("--tree-nodes goes with --speculative ngram (prompt lookup drafts the trees)")
     if draft_checkpoint and speculative not in ("draft", "eagle3"):
         raise click.UsageError("--draft-checkpoint goes with --speculative draft or eagle3")
     if in_process:
@@ -542,7 +547,7 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                 draft_checkpoint=str(draft_checkpoint) if draft_checkpoint else None,
                 batches=tuple(batches or (1,)), workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()),
                 output_tokens=output_tokens, seed=seed,
-                prompts=spec_prompts or speculative_bench.SpeculativeSettings.prompts)
+                prompts=spec_prompts or speculative_bench.SpeculativeSettings.prompts, tree_nodes=tree_nodes)
             result = speculative_bench.run_speculative(cfg, engines_dir=engines_dir, settings=spec_settings,
                                                        output=output, progress=click.echo)
             echo_lines(result.table())

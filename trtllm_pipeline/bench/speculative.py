@@ -53,11 +53,14 @@ class SpeculativeSettings:
     seed: int = 1234
     repeats: int = 3  # runs of each mode, alternating; the fastest of each is reported
     prompts: int = 18  # batch 1: prompts of each workload run one after another (grounded: 18 = every pair)
+    tree_nodes: int | None = None  # ngram: draft token trees of this many nodes (runtime.speculative.tree.max_nodes)
 
     def runtime_overrides(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"method": self.method}
         if self.num_draft_tokens is not None:
             spec["num_draft_tokens"] = self.num_draft_tokens
+        if self.tree_nodes is not None:
+            spec["tree"] = {"max_nodes": self.tree_nodes}
         if self.draft_checkpoint:
             spec["draft_checkpoint"] = self.draft_checkpoint
         return {"speculative": spec}
@@ -65,6 +68,9 @@ class SpeculativeSettings:
     def check(self) -> None:
         if bad := [w for w in self.workloads if w not in WORKLOADS]:
             raise InputError(f"unknown workload {bad[0]!r}.", fix=f"use {', '.join(WORKLOADS)}")
+        if self.tree_nodes is not None and self.method != "ngram":
+            raise InputError(f"--tree-nodes drafts prompt-lookup trees; --speculative is {self.method}.",
+                             fix="use --speculative ngram, or drop --tree-nodes")
         if not self.batches or min(self.batches) < 1 or min(self.output_tokens, self.repeats, self.prompts) < 1:
             raise InputError("--batch values, --output-tokens, --prompts and the repeats must be at least 1.")
 
@@ -114,8 +120,9 @@ def run_speculative(cfg: BuildConfig, *, engines_dir: Path, settings: Speculativ
     data = {"schema": SCHEMA, "settings": {**dataclasses.asdict(settings), "num_draft_tokens": k, "config": cfg.name,
                                            "started_at": started, "finished_at": artifacts.now_iso()},
             "runtime": info, "runs": runs}
+    tree = f"-tree{settings.tree_nodes}" if settings.tree_nodes else ""
     path = output or (artifacts.artifact_paths(engines_dir, cfg.name).bench
-                      / f"speculative-{settings.method}-k{k}.json")
+                      / f"speculative-{settings.method}-k{k}{tree}.json")
     artifacts.write_json_atomic(path, data)
     return SpeculativeResult(path, data)
 
