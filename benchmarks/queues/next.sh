@@ -15,9 +15,10 @@ part served 480 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COAL
 # next fast step instead of an eager forward (TRTLLM_PIPELINE_PREFILL_WAIT=1)
 part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_FAST_PREFILL_ROWS=256
 part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_PREFILL_WAIT=1
-# 35: prompt lookup on the real SmolLM2 and the 7B's verify cost (cut by the session's end twice: 2026-12-05c, d)
+# 35: prompt lookup on the real SmolLM2 and the 7B's verify cost (cut by the session's end twice: 2026-12-05c, d),
+# now also drafting trees of 32 nodes, verified on the fast path, and a 33-token tree row's cost against a plain step
 await /tmp/smolw/ready 60
-part spec 360 WHEELS=/tmp/smolw SPEC_BATCHES=1
+part spec 420 WHEELS=/tmp/smolw SPEC_BATCHES=1
 # 32: W4A8-AWQ at batch 1 (2026-12-05d: 4.288 ms/step on the table-lookup GEMV, 26% of the floor; goal 1.8)
 # quant_gemv_w4a8 alone at the 7B's four decode launches, its first launch rule against today's (the next tile
 # prefetched, qkv/dense one tile a program) and a sweep: no build, ~1 minute (benchmarks/w4a8_gemv.py)
