@@ -846,6 +846,61 @@ def test_int4_awq_steps_of_several_rows_take_the_gemv_when_switched_on(built, mo
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
 
 
+def test_int4_awq_steps_of_several_rows_take_the_int8_mma_when_switched_on(built, monkeypatch):
+    """TRTLLM_PIPELINE_INT4_MMA_ROWS=16: the INT4 linears other than the GLU at batch 2-4 run quant_mma_int4's INT8
+    tensor-core kernel on the producers' prepared rows (the GLU keeps the several-row GEMV under
+    TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS), through the interpreter: eager's greedy tokens, as at batch 1."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_mma_int4
+
+    monkeypatch.setenv(quant_gemv.ROWS_ENV, "16")
+    monkeypatch.setenv(quant_mma_int4.ROWS_ENV, "16")
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"), parts=("greedy",))
+    assert r["mma_rows_buckets"] == [2, 4], r["mma_rows_buckets"]
+    assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"], {k: r.get(k) for k in (
+        "fast_vs_fp32", "eager_vs_fp32", "greedy_fast", "greedy_eager", "staggered_fast")}
+    assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
+
+
+@pytest.mark.slow
+def test_int4_mma_for_several_rows_is_exact_per_block(tmp_path):
+    """quant_mma_int4's INT8 tensor-core linear (tests/mma_rows_check.py: N 256 K 512 group 128 at M 2, 3, 8, 16;
+    K off the tiles with groups of 32 and splits; the tiny model's group of 8 at 6 and 2 rows; every block's largest
+    at x_int = +-32640): the block-diagonal int8 dots' sums are exact, so the result is the several-row dp4a GEMV's
+    up to float32 summation order (measured <= 1.7e-7 max relative; the bound 1e-6), against the input as its planes
+    hold it as the GEMV is (<= 1e-6), against float32 ``x @ W^T`` below 5e-5 (the input's int16 rounding); the
+    int64 accumulators and the last program's split sum as the GEMV's."""
+    rows = _interpreted(None, "mma_rows_check.py")
+    assert [r["m"] for r in rows][:4] == [2, 3, 8, 16]
+    assert [r["config"][4] for r in rows][:4] == [128, 64, 32, 32]  # KC: 16 x NBC blocks a dot
+    assert rows[-1]["inputs_at_32640"] > 0
+    for r in rows:
+        assert r["kernel_vs_gemv"]["max_rel"] < 1e-6 and r["kernel_vs_prepared"]["rel"] < 1e-6, r
+        assert r["kernel"]["rel"] < 5e-5, r
+        assert "eager_bf16" not in r or r["kernel"]["rel"] < 0.1 * r["eager_bf16"]["rel"], r
+        assert r["fixed_equals_exact_sum"] and r["reduced_equals_sum"] and r["counters_left_zero"], r
+
+
+def test_int4_mma_rows_switch_picks_it_for_2_to_n_rows_and_never_the_glu(monkeypatch):
+    """quant_gemm.choose takes quant_mma_int4 only under TRTLLM_PIPELINE_INT4_MMA_ROWS=N, at batch 2..N and not for
+    the GLU; unset, nothing changes (off by default); a bad value is an InputError."""
+    from trtllm_pipeline.errors import InputError
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_mma_int4
+
+    monkeypatch.delenv(quant_gemv.ROWS_ENV, raising=False)
+    monkeypatch.delenv(quant_mma_int4.ROWS_ENV, raising=False)
+    q = _TableQuant("int4_awq", group=128, int4=True)
+    assert not any(quant_gemm.choose(q, m, 132).mma for m in (1, 2, 8, 16))
+    monkeypatch.setenv(quant_mma_int4.ROWS_ENV, "8")
+    picked = {m: quant_gemm.choose(q, m, 132) for m in (1, 2, 3, 8, 9, 16)}
+    assert [m for m, c in picked.items() if c.mma] == [2, 3, 8]
+    assert picked[3].gemv and picked[3].block_m == 4 and picked[8].block_k == 128
+    assert not quant_gemm.choose(q, 8, 132, glu=True).mma
+    monkeypatch.setenv(quant_mma_int4.ROWS_ENV, "17")
+    with pytest.raises(InputError):
+        quant_gemm.choose(q, 2, 132)
+
+
 @pytest.mark.slow
 def test_fast_kernels_match_eager_accuracy_int8_sq(built):
     # W8A8 re-quantizes every activation to INT8 (as FP8 does to E4M3): tokens may part after a few steps
