@@ -666,10 +666,6 @@ def launch(x, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype,
         x, x2 = launch_input(x, q, compute), q2 and launch_input(x, q2, compute)
     fixed = fixed_sum.is_accumulator(out)
     assert not fixed or q2 is None and out.numel() >= q.n, "int64 accumulators take a split GEMV's whole output"
-    if cfg.mma:  # quant_mma_int4: the same prepared rows on the INT8 tensor cores (no GLU)
-        assert q2 is None and fold is None and prepare_out is None, "the INT4 MMA linear takes one matrix"
-        from trtllm_pipeline.runtimes.torch_engine.cuda import quant_mma_int4
-        return quant_mma_int4.launch(x, q, out, cfg, pdl, counters=counters, clear=clear)
     if cfg.block_m > 1:
         assert fold is None and not cfg.ws and not cfg.tma, "the several-row GEMV loads its tiles to registers"
         return _launch_rows(x, q, q2, out, cfg, compute, pdl, x2, prepare_out, counters, clear)

@@ -32,9 +32,12 @@ Numerics (all integer sums exact; the result is the GEMV's up to float32 summati
   multiplies per block: the same products, another order); where a group is shorter than KC (the tiny model's
   8), per (block, row) scales multiply each chunk's result. At the end the NBC blocks of each row are summed.
 
-Per weight and thread (the K loop, sm_90 SASS: ``tools/gemv_sass.py --mma``): unpacking ~0.375, the dots' MMAs
-(3 planes x 2 row sets), and per (block, row, output) of the dot's result two shifts, an I2F and an FFMA: 4 R / KC =
-BLOCK_M / 4 per weight. Outputs as the several-row GEMV: split partials [S, M, N], int64 accumulators
+Per weight (the K loop, sm_90 SASS: ``tools/gemv_sass.py --mma M --block-n 128``, mma.sync ``IMMA.16832.S8.S8``:
+the dot's 16-32 rows are below wgmma's 64): unpacking ~0.375, the MMAs (3 planes x 2 row sets), and per (block,
+row, output) of the dot's result two shifts, an I2F and an FFMA: 4 R / KC = BLOCK_M / 4. In all 2.44 instructions a
+weight at 2 rows, 3.30 at 4, 4.85 at 8 (105 registers; the several-row GEMV: 8.5), 7.80 at 16. Not timed yet.
+
+Outputs as the several-row GEMV: split partials [S, M, N], int64 accumulators
 (``fixed_sum``), or split 0's row summed by the row tile's last program. Under Triton's interpreter (no PTX) the
 nibbles come from plain int8 shifts (``ASM=False``).
 """
