@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import quant_fast_path as qf  # noqa: E402
 
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_mma_int4  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, linear, quant_gemm, quant_gemv,  # noqa: E402
                                                         quant_gemv_ws, quant_linear)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig  # noqa: E402
@@ -281,6 +282,8 @@ def _candidates(fmt, lins, sets, x, m, sm, glu, decode, device, sweep: bool):
                     return fixed_sum.to_float(out) if cfg.gemv else out.sum(0)
                 # (batch 1's GEMV config is pick_config's, not the table's; the several-row kernel's goes there)
                 yield kind, None if cfg.gemv and cfg.block_m == 1 else cfg, call, read
+            if quant_mma_int4.supported(q0, m):  # the INT8 tensor-core kernel on the same prepared rows (untabled)
+                yield from _mma_candidates(sets, x, m, sm, glu, sweep, device, pdl)
         # the library GEMMs quant_gemm.linear can take (prefill; not the decode step's GLU launch), timed whole:
         # torch._int_mm with the input's quantization and the epilogue, or the weight dequantized into the scratch
         # buffer and F.linear / torch._scaled_mm (its input's pre-quant scale and quantization too)
@@ -337,6 +340,35 @@ def _correct(r: dict) -> bool:
 def _config_entry(r: dict) -> list[int]:
     c = LinearConfig(*r["config"])
     return [c.block_m, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, int(c.swap), int(c.scale_weights)]
+
+
+MMA_BLOCK_NS = (64, 256)  # the INT8 MMA kernel's variants beside its default tiles (quant_mma_int4.config)
+
+
+def _mma_candidates(sets, x, m, sm, glu, sweep, device, pdl):
+    """("mma", config, call, read) of quant_mma_int4's kernel (issue 32: INT4-AWQ at 2-16 rows on the INT8 tensor
+    cores) at its default tiles and, with ``sweep``, MMA_BLOCK_NS output rows a program. Into int64 accumulators as
+    the decode step launches it; the GLU as fc and gate, two launches (the kernel has no fused GLU: the SiLU
+    product is made when read, untimed). Not in quant_gemm.KERNELS: never written to the table."""
+    dt = torch.bfloat16
+    q0 = sets[0][0]
+    mats = 2 if glu else 1
+    configs = [quant_mma_int4.config(q0, m, sm)]
+    configs += [quant_mma_int4.config(q0, m, sm, block_n=bn) for bn in MMA_BLOCK_NS if sweep]
+    xin = [quant_gemv.launch_input(x, q, dt) for q in sets[0][:mats]]
+    for cfg in configs:
+        outs = [fixed_sum.accumulator(m, q0.n, device=device) for _ in range(mats)]
+
+        def call(i, cfg=cfg, outs=outs):
+            ws = sets[i % len(sets)]
+            for j in range(mats):
+                quant_linear.quant_partials(xin[j], ws[j], outs[j], cfg, dt, pdl=pdl)
+
+        def read(outs=outs):
+            if glu:
+                return (F.silu(fixed_sum.to_float(outs[0]).to(dt)) * fixed_sum.to_float(outs[1]).to(dt)).float()
+            return fixed_sum.to_float(outs[0])
+        yield "mma", cfg, call, read
 
 
 def table_entries(rows: list[dict]) -> list[dict]:
@@ -594,7 +626,8 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
                    amax_prompt=512, log=print) -> list[dict]:
     """INT4-AWQ decode steps at ``batches`` under each kernel choice (one engine, new step graphs per choice): "table"
     (the package's quant_gemm_table.json: today's kernels), "gemv" ($TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16: the GEMV
-    at every batch up to 16), and "measured" (``table``: the gemv_rows part's merged table, where it ran)."""
+    at every batch up to 16), "measured" (``table``: the gemv_rows part's merged table, where it ran), and "mma"
+    ($TRTLLM_PIPELINE_INT4_MMA_ROWS=16: quant_mma_int4 for qkv, dense and proj at 2-16 rows, the GLU on the GEMV)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
     from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
 
@@ -610,9 +643,13 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
                ("gemv", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: str(quant_gemv.MAX_ROWS)})]
     if table is not None and table.is_file():
         choices.append(("measured", {quant_gemm.TABLE_ENV: str(table), quant_gemv.ROWS_ENV: "0"}))
+    # quant_mma_int4's INT8 tensor-core linear for qkv, dense and proj at 2-16 rows, the GLU on the several-row GEMV
+    choices.append(("mma", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: str(quant_gemv.MAX_ROWS),
+                            quant_mma_int4.ROWS_ENV: str(quant_mma_int4.MAX_ROWS)}))
     rows = []
-    saved = {k: os.environ.get(k) for k in (quant_gemm.TABLE_ENV, quant_gemv.ROWS_ENV)}
+    saved = {k: os.environ.get(k) for k in (quant_gemm.TABLE_ENV, quant_gemv.ROWS_ENV, quant_mma_int4.ROWS_ENV)}
     for name, env in choices:
+        os.environ.pop(quant_mma_int4.ROWS_ENV, None)
         os.environ.update(env)
         graphs = None
         try:
@@ -620,7 +657,8 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
             graphs.prepare()
             for b in batches:
                 wall, replay = _time_decode(graphs, b, ctx, steps)
-                kernels = {k: "gemv" if c.gemv else "gemm" if c.gemm else "dot"  # (quant_linear's dot kernel)
+                # (dot: quant_linear's kernel; mma: quant_mma_int4's)
+                kernels = {k: "mma" if c.mma else "gemv" if c.gemv else "gemm" if c.gemm else "dot"
                            for k, c in graphs.buffers[b].configs.items() if k != "lm_head"}
                 rows.append({"choice": name, "batch": b, "ms_per_step": wall, "graph_replay_ms": replay,
                              "kernels": kernels, "configs": {k: dataclasses.astuple(c)

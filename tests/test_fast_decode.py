@@ -709,6 +709,17 @@ def test_int4_gemv_for_several_rows_compiles_for_hopper_unpacking_each_weight_on
         assert per_weight["LOP3"] <= 0.35 and r["local_memory_ops"] == 0, (rows, r)
 
 
+def test_int4_mma_for_several_rows_compiles_for_hopper_to_int8_tensor_core_ops():
+    """quant_mma_int4 (batch 2-16 on the INT8 tensor cores) compiled for sm_90 here at its default 128 x 128 tiles: the
+    K loop's dots are IMMA (mma.sync s8: 48 a thread and tile at 8 rows, 3 planes x 2 row sets x 4 chunks x 2), no
+    dp4a, no byte repacking (PRMT: the int8 ops are PTX on four bytes a register), no spills, and fewer instructions
+    per weight than the several-row GEMV's 8.5 at 8 rows (measured 4.85, 105 registers)."""
+    r = _gemv_sass(["--mma", "8", "--block-n", "128"])
+    per_weight = r["loop_per_thread"] * r["threads"] / r["weights"]
+    assert r["mix"].get("IMMA") == 48 and not r["mix"].get("IDP") and not r["mix"].get("PRMT"), r
+    assert per_weight < 5.5 and r["local_memory_ops"] == 0 and r["registers"] <= 128, (per_weight, r)
+
+
 def test_int4_gemv_on_hopper_takes_its_tiles_from_the_copy_engine():
     """Hopper's GEMV configs at the 7B shapes, the copy-engine kernel of quant_gemv (without the warp
     specialization that is the default): weight tiles and the input's two byte planes (one box)
@@ -846,6 +857,61 @@ def test_int4_awq_steps_of_several_rows_take_the_gemv_when_switched_on(built, mo
     assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"]
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
+
+
+def test_int4_awq_steps_of_several_rows_take_the_int8_mma_when_switched_on(built, monkeypatch):
+    """TRTLLM_PIPELINE_INT4_MMA_ROWS=16: the INT4 linears other than the GLU at batch 2-4 run quant_mma_int4's INT8
+    tensor-core kernel on the producers' prepared rows (the GLU keeps the several-row GEMV under
+    TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS), through the interpreter: eager's greedy tokens, as at batch 1."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_mma_int4
+
+    monkeypatch.setenv(quant_gemv.ROWS_ENV, "16")
+    monkeypatch.setenv(quant_mma_int4.ROWS_ENV, "16")
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"), parts=("greedy",))
+    assert r["mma_rows_buckets"] == [2, 4], r["mma_rows_buckets"]
+    assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"], {k: r.get(k) for k in (
+        "fast_vs_fp32", "eager_vs_fp32", "greedy_fast", "greedy_eager", "staggered_fast")}
+    assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
+    assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
+
+
+@pytest.mark.slow
+def test_int4_mma_for_several_rows_is_exact_per_block(tmp_path):
+    """quant_mma_int4's INT8 tensor-core linear (tests/mma_rows_check.py: N 256 K 512 group 128 at M 2, 3, 8, 16;
+    K off the tiles with groups of 32 and splits; the tiny model's group of 8 at 6 and 2 rows; every block's largest
+    at x_int = +-32640): the block-diagonal int8 dots' sums are exact, so the result is the several-row dp4a GEMV's
+    up to float32 summation order (measured <= 1.7e-7 max relative; the bound 1e-6), against the input as its planes
+    hold it as the GEMV is (<= 1e-6), against float32 ``x @ W^T`` below 5e-5 (the input's int16 rounding); the
+    int64 accumulators and the last program's split sum as the GEMV's."""
+    rows = _interpreted(None, "mma_rows_check.py")
+    assert [r["m"] for r in rows][:4] == [2, 3, 8, 16]
+    assert [r["config"][4] for r in rows][:4] == [128, 64, 32, 32]  # KC: 16 x NBC blocks a dot
+    assert rows[-1]["inputs_at_32640"] > 0
+    for r in rows:
+        assert r["kernel_vs_gemv"]["max_rel"] < 1e-6 and r["kernel_vs_prepared"]["rel"] < 1e-6, r
+        assert r["kernel"]["rel"] < 5e-5, r
+        assert "eager_bf16" not in r or r["kernel"]["rel"] < 0.1 * r["eager_bf16"]["rel"], r
+        assert r["fixed_equals_exact_sum"] and r["reduced_equals_sum"] and r["counters_left_zero"], r
+
+
+def test_int4_mma_rows_switch_picks_it_for_2_to_n_rows_and_never_the_glu(monkeypatch):
+    """quant_gemm.choose takes quant_mma_int4 only under TRTLLM_PIPELINE_INT4_MMA_ROWS=N, at batch 2..N and not for
+    the GLU; unset, nothing changes (off by default); a bad value is an InputError."""
+    from trtllm_pipeline.errors import InputError
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_mma_int4
+
+    monkeypatch.delenv(quant_gemv.ROWS_ENV, raising=False)
+    monkeypatch.delenv(quant_mma_int4.ROWS_ENV, raising=False)
+    q = _TableQuant("int4_awq", group=128, int4=True)
+    assert not any(quant_gemm.choose(q, m, 132).mma for m in (1, 2, 8, 16))
+    monkeypatch.setenv(quant_mma_int4.ROWS_ENV, "8")
+    picked = {m: quant_gemm.choose(q, m, 132) for m in (1, 2, 3, 8, 9, 16)}
+    assert [m for m, c in picked.items() if c.mma] == [2, 3, 8]
+    assert picked[3].gemv and picked[3].block_m == 4 and picked[8].block_k == 128
+    assert not quant_gemm.choose(q, 8, 132, glu=True).mma
+    monkeypatch.setenv(quant_mma_int4.ROWS_ENV, "17")
+    with pytest.raises(InputError):
+        quant_gemm.choose(q, 2, 132)
 
 
 @pytest.mark.slow
@@ -1089,13 +1155,18 @@ def test_quant_gemm_benchmark_gemv_rows_parts_dry_run(tmp_path):
     assert not [r for r in rows if "failed" in r or not r["error"] < MAX_ERR[r["format"]]]
     several = [r for r in rows if r["kernel"] == "gemv" and r["m"] > 1]
     assert {r["m"] for r in several} == set(DRY_ROWS_MS) - {1} and all(r["config"][0] > 1 for r in several)
+    mma = [r for r in rows if r["kernel"] == "mma"]  # quant_mma_int4 beside them (correct: no failure above)
+    assert {r["m"] for r in mma} == set(DRY_ROWS_MS) - {1} and {r["glu"] for r in mma} == {False, True}
     entries = json.loads((tmp_path / "quant_gemm_table.json").read_text())["entries"]
     assert {e["m"] for e in entries if e["n"] == 3584 and e["k"] == 18944} >= {1, 8, 2048}  # the package's 7B rows
     assert all(e.get("config") for e in entries if e["kernel"] == "gemv" and e["m"] > 1)
     quant_gemm._load_table(tmp_path / "quant_gemm_table.json")
     steps = result["rows_steps"]
-    assert [(s["choice"], s["batch"]) for s in steps] == [(c, b) for c in ("table", "gemv", "measured")
+    assert [(s["choice"], s["batch"]) for s in steps] == [(c, b) for c in ("table", "gemv", "measured", "mma")
                                                           for b in (1, 3)], steps
+    mma_steps = [s["kernels"] for s in steps if s["choice"] == "mma"]
+    assert mma_steps[0]["qkv"] == "gemv" and {mma_steps[1][k] for k in ("qkv", "dense", "proj")} == {"mma"}, mma_steps
+    assert mma_steps[1]["glu"] == "gemv", mma_steps
     assert all(set(s["kernels"].values()) == {"gemv"} for s in steps if s["choice"] == "gemv")
     assert "gemv" not in {k for s in steps if s["choice"] == "table" and s["batch"] > 1 for k in s["kernels"].values()}
 

@@ -11,6 +11,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --tma --glu --block-n 64 --splits 1 --stages 3     # the copy-engine GLU
     python tools/gemv_sass.py --ws --glu --block-n 64 --splits 1 --stages 3      # Hopper's (warp-specialized)
     python tools/gemv_sass.py --rows 8 --block-n 64                              # batch 2-16's, 8 input rows
+    python tools/gemv_sass.py --mma 8 --block-n 64                  # quant_mma_int4 (INT8 tensor cores), 8 rows
     python tools/gemv_sass.py --int8 int8_sq --block-n 64 --block-k 256 --stages 3   # INT8's (quant_gemv_int8)
     python tools/gemv_sass.py --w4a8 --block-n 128 --stages 3                        # W4A8's (quant_gemv_w4a8)
 
@@ -33,7 +34,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_gemv_ws
+from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_gemv_ws,
+                                                       quant_mma_int4)
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -151,6 +153,23 @@ def compile_w4a8(block_n: int, block_k: int, glu: bool, warps: int, stages: int)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
+def compile_mma(rows: int, block_n: int, block_k: int, warps: int, stages: int, splits: int = 28):
+    """quant_mma_int4's INT8 tensor-core kernel for BLOCK_M = ``rows`` input rows (group 128, blocks of 16 inputs),
+    adding into int64 accumulators as the decode step launches it."""
+    fn = quant_mma_int4._int4_mma_rows_kernel
+    consts = dict(GROUP=128, XB=16, EVEN=True, SPLITS=splits, REDUCE=False, FIXED=True, CLEAR=True, BLOCK_M=rows,
+                  BLOCK_N=block_n, BLOCK_K=block_k, KC=quant_mma_int4.chunk(rows, 16), ASM=True, PDL=True,
+                  STAGES=stages)
+    pointers = {"count_ptr": "*i32", "clear_ptr": "*i64", "xp_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*fp32",
+                "out_ptr": "*i64"}
+    sig = {n: "constexpr" if n in consts else pointers[n] if n.endswith("ptr") else "i32" for n in fn.arg_names}
+    divisible = DIVISIBLE | {"stride_xp", "stride_om"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and (n.endswith("ptr") or n in divisible)}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+
+
 def disassemble(kernel) -> tuple[str, int | None]:
     """(SASS text, registers per thread) of a compiled kernel."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,7 +186,8 @@ def disassemble(kernel) -> tuple[str, int | None]:
 def loop_mix(sass: str) -> collections.Counter:
     """Opcodes between a backward branch's target label and the branch: of such loops, the shortest with the
     most dot-product instructions (the K loop; a copy-engine kernel also has loops that wait on its barriers,
-    and returns from their out-of-line retries at the kernel's end that span the K loop and the epilogue)."""
+    and returns from their out-of-line retries at the kernel's end that span the K loop and the epilogue). Dot
+    instructions: dp4a (IDP), or the tensor cores' (IMMA / HMMA, and Hopper's warpgroup IGMMA / HGMMA)."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
     best = collections.Counter()
@@ -176,9 +196,19 @@ def loop_mix(sass: str) -> collections.Counter:
         if m and labels.get(m.group(1), i) < i - 1:  # a backward branch that is not the exit's self-loop
             mix = collections.Counter(o.group(1) for body in lines[labels[m.group(1)]:i + 1]
                                       if (o := OPCODE.search(body)))
-            if not best or (mix["IDP"], -sum(mix.values())) > (best["IDP"], -sum(best.values())):
+            if not best or (_dots(mix), -sum(mix.values())) > (_dots(best), -sum(best.values())):
                 best = mix
     return best
+
+
+def _dots(mix: collections.Counter) -> int:
+    return sum(mix[op] for op in ("IDP", "IMMA", "HMMA", "IGMMA", "HGMMA"))
+
+
+def _tensor_ops(sass: str) -> dict:
+    """The whole kernel's tensor-core instructions by opcode (IMMA/HMMA: mma.sync; IGMMA/HGMMA: wgmma)."""
+    ops = collections.Counter(o.group(1) for line in sass.splitlines() if (o := OPCODE.search(line)))
+    return {op: n for op, n in ops.items() if op in ("IMMA", "HMMA", "IGMMA", "HGMMA")}
 
 
 def main() -> None:
@@ -200,9 +230,13 @@ def main() -> None:
     ap.add_argument("--int8", choices=("int8_sq", "int8_wo"), default=None,
                     help="INT8's GEMV (quant_gemv_int8) for this format, --stages deep")
     ap.add_argument("--w4a8", action="store_true", help="W4A8's GEMV (quant_gemv_w4a8), --stages deep")
+    ap.add_argument("--mma", type=int, default=0,
+                    help="quant_mma_int4's INT8 tensor-core kernel for this many input rows (2-16)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
-    if a.w4a8:
+    if a.mma:
+        kernel = compile_mma(a.mma, a.block_n, a.block_k, a.warps, a.stages, a.splits)
+    elif a.w4a8:
         kernel = compile_w4a8(a.block_n, a.block_k, a.glu, a.warps, a.stages)
     elif a.int8:
         kernel = compile_int8(a.int8, a.block_n, a.block_k, a.glu, a.warps, a.stages)
@@ -222,7 +256,7 @@ def main() -> None:
         spills = sum(1 for line in sass.splitlines() if (o := OPCODE.search(line)) and o.group(1) in ("LDL", "STL"))
         print(json.dumps({"registers": regs, "threads": 32 * a.warps, "weights": weights,
                           "loop_per_thread": per_thread, "mix": dict(mix), "shared_bytes": kernel.metadata.shared,
-                          "local_memory_ops": spills}))
+                          "local_memory_ops": spills, "tensor_core_ops": _tensor_ops(sass)}))
         return
     print(f"block {a.block_n} x {a.block_k}{' GLU' if a.glu else ''}, {a.warps} warps, {a.stages} stages: "
           f"{regs} registers, loop {per_thread} instructions per thread, "

@@ -48,6 +48,7 @@ class LinearConfig:
     library: bool = False  # BF16 / FP8 at large batches: cuBLAS (F.linear, torch._scaled_mm), not this module's kernels
     dp4a8: bool = False  # quant_gemv_int8's dp4a matrix-vector kernel (INT8 SmoothQuant at batch 1)
     w4a8: bool = False  # quant_gemv_w4a8's table-lookup dp4a matrix-vector kernel (W4A8-AWQ at batch 1)
+    mma: bool = False  # with gemv: quant_mma_int4's INT8 tensor-core linear on the GEMV's prepared rows (M 2-16)
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,

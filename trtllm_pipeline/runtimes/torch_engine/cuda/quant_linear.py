@@ -49,7 +49,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, quant_gemv, quant_gemv_int8, quant_gemv_w4a8
+from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, quant_gemv, quant_gemv_int8, quant_gemv_w4a8,
+                                                       quant_mma_int4)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 
@@ -418,6 +419,12 @@ def _magic(compute: torch.dtype) -> tuple[int, float]:
 def _launch(x, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: LinearConfig,
             compute: torch.dtype, pdl: bool, **gemv):
     """Launches the kernel; returns Triton's handle of it (registers and spills: the benchmark reports them)."""
+    if cfg.mma:  # quant_mma_int4: the GEMV's prepared rows on the INT8 tensor cores (one matrix, no GLU)
+        given = {k for k, v in gemv.items() if v is not None}
+        assert q2 is None and not {"x2", "prepare_out", "workspace", "fold"} & given, "one matrix, no GLU or fold"
+        if isinstance(x, torch.Tensor):
+            x = quant_gemv.launch_input(x, q, compute)
+        return quant_mma_int4.launch(x, q, out, cfg, pdl, counters=gemv.get("counters"), clear=gemv.get("clear"))
     if cfg.gemv:
         return quant_gemv.launch(x, q, q2, out, cfg, compute, pdl, **gemv)
     if cfg.dp4a8:
