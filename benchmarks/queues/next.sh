@@ -23,6 +23,9 @@ part spec 420 WHEELS=/tmp/smolw SPEC_BATCHES=1
 # quant_gemv_w4a8 alone at the 7B's four decode launches, its first launch rule against today's (the next tile
 # prefetched, qkv/dense one tile a program) and a sweep: no build, ~1 minute (benchmarks/w4a8_gemv.py)
 part w4a8_kernels 120
+# 32: INT4-AWQ at 2-16 rows on INT8 tensor cores (quant_mma_int4, IMMA: 4.85 instructions a weight at 8 rows against
+# the several-row GEMV's 8.5, static counts) against the GEMV and the GEMM per linear, then 7B steps at batch 1/8/16
+part quant_gemm 300 KERNEL_SWEEP_S=120 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq
 # 31: 128/2048 at 512 rows with the FP8 pool at steady state (2026-12-05d: 25,461 tok/s over 1,500 requests, against
 # TensorRT-LLM's published 26,221; the issue asks for ~3,000)
 part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
