@@ -160,8 +160,10 @@ def test_stop_ends_the_stream_and_the_server_frees_the_request(server, browser, 
     assert messages(browser)[1]["state"] is None, (messages(browser), stats(browser))  # still streaming
     browser.find_element("id", "stop").click()
     shown = answered(browser, 2)
-    assert shown[1]["state"] == "stopped" and "stopped" in browser.find_element("id", "stats").text
     after = wait_idle(server, timeout=10)
+    # (where the page shows the answer done instead, how far it got and what the server made say why)
+    why = (stats(browser), len(shown[1]["text"]), after["generated_tokens_total"] - before["generated_tokens_total"])
+    assert shown[1]["state"] == "stopped" and "stopped" in browser.find_element("id", "stats").text, why
     assert after["requests_active"] == 0
     assert after["requests_cancelled_total"] == before["requests_cancelled_total"] + 1
     assert after["generated_tokens_total"] - before["generated_tokens_total"] < 4000
