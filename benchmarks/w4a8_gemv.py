@@ -30,7 +30,6 @@ import dataclasses
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -51,27 +50,6 @@ LAYERS = 28
 SHAPES = [("qkv", 4608, 3584), ("dense", 3584, 3584), ("glu", 18944, 3584), ("proj", 3584, 18944)]
 DRY_SHAPES = [("qkv", 192, 256), ("dense", 128, 256), ("glu", 96, 256), ("proj", 128, 512)]
 SWEEP_S = float(os.environ.get("W4A8_GEMV_SWEEP_S", "40"))
-
-
-def time_graph(fn, reps: int, iters: int = 10) -> float:
-    """Median microseconds of one ``fn()``, from a CUDA graph of ``reps`` calls replayed ``iters`` times."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return statistics.median(times)
 
 
 def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]]:
@@ -165,6 +143,8 @@ def main() -> None:
                 if hasattr(handle, "n_regs"):
                     row["registers"], row["spills"] = handle.n_regs, handle.n_spills
                 if cuda:
+                    from gpu_fast_path import time_graph  # (CUDA at import: the dry run never reaches here)
+
                     it = iter(range(10**9))
                     us = time_graph(lambda: call(next(it)), copies * 2)
                     row.update(us=us, gbps=nbytes / us / 1e3, of_floor=nbytes / BANDWIDTH * 1e6 / us)

@@ -61,17 +61,7 @@ def case(m: int, n: int, k: int, group: int, seed: int = 0, **tiles) -> dict:
     row = {"m": m, "n": n, "k": k, "group": group, "config": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.splits],
            "kernel": errors(out.sum(0), want), "kernel_vs_prepared": errors(out.sum(0), planes_want),
            "eager_bf16": errors(lin(x), want), "partials_equal_batch1": bool(torch.equal(out, rows1))}
-    # int64 accumulators: the splits' exact sum, rounded once (each split cut below 2^-32)
-    acc = fixed_sum.accumulator(m, n, device=CPU)
-    quant_linear.quant_partials(xp, q, acc, cfg, DT)
-    exact = out.double().sum(0)
-    bound = exact.abs() * 2**-24 + cfg.splits * 2**-32
-    row["fixed_equals_exact_sum"] = bool(((fixed_sum.to_float(acc).double() - exact).abs() <= bound).all())
-    # the splits summed into split 0 by each row tile's last program, in split order
-    counters, reduced = torch.zeros(quant_gemv.row_tiles(q, cfg), dtype=torch.int32), out.clone()
-    quant_linear.quant_partials(xp, q, reduced, cfg, DT, counters=counters)
-    row["reduced_equals_sum"] = bool(torch.equal(reduced[0], sum(out[s] for s in range(cfg.splits))))
-    row["counters_left_zero"] = bool((counters == 0).all())
+    row.update(split_sums(xp, q, cfg, out))
     row.update(_glu(x, q, q2, lin, lin2, lin32, lin2_32, m, n))
     return row
 
@@ -119,6 +109,22 @@ def _planes_values(p: gemv_input.Prepared, k: int, xb: int) -> torch.Tensor:
     lo = words[:, k // 4: k // 2].contiguous().view(torch.uint8).reshape(-1, k).float()
     step = words[:, k // 2 + k // xb:].contiguous().view(torch.float32)
     return (256 * hi + lo) * step.repeat_interleave(xb, dim=1)
+
+
+def split_sums(xp, q, cfg, out: torch.Tensor) -> dict:
+    """The kernel's other two outputs against its partials ``out`` [splits, M, N] (also mma_rows_check's): the int64
+    accumulators (the splits' exact sum, rounded once: each split cut below 2^-32), and the splits summed into split 0
+    by each row tile's last program, in split order, its counters left at zero."""
+    m, n = out.shape[1], out.shape[2]
+    acc = fixed_sum.accumulator(m, n, device=CPU)
+    quant_linear.quant_partials(xp, q, acc, cfg, DT)
+    exact = out.double().sum(0)
+    bound = exact.abs() * 2**-24 + cfg.splits * 2**-32
+    counters, reduced = torch.zeros(quant_gemv.row_tiles(q, cfg), dtype=torch.int32), out.clone()
+    quant_linear.quant_partials(xp, q, reduced, cfg, DT, counters=counters)
+    return {"fixed_equals_exact_sum": bool(((fixed_sum.to_float(acc).double() - exact).abs() <= bound).all()),
+            "reduced_equals_sum": bool(torch.equal(reduced[0], sum(out[s] for s in range(cfg.splits)))),
+            "counters_left_zero": bool((counters == 0).all())}
 
 
 def main() -> None:

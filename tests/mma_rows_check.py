@@ -16,9 +16,10 @@ import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 
 from quant_kernel_check import errors, tensors
-from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, gemv_input, quant_gemv, quant_linear, quant_mma_int4
+from trtllm_pipeline.runtimes.torch_engine.cuda import gemv_input, quant_gemv, quant_linear, quant_mma_int4
 from trtllm_pipeline.runtimes.torch_engine.model import Linear
 
+from gemv_rows_check import split_sums
 from quant_fast_path import reference_input  # (quant_kernel_check put benchmarks/ on the path)
 
 CPU = torch.device("cpu")
@@ -56,15 +57,7 @@ def case(m: int, n: int, k: int, group: int, seed: int = 0, edge: bool = False, 
            "inputs_at_32640": _top(xp, k)}
     if not edge:
         row["eager_bf16"] = errors(lin(x), want)
-    acc = fixed_sum.accumulator(m, n, device=CPU)
-    quant_linear.quant_partials(xp, q, acc, cfg, DT)
-    exact = out.double().sum(0)
-    bound = exact.abs() * 2**-24 + cfg.splits * 2**-32
-    row["fixed_equals_exact_sum"] = bool(((fixed_sum.to_float(acc).double() - exact).abs() <= bound).all())
-    counters, reduced = torch.zeros(quant_gemv.row_tiles(q, cfg), dtype=torch.int32), out.clone()
-    quant_linear.quant_partials(xp, q, reduced, cfg, DT, counters=counters)
-    row["reduced_equals_sum"] = bool(torch.equal(reduced[0], sum(out[s] for s in range(cfg.splits))))
-    row["counters_left_zero"] = bool((counters == 0).all())
+    row.update(split_sums(xp, q, cfg, out))
     return row
 
 

@@ -25,36 +25,13 @@ import torch
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
-from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import Proposer
 from trtllm_pipeline.runtimes.torch_engine.speculative.registry import PROPOSERS
 from trtllm_pipeline.runtimes.torch_engine.speculative.tree import DraftTree, row_parents
 
+from spec_oracle import DecoyTree  # (tests/ is this script's directory)
+
 PROMPTS = [list(range(300, 305)), list(range(900, 940))]
 ARGS = dict(device="cpu", max_batch_size=2, max_seq_len=128, kv_block_size=4, graph_batch_sizes=[2])
-
-
-class DecoyTree(Proposer):
-    """Knows the answer: a wrong first node, then the truth, then a branch leaving the truth after its first token
-    (as tests/test_spec_tree_verify.py's, its decoy one node: a row cut to the tokens a request has left keeps the
-    truth): the kept path is never the tree's first nodes, so its K/V moves."""
-
-    name = "decoy-tree"
-
-    def __init__(self, answers):
-        self.answers, self.calls = answers, 0
-
-    def propose(self, batch):
-        out = []
-        for r in batch:
-            self.calls += 1
-            at = len(r.generated)
-            truth = list(self.answers[r.request_id][at : at + r.k])
-            if truth and self.calls % 2:
-                truth[-1] += 1
-            decoy = [t + 1 for t in truth[:1]]
-            side = truth[:1] + [t + 2 for t in truth[1:3]]
-            out.append(DraftTree.of_paths([decoy, truth, side]))
-        return out
 
 
 def prefilled(rt: TorchRuntime, rid, context: list[int]) -> list[int]:
@@ -125,7 +102,8 @@ def chain_as_tree(fast: TorchRuntime) -> dict:
 
 
 def greedy_run(fast_args: dict, ckpt: Path, expected: list[list[int]], fast_trees: bool = True) -> dict:
-    PROPOSERS["decoy-tree"] = lambda settings, target: DecoyTree(expected)
+    # (its decoy one node: a row cut to the tokens a request has left keeps the truth)
+    PROPOSERS["decoy-tree"] = lambda settings, target: DecoyTree(expected, decoy=1)
     k = 3
     settings = types.SimpleNamespace(method="decoy-tree", num_draft_tokens=k, adaptive=False,
                                      tree=types.SimpleNamespace(max_depth=k, max_nodes=8, min_occurrences=1))

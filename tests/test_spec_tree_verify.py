@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from conftest import CONFIGS, run_cli
+from spec_oracle import DecoyTree, Oracle, greedy
 
 from trtllm_pipeline.config import SpeculativeSection, config_from_dict
 from trtllm_pipeline.errors import ConfigError
@@ -21,7 +22,7 @@ from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 from trtllm_pipeline.runtimes.torch_engine.speculative.acceptance import (accept_greedy, accept_tree_greedy,
                                                                          tree_path)
-from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import Proposer, lookup
+from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import lookup
 from trtllm_pipeline.runtimes.torch_engine.speculative.registry import PROPOSERS
 from trtllm_pipeline.runtimes.torch_engine.speculative.tree import DraftTree, frequency_tree, row_parents
 
@@ -56,46 +57,11 @@ def expected(plain):
 
 
 def _greedy(rt, prompts=PROMPTS, n=24, check=False):
-    for i, p in enumerate(prompts):
-        rt.submit(i, p, SamplingParams(max_tokens=n, end_id=-1))
-    out = {i: [] for i in range(len(prompts))}
-    while rt.has_work():
-        for e in rt.step():
-            out[e.request_id] += e.token_ids
-        if check:
-            rt.kv.check()  # after every rollback and move: no block leaked, none freed twice
-    return [out[i] for i in range(len(prompts))]
-
-
-class DecoyTree(Proposer):
-    """Knows plain greedy's answer: a wrong first branch, then the truth (its last token wrong every other step),
-    then a branch leaving the truth after its first token: the kept path is never the tree's first nodes, so its
-    K/V must move; ``chain_only``: the truth alone, as a chain."""
-
-    name = "decoy-tree"
-
-    def __init__(self, answers, chain_only=False):
-        self.answers, self.chain_only, self.calls = answers, chain_only, 0
-
-    def propose(self, batch):
-        out = []
-        for r in batch:
-            self.calls += 1
-            at = len(r.generated)
-            truth = list(self.answers[r.request_id][at : at + r.k])
-            if truth and self.calls % 2:
-                truth[-1] += 1
-            if self.chain_only:
-                out.append(DraftTree.of_chain(truth))
-                continue
-            decoy = [t + 1 for t in truth[:3]]
-            side = truth[:1] + [t + 2 for t in truth[1:3]]
-            out.append(DraftTree.of_paths([decoy, truth, side]))
-        return out
+    return greedy(rt, prompts, n, check)
 
 
 def _decoy_settings(answers, k=6, chain_only=False):
-    PROPOSERS["decoy-tree"] = lambda settings, target: DecoyTree(answers, chain_only)
+    PROPOSERS["decoy-tree"] = lambda settings, target: DecoyTree(answers, chain_only=chain_only)
     return types.SimpleNamespace(method="decoy-tree", num_draft_tokens=k, adaptive=False,
                                  tree=types.SimpleNamespace(max_depth=k, max_nodes=32, min_occurrences=1))
 
@@ -181,7 +147,6 @@ def test_tree_greedy_is_plain_greedy_moving_the_kept_path_and_leaking_no_block(c
 
 def test_a_chain_shaped_tree_is_linear_verification(ckpt, expected):
     """The same drafts as a chain-shaped tree and as linear drafts: the same outputs, steps and counters."""
-    from spec_oracle import Oracle
 
     runs = []
     for settings in (_decoy_settings(expected, chain_only=True), None):

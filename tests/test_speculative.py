@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 from conftest import CONFIGS, REPO, load, run_cli
-from spec_oracle import oracle_settings
+from spec_oracle import greedy, oracle_settings
 
 from trtllm_pipeline.config import SpeculativeSection, config_from_dict
 from trtllm_pipeline.errors import ConfigError
@@ -58,15 +58,7 @@ def _oracle_rt(ckpt, expected, k=4, **kw):
 
 
 def _greedy(rt, prompts=PROMPTS, n=24, check=False):
-    for i, p in enumerate(prompts):
-        rt.submit(i, p, SamplingParams(max_tokens=n, end_id=-1))
-    out = {i: [] for i in range(len(prompts))}
-    while rt.has_work():
-        for e in rt.step():
-            out[e.request_id] += e.token_ids
-        if check:
-            rt.kv.check()  # after every rollback: no block leaked, none freed twice
-    return [out[i] for i in range(len(prompts))]
+    return greedy(rt, prompts, n, check)
 
 
 def test_verified_drafts_give_plain_greedy_token_for_token_and_roll_back_cleanly(ckpt, expected):
