@@ -158,7 +158,9 @@ def test_stop_ends_the_stream_and_the_server_frees_the_request(server, browser, 
     send(browser, "Tell me a long story.", max_tokens=4000)
     wait_for(browser, lambda d: len(messages(d)) == 2 and messages(d)[1]["text"], 60, "the first text")
     assert messages(browser)[1]["state"] is None, (messages(browser), stats(browser))  # still streaming
-    browser.find_element("id", "stop").click()
+    # the click dispatched on the button itself: WebDriver's click aims at coordinates read a moment before, and in
+    # 3 of 5 full-suite runs (2026-12-05) it took no effect while the answer streamed on to its 4,000 tokens
+    browser.execute_script("document.getElementById('stop').click()")
     shown = answered(browser, 2)
     after = wait_idle(server, timeout=10)
     # (where the page shows the answer done instead, how far it got and what the server made say why)
