@@ -255,10 +255,13 @@ case "$part" in
       fi
       if has warm || has spy || has openai; then start_server warm; fi
     fi
-    if has spy; then  # where the server's processes spend a c=64 stream's time: py-spy, 8 s of each stub
+    if has spy; then  # where the server's processes and the client spend a c=64 stream's time: py-spy, 8 s of each
       tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc --concurrency 64 --input-tokens 128 \
-        --output-tokens 256 --requests 384 --warmup 0 -o "$out/served-grpc-spy.json" > "$out/spy-load.log" 2>&1 &
-      sleep 4
+        --output-tokens 256 --requests 640 --warmup 0 -o "$out/served-grpc-spy.json" > "$out/spy-load.log" 2>&1 &
+      # once the client has imported and its level has begun (H200 2026-12-05d: 4 s after its start the client was
+      # still importing, and its 8 s profile said nothing about the load)
+      for _ in $(seq 120); do grep -q "^bench: concurrency 64" "$out/spy-load.log" 2>/dev/null && break; sleep 0.5; done
+      sleep 2
       for pid in $(pgrep -f triton_python_backend_stub) $(pgrep -f "trtllm_pipeline bench"); do
         # (a process gone since pgrep, or a cmdline without a model's name: no name; under set -e the bare
         # substitution's failure ended the whole part on 2026-12-05, H200, before any stub was profiled)

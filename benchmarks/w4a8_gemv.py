@@ -5,16 +5,16 @@ linears, before and after a change, in one call (issue 32): no 7B build, random 
     TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/w4a8_gemv.py --dry-run --out DIR
 
 Per linear (qkv 3584 -> 4608, dense 3584 -> 3584, fc + gate 3584 -> 2 x 18944 as the GLU launch, proj 18944 -> 3584)
-and variant, the kernel is checked against quant_linear's FP8 tensor-core kernel on the same weights and input (the
-call fails past 1e-4, the GLU 1e-2; float32 ``x @ W^T`` with W dequantized is reported too) and timed from a CUDA
-graph of launches over rotating weight copies larger than L2:
+and variant, the kernel is checked against float32 ``x @ W^T`` with W dequantized and against quant_linear's FP8
+tensor-core kernel on the same weights and input (the call fails where a variant is past 1e-4 from both, the GLU
+1e-2) and timed from a CUDA graph of launches over rotating weight copies larger than L2:
 us per launch, GB/s of the bytes it reads (packed weight, tables, units, pre-quant scale), fraction of 4.3 TB/s.
 
 Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
   legacy  ``quant_gemv_w4a8.legacy_config``: the first rule, timed in the 7B step at 4.288 ms (H200 2026-12-05d):
           256 rows (GLU 64), ~4 programs per SM of >= 2 K tiles, each tile loaded at the top of its iteration
   new     ``quant_gemv_w4a8.pick_config``: what the decode step takes now
-  sweep   others around ``new`` (no prefetch; proj at 256 rows; the GLU at 32 and 128 rows; qkv/dense at the
+  sweep   others around ``new`` (no prefetch; proj at 256 rows; the GLU at 16 and 64 rows; qkv/dense at the
           legacy splits prefetched), until $W4A8_GEMV_SWEEP_S seconds (default 40) have passed
 Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
 static counts in docs/perf-notes.md); the difference between legacy and new is the launch: splits, rows, prefetch.
@@ -65,7 +65,7 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
         elif v == "sweep":
             out.append(("new-no-prefetch", r(new, num_stages=1)))
             if glu:
-                out += [(f"glu-{n}", quant_gemv_w4a8.pick_config(q, sm, glu=True, block_n=n)) for n in (32, 128)]
+                out += [(f"glu-{n}", quant_gemv_w4a8.pick_config(q, sm, glu=True, block_n=n)) for n in (16, 64)]
             elif new.block_n != quant_gemv_w4a8.BLOCK_N:
                 out.append(("256-rows", quant_gemv_w4a8.pick_config(q, sm, block_n=quant_gemv_w4a8.BLOCK_N)))
             else:
@@ -169,10 +169,15 @@ def main() -> None:
                   f"({', '.join(f'{k} {u:.1f}' for k, u in got.items())} us)")
     (args.out / "w4a8_gemv.json").write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if cuda else "cpu",
                                                          "sm": sm, "rows": rows, "summary": summary}, indent=1))
-    # against the dot kernel: float32 sums in another order (the GLU: rounded to bfloat16 where eager rounds)
-    bad = [r for r in rows if "failed" in r or r["vs_dot"] > (1e-2 if r["linear"] == "glu" else 1e-4)]
+    # A variant fails where it parts from both references: float32 x @ W^T of the dequantized weight (the GLU:
+    # rounded to bfloat16 where eager rounds) and the dot kernel. Neither alone: the FP8 tensor cores' accumulation is
+    # not a float32 sum (H100 2026-12-05e, the 7B's qkv: the dot kernel 1.5e-4 from float32, the GEMV 1.1e-6), and
+    # through the interpreter, at the dry run's small shapes, float32 sits 2-5e-3 from both kernels, which agree.
+    bad = [r for r in rows
+           if "failed" in r or min(r["error"], r["vs_dot"]) > (1e-2 if r["linear"] == "glu" else 1e-4)]
     if bad:
-        print(f"{len(bad)} variant(s) failed or parted from the dot kernel (1e-4; the GLU 1e-2)")
+        print(f"{len(bad)} variant(s) failed or parted from both float32 x @ W^T and the dot kernel "
+              "(1e-4; the GLU 1e-2)")
         sys.exit(1)
 
 

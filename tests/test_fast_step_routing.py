@@ -95,7 +95,7 @@ def _wave(rt, prompts, params) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("wait", ["0", "1"])
-def test_a_wave_of_short_prompts_waits_for_room_on_the_fast_path_when_asked(runtime, monkeypatch, wait):
+def test_a_wave_of_short_prompts_waits_for_room_on_the_fast_path_unless_told_not_to(runtime, monkeypatch, wait):
     # four 3-token prompts at once: two fit the largest bucket (8) a step. Waiting, the others take the next steps'
     # room (all on the fast path: each first token is its prompt's last + 1); else they prefill eagerly at once
     monkeypatch.setenv("TRTLLM_PIPELINE_PREFILL_WAIT", wait)

@@ -89,6 +89,21 @@ def test_prefix_cache_hits_evicts_and_changes_no_output(ckpt, plain):
     assert len(rt.kv.cached) < 40 and stats["kv_cache_usage"] >= 0 and rt.stats()["kv_cache_usage"] == 0
 
 
+def test_the_warm_up_leaves_no_request_count_or_block_behind(ckpt, plain):
+    """``warm_up`` (run at load on CUDA) prefills past a chunk and decodes through the eager model, then leaves the
+    runtime as it found it: no request, the step counters and prefix-cache counts as before, every block free or
+    cached, and the same greedy tokens afterwards."""
+    prompts = [SYSTEM + q for q in QUESTIONS[:3]]
+    rt = _rt(ckpt, enable_kv_cache_reuse=True, prefill_chunk_tokens=8)
+    before = rt.stats()
+    phases = rt.phase_times()
+    assert rt.warm_up() > 0
+    assert rt.stats() == before and rt.phase_times() == phases and not rt.has_work()
+    assert rt.kv.free_blocks == rt.kv.usable_blocks and rt.kv.cached  # its prompt's blocks only cached
+    rt.kv.check()
+    assert _greedy(rt, prompts, n=10) == _greedy(plain, prompts, n=10)
+
+
 def test_requests_arriving_together_compute_their_shared_prefix_once(ckpt, plain):
     """Four requests with one system prompt submitted at once: the first computes it, the others wait one step
     for its blocks and take all of them from the cache (without the deferral each would compute it side by side)."""

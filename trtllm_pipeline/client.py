@@ -53,6 +53,7 @@ class TritonClient:
         if protocol not in PROTOCOLS:
             raise InputError(f"protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}.")
         self.url, self.protocol, self.model, self.timeout_s = url, protocol, model, timeout_s
+        self.arrived = 0.0  # gRPC: when the last response a stream yielded landed (``time.perf_counter()``)
         if protocol == "grpc":
             import tritonclient.grpc as grpcclient
 
@@ -157,7 +158,9 @@ class TritonClient:
         """(text, generation logits, whether it is the final response, the tokens it carries where the model
         says: ``num_output_tokens``) of each response bearing text."""
         responses: queue.Queue = queue.Queue()
-        self._client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        # stamped on arrival, in gRPC's thread: the consumer may take it from the queue later, when other streams hold
+        # the GIL (a benchmark's 64), which is not the server's time (``arrived``)
+        self._client.start_stream(callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
         finished = False
         try:
             self._client.async_stream_infer(self.model, self._grpc_inputs(values), request_id=request_id,
@@ -168,8 +171,8 @@ class TritonClient:
                     if cancelled is not None and cancelled.is_set():
                         return  # not finished: the finally cancels the request
                     try:
-                        result, error = responses.get(timeout=CANCEL_POLL_S if cancelled is not None
-                                                      else self.timeout_s)
+                        arrived, result, error = responses.get(timeout=CANCEL_POLL_S if cancelled is not None
+                                                               else self.timeout_s)
                         break
                     except queue.Empty:
                         if time.monotonic() >= deadline:
@@ -180,6 +183,7 @@ class TritonClient:
                 final = final is not None and final.bool_param
                 text = result.as_numpy("text_output")
                 if text is not None:
+                    self.arrived = arrived  # (``time.perf_counter()``) when the response being yielded landed
                     tokens = result.as_numpy(NUM_OUTPUT_TOKENS)
                     yield (_text(text), result.as_numpy("generation_logits"), final,
                            None if tokens is None else int(tokens.reshape(-1)[0]))

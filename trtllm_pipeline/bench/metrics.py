@@ -41,6 +41,8 @@ class RequestResult:
     output_tokens_retokenized: int | None = None  # the returned text re-encoded (BPE may merge tokens)
     input_tokens: int | None = None
     error: str | None = None
+    # the returned text until the level ends (``load.run_level`` re-encodes it then, off the requests' clock)
+    text: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:

@@ -69,7 +69,8 @@ class TritonStreamClient:
     def generate(self, prompt: str, output_tokens: int) -> Streamed:
         out = Streamed(usage_tokens=0)  # the server's count: a response may carry several tokens
         for piece, tokens in self.client.stream_tokens(prompt, **forced_length(output_tokens)):
-            out.token_times.append(time.perf_counter())  # the piece is read as soon as the response lands
+            # gRPC: when the response landed (``TritonClient.arrived``); HTTP: read as soon as it lands
+            out.token_times.append(self.client.arrived if self.client.protocol == "grpc" else time.perf_counter())
             out.pieces.append(piece)
             out.usage_tokens += tokens
         return out

@@ -370,6 +370,33 @@ class _Pair(torch.nn.Module):
         return torch.cat([self.first(x), self.second(x)], dim=-1)
 
 
+# Rows of lm_head made float32 at a time where no GEMM with a float32 output is at hand (a 7B's 152k x 3584 weight
+# whole would be a 2.2 GB copy per call)
+LOGITS_CHUNK_ROWS = 16384
+
+
+def float32_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``hidden @ weight^T`` as float32 logits, from float32 products of the compute-dtype values, never rounded to
+    the compute dtype on the way. Rounded to bfloat16 (cuBLAS's output in that dtype), an MMLU answer letter's logit
+    near 20 moves in steps of 0.125: on the H100 every GPU bfloat16 log-likelihood was such a step apart from its
+    item's others, and near-equal logits tied (2026-12-05e). CUDA: cuBLAS's GEMM with a float32 output
+    (``torch.mm(..., out_dtype=)``), else float32 copies of ``LOGITS_CHUNK_ROWS`` vocabulary rows at a time; the CPU:
+    one float32 GEMM, as before."""
+    if hidden.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.linear(hidden, weight)
+    if hidden.device.type != "cuda":  # the reference: one float32 GEMM (CPU models are small)
+        return F.linear(hidden.float(), weight.float())
+    if hidden.dtype == weight.dtype:
+        try:
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            return torch.mm(flat, weight.t(), out_dtype=torch.float32).reshape(*hidden.shape[:-1], weight.shape[0])
+        except (RuntimeError, TypeError):  # a torch without the float32-output GEMM for this dtype
+            pass
+    x = hidden.float()
+    return torch.cat([F.linear(x, weight[i: i + LOGITS_CHUNK_ROWS].float())
+                      for i in range(0, weight.shape[0], LOGITS_CHUNK_ROWS)], dim=-1)
+
+
 class Qwen2Engine(torch.nn.Module):
     """The network plus its paged KV pool, whole on one device (TP shards merged).
 
@@ -592,8 +619,7 @@ class Qwen2Engine(torch.nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (TensorRT-LLM's default logits dtype): bf16 logits tie too often."""
-        return F.linear(hidden.float(), self.lm_head.float()) if hidden.device.type == "cpu" else \
-            F.linear(hidden, self.lm_head).float()
+        return float32_logits(hidden, self.lm_head)
 
     def weight_bytes(self) -> int:
         """Bytes of weights one decode step reads (the embedding is gathered, not read whole)."""

@@ -61,7 +61,10 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
 ENV = "TRTLLM_PIPELINE_W4A8_GEMV"
 BLOCK_N, BLOCK_K = 256, 128  # 128 packed rows x 128 bytes: 16 KB a tile; 128 inputs: the 7B's scale group
-GLU_BLOCK_N = 64
+# The GLU's rows a program: 32 (H100 2026-12-05e, benchmarks/w4a8_gemv.py, the 7B's fc + gate at batch 1: 32 rows
+# 48.9 us, 64 rows 60.9, 128 rows 61.6: twice the programs hide more of each one's loads)
+GLU_BLOCK_N = 32
+LEGACY_GLU_BLOCK_N = 64
 LONG_K_BLOCK_N = 128  # K past SHORT_K_TILES tiles (the 7B's proj): the prefetched loop at 128 registers
 SHORT_K_TILES = 64
 PROGRAMS_PER_SM = 8
@@ -96,7 +99,7 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     rows, K split for about ``PROGRAMS_PER_SM`` programs per SM, down to one tile a program (its loads all issued at
     once; programs overlap one another's latency). K long (proj): 128 rows (128 registers with the prefetch: 4
     programs an SM, 256 rows take 216), the next tile prefetched into registers while one is computed, split the
-    same way. The GLU: 64 rows, K not split (its SiLU in the epilogue), prefetched. ``num_stages`` > 1 in the config
+    same way. The GLU: 32 rows (timed: ``GLU_BLOCK_N``), K not split (its SiLU in the epilogue), prefetched. ``num_stages`` > 1 in the config
     is the kernel's own prefetch (Triton's pipeliner never staged these loads). Static SASS counts only
     (tools/gemv_sass.py); not timed (``legacy_config``: the first rule, for the A/B in benchmarks/w4a8_gemv.py)."""
     block_k = block_k or BLOCK_K
@@ -117,7 +120,7 @@ def legacy_config(q, sm_count: int, *, glu: bool = False) -> LinearConfig:
     """The first rule (H200 2026-12-05d: 4.288 ms a 7B step, 26% of the floor): 256 rows (the GLU 64), K split for
     ~4 programs per SM with at least two tiles each (quant_gemv_int8.pick_splits), each tile loaded at the top of
     its iteration (no prefetch)."""
-    block_n = GLU_BLOCK_N if glu else BLOCK_N
+    block_n = LEGACY_GLU_BLOCK_N if glu else BLOCK_N
     splits = 1 if glu else quant_gemv_int8.pick_splits(triton.cdiv(q.n, block_n), triton.cdiv(q.k, BLOCK_K),
                                                         sm_count)
     return LinearConfig(1, block_n, BLOCK_K, splits, 4, 1, w4a8=True)
