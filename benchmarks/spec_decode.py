@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative
+from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative, same_cell
 from trtllm_pipeline.config import load_config
 from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import MAX_FAST_ROWS
 from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
@@ -190,10 +190,20 @@ def main() -> None:
     if trees:
         print("tree verify at batch 1: " + ", ".join(f"{r['tree_nodes']} nodes {r['tree_ratio']:.2f}x (a chain of as "
                                                     f"many {r['chain_ratio']:.2f}x)" for r in trees))
-    print(f"\n{'config':>40} {'tree':>5} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>5}")
+    # same: prompts whose speculative output is plain's, of all, and of the rest how many part on a near tie (a
+    # margin within rounding: numerics, not a bug); plain det: whether the plain runs agreed among themselves
+    print(f"\n{'config':>40} {'tree':>5} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>13} "
+          f"{'plain det':>9}")
     for r in ngram:
         print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['workload']:>9} {r['speedup']:>6.2f}x "
-              f"{r['acceptance_length']:>10.2f} {str(r['identical']):>5}")
+              f"{r['acceptance_length']:>10.2f} {same_cell(r):>13} {'yes' if r['plain_deterministic'] else 'NO':>9}")
+    for r in ngram:  # the margins behind a "ties" count: which prompts parted where, and by how much
+        for i, d in enumerate(r.get("per_prompt") or r.get("differences") or []):
+            if not d.get("same", False):
+                margin = "n/a" if d["margin"] is None else f"{d['margin']:+.4f}"
+                print(f"  {r['config']} {r['workload']} tree {r['tree_nodes'] or '-'} prompt {d.get('prompt', i)}: "
+                      f"first differs at token {d['first_difference']}, plain {d['plain_token']} vs spec "
+                      f"{d['spec_token']}, margin {margin} ({'near tie' if d['near_tie'] else 'NOT a tie'})")
     print(f"results: {args.out / 'spec_decode.json'}")
 
 

@@ -380,12 +380,42 @@ def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir,
         ("grounded", 1, 3), ("grounded", 2, 2), ("random", 1, 3), ("random", 2, 2)]
     assert all(r["identical"] and r["output_tokens"] == 8 * r["prompts"] and r["acceptance_length"] >= 1
                for r in runs)
+    # the diagnosis beside ``identical``: the tiny model's outputs agree, plain with plain and spec with plain
+    assert all(r["plain_deterministic"] and r["differing_prompts"] == 0 == r["near_tie_differences"] for r in runs)
+    assert all(p["same"] and "margin" not in p for r in runs if r["batch"] == 1 for p in r["per_prompt"])
+    assert all(r["differences"] == [] for r in runs if r["batch"] == 2)
     for r in (r for r in runs if r["batch"] == 1):
         each = r["per_prompt"]
         assert len(each) == 3 and abs(sum(p["spec_s"] for p in each) - r["spec_s"]) < 1e-9
         assert sum(p["draft_tokens"] for p in each) == r["draft_tokens"]
     assert all("per_prompt" not in r for r in runs if r["batch"] == 2)
     assert "speedup" in result.table()[0] and "ngram, up to 8 drafts" in result.table()[-1]
+    assert all(" 3/3 " in line or " 2/2 " in line for line in result.table()[1:-1])
+
+
+def test_the_bench_names_where_outputs_part_and_by_what_margin(plain):
+    """``first_difference`` (what the bench reports per differing prompt), on plain greedy's own output against a
+    copy with one token swapped for the model's least likely one: found where it was swapped, its margin recomputed
+    eagerly and far from a tie (a bug's signature); a swap to the runner-up of a position is reported as such."""
+    from trtllm_pipeline.bench.speculative import first_difference, is_near_tie
+
+    prompt = PROMPTS[1]
+    want = _greedy(plain, [prompt], n=12)[0]
+    at = 5
+    row = plain.executor.logits(plain.hidden_states(prompt + want[:at])[-1]).float()
+    assert int(row.argmax()) == want[at]  # the eager forward agrees with what greedy decoding emitted
+    worst = int(row.argmin())
+    got = first_difference(plain, prompt, want, want[:at] + [worst] + want[at + 1 :])
+    assert got["first_difference"] == at and (got["plain_token"], got["spec_token"]) == (want[at], worst)
+    assert abs(got["margin"] - float(row[want[at]] - row[worst])) < 1e-4
+    assert got["margin"] > 0 and not got["near_tie"]
+    runner_up = int(row.topk(2).indices[1])
+    close = first_difference(plain, prompt, want, want[:at] + [runner_up] * (len(want) - at))
+    assert close["first_difference"] == at and close["near_tie"] == is_near_tie(close["margin"], float(row.max()))
+    assert 0 <= close["margin"] <= got["margin"]
+    assert first_difference(plain, prompt, want, list(want)) is None
+    assert first_difference(plain, prompt, want, want[:-2])["margin"] is None  # stopped early: no token choice
+    assert is_near_tie(0.01, 1.0) and is_near_tie(-0.3, 40.0) and not is_near_tie(0.3, 10.0)
 
 
 def test_bench_in_process_speculative_with_trees_from_the_command_line(built, engines_dir, tmp_path):

@@ -11,6 +11,16 @@ and accepted, verify rows, the acceptance length (mean tokens a verify row emitt
 each prompt's too (``per_prompt``). The outputs of the two runs are compared token for token (``identical``: greedy
 speculation must not change them).
 
+Where they part, the run says why it may (``plain_deterministic``: whether every plain run gave the same outputs; a
+speculative run differing from a plain one is only a finding when plain decoding agrees with itself): for each
+differing prompt (at batch 1 in its ``per_prompt`` entry, else in ``differences``) the first output position where
+the speculative tokens leave the plain ones (``first_difference``), both tokens, and the ``margin`` there: the plain
+token's logit minus the speculative token's, from one eager forward of the model over the prompt and the plain output
+up to that position (``first_difference``). A verify row is computed by differently shaped kernels than a 1-token
+step, so in bf16 a near-tied argmax may flip and the continuation part: a margin within ``NEAR_TIE_ABS`` or
+``NEAR_TIE_REL`` of the logit (``near_tie``) is rounding; a large one is a bug. Over a run: ``differing_prompts``
+and ``near_tie_differences``.
+
 Workloads: ``grounded``: rewrite / summarise / answer-from-passage prompts (``passages``: text shipped with the
 package; in ``grounded_texts`` order, the rewrites first: 18 = every task x passage pair), through the tokenizer's
 chat template where it has one: the output copies from the input, where prompt lookup pays; ``random``: prompts of
@@ -18,7 +28,11 @@ random token ids, where lookups rarely hit and adaptive drafting should make spe
 
 Results file (JSON, ``schema`` ``speculative-2``): ``settings``, ``runtime`` (its ``describe()``), ``runs``.
 ``speculative-2`` (issue 35): a batch-1 run covers ``settings.prompts`` prompts, its counts and seconds their totals
-(``speculative-1``: one prompt); each run names its ``prompts`` and, at batch 1, lists ``per_prompt``.
+(``speculative-1``: one prompt); each run names its ``prompts`` and, at batch 1, lists ``per_prompt``. Added under
+the same schema (no field changed meaning: ``identical`` is still every run, plain and speculative, alike):
+``plain_deterministic``, ``differing_prompts``, ``near_tie_differences``, ``differences`` (batch > 1) and each
+``per_prompt`` entry's ``same`` (with ``first_difference``, ``plain_token``, ``spec_token``, ``margin``, ``near_tie``
+where it is False).
 """
 
 from __future__ import annotations
@@ -39,6 +53,11 @@ from trtllm_pipeline.runtimes.registry import load_runtime
 SCHEMA = "speculative-2"
 WORKLOADS = ("grounded", "random")
 SPEC_KEYS = ("spec_decode_draft_tokens", "spec_decode_accepted_tokens", "spec_decode_verify_rows")
+# A margin (plain token's logit minus the speculative token's, recomputed eagerly) below either bound is a near tie,
+# which rounding alone can flip: bf16 keeps ~3 significant digits, so two kernels' logits of magnitude L may differ by
+# ~L/256 (REL: 1% leaves headroom for the error accumulated over the layers); ABS covers logits near zero.
+NEAR_TIE_ABS = 0.05
+NEAR_TIE_REL = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +101,12 @@ class SpeculativeResult:
 
     def table(self) -> list[str]:
         lines = [f"{'workload':>9} {'batch':>5} {'prompts':>7} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>7} "
-                 f"{'accept len':>10} {'drafted':>8} {'accepted':>8} {'same':>5}"]
+                 f"{'accept len':>10} {'drafted':>8} {'accepted':>8} {'same':>13} {'plain det':>9}"]
         for r in self.data["runs"]:
             lines.append(f"{r['workload']:>9} {r['batch']:>5} {r['prompts']:>7} {r['plain_tokens_per_s']:>11.1f} "
                          f"{r['spec_tokens_per_s']:>10.1f} {r['speedup']:>6.2f}x {r['acceptance_length']:>10.2f} "
-                         f"{r['draft_tokens']:>8} {r['accepted_tokens']:>8} {str(r['identical']):>5}")
+                         f"{r['draft_tokens']:>8} {r['accepted_tokens']:>8} {same_cell(r):>13} "
+                         f"{_yes(r.get('plain_deterministic')):>9}")
         rt = self.data["runtime"]
         lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}; decode: {rt.get('decode_path')}; "
                      f"speculative: {rt.get('speculative')}")
@@ -114,7 +134,8 @@ def run_speculative(cfg: BuildConfig, *, engines_dir: Path, settings: Speculativ
                 runs.append(run)
                 progress(f"bench --in-process --speculative {settings.method}: {workload}, batch {batch}, "
                          f"{run['prompts']} prompts: {run['speedup']:.2f}x, acceptance length "
-                         f"{run['acceptance_length']:.2f}")
+                         f"{run['acceptance_length']:.2f}, same outputs {same_cell(run)}"
+                         f"{'' if run['plain_deterministic'] else ' (plain runs differ among themselves)'}")
     finally:
         rt.close()
     data = {"schema": SCHEMA, "settings": {**dataclasses.asdict(settings), "num_draft_tokens": k, "config": cfg.name,
@@ -155,7 +176,7 @@ def workload_prompts(tok, workload: str, count: int, *, seed: int, random_tokens
 def _measure(rt, speculator, groups, settings: SpeculativeSettings) -> dict[str, Any]:
     """The run's record (``runs`` of the results file, less workload and batch): plain against speculative over
     ``groups``, the totals of the fastest run of each mode, and at batch 1 each prompt's."""
-    plain, plain_s, spec, spec_s, deltas = _best_runs(rt, speculator, groups, settings)
+    plain, plain_s, plain_deterministic, spec, spec_s, deltas = _best_runs(rt, speculator, groups, settings)
     total = {k: sum(d[k] for d in deltas) for k in SPEC_KEYS}
     tokens, rows = sum(len(t) for t in spec), total["spec_decode_verify_rows"]
     prompts = [p for group in groups for p in group]
@@ -165,20 +186,65 @@ def _measure(rt, speculator, groups, settings: SpeculativeSettings) -> dict[str,
            "speedup": sum(plain_s) / sum(spec_s), "draft_tokens": total["spec_decode_draft_tokens"],
            "accepted_tokens": total["spec_decode_accepted_tokens"], "verify_rows": rows,
            "acceptance_length": 1 + total["spec_decode_accepted_tokens"] / rows if rows else 1.0,
-           "identical": plain == spec}
+           "identical": plain_deterministic and plain == spec, "plain_deterministic": plain_deterministic}
+    found = [None if a == b else first_difference(rt, prompt, a, b) for prompt, a, b in zip(prompts, plain, spec)]
+    parted = [f for f in found if f is not None]
+    run["differing_prompts"] = len(parted)
+    run["near_tie_differences"] = sum(bool(f["near_tie"]) for f in parted)
     if len(groups) > 1:  # (batch 1)
         run["per_prompt"] = [{"prompt_tokens": len(g[0]), "plain_s": p, "spec_s": s, "speedup": p / s,
                               "draft_tokens": d["spec_decode_draft_tokens"],
                               "accepted_tokens": d["spec_decode_accepted_tokens"],
-                              "verify_rows": d["spec_decode_verify_rows"]}
-                             for g, p, s, d in zip(groups, plain_s, spec_s, deltas)]
+                              "verify_rows": d["spec_decode_verify_rows"], "same": f is None, **(f or {})}
+                             for g, p, s, d, f in zip(groups, plain_s, spec_s, deltas, found)]
+    else:
+        run["differences"] = [{"prompt": i, **f} for i, f in enumerate(found) if f is not None]
     return run
 
 
+def first_difference(rt, prompt: list[int], plain: list[int], spec: list[int]) -> dict[str, Any] | None:
+    """Where ``spec`` (speculative greedy output of ``prompt``) first leaves ``plain`` (plain greedy's), and the
+    ``margin`` there: the plain token's logit minus the speculative token's, from one eager forward of ``rt``'s
+    model over ``prompt`` and ``plain`` up to that position (``margin`` None where one output only stops first);
+    ``near_tie``: whether the margin is small enough for rounding to flip (``is_near_tie``). None: no difference."""
+    if plain == spec:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
+    if at == min(len(plain), len(spec)):  # one a prefix of the other: an early stop, not a token choice
+        return {"first_difference": at, "plain_token": None, "spec_token": None, "margin": None, "near_tie": False}
+    # the executor's logits (not rank 0's engine's): under tensor parallelism it gathers the vocabulary shards
+    row = rt.executor.logits(rt.hidden_states(list(prompt) + list(plain[:at]))[-1]).float()
+    plain_logit, spec_logit = float(row[plain[at]]), float(row[spec[at]])
+    margin = plain_logit - spec_logit
+    return {"first_difference": at, "plain_token": plain[at], "spec_token": spec[at], "margin": margin,
+            "near_tie": is_near_tie(margin, plain_logit)}
+
+
+def is_near_tie(margin: float, logit: float) -> bool:
+    """Whether two logits ``margin`` apart, the larger about ``logit``, are within rounding (``NEAR_TIE_ABS``,
+    ``NEAR_TIE_REL``): either way round, as the eager forward may favour either token."""
+    return abs(margin) < max(NEAR_TIE_ABS, NEAR_TIE_REL * abs(logit))
+
+
+def same_cell(run: dict[str, Any]) -> str:
+    """The table's ``same`` cell: prompts whose speculative output equals the plain one, of all, and how many of the
+    others part on a near tie (``True`` / ``False`` for results written before the counts were)."""
+    if "differing_prompts" not in run:
+        return str(run["identical"])
+    n = run["prompts"]
+    cell = f"{n - run['differing_prompts']}/{n}"
+    return f"{cell} ties {run['near_tie_differences']}" if run["differing_prompts"] else cell
+
+
+def _yes(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "NO"
+
+
 def _best_runs(rt, speculator, groups, settings: SpeculativeSettings):
-    """(plain outputs, the fastest plain run's seconds per group, speculative outputs (every run's the same, else the
-    first that is not), the fastest speculative run's seconds and counter deltas per group): ``settings.repeats``
-    runs of each, in turn; a run is every group, one after another."""
+    """(plain outputs (the fastest plain run's), its seconds per group, whether every plain run gave the same
+    outputs, speculative outputs (the first speculative run's that differ from the plain ones, else the plain ones),
+    the fastest speculative run's seconds and counter deltas per group): ``settings.repeats`` runs of each, in turn;
+    a run is every group, one after another."""
     plain_runs, spec_runs = [], []
     for _ in range(settings.repeats):
         speculator.enabled = False
@@ -187,9 +253,10 @@ def _best_runs(rt, speculator, groups, settings: SpeculativeSettings):
         spec_runs.append(_timed(rt, groups, settings.output_tokens))
     plain, plain_s, _ = min(plain_runs, key=lambda r: sum(r[1]))
     _, spec_s, deltas = min(spec_runs, key=lambda r: sum(r[1]))
-    outputs = [r[0] for r in plain_runs + spec_runs]
-    spec = next((o for o in outputs if o != plain), plain)  # ``identical`` holds only if every run gave the same
-    return plain, plain_s, spec, spec_s, deltas
+    deterministic = all(r[0] == plain for r in plain_runs)
+    # spec against plain only: a plain run differing from another is ``plain_deterministic``'s to report
+    spec = next((r[0] for r in spec_runs if r[0] != plain), plain)
+    return plain, plain_s, deterministic, spec, spec_s, deltas
 
 
 def _timed(rt, groups, n: int) -> tuple[list[list[int]], list[float], list[dict[str, int]]]:

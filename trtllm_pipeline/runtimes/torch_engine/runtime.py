@@ -686,7 +686,8 @@ class TorchRuntime(OverlapSteps, Runtime):
         hidden = self._forward(rows)
         last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
         index = [p for r, end in zip(rows, last) for p in range(end - logit_span(r), end)]
-        logits = self.executor.logits(hidden[torch.tensor(index, device=hidden.device)]) if index else None
+        # (a view where the positions are one run, as a lone request's are: no index tensor made, no gather)
+        logits = self.executor.logits(rows_at(hidden, index)) if index else None
         return self._settle(rows, logits)
 
     def _settle(self, rows: list[PlanRow], logits: torch.Tensor | None,
