@@ -78,6 +78,23 @@ def test_generate_equals_in_process_generate(server, runtime, protocol):
             assert len(expected.token_ids) > 1
 
 
+def test_one_grpc_stream_carries_a_clients_requests_and_an_abandoned_one_leaves_nothing_behind(server, runtime):
+    """A gRPC client keeps its stream across requests (no stream set up and torn down per request); a request its
+    consumer leaves early is cancelled with its stream, and the next request, on a fresh one, reads only its own
+    responses."""
+    expected = [in_process(runtime, p, max_tokens=24).text for p in PROMPTS[:2]]
+    with TritonClient(url(server, "grpc"), "grpc") as client:
+        assert client.generate(PROMPTS[0], max_tokens=24) == expected[0]
+        stream = client._responses
+        assert client.generate(PROMPTS[1], max_tokens=24) == expected[1] and client._responses is stream
+        pieces = client.stream(PROMPTS[0], max_tokens=200)
+        next(pieces)
+        pieces.close()  # the consumer stops after one token: 199 are not read
+        assert client._responses is None
+        assert client.generate(PROMPTS[1], max_tokens=24) == expected[1]
+        assert client._responses is not None and client._responses is not stream
+
+
 @pytest.fixture(scope="module")
 def split_prompt(runtime) -> str:
     found = [p for p in SPLIT_CANDIDATES if "\ufffd" in in_process(runtime, p, max_tokens=40).text]

@@ -3,7 +3,8 @@
 It talks to ``tensorrt_llm_bls`` by default (``contract.FRONT_MODEL``; the ``ensemble`` takes the same
 inputs), the model that stops generating when its client cancels or goes away. Both are decoupled
 (they stream), so over gRPC every request, streamed or not, goes through
-``start_stream``/``async_stream_infer`` (Triton refuses plain ``infer`` on a decoupled model); over
+``start_stream``/``async_stream_infer`` (Triton refuses plain ``infer`` on a decoupled model; one stream a client,
+kept across its requests); over
 HTTP a whole answer is ``POST /v2/models/<model>/generate`` and a stream ``/generate_stream``
 (server-sent events). One client per thread: tritonclient's clients are not thread-safe.
 
@@ -16,6 +17,7 @@ Parameters are the ensemble's optional inputs (``max_tokens``, ``min_tokens``, `
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -26,6 +28,8 @@ import numpy as np
 from trtllm_pipeline.endpoints import is_openai_url
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
 from trtllm_pipeline.triton.contract import CLIENT_INPUTS, FRONT_MODEL, NUM_OUTPUT_TOKENS
+
+log = logging.getLogger(__name__)
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_MAX_TOKENS = 256
@@ -59,6 +63,7 @@ class TritonClient:
 
             self._grpc = grpcclient
             self._client = grpcclient.InferenceServerClient(url)
+            self._responses: queue.Queue | None = None  # the open stream's responses (``_stream``)
         else:
             import requests
 
@@ -118,6 +123,7 @@ class TritonClient:
 
     def close(self) -> None:
         if self.protocol == "grpc":
+            self._end_stream(cancel=True)
             self._client.close()
         else:
             self._session.close()
@@ -157,10 +163,7 @@ class TritonClient:
                         ) -> Iterator[tuple[str, np.ndarray | None, bool, int | None]]:
         """(text, generation logits, whether it is the final response, the tokens it carries where the model
         says: ``num_output_tokens``) of each response bearing text."""
-        responses: queue.Queue = queue.Queue()
-        # stamped on arrival, in gRPC's thread: the consumer may take it from the queue later, when other streams hold
-        # the GIL (a benchmark's 64), which is not the server's time (``arrived``)
-        self._client.start_stream(callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
+        responses = self._stream()
         finished = False
         try:
             self._client.async_stream_infer(self.model, self._grpc_inputs(values), request_id=request_id,
@@ -191,8 +194,32 @@ class TritonClient:
                     finished = True
                     return
         finally:
-            # A consumer that stops early cancels the request instead of leaving it running.
-            self._client.stop_stream(cancel_requests=not finished)
+            # A request that ended otherwise than with its final response (a consumer that stopped early, an error, a
+            # timeout) is cancelled with its stream; the next request opens a fresh one, with nothing of this one's.
+            if not finished:
+                self._end_stream(cancel=True)
+
+    def _stream(self) -> queue.Queue:
+        """The client's gRPC stream, opened on first use and kept across requests, one at a time (each ends with
+        its final response): a stream opened and stopped per request cost every request a gRPC call set-up and a
+        thread started and joined in the client, which at a benchmark's wave of 64 requests ran 64 times at once."""
+        if self._responses is None:
+            responses: queue.Queue = queue.Queue()
+            # stamped on arrival, in gRPC's thread: the consumer may take it from the queue later, when other streams
+            # hold the GIL (a benchmark's 64), which is not the server's time (``arrived``)
+            self._client.start_stream(
+                callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
+            self._responses = responses
+        return self._responses
+
+    def _end_stream(self, *, cancel: bool) -> None:
+        if self._responses is None:
+            return
+        self._responses = None
+        try:
+            self._client.stop_stream(cancel_requests=cancel)
+        except Exception as exc:  # noqa: BLE001 - a server already gone: nothing left to stop
+            log.debug("stopping the gRPC stream to %s: %s", self.url, exc)
 
     # ---- HTTP ----------------------------------------------------------------------------------
 
