@@ -56,7 +56,8 @@ def retokenize(results: Sequence[RequestResult], tokenizer) -> None:
     """Each result's returned text re-encoded (``output_tokens_retokenized``), once the level is over. Inside a
     request's worker it delayed that worker's next request and held the GIL while other requests' streams were
     being timed: at c=64 a wave of finished requests re-encoded 64 x 256 tokens at once, just as the next wave
-    started (the client's TTFT exceeded the engine's by 98 ms at c=64, 5.5 ms at c=1; H100 2026-12-05e)."""
+    started (H100 2026-12-05e: the client's TTFT exceeded the engine's by 98 ms at c=64, 5.5 ms at c=1; how much of
+    that was this, the next run says)."""
     for result in results:
         if result.text is not None:
             result.output_tokens_retokenized = len(tokenizer.encode(result.text, add_special_tokens=False))
