@@ -17,6 +17,7 @@ import collections
 import cProfile
 import pstats
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from trtllm_pipeline.runtimes.torch_engine import plan as plan_module
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import NgramProposer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from spec_oracle import Oracle  # noqa: E402
+
 PASSAGE = list(range(3000, 3060))
 # a prompt that repeats, a generated text that (tiny model) does not: lookups hit in the prompt a little
 PROMPTS = [PASSAGE * 4 + [7, 8] + PASSAGE[:6]]
@@ -37,22 +41,15 @@ PHASES = ("_propose", "_settle", "_verify", "_record_verified", "_forward", "_sp
 
 
 class OracleNgram(NgramProposer):
-    """The real n-gram lookup (its cost counted), then plain greedy's next tokens as drafts, every third wrong: the
-    tiny model's own text never repeats, so a real lookup rarely hits; with these nearly every step verifies, with
-    partial acceptance, rollback and the adaptive length at work (as ``tests/spec_oracle`` does)."""
+    """The real n-gram lookup (its cost counted), then ``tests/spec_oracle.Oracle``'s drafts: plain greedy's next
+    tokens, every third wrong. The tiny model's own text never repeats, so a real lookup rarely hits; with these
+    nearly every step verifies, with partial acceptance, rollback and the adaptive length at work."""
 
-    answers: dict | None = None
+    oracle: Oracle | None = None
 
     def propose(self, batch):
         found = super().propose(batch)
-        if self.answers is None:
-            return found
-        drafts = []
-        for r in batch:
-            at = len(r.generated)
-            truth = self.answers[r.request_id][at : at + r.k]
-            drafts.append([t if (at + j) % 3 != 2 else t + 1 for j, t in enumerate(truth)])
-        return drafts
+        return found if self.oracle is None else self.oracle.propose(batch)
 
 
 class ModelClock:
@@ -134,8 +131,8 @@ def main() -> None:
     rt = TorchRuntime(args.checkpoint, args.checkpoint / "tokenizer", speculative=SpeculativeSection(method="ngram"),
                       max_batch_size=4, max_seq_len=1024, dtype="float32", kv_block_size=16)
     clock = ModelClock(rt)
-    oracle = rt.speculator.proposer = OracleNgram()
-    oracle.answers = run(rt, clock, False)[1]
+    proposer = rt.speculator.proposer = OracleNgram()
+    proposer.oracle = Oracle(run(rt, clock, False)[1])
     for _ in range(2):  # warm
         run(rt, clock, False)
         run(rt, clock, True)

@@ -13,11 +13,11 @@ import pytest
 import torch
 import yaml
 from conftest import CONFIGS, run_cli
+from spec_oracle import greedy
 from safetensors.torch import save_file
 
 from trtllm_pipeline.config import SpeculativeSection, config_from_dict
 from trtllm_pipeline.errors import ConfigError, InputError
-from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 from trtllm_pipeline.runtimes.torch_engine.speculative import eagle3_checkpoint
 from trtllm_pipeline.runtimes.torch_engine.speculative.eagle3 import Eagle3Proposer
@@ -42,14 +42,7 @@ def _rt(ckpt, spec: dict | None = None) -> TorchRuntime:
 
 
 def _greedy(rt, prompts=PROMPTS, n=24):
-    for i, p in enumerate(prompts):
-        rt.submit(i, p, SamplingParams(max_tokens=n, end_id=-1))
-    out = {i: [] for i in range(len(prompts))}
-    while rt.has_work():
-        for e in rt.step():
-            out[e.request_id] += e.token_ids
-        rt.kv.check()  # the target's allocator after every rollback
-    return [out[i] for i in range(len(prompts))]
+    return greedy(rt, prompts, n, check=True)  # the target's allocator checked after every rollback
 
 
 @pytest.fixture(scope="module")
