@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
@@ -592,28 +593,43 @@ def _postprocessing_runs(server) -> tuple[float, float]:
 def test_every_streaming_path_sends_one_event_per_token_as_it_is_made(server):
     """96 forced tokens through HTTP generate_stream (ensemble, tensorrt_llm_bls), the gRPC stream and /v1 SSE:
     96 events each, spread over the answer's time, not bunched. The ensemble's postprocessing used to batch the
-    responses of a stream that queued while it was busy and release them together. (At 32 tokens an answer took
-    ~60 ms on this CPU: one stall of the client's process under a full suite's load bunched all of it, seen once.)"""
+    responses of a stream that queued while it was busy and release them together; that is also checked by count
+    (each of its responses ran alone). A path whose answer comes bunched is asked again, up to three times: on 2
+    cores under a full suite's load one process of the path (client, stub, server) can stall for the whole answer
+    (~200 ms) and release it at once (seen twice, at 32 tokens and at 96: 95 of 96 together), while a path that
+    bunches by design does so every time."""
     counted_before = _postprocessing_runs(server)
     prompt, n = PROMPTS[1], 96
-    arrivals = {}
-    for model in ("ensemble", "tensorrt_llm_bls"):
-        events = _sse_arrivals(server.http_port, f"/v2/models/{model}/generate_stream",
-                               {"text_input": prompt, "max_tokens": n, "min_tokens": n, "stream": True})
-        arrivals[f"http {model}"] = [t for t, _ in events]
+    params = {"max_tokens": n, "min_tokens": n}
+
+    def http(model):
+        body = {"text_input": prompt, "stream": True, **params}
+        return [t for t, _ in _sse_arrivals(server.http_port, f"/v2/models/{model}/generate_stream", body)]
+
+    def grpc(model):
         with TritonClient(url(server, "grpc"), model=model) as client:
-            arrivals[f"grpc {model}"] = [time.perf_counter() for _ in client.stream(prompt, max_tokens=n, min_tokens=n)]
-    events = _sse_arrivals(server.openai_port, "/v1/completions",
-                           {"model": NAME, "prompt": prompt, "max_tokens": n, "min_tokens": n, "stream": True})
-    # /v1 sends a token's text as it comes; a token whose text is held back (part of a character) has no event
-    arrivals["openai"] = [t for t, payload in events if any(c.get("text") for c in json.loads(payload)["choices"])]
-    for path, times in arrivals.items():
-        # (/v1: a token whose text is part of a character sends nothing; a few in a random model's answer)
-        assert len(times) == n or (path == "openai" and n - n // 8 <= len(times) <= n), f"{path}: {len(times)} events"
-        together = sum(b - a < 2e-4 for a, b in zip(times, times[1:]))  # events that landed with the one before
-        # Spread over the answer's time; not strictly one read each: on a loaded machine a process of the path can
-        # stall for 100 ms and release the tokens made meanwhile at once (seen with 2 cores at load 12).
-        assert together <= n - 4, f"{path}: {together} of {n} events arrived with the one before"
+            # stamped as each response lands, in gRPC's thread
+            return [client.arrived for _ in client.stream(prompt, **params)]
+
+    def openai():
+        body = {"model": NAME, "prompt": prompt, "stream": True, **params}
+        events = _sse_arrivals(server.openai_port, "/v1/completions", body)
+        # /v1 sends a token's text as it comes; a token whose text is held back (part of a character) has no event
+        return [t for t, payload in events if any(c.get("text") for c in json.loads(payload)["choices"])]
+
+    paths = {f"{protocol} {model}": functools.partial(measure, model)
+             for model in ("ensemble", "tensorrt_llm_bls") for protocol, measure in (("http", http), ("grpc", grpc))}
+    paths["openai"] = openai
+    for path, measure in paths.items():
+        for attempt in range(3):
+            times = measure()
+            # (/v1: a token whose text is part of a character sends nothing; a few in a random model's answer)
+            assert len(times) == n or (path == "openai" and n - n // 8 <= len(times) <= n), f"{path}: {len(times)}"
+            together = sum(b - a < 2e-4 for a, b in zip(times, times[1:]))  # events that landed with the one before
+            if together <= n - 4:  # spread over the answer's time (not strictly one read each: short stalls happen)
+                break
+        else:
+            pytest.fail(f"{path}: {together} of {n} events arrived with the one before, three times")
     count, runs = (after - before for after, before in zip(_postprocessing_runs(server), counted_before))
     assert count >= n and runs == count  # each of the ensemble's responses ran alone: never two in one batch
 
