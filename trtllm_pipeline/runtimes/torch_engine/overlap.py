@@ -51,6 +51,8 @@ class LaunchedStep:
     host: torch.Tensor | None  # every token row's argmax, pinned host copy (``DecodeGraphs.greedy_host``)
     ready: Any  # the event after which ``host`` holds them (None: it does)
     chainable: bool  # the next step may take its argmax as its tokens (greedy rows, nothing banned)
+    tracked: list[int] | None = None  # per row, device drafting's state (``cuda.drafted``); None: no row tracked
+    posted: Any = None  # the tracked rows' results on their way to the host (``DecodeGraphs.drafts_posted``)
 
     def spans(self) -> list[list[int]]:
         """Each row's positions in ``index``'s token rows."""
@@ -77,6 +79,12 @@ def chaining_enabled(decoder) -> bool:
     return hasattr(decoder, "greedy_host") and os.environ.get("TRTLLM_PIPELINE_CHAIN", "1").strip() != "0"
 
 
+def device_drafting_enabled() -> bool:
+    """Prompt lookup on the device for greedy requests (``cuda.drafted``), so that verify steps chain too: on where
+    chaining is, unless ``TRTLLM_PIPELINE_SPEC_DEVICE=0`` (drafts from the host at every step: the A/B)."""
+    return os.environ.get("TRTLLM_PIPELINE_SPEC_DEVICE", "1").strip() != "0"
+
+
 def _given(**kwargs) -> dict:
     """The keyword arguments that are not None (a decoder's optional ones, passed only when used)."""
     return {k: v for k, v in kwargs.items() if v is not None}
@@ -94,15 +102,24 @@ class OverlapSteps:
         if hasattr(decoder, "read_back"):  # the per-step copy of the argmax to the host: only what chaining reads
             decoder.read_back = self.chaining
         self._launched: LaunchedStep | None = None  # the fast step left running
+        # prompt lookup on the device: greedy requests without bans draft there and their verify steps chain
+        from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import NgramProposer
+
+        sp = getattr(self, "speculator", None)
+        self.device_drafting = bool(self.chaining and sp is not None and type(sp.proposer) is NgramProposer
+                                    and hasattr(decoder, "attach_drafts") and device_drafting_enabled())
+        if self.device_drafting:
+            decoder.attach_drafts(sp.k, sp.proposer.min_n, sp.proposer.max_n, self.max_seq_len, self.max_batch_size)
 
     def _may_leave_running(self, rows: list[PlanRow]) -> bool:
         """Whether this step's fast rows are launched and left running, their tokens read at the start of the next
         ``step()`` (``_settle_launched``): a step without drafts (decodes, and short prompts' chunks as rows of it)
-        with overlap on. The caller then handles the previous step's events (the engine loop detokenizes and streams
-        them, a benchmark stamps them) while the GPU runs this step, instead of the GPU waiting for that work (issue
-        30: served ms/step toward the graph's replay time). A row's token then comes back one ``step()`` later;
-        nothing else changes."""
-        return bool(rows) and self.overlap and not any(r.draft for r in rows)
+        but those drafted on the device (their acceptance is the device's too), with overlap on. The caller then
+        handles the previous step's events (the engine loop detokenizes and streams them, a benchmark stamps them)
+        while the GPU runs this step, instead of the GPU waiting for that work (issue 30: served ms/step toward the
+        graph's replay time). A row's token then comes back one ``step()`` later; nothing else changes."""
+        return bool(rows) and self.overlap and not any(
+            r.draft and not self._requests[r.request_id].tracked for r in rows)
 
     def _launch_fast(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """A fast step launched and kept for ``_settle_launched`` (or ``_pend``): no events now. A launch that raises
@@ -121,6 +138,7 @@ class OverlapSteps:
         row of the running step's argmax each feeds on (``_chain``)."""
         reqs = [self._requests[r.request_id] for r in rows]
         args = ([r.block_table for r in rows], [r.start for r in rows], [r.request_id for r in rows])
+        tracked = self._tracked(rows, reqs)
         per_token = None
         if sources:  # each token row's source: the running step's row, or -1 where the token is known
             per_token = [sources[r.request_id] if j == 0 and r.request_id in sources else -1
@@ -132,21 +150,24 @@ class OverlapSteps:
             # c=64 with min_tokens: none chained, 4.54 ms a step against 3.25 chained in-process)
             bans = [req.end_ban() for req in reqs] if self.chaining else None
             logits = self.decoder.decode([r.tokens[0] for r in rows], *args,
-                                         **_given(sources=per_token, bans=bans if bans and max(bans) >= 0 else None))
+                                         **_given(sources=per_token, bans=bans if bans and max(bans) >= 0 else None,
+                                                  tracked=tracked))
             greedy = self.decoder.greedy(len(rows))
         else:
-            logits, greedy = self.decoder.verify([r.tokens for r in rows], *args, **_given(sources=per_token))
+            logits, greedy = self.decoder.verify([r.tokens for r in rows], *args,
+                                                 **_given(sources=per_token, tracked=tracked))
         ends = list(itertools.accumulate(len(r.tokens) for r in rows))
         index = [p for r, end in zip(rows, ends) for p in range(end - logit_span(r), end)]
         host, ready = self.decoder.greedy_host() if self.chaining else (None, None)
         # the next step may feed this one's argmax to the device as it is: every row greedy, nothing banned that the
         # argmax did not skip (a decode step skips the end id, not bad words), and no request about to draft (drafts
-        # are proposed from the tokens on the host)
+        # are proposed from the tokens on the host; but a tracked request's are the device's)
         sp = self.speculator
         chainable = self.chaining and all(
             req.params.greedy and not (req.bad_ids if decode else req.may_ban()) for req in reqs) and (
-            sp is None or not any(sp.drafts_next(req.request_id) for req in reqs))
-        return LaunchedStep(rows, reqs, logits, greedy, index, host, ready, chainable)
+            sp is None or not any(sp.drafts_next(req.request_id) for req in reqs if not req.tracked))
+        posted = self.decoder.drafts_posted() if tracked else None
+        return LaunchedStep(rows, reqs, logits, greedy, index, host, ready, chainable, tracked, posted)
 
     def _settle_launched(self) -> list[TokenEvent]:
         """The launched step's tokens (``_launch_fast``): sampled and recorded now, for the requests still there (one
@@ -165,7 +186,8 @@ class OverlapSteps:
         rows = [launched.rows[i] for i in live]
         at = [p for i in live for p in spans[i]]
         try:
-            return self._settle(rows, rows_at(launched.logits, at), rows_at(greedy, at))
+            device = self._device_results(launched.rows, launched.tracked, launched.posted)
+            return self._settle(rows, rows_at(launched.logits, at), rows_at(greedy, at), device)
         except ExecutorLost:
             raise
         except Exception as exc:  # noqa: BLE001 - as ``_isolated``: the step's requests fail, the runtime goes on
@@ -176,9 +198,18 @@ class OverlapSteps:
         that the scheduler plans the next step on them; a request that its token ends by length is ``held`` (no
         row). False when no request of the step is left (nothing to chain on)."""
         live = False
-        for row, req in zip(launched.rows, launched.reqs):
+        for i, (row, req) in enumerate(zip(launched.rows, launched.reqs)):
             if self._requests.get(row.request_id) is not req:
                 continue  # cancelled while the step ran
+            if launched.tracked and launched.tracked[i]:
+                # drafted on the device: as if every draft were kept (the most it can be), keyed for the prefix cache
+                # only once known (``_settle_tracked`` sets what was kept); the blocks planned on it cover the truth
+                n = len(row.tokens)
+                self.scheduler.advance(req, n, commit=False)
+                req.generated.extend([PENDING] * n)
+                req.held = len(req.generated) >= req.params.max_tokens or req.length >= self.max_seq_len
+                live = True
+                continue
             self.scheduler.advance(req, len(row.tokens))
             if row.sample:  # (a prompt's chunk before its last samples nothing: it is only computed)
                 req.generated.append(PENDING)
@@ -194,7 +225,8 @@ class OverlapSteps:
         if eager or not self._may_leave_running(fast):
             return False
         at = launched.sampled_at
-        pending = {r.request_id: at[r.request_id] for r in fast if r.tokens[0] == PENDING}
+        pending = {r.request_id: at[r.request_id] for r in fast
+                   if r.tokens[0] == PENDING and not self._requests[r.request_id].tracked}
         try:
             self._launched = self._launch(fast, pending)
         except ExecutorLost:
@@ -210,6 +242,7 @@ class OverlapSteps:
     def _settle_pending(self, launched: LaunchedStep) -> list[TokenEvent]:
         """The pending tokens of ``launched`` read (from its pinned copy: waiting for that step, not for a step
         chained on it) and recorded in place of ``PENDING``."""
+        device = self._device_results(launched.rows, launched.tracked, launched.posted)
         if launched.ready is not None:
             launched.ready.synchronize()
         tokens = launched.host.tolist()
@@ -218,6 +251,9 @@ class OverlapSteps:
         for row, req in zip(launched.rows, launched.reqs):
             if not row.sample or self._requests.get(row.request_id) is not req:
                 continue  # a prompt's chunk that samples nothing, or cancelled before it was pended
+            if row.request_id in device:
+                events.append(self._settle_tracked(row, req, device[row.request_id], pended=True))
+                continue
             req.generated.pop()
             req.held = False
             events.append(self._record(req, tokens[at[row.request_id]]))
@@ -232,6 +268,26 @@ class OverlapSteps:
                 req = self._requests.get(row.request_id)
                 if req is None:
                     continue
-                row.tokens[0] = req.generated[-1]
+                if req.tracked:  # the drafts the device looked up after the step just read, and the row's true start
+                    drafts = (req.device_next or [])[: len(row.tokens) - 1]
+                    row.tokens, row.draft, row.start = [req.generated[-1], *drafts], len(drafts), req.computed
+                else:
+                    row.tokens[0] = req.generated[-1]
             out.append(row)
         return out
+
+    def _tracked(self, rows: list[PlanRow], reqs: list) -> list[int] | None:
+        """Per row, device drafting's state (``cuda.drafted``): 0 not tracked, 1 tracked, 2 tracked and pending (its
+        token and drafts are the device's); None where no row is tracked."""
+        if not self.device_drafting:
+            return None
+        states = [(2 if row.tokens[0] == PENDING else 1) if req.tracked else 0 for row, req in zip(rows, reqs)]
+        return states if any(states) else None
+
+    def _device_results(self, rows: list[PlanRow], tracked: list[int] | None, posted) -> dict:
+        """The tracked rows' (emitted tokens, drafts found, next drafts) by request, read from the device (waiting
+        for that step only); {} where none was tracked."""
+        if not tracked:
+            return {}
+        ids = [row.request_id for row, state in zip(rows, tracked) if state]
+        return dict(zip(ids, self.decoder.drafted.result(posted)))

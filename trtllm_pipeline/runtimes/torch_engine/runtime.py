@@ -50,6 +50,9 @@ class _Request(_Sequence):
     end_id: int = -1
     generator: torch.Generator | None = None
     bad_ids: list[list[int]] = dataclasses.field(default_factory=list)  # bad words, tokenized once
+    # device drafting (``cuda.drafted``): its history is on the device and every fast step it is in advances it
+    tracked: bool = False
+    device_next: list[int] | None = None  # the drafts the device looked up after its last step read (None: none yet)
 
     def banned(self, ahead: Sequence[int] = ()) -> list[int]:
         """Tokens this request may not produce next: its end id before min_tokens, bad words' last tokens (a word
@@ -422,8 +425,9 @@ class TorchRuntime(OverlapSteps, Runtime):
         where = "on the fast path" if hasattr(self.decoder, "verify") else "eagerly"
         trees = f", trees of up to {self.tree_nodes} nodes verified {where if self._fast_trees() else 'eagerly'}" \
             if self.tree_verify else ""
+        device = "; greedy requests draft on the device, their verify steps chained" if self.device_drafting else ""
         return (f"{sp.proposer.name}, up to {sp.k} drafts{' (adaptive)' if sp.adaptive else ''}, verified {where}"
-                f"{trees}")
+                f"{trees}{device}")
 
     @property
     def processes(self) -> list[int]:
@@ -518,6 +522,8 @@ class TorchRuntime(OverlapSteps, Runtime):
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
             self.decoder.release(plan.preempted)
+            for request_id in plan.preempted:  # (their histories on the device go with their table rows)
+                self._requests[request_id].tracked = False
         fast, eager = self._split(plan.rows)
         t1 = time.perf_counter()
         try:
@@ -575,7 +581,14 @@ class TorchRuntime(OverlapSteps, Runtime):
                 continue
             room = min(req.params.max_tokens - len(req.generated), self.max_seq_len - req.length) - 1
             k = min(room, sp.budget(req.request_id)) if room > 0 else 0
-            if k > 0 and req.generated[-1] != PENDING:  # (pending: launched on as drafting nothing; never from it)
+            pending = req.generated[-1] == PENDING
+            if not req.tracked and not pending and self.device_drafting and self._trackable(req):
+                self.decoder.load_history(req.request_id, req.prompt + req.generated)
+                req.tracked, req.device_next = True, None
+            if req.tracked and (pending or req.device_next is not None):
+                # drafted on the device: made there after the running step (pending), or read back with its tokens
+                req.draft = [PENDING] * k if pending else req.device_next[:k]
+            elif k > 0 and not pending:  # (pending: launched on as drafting nothing; never from it)
                 asks.append(DraftRequest(req.request_id, req.prompt, req.generated, k))
                 seqs.append(req)
         for req, ask, drafts in zip(seqs, asks, sp.propose(asks)):
@@ -585,6 +598,11 @@ class TorchRuntime(OverlapSteps, Runtime):
                 req.draft = [int(t) for t in drafts[: ask.k]]
             if not req.draft:
                 sp.found_nothing(req.request_id)
+
+    def _trackable(self, req: _Request) -> bool:
+        """Whether ``req`` may draft on the device: greedy (the device accepts by argmax) with nothing banned (the
+        step's argmax is then its token at every position)."""
+        return req.params.greedy and not req.may_ban()
 
     def _take_tree(self, req: _Request, tree, k: int) -> None:
         """A proposed tree as ``req``'s drafts, at most ``k`` deep. A greedy request verifies it where the executor
@@ -683,6 +701,8 @@ class TorchRuntime(OverlapSteps, Runtime):
     def _run_eager(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """The rows through the eager model in one forward; logits at each sampling row's last token, and at every
         position of a verify row's (``_settle``)."""
+        for row in rows:  # a tracked request's history on the device did not see this step: loaded again later
+            self._requests[row.request_id].tracked = False
         hidden = self._forward(rows)
         last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
         index = [p for r, end in zip(rows, last) for p in range(end - logit_span(r), end)]
@@ -691,14 +711,16 @@ class TorchRuntime(OverlapSteps, Runtime):
         return self._settle(rows, logits)
 
     def _settle(self, rows: list[PlanRow], logits: torch.Tensor | None,
-                greedy: torch.Tensor | None = None) -> list[TokenEvent]:
+                greedy: torch.Tensor | None = None, device: dict | None = None) -> list[TokenEvent]:
         """The step ran: ``logits`` holds each row's ``logit_span`` positions, packed in row order (``greedy``: their
         argmax, where the step computed it). Sampling rows get their next token, verify rows their accepted drafts
-        and one token (``_verify``); then the cache counts what was kept and the tokens are recorded."""
+        and one token (``_verify``); then the cache counts what was kept and the tokens are recorded. ``device``: the
+        tracked rows' results by request (``_device_results``), which settle from those (``_settle_tracked``)."""
+        device = device or {}
         spans = list(itertools.accumulate((logit_span(r) for r in rows), initial=0))
         reqs = [self._requests[r.request_id] for r in rows]
-        sampled = [i for i, r in enumerate(rows) if r.sample and not r.draft]
-        verify = [i for i, r in enumerate(rows) if r.draft]
+        sampled = [i for i, r in enumerate(rows) if r.sample and not r.draft and r.request_id not in device]
+        verify = [i for i, r in enumerate(rows) if r.draft and r.request_id not in device]
         tokens = []
         if sampled:
             at = [spans[i] for i in sampled]
@@ -709,12 +731,47 @@ class TorchRuntime(OverlapSteps, Runtime):
             emitted = self._verify([rows[i] for i in verify], [reqs[i] for i in verify], rows_at(logits, at),
                                    rows_at(greedy, at))
         for row, req in zip(rows, reqs):  # the step succeeded: now it counts (verify rows: as they are recorded)
-            if not row.draft:
+            if not row.draft and row.request_id not in device:
                 self.scheduler.advance(req, len(row.tokens))
         events = self._record_all([reqs[i] for i in sampled], tokens)
         for i, out in zip(verify, emitted):
             events.append(self._record_verified(rows[i], reqs[i], out))
+        for row, req in zip(rows, reqs):
+            if row.request_id in device:
+                events.append(self._settle_tracked(row, req, device[row.request_id], pended=False))
         return events
+
+    def _settle_tracked(self, row: PlanRow, req: _Request, result, *, pended: bool) -> TokenEvent:
+        """A tracked row's step as the device settled it (``result``: emitted tokens, drafts found, next drafts): the
+        speculator told, the tokens recorded one by one (the request may end at any), the cache keeping what was
+        kept. ``pended``: the row was taken as keeping every draft (``_pend``) and a step chained on it may be running
+        now: that is undone first, and no block is given back (the running step may write past the kept length)."""
+        emitted, found, drafts = result
+        n = len(row.tokens)
+        preempted = False
+        if pended:
+            del req.generated[-n:]
+            req.held = False
+            preempted = req.computed < n  # (preemption set it to 0; it is recomputed from its tokens later)
+            if not preempted:
+                req.computed -= n
+        sp = self.speculator
+        if n > 1:
+            sp.verified(req.request_id, n - 1, len(emitted) - 1)
+        if not found:
+            sp.found_nothing(req.request_id)
+        req.device_next = drafts if found else []
+        out: list[int] = []
+        for token in emitted:
+            event = self._record(req, token)
+            out += event.token_ids
+            if event.finish_reason:
+                return TokenEvent(req.request_id, out, event.finish_reason)
+        if not preempted:
+            self.scheduler.advance(req, len(emitted))
+            if not pended:
+                self.kv.trim(req.request_id, req.length)
+        return TokenEvent(req.request_id, out)
 
     def _verify(self, rows: list[PlanRow], reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None) -> list[list[int]]:
@@ -790,18 +847,21 @@ class TorchRuntime(OverlapSteps, Runtime):
         row's tokens as rows of one step, ``DecodeGraphs.verify``)."""
         args = ([r.tokens for r in rows], [r.block_table for r in rows], [r.start for r in rows],
                 [r.request_id for r in rows])
+        tracked = self._tracked(rows, [self._requests[r.request_id] for r in rows])
+        given = {"tracked": tracked} if tracked else {}
         if any(not r.is_decode for r in rows):  # drafts or prefill chunks: logits at each row's ``logit_span`` only
             trees = [r.parents for r in rows]  # (tree rows: a tree step, ``DecodeGraphs.verify``)
             tree = any(p is not None for p in trees)
-            logits, greedy = self.decoder.verify(*args, **({"parents": trees} if tree else {}))
+            logits, greedy = self.decoder.verify(*args, **({"parents": trees} if tree else {}), **given)
             ends = itertools.accumulate(len(r.tokens) for r in rows)
             index = [p for r, end in zip(rows, ends) for p in range(end - logit_span(r), end)]
             if len(index) != logits.shape[0]:
                 logits, greedy = rows_at(logits, index), rows_at(greedy, index)
         else:
-            logits = self.decoder.decode([t[0] for t in args[0]], *args[1:])
+            logits = self.decoder.decode([t[0] for t in args[0]], *args[1:], **given)
             greedy = self.decoder.greedy(len(rows))
-        return self._settle(rows, logits, greedy)
+        device = self._device_results(rows, tracked, self.decoder.drafts_posted() if tracked else None)
+        return self._settle(rows, logits, greedy, device)
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None = None) -> list[int | Exception]:

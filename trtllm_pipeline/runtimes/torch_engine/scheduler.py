@@ -164,10 +164,11 @@ class Scheduler:
         seq.draft, seq.draft_parents = [], None
         self.waiting.appendleft(seq)
 
-    def advance(self, seq: Sequence, n: int) -> None:
-        """``seq``'s row of ``n`` tokens ran: they are in the cache (full blocks keyed for the prefix cache)."""
+    def advance(self, seq: Sequence, n: int, *, commit: bool = True) -> None:
+        """``seq``'s row of ``n`` tokens ran: they are in the cache (full blocks keyed for the prefix cache, unless
+        ``commit`` is off: tokens not known on the host yet, keyed by a later ``advance``)."""
         before, seq.computed = seq.computed, seq.computed + n
-        if seq.computed // self.kv.block_size > before // self.kv.block_size:
+        if commit and seq.computed // self.kv.block_size > before // self.kv.block_size:
             self.kv.commit(seq.request_id, seq.tokens(0, seq.computed))
 
     def verified(self, seq: Sequence, fed: int) -> None:

@@ -117,6 +117,8 @@ class DecodeGraphs:
         self._known = [0] * rows  # entries of each row's table already written
         self._tail = [0] * rows  # each row's last entry written (a Python int: read every step for every row)
         self._free_rows = list(range(rows - 2, -1, -1))
+        self.drafted = None  # prompt lookup on the device (``attach_drafts``: ``cuda.drafted``)
+        self._posted = None  # the last step's tracked rows' results on their way to the host (``drafts_posted``)
 
     tree_tokens = TREE_TOKENS  # the capability the runtime asks for (``TorchRuntime._split``): tree rows verified
 
@@ -161,9 +163,36 @@ class DecodeGraphs:
         log.info("fast verify steps ready: batch buckets %s%s, in %.1f s", sorted(self.verify_buffers),
                  " (tree steps too)" if trees else "", seconds)
 
+    def attach_drafts(self, k: int, min_n: int, max_n: int, max_len: int, max_spans: int) -> None:
+        """Prompt lookup on the device for the requests ``decode``/``verify`` call tracked (``cuda.drafted``): up to
+        ``k`` drafts, n-grams ``min_n`` .. ``max_n``, histories of up to ``max_len`` tokens, ``max_spans`` tracked
+        requests a step at most. Once per decoder."""
+        if self.drafted is not None:
+            return
+        if not self.buffers:
+            self.prepare()
+        from trtllm_pipeline.runtimes.torch_engine.cuda.drafted import DraftedSteps
+
+        self.drafted = DraftedSteps(self.buckets, self.tables.shape[0], k=k, min_n=min_n, max_n=max_n,
+                                    max_len=max_len, max_spans=max_spans, device=self.tables.device,
+                                    use_graphs=self.use_graphs)
+        for batch in self.buckets:
+            self.drafted.capture(batch, self.buffers[batch])
+
+    def load_history(self, request_id, tokens: Sequence[int]) -> None:
+        """``request_id``'s tokens so far (prompt + generated) as its history on the device (device drafting)."""
+        self.drafted.load(self._row_for(request_id), request_id, tokens)
+
+    def history_loaded(self, request_id) -> bool:
+        return self.drafted is not None and self.drafted.holds(self._row_of.get(request_id), request_id)
+
+    def drafts_posted(self):
+        """The last step's tracked rows' results, as ``DraftedSteps.result`` takes them (None: it had none)."""
+        return self._posted
+
     def decode(self, tokens: Sequence[int], tables: Sequence[Sequence[int]], positions: Sequence[int],
                request_ids: Sequence | None = None, sources: Sequence[int] | None = None,
-               bans: Sequence[int] | None = None) -> torch.Tensor:
+               bans: Sequence[int] | None = None, tracked: Sequence[int] | None = None) -> torch.Tensor:
         """Float32 logits [len(tokens), vocab] of one decode step: row i's token at ``positions[i]``, its K/V in
         the blocks ``tables[i]`` (a view valid until the next call). ``request_ids``: each row's request, whose
         table row persists between steps (``release`` it when the request leaves); None: rows 0.. this step.
@@ -174,7 +203,9 @@ class DecodeGraphs:
         tokens also come to the host by themselves (``greedy_host``), without waiting for a later step.
 
         ``bans``: per row, a token its argmax (``greedy``) skips, negative for none (the end id before min_tokens: so
-        a chained step may feed on the argmax of a row with ``min_tokens`` left); None: none at all."""
+        a chained step may feed on the argmax of a row with ``min_tokens`` left); None: none at all.
+
+        ``tracked``: per row, device drafting's 0 / 1 / 2 (``cuda.drafted``); None: no row is."""
         keys = request_ids if request_ids is not None else [("row", i) for i in range(len(tokens))]
         rows = self._table_rows(keys, tables)
         if request_ids is None:
@@ -187,12 +218,34 @@ class DecodeGraphs:
         self._fill(batch, tokens, positions, rows, sources, bans)
         if sources is not None:  # after the inputs' copy, before the replay: in stream order, the previous step's
             self._chain_tokens(buf.inputs[0, :n], self.sources[batch][:n], min(sources) < 0)
+        spans = self._stage_drafts(batch, buf, tracked, rows, [1] * n)
         if self.use_graphs:
             self.graphs[batch].replay()
         else:
             self.step.run(buf)
+        self._post_drafts(batch, buf, spans)
         self._read_back(buf.greedy, n)
         return buf.logits[:n]
+
+    def _stage_drafts(self, batch: int, buf, tracked, rows: Sequence[int], lengths: Sequence[int]) -> list:
+        """The tracked rows' spans staged for ``drafted`` (a pending row's inputs made on the device now, after the
+        inputs' copy); [] where none is tracked."""
+        if not tracked or not any(tracked):
+            return []
+        spans, first = [], 0
+        for state, row, n in zip(tracked, rows, lengths):
+            if state:
+                spans.append((first, n, row, state == 2))
+            first += n
+        pending = self.drafted.stage(batch, self._turn, spans)
+        if self._cuda:  # (the pinned set is free again once this copy is done too)
+            self._copied[self._turn] = _recorded(self._copied[self._turn])
+        if pending:
+            self.drafted.prep(batch, buf)
+        return spans
+
+    def _post_drafts(self, batch: int, buf, spans: list) -> None:
+        self._posted = self.drafted.post(batch, buf, len(spans), self._turn) if spans else None
 
     def _chain_tokens(self, tokens: torch.Tensor, sources: torch.Tensor, mixed: bool) -> None:
         """``tokens`` (copied in) replaced on the device by the previous step's argmax of rows ``sources``; ``mixed``:
@@ -211,7 +264,8 @@ class DecodeGraphs:
 
     def verify(self, token_lists: Sequence[Sequence[int]], tables: Sequence[Sequence[int]], starts: Sequence[int],
                request_ids: Sequence, sources: Sequence[int] | None = None,
-               parents: Sequence[Sequence[int] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               parents: Sequence[Sequence[int] | None] | None = None,
+               tracked: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Speculative decoding's verify step: request i feeds ``token_lists[i]`` at positions ``starts[i] ..``,
         every token a row of one step (all of a request's rows name its one table row), so the weights are read
         once for all of them; the step runs attention twice (``StepBuffers.attention_passes``), from a graph of its
@@ -221,7 +275,7 @@ class DecodeGraphs:
         ``parents``: per request, None (a linear row) or its tree row's parent index per token (``PlanRow.parents``,
         at most ``TREE_TOKENS`` tokens): where any is given the step is a tree step (``tree_inputs``: each node
         rotated at its depth, its K/V at its index in the row, seeing the context and its ancestors only), from a
-        graph of its own; a step without trees runs the kernels as before."""
+        graph of its own; a step without trees runs the kernels as before. ``tracked``: as ``decode``'s."""
         rows = self._table_rows(request_ids, tables)
         if not self.buffers:
             self.prepare()
@@ -237,10 +291,12 @@ class DecodeGraphs:
         self._fill(batch, tokens, positions, expanded, sources, tree=tree)
         if sources is not None:
             self._chain_tokens(buf.inputs[0, :n], self.sources[batch][:n], min(sources) < 0)
+        spans = self._stage_drafts(batch, buf, tracked, rows, [len(toks) for toks in token_lists])
         if self.use_graphs:
             (self.tree_graphs if tree is not None else self.verify_graphs)[batch].replay()
         else:
             self.step.run(buf)
+        self._post_drafts(batch, buf, spans)
         self._read_back(buf.greedy, n)
         return buf.logits[:n], buf.greedy[:n]
 
@@ -283,10 +339,7 @@ class DecodeGraphs:
             self._tables_copied.synchronize()  # must read the tables as they were: wait for that copy first)
             self._tables_pending = False
         for key, table in zip(keys, tables):
-            row = self._row_of.get(key)
-            if row is None:
-                row = self._row_of[key] = self._free_rows.pop()
-                self._known[row] = 0
+            row = self._row_for(key)
             known = self._known[row]
             if known > len(table) or (known and self._tail[row] != table[known - 1]):
                 known = 0  # another table than the one written (the request was recomputed): write it all
@@ -302,6 +355,14 @@ class DecodeGraphs:
                 self._tables_copied, self._tables_pending = _recorded(self._tables_copied), True
         return rows
 
+    def _row_for(self, key) -> int:
+        """``key``'s table row, handed out on first use."""
+        row = self._row_of.get(key)
+        if row is None:
+            row = self._row_of[key] = self._free_rows.pop()
+            self._known[row] = 0
+        return row
+
     def decode_padded(self, rows: torch.Tensor) -> torch.Tensor:
         """``decode`` of the inputs as ``plan.decode_inputs`` lays them out ([2 + width, n] int64: tokens,
         positions, each row's whole table down its column): a tensor-parallel rank's step."""
@@ -314,6 +375,8 @@ class DecodeGraphs:
             row = self._row_of.pop(key, None)
             if row is not None:
                 self._free_rows.append(row)
+                if self.drafted is not None:
+                    self.drafted.forget(row)
 
     def time_replay(self, batch: int, replays: int = 50) -> float | None:
         """Milliseconds per replay of the graph holding ``batch`` rows, back to back, by CUDA events (its inputs:
