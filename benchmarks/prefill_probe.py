@@ -1,7 +1,8 @@
 """Prefill's time on the GPU (issues 30-32): one prompt of each length through the engine's forward, the layers fused
 (``cuda/prefill``) against PyTorch operations (``Qwen2Engine.FUSED_LAYERS = False``), a later chunk over a long
-cached prefix (the masked attention: ``model._masked_attention``), and the fused 2048-token prefill's kernels by
-device time. One call on the H200, after a build:
+cached prefix (the masked attention: ``model._masked_attention``), each prompt as rows of a fast step and from its
+length bucket's prefill graph (``cuda/prefill_graphs``, and that graph against the eager forward), and the fused
+2048-token prefill's kernels by device time. One call on the H200, after a build:
     python benchmarks/prefill_probe.py -c build_configs/r1-distill-qwen-7b-random-fp8-tp1-load.yaml \\
         --engines-dir /tmp/engines -o prefill.json
 Prints a table (ms per prefill, median of --repeats after a warm-up) and writes it as JSON.
@@ -95,6 +96,34 @@ def main() -> None:
             results.append({"case": f"prompt {n}", "fast_step": True, "tokens": n, "ms": ms})
             print(f"fast-step prompt {n:5d}: {ms:8.2f} ms  ({n / ms:8.0f} tokens/ms)", flush=True)
         rt.decoder.release([("probe", 0)])
+    # a lone prompt's first chunk from its length bucket's CUDA graph (runtime._forward), and its agreement with the
+    # eager forward on the same prompt (the padding after it must change nothing before it)
+    graphs = rt.prefill_graphs
+    Qwen2Engine.FUSED_LAYERS = True  # (the graphs were captured so)
+    if graphs is not None:
+        for n in (int(x) for x in args.lengths.split(",")):
+            if graphs.bucket(n) is None:
+                continue
+            ids = prompt(n)
+            graphs.forward(ids, table)
+            sync(engine)
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                graphs.forward(ids, table)
+                sync(engine)
+                times.append((time.perf_counter() - start) * 1e3)
+            ms = statistics.median(times)
+            results.append({"case": f"prompt {n}", "graph": graphs.bucket(n), "tokens": n, "ms": ms})
+            print(f"graph ({graphs.bucket(n)}) prompt {n:5d}: {ms:8.2f} ms  ({n / ms:8.0f} tokens/ms)", flush=True)
+        ids = prompt(min(1000, graphs.buckets[-1]))  # (padded: 1000 in the 1024 bucket)
+        from_graph = graphs.forward(ids, table).float().clone()
+        eager = engine(PagedBatch.of([(ids, 0, table)]).to(engine.device)).float()
+        last = [engine.logits(h[-1:].to(engine.dtype)) for h in (from_graph, eager)]
+        check_graph = {"tokens": len(ids), "hidden_rel": float((from_graph - eager).norm() / eager.norm()),
+                       "last_argmax_equal": bool(last[0].argmax() == last[1].argmax())}
+        results.append({"case": "graph vs eager", **check_graph})
+        print(f"graph vs eager forward, {len(ids)} tokens: {check_graph}", flush=True)
     # the fused layers against PyTorch's on one prompt: their hidden states and the last token's logits, after the
     # whole network and after its first layer (a random model's 28 layers amplify a rounding difference: the first
     # layer's says whether the kernels agree)

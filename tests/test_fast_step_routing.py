@@ -313,6 +313,48 @@ def test_speculation_that_turns_itself_down_lets_decode_steps_chain(built):
         rt.close()
 
 
+@pytest.mark.parametrize("device", ["1", "0"])
+def test_prompt_lookup_drafted_on_the_device_chains_verify_steps(built, monkeypatch, device):
+    """Prompt lookup drafted on the device (``cuda/drafted``, here its torch reference under a stand-in step: the
+    token + 1 at every row) on prompts whose earlier text the step then repeats: drafts kept in runs and rejected
+    where the copy departs from + 1, verify steps launched on the running step before its tokens are read (their
+    token, drafts and positions made on the device), the step's tokens exactly, a request ending on its end id
+    inside a kept run, and every block back. ``TRTLLM_PIPELINE_SPEC_DEVICE=0``: the same tokens, drafted on the
+    host, no verify step chained."""
+    from trtllm_pipeline.config import SpeculativeSection
+
+    monkeypatch.setenv("TRTLLM_PIPELINE_SPEC_DEVICE", device)
+    ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
+    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False,
+                      speculative=SpeculativeSection(method="ngram", num_draft_tokens=4, ngram_min=1, ngram_max=2))
+    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8, 16, 32], use_graphs=False)
+    decoder.prepare()
+    rt.attach_decoder(decoder)
+    assert rt.device_drafting == (device == "1")
+    chained_verify = []
+    verify = decoder.verify
+
+    def counted(*a, **kw):
+        chained_verify.append(2 in (kw.get("tracked") or ()))
+        return verify(*a, **kw)
+
+    decoder.verify = counted
+    try:
+        # after 5 the prompt has 6, 7, 8, 9 (the step's + 1: kept) and then 5 again (the step says 10: rejected)
+        submits = [("a", [5, 6, 7, 8, 9, 5], SamplingParams(max_tokens=30, end_id=-1)),
+                   ("b", [40, 41, 42, 43, 44, 45, 40], SamplingParams(max_tokens=25, end_id=-1)),
+                   ("c", [70, 71, 72, 73, 74, 75, 76, 70], SamplingParams(max_tokens=30, end_id=74))]
+        tokens, ends = _run(rt, submits)
+        assert tokens == {"a": list(range(6, 36)), "b": list(range(41, 66)), "c": [71, 72, 73]}
+        assert ends == {"a": "length", "b": "length", "c": "end_id"}
+        assert rt.speculator.accepted_tokens > 0 and rt.speculator.accepted_tokens < rt.speculator.draft_tokens
+        assert any(chained_verify) == (device == "1")
+        rt.kv.check()
+        assert rt.kv.free_blocks == rt.kv.usable_blocks and not rt.kv.tables
+    finally:
+        rt.close()
+
+
 def test_tree_rows_go_to_the_fast_verify_step_where_it_takes_them(runtime, monkeypatch):
     """``_split``: a tree verify row to the fast path where its decoder verifies trees (``tree_tokens``) and the row is
     no longer than that; else (too long, a decoder without trees, ``TRTLLM_PIPELINE_FAST_TREES=0``) eagerly."""

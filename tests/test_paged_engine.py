@@ -202,3 +202,26 @@ def test_an_fp8_kv_cache_stores_e4m3_and_every_path_reads_it_alike(built, kv_sca
         assert torch.equal(got.view(torch.uint8), quantize_fp8(want, rt.engine.kv_inv[0]).view(torch.uint8))
         saturated += int((got.float().abs() == 448).sum())
     assert saturated > 0
+
+
+def test_a_first_chunk_through_the_prefill_graph_path_gives_the_eager_tokens(ckpt, plain):
+    """``cuda/prefill_graphs`` without CUDA (its forward run directly over the static inputs, padded to the bucket): a
+    lone prompt's first chunk padded up to its bucket (the padding after the prompt, its K/V past the prompt's end or
+    in the null block) gives the eager forward's tokens; a prompt longer than a chunk takes its first chunk there and
+    the rest eagerly, over the first's K/V and rewriting the padding's; a chunk past every bucket, and a step of two
+    prompts, stay eager."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda.prefill_graphs import PrefillGraphs, buckets_for
+
+    assert buckets_for(2048) == [256, 512, 768, 1024, 1536, 2048] and buckets_for(1000)[-1] == 1024
+    prompts = [list(range(3000, 3005)), list(range(3100, 3113)), list(range(3200, 3240)), list(range(3300, 3324))]
+    expected = [_greedy(plain, [p])[0] for p in prompts]
+    rt = _rt(ckpt, prefill_chunk_tokens=16)
+    rt.prefill_graphs = PrefillGraphs(rt.engine, [8, 16], use_graphs=False)
+    rt.prefill_graphs.prepare()
+    assert [_greedy(rt, [p])[0] for p in prompts] == expected
+    assert rt.stats()["graph_prefills"] == 4  # each prompt's first chunk: 5 -> 8, 13 -> 16, 16 of 40, 16 of 24
+    assert _greedy(rt, prompts[:2]) == expected[:2] and rt.stats()["graph_prefills"] == 4  # two rows a step: eager
+    rt.kv.check()
+    wide = _rt(ckpt, prefill_chunk_tokens=32)
+    wide.prefill_graphs = PrefillGraphs(wide.engine, [8, 16], use_graphs=False)
+    assert _greedy(wide, [prompts[2]])[0] == expected[2] and wide.stats()["graph_prefills"] == 0  # 32 > 16

@@ -34,15 +34,17 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import attention  # noqa: E402
 MMA = ("HMMA", "HGMMA")
 
 
-def compile_attention(kv: str, dots: str, block_t: int, stages: int, warps: int = 4, tree: bool = False):
+def compile_attention(kv: str, dots: str, block_t: int, stages: int, warps: int = 4, tree: bool = False,
+                      write_only: bool = False):
     """The kernel as decode_attention launches it for a loaded step (one QKV split in int64 accumulators, bias;
-    ``tree``: a tree verify step's, its keys masked by each row's ancestor bits)."""
+    ``tree``: a tree verify step's, its keys masked by each row's ancestor bits; ``write_only``: a verify step's
+    first pass, the keys and values written and nothing attended)."""
     fp8 = kv != "bf16"
     compute = tl.bfloat16
     consts = dict(H=28, KVH=4, D=128, GROUP=7, NORM_PARTS=0, NORM_BLOCK=1, QKV_SPLITS=1, FIXED=True, HAS_BIAS=True,
                   SPLITS=2, BLOCK_H=16, BLOCK_T=block_t, BS=32, COMPUTE=compute, PDL=True, PREFETCH=True,
                   KV_FP8=fp8, KV_UNIT=kv == "fp8", LINE=128 if fp8 else 64, LINES=1 if fp8 else 2,
-                  DOT=tl.float16 if dots == "f16" else compute, TREE=tree)
+                  DOT=tl.float16 if dots == "f16" else compute, TREE=tree, WRITE_ONLY=write_only)
     cache = "*fp8e4nv" if fp8 else "*bf16"
     pointers = {"qkv_ptr": "*i64", "k_cache_ptr": cache, "v_cache_ptr": cache, "kv_scale_ptr": "*fp32",
                 "kv_inv_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64", "bt_ptr": "*i64", "o_ptr": "*fp32",

@@ -20,6 +20,9 @@ part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COAL
 # tie of differently shaped kernels, or a bug). Trees off (grounded 0.89x: answered)
 await /tmp/smolw/ready 60
 part spec 420 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0
+# 31: a lone prompt's first chunk from its length bucket's CUDA graph (cuda/prefill_graphs; H200 2026-12-04c: 2048
+# tokens 31.8 ms eager against ~25 ms of kernels, goal 30), and the graph against the eager forward on one prompt
+part prefill 120 PREFILL_SERVED_BUILD=1
 # 33: the eager forward's logits now float32 on CUDA (they were rounded to bfloat16: every GPU log-likelihood a multiple
 # of 0.125 from its item's others); each format's bfloat16 fast path against its own float32 on the same bytes
 await /tmp/gpu_data/subset.json 60
@@ -27,15 +30,15 @@ part accuracy 420 WHEELS=/tmp/smolw ACCURACY_DATA=/tmp/gpu_data ACCURACY_CALIBRA
 # 31: 128/2048 at 512 rows with the FP8 pool at steady state (H200 2026-12-05d: 25,461 tok/s over 1,500 requests,
 # against TensorRT-LLM's published 26,221; the issue asks for ~3,000)
 part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+# 31: the prefill-bound rows (1000-token prompts fit a fast step beside few decodes; 2048-token ones now from the
+# prefill graphs: H200 2026-12-05 2,635 / 2,368 output tokens/s at 2048/128, 12,633 at 1000/1000)
+part throughput 300 LENGTHS="2048/128 1000/1000" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 # 32: the whole 7B W4A8-AWQ step at batch 1 with the GLU at 32 rows a program (H100 2026-12-05e: the four launches x
 # 28 layers 3.075 -> 2.603 ms with the new rule, ~2.26 with the sweep's best; H200 2026-12-05d step 4.288 ms)
 part w4a8_gemv 360 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128
 part w4a8_kernels 120
-# 31: the prefill-bound rows (1000-token prompts now fit a fast step beside few decodes)
-part throughput 300 LENGTHS="2048/128 1000/1000" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 part quant_gemm 300 KERNEL_SWEEP_S=120 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
 part modelcheck 150 WHEELS=/tmp/smolw SMOLLM2_FORMATS="fp8-fp8kv fp8"
 part int4_rows 420
-part prefill 120 PREFILL_SERVED_BUILD=1
 part prefix 200

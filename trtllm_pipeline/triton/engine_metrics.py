@@ -39,6 +39,8 @@ STATS = {
                      "chunks with no room on the fast path (torch runtime)"),
     "fast_prefill_chunks": ("COUNTER", "engine_fast_prefill_chunks_total",
                             "prefill chunks run as rows of a CUDA-graph step (torch runtime)"),
+    "graph_prefills": ("COUNTER", "engine_graph_prefills_total",
+                       "prompts' first prefill chunks run from a CUDA graph (torch runtime)"),
     "eager_seconds": ("COUNTER", "engine_eager_seconds_total",
                       "host seconds in eager forwards, their sampling's wait for the device included (torch runtime)"),
     "spec_decode_draft_tokens": ("COUNTER", "spec_decode_num_draft_tokens_total", "tokens proposed by the drafter"),

@@ -511,11 +511,19 @@ class Qwen2Engine(torch.nn.Module):
         their K/V written through its block table; attention over the row's positions up to each token (keys
         read through the table). Returns final hidden states [N, hidden], the rows' tokens packed."""
         positions, attend = self.paged(batch)
-        if self.FUSED_LAYERS and self.device.type == "cuda" and self.dtype in (torch.bfloat16, torch.float16):
+        return self.layers_of(batch.tokens, positions, attend)
+
+    def fused(self) -> bool:
+        """Whether ``forward`` runs ``cuda/prefill``'s fused layers (CUDA, 16-bit compute) or ``_layers``."""
+        return self.FUSED_LAYERS and self.device.type == "cuda" and self.dtype in (torch.bfloat16, torch.float16)
+
+    def layers_of(self, tokens: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+        """The network over packed ``tokens`` at ``positions`` as ``forward`` runs it (fused where ``fused``)."""
+        if self.fused():
             from trtllm_pipeline.runtimes.torch_engine.cuda import prefill  # Triton: on first use
 
-            return prefill.layers(self, batch.tokens, positions, attend)
-        return self._layers(batch.tokens, positions, attend)
+            return prefill.layers(self, tokens, positions, attend)
+        return self._layers(tokens, positions, attend)
 
     def paged(self, batch):
         """``batch``'s token positions [N] and the ``attend`` that writes their K/V through the block tables and
@@ -529,9 +537,18 @@ class Qwen2Engine(torch.nn.Module):
             raise ValueError(f"a position exceeds this engine's max_seq_len {self.max_seq_len}")
         blocks, within = batch.block_tables[rows, positions // bs], positions % bs
         trees = _trees(batch.parents, lengths)
-        attention = _PagedAttention(self, batch.block_tables, starts, lengths, trees)
+        attention = self.paged_attention(batch.block_tables, starts, lengths, trees)
         if trees:  # a tree row's token is rotated at the position of its depth (its K/V written at its row index)
             positions = positions - _depth_gaps(trees, lengths).to(dev)
+        return positions, self.attend_through(blocks, within, attention)
+
+    def paged_attention(self, tables: torch.Tensor, starts: list[int], lengths: list[int], trees=None):
+        """The attention of one step's rows (``_PagedAttention``: its index tensors made now, on these shapes)."""
+        return _PagedAttention(self, tables, starts, lengths, trees)
+
+    def attend_through(self, blocks: torch.Tensor, within: torch.Tensor, attention):
+        """``_layers``' ``attend``: each token's K/V written at (``blocks``, ``within``) of the pool, then
+        ``attention`` (``paged_attention``'s) over them."""
 
         def attend(i: int, q, k, v):
             k, v = self.kv_store(i, k), self.kv_store(i, v)
@@ -539,7 +556,7 @@ class Qwen2Engine(torch.nn.Module):
             _as_bytes(self.cache_v[i])[blocks, :, within] = _as_bytes(v)
             return attention(i, q, self.kv_load(i, k), self.kv_load(i, v))
 
-        return positions, attend
+        return attend
 
     @torch.inference_mode()
     def move_kv(self, table: list[int], sources: list[int], destinations: list[int]) -> None:

@@ -212,6 +212,7 @@ class TorchRuntime(OverlapSteps, Runtime):
             self._finish_init(tokenizer_dir, fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
             if self.device.type == "cuda" and warm_up_enabled():
                 self.warm_up()
+            self.prefill_graphs = self._prefill_graphs()
             if self.speculator is not None and self.decoder is not None and not hasattr(self.decoder, "verify"):
                 log.warning("speculative decoding: verify steps run eagerly (this fast path, tensor parallel, "
                             "decodes one token per row); rows without drafts stay on it")
@@ -230,10 +231,11 @@ class TorchRuntime(OverlapSteps, Runtime):
 
         self.tokenizer = artifacts.checked_tokenizer(tokenizer_dir, Tokenizer)
         self._requests: dict[Any, _Request] = {}
+        self.prefill_graphs = None  # a prompt's first chunk from a CUDA graph (``_prefill_graphs``)
         # host seconds per step phase, and rows by kind (``phase_times``): where a loaded step's time goes
         self.phase_s = dict.fromkeys(("plan", "eager", "fast"), 0.0)
         self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows", "fast_prefill_rows",
-                                         "chained_steps"), 0)
+                                         "chained_steps", "graph_prefills"), 0)
         decoder, self.decode_path = self._fast_decoder(fast_decode, cuda_graphs, graph_batch_sizes, spec_k)
         # fast steps left running while the caller handles the previous step's events, decode steps chained (overlap)
         self.attach_decoder(decoder)
@@ -344,6 +346,30 @@ class TorchRuntime(OverlapSteps, Runtime):
         log.warning("short prompts prefill eagerly")
         return self.executor.fast_decoder(buckets, graphs)
 
+    def _prefill_graphs(self):
+        """First prefill chunks of one prompt from CUDA graphs (``cuda/prefill_graphs``), on one CUDA device whose
+        eager forward runs the fused layers, unless ``TRTLLM_PIPELINE_PREFILL_GRAPHS=0``; None where they cannot be
+        captured (said in the log: the eager forward runs them)."""
+        if not (self.device.type == "cuda" and self.executor.world_size == 1 and self.engine.fused()
+                and prefill_graphs_enabled()):
+            return None
+        from trtllm_pipeline.runtimes.torch_engine.cuda.prefill_graphs import PrefillGraphs, buckets_for
+
+        chunk = min(self.prefill_chunk_tokens, self.scheduler.max_num_tokens)
+        buckets = [b for b in buckets_for(chunk) if b <= self.max_seq_len]
+        if not buckets:
+            return None
+        try:
+            graphs = PrefillGraphs(self.engine, buckets)
+            graphs.prepare()
+            return graphs
+        except Exception as exc:  # noqa: BLE001 - speed only: the eager forward runs first chunks as before
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            log.warning("prefill graphs could not be captured (%s: %s); first chunks prefill eagerly",
+                        type(exc).__name__, first)
+            torch.cuda.empty_cache()
+            return None
+
     def _speculator(self, settings):
         """Speculative decoding as configured (``speculative/``), or None. Verify rows run on the CUDA fast path
         where it runs with one rank (``DecodeGraphs.verify``), else through the eager model."""
@@ -453,7 +479,8 @@ class TorchRuntime(OverlapSteps, Runtime):
         n = self.phase_rows
         # where the steps' time went (totals since load): what a served load's ITL and TTFT are read against
         steps = {"steps_chained": n["chained_steps"], "eager_tokens": n["eager_tokens"],
-                 "fast_prefill_chunks": n["fast_prefill_rows"], "eager_seconds": round(self.phase_s["eager"], 6)}
+                 "fast_prefill_chunks": n["fast_prefill_rows"], "graph_prefills": n["graph_prefills"],
+                 "eager_seconds": round(self.phase_s["eager"], 6)}
         return {"requests_running": len(self.scheduler.running), "requests_waiting": len(self.scheduler.waiting),
                 **self.kv.stats(), **steps, **(self.speculator.stats() if self.speculator is not None else {})}
 
@@ -909,10 +936,16 @@ class TorchRuntime(OverlapSteps, Runtime):
         self._requests.pop(req.request_id, None)
 
     def _forward(self, rows: list[PlanRow]) -> torch.Tensor:
-        """Hidden states [N, hidden] of the rows' tokens, packed in row order."""
+        """Hidden states [N, hidden] of the rows' tokens, packed in row order: a lone prompt's first chunk from a
+        prefill graph where one holds it (``_prefill_graphs``), else the eager forward."""
         end = max(r.start + len(r.tokens) for r in rows)
         if end > self.max_seq_len:
             raise InputError(f"a sequence of {end} tokens exceeds this engine's max_seq_len {self.max_seq_len}.")
+        graphs, row = self.prefill_graphs, rows[0]
+        if graphs is not None and len(rows) == 1 and row.start == 0 and row.parents is None and \
+                graphs.bucket(len(row.tokens)):
+            self.phase_rows["graph_prefills"] += 1
+            return graphs.forward(row.tokens, row.block_table)
         return self.executor.forward(PagedBatch.of(rows))
 
     # ---- scoring --------------------------------------------------------------------------------
@@ -1050,6 +1083,12 @@ def fast_trees_enabled() -> bool:
     """Tree verify rows on the fast path's verify step where it takes them (``_split``): on unless
     ``TRTLLM_PIPELINE_FAST_TREES=0`` (they verify eagerly then: the A/B; not yet timed on a GPU)."""
     return os.environ.get("TRTLLM_PIPELINE_FAST_TREES", "1").strip() != "0"
+
+
+def prefill_graphs_enabled() -> bool:
+    """A lone prompt's first prefill chunk from a CUDA graph (``cuda/prefill_graphs``): on unless
+    ``TRTLLM_PIPELINE_PREFILL_GRAPHS=0`` (the eager forward's host launches: the A/B)."""
+    return os.environ.get("TRTLLM_PIPELINE_PREFILL_GRAPHS", "1").strip() != "0"
 
 
 def warm_up_enabled() -> bool:

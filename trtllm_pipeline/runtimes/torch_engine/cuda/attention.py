@@ -124,7 +124,7 @@ def _decode_attention_kernel(
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BS: tl.constexpr, COMPUTE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, KV_FP8: tl.constexpr, KV_UNIT: tl.constexpr, LINE: tl.constexpr,
-    LINES: tl.constexpr, DOT: tl.constexpr, TREE: tl.constexpr,
+    LINES: tl.constexpr, DOT: tl.constexpr, TREE: tl.constexpr, WRITE_ONLY: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -201,6 +201,8 @@ def _decode_attention_kernel(
         new_row = tl.load(table + (pos // BS) * stride_btj) * stride_cb + head + (pos % BS) * stride_ct
         tl.store(k_cache_ptr + new_row + d, k_stored)
         tl.store(v_cache_ptr + new_row + d, v_stored)
+    if WRITE_ONLY:  # a verify step's first pass: the keys and values in place for the second (``decode_attention``)
+        return
 
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
@@ -310,7 +312,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      prepared: Prepared | None = None, norm_sumsq: torch.Tensor | None = None, hidden: int = 0,
                      eps: float = 0.0, pdl: bool = False, kv_scale: torch.Tensor | None = None,
                      kv_inv: torch.Tensor | None = None, kv_unit: bool = False,
-                     tree: torch.Tensor | None = None) -> None:
+                     tree: torch.Tensor | None = None, write_only: bool = False) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
@@ -329,6 +331,11 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     length plus its depth; its K/V still goes to its ``positions`` slot), row 1 the keys it sees among the
     ``TREE_WINDOW`` slots before its own, bit j the slot ``position - 1 - j`` (-1: all; slots farther back are seen).
     A linear row's bits are all set and its rotary position its position: exactly the step without ``tree``.
+
+    ``write_only``: only each row's key and value written into the cache (one program per row and KV head, no
+    attention, ``out`` untouched): a verify step's first pass, after which every row of the step finds the others'
+    keys in the cache (one launch's programs never see each other's writes). Attending there too cost the step a
+    whole second attention.
     """
     qkv_partials, fixed = fixed_sum.as_partials(qkv_partials)
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
@@ -345,7 +352,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     if block_t is None:  # the module's choice (a benchmark passes its own, with ATTENTION_STAGES)
         block_t, stages = shape.block_t, shape.stages
     f16_dots = shape.f16_dots
-    _decode_attention_kernel[(batch, kv_heads, splits)](
+    _decode_attention_kernel[(batch, kv_heads, 1 if write_only else splits)](
         qkv_partials, qkv_partials.stride(0), qkv_partials.stride(1), bias if bias is not None else qkv_partials,
         cos, sin, cos.stride(0),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -359,11 +366,13 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
         SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t,
         BS=k_cache.shape[2], COMPUTE=dt,
-        PDL=pdl, PREFETCH=PREFETCH_KV and pdl, KV_FP8=kv_fp8, KV_UNIT=kv_fp8 and kv_unit,
+        PDL=pdl, PREFETCH=PREFETCH_KV and pdl and not write_only, KV_FP8=kv_fp8, KV_UNIT=kv_fp8 and kv_unit,
         LINE=line, LINES=max(1, d // line),
-        DOT=tl.float16 if f16_dots else dt, TREE=tree is not None,
+        DOT=tl.float16 if f16_dots else dt, TREE=tree is not None, WRITE_ONLY=write_only,
         num_warps=ATTENTION_WARPS, num_stages=stages, launch_pdl=pdl,
     )
+    if write_only:
+        return
     p = prepared
     assert p is None or p.k == heads * d and d % p.block == 0
     _combine_kernel[(batch, heads)](

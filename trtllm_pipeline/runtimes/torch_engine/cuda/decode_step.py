@@ -466,13 +466,15 @@ class DecodeStep:
             fold = buf.folds[i] if buf.folds else None
             qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
                                  clear=buf.sums.get("hidden"), fold=fold)
-            for _ in range(buf.attention_passes):
-                # (cuBLAS added QKV's bias before its rounding, as eager does)
+            for attention_pass in range(buf.attention_passes):
+                # (cuBLAS added QKV's bias before its rounding, as eager does; a verify step's passes before the last
+                # only write the rows' keys and values, which the last reads)
                 attention.decode_attention(qkv, None if cfg["qkv"].library else layer.qkv.bias, e.cos, e.sin, e.cache_k[i], e.cache_v[i], buf.positions,
                                            buf.table_rows, buf.block_tables, buf.attn_o, buf.attn_lse, buf.attn_out, layer.dense.in_inv,
                                            heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                            prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
-                                           hidden=self.hidden, eps=e.eps, pdl=pdl, tree=buf.tree, **self.kv_scales[i])
+                                           hidden=self.hidden, eps=e.eps, pdl=pdl, tree=buf.tree,
+                                           write_only=attention_pass + 1 < buf.attention_passes, **self.kv_scales[i])
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
                                    buf.sums.get("hidden"), clear=buf.sums.get("qkv"))

@@ -9,7 +9,8 @@ on the stream: before it, a chained step's rows take their token, drafts and pos
 results (``prep``); after it, the drafts are accepted, the history grows and the next drafts are looked up
 (``post``), and each tracked row's emitted tokens and next drafts come to the host by themselves (``result``),
 read one step later. Each is one Triton launch (``cuda.draft_kernels``; ``DeviceDrafts``' torch methods are their
-reference), and on CUDA a graph of its own per bucket.
+reference, and what runs where Triton cannot: a CPU without its interpreter, under a test's own step), and on CUDA
+a graph of its own per bucket.
 
 ``DecodeGraphs`` holds one of these where device drafting is on (``attach_drafts``); its ``decode`` and ``verify``
 take ``tracked`` per request row: 0 not tracked, 1 tracked (its tokens known on the host), 2 tracked and pending
@@ -23,6 +24,7 @@ from typing import Sequence
 import torch
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import draft_kernels
+from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 from trtllm_pipeline.runtimes.torch_engine.speculative.device_drafts import DeviceDrafts
 
 
@@ -31,6 +33,7 @@ class DraftedSteps:
                  max_spans: int, device: torch.device, use_graphs: bool):
         self.k, self.use_graphs = k, use_graphs
         self.cuda = device.type == "cuda"
+        self.kernels = self.cuda or interpreting()  # (else the torch reference: a CPU test's stand-in step)
         self.drafts = DeviceDrafts(rows, max_len, k, min_n, max_n, device)
         width = self.drafts.out_width
         # per bucket: [4, B] on the device (rows: each span's first token row, its tokens, its table row; each token
@@ -124,11 +127,17 @@ class DraftedSteps:
         return host, (self._read[turn] if self.cuda else None)
 
     def _prep(self, batch: int, buf) -> None:
-        draft_kernels.fill_inputs(self.drafts, buf.inputs[0], buf.inputs[1], self.inputs[batch][3])
+        if self.kernels:
+            draft_kernels.fill_inputs(self.drafts, buf.inputs[0], buf.inputs[1], self.inputs[batch][3])
+        else:
+            self.drafts.fill_inputs(buf.inputs[0], buf.inputs[1], self.inputs[batch][3])
 
     def _post(self, batch: int, buf) -> None:
         spans = self.inputs[batch][:3, : self.spans[batch]].t()
-        draft_kernels.after_step(self.drafts, buf.inputs[0], buf.inputs[1], buf.greedy, spans, self.out[batch])
+        if self.kernels:
+            draft_kernels.after_step(self.drafts, buf.inputs[0], buf.inputs[1], buf.greedy, spans, self.out[batch])
+        else:
+            self.drafts.after_step(buf.inputs[0], buf.inputs[1], buf.greedy, spans, self.out[batch])
 
     def result(self, posted: tuple[torch.Tensor, object | None]) -> list[tuple[list[int], bool, list[int]]]:
         """A step's spans' (emitted tokens, drafts found, next drafts) from what its ``post`` returned, waiting for
