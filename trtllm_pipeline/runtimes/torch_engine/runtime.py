@@ -945,7 +945,7 @@ class TorchRuntime(OverlapSteps, Runtime):
         if graphs is not None and len(rows) == 1 and row.start == 0 and row.parents is None and \
                 graphs.bucket(len(row.tokens)):
             self.phase_rows["graph_prefills"] += 1
-            return graphs.forward(row.tokens, row.block_table)
+            return graphs.forward(row.tokens, row.block_table).clone()  # (the graph's output: rewritten next replay)
         return self.executor.forward(PagedBatch.of(rows))
 
     # ---- scoring --------------------------------------------------------------------------------
