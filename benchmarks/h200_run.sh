@@ -525,6 +525,8 @@ case "$part" in
       more=build_configs/smollm2-135m-instruct-${SPEC_SMOLLM2_FORMAT:-fp8}-tp1.yaml  # (BF16 answered wrong on the GPU)
       tp build -c "$more" --engines-dir "$engines" --runtime torch
     fi
+    # device drafting's two kernels compiled for this GPU against their torch reference (444 seeded cases)
+    python3 tests/draft_kernels_check.py 20 --cuda | tee "$out/draft_kernels_cuda.json"
     python3 benchmarks/spec_decode.py -c "$(config fp8)" --engines-dir "$engines" --out "$out" \
       --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" --prompts "${SPEC_PROMPTS:-18}" \
       --tree-nodes "${SPEC_TREE_NODES:-32}" \

@@ -2,7 +2,9 @@
 Triton's interpreter on the CPU, against DeviceDrafts' torch methods (the reference) on a copy of the same state, in
 seeded random cases. Every state tensor, ``out``, tokens and positions must be equal. Prints one JSON line.
 
-    python tests/draft_kernels_check.py [CASES_PER_CONFIG]
+    python tests/draft_kernels_check.py [CASES_PER_CONFIG] [--cuda]
+
+``--cuda``: the kernels compiled and run on the GPU (the reference stays on the CPU): the device run's check.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import json
 import random
 import sys
 
-import triton_interpreter  # noqa: F401  (before any kernel module is imported)
+CUDA = "--cuda" in sys.argv
+if not CUDA:
+    import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 
 import torch  # noqa: E402
 
@@ -20,6 +24,7 @@ from trtllm_pipeline.runtimes.torch_engine.speculative.device_drafts import Devi
 
 STATE = ("history", "length", "next_token", "next_position", "next_drafts", "found")
 BLOCK = 32  # small chunks: several scan iterations per row at max_len 64..96, quick in the interpreter
+DEVICE = "cuda" if CUDA else "cpu"  # the kernels'
 CONFIGS = [(k, min_n, max_n) for k in (1, 3, 4, 8) for min_n, max_n in ((1, 1), (2, 4), (1, 3))]
 
 
@@ -46,7 +51,7 @@ def pair(rng: random.Random, rows: int, max_len: int, k: int, min_n: int, max_n:
     ref = DeviceDrafts(rows, max_len, k, min_n, max_n, "cpu")
     for row in range(rows):
         ref.load(row, random_history(rng, max_len, vocab))
-    kern = DeviceDrafts(rows, max_len, k, min_n, max_n, "cpu")
+    kern = DeviceDrafts(rows, max_len, k, min_n, max_n, DEVICE)
     for name in STATE:
         getattr(kern, name).copy_(getattr(ref, name))
     return ref, kern
@@ -59,7 +64,7 @@ def state_mismatch(ref: DeviceDrafts, kern: DeviceDrafts, sink_too: bool) -> lis
     rows = ref.rows + (1 if sink_too else 0)
     bad = []
     for name in STATE:
-        a, b = getattr(ref, name)[:rows], getattr(kern, name)[:rows]
+        a, b = getattr(ref, name)[:rows], getattr(kern, name)[:rows].cpu()
         if name == "history":
             a, b = a[:, : ref.max_len], b[:, : ref.max_len]
         if not torch.equal(a, b):
@@ -107,12 +112,14 @@ def step_case(rng: random.Random, ref: DeviceDrafts, kern: DeviceDrafts, vocab: 
     tok, pos = inputs[0, : len(tokens)], inputs[1, : len(tokens)]
     greedy_t = torch.tensor(greedy, dtype=torch.int64)
     out_ref = torch.full((len(spans), ref.out_width), -5, dtype=torch.int64)
-    out_kern = out_ref.clone()
+    out_kern = out_ref.to(DEVICE)
     before = ref.length.clone()
     ref.after_step(tok, pos, greedy_t, span_view, out_ref)
-    draft_kernels.after_step(kern, tok, pos, greedy_t, span_view, out_kern, block=BLOCK)
+    inputs_d, step_d = inputs.to(DEVICE), step.to(DEVICE)  # (the kernel's: the same layout on its device)
+    draft_kernels.after_step(kern, inputs_d[0, : len(tokens)], inputs_d[1, : len(tokens)], greedy_t.to(DEVICE),
+                             step_d[:3, : len(spans)].t(), out_kern, block=BLOCK)
     bad = state_mismatch(ref, kern, sink_too=pads <= 1)
-    if not torch.equal(out_ref, out_kern):
+    if not torch.equal(out_ref, out_kern.cpu()):
         bad.append("out")
     real = [i for i, (_, n, _) in enumerate(spans) if n > 0]
     found = [int(out_ref[i, k + 2]) for i in real]
@@ -131,9 +138,10 @@ def fill_case(rng: random.Random, ref: DeviceDrafts, kern: DeviceDrafts) -> list
     sources = torch.tensor([rng.randrange(ref.rows * width) if rng.random() < 0.7 else -1 for _ in range(rows)])
     inputs = torch.randint(0, 1000, (4, rows + 2))
     tok_ref, pos_ref = inputs[0, :rows].clone(), inputs[1, :rows].clone()
-    both = inputs.clone()
+    both = inputs.to(DEVICE)
     ref.fill_inputs(tok_ref, pos_ref, sources)
-    draft_kernels.fill_inputs(kern, both[0, :rows], both[1, :rows], sources, block=16)
+    draft_kernels.fill_inputs(kern, both[0, :rows], both[1, :rows], sources.to(DEVICE), block=16)
+    both = both.cpu()
     bad = state_mismatch(ref, kern, sink_too=True)
     if not (torch.equal(tok_ref, both[0, :rows]) and torch.equal(pos_ref, both[1, :rows])):
         bad.append("fill")
@@ -143,7 +151,8 @@ def fill_case(rng: random.Random, ref: DeviceDrafts, kern: DeviceDrafts) -> list
 
 
 def main() -> None:
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    numbers = [a for a in sys.argv[1:] if a.isdigit()]
+    steps = int(numbers[0]) if numbers else 20
     rng = random.Random(20261205)
     torch.manual_seed(0)
     cases, mismatches, coverage = 0, [], {}

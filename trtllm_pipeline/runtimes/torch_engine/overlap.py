@@ -109,7 +109,13 @@ class OverlapSteps:
         self.device_drafting = bool(self.chaining and sp is not None and type(sp.proposer) is NgramProposer
                                     and hasattr(decoder, "attach_drafts") and device_drafting_enabled())
         if self.device_drafting:
-            decoder.attach_drafts(sp.k, sp.proposer.min_n, sp.proposer.max_n, self.max_seq_len, self.max_batch_size)
+            try:
+                decoder.attach_drafts(sp.k, sp.proposer.min_n, sp.proposer.max_n, self.max_seq_len,
+                                      self.max_batch_size)
+            except Exception as exc:  # noqa: BLE001 - speed only: drafts from the host, verify steps unchained
+                log.warning("prompt lookup on the device is off (%s: %s); drafts come from the host",
+                            type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+                self.device_drafting = False
 
     def _may_leave_running(self, rows: list[PlanRow]) -> bool:
         """Whether this step's fast rows are launched and left running, their tokens read at the start of the next
