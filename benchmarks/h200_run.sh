@@ -135,7 +135,24 @@ case "$part" in
     # Issue 30: the random 7B FP8 build served by tritonserver on this GPU, against in-process in the same call.
     # SERVED_PHASES (default all): any of cold, bench, spy, openai, soak, warm, inprocess; also hangcheck and
     # inprocess_sync (in-process with TRTLLM_PIPELINE_OVERLAP=0), inprocess_nochain (TRTLLM_PIPELINE_CHAIN=0).
+    # SERVED_BLS_INSTANCES=N: serving.bls_instance_count N (the BLS's streams over N stub processes).
     c=$(config fp8)
+    if [ -n "${SERVED_BLS_INSTANCES:-}" ]; then  # tensorrt_llm_bls in N instances: a copy of the config by the same
+      # name (the build a cache hit, the repository written again) with serving.bls_instance_count set
+      mkdir -p /tmp/served-config
+      python3 - "$c" "$SERVED_BLS_INSTANCES" /tmp/served-config <<'PY'
+import pathlib
+import sys
+
+import yaml
+
+src, count, out = pathlib.Path(sys.argv[1]), int(sys.argv[2]), pathlib.Path(sys.argv[3])
+data = yaml.safe_load(src.read_text())
+data.setdefault("serving", {})["bls_instance_count"] = count
+(out / src.name).write_text(yaml.safe_dump(data, sort_keys=False))
+PY
+      c=/tmp/served-config/$(basename "$c")
+    fi
     phases=" ${SERVED_PHASES:-cold bench spy openai soak warm inprocess} "
     has() { [[ "$phases" == *" $1 "* ]]; }
     state="$engines/r1-distill-qwen-7b-random-fp8-tp1/serve"

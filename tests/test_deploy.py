@@ -187,3 +187,15 @@ def test_printed_commands_quote_what_they_name(tmp_path):
     out = run_cli("eval", "-c", str(odd), "--engines-dir", str(tmp_path / "engines"))
     assert out.returncode == 2
     assert f"-c '{odd}'" in out.stderr, out.stderr  # safe to paste
+
+
+def test_the_bls_runs_as_many_instances_as_serving_says(tmp_path):
+    """``serving.bls_instance_count``: tensorrt_llm_bls's instance group (each a stub process of its own; 1 by
+    default), and a changed count is a new repository, not a cache hit."""
+    cfg = load(SEVEN_B_TP4)
+    first = stage.deploy(cfg, engines_dir=tmp_path, runtime="tensorrt_llm")
+    assert [g["count"] for g in parsed(first.repo_dir)["tensorrt_llm_bls"]["instance_group"]] == [1]
+    again = stage.deploy(cfg.with_section("serving", bls_instance_count=4), engines_dir=tmp_path,
+                         runtime="tensorrt_llm")
+    assert not again.cache_hit
+    assert [g["count"] for g in parsed(again.repo_dir)["tensorrt_llm_bls"]["instance_group"]] == [4]

@@ -424,6 +424,10 @@ class ServingSection(_Section):
     instance_count: int = Field(
         2, ge=1, le=64, description="preprocessing model instances, tokenizing in parallel (two: one long prompt "
         "does not hold up the others); postprocessing keeps one, so that a stream's responses stay in order")
+    bls_instance_count: int = Field(
+        1, ge=1, le=64, description="tensorrt_llm_bls model instances: each a Python stub process of its own, its "
+        "requests in threads there; more spread a loaded server's streams (their responses, their prompts' "
+        "tokenization) over more processes and cores than one process's GIL")
     instance_kind: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="torch runtime: the tensorrt_llm model's Triton instance group; auto = KIND_GPU (GPU 0) "
         "where the runtime will run on CUDA, else KIND_CPU (Triton refuses KIND_GPU on a machine without GPUs)")

@@ -12,6 +12,9 @@
 # re-encoding outputs after the level (it did so inside each worker as the next wave started) and stamping each token
 # on arrival; in-process in the same call (decode steps and whole batches)
 part served 540 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess spy"
+# 30: the BLS in 4 stub processes (serving.bls_instance_count; one until now): at c=64 a request reached the engine
+# 98 ms after the client sent it (5.5 at c=1), while one process's threads sent ~13k responses a second
+part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench SERVED_BLS_INSTANCES=4
 # 30: the A/B of the new default on the same warm kernel cache: no waiting (an eager forward at once)
 part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_PREFILL_WAIT=0
 # 35: prompt lookup on the real SmolLM2 (H100 2026-12-05e: grounded 1.16x, acceptance 2.60, a verify step ~1.3 ms

@@ -155,7 +155,7 @@ def bls_config(cfg: "BuildConfig", *, tokenizer_dir: Path, limits: RequestLimits
                                      # what preprocessing knows, for the short prompts the BLS tokenizes itself
                                      "end_id": end_id, "pad_id": pad_id,
                                      "limits": json.dumps(limits.to_dict())}),
-        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+        "instance_group": [{"count": cfg.serving.bls_instance_count, "kind": "KIND_CPU"}],
     }
 
 
