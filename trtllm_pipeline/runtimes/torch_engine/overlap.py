@@ -79,12 +79,6 @@ def chaining_enabled(decoder) -> bool:
     return hasattr(decoder, "greedy_host") and os.environ.get("TRTLLM_PIPELINE_CHAIN", "1").strip() != "0"
 
 
-def device_drafting_enabled() -> bool:
-    """Prompt lookup on the device for greedy requests (``cuda.drafted``), so that verify steps chain too: on where
-    chaining is, unless ``TRTLLM_PIPELINE_SPEC_DEVICE=0`` (drafts from the host at every step: the A/B)."""
-    return os.environ.get("TRTLLM_PIPELINE_SPEC_DEVICE", "1").strip() != "0"
-
-
 def _given(**kwargs) -> dict:
     """The keyword arguments that are not None (a decoder's optional ones, passed only when used)."""
     return {k: v for k, v in kwargs.items() if v is not None}
@@ -103,19 +97,7 @@ class OverlapSteps:
             decoder.read_back = self.chaining
         self._launched: LaunchedStep | None = None  # the fast step left running
         # prompt lookup on the device: greedy requests without bans draft there and their verify steps chain
-        from trtllm_pipeline.runtimes.torch_engine.speculative.proposer import NgramProposer
-
-        sp = getattr(self, "speculator", None)
-        self.device_drafting = bool(self.chaining and sp is not None and type(sp.proposer) is NgramProposer
-                                    and hasattr(decoder, "attach_drafts") and device_drafting_enabled())
-        if self.device_drafting:
-            try:
-                decoder.attach_drafts(sp.k, sp.proposer.min_n, sp.proposer.max_n, self.max_seq_len,
-                                      self.max_batch_size)
-            except Exception as exc:  # noqa: BLE001 - speed only: drafts from the host, verify steps unchained
-                log.warning("prompt lookup on the device is off (%s: %s); drafts come from the host",
-                            type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
-                self.device_drafting = False
+        self._attach_drafts(decoder)
 
     def _may_leave_running(self, rows: list[PlanRow]) -> bool:
         """Whether this step's fast rows are launched and left running, their tokens read at the start of the next
@@ -207,13 +189,8 @@ class OverlapSteps:
         for i, (row, req) in enumerate(zip(launched.rows, launched.reqs)):
             if self._requests.get(row.request_id) is not req:
                 continue  # cancelled while the step ran
-            if launched.tracked and launched.tracked[i]:
-                # drafted on the device: as if every draft were kept (the most it can be), keyed for the prefix cache
-                # only once known (``_settle_tracked`` sets what was kept); the blocks planned on it cover the truth
-                n = len(row.tokens)
-                self.scheduler.advance(req, n, commit=False)
-                req.generated.extend([PENDING] * n)
-                req.held = len(req.generated) >= req.params.max_tokens or req.length >= self.max_seq_len
+            if launched.tracked and launched.tracked[i]:  # drafted on the device: as if every draft were kept
+                self._pend_tracked(row, req)
                 live = True
                 continue
             self.scheduler.advance(req, len(row.tokens))
@@ -274,26 +251,9 @@ class OverlapSteps:
                 req = self._requests.get(row.request_id)
                 if req is None:
                     continue
-                if req.tracked:  # the drafts the device looked up after the step just read, and the row's true start
-                    drafts = (req.device_next or [])[: len(row.tokens) - 1]
-                    row.tokens, row.draft, row.start = [req.generated[-1], *drafts], len(drafts), req.computed
+                if req.tracked:
+                    self._known_tracked(row, req)
                 else:
                     row.tokens[0] = req.generated[-1]
             out.append(row)
         return out
-
-    def _tracked(self, rows: list[PlanRow], reqs: list) -> list[int] | None:
-        """Per row, device drafting's state (``cuda.drafted``): 0 not tracked, 1 tracked, 2 tracked and pending (its
-        token and drafts are the device's); None where no row is tracked."""
-        if not self.device_drafting:
-            return None
-        states = [(2 if row.tokens[0] == PENDING else 1) if req.tracked else 0 for row, req in zip(rows, reqs)]
-        return states if any(states) else None
-
-    def _device_results(self, rows: list[PlanRow], tracked: list[int] | None, posted) -> dict:
-        """The tracked rows' (emitted tokens, drafts found, next drafts) by request, read from the device (waiting
-        for that step only); {} where none was tracked."""
-        if not tracked:
-            return {}
-        ids = [row.request_id for row, state in zip(rows, tracked) if state]
-        return dict(zip(ids, self.decoder.drafted.result(posted)))

@@ -31,6 +31,7 @@ from trtllm_pipeline.errors import InputError, UnavailableError
 from trtllm_pipeline.runtimes.torch_engine import executor as executor_module
 from trtllm_pipeline.runtimes.torch_engine import sampling
 from trtllm_pipeline.runtimes.base import Runtime, SamplingParams, TokenEvent
+from trtllm_pipeline.runtimes.torch_engine.device_drafting import DeviceDrafting
 from trtllm_pipeline.runtimes.torch_engine.executor import Executor, ExecutorLost, LocalExecutor
 from trtllm_pipeline.runtimes.torch_engine.kv_cache import KVCacheManager
 from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
@@ -130,7 +131,7 @@ def resolve_device(requested: str | None) -> torch.device:
     return torch.device(requested)
 
 
-class TorchRuntime(OverlapSteps, Runtime):
+class TorchRuntime(DeviceDrafting, OverlapSteps, Runtime):
     name = "torch"
 
     def __init__(self, checkpoint_dir: Path, tokenizer_dir: Path, *, device: str | None = None,
@@ -549,8 +550,7 @@ class TorchRuntime(OverlapSteps, Runtime):
         plan = self.scheduler.schedule()
         if self.decoder is not None and plan.preempted:  # their tables go; they are recomputed eagerly first
             self.decoder.release(plan.preempted)
-            for request_id in plan.preempted:  # (their histories on the device go with their table rows)
-                self._requests[request_id].tracked = False
+            self._untrack(plan.preempted)  # (their histories on the device go with their table rows)
         fast, eager = self._split(plan.rows)
         t1 = time.perf_counter()
         try:
@@ -609,13 +609,9 @@ class TorchRuntime(OverlapSteps, Runtime):
             room = min(req.params.max_tokens - len(req.generated), self.max_seq_len - req.length) - 1
             k = min(room, sp.budget(req.request_id)) if room > 0 else 0
             pending = req.generated[-1] == PENDING
-            if not req.tracked and not pending and self.device_drafting and self._trackable(req):
-                self.decoder.load_history(req.request_id, req.prompt + req.generated)
-                req.tracked, req.device_next = True, None
-            if req.tracked and (pending or req.device_next is not None):
-                # drafted on the device: made there after the running step (pending), or read back with its tokens
-                req.draft = [PENDING] * k if pending else req.device_next[:k]
-            elif k > 0 and not pending:  # (pending: launched on as drafting nothing; never from it)
+            if self._drafts_for(req, k, pending):  # drafted on the device (``device_drafting``)
+                continue
+            if k > 0 and not pending:  # (pending: launched on as drafting nothing; never from it)
                 asks.append(DraftRequest(req.request_id, req.prompt, req.generated, k))
                 seqs.append(req)
         for req, ask, drafts in zip(seqs, asks, sp.propose(asks)):
@@ -625,11 +621,6 @@ class TorchRuntime(OverlapSteps, Runtime):
                 req.draft = [int(t) for t in drafts[: ask.k]]
             if not req.draft:
                 sp.found_nothing(req.request_id)
-
-    def _trackable(self, req: _Request) -> bool:
-        """Whether ``req`` may draft on the device: greedy (the device accepts by argmax) with nothing banned (the
-        step's argmax is then its token at every position)."""
-        return req.params.greedy and not req.may_ban()
 
     def _take_tree(self, req: _Request, tree, k: int) -> None:
         """A proposed tree as ``req``'s drafts, at most ``k`` deep. A greedy request verifies it where the executor
@@ -728,8 +719,7 @@ class TorchRuntime(OverlapSteps, Runtime):
     def _run_eager(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """The rows through the eager model in one forward; logits at each sampling row's last token, and at every
         position of a verify row's (``_settle``)."""
-        for row in rows:  # a tracked request's history on the device did not see this step: loaded again later
-            self._requests[row.request_id].tracked = False
+        self._untrack(r.request_id for r in rows)  # (a tracked request's history on the device misses this step)
         hidden = self._forward(rows)
         last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
         index = [p for r, end in zip(rows, last) for p in range(end - logit_span(r), end)]
@@ -767,38 +757,6 @@ class TorchRuntime(OverlapSteps, Runtime):
             if row.request_id in device:
                 events.append(self._settle_tracked(row, req, device[row.request_id], pended=False))
         return events
-
-    def _settle_tracked(self, row: PlanRow, req: _Request, result, *, pended: bool) -> TokenEvent:
-        """A tracked row's step as the device settled it (``result``: emitted tokens, drafts found, next drafts): the
-        speculator told, the tokens recorded one by one (the request may end at any), the cache keeping what was
-        kept. ``pended``: the row was taken as keeping every draft (``_pend``) and a step chained on it may be running
-        now: that is undone first, and no block is given back (the running step may write past the kept length)."""
-        emitted, found, drafts = result
-        n = len(row.tokens)
-        preempted = False
-        if pended:
-            del req.generated[-n:]
-            req.held = False
-            preempted = req.computed < n  # (preemption set it to 0; it is recomputed from its tokens later)
-            if not preempted:
-                req.computed -= n
-        sp = self.speculator
-        if n > 1:
-            sp.verified(req.request_id, n - 1, len(emitted) - 1)
-        if not found:
-            sp.found_nothing(req.request_id)
-        req.device_next = drafts if found else []
-        out: list[int] = []
-        for token in emitted:
-            event = self._record(req, token)
-            out += event.token_ids
-            if event.finish_reason:
-                return TokenEvent(req.request_id, out, event.finish_reason)
-        if not preempted:
-            self.scheduler.advance(req, len(emitted))
-            if not pended:
-                self.kv.trim(req.request_id, req.length)
-        return TokenEvent(req.request_id, out)
 
     def _verify(self, rows: list[PlanRow], reqs: list[_Request], logits: torch.Tensor,
                 greedy: torch.Tensor | None) -> list[list[int]]:
