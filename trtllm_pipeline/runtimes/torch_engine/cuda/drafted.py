@@ -38,7 +38,7 @@ class DraftedSteps:
         width = self.drafts.out_width
         # per bucket: [4, B] on the device (rows: each span's first token row, its tokens, its table row; each token
         # row's source, -1: its own), the spans' results [S, width], and two pinned host sets of the inputs. S: the
-        # most spans a step has (a request each: at most max_spans), which sizes the lookup's scratch ([S, max_len])
+        # most spans a step has (a request each: at most max_spans)
         self.spans = {batch: min(batch, max_spans) for batch in buckets}
         self.inputs: dict[int, torch.Tensor] = {}
         self.out: dict[int, torch.Tensor] = {}
@@ -51,7 +51,6 @@ class DraftedSteps:
         self.host = [torch.zeros((max(self.spans.values()), width), dtype=torch.long, pin_memory=self.cuda)
                      for _ in range(2)]
         self._read: list = [None, None]
-        self.loaded: dict[int, object] = {}  # table row -> the request whose history it holds
         self.prep_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.post_graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
@@ -75,27 +74,16 @@ class DraftedSteps:
             graphs[batch] = graph
         torch.cuda.synchronize()
 
-    # ---- histories ---------------------------------------------------------------------------
-
-    def load(self, row: int, key, tokens: Sequence[int]) -> None:
+    def load(self, row: int, tokens: Sequence[int]) -> None:
+        """Table row ``row``'s history: ``tokens`` (a request's prompt and what it has generated)."""
         self.drafts.load(row, tokens)
-        self.loaded[row] = key
-
-    def holds(self, row: int | None, key) -> bool:
-        return row is not None and self.loaded.get(row, None) == key
-
-    def forget(self, row: int) -> None:
-        self.loaded.pop(row, None)
 
     # ---- a step --------------------------------------------------------------------------------
 
     def stage(self, batch: int, turn: int, spans: Sequence[tuple[int, int, int, bool]]) -> bool:
         """The step's spans (first token row, tokens, table row, pending) into this turn's pinned set and on to the
         device, behind the step's other inputs; True where some span is pending (``prep`` must run)."""
-        host = self.staging[batch][turn].numpy()
-        host[:2] = 0
-        host[2] = self.drafts.sink
-        host[3] = -1
+        host = self._blank(self.staging[batch][turn]).numpy()
         pending = False
         for b, (first, n, row, waiting) in enumerate(spans):
             host[0, b], host[1, b], host[2, b] = first, n, row

@@ -181,10 +181,7 @@ class DecodeGraphs:
 
     def load_history(self, request_id, tokens: Sequence[int]) -> None:
         """``request_id``'s tokens so far (prompt + generated) as its history on the device (device drafting)."""
-        self.drafted.load(self._row_for(request_id), request_id, tokens)
-
-    def history_loaded(self, request_id) -> bool:
-        return self.drafted is not None and self.drafted.holds(self._row_of.get(request_id), request_id)
+        self.drafted.load(self._row_for(request_id), tokens)
 
     def drafts_posted(self):
         """The last step's tracked rows' results, as ``DraftedSteps.result`` takes them (None: it had none)."""
@@ -375,8 +372,6 @@ class DecodeGraphs:
             row = self._row_of.pop(key, None)
             if row is not None:
                 self._free_rows.append(row)
-                if self.drafted is not None:
-                    self.drafted.forget(row)
 
     def time_replay(self, batch: int, replays: int = 50) -> float | None:
         """Milliseconds per replay of the graph holding ``batch`` rows, back to back, by CUDA events (its inputs:
