@@ -127,14 +127,11 @@ class DeviceDrafting:
         if not found:
             sp.found_nothing(req.request_id)
         req.device_next = drafts if found else []
-        out: list[int] = []
-        for token in emitted:
-            event = self._record(req, token)
-            out += event.token_ids
-            if event.finish_reason:
-                return TokenEvent(req.request_id, out, event.finish_reason)
+        event = self._record_run(req, emitted)
+        if event.finish_reason:
+            return event
         if not preempted:
             self.scheduler.advance(req, len(emitted))
             if not pended:
                 self.kv.trim(req.request_id, req.length)
-        return TokenEvent(req.request_id, out)
+        return event

@@ -806,16 +806,13 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Runtime):
         accepted = len(tokens) - 1
         depth = None if row.parents is None else max(row_depths(row.parents))
         self.speculator.verified(req.request_id, row.draft, accepted, depth)
-        emitted: list[int] = []
-        for token in tokens:
-            event = self._record(req, token)
-            emitted += event.token_ids
-            if event.finish_reason:
-                return TokenEvent(req.request_id, emitted, event.finish_reason)
+        event = self._record_run(req, tokens)
+        if event.finish_reason:
+            return event
         if row.parents is not None:
             self._move_path(row, tokens[:-1])
         self.scheduler.verified(req, 1 + accepted)
-        return TokenEvent(req.request_id, emitted)
+        return event
 
     def _move_path(self, row: PlanRow, kept: list[int]) -> None:
         """A tree row's kept drafts' K/V (written at their row indices) moved to the positions right after the row's
@@ -873,6 +870,17 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Runtime):
     def _record_all(self, reqs: list[_Request], tokens: list[int | Exception]) -> list[TokenEvent]:
         return [self._failed(req, token) if isinstance(token, Exception) else self._record(req, token)
                 for req, token in zip(reqs, tokens)]
+
+    def _record_run(self, req: _Request, tokens: list[int]) -> TokenEvent:
+        """Several tokens of one step recorded one by one, as one event: up to the one that ends the request, if any
+        does (its ``finish_reason`` then set)."""
+        emitted: list[int] = []
+        for token in tokens:
+            event = self._record(req, token)
+            emitted += event.token_ids
+            if event.finish_reason:
+                return TokenEvent(req.request_id, emitted, event.finish_reason)
+        return TokenEvent(req.request_id, emitted)
 
     def _record(self, req: _Request, token: int) -> TokenEvent:
         p = req.params
