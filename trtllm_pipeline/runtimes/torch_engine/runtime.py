@@ -38,6 +38,9 @@ from trtllm_pipeline.runtimes.torch_engine.model import Qwen2Engine
 from trtllm_pipeline.runtimes.torch_engine.overlap import PENDING, OverlapSteps
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow, logit_span, row_depths, rows_at
 from trtllm_pipeline.runtimes.torch_engine.scheduler import Scheduler, Sequence as _Sequence
+from trtllm_pipeline.runtimes.torch_engine.scoring import Scoring
+from trtllm_pipeline.runtimes.torch_engine.switches import (fast_prefill_buckets, fast_prefill_enabled, fast_trees_enabled,
+                                                             prefill_graphs_enabled, prefill_wait_enabled, warm_up_enabled)
 from trtllm_pipeline.runtimes.torch_engine.tp.executor import TpExecutor
 from trtllm_pipeline.runtimes.torch_engine.tp.mode import resolve_tp_mode
 
@@ -131,7 +134,7 @@ def resolve_device(requested: str | None) -> torch.device:
     return torch.device(requested)
 
 
-class TorchRuntime(DeviceDrafting, OverlapSteps, Runtime):
+class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
     name = "torch"
 
     def __init__(self, checkpoint_dir: Path, tokenizer_dir: Path, *, device: str | None = None,
@@ -913,169 +916,3 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Runtime):
             self.phase_rows["graph_prefills"] += 1
             return graphs.forward(row.tokens, row.block_table).clone()  # (the graph's output: rewritten next replay)
         return self.executor.forward(PagedBatch.of(rows))
-
-    # ---- scoring --------------------------------------------------------------------------------
-
-    def hidden_states(self, ids: Sequence[int]) -> torch.Tensor:
-        """Final hidden states [T, hidden] of one whole sequence, run once in blocks of its own (tests, checks)."""
-        if self.has_work():
-            raise RuntimeError("hidden_states() cannot run while generation requests are active")
-        rid = ("hidden", 0)
-        if self.kv.admit(rid, list(ids), len(ids), use_cache=False, watermark=False) is None:
-            raise UnavailableError(f"{len(ids)} tokens do not fit the KV pool's free blocks.")
-        try:
-            return self._forward([PlanRow(rid, list(ids), 0, self.kv.tables[rid], True)])
-        finally:
-            self.kv.free(rid)
-
-    def next_token_logprobs(self, context: Sequence[int]) -> list[float]:
-        if self.has_work():
-            raise RuntimeError("next_token_logprobs() cannot run while generation requests are active")
-        hidden = self.hidden_states(context)
-        return torch.log_softmax(self.executor.logits(hidden[-1]), dim=-1).tolist()
-
-    def sequence_logprobs(self, token_ids: Sequence[int], first: int) -> torch.Tensor:
-        if self.has_work():
-            raise RuntimeError("sequence_logprobs() cannot run while generation requests are active")
-        if not 0 <= first < len(token_ids):
-            raise InputError(f"sequence_logprobs(): position {first} is outside the {len(token_ids)} tokens.")
-        hidden = self.hidden_states(token_ids)
-        return torch.log_softmax(self.executor.logits(hidden[first:]), dim=-1)
-
-    def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[tuple[float, bool]]:
-        """Log-likelihoods of continuations, computing a shared context prefix once.
-
-        Requests whose inputs (context + continuation minus its last token) are identical, like
-        the four answer letters of one MMLU question, share a single forward pass; the common prefix of all
-        (the few-shot block) is computed once and its full KV blocks shared by every row's block table through
-        the prefix cache (whatever ``enable_kv_cache_reuse`` says: these blocks are only this call's).
-        """
-        if self.has_work():
-            raise RuntimeError("score() cannot run while generation requests are active")
-        if not contexts:
-            return []
-        seqs = [list(c) + list(x) for c, x in zip(contexts, continuations)]
-        if any(not c for c in contexts) or any(not x for x in continuations):
-            raise InputError("score() needs a non-empty context and continuation for every request.")
-        if (longest := max(len(s) for s in seqs)) > self.max_seq_len:
-            raise InputError(f"a scored sequence has {longest} tokens; max_seq_len is {self.max_seq_len}.",
-                             fix="truncate the context from the left before scoring")
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, s in enumerate(seqs):
-            groups.setdefault(tuple(s[:-1]), []).append(i)
-        keys = list(groups)
-        prefix = min(_common_prefix(keys), min(len(c) for c in contexts) - 1)
-        shared = prefix // self.kv.block_size * self.kv.block_size  # its whole blocks, shared by table
-        held: list[Any] = []
-        try:
-            if shared > 0:
-                self._score_rows([(("score-prefix",), list(keys[0][:shared]), shared - 1)], held, commit=True)
-            results: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
-            for start in range(0, len(keys), self.max_batch_size):
-                chunk = keys[start : start + self.max_batch_size]
-                # the first position whose logits a group needs: the cache may give at most the positions before
-                firsts = [min(len(contexts[i]) for i in groups[key]) - 1 for key in chunk]
-                rows = [(("score", j), list(key), first) for j, (key, first) in enumerate(zip(chunk, firsts))]
-                hidden, plan_rows = self._score_rows(rows, held)
-                offset = 0
-                for row, key, first in zip(plan_rows, chunk, firsts):
-                    h = hidden[offset + first - row.start : offset + len(row.tokens)]
-                    offset += len(row.tokens)
-                    logprobs = torch.log_softmax(self.executor.logits(h), dim=-1)
-                    for i in groups[key]:
-                        skip = len(contexts[i]) - 1 - first
-                        target = torch.tensor(continuations[i], device=self.device)
-                        lp = logprobs[skip : skip + len(target)]
-                        results[i] = (float(lp.gather(-1, target[:, None]).sum()),
-                                      bool(torch.equal(lp.argmax(-1), target)))
-                for row in plan_rows:
-                    self.kv.free(row.request_id)
-                    held.remove(row.request_id)
-            return results
-        finally:
-            for rid in held:
-                self.kv.free(rid)
-
-    def _score_rows(self, rows, held: list, commit: bool = False):
-        """Rows (id, tokens, first: the first position whose hidden state is needed) admitted through the prefix
-        cache and run in one forward; ``commit``: their full blocks keyed for the rows that follow."""
-        plan_rows = []
-        for rid, tokens, first in rows:
-            done = self.kv.admit(rid, tokens[: first + 1], len(tokens), use_cache=True, watermark=False)
-            if done is None:
-                raise UnavailableError(f"scoring {len(rows)} sequences of up to {max(len(t) for _, t, _ in rows)} "
-                                       "tokens needs more KV blocks than the pool has free.",
-                                       fix="score fewer or shorter sequences at once, or give the pool more memory")
-            held.append(rid)
-            plan_rows.append(PlanRow(rid, tokens[done:], done, self.kv.tables[rid], False))
-        hidden = self._forward(plan_rows)
-        if commit:
-            for rid, tokens, _ in rows:
-                self.kv.commit(rid, tokens, use_cache=True)
-        return hidden, plan_rows
-
-
-# The fast path's batch buckets past the decode ones for short prefill chunks (``_split``): a 128-token prompt, 256
-# rows (``graphs.MAX_FAST_ROWS``: a short prompt beside the running decodes), and where the engine's steps take more
-# rows (``graphs.row_limit``: BF16 and FP8 on one GPU, up to 1,024) a wave of short prompts in one step. Past the
-# largest, prompts prefill in an eager forward, whose launches cost ~27 ms of host time whatever its length (H200,
-# random 7B FP8 served at c=64, 2026-12-05: 38% of the engine loop's samples were eager prefills of waves of
-# 128-token prompts); a 1,024-row step is one graph replay, ~16 ms of FP8 compute for 1,024 of the 7B's tokens.
-FAST_PREFILL_BUCKETS = (128, 256, 512, 1024)
-
-
-def fast_prefill_buckets(limit: int) -> tuple[int, ...]:
-    """``FAST_PREFILL_BUCKETS`` up to ``limit`` rows (``graphs.row_limit``), or up to
-    ``TRTLLM_PIPELINE_FAST_PREFILL_ROWS`` where that is smaller (256: the buckets before waves fitted, the A/B of
-    ``benchmarks/h200_run.sh``)."""
-    top = limit
-    given = os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL_ROWS", "").strip()
-    if given:
-        try:
-            top = min(limit, int(given))
-        except ValueError:
-            raise InputError(f"TRTLLM_PIPELINE_FAST_PREFILL_ROWS={given!r} is not a number of rows.",
-                             fix="set it to 256, 512 or 1024, or unset it") from None
-    return tuple(b for b in FAST_PREFILL_BUCKETS if b <= top) or FAST_PREFILL_BUCKETS[:1]
-
-
-def fast_prefill_enabled() -> bool:
-    """Short prefill chunks on the fast path (``_split``): on unless ``TRTLLM_PIPELINE_FAST_PREFILL=0`` (the eager
-    forward then takes every chunk: the A/B of ``benchmarks/h200_run.sh``)."""
-    return os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL", "1").strip() != "0"
-
-
-def fast_trees_enabled() -> bool:
-    """Tree verify rows on the fast path's verify step where it takes them (``_split``): on unless
-    ``TRTLLM_PIPELINE_FAST_TREES=0`` (they verify eagerly then: the A/B; not yet timed on a GPU)."""
-    return os.environ.get("TRTLLM_PIPELINE_FAST_TREES", "1").strip() != "0"
-
-
-def prefill_graphs_enabled() -> bool:
-    """A lone prompt's first prefill chunk from a CUDA graph (``cuda/prefill_graphs``): on unless
-    ``TRTLLM_PIPELINE_PREFILL_GRAPHS=0`` (the eager forward's host launches: the A/B)."""
-    return os.environ.get("TRTLLM_PIPELINE_PREFILL_GRAPHS", "1").strip() != "0"
-
-
-def warm_up_enabled() -> bool:
-    """``TorchRuntime.warm_up`` at load on CUDA: on unless ``TRTLLM_PIPELINE_WARMUP=0``."""
-    return os.environ.get("TRTLLM_PIPELINE_WARMUP", "1").strip() != "0"
-
-
-def prefill_wait_enabled() -> bool:
-    """Short prefill chunks with no room on this step's fast path wait for the next one instead of an eager forward
-    (``_split``): on unless ``TRTLLM_PIPELINE_PREFILL_WAIT=0``. H100 2026-12-05e, served 7B FP8 128 -> 256, warm
-    server: waiting, no token went eager at any level and TTFT p50 fell at c=8/32/64 to 29/85/138 ms from 56/98/171
-    (the run before it, 256-row fast steps without waiting), tokens/s 2,227/7,246/11,233 against 2,140/7,233/11,141."""
-    return os.environ.get("TRTLLM_PIPELINE_PREFILL_WAIT", "1").strip() != "0"
-
-
-def _common_prefix(seqs: list[tuple[int, ...]]) -> int:
-    first, n = seqs[0], len(seqs[0])
-    for s in seqs[1:]:
-        n = min(n, len(s))
-        for j in range(n):
-            if s[j] != first[j]:
-                n = j
-                break
-    return n

@@ -1,0 +1,65 @@
+"""The torch runtime's switches: environment variables that turn one of its speed paths off, each the A/B of a GPU
+measurement (``benchmarks/h200_run.sh``), and the fast path's prefill buckets they bound. Read when an engine loads
+(or a step is split), so a test or a benchmark sets them before it loads one.
+"""
+
+from __future__ import annotations
+
+import os
+
+from trtllm_pipeline.errors import InputError
+
+
+# The fast path's batch buckets past the decode ones for short prefill chunks (``_split``): a 128-token prompt, 256
+# rows (``graphs.MAX_FAST_ROWS``: a short prompt beside the running decodes), and where the engine's steps take more
+# rows (``graphs.row_limit``: BF16 and FP8 on one GPU, up to 1,024) a wave of short prompts in one step. Past the
+# largest, prompts prefill in an eager forward, whose launches cost ~27 ms of host time whatever its length (H200,
+# random 7B FP8 served at c=64, 2026-12-05: 38% of the engine loop's samples were eager prefills of waves of
+# 128-token prompts); a 1,024-row step is one graph replay, ~16 ms of FP8 compute for 1,024 of the 7B's tokens.
+FAST_PREFILL_BUCKETS = (128, 256, 512, 1024)
+
+
+def fast_prefill_buckets(limit: int) -> tuple[int, ...]:
+    """``FAST_PREFILL_BUCKETS`` up to ``limit`` rows (``graphs.row_limit``), or up to
+    ``TRTLLM_PIPELINE_FAST_PREFILL_ROWS`` where that is smaller (256: the buckets before waves fitted, the A/B of
+    ``benchmarks/h200_run.sh``)."""
+    top = limit
+    given = os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL_ROWS", "").strip()
+    if given:
+        try:
+            top = min(limit, int(given))
+        except ValueError:
+            raise InputError(f"TRTLLM_PIPELINE_FAST_PREFILL_ROWS={given!r} is not a number of rows.",
+                             fix="set it to 256, 512 or 1024, or unset it") from None
+    return tuple(b for b in FAST_PREFILL_BUCKETS if b <= top) or FAST_PREFILL_BUCKETS[:1]
+
+
+def fast_prefill_enabled() -> bool:
+    """Short prefill chunks on the fast path (``_split``): on unless ``TRTLLM_PIPELINE_FAST_PREFILL=0`` (the eager
+    forward then takes every chunk: the A/B of ``benchmarks/h200_run.sh``)."""
+    return os.environ.get("TRTLLM_PIPELINE_FAST_PREFILL", "1").strip() != "0"
+
+
+def fast_trees_enabled() -> bool:
+    """Tree verify rows on the fast path's verify step where it takes them (``_split``): on unless
+    ``TRTLLM_PIPELINE_FAST_TREES=0`` (they verify eagerly then: the A/B; not yet timed on a GPU)."""
+    return os.environ.get("TRTLLM_PIPELINE_FAST_TREES", "1").strip() != "0"
+
+
+def prefill_graphs_enabled() -> bool:
+    """A lone prompt's first prefill chunk from a CUDA graph (``cuda/prefill_graphs``): on unless
+    ``TRTLLM_PIPELINE_PREFILL_GRAPHS=0`` (the eager forward's host launches: the A/B)."""
+    return os.environ.get("TRTLLM_PIPELINE_PREFILL_GRAPHS", "1").strip() != "0"
+
+
+def warm_up_enabled() -> bool:
+    """``TorchRuntime.warm_up`` at load on CUDA: on unless ``TRTLLM_PIPELINE_WARMUP=0``."""
+    return os.environ.get("TRTLLM_PIPELINE_WARMUP", "1").strip() != "0"
+
+
+def prefill_wait_enabled() -> bool:
+    """Short prefill chunks with no room on this step's fast path wait for the next one instead of an eager forward
+    (``_split``): on unless ``TRTLLM_PIPELINE_PREFILL_WAIT=0``. H100 2026-12-05e, served 7B FP8 128 -> 256, warm
+    server: waiting, no token went eager at any level and TTFT p50 fell at c=8/32/64 to 29/85/138 ms from 56/98/171
+    (the run before it, 256-row fast steps without waiting), tokens/s 2,227/7,246/11,233 against 2,140/7,233/11,141."""
+    return os.environ.get("TRTLLM_PIPELINE_PREFILL_WAIT", "1").strip() != "0"
