@@ -7,11 +7,11 @@
 # /tmp/gpu_data for the accuracy part). Keep each call within 30 s of the last (the machine is released after 30 s
 # idle). In order of need; what is cut is what comes last. On an H100 instead of the H200 every part below still
 # carries its own baseline but the 128/2048 throughput (an H200 goal): move it last there.
-# (device time left after refused starts fits ~2 parts: the two paths that are on by default and never ran on a GPU
+# (the device time left after refused starts fits ~2 parts: the two paths that are on by default and never ran on a GPU
 # first, prefill graphs and device drafting, each checked against its reference there)
 # 31: a lone prompt's first chunk from its length bucket's CUDA graph (cuda/prefill_graphs; H200 2026-12-04c: 2048
 # tokens 31.8 ms eager against ~25 ms of kernels, goal 30), and the graph against the eager forward on one prompt
-part prefill 120 PREFILL_SERVED_BUILD=1
+part prefill 180 PREFILL_SERVED_BUILD=1
 # 35: prompt lookup on the real SmolLM2 (H100 2026-12-05e: grounded 1.16x, acceptance 2.60, a verify step ~1.3 ms
 # unchained against 0.64 ms a chained token): now drafted on the device, verify steps chained (cuda/drafted), against
 # host drafting in the same call; each differing prompt's first differing token and the logit margin there (a near
@@ -22,7 +22,7 @@ part spec 420 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0
 # first use inside the cold start's c=32 level), short prompts waiting for fast room by default, and the bench client
 # re-encoding outputs after the level (it did so inside each worker as the next wave started) and stamping each token
 # on arrival; in-process in the same call (decode steps and whole batches). The BLS in 4 stub processes
-# (serving.bls_instance_count; one until now; the A/B with one comes after prefill): at c=64 a request reached the
+# (serving.bls_instance_count; one until now; the A/B with one comes next): at c=64 a request reached the
 # engine 98 ms after the client sent it (5.5 at c=1), while one process's threads sent ~13k responses a second
 part served 450 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess" SERVED_BLS_INSTANCES=4
 # 30: the A/B of the first part's 4 BLS processes: one, on the same warm kernel cache
