@@ -165,7 +165,8 @@ def main() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     ngram = []
-    for path in [args.config] + [c for c in args.ngram_configs.split(",") if c]:
+    # the real model's builds first (the goal's speedup: what a run cut short should still have), the random 7B last
+    for path in [c for c in args.ngram_configs.split(",") if c] + [args.config]:
         c = load_config(Path(path))
         for tree in (None, args.tree_nodes or None) if args.tree_nodes else (None,):
             # linear drafts twice: drafted on the device, verify steps chained (the default), and on the host
