@@ -15,9 +15,10 @@ part prefill 180 PREFILL_SERVED_BUILD=1
 # 35: prompt lookup on the real SmolLM2 (H100 2026-12-05e: grounded 1.16x, acceptance 2.60, a verify step ~1.3 ms
 # unchained against 0.64 ms a chained token): now drafted on the device, verify steps chained (cuda/drafted), against
 # host drafting in the same call; each differing prompt's first differing token and the logit margin there (a near
-# tie of differently shaped kernels, or a bug). Trees off (grounded 0.89x: answered)
+# tie of differently shaped kernels, or a bug). Trees off (grounded 0.89x: answered). The real model alone (SPEC_MAIN:
+# its verify costs timed too; the 7B's prompt lookup comes after served)
 await /tmp/smolw/ready 60
-part spec 420 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0
+part spec 240 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0 SPEC_MAIN=smollm2
 # 30: the served 7B FP8 after H100 2026-12-05e's changes: the eager forward warmed at load (its kernels compiled on
 # first use inside the cold start's c=32 level), short prompts waiting for fast room by default, and the bench client
 # re-encoding outputs after the level (it did so inside each worker as the next wave started) and stamping each token
@@ -29,6 +30,8 @@ part served 450 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COAL
 part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench SERVED_BLS_INSTANCES=1
 # 30: the A/B of the new default on the same warm kernel cache: no waiting (an eager forward at once)
 part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_PREFILL_WAIT=0
+# 35: the random 7B's verify costs and prompt lookup, device against host drafting
+part spec 300 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0
 # 33: the eager forward's logits now float32 on CUDA (they were rounded to bfloat16: every GPU log-likelihood a multiple
 # of 0.125 from its item's others); each format's bfloat16 fast path against its own float32 on the same bytes
 await /tmp/gpu_data/subset.json 60
