@@ -11,7 +11,8 @@
 # first, prefill graphs and device drafting, each checked against its reference there)
 # 31: a lone prompt's first chunk from its length bucket's CUDA graph (cuda/prefill_graphs; H200 2026-12-04c: 2048
 # tokens 31.8 ms eager against ~25 ms of kernels, goal 30), and the graph against the eager forward on one prompt
-part prefill 180 PREFILL_SERVED_BUILD=1
+# (H100 2026-12-06: the cold 7B quantize and build alone took 180 s here)
+part prefill 300 PREFILL_SERVED_BUILD=1
 # 35: prompt lookup on the real SmolLM2 (H100 2026-12-05e: grounded 1.16x, acceptance 2.60, a verify step ~1.3 ms
 # unchained against 0.64 ms a chained token): now drafted on the device, verify steps chained (cuda/drafted), against
 # host drafting in the same call; each differing prompt's first differing token and the logit margin there (a near
