@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import load, run_cli
+from test_serve import wait_idle
 from trtllm_pipeline import bench
 from trtllm_pipeline.errors import StageFailed
 from trtllm_pipeline.machine import gpus
@@ -15,27 +16,11 @@ pytestmark = pytest.mark.slow
 NAME = "tiny-qwen2-fp8-tp1"
 
 
-def _idle(server, timeout_s: float = 30.0) -> None:
-    """Until the shared server's engine runs no request: one an earlier test abandoned (its stream cancelled) may
-    still be stepping, its steps then counted in this test's levels (seen once: 218 steps for 192 tokens at c=1)."""
-    import re
-    import time
-
-    import requests
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
-        running = re.findall(r"^trtllm_pipeline:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE)
-        if running and sum(float(v) for v in running) == 0:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the server still runs requests after {timeout_s:.0f} s")
-
-
 def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, engines_dir, tmp_path):
     server = served(NAME)
-    _idle(server)
+    # an earlier test's abandoned stream may still be stepping, its steps then counted in this test's levels (seen
+    # once: 218 steps for 192 tokens at c=1): the bench starts once the engine runs no request
+    assert wait_idle(server)["requests_active"] == 0, "the shared server still runs requests after 30 s"
     out = tmp_path / "bench.json"
     proc = run_cli("bench", "-c", f"build_configs/{NAME}.yaml", "--engines-dir", str(engines_dir),
                    "--concurrency", "1,8", "--requests", "8", "--warmup", "1", "--input-tokens", "48",
