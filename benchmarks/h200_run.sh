@@ -546,6 +546,11 @@ PY
     [ "$main" = "$(config fp8)" ] && tp build -c "$main" --engines-dir "$engines"
     # device drafting's two kernels compiled for this GPU against their torch reference (444 seeded cases)
     python3 tests/draft_kernels_check.py 20 --cuda | tee "$out/draft_kernels_cuda.json"
+    # where a verify step's wall time goes (a small model's are host bound): per step and cProfile's, each drafting
+    for d in 1 0; do
+      TRTLLM_PIPELINE_SPEC_DEVICE=$d python3 benchmarks/spec_profile.py -c "$main" --engines-dir "$engines" \
+        --out "$out/profile-device$d" | head -n 90
+    done
     python3 benchmarks/spec_decode.py -c "$main" --engines-dir "$engines" --out "$out" \
       --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" --prompts "${SPEC_PROMPTS:-18}" \
       --tree-nodes "${SPEC_TREE_NODES:-32}" \
