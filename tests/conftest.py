@@ -45,16 +45,16 @@ SERVER_TESTS = {"test_eval.py::test_served_model_scores_like_the_engine_in_proce
 # The units started first, longest first (seconds on a 2-core machine, both workers busy), so that no long one is
 # left for the end while the other worker idles; the others follow in collection order.
 START_FIRST = ("servers",  # 375 s
-               "test_fast_decode.py::test_prompt_lookup_on_the_device",  # 105-130 s
-               "test_fast_decode.py::test_int4_awq_steps_of_several_rows",  # 70-90 s each, two
-               "test_fast_decode.py::test_tree_verify_rows_on_the_fast_path",  # 85 s
-               "test_fast_decode.py::test_int4_gemv_for_several_rows",  # 80 s
-               "test_fast_decode.py::test_quant_gemm_benchmark_gemv_rows_parts",  # 75 s
                "test_stub_env.py",  # 70 s
                "test_tensor_parallel.py", "test_formats.py",  # 60-65 s
-               "test_fast_decode.py::test_fast_kernels_give_eager_greedy_tokens_bf16",  # 55-60 s
+               "test_fast_decode.py::test_prompt_lookup_on_the_device",  # 65 s
+               "test_fast_decode.py::test_int4_awq_steps_of_several_rows",  # 40-55 s each, two
+               "test_fast_decode.py::test_tree_verify_rows_on_the_fast_path",  # 40 s
+               "test_fast_decode.py::test_int4_gemv_for_several_rows",  # 40 s
+               "test_fast_decode.py::test_quant_gemm_benchmark_gemv_rows_parts",  # 26 s
+               "test_fast_decode.py::test_fast_kernels_give_eager_greedy_tokens_bf16",  # 27 s
                "test_fast_decode.py::test_fast_kernels_give_eager_greedy_tokens_int4_awq",
-               "test_fast_decode.py::test_fast_kernels_run_tensor_parallel",  # 50 + 50 s
+               "test_fast_decode.py::test_fast_kernels_run_tensor_parallel",  # 23 + 23 s
                "test_model_families.py",  # 45 s: the real model's GGUF converted, quantized, asked
                "test_fast_decode.py::test_fast_kernels_match_eager_accuracy_fp8",
                "test_fast_decode.py::test_speculative_verify_step",  # 40-45 s

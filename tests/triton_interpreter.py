@@ -17,6 +17,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.language.semantic import TritonSemantic  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 _TORCH = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2, tl.bfloat16: torch.bfloat16,
@@ -143,3 +144,63 @@ def _tuple_type_name(self, attr):
 assert "name" not in vars(tl.core.tuple_type) and not hasattr(tl.core.tuple_type, "__getattr__")
 tl.core.tuple_type.__init__ = _tuple_type_init_unnamed
 tl.core.tuple_type.__getattr__ = _tuple_type_name
+
+
+# Speed only, the same types: every operation makes its result's block type anew (shape unwrapped, validated, named)
+# and every tensor a Triton tuple of its shape; two fifths of a speculative check's time. A block type of a hashable
+# element type and a shape is made once and kept (block types are never changed once made), and with it its tensors'
+# shape tuple and element count (Triton tuples are never changed either: ``tuple._setitem`` has no caller).
+_block_types: dict = {}
+_block_type_init = tl.core.block_type.__init__
+
+
+def _block_type_new(cls, element_ty, shape):
+    if cls is tl.core.block_type:
+        try:
+            key = (element_ty, *(s.value if isinstance(s, tl.constexpr) else s for s in shape))
+            found = _block_types.get(key)
+        except TypeError:  # an unhashable element type (pointers): made each time, as before
+            return object.__new__(cls)
+        if found is None:
+            found = _block_types[key] = object.__new__(cls)
+        return found
+    return object.__new__(cls)
+
+
+def _block_type_init_once(self, element_ty, shape):
+    if "numel" not in self.__dict__:
+        _block_type_init(self, element_ty, shape)
+
+
+_SCALAR_SHAPE = (tl.constexpr(1), tl.core.tuple([]))
+
+
+def _tensor_init(self, handle, type):
+    self.handle, self.type, self.dtype = handle, type, type.scalar
+    if type.is_block():
+        shaped = type.__dict__.get("_tensor_shape")
+        if shaped is None:
+            shaped = type._tensor_shape = (tl.constexpr(type.numel), tl.core.tuple([tl.constexpr(s) for s in type.shape]))
+        self.numel, self.shape = shaped
+    else:
+        self.numel, self.shape = _SCALAR_SHAPE
+
+
+assert tl.core.block_type.__new__ is object.__new__ and tl.core.tensor.__init__.__code__.co_argcount == 3
+tl.core.block_type.__new__ = _block_type_new
+tl.core.block_type.__init__ = _block_type_init_once
+tl.core.tensor.__init__ = _tensor_init
+
+
+# Speed only, the same values: two blocks of one shape are broadcast to it anyway (Triton compares the shape tuple with
+# a list, never equal), each a view of itself made through two new tensors, for every binary operation.
+_broadcast_impl_value = TritonSemantic.broadcast_impl_value
+
+
+def _broadcast_unless_equal(self, lhs, rhs):
+    if lhs.type.is_block() and rhs.type.is_block() and lhs.type.shape == rhs.type.shape:
+        return lhs, rhs
+    return _broadcast_impl_value(self, lhs, rhs)
+
+
+TritonSemantic.broadcast_impl_value = _broadcast_unless_equal
