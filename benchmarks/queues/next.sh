@@ -9,17 +9,18 @@
 # carries its own baseline but the 128/2048 throughput (an H200 goal): move it last there.
 # (the device time left after refused starts fits ~2 parts: the two paths that are on by default and never ran on a GPU
 # first, prefill graphs and device drafting, each checked against its reference there)
-# 31: a lone prompt's first chunk from its length bucket's CUDA graph (cuda/prefill_graphs; H200 2026-12-04c: 2048
-# tokens 31.8 ms eager against ~25 ms of kernels, goal 30), and the graph against the eager forward on one prompt
-# (H100 2026-12-06: the cold 7B quantize and build alone took 180 s here)
-part prefill 300 PREFILL_SERVED_BUILD=1
 # 35: prompt lookup on the real SmolLM2 (H100 2026-12-05e: grounded 1.16x, acceptance 2.60, a verify step ~1.3 ms
 # unchained against 0.64 ms a chained token): now drafted on the device, verify steps chained (cuda/drafted), against
 # host drafting in the same call; each differing prompt's first differing token and the logit margin there (a near
 # tie of differently shaped kernels, or a bug). Trees off (grounded 0.89x: answered). The real model alone (SPEC_MAIN:
-# its verify costs timed too; the 7B's prompt lookup comes after served)
+# its verify costs timed too; the 7B's prompt lookup comes after served); first: no 7B to build, device
+# drafting's kernels checked on this GPU (on by default), and where a verify step's time goes (spec_profile.py)
 await /tmp/smolw/ready 60
-part spec 240 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0 SPEC_MAIN=smollm2
+part spec 270 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0 SPEC_MAIN=smollm2
+# 31: a lone prompt's first chunk from its length bucket's CUDA graph (cuda/prefill_graphs; H200 2026-12-04c: 2048
+# tokens 31.8 ms eager against ~25 ms of kernels, goal 30), and the graph against the eager forward on one prompt
+# (H100 2026-12-06: the cold 7B quantize and build alone took 180 s here)
+part prefill 300 PREFILL_SERVED_BUILD=1
 # 30: the served 7B FP8 after H100 2026-12-05e's changes: the eager forward warmed at load (its kernels compiled on
 # first use inside the cold start's c=32 level), short prompts waiting for fast room by default, and the bench client
 # re-encoding outputs after the level (it did so inside each worker as the next wave started) and stamping each token
