@@ -46,7 +46,9 @@ def _run(rt, prompts, tokens: int) -> tuple[float, dict]:
     _sync()
     seconds = time.perf_counter() - start
     after = {**rt.stats(), **rt.phase_times()}
-    return seconds, {k: round(v - before.get(k, 0), 6) for k, v in after.items() if isinstance(v, (int, float))}
+    # (counters and seconds only: a ratio such as the acceptance length has no difference)
+    return seconds, {k: round(v - before.get(k, 0), 6) for k, v in after.items()
+                     if isinstance(v, (int, float)) and not k.endswith("_length")}
 
 
 def _profiled(rt, prompts, tokens: int) -> str:

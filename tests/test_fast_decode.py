@@ -21,7 +21,7 @@ from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
 pytest.importorskip("triton")  # the test extra installs it; the kernels' module needs it to import
 
-from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets, bucket_for  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets, bucket_for, with_verify_buckets  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, decode_inputs  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -1177,6 +1177,10 @@ def test_batch_buckets_and_padding():
     assert batch_buckets(64, [1, 3, 100]) == [1, 3, 64]  # out-of-range sizes dropped, the maximum kept
     assert batch_buckets(512)[-1] == 256 and batch_buckets(512, [1, 300]) == [1, 256]  # MAX_FAST_ROWS
     assert batch_buckets(512, limit=1024)[-1] == 512  # where cuBLAS takes every linear of a large step: row_limit
+    # speculation's verify steps: b requests of 1 + k rows for each bucket b, the full batch's, at most the limit
+    assert with_verify_buckets([1, 2, 4, 8], 8, 8, 256) == [1, 2, 4, 8, 9, 18, 36, 72]
+    assert with_verify_buckets([1, 2, 4, 8, 16, 32, 64], 64, 8, 256) == [1, 2, 4, 8, 9, 16, 18, 32, 36, 64, 72, 144, 256]
+    assert bucket_for(1 + 8, with_verify_buckets([1, 2, 4, 8], 8, 8, 256)) == 9  # a lone request's verify step
 
 
 def test_steps_past_256_rows_only_where_cublas_takes_every_linear(monkeypatch):

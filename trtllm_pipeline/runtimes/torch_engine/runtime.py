@@ -295,14 +295,13 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
             log.warning("the fast CUDA decode path is off: %s; decoding eagerly", why)
             return None, f"eager ({why})"
         from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import Unsupported
-        from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets, row_limit
+        from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import batch_buckets, row_limit, with_verify_buckets
 
         try:
             limit = row_limit(self.engine, self.executor.world_size)
             buckets = batch_buckets(self.max_batch_size, sizes, limit)
-            if spec_k and self.executor.world_size == 1:  # one more bucket: a full batch's verify step, or the most
-                # rows a fast step takes (rows with drafts past it verify eagerly: ``_split``)
-                buckets = sorted(set(buckets) | {min(self.max_batch_size * (1 + spec_k), limit)})
+            if spec_k and self.executor.world_size == 1:
+                buckets = with_verify_buckets(buckets, self.max_batch_size, spec_k, limit)
             decoder = self._prepared_decoder(buckets, graphs, limit)
             if spec_k and hasattr(decoder, "prepare_verify"):  # every verify graph now, not inside generation
                 if self.tree_verify and getattr(decoder, "tree_tokens", 0):
