@@ -96,6 +96,18 @@ def test_one_grpc_stream_carries_a_clients_requests_and_an_abandoned_one_leaves_
         assert client._responses is not None and client._responses is not stream
 
 
+def test_a_stream_per_request_where_switched_on(server, runtime, monkeypatch):
+    """``TRTLLM_PIPELINE_GRPC_STREAM_PER_REQUEST=1`` (the A/B of the kept stream): each request on a stream of its
+    own, stopped after its final response, and the same text."""
+    from trtllm_pipeline import client as client_module
+
+    monkeypatch.setattr(client_module, "PER_REQUEST_STREAMS", True)
+    expected = [in_process(runtime, p, max_tokens=24).text for p in PROMPTS[:2]]
+    with TritonClient(url(server, "grpc"), "grpc") as client:
+        for prompt, text in zip(PROMPTS[:2], expected):
+            assert client.generate(prompt, max_tokens=24) == text and client._responses is None
+
+
 @pytest.fixture(scope="module")
 def split_prompt(runtime) -> str:
     found = [p for p in SPLIT_CANDIDATES if "\ufffd" in in_process(runtime, p, max_tokens=40).text]

@@ -7,30 +7,18 @@
 # /tmp/gpu_data for the accuracy part). Keep each call within 30 s of the last (the machine is released after 30 s
 # idle). In order of need; what is cut is what comes last. On an H100 instead of the H200 every part below still
 # carries its own baseline but the 128/2048 throughput (an H200 goal): move it last there.
-# (the device time left after refused starts fits ~2 parts: the two paths that are on by default and never ran on a GPU
-# first, prefill graphs and device drafting, each checked against its reference there)
-# 35: prompt lookup on the real SmolLM2 (H100 2026-12-05e: grounded 1.16x, acceptance 2.60, a verify step ~1.3 ms
-# unchained against 0.64 ms a chained token): now drafted on the device, verify steps chained (cuda/drafted), against
-# host drafting in the same call; each differing prompt's first differing token and the logit margin there (a near
-# tie of differently shaped kernels, or a bug). Trees off (grounded 0.89x: answered). The real model alone (SPEC_MAIN:
-# its verify costs timed too; the 7B's prompt lookup comes after served); first: no 7B to build, device
-# drafting's kernels checked on this GPU (on by default), and where a verify step's time goes (spec_profile.py)
+# 30: the served 7B FP8 (H100 2026-12-06, the same queue's part with one BLS process: c=64 8,091 tokens/s, TTFT p50 187
+# / p90 1,186 ms with the engine's mean TTFT 26 ms and 34 of 64 rows a step; 2026-12-05e 11,233 with 54 rows): cold
+# start, bench, in-process in the same call. Four BLS processes were worse (c=64 4,589, 9.6 ms a step): one stays
+part served 450 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess"
+# 30: the A/B of the client's kept gRPC stream (5111e42, between the two runs above): a stream per request
+part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_GRPC_STREAM_PER_REQUEST=1
+# 35: SmolLM2's prompt lookup with verify buckets of b x (1 + k) rows (H100 2026-12-06: a lone request's 9 rows ran in
+# bucket 72, ~0.98 ms a verify step by the run's totals against 0.79 timed at 9; grounded 1.27x, acceptance 2.81)
 await /tmp/smolw/ready 60
 part spec 270 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0 SPEC_MAIN=smollm2
-# 31: a lone prompt's first chunk from its length bucket's CUDA graph (cuda/prefill_graphs; H200 2026-12-04c: 2048
-# tokens 31.8 ms eager against ~25 ms of kernels, goal 30), and the graph against the eager forward on one prompt
-# (H100 2026-12-06: the cold 7B quantize and build alone took 180 s here)
-part prefill 300 PREFILL_SERVED_BUILD=1
-# 30: the served 7B FP8 after H100 2026-12-05e's changes: the eager forward warmed at load (its kernels compiled on
-# first use inside the cold start's c=32 level), short prompts waiting for fast room by default, and the bench client
-# re-encoding outputs after the level (it did so inside each worker as the next wave started) and stamping each token
-# on arrival; in-process in the same call (decode steps and whole batches). The BLS in 4 stub processes
-# (serving.bls_instance_count; one until now; the A/B with one comes next): at c=64 a request reached the
-# engine 98 ms after the client sent it (5.5 at c=1), while one process's threads sent ~13k responses a second
-part served 450 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess" SERVED_BLS_INSTANCES=4
-# 30: the A/B of the first part's 4 BLS processes: one, on the same warm kernel cache
-part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench SERVED_BLS_INSTANCES=1
-# 30: the A/B of the new default on the same warm kernel cache: no waiting (an eager forward at once)
+# 30: the A/B of waiting for fast room (the default) on the same warm kernel cache: no waiting (an eager forward at
+# once); H100 2026-12-06 reached only its c=1 (TTFT p50 10.5 ms, ITL 3.1)
 part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_PREFILL_WAIT=0
 # 35: the random 7B's verify costs and prompt lookup, device against host drafting
 part spec 300 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0
