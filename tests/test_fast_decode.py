@@ -1271,6 +1271,19 @@ def test_long_prompts_are_prefilled_in_chunks_without_stalling_decodes(built):
 
 
 @pytest.mark.slow
+def test_verify_rows_are_bit_for_bit_the_one_token_steps_of_their_decode_batch(built):
+    """A verify step's rows (issue 35: greedy speculation keeps plain decoding's tokens) through Triton's interpreter:
+    after a 400-token prompt, one request's 1 + 3 tokens in one step, and two requests' together, give exactly the
+    logits of the same tokens fed one a step at batch 1 and 2. The verify bucket's own key split differs (it is
+    chosen for its rows); the step attends with its requests' decode batch's (``DecodeStep.verify_buffers``)."""
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"), "verify_rows_check.py")
+    assert r["decode_path"].startswith("triton kernels")
+    for case in (r["one"], r["two"]):
+        assert case["bucket_splits"] != case["decode_splits"] == case["verify_splits"], case
+        assert case["equal"] and case["max_diff"] == 0.0, case
+
+
+@pytest.mark.slow
 def test_speculative_verify_step_on_the_fast_path_gives_eager_greedy_tokens(built):
     """Rows of 1 + k tokens as rows of one fast step (attention twice: the second pass reads the drafts' K/V the
     first wrote), through Triton's interpreter: the same tokens as eager decoding without speculation, with tokens

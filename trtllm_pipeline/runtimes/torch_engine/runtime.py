@@ -300,9 +300,12 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         try:
             limit = row_limit(self.engine, self.executor.world_size)
             buckets = batch_buckets(self.max_batch_size, sizes, limit)
+            decode_buckets = buckets
             if spec_k and self.executor.world_size == 1:
                 buckets = with_verify_buckets(buckets, self.max_batch_size, spec_k, limit)
             decoder = self._prepared_decoder(buckets, graphs, limit)
+            if spec_k and self.executor.world_size == 1 and hasattr(decoder, "verify_requests"):
+                decoder.verify_requests(spec_k, decode_buckets)  # (each verify step attends as its decode batch)
             if spec_k and hasattr(decoder, "prepare_verify"):  # every verify graph now, not inside generation
                 if self.tree_verify and getattr(decoder, "tree_tokens", 0):
                     decoder.prepare_verify(trees=True)  # (the tree steps' graphs too)

@@ -312,7 +312,8 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
                      prepared: Prepared | None = None, norm_sumsq: torch.Tensor | None = None, hidden: int = 0,
                      eps: float = 0.0, pdl: bool = False, kv_scale: torch.Tensor | None = None,
                      kv_inv: torch.Tensor | None = None, kv_unit: bool = False,
-                     tree: torch.Tensor | None = None, write_only: bool = False) -> None:
+                     tree: torch.Tensor | None = None, write_only: bool = False,
+                     shape_rows: int | None = None) -> None:
     """Attention of one new token per row, writing its K/V into the cache; ``out`` is [B, heads * D].
 
     ``qkv_partials``: [S, B, (heads + 2 kv_heads) D] float32 split-K partials of the QKV projection, or its
@@ -336,6 +337,10 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     attention, ``out`` untouched): a verify step's first pass, after which every row of the step finds the others'
     keys in the cache (one launch's programs never see each other's writes). Attending there too cost the step a
     whole second attention.
+
+    ``shape_rows``: the rows the key tile is chosen for (``launch_shape``; None: this launch's). A verify step passes
+    its requests' decode batch, and with that batch's splits (``o_work``) each row sums its keys exactly as a 1-token
+    step of that batch does, so that speculation keeps greedy outputs bit for bit.
     """
     qkv_partials, fixed = fixed_sum.as_partials(qkv_partials)
     qkv_splits, batch = qkv_partials.shape[0], qkv_partials.shape[1]
@@ -348,7 +353,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     group = heads // kv_heads
     dt = tl_dtype(compute)
     stages = ATTENTION_STAGES
-    shape = launch_shape(batch, kv_fp8, kv_unit)
+    shape = launch_shape(shape_rows or batch, kv_fp8, kv_unit)
     if block_t is None:  # the module's choice (a benchmark passes its own, with ATTENTION_STAGES)
         block_t, stages = shape.block_t, shape.stages
     f16_dots = shape.f16_dots

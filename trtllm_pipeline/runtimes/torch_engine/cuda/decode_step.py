@@ -114,6 +114,9 @@ class StepBuffers:
     residual_new: torch.Tensor | None = None
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
+    # a verify step's requests' decode bucket (``DecodeStep.verify_buffers``): the attention's key splits and tile are
+    # that batch's, so that each row attends as a 1-token step of it does; None: this step's rows
+    attention_rows: int | None = None
     # 2: a speculative verify step, whose rows include several positions of one request: attention runs twice, the
     # first pass writing every row's K/V into the cache (its outputs discarded), the second reading them back for
     # the later positions (one launch's programs never see each other's writes: ``attention``'s docstring)
@@ -315,6 +318,22 @@ class DecodeStep:
             self._fold_norms(buf)
         return buf
 
+    def verify_buffers(self, buf: StepBuffers, requests: int | None = None) -> StepBuffers:
+        """``buf`` (a bucket's decode buffers) for a verify step: two attention passes, and where ``requests`` is
+        given (the decode bucket of the requests the step verifies), that batch's key splits and tile, with attention
+        scratch of its own. The linears' sums do not depend on the rows a step has (up to a tile's: 16), so each
+        verify row then computes exactly what a 1-token step of that batch would, and greedy speculation keeps plain
+        decoding's tokens. Before, a lone SmolLM2 request's verify rows split its keys 16 or 2 ways against a 1-token
+        step's 32 (H100: its FP8 outputs parted from plain decoding's, 2026-12-06b; Triton's interpreter, a 400-token
+        context: rows up to 0.08 of a logit from the 1-token steps')."""
+        if requests is None or requests == buf.batch:
+            return dataclasses.replace(buf, attention_passes=2)
+        e = self.engine
+        splits = attention.pick_splits(requests, e.kv_heads, self.sm_count)
+        o = torch.empty((buf.batch, e.heads, splits, e.head_dim), dtype=torch.float32, device=e.device)
+        lse = torch.empty((buf.batch, e.heads, splits), dtype=torch.float32, device=e.device)
+        return dataclasses.replace(buf, attention_passes=2, attention_rows=requests, attn_o=o, attn_lse=lse)
+
     def _folding(self, configs: dict[str, linear.LinearConfig], batch: int) -> bool:
         """Whether this batch's step folds its input norms into the QKV GEMVs (FOLD_INPUT_NORM: the
         warp-specialized INT4 GEMVs at batch 1, one rank)."""
@@ -474,7 +493,8 @@ class DecodeStep:
                                            heads=e.heads, kv_heads=e.kv_heads, compute=dt,
                                            prepared=prep.get("dense"), norm_sumsq=fold and fold.sumsq,
                                            hidden=self.hidden, eps=e.eps, pdl=pdl, tree=buf.tree,
-                                           write_only=attention_pass + 1 < buf.attention_passes, **self.kv_scales[i])
+                                           write_only=attention_pass + 1 < buf.attention_passes,
+                                           shape_rows=buf.attention_rows, **self.kv_scales[i])
             dense = buf.partials[: cfg["dense"].splits]
             dense = self._partials(buf.attn_out, layer.dense, dense, cfg["dense"], buf, prep.get("dense"),
                                    buf.sums.get("hidden"), clear=buf.sums.get("qkv"))

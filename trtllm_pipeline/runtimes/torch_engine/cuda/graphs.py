@@ -98,6 +98,10 @@ class DecodeGraphs:
         self.sources: dict[int, torch.Tensor] = {}  # a chained step's sources on the device (``decode``)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_buffers: dict[int, StepBuffers] = {}  # speculative verify steps: the same buffers, two passes
+        # speculation's k and its verify buckets by decode bucket (``verify_requests``): a step verifying R requests
+        # runs in the bucket of R's decode bucket x (1 + k), with that decode batch's attention (``verify_buffers``)
+        self.verify_k = 0
+        self.verify_bucket_of: dict[int, int] = {}
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # tree verify steps (``verify``'s ``parents``): the verify buffers plus each row's rotary position and mask
         # ([2, B] on the device), a graph of their own, so that steps without tree rows run the kernels unchanged
@@ -153,6 +157,24 @@ class DecodeGraphs:
         self.setup_seconds = time.perf_counter() - start
         log.info("fast decode path ready: %d batch buckets %s, %s, in %.1f s", len(self.buckets), self.buckets,
                  "CUDA graphs" if self.use_graphs else "direct launches", self.setup_seconds)
+
+    def verify_requests(self, k: int, decode_buckets: Sequence[int]) -> None:
+        """Speculation drafts up to ``k`` tokens a request: a step verifying R requests (each 1 + at most k tokens)
+        runs in the bucket ``b x (1 + k)`` of R's decode bucket b (``with_verify_buckets`` made them) with b's
+        attention, so that its rows compute what 1-token steps of b rows do. Before ``prepare_verify``."""
+        self.verify_k = k
+        self.verify_bucket_of = {b: b * (1 + k) for b in decode_buckets if b * (1 + k) in self.buckets}
+
+    def _verify_bucket(self, token_lists: Sequence[Sequence[int]]) -> int:
+        """The bucket a verify step runs in: its requests' (``verify_requests``) where every row is a request's
+        token and its drafts, else the smallest that holds its tokens (a prompt's chunk, a tree)."""
+        n = sum(len(toks) for toks in token_lists)
+        if self.verify_bucket_of and max(len(toks) for toks in token_lists) <= 1 + self.verify_k:
+            decode = sorted(self.verify_bucket_of)
+            i = bisect.bisect_left(decode, len(token_lists))
+            if i < len(decode) and self.verify_bucket_of[decode[i]] >= n:
+                return self.verify_bucket_of[decode[i]]
+        return bucket_for(n, self.buckets)
 
     def prepare_verify(self, batches: Sequence[int] | None = None, trees: bool = False) -> None:
         """Capture the verify graphs of ``batches``' buckets (None: every bucket: speculative decoding is on; the
@@ -288,10 +310,10 @@ class DecodeGraphs:
         tokens = [t for toks in token_lists for t in toks]
         positions = [start + j for toks, start in zip(token_lists, starts) for j in range(len(toks))]
         expanded = [row for toks, row in zip(token_lists, rows) for _ in toks]
-        batch = bucket_for(len(tokens), self.buckets)
         tree = None
         if parents is not None and any(p is not None for p in parents):
             tree = tree_inputs(token_lists, starts, parents)
+        batch = self._verify_bucket(token_lists) if tree is None else bucket_for(len(tokens), self.buckets)
         buf = self._verify_buffers(batch, tree=tree is not None)
         n = len(tokens)
         self._fill(batch, tokens, positions, expanded, sources, tree=tree)
@@ -323,7 +345,8 @@ class DecodeGraphs:
             return buf
         buf = self.verify_buffers.get(batch)
         if buf is None:
-            buf = self.verify_buffers[batch] = dataclasses.replace(self.buffers[batch], attention_passes=2)
+            requests = {v: b for b, v in self.verify_bucket_of.items()}.get(batch)
+            buf = self.verify_buffers[batch] = self.step.verify_buffers(self.buffers[batch], requests)
             if self.use_graphs:
                 self.verify_graphs[batch] = self._capture(buf)
                 torch.cuda.synchronize()
