@@ -3,7 +3,9 @@
     python benchmarks/spec_decode.py -c build_configs/r1-distill-qwen-7b-random-fp8-tp1.yaml --engines-dir /tmp/engines \
         --out $OUT [--ngram-configs build_configs/smollm2-135m-instruct-bf16-tp1.yaml]
 
-1. Verify-step cost: the build's checkpoint in a TorchRuntime whose fast path has buckets up to 32 x (1 + 8) rows;
+1. Verify-step cost: the build's checkpoint in a TorchRuntime with prompt lookup at k = the largest of --ks, whose
+   fast path has buckets up to 32 x (1 + 8) rows and runs a verify step as the runtime does (its requests' decode
+   bucket x (1 + k), with that batch's attention);
    for batch B in --batches and k in 1..8, B requests at --context positions, the median wall time of a fast
    ``verify`` step of 1 + k tokens per row (``DecodeGraphs.verify``: every token a row of one step, attention run
    twice) against a plain 1-token ``decode`` step at the same batch, the logits read back each step as the runtime
@@ -35,7 +37,7 @@ from pathlib import Path
 import torch
 
 from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative, same_cell
-from trtllm_pipeline.config import load_config
+from trtllm_pipeline.config import SpeculativeSection, load_config
 from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import MAX_FAST_ROWS
 from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
@@ -152,8 +154,11 @@ def main() -> None:
     largest = min(max(max(batches) * (1 + max(ks)), 5, 1 + args.tree_nodes), MAX_FAST_ROWS)
     buckets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, largest} - {n for n in (128, 256) if n > largest})
     start = time.perf_counter()
+    # speculation on (k the largest timed): verify steps in the buckets and with the attention the runtime gives them
+    # (its requests' decode bucket x (1 + k): ``DecodeGraphs.verify_requests``)
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device=args.device, max_batch_size=largest, max_seq_len=2048,
-                      graph_batch_sizes=buckets, kv_cache_blocks=max(batches) * (args.context + 64) // 32 + 64)
+                      graph_batch_sizes=buckets, kv_cache_blocks=max(batches) * (args.context + 64) // 32 + 64,
+                      speculative=SpeculativeSection(method="ngram", num_draft_tokens=max(ks)))
     print(f"runtime ready in {time.perf_counter() - start:.1f} s: {rt.decode_path}", flush=True)
     result = {"config": cfg.name, "describe": rt.describe(), "context": args.context}
     result["agreement"] = agreement(rt)
