@@ -346,7 +346,9 @@ class DecodeGraphs:
         buf = self.verify_buffers.get(batch)
         if buf is None:
             requests = {v: b for b, v in self.verify_bucket_of.items()}.get(batch)
-            buf = self.verify_buffers[batch] = self.step.verify_buffers(self.buffers[batch], requests)
+            buf = self.verify_buffers[batch] = (dataclasses.replace(self.buffers[batch], attention_passes=2)
+                                                if requests is None
+                                                else self.step.verify_buffers(self.buffers[batch], requests))
             if self.use_graphs:
                 self.verify_graphs[batch] = self._capture(buf)
                 torch.cuda.synchronize()
