@@ -180,7 +180,8 @@ def _tensor_init(self, handle, type):
     if type.is_block():
         shaped = type.__dict__.get("_tensor_shape")
         if shaped is None:
-            shaped = type._tensor_shape = (tl.constexpr(type.numel), tl.core.tuple([tl.constexpr(s) for s in type.shape]))
+            shape = tl.core.tuple([tl.constexpr(s) for s in type.shape])
+            shaped = type._tensor_shape = (tl.constexpr(type.numel), shape)
         self.numel, self.shape = shaped
     else:
         self.numel, self.shape = _SCALAR_SHAPE

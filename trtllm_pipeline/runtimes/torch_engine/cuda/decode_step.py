@@ -320,12 +320,13 @@ class DecodeStep:
 
     def verify_buffers(self, buf: StepBuffers, requests: int) -> StepBuffers:
         """``buf`` (a bucket's decode buffers) for a verify step of ``requests`` requests (their decode bucket): two
-        attention passes with that batch's key splits and tile, and attention scratch of their own. The BF16 and FP8 linears' sums do not depend on the rows a step has (up to a tile's: 16),
-        so each verify row then computes exactly what a 1-token step of that batch would, and greedy speculation keeps
-        plain decoding's tokens (the 4- and 8-bit formats' kernels may still change with the rows: quant_gemm's
-        table). Before, a lone SmolLM2 request's verify rows split its keys 16 or 2 ways against a 1-token
-        step's 32 (H100: its FP8 outputs parted from plain decoding's, 2026-12-06b; Triton's interpreter, a 400-token
-        context: rows up to 0.08 of a logit from the 1-token steps')."""
+        attention passes with that batch's key splits and tile, and attention scratch of their own. The BF16 and FP8
+        linears' sums do not depend on the rows a step has (up to a tile's: 16), so each verify row then computes
+        exactly what a 1-token step of that batch would, and greedy speculation keeps plain decoding's tokens (the 4-
+        and 8-bit formats' kernels may still change with the rows: quant_gemm's table). Before, a lone SmolLM2
+        request's verify rows split its keys 16 or 2 ways against a 1-token step's 32 (H100: its FP8 outputs parted
+        from plain decoding's, 2026-12-06b; Triton's interpreter, a 400-token context: rows up to 0.08 of a logit from
+        the 1-token steps')."""
         if requests == buf.batch:
             return dataclasses.replace(buf, attention_passes=2)
         e = self.engine
