@@ -150,8 +150,9 @@ def bench(settings: BenchSettings, *, tokenizer, tokenizer_source: str, output: 
         run_level(endpoint, warmup, level, settings.output_tokens, tokenizer, seed=settings.seed)
         before, started_level = read_counters(server_metrics), time.perf_counter()
         results = run_level(endpoint, measured, level, settings.output_tokens, tokenizer, seed=settings.seed)
+        seconds = time.perf_counter() - started_level
         entry = summarize_level(level.key, results)
-        entry["server"] = between(before, read_counters(server_metrics), time.perf_counter() - started_level)
+        entry["server"] = between(before, read_counters(server_metrics), seconds)
         entry["input_tokens_mean"] = round(sum(j.input_tokens for j in measured) / len(measured), 3)
         estimate = cost.estimate(entry["output_tokens_per_s"], gpus=gpus, gpu_hour_usd=gpu_hour_usd)
         entry["cost"] = estimate.to_dict() if estimate and device != "cpu" else None

@@ -9,9 +9,15 @@ fast path and the host seconds they took, the two things that set a loaded serve
 from __future__ import annotations
 
 import re
+import time
 
 STEPS = "trtllm_pipeline_runtime_steps_total"
 TOKENS = "trtllm_pipeline_generated_tokens_total"
+# requests in the runtime: flushed after every other count (``MetricBatch``), so that a reading where it is 0 holds
+# every count made before the loop went idle. The token count reaches Triton batched, the step count at once: read
+# as the last response landed, a level's tokens came short of its steps (0.88 tokens a step at c=1 in a CPU suite)
+ACTIVE = "trtllm_pipeline_requests_active"
+SETTLE_S = 2.0  # how long a reading waits for the loop to go idle (requests of other clients may keep it busy)
 # the engine's step totals (torch runtime), by the key ``between`` reports their change under
 ENGINE = {"chained_steps": "trtllm_pipeline:engine_steps_chained_total",
           "eager_tokens": "trtllm_pipeline:engine_eager_tokens_total",
@@ -22,10 +28,19 @@ ENGINE = {"chained_steps": "trtllm_pipeline:engine_steps_chained_total",
 TTFT_SUM, TTFT_COUNT = "trtllm_pipeline:time_to_first_token_seconds_sum", "trtllm_pipeline:time_to_first_token_seconds_count"
 
 
-def read_counters(url: str | None) -> dict[str, float] | None:
+def read_counters(url: str | None, settle_s: float = SETTLE_S) -> dict[str, float] | None:
     """The step and token counters at ``url`` (``http://HOST:PORT/metrics``), and the engine's step totals where
-    it has them; None where the first cannot be read (no server there, or a runtime without them, such as
-    TensorRT-LLM's)."""
+    it has them, once the runtime runs no request (at most ``settle_s`` later: its batched counts are all there);
+    None where the first cannot be read (no server there, or a runtime without them, such as TensorRT-LLM's)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = _read(url)
+        if found is None or found.get(ACTIVE, 0.0) == 0 or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.02)
+
+
+def _read(url: str | None) -> dict[str, float] | None:
     if url is None:
         return None
     import requests
@@ -35,7 +50,7 @@ def read_counters(url: str | None) -> dict[str, float] | None:
     except requests.RequestException:
         return None
     found = {}
-    for name in (STEPS, TOKENS, *ENGINE.values(), TTFT_SUM, TTFT_COUNT):
+    for name in (STEPS, TOKENS, ACTIVE, *ENGINE.values(), TTFT_SUM, TTFT_COUNT):
         values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
         if values:
             found[name] = sum(float(v) for v in values)
