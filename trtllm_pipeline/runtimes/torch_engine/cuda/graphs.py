@@ -102,6 +102,7 @@ class DecodeGraphs:
         # runs in the bucket of R's decode bucket x (1 + k), with that decode batch's attention (``verify_buffers``)
         self.verify_k = 0
         self.verify_bucket_of: dict[int, int] = {}
+        self._verify_decode: list[int] = []
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # tree verify steps (``verify``'s ``parents``): the verify buffers plus each row's rotary position and mask
         # ([2, B] on the device), a graph of their own, so that steps without tree rows run the kernels unchanged
@@ -164,13 +165,14 @@ class DecodeGraphs:
         attention, so that its rows compute what 1-token steps of b rows do. Before ``prepare_verify``."""
         self.verify_k = k
         self.verify_bucket_of = {b: b * (1 + k) for b in decode_buckets if b * (1 + k) in self.buckets}
+        self._verify_decode = sorted(self.verify_bucket_of)  # (searched at every verify step)
 
     def _verify_bucket(self, token_lists: Sequence[Sequence[int]]) -> int:
         """The bucket a verify step runs in: its requests' (``verify_requests``) where every row is a request's
         token and its drafts, else the smallest that holds its tokens (a prompt's chunk, a tree)."""
         n = sum(len(toks) for toks in token_lists)
         if self.verify_bucket_of and max(len(toks) for toks in token_lists) <= 1 + self.verify_k:
-            decode = sorted(self.verify_bucket_of)
+            decode = self._verify_decode
             i = bisect.bisect_left(decode, len(token_lists))
             if i < len(decode) and self.verify_bucket_of[decode[i]] >= n:
                 return self.verify_bucket_of[decode[i]]
