@@ -214,7 +214,16 @@ def _engine_steps(server: dict[str, Any]) -> str:
     return (f" ({server['chained_steps'] / server['steps']:.0%} chained, {server.get('eager_tokens', 0):.0f} "
             f"tokens eager in {server.get('eager_share', 0):.0%} of the time"
             + (f"; engine TTFT mean {server['engine_ttft_ms_mean']:.1f} ms" if "engine_ttft_ms_mean" in server else "")
-            + ")")
+            + _front(server) + ")")
+
+
+def _front(server: dict[str, Any]) -> str:
+    """Where a request waited in front of the engine (means; ``server_steps.FRONT``), where the server says."""
+    parts = [f"{label} {server[key]:.1f}" for key, label in (("triton_queue_ms_mean", "Triton queue"),
+                                                              ("bls_submit_ms_mean", "BLS to engine"),
+                                                              ("bls_first_response_ms_mean", "BLS first response"))
+             if key in server]
+    return f"; in front, ms: {', '.join(parts)}" if parts else ""
 
 
 def default_output(engines_dir: Path, config_name: str, settings: BenchSettings) -> Path:

@@ -26,6 +26,14 @@ ENGINE = {"chained_steps": "trtllm_pipeline:engine_steps_chained_total",
 # the engine's TTFT histogram (arrival at the engine model to the first token): its mean over a level, beside the
 # client's TTFT, splits the time to first token between the engine and the path in front of it (BLS, network)
 TTFT_SUM, TTFT_COUNT = "trtllm_pipeline:time_to_first_token_seconds_sum", "trtllm_pipeline:time_to_first_token_seconds_count"
+# In front of the engine (tensorrt_llm_bls, the model clients use): Triton's queue time for it (microseconds, summed
+# over its successful requests) and the BLS's own clock (triton/bls_metrics: execute() to the engine holding the
+# request, and to the first response), each a mean over the level's requests, by the key ``between`` reports it
+BLS_REQUESTS = "trtllm_pipeline_bls_requests_total"
+FRONT = {"bls_submit_ms_mean": "trtllm_pipeline_bls_submit_seconds_total",
+         "bls_first_response_ms_mean": "trtllm_pipeline_bls_first_response_seconds_total"}
+TRITON_QUEUE_US = 'nv_inference_queue_duration_us{model="tensorrt_llm_bls",version="1"}'
+TRITON_SUCCESS = 'nv_inference_request_success{model="tensorrt_llm_bls",version="1"}'
 
 
 def read_counters(url: str | None, settle_s: float = SETTLE_S) -> dict[str, float] | None:
@@ -50,10 +58,14 @@ def _read(url: str | None) -> dict[str, float] | None:
     except requests.RequestException:
         return None
     found = {}
-    for name in (STEPS, TOKENS, ACTIVE, *ENGINE.values(), TTFT_SUM, TTFT_COUNT):
+    for name in (STEPS, TOKENS, ACTIVE, *ENGINE.values(), TTFT_SUM, TTFT_COUNT, BLS_REQUESTS, *FRONT.values()):
         values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
         if values:
             found[name] = sum(float(v) for v in values)
+    for name in (TRITON_QUEUE_US, TRITON_SUCCESS):  # one model's sample, labels as Triton prints them
+        values = re.findall(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+        if values:
+            found[name] = float(values[0])
     return found if STEPS in found else None
 
 
@@ -77,6 +89,22 @@ def between(before: dict[str, float] | None, after: dict[str, float] | None, sec
     firsts = after.get(TTFT_COUNT, 0.0) - before.get(TTFT_COUNT, 0.0)
     if firsts > 0 and TTFT_SUM in after:
         found["engine_ttft_ms_mean"] = round(1e3 * (after[TTFT_SUM] - before.get(TTFT_SUM, 0.0)) / firsts, 3)
+    found.update(_front(before, after))
+    return found
+
+
+def _front(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Means over the level's requests in front of the engine (``FRONT``, Triton's queue for the BLS), where the
+    server has them: beside the engine's TTFT they say where a client's wait for its first token went."""
+    found = {}
+    took = after.get(BLS_REQUESTS, 0.0) - before.get(BLS_REQUESTS, 0.0)
+    for key, name in FRONT.items():
+        if took > 0 and name in after:
+            found[key] = round(1e3 * (after[name] - before.get(name, 0.0)) / took, 3)
+    succeeded = after.get(TRITON_SUCCESS, 0.0) - before.get(TRITON_SUCCESS, 0.0)
+    if succeeded > 0 and TRITON_QUEUE_US in after:
+        found["triton_queue_ms_mean"] = round((after[TRITON_QUEUE_US] - before.get(TRITON_QUEUE_US, 0.0))
+                                              / succeeded / 1e3, 3)
     return found
 
 

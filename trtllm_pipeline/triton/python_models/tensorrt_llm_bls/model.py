@@ -47,6 +47,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
 from trtllm_pipeline.triton import direct, health, stops
+from trtllm_pipeline.triton.bls_metrics import BlsTimes
 from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, BLS_PARAMETER, CLIENT_INPUTS, LOCAL_TOKENIZE_BYTES,
                                              NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                                              REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
@@ -116,6 +117,7 @@ class TritonPythonModel:
         # The torch engine model's own socket (triton/direct.py); off where nothing listens (TensorRT-LLM's backend)
         self.direct_address = direct.address(self.repository)
         self.direct = os.environ.get("TRTLLM_PIPELINE_BLS_DIRECT", "1") != "0"
+        self.times = BlsTimes(pb_utils, args["model_name"])  # where a request waits in front of the engine
 
     @functools.cached_property
     def tokenizer(self):
@@ -139,14 +141,16 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
+            taken = time.monotonic()
+            self.times.took()
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             sender = request.get_response_sender()
-            threading.Thread(target=self.run, args=(request, inputs, sender), daemon=True).start()
+            threading.Thread(target=self.run, args=(request, inputs, sender, taken), daemon=True).start()
         return None
 
-    def run(self, request, inputs, sender):
+    def run(self, request, inputs, sender, taken):
         try:
-            self.generate(request, inputs, sender)
+            self.generate(request, inputs, _FirstTimed(sender, self.times, taken), taken)
         except Cancelled:
             try:
                 sender.send(flags=FINAL)
@@ -161,7 +165,7 @@ class TritonPythonModel:
             except Exception:
                 pass
 
-    def generate(self, request, inputs, sender):
+    def generate(self, request, inputs, sender, taken):
         for name in REQUIRED_INPUTS:  # Triton 2.51 lets a request lacking one through in some cases
             if name not in inputs:
                 raise RequestError(f"{name} is missing; it is required")
@@ -188,6 +192,7 @@ class TritonPythonModel:
         request_id = given if given.startswith(STOP_ID_PREFIX) else f"{BLS_ID_PREFIX}{uuid.uuid4().hex}"
         wanted = _requested_outputs(request)
         responses = self.watched(self.engine_stream(engine, request_id))
+        self.times.submitted(time.monotonic() - taken)
         polled = 0.0
         for batch in responses:  # every engine response that came since the last look: one response out
             if time.monotonic() - polled >= CANCEL_POLL_S:
@@ -329,6 +334,19 @@ class TritonPythonModel:
         if wanted:  # only what the request asked for (the stub prunes the rest itself, which crashed it once)
             outputs = [t for t in outputs if t.name() in wanted]
         sender.send(pb_utils.InferenceResponse(outputs), flags=FINAL if final else 0)
+
+
+class _FirstTimed:
+    """A request's response sender that counts the time from ``execute()`` to its first response (``BlsTimes``)."""
+
+    def __init__(self, sender, times: BlsTimes, taken: float):
+        self.sender, self.times, self.taken = sender, times, taken
+
+    def send(self, *args, **kwargs):
+        if self.times is not None:
+            self.times.first_response(time.monotonic() - self.taken)
+            self.times = None
+        return self.sender.send(*args, **kwargs)
 
 
 def _requested_outputs(request):
