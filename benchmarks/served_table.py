@@ -47,12 +47,13 @@ def table(out: Path) -> list[str]:
     inproc = _inprocess(out, "inprocess-fp8-c128.json")
     # front ms: the client's mean TTFT less the engine's (the way to the engine and the first token's way back:
     # BLS, Triton, the client; H100 2026-12-05e: 5.5 ms at c=1, 98 at c=64); then its parts the server counts, means:
-    # Triton's queue for the BLS, the BLS's execute() to the engine holding the request, and to its first response
+    # Triton's queue for the BLS, the BLS's execute() to the request sent on the engine's socket, the socket to the
+    # engine queueing it (its listener), and the BLS's execute() to its first response
     lines = ["| protocol | concurrency | TTFT p50 ms | engine TTFT mean ms | front ms | Triton queue ms "
-             "| BLS to engine ms | BLS first response ms | ITL p50 ms | ITL p99 ms | tokens/s "
+             "| BLS to socket ms | socket to engine ms | BLS first response ms | ITL p50 ms | ITL p99 ms | tokens/s "
              "| server ms/step | server tokens/step | chained steps | eager share | in-process ms/step "
              "| served ITL / in-process | served tok/s / in-process | served tok/s / in-process whole |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     grpc_itl: dict[int, float] = {}
     for protocol, entry in _served_levels(out):
         c = entry.get("concurrency")
@@ -69,7 +70,7 @@ def table(out: Path) -> list[str]:
         front = entry["ttft_ms"]["mean"] - engine_ttft if engine_ttft and entry["ttft_ms"].get("mean") else None
         lines.append(f"| {protocol} | {c} | {_fmt(entry['ttft_ms'].get('p50'), '.1f')} | "
                      f"{_fmt(engine_ttft, '.1f')} | {_fmt(front, '.1f')} | {_fmt(server.get('triton_queue_ms_mean'), '.1f')} | "
-                     f"{_fmt(server.get('bls_submit_ms_mean'), '.1f')} | "
+                     f"{_fmt(server.get('bls_submit_ms_mean'), '.1f')} | {_fmt(server.get('engine_socket_ms_mean'), '.1f')} | "
                      f"{_fmt(server.get('bls_first_response_ms_mean'), '.1f')} | {_fmt(itl, '.3f')} | "
                      f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
                      f"{_fmt(server.get('ms_per_step'), '.3f')} | {_fmt(server.get('tokens_per_step'), '.1f')} | "

@@ -50,6 +50,8 @@ def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, e
         # engine, and its first response (each request's inside the client's TTFT, which starts before and ends after)
         assert server["triton_queue_ms_mean"] >= 0
         assert 0 < server["bls_submit_ms_mean"] < server["bls_first_response_ms_mean"] < entry["ttft_ms"]["mean"]
+        # the engine's listener took each from the socket (the BLS's send to the engine's queue) before its first token
+        assert 0 <= server["engine_socket_ms_mean"] < server["bls_first_response_ms_mean"]
         assert "in front, ms: Triton queue" in proc.stdout
         assert "chained" in proc.stderr + proc.stdout
         assert "ms/step" in proc.stderr + proc.stdout

@@ -2,8 +2,9 @@
 
 Beside Triton's own queue time for the model (``nv_inference_queue_duration_us``), the engine's TTFT (from the
 request's arrival at the engine model) and the client's TTFT, these say where a loaded server's requests wait in
-front of the engine: Triton's queue, the BLS taking and tokenizing the request and handing it to the engine
-(``submit``), or the first token's way back (``first`` less ``submit`` less the engine's TTFT). On an H100 at 64
+front of the engine: Triton's queue, the BLS taking and tokenizing the request and sending it on the engine's socket
+(``submit``), the engine's listener taking it from there (the engine's ``trtllm_pipeline_direct_wait_seconds_total``),
+or the first token's way back (the rest of ``first``). On an H100 at 64
 streams (2026-12-06) clients waited up to 1.4 s for a first token the engine made in 26 ms on average; nothing then
 said where. Counters of seconds, summed, with a count: a reader takes their change over a load level and divides.
 """
@@ -15,7 +16,7 @@ import threading
 FAMILIES = {
     "requests": ("trtllm_pipeline_bls_requests_total", "requests tensorrt_llm_bls took from Triton (execute)"),
     "submit": ("trtllm_pipeline_bls_submit_seconds_total",
-               "from execute() taking a request to the engine model holding it (checked, tokenized, sent), summed"),
+               "from execute() taking a request to its sending to the engine model (checked, tokenized, sent), summed"),
     "first": ("trtllm_pipeline_bls_first_response_seconds_total",
               "from execute() taking a request to its first response handed to Triton, summed"),
 }

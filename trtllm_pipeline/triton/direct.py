@@ -28,6 +28,7 @@ import math
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -272,7 +273,9 @@ def open_stream(where: str, header: dict, arrays: dict[str, np.ndarray]) -> sock
     except (ConnectionRefusedError, FileNotFoundError):
         sock.close()
         return None
-    sock.sendall(encode(header, arrays))
+    # when it was sent (monotonic: one clock for every process on the machine), so that the engine can count how long
+    # the request waited for its listener (``trtllm_pipeline_direct_wait_seconds_total``)
+    sock.sendall(encode({**header, "sent_at": time.monotonic()}, arrays))
     return sock
 
 

@@ -102,6 +102,7 @@ class _Job:
     request: Any = None  # Triton's request: is_cancelled() and its request id
     request_id: str = ""
     outputs: frozenset[str] = frozenset()  # the outputs the request asked for (empty: all)
+    socket_wait: float | None = None  # a direct request: seconds from the BLS's send to its parse here
 
     def __post_init__(self):
         asked = lambda name: not self.outputs or name in self.outputs  # noqa: E731
@@ -258,6 +259,11 @@ class _Metrics:
                         "the steps count when the last cancelled request was dropped (its slot freed)"),
         "cancel_time": ("GAUGE", "trtllm_pipeline_last_cancel_unix_seconds",
                         "when the last cancelled request was dropped, in seconds since the epoch"),
+        "direct_requests": ("COUNTER", "trtllm_pipeline_direct_requests_total",
+                            "requests that came on the direct socket (tensorrt_llm_bls's)"),
+        "direct_wait": ("COUNTER", "trtllm_pipeline_direct_wait_seconds_total",
+                        "from tensorrt_llm_bls sending a request on the direct socket to this model queueing it "
+                        "(accepted, read, parsed), summed"),
     }
 
     UNBATCHED = ("steps", "cancel_step", "cancel_time")
@@ -348,6 +354,8 @@ class TorchModelServer:
         """Parse and queue a request: Triton's (``enqueue``) or one on the direct socket (its listener's thread)."""
         try:
             job = self._parse(request, sender)
+            if isinstance(job, _Job) and isinstance(request, direct.Request) and "sent_at" in request.header:
+                job.socket_wait = max(0.0, time.monotonic() - float(request.header["sent_at"]))
             if isinstance(job, _Job) and job.streaming and _from_bls(request) and not _direct(job.sender):
                 # An empty first response at once: the BLS's exec() holds one of its model instance's Python-backend
                 # threads (32) until a request's first response, so requests queued here would hold them all and
@@ -515,6 +523,9 @@ class TorchModelServer:
                 elif isinstance(item, _Gone):
                     self._gone(item.job)
                 elif item is not None:
+                    if item.socket_wait is not None:  # counted here, in the loop's thread, as every metric is
+                        self.metrics.add("direct_requests")
+                        self.metrics.add("direct_wait", item.socket_wait)
                     self._waiting.append(item)
                 item = self._incoming.get_nowait()
         except queue.Empty:

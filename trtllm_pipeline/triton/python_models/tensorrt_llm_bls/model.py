@@ -9,7 +9,7 @@ every stream this model relays), then calls ``tensorrt_llm`` (the torch engine m
 ``triton/direct.py``: no round trips through Triton per token; TensorRT-LLM's through Triton) and, as
 it sees a request's whole stream, detokenizes with a ``TextStream``: streamed text is exact for
 either runtime (TensorRT-LLM's C++ backend included), stop strings are cut as text. One prompt
-per request; each request runs in its own thread so that requests overlap. The tokenizer
+per request; each request runs on a thread of its own (kept, ``triton/workers``) so that requests overlap. The tokenizer
 (``trtllm_pipeline.tokenizer``, no transformers in the stub) loads on the first request: a deployment used through the
 ensemble does not pay for it at startup.
 
@@ -48,6 +48,7 @@ import triton_python_backend_utils as pb_utils
 from trtllm_pipeline.runtimes import TextStream
 from trtllm_pipeline.triton import direct, health, stops
 from trtllm_pipeline.triton.bls_metrics import BlsTimes
+from trtllm_pipeline.triton.workers import Workers
 from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, BLS_PARAMETER, CLIENT_INPUTS, LOCAL_TOKENIZE_BYTES,
                                              NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                                              REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
@@ -66,6 +67,7 @@ WATCH_S = 0.1  # how often a request waiting on the engine looks whether the eng
 # this often, not at every engine response (one a step, ~3 ms on the GPU)
 CANCEL_POLL_S = 0.01
 LOST_WAIT_S = 1.0  # after the engine's socket closed early: how long the engine's process may take to show as gone
+WORKERS_AT_LOAD = 128  # threads started at load: two a request (its run, its reader) for 64 streams; more on demand
 # Triton 2.51's Python backend drops a finished BLS response iterator's entry from its map on the stub's own cleanup
 # thread, without the GIL (pb_stub.cc, SendCleanupId). Where the Python side had already let go of the iterator, that
 # frees it there, and with it its responses' numpy arrays, Python objects: the heap corrupts. On this project's CPU
@@ -118,6 +120,8 @@ class TritonPythonModel:
         self.direct_address = direct.address(self.repository)
         self.direct = os.environ.get("TRTLLM_PIPELINE_BLS_DIRECT", "1") != "0"
         self.times = BlsTimes(pb_utils, args["model_name"])  # where a request waits in front of the engine
+        # each request's two threads (its run, its stream's reader) kept, not started per request (triton/workers)
+        self.workers = Workers(started=WORKERS_AT_LOAD, name="tensorrt_llm_bls")
 
     @functools.cached_property
     def tokenizer(self):
@@ -145,7 +149,7 @@ class TritonPythonModel:
             self.times.took()
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             sender = request.get_response_sender()
-            threading.Thread(target=self.run, args=(request, inputs, sender, taken), daemon=True).start()
+            self.workers.submit(self.run, request, inputs, sender, taken)
         return None
 
     def run(self, request, inputs, sender, taken):
@@ -279,7 +283,7 @@ class TritonPythonModel:
                 handoff.put(exc)
             handoff.put(None)
 
-        threading.Thread(target=read, daemon=True).start()
+        self.workers.submit(read)
         while True:
             try:
                 item = handoff.get(timeout=WATCH_S)
