@@ -248,9 +248,11 @@ PY
         --input-tokens 128 --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-grpc-c1.json"
       stop_if_hung
       scrape after-c1  # Triton's per-model request / queue / compute time (preprocessing's share of TTFT) and ours
-      deadline served-grpc 150 tp bench -c "$c" --engines-dir "$engines" --protocol triton-grpc \
-        --concurrency 8,32,64 --input-tokens 128 --output-tokens 256 --requests 128 --warmup 4 \
-        -o "$out/served-grpc.json"
+      # SERVED_REQUESTS a level (128 by default; more for steady state: a level of 128 at c=64 is two waves, its
+      # first 64 sent at once)
+      deadline served-grpc "${SERVED_DEADLINE_S:-150}" tp bench -c "$c" --engines-dir "$engines" \
+        --protocol triton-grpc --concurrency 8,32,64 --input-tokens 128 --output-tokens 256 \
+        --requests "${SERVED_REQUESTS:-128}" --warmup 4 -o "$out/served-grpc.json"
       stop_if_hung
       # Seen once (H200, 2026-12-04): after this load the server process lived but refused gRPC, its stubs exiting
       health after-load

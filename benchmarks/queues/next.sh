@@ -9,17 +9,20 @@
 # carries its own baseline but the 128/2048 throughput (an H200 goal): move it last there.
 # 30: the served 7B FP8 (H100 2026-12-06, the same queue's part with one BLS process: c=64 8,091 tokens/s, TTFT p50 187
 # / p90 1,186 ms with the engine's mean TTFT 26 ms and 34 of 64 rows a step; 2026-12-05e 11,233 with 54 rows): cold
-# start, bench, in-process in the same call. Four BLS processes were worse (c=64 4,589, 9.6 ms a step): one stays
-part served 450 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess"
+# start, bench, in-process in the same call. Four BLS processes were worse (c=64 4,589, 9.6 ms a step): one stays.
+# Now 384 requests a level (six waves at c=64: steady state, the first wave's 64 simultaneous prompts amortized), and
+# the level's "in front" columns (Triton's queue, the BLS to its socket, the socket to the engine, the BLS's first
+# response: where the 1.4 s went), with the BLS's kept threads (triton/workers)
+part served 480 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess" SERVED_REQUESTS=384 SERVED_DEADLINE_S=240
 # 30: the A/B of the client's kept gRPC stream (5111e42, between the two runs above): a stream per request
-part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_GRPC_STREAM_PER_REQUEST=1
+part served 200 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_GRPC_STREAM_PER_REQUEST=1 SERVED_REQUESTS=384 SERVED_DEADLINE_S=240
 # 35: SmolLM2's prompt lookup with verify buckets of b x (1 + k) rows (H100 2026-12-06: a lone request's 9 rows ran in
 # bucket 72, ~0.98 ms a verify step by the run's totals against 0.79 timed at 9; grounded 1.27x, acceptance 2.81)
 await /tmp/smolw/ready 60
 part spec 270 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0 SPEC_MAIN=smollm2
 # 30: the A/B of waiting for fast room (the default) on the same warm kernel cache: no waiting (an eager forward at
 # once); H100 2026-12-06 reached only its c=1 (TTFT p50 10.5 ms, ITL 3.1)
-part served 150 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_PREFILL_WAIT=0
+part served 200 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_PREFILL_WAIT=0 SERVED_REQUESTS=384 SERVED_DEADLINE_S=240
 # 35: the random 7B's verify costs and prompt lookup, device against host drafting
 part spec 300 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0
 # 33: the eager forward's logits now float32 on CUDA (they were rounded to bfloat16: every GPU log-likelihood a multiple
