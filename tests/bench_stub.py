@@ -16,11 +16,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 FIRST_S, GAP_S = 0.03, 0.005  # time to first token and gap between tokens
+HELD = 3  # stub-held: its first tokens' chunks carry no text
 
 
 class StubHandler(BaseHTTPRequestHandler):
     """/v1/completions streaming one word per chunk: ``stub`` honours max_tokens, ``stub-short``
-    returns half of them, ``stub-flaky`` answers every third request with HTTP 500."""
+    returns half of them, ``stub-flaky`` answers every third request with HTTP 500; these send the usage once, at
+    the end, as servers without vLLM's ``continuous_usage_stats`` do. ``stub-held`` has it: the usage so far on every
+    chunk, and its first ``HELD`` tokens' chunks carry no text (held back, as a detokenizer holds partial UTF-8)."""
 
     protocol_version = "HTTP/1.1"  # chunked transfer, as real servers stream SSE
     calls = 0
@@ -43,7 +46,7 @@ class StubHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def do_GET(self):
-        self._json(200, {"data": [{"id": "stub"}, {"id": "stub-short"}, {"id": "stub-flaky"}]})
+        self._json(200, {"data": [{"id": "stub"}, {"id": "stub-short"}, {"id": "stub-flaky"}, {"id": "stub-held"}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -52,9 +55,10 @@ class StubHandler(BaseHTTPRequestHandler):
             call = self.calls
         if body["model"] == "stub-flaky" and call % 3 == 0:
             return self._json(500, {"error": "overloaded"})
-        assert body["stream"] and body["stream_options"] == {"include_usage": True}
+        assert body["stream"] and body["stream_options"]["include_usage"]
         assert body["min_tokens"] == body["max_tokens"] and body["ignore_eos"]
         n = body["max_tokens"] // 2 if body["model"] == "stub-short" else body["max_tokens"]
+        continuous = body["model"] == "stub-held" and body["stream_options"].get("continuous_usage_stats")
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -63,7 +67,10 @@ class StubHandler(BaseHTTPRequestHandler):
         for k in range(n):
             if k:
                 time.sleep(GAP_S)
-            self._chunk(json.dumps({"choices": [{"index": 0, "text": " the"}]}))
+            chunk = {"choices": [{"index": 0, "text": "" if continuous and k < HELD else " the"}]}
+            if continuous:
+                chunk["usage"] = {"prompt_tokens": 1, "completion_tokens": k + 1, "total_tokens": k + 2}
+            self._chunk(json.dumps(chunk))
         self._chunk(json.dumps({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n}}))
         self._chunk("[DONE]")
         self.wfile.write(b"0\r\n\r\n")

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from bench_stub import FIRST_S, GAP_S, StubHandler, stub_server
+from bench_stub import FIRST_S, GAP_S, HELD, StubHandler, stub_server
 from conftest import CONFIGS, load, run_cli
 from trtllm_pipeline import bench
 from trtllm_pipeline.bench.protocols import connect
@@ -97,6 +97,18 @@ def test_closed_loop_forced_length_and_consistent_metrics(stub_url, tokenizer, t
         assert r["token_times_ms"][-1] <= r["e2e_ms"] <= r["token_times_ms"][-1] + 5
 
 
+def test_tokens_without_text_are_timed_where_the_server_sends_usage_on_every_chunk(stub_url, tokenizer, tmp_path):
+    # vLLM's continuous_usage_stats (the bench asks for it): the first HELD tokens come without text, yet the first
+    # token's time is the first chunk's, and every token has its time
+    result = bench.bench(settings(stub_url, model="stub-held", output_tokens=10, requests=4, warmup=0),
+                         tokenizer=tokenizer, tokenizer_source="tiny", output=tmp_path / "r.json")
+    for r in result.data["requests"]:
+        # (timed by text alone, 10 - HELD times, the first HELD gaps later)
+        assert r["error"] is None and r["output_tokens"] == 10 and len(r["token_times_ms"]) == 10
+        assert r["token_times_ms"] == sorted(r["token_times_ms"]) and r["ttft_ms"] == r["token_times_ms"][0]
+        assert r["ttft_ms"] >= FIRST_S * 1e3 * 0.99 and r["token_times_ms"][HELD] >= r["ttft_ms"] + HELD * GAP_S * 1e3
+
+
 def test_a_server_on_a_cpu_has_no_cost_and_queueing_levels_say_so(stub_url, tokenizer, tmp_path):
     levels = (bench.LoadLevel(concurrency=1), bench.LoadLevel(concurrency=3))
     result = bench.bench(settings(stub_url, levels=levels, requests=3, warmup=0), tokenizer=tokenizer,
@@ -156,7 +168,7 @@ def test_server_errors_are_counted(stub_url, tokenizer, tmp_path):
 
 
 def test_connect_errors_say_what_to_do(stub_url):
-    with pytest.raises(InputError, match="serves 3 models"):
+    with pytest.raises(InputError, match="serves 4 models"):
         connect("openai", stub_url, None, 5)
     with pytest.raises(UnavailableError, match="no server answers"):
         connect("openai", "127.0.0.1:9", "stub", 5)

@@ -157,6 +157,9 @@ def test_bench_openai_gives_the_lengths_of_triton_grpc_on_the_same_server(server
                              output=tmp_path / f"{protocol}.json")
         (summaries[protocol],) = result.data["summary"]
         assert all(r["output_tokens"] == 16 and r["error"] is None for r in result.data["requests"])
+        # every token timed, over either front (the OpenAI front's continuous_usage_stats: a chunk for each, also for
+        # the random model's tokens whose text it holds back as incomplete UTF-8)
+        assert all(len(r["token_times_ms"]) == 16 for r in result.data["requests"]), protocol
     for entry in summaries.values():
         assert entry["requests"] == 8 and entry["errors"] == 0 and entry["output_tokens_mean"] == 16
         assert entry["ttft_ms"]["p50"] > 0 and entry["itl_ms"]["p50"] > 0

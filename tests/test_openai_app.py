@@ -102,6 +102,35 @@ def test_streamed_deltas_concatenate_to_the_whole_and_usage_comes_last(tokenizer
     assert all("usage" not in e for e in plain)  # only with stream_options.include_usage
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_continuous_usage_gives_a_chunk_for_every_token_with_the_count_so_far(tokenizer, path):
+    # vLLM's stream_options.continuous_usage_stats: the held-back piece ("", a token without text) gets a chunk of
+    # its own, so a client sees every token arrive; the text is the same as without it
+    c, _ = client(tokenizer)
+    chat = path.endswith("chat/completions")
+    request = CHAT if chat else {"model": "tiny", "prompt": "Hi", "max_tokens": 7, "temperature": 0}
+    plain = events(c.post(path, json={**request, "stream": True, "stream_options": {"include_usage": True}}).text)
+    got = events(c.post(path, json={**request, "stream": True, "stream_options": {
+        "include_usage": True, "continuous_usage_stats": True}}).text)
+
+    def text(chunks):
+        return "".join((e["choices"][0]["delta"].get("content", "") if chat else e["choices"][0]["text"])
+                       for e in chunks if e["choices"])
+
+    assert text(got) == text(plain) == "".join(PIECES)
+    streamed = [e for e in got if e["choices"]][1 if chat else 0:]  # (chat's first: the role, before any token)
+    counts = [e["usage"]["completion_tokens"] for e in streamed]
+    # one chunk per token (each piece is one), then the finish chunk at the same count; the usage chunk last
+    assert counts == [1, 2, 3, 4, 5, 6, 7, 7] and streamed[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"] + e["usage"]["completion_tokens"]
+               for e in streamed)
+    assert got[-1]["choices"] == [] and got[-1]["usage"] == plain[-1]["usage"]
+    # without include_usage the option does nothing (vLLM's rule)
+    alone = events(c.post(path, json={**request, "stream": True,
+                                      "stream_options": {"continuous_usage_stats": True}}).text)
+    assert all("usage" not in e for e in alone) and text(alone) == text(plain)
+
+
 def test_openai_sampling_parameters_become_the_contracts_inputs(tokenizer):
     c, upstream = client(tokenizer)
     body = {"model": "tiny", "prompt": "Hi", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 3,

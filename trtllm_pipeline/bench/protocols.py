@@ -119,8 +119,13 @@ class OpenAIClient:
         out = Streamed()
         body = {
             "model": self.model, "prompt": prompt, "max_tokens": output_tokens, "min_tokens": output_tokens,
-            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True, "temperature": 0.0, "stream": True,
+            # continuous_usage_stats (vLLM's; this project's front has it): a chunk for every response with tokens,
+            # the count so far on each, so a token whose text is held back (a random model's partial UTF-8) still
+            # shows when it arrived. A server without it sends usage once, at the end: then text chunks are timed.
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
+        counted = 0  # completion tokens the chunks' usage has said so far
         with self._post_stream("/v1/completions", body) as response:
             for arrived, payload in _sse_data(response):
                 if payload == "[DONE]":
@@ -128,14 +133,19 @@ class OpenAIClient:
                 chunk = json.loads(payload)
                 if "error" in chunk:
                     raise RequestFailed(f"server error: {chunk['error']}")
-                usage = chunk.get("usage")
-                if usage and usage.get("completion_tokens") is not None:
-                    out.usage_tokens = int(usage["completion_tokens"])
+                usage, choices = chunk.get("usage"), chunk.get("choices") or []
+                tokens = int(usage["completion_tokens"]) if usage and usage.get("completion_tokens") is not None else None
+                if tokens is not None:
+                    out.usage_tokens = tokens
                     out.ended = arrived
-                for choice in chunk.get("choices") or []:
-                    if choice.get("text"):  # a chunk without text carries no token (AIPerf ignores it too)
-                        out.token_times.append(arrived)
-                        out.pieces.append(choice["text"])
+                # a chunk brought tokens if its usage grew, or (no usage on it) if it carries text; AIPerf, without
+                # per-chunk usage, ignores chunks without text too
+                fresh = tokens > counted if tokens is not None and choices else any(c.get("text") for c in choices)
+                if fresh:
+                    out.token_times.append(arrived)
+                if tokens is not None:
+                    counted = tokens
+                out.pieces.extend(c["text"] for c in choices if c.get("text"))
         if out.usage_tokens is None:
             raise RequestFailed("the stream ended without a usage block (stream_options.include_usage unsupported?)")
         return out

@@ -115,7 +115,7 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
             if isinstance(exc, OpenAIError) and exc.status == 500:
                 check_engine()  # the engine was lost under this request: 503, as for the next ones
             raise
-        events = _events(pieces, prepared, request_id, req.model, chat, req.include_usage)
+        events = _events(pieces, prepared, request_id, req.model, chat, req.include_usage, req.continuous_usage)
         return StreamingResponse(_watched(events, http, pieces, lost), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
 
@@ -135,41 +135,51 @@ def create_app(upstream, tokenizer, limits: RequestLimits, model_id: str, *, ali
         return protocol.chat(request_id, model, message, reason, prepared.prompt_tokens, tokens)
 
     async def _events(pieces: "_Pieces", prepared: Prepared, request_id: str, model: str, chat: bool,
-                      include_usage: bool) -> AsyncIterator[bytes]:
+                      include_usage: bool, continuous: bool = False) -> AsyncIterator[bytes]:
+        """The stream's SSE events. ``continuous`` (vLLM's ``continuous_usage_stats``): a chunk for every response
+        that carried tokens, its delta empty where no text came with them, and the usage so far on each."""
         splitter = reasoning.Splitter(reasoning_parser)
         tokens = 0
+
+        def out(chunk: dict[str, Any]) -> bytes:
+            if continuous:
+                chunk["usage"] = protocol.usage(prepared.prompt_tokens, tokens)
+            return _sse(chunk)
+
         if chat:
             yield _sse(protocol.chat_chunk(request_id, model, {"role": "assistant", "content": ""}, None))
         try:
             async for piece, n in pieces:
                 tokens += n
-                if piece:
-                    for chunk in _deltas(splitter.push(piece), request_id, model, chat):
-                        yield chunk
+                if not piece and not (continuous and n):
+                    continue
+                chunks = _deltas(splitter.push(piece), request_id, model, chat)
+                if not chunks and continuous:  # the tokens' text held back: their arrival still shown
+                    chunks = [protocol.chat_chunk(request_id, model, {"content": ""}, None) if chat
+                              else protocol.completion(request_id, model, "", None, 0, 0, chunk=True)]
+                for chunk in chunks:
+                    yield out(chunk)
             for chunk in _deltas(splitter.finish(), request_id, model, chat):
-                yield chunk
+                yield out(chunk)
         except OpenAIError as exc:  # after the 200: the stream's last event says what went wrong
             yield _sse(exc.body())
             yield b"data: [DONE]\n\n"
             return
         reason = finish_reason(tokens, prepared.max_tokens)
-        yield _sse(protocol.chat_chunk(request_id, model, {}, reason) if chat else
-                   protocol.completion(request_id, model, "", reason, 0, 0, chunk=True))
+        yield out(protocol.chat_chunk(request_id, model, {}, reason) if chat else
+                  protocol.completion(request_id, model, "", reason, 0, 0, chunk=True))
         if include_usage:
             yield _sse(protocol.usage_chunk(request_id, model, "chat.completion.chunk" if chat else "text_completion",
                                             prepared.prompt_tokens, tokens))
         yield b"data: [DONE]\n\n"
 
-    def _deltas(split: tuple[str, str], request_id: str, model: str, chat: bool):
+    def _deltas(split: tuple[str, str], request_id: str, model: str, chat: bool) -> list[dict[str, Any]]:
+        """The chunks of one piece's reasoning and answer text."""
         thought, content = split
         if not chat:
-            if content:
-                yield _sse(protocol.completion(request_id, model, content, None, 0, 0, chunk=True))
-            return
-        if thought:
-            yield _sse(protocol.chat_chunk(request_id, model, {"reasoning_content": thought}, None))
-        if content:
-            yield _sse(protocol.chat_chunk(request_id, model, {"content": content}, None))
+            return [protocol.completion(request_id, model, content, None, 0, 0, chunk=True)] if content else []
+        return ([protocol.chat_chunk(request_id, model, {"reasoning_content": thought}, None)] if thought else []) + (
+            [protocol.chat_chunk(request_id, model, {"content": content}, None)] if content else [])
 
     return app
 

@@ -55,6 +55,10 @@ class _Model(BaseModel):
 
 class StreamOptions(_Model):
     include_usage: bool = False
+    # vLLM's extension: with include_usage, every chunk carries the usage so far, and a chunk is sent for every
+    # response that carried tokens, its text empty where the detokenizer holds it back (incomplete UTF-8): a client
+    # then sees each token arrive (what `bench --protocol openai` times)
+    continuous_usage_stats: bool = False
 
 
 class _Common(_Model):
@@ -90,6 +94,11 @@ class _Common(_Model):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk (vLLM: only with include_usage)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 def _neutral(name: str, value: Any) -> bool:
