@@ -69,8 +69,10 @@ def table(out: Path) -> list[str]:
         engine_ttft = server.get("engine_ttft_ms_mean")
         front = entry["ttft_ms"]["mean"] - engine_ttft if engine_ttft and entry["ttft_ms"].get("mean") else None
         lines.append(f"| {protocol} | {c} | {_fmt(entry['ttft_ms'].get('p50'), '.1f')} | "
-                     f"{_fmt(engine_ttft, '.1f')} | {_fmt(front, '.1f')} | {_fmt(server.get('triton_queue_ms_mean'), '.1f')} | "
-                     f"{_fmt(server.get('bls_submit_ms_mean'), '.1f')} | {_fmt(server.get('engine_socket_ms_mean'), '.1f')} | "
+                     f"{_fmt(engine_ttft, '.1f')} | {_fmt(front, '.1f')} | "
+                     f"{_fmt(server.get('triton_queue_ms_mean'), '.1f')} | "
+                     f"{_fmt(server.get('bls_submit_ms_mean'), '.1f')} | "
+                     f"{_fmt(server.get('engine_socket_ms_mean'), '.1f')} | "
                      f"{_fmt(server.get('bls_first_response_ms_mean'), '.1f')} | {_fmt(itl, '.3f')} | "
                      f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
                      f"{_fmt(server.get('ms_per_step'), '.3f')} | {_fmt(server.get('tokens_per_step'), '.1f')} | "

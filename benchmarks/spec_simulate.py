@@ -12,7 +12,9 @@ step emits exactly plain greedy decoding's tokens. So:
    (batch 1), ``--output-tokens`` tokens with no end id, as ``bench --in-process --speculative`` generates them.
    Workloads: ``grounded``, all 18 task x passage pairs (``bench/passages.py``, chat template, in
    ``grounded_texts`` order: the first is the bench's old single batch-1 prompt); ``random``, ``--random-prompts``
-   prompts of random ids (``workload_prompts`` with the bench's batch-1 seed: the first is its prompt).
+   prompts of random ids (``workload_prompts`` with the bench's batch-1 seed: the first is its prompt); ``open``,
+   ``--open-prompts`` open-ended requests (``passages.OPEN_PROMPTS``: nothing to copy). A cache lacking a workload
+   (one made before ``open``) gets it added.
 2. Each setting replayed per prompt with the runtime's own ``NgramProposer`` and ``Speculator``, driven as
    ``TorchRuntime`` drives them at batch 1 (``replay``): the prefill emits the first token; then each decode step
    asks ``budget`` within the room left (``max_tokens - generated - 1``), looks up at most that many drafts,
@@ -49,8 +51,9 @@ GROUNDED_PROMPTS = 18  # every task x passage pair of bench/passages.py
 
 
 def greedy_outputs(config: Path, engines_dir: Path, cache: Path, output_tokens: int, random_prompts: int,
-                   compute_dtype: str) -> dict:
-    """{"grounded": [{"prompt", "output"}...], "random": [...]} from ``cache`` when it matches, else generated."""
+                   compute_dtype: str, open_prompts: int = 6) -> dict:
+    """{"grounded": [{"prompt", "output"}...], "random": [...], "open": [...]} from ``cache`` where it holds them for
+    these options; a workload it lacks (or holds another count of) is generated and added to it."""
     from trtllm_pipeline.bench.speculative import workload_prompts
     from trtllm_pipeline.build import build
     from trtllm_pipeline.config import load_config
@@ -58,20 +61,23 @@ def greedy_outputs(config: Path, engines_dir: Path, cache: Path, output_tokens: 
     from trtllm_pipeline.runtimes.registry import load_runtime
 
     cfg = load_config(config).with_runtime(device="cpu", compute_dtype=compute_dtype)
-    key = {"config": cfg.name, "compute_dtype": compute_dtype, "output_tokens": output_tokens,
-           "random_prompts": random_prompts}
-    if cache.is_file():  # made for these options, or refused (remade only where the file is removed)
-        data = json.loads(cache.read_text())
-        if data.get("key") != key:
+    key = {"config": cfg.name, "compute_dtype": compute_dtype, "output_tokens": output_tokens}
+    counts = {"grounded": GROUNDED_PROMPTS, "random": random_prompts, "open": open_prompts}
+    workloads = {}
+    if cache.is_file():  # made for these options, or refused (a cache of before the open workload: its key also
+        data = json.loads(cache.read_text())  # named random_prompts, the count now checked per workload)
+        found = {k: v for k, v in data.get("key", {}).items() if k != "random_prompts"}
+        if found != key:
             raise SystemExit(f"{cache} holds the outputs of {data.get('key')}, not {key}: give its options, or "
                              "another --cache")
-        return data["workloads"]
+        workloads = {w: items for w, items in data["workloads"].items() if len(items) == counts.get(w)}
+    missing = {w: n for w, n in counts.items() if w not in workloads}
+    if not missing:
+        return workloads
     build(cfg, engines_dir=engines_dir, runtime="torch")  # a cache hit once built
     rt = load_runtime(cfg, engines_dir)
     try:
-        counts = {"grounded": GROUNDED_PROMPTS, "random": random_prompts}
-        workloads = {}
-        for workload, count in counts.items():
+        for workload, count in missing.items():
             prompts = workload_prompts(rt.tokenizer, workload, count, seed=BENCH_SEED + 1)
             workloads[workload] = []
             for i, prompt in enumerate(prompts):
@@ -168,16 +174,18 @@ def table(results: list[dict], top: int, default: dict) -> list[str]:
         ranked += [r for r in results if r["setting"] == default]
     head = (f"{'setting':<29} | {'grounded: steps':>15} {'rows':>4} {'chain':>5} {'drafted':>7} {'acc':>4} "
             f"{'tok/step':>8} {'ideal':>6} {'worst':>6} {'first':>6} {'model':>6} {'worst':>6} | "
-            f"{'random: steps':>13} {'ideal':>6} {'model':>6} | {'lookup us':>9}")
+            f"{'random: steps':>13} {'ideal':>6} {'model':>6} | {'open: steps':>11} {'ideal':>6} {'model':>6} "
+            f"{'worst':>6} | {'lookup us':>9}")
     lines = [head, "-" * len(head)]
     for r in ranked:
-        g, x = r["grounded"], r["random"]
+        g, x, o = r["grounded"], r["random"], r["open"]
         mark = " *" if r["setting"] == default else ""
         lines.append(f"{label(r['setting']) + mark:<29} | {g['steps']:>15} {g['verify_rows']:>4} {g['chained']:>5} "
                      f"{g['drafted']:>7} {g['accepted']:>4} {g['tokens_per_step']:>8.2f} {g['speedup']:>5.2f}x "
                      f"{g['worst_prompt_speedup']:>5.2f}x {g['first_prompt_speedup']:>5.2f}x "
                      f"{g['modelled_speedup']:>5.2f}x {g['worst_prompt_modelled']:>5.2f}x | {x['steps']:>13} "
-                     f"{x['speedup']:>5.2f}x {x['modelled_speedup']:>5.2f}x | "
+                     f"{x['speedup']:>5.2f}x {x['modelled_speedup']:>5.2f}x | {o['steps']:>11} "
+                     f"{o['speedup']:>5.2f}x {o['modelled_speedup']:>5.2f}x {o['worst_prompt_modelled']:>5.2f}x | "
                      f"{(g['lookup_us'] + x['lookup_us']) / 2:>9.1f}")
     return lines
 
@@ -198,6 +206,7 @@ def greedy_arguments(description: str, out: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path(out), help="every setting's figures (JSON)")
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--random-prompts", type=int, default=6)
+    parser.add_argument("--open-prompts", type=int, default=6)
     parser.add_argument("--compute-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                         help="the CPU runtime's matmuls (auto: float32 on the CPU)")
     return parser
@@ -217,7 +226,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     workloads = greedy_outputs(args.config, args.engines_dir, args.cache, args.output_tokens, args.random_prompts,
-                               args.compute_dtype)
+                               args.compute_dtype, args.open_prompts)
     from trtllm_pipeline.config import SpeculativeSection
 
     d = SpeculativeSection(method="ngram")  # (prompt lookup's defaults: k is by method)
@@ -235,7 +244,8 @@ def main(argv=None) -> None:
         results.append(row)
     print("\n".join(table(results, args.top, default)))
     print(f"({len(results)} settings; grounded: {len(workloads['grounded'])} prompts, random: "
-          f"{len(workloads['random'])}; modelled: a verify row {args.verify_cost}, a chained step {args.chain_cost}; "
+          f"{len(workloads['random'])}, open: {len(workloads['open'])}; modelled: a verify row {args.verify_cost}, "
+          f"a chained step {args.chain_cost}; "
           f"Speculator: QUIET_AFTER {speculator_module.QUIET_AFTER}, MAX_QUIET {speculator_module.MAX_QUIET}, "
           f"FIRST_BACKOFF {speculator_module.FIRST_BACKOFF}, MAX_BACKOFF {speculator_module.MAX_BACKOFF})")
     args.out.write_text(json.dumps({"verify_cost": args.verify_cost, "chain_cost": args.chain_cost,

@@ -363,7 +363,7 @@ def test_speculative_config_refusals(ckpt, tmp_path):
         _rt(ckpt, {"method": "draft", "draft_checkpoint": str(tmp_path / "missing")})
 
 
-def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir, tmp_path):
+def test_bench_in_process_speculative_reports_every_workload(built, engines_dir, tmp_path):
     """Batch 1 runs ``prompts`` prompts one after another, its figures their totals, each prompt's listed too; batch
     2 runs two together; k is the method's default where none is given (ngram: 8, in the file's name)."""
     from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative
@@ -377,7 +377,7 @@ def test_bench_in_process_speculative_reports_both_workloads(built, engines_dir,
     assert data["schema"] == "speculative-2" and data["settings"]["num_draft_tokens"] == 8
     runs = data["runs"]
     assert [(r["workload"], r["batch"], r["prompts"]) for r in runs] == [
-        ("grounded", 1, 3), ("grounded", 2, 2), ("random", 1, 3), ("random", 2, 2)]
+        ("grounded", 1, 3), ("grounded", 2, 2), ("random", 1, 3), ("random", 2, 2), ("open", 1, 3), ("open", 2, 2)]
     assert all(r["identical"] and r["output_tokens"] == 8 * r["prompts"] and r["acceptance_length"] >= 1
                for r in runs)
     # the diagnosis beside ``identical``: the tiny model's outputs agree, plain with plain and spec with plain

@@ -467,9 +467,10 @@ def _length_pairs(ctx, param, value):
 @click.option("--draft-checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="--speculative draft: the draft model's checkpoint directory (same tokenizer as the target); "
               "eagle3: the EAGLE-3 head's directory.")
-@click.option("--workload", "workloads", default="grounded,random", show_default=True,
-              help="--speculative: grounded (rewrite / summarise / answer from a shipped passage) and/or random "
-              "(random token prompts: lookups rarely hit), comma separated.")
+@click.option("--workload", "workloads", default="grounded,random,open", show_default=True,
+              help="--speculative: grounded (rewrite / summarise / answer from a shipped passage), random (random "
+              "token prompts) and/or open (open-ended requests, nothing to copy: lookups rarely hit), comma "
+              "separated.")
 @click.option("--url", default=None, help="HOST:PORT of the server; default with -c: where `serve` runs that config.")
 @click.option("--protocol", type=click.Choice(["triton-grpc", "triton-http", "openai"]), default="triton-grpc",
               show_default=True, help="Triton (tensorrt_llm_bls, or --model ensemble) over gRPC or HTTP (SSE), or an OpenAI-compatible server "

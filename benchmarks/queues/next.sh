@@ -19,12 +19,14 @@ part served 200 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COAL
 # 35: SmolLM2's prompt lookup with verify buckets of b x (1 + k) rows (H100 2026-12-06: a lone request's 9 rows ran in
 # bucket 72, ~0.98 ms a verify step by the run's totals against 0.79 timed at 9; grounded 1.27x, acceptance 2.81)
 await /tmp/smolw/ready 60
-part spec 270 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0 SPEC_MAIN=smollm2
+# (and the open workload, new: open-ended requests with nothing to copy, where speculation must stay within 3% of
+# plain decoding)
+part spec 300 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0 SPEC_MAIN=smollm2
 # 30: the A/B of waiting for fast room (the default) on the same warm kernel cache: no waiting (an eager forward at
 # once); H100 2026-12-06 reached only its c=1 (TTFT p50 10.5 ms, ITL 3.1)
 part served 200 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench TRTLLM_PIPELINE_PREFILL_WAIT=0 SERVED_REQUESTS=384 SERVED_DEADLINE_S=240
 # 35: the random 7B's verify costs and prompt lookup, device against host drafting
-part spec 300 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0
+part spec 360 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_TREE_NODES=0
 # 33: the eager forward's logits now float32 on CUDA (they were rounded to bfloat16: every GPU log-likelihood a multiple
 # of 0.125 from its item's others); each format's bfloat16 fast path against its own float32 on the same bytes
 await /tmp/gpu_data/subset.json 60

@@ -134,7 +134,8 @@ class OpenAIClient:
                 if "error" in chunk:
                     raise RequestFailed(f"server error: {chunk['error']}")
                 usage, choices = chunk.get("usage"), chunk.get("choices") or []
-                tokens = int(usage["completion_tokens"]) if usage and usage.get("completion_tokens") is not None else None
+                counts = usage and usage.get("completion_tokens") is not None
+                tokens = int(usage["completion_tokens"]) if counts else None
                 if tokens is not None:
                     out.usage_tokens = tokens
                     out.ended = arrived

@@ -24,7 +24,9 @@ and ``near_tie_differences``.
 Workloads: ``grounded``: rewrite / summarise / answer-from-passage prompts (``passages``: text shipped with the
 package; in ``grounded_texts`` order, the rewrites first: 18 = every task x passage pair), through the tokenizer's
 chat template where it has one: the output copies from the input, where prompt lookup pays; ``random``: prompts of
-random token ids, where lookups rarely hit and adaptive drafting should make speculation cost (nearly) nothing.
+random token ids (a real model's answer to noise tends to loop, which lookups hit: SmolLM2 2.7x on the H100);
+``open``: open-ended requests with nothing to copy (``passages.OPEN_PROMPTS``, through the chat template), where
+lookups hit only where the answer repeats itself and adaptive drafting should make speculation cost (nearly) nothing.
 
 Results file (JSON, ``schema`` ``speculative-2``): ``settings``, ``runtime`` (its ``describe()``), ``runs``.
 ``speculative-2`` (issue 35): a batch-1 run covers ``settings.prompts`` prompts, its counts and seconds their totals
@@ -44,14 +46,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtllm_pipeline import artifacts
-from trtllm_pipeline.bench.passages import grounded_texts
+from trtllm_pipeline.bench.passages import grounded_texts, open_texts
 from trtllm_pipeline.config import BuildConfig
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.registry import load_runtime
 
 SCHEMA = "speculative-2"
-WORKLOADS = ("grounded", "random")
+WORKLOADS = ("grounded", "random", "open")
 SPEC_KEYS = ("spec_decode_draft_tokens", "spec_decode_accepted_tokens", "spec_decode_verify_rows")
 # A margin (plain token's logit minus the speculative token's, recomputed eagerly) below either bound is a near tie,
 # which rounding alone can flip: bf16 keeps ~3 significant digits, so two kernels' logits of magnitude L may differ by
@@ -158,11 +160,12 @@ def _groups(rt, workload: str, batch: int, settings: SpeculativeSettings) -> lis
 
 
 def workload_prompts(tok, workload: str, count: int, *, seed: int, random_tokens: int = 256) -> list[list[int]]:
-    """``count`` prompts of ``workload`` as token ids: grounded ones (``grounded_texts``) through the tokenizer's chat
-    template where it has one, random ones of ``random_tokens`` non-special ids drawn from ``random.Random(seed)``
-    (also read by benchmarks/spec_simulate.py, so that the study replays the bench's prompts)."""
-    if workload == "grounded":
-        texts = grounded_texts(count)
+    """``count`` prompts of ``workload`` as token ids: grounded and open ones (``grounded_texts``, ``open_texts``)
+    through the tokenizer's chat template where it has one, random ones of ``random_tokens`` non-special ids drawn
+    from ``random.Random(seed)`` (also read by benchmarks/spec_simulate.py, so that the study replays the bench's
+    prompts)."""
+    if workload in ("grounded", "open"):
+        texts = grounded_texts(count) if workload == "grounded" else open_texts(count)
         if getattr(tok, "chat_template", None):
             return [list(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
                                                  add_generation_prompt=True)) for t in texts]

@@ -280,7 +280,7 @@ class _Metrics:
         self._active = -1
         self.steps = 0
 
-    def add(self, key: str, value: int = 1) -> None:
+    def add(self, key: str, value: float = 1) -> None:
         if key == "steps":
             self.steps += value
         elif key == "cancelled":  # the slot is free now: when, in steps and in time (set before the count moves)

@@ -9,9 +9,9 @@ every stream this model relays), then calls ``tensorrt_llm`` (the torch engine m
 ``triton/direct.py``: no round trips through Triton per token; TensorRT-LLM's through Triton) and, as
 it sees a request's whole stream, detokenizes with a ``TextStream``: streamed text is exact for
 either runtime (TensorRT-LLM's C++ backend included), stop strings are cut as text. One prompt
-per request; each request runs on a thread of its own (kept, ``triton/workers``) so that requests overlap. The tokenizer
-(``trtllm_pipeline.tokenizer``, no transformers in the stub) loads on the first request: a deployment used through the
-ensemble does not pay for it at startup.
+per request; each request runs on a thread of its own (kept: ``triton/workers``) so that requests overlap. The
+tokenizer (``trtllm_pipeline.tokenizer``, no transformers in the stub) loads on the first request: a deployment used
+through the ensemble does not pay for it at startup.
 
 This is the model clients are pointed at (``contract.FRONT_MODEL``), because it stops what its
 client no longer wants. In Triton 2.51 a client that disconnects or cancels shows as
@@ -48,11 +48,11 @@ import triton_python_backend_utils as pb_utils
 from trtllm_pipeline.runtimes import TextStream
 from trtllm_pipeline.triton import direct, health, stops
 from trtllm_pipeline.triton.bls_metrics import BlsTimes
-from trtllm_pipeline.triton.workers import Workers
 from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, BLS_PARAMETER, CLIENT_INPUTS, LOCAL_TOKENIZE_BYTES,
                                              NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                                              REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
 from trtllm_pipeline.triton.tensors import Preprocessor, RequestError, per_row, string_parameters, texts
+from trtllm_pipeline.triton.workers import Workers
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "generation_logits"]
