@@ -50,10 +50,11 @@ def table(out: Path) -> list[str]:
     # Triton's queue for the BLS, the BLS's execute() to the request sent on the engine's socket, the socket to the
     # engine queueing it (its listener), and the BLS's execute() to its first response
     lines = ["| protocol | concurrency | TTFT p50 ms | engine TTFT mean ms | front ms | Triton queue ms "
-             "| BLS to socket ms | socket to engine ms | BLS first response ms | ITL p50 ms | ITL p99 ms | tokens/s "
+             "| BLS to socket ms | socket to engine ms | BLS first response ms | client CPU share | ITL p50 ms "
+             "| ITL p99 ms | tokens/s "
              "| server ms/step | server tokens/step | chained steps | eager share | in-process ms/step "
              "| served ITL / in-process | served tok/s / in-process | served tok/s / in-process whole |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     grpc_itl: dict[int, float] = {}
     for protocol, entry in _served_levels(out):
         c = entry.get("concurrency")
@@ -73,7 +74,8 @@ def table(out: Path) -> list[str]:
                      f"{_fmt(server.get('triton_queue_ms_mean'), '.1f')} | "
                      f"{_fmt(server.get('bls_submit_ms_mean'), '.1f')} | "
                      f"{_fmt(server.get('engine_socket_ms_mean'), '.1f')} | "
-                     f"{_fmt(server.get('bls_first_response_ms_mean'), '.1f')} | {_fmt(itl, '.3f')} | "
+                     f"{_fmt(server.get('bls_first_response_ms_mean'), '.1f')} | "
+                     f"{_fmt((entry.get('client') or {}).get('cpu_share'), '.2f')} | {_fmt(itl, '.3f')} | "
                      f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
                      f"{_fmt(server.get('ms_per_step'), '.3f')} | {_fmt(server.get('tokens_per_step'), '.1f')} | "
                      f"{_fmt(chained, '.0%')} | {_fmt(server.get('eager_share'), '.0%')} | "

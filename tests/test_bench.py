@@ -87,6 +87,8 @@ def test_closed_loop_forced_length_and_consistent_metrics(stub_url, tokenizer, t
         assert entry["output_tokens_per_s"] > 0 and entry["requests_per_s"] > 0
         assert entry["output_tokens_per_s"] == pytest.approx(10 * entry["requests_per_s"], rel=1e-2)
         assert entry["cost"]["gpus"] == 2 and entry["cost"]["gpu_hour_usd"] == 4.0
+        # this process's CPU over the level (its client threads), beside the level's wall time
+        assert entry["client"]["cpu_s"] > 0 and 0 < entry["client"]["cpu_share"] < 2.5
     assert len(data["requests"]) == 16  # warmup requests are not recorded
     for r in data["requests"]:
         assert r["error"] is None and r["output_tokens"] == 10 and r["output_tokens_retokenized"] == 10

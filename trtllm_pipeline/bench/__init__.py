@@ -16,7 +16,10 @@ Results file (JSON, ``schema`` 1): ``settings``; ``summary``, one entry per load
 ``concurrency`` or ``request_rate``, ``requests``, ``errors``, ``output_tokens_mean``,
 ``ttft_ms``/``itl_ms``/``tpot_ms``/``e2e_ms`` (each ``mean``, ``p50``, ``p90``, ``p99``),
 ``output_tokens_per_s``, ``requests_per_s`` and ``cost`` (null for a server on a CPU), and ``note`` where the
-level's requests queue (concurrency above the server's batch); ``requests``, one record per request.
+level's requests queue (concurrency above the server's batch); added since (schema still 1): ``server``, the torch
+runtime's own counters over the level (``server_steps``; null for another server), and ``client``, this process's
+CPU over the load (``cpu_s``, ``cpu_share`` of its wall time: near 1, the client's one GIL may have set the pace);
+``requests``, one record per request.
 """
 
 from __future__ import annotations
@@ -149,10 +152,13 @@ def bench(settings: BenchSettings, *, tokenizer, tokenizer_source: str, output: 
                  f"{settings.output_tokens} tokens ({endpoint.protocol} {endpoint.url}, model {endpoint.model})")
         run_level(endpoint, warmup, level, settings.output_tokens, tokenizer, seed=settings.seed)
         before, started_level = read_counters(server_metrics), time.perf_counter()
-        results = run_level(endpoint, measured, level, settings.output_tokens, tokenizer, seed=settings.seed)
+        client: dict = {}
+        results = run_level(endpoint, measured, level, settings.output_tokens, tokenizer, seed=settings.seed,
+                            client_cpu=client)
         seconds = time.perf_counter() - started_level
         entry = summarize_level(level.key, results)
         entry["server"] = between(before, read_counters(server_metrics), seconds)
+        entry["client"] = client
         entry["input_tokens_mean"] = round(sum(j.input_tokens for j in measured) / len(measured), 3)
         estimate = cost.estimate(entry["output_tokens_per_s"], gpus=gpus, gpu_hour_usd=gpu_hour_usd)
         entry["cost"] = estimate.to_dict() if estimate and device != "cpu" else None
@@ -203,7 +209,9 @@ def describe_level(entry: dict[str, Any]) -> str:
             f"e2e p50 {fmt(entry['e2e_ms']['p50'], ' ms')}; "
             f"{fmt(entry['output_tokens_per_s'])} tokens/s, {fmt(entry['requests_per_s'])} requests/s"
             + (f"; server {entry['server']['ms_per_step']:.2f} ms/step, {entry['server']['tokens_per_step']:.1f} "
-               "tokens/step" if entry.get("server") else "") + _engine_steps(entry.get("server") or {}))
+               "tokens/step" if entry.get("server") else "") + _engine_steps(entry.get("server") or {})
+            + (f"; client CPU {entry['client']['cpu_share']:.2f} of its wall time"
+               if (entry.get("client") or {}).get("cpu_share") is not None else ""))
 
 
 def _engine_steps(server: dict[str, Any]) -> str:

@@ -31,8 +31,10 @@ class Job:
 
 
 def run_level(endpoint: Endpoint, jobs: Sequence[Job], level: LoadLevel, output_tokens: int, tokenizer,
-              *, seed: int = 0) -> list[RequestResult]:
-    """Send ``jobs`` at one load level; one RequestResult per job, in job order."""
+              *, seed: int = 0, client_cpu: dict | None = None) -> list[RequestResult]:
+    """Send ``jobs`` at one load level; one RequestResult per job, in job order. ``client_cpu``, where given, gets this
+    process's CPU seconds over the load and their share of its wall time (``cpu_s``, ``cpu_share``): the client's
+    threads share one GIL, so a share near 1 says the client itself may have set the pace (late sends, late reads)."""
     if not jobs:
         return []
     def execute(client, job: Job) -> RequestResult:
@@ -40,6 +42,7 @@ def run_level(endpoint: Endpoint, jobs: Sequence[Job], level: LoadLevel, output_
 
     width = level.concurrency if level.concurrency is not None else MAX_OPEN_LOOP_CLIENTS
     clients = [endpoint.client() for _ in range(min(width, len(jobs)))]  # connected before the clock starts
+    cpu, wall = time.process_time(), time.perf_counter()
     try:
         if level.concurrency is not None:
             results = _closed_loop(clients, jobs, execute)
@@ -48,6 +51,9 @@ def run_level(endpoint: Endpoint, jobs: Sequence[Job], level: LoadLevel, output_
     finally:
         for client in clients:
             client.close()
+    if client_cpu is not None:
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        client_cpu.update(cpu_s=round(cpu, 3), cpu_share=round(cpu / wall, 3) if wall > 0 else None)
     retokenize(results, tokenizer)
     return results
 
