@@ -144,15 +144,15 @@ class TritonPythonModel:
         return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in PREPROCESSING_OUTPUTS}
 
     def execute(self, requests):
-        for request in requests:
+        for request in requests:  # (no metric here: each is a round trip to Triton, and execute() holds the queue)
             taken = time.monotonic()
-            self.times.took()
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             sender = request.get_response_sender()
             self.workers.submit(self.run, request, inputs, sender, taken)
         return None
 
     def run(self, request, inputs, sender, taken):
+        self.times.took()
         try:
             self.generate(request, inputs, _FirstTimed(sender, self.times, taken), taken)
         except Cancelled:
