@@ -67,6 +67,38 @@ def test_a_tokens_response_is_the_frame_encode_makes_of_its_arrays():
                     assert arrays["sequence_length"].tolist() == [[len(ids)]]
 
 
+def test_frames_fed_in_any_chunks_come_out_whole_in_order_and_once():
+    """FrameBuffer (the BLS's request thread reading its engine stream): several frames in one read come out
+    together; a frame cut anywhere waits for its rest; what comes out equals read_frame's."""
+    frames = [direct.Tokens([5]).frame(0), direct.Tokens([6, 7]).frame(0),
+              direct.Response({"output_text": np.array([["é".encode()]], dtype=object)}).frame(0),
+              direct.Response(error="engine lost", code="UNAVAILABLE").frame(direct.FINAL)]
+    data = b"".join(frames)
+    want = [direct.read_frame(io.BytesIO(f)) for f in frames]
+
+    def same(got):
+        assert [h for h, _ in got] == [h for h, _ in want]
+        for (_, a), (_, b) in zip(got, want):
+            assert set(a) == set(b) and all(a[k].dtype == b[k].dtype and (a[k] == b[k]).all() for k in a)
+
+    buffer = direct.FrameBuffer()
+    buffer.feed(data)
+    same(buffer.take())
+    assert buffer.take() == [] and not buffer.data
+    for size in (1, 3, 7, 50):  # chunks cutting lengths, headers and arrays at every place
+        buffer, got = direct.FrameBuffer(), []
+        for at in range(0, len(data), size):
+            buffer.feed(data[at: at + size])
+            got += buffer.take()
+        same(got)
+        assert not buffer.data
+    bad = direct.FrameBuffer()
+    head = direct.json.dumps({"arrays": [["x", "complex128", [1]]]}).encode()
+    bad.feed(direct._LENGTH.pack(len(head)) + head)
+    with pytest.raises(direct.ProtocolError):
+        bad.take()
+
+
 def test_a_frame_naming_an_unknown_dtype_or_a_huge_array_is_refused():
     for arrays in ([["x", "complex128", [1]]], [["x", "float32", [1 << 40]]], [["x", "int8", [-2, -2]]],
                    [["x", ["int8"], [1]]]):

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 MAX_HEADER_BYTES = 1 << 20
 MAX_FRAME_BYTES = 1 << 30
 REQUEST_READ_S = 10.0  # a connection that does not send its request within this long is dropped
+SHORT_HEADER_BYTES = 256  # headers up to this long are cached parsed (``_header``): a token frame's is ~90 bytes
 _LENGTH = struct.Struct(">I")
 FINAL = 1  # a response frame's flags: the request's last (Triton's TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -82,27 +83,92 @@ def read_frame(stream) -> tuple[dict, dict[str, np.ndarray]] | None:
     if len(prefix) < _LENGTH.size:
         raise ProtocolError("the connection ended inside a frame's length")
     (length,) = _LENGTH.unpack(prefix)
-    if length > MAX_HEADER_BYTES:
-        raise ProtocolError(f"a frame header of {length} bytes (at most {MAX_HEADER_BYTES})")
+    _check_header_length(length)
     try:
-        header = json.loads(_exactly(stream, length))
-        arrays, total = {}, 0
-        for name, dtype_name, shape in header.get("arrays", []):
-            if (dtype := _numeric(dtype_name)) is None:
-                raise ProtocolError(f"array {name!r} has dtype {dtype_name!r}")
-            dims = [int(d) for d in shape]
-            if any(d < 0 for d in dims):
-                raise ProtocolError(f"array {name!r} has shape {shape}")
-            size = math.prod(dims) * dtype.itemsize  # (math.prod: numpy's prod costs ~4 us an array)
-            total += size
-            if total > MAX_FRAME_BYTES:
-                raise ProtocolError(f"array {name!r} of shape {shape} is too large")
-            arrays[name] = np.frombuffer(_exactly(stream, size), dtype=dtype).reshape(shape)
-        for name, (values, shape) in header.pop("texts", {}).items():
-            arrays[name] = np.array([v.encode("utf-8") for v in values], dtype=object).reshape(shape)
+        header = _header(_exactly(stream, length))
+        arrays = {name: np.frombuffer(_exactly(stream, size), dtype=dtype).reshape(shape)
+                  for name, dtype, shape, size in _layout(header)}
+        _add_texts(header, arrays)
     except (ValueError, TypeError, KeyError) as exc:
         raise ProtocolError(f"a frame that does not parse: {exc}") from None
     return header, arrays
+
+
+class FrameBuffer:
+    """Frames from a connection read in chunks (``feed``): one ``recv`` may bring several (a stream whose reader fell
+    behind the engine), ``take`` returns every complete one at once, and a frame split across reads waits for its
+    rest. The BLS's request thread reads its engine stream so, itself: one system call and one wake-up for all that
+    arrived, where a reader thread per request handed each frame over on a queue."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.data += chunk
+
+    def take(self) -> list[tuple[dict, dict[str, np.ndarray]]]:
+        frames, at, data = [], 0, self.data
+        try:
+            while len(data) - at >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(data, at)
+                _check_header_length(length)
+                body = at + _LENGTH.size + length
+                if len(data) < body:
+                    break
+                header = _header(bytes(data[at + _LENGTH.size: body]))
+                layout = _layout(header)
+                if len(data) < body + sum(size for *_, size in layout):
+                    break
+                arrays = {}
+                for name, dtype, shape, size in layout:
+                    arrays[name] = np.frombuffer(bytes(data[body: body + size]), dtype=dtype).reshape(shape)
+                    body += size
+                _add_texts(header, arrays)
+                frames.append((header, arrays))
+                at = body
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ProtocolError(f"a frame that does not parse: {exc}") from None
+        finally:
+            del data[:at]
+        return frames
+
+
+def _check_header_length(length: int) -> None:
+    if length > MAX_HEADER_BYTES:
+        raise ProtocolError(f"a frame header of {length} bytes (at most {MAX_HEADER_BYTES})")
+
+
+def _header(raw: bytes) -> dict:
+    """A frame's header; a short one (a streamed token's: the same few shapes over and over) parsed once. A copy:
+    readers take the texts out of theirs."""
+    return dict(_short_header(raw)) if len(raw) <= SHORT_HEADER_BYTES else json.loads(raw)
+
+
+@functools.lru_cache(maxsize=256)
+def _short_header(raw: bytes) -> dict:
+    return json.loads(raw)
+
+
+def _layout(header: dict) -> list[tuple[str, np.dtype, list[int], int]]:
+    """(name, dtype, shape, bytes) of each array the frame carries after its header, in order; checked."""
+    layout, total = [], 0
+    for name, dtype_name, shape in header.get("arrays", []):
+        if (dtype := _numeric(dtype_name)) is None:
+            raise ProtocolError(f"array {name!r} has dtype {dtype_name!r}")
+        dims = [int(d) for d in shape]
+        if any(d < 0 for d in dims):
+            raise ProtocolError(f"array {name!r} has shape {shape}")
+        size = math.prod(dims) * dtype.itemsize  # (math.prod: numpy's prod costs ~4 us an array)
+        total += size
+        if total > MAX_FRAME_BYTES:
+            raise ProtocolError(f"array {name!r} of shape {shape} is too large")
+        layout.append((name, dtype, dims, size))
+    return layout
+
+
+def _add_texts(header: dict, arrays: dict[str, np.ndarray]) -> None:
+    for name, (values, shape) in header.pop("texts", {}).items():
+        arrays[name] = np.array([v.encode("utf-8") for v in values], dtype=object).reshape(shape)
 
 
 @functools.lru_cache(maxsize=64)

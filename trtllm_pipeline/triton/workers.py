@@ -1,7 +1,7 @@
 """Threads kept for ``tensorrt_llm_bls``'s requests: a request handed over with a queue put, not a thread started.
 
 ``threading.Thread.start()`` returns only once the new thread has run (it waits for the thread's first steps, which
-need the GIL). In the BLS's stub every running request relays its stream in threads of its own, so under load
+need the GIL). In the BLS's stub every running request relays its stream in a thread of its own, so under load
 ``execute()`` (Triton's one call into the stub for new requests, which must return before the next) waited for the
 GIL at every request it started, and a wave of new requests queued in Triton behind it. Triton's queue time for the
 BLS on this project's 2-core CPU machine (2026-12-06, tiny model, 128 -> 128 tokens, 192 requests a level, two

@@ -67,7 +67,8 @@ WATCH_S = 0.1  # how often a request waiting on the engine looks whether the eng
 # this often, not at every engine response (one a step, ~3 ms on the GPU)
 CANCEL_POLL_S = 0.01
 LOST_WAIT_S = 1.0  # after the engine's socket closed early: how long the engine's process may take to show as gone
-WORKERS_AT_LOAD = 128  # threads started at load: two a request (its run, its reader) for 64 streams; more on demand
+WORKERS_AT_LOAD = 128  # threads kept from load: one a request (two through Triton: its reader) for 64 streams and more
+RECV_BYTES = 1 << 16  # one read of the engine's socket: every frame that has arrived, up to this
 # Triton 2.51's Python backend drops a finished BLS response iterator's entry from its map on the stub's own cleanup
 # thread, without the GIL (pb_stub.cc, SendCleanupId). Where the Python side had already let go of the iterator, that
 # frees it there, and with it its responses' numpy arrays, Python objects: the heap corrupts. On this project's CPU
@@ -195,7 +196,7 @@ class TritonPythonModel:
         given = request.request_id() or ""
         request_id = given if given.startswith(STOP_ID_PREFIX) else f"{BLS_ID_PREFIX}{uuid.uuid4().hex}"
         wanted = _requested_outputs(request)
-        responses = self.watched(self.engine_stream(engine, request_id))
+        responses = self.engine_stream(engine, request_id)
         self.times.submitted(time.monotonic() - taken)
         polled = 0.0
         for batch in responses:  # every engine response that came since the last look: one response out
@@ -237,9 +238,10 @@ class TritonPythonModel:
             sender.send(flags=FINAL)
 
     def engine_stream(self, engine, request_id):
-        """The engine's responses to the request ``engine`` (its input tensors) as ``_Item``s: on the torch engine
-        model's socket (``direct``) where it listens, else through Triton. Either way the request is made here, in
-        the request's thread (Triton's ``exec()`` returns once the engine has it); the responses are read later."""
+        """The engine's responses to the request ``engine`` (its input tensors) in batches of ``_Item``s (``watched``
+        says what a batch is): on the torch engine model's socket (``direct``) where it listens, else through Triton.
+        Either way the request is made here, in the request's thread (Triton's ``exec()`` returns once the engine has
+        it); the responses are read later."""
         if self.direct:
             header = {"request_id": request_id, "outputs": ENGINE_OUTPUTS, "parameters": {BLS_PARAMETER: True}}
             try:
@@ -248,24 +250,48 @@ class TritonPythonModel:
                 raise EngineError(f"cannot send the request to the engine model's socket: {exc}",
                                   pb_utils.TritonError.UNAVAILABLE) from None
             if sock is not None:
-                return self._socket_items(sock)
+                return self._socket_batches(sock)
             self.direct = False  # nothing listens: an engine model of another kind (TensorRT-LLM's), for good
             logger = getattr(pb_utils, "Logger", None)
             if logger is not None:
                 logger.log_info("tensorrt_llm_bls: the engine model has no socket; its requests go through Triton")
-        return _triton_items(self.request(self.engine_model, ENGINE_OUTPUTS, engine,
-                                          request_id=request_id).exec(decoupled=True))
+        return self.watched(_triton_items(self.request(self.engine_model, ENGINE_OUTPUTS, engine,
+                                                       request_id=request_id).exec(decoupled=True)))
 
-    def _socket_items(self, sock):
+    def _socket_batches(self, sock):
+        """``watched``'s batches read from the engine's socket in this (the request's) thread: each read takes all
+        that has arrived (``direct.FrameBuffer``), one batch when coalescing, else one batch a frame; a read that
+        waits ``WATCH_S`` looks whether the engine was lost. No reader thread and no handoff a frame: the BLS's GIL
+        was a third busy reading frames at 32 streams on this project's CPU machine (py-spy)."""
+        frames = direct.FrameBuffer()
         try:
-            for header, arrays in direct.responses(sock):
-                yield _socket_item(header, arrays)
+            sock.settimeout(WATCH_S)
+            while True:
+                taken = frames.take()
+                if not taken:
+                    try:
+                        chunk = sock.recv(RECV_BYTES)
+                    except TimeoutError:
+                        if (why := health.lost(self.repository)) is not None:
+                            raise EngineError(why, pb_utils.TritonError.UNAVAILABLE) from None
+                        continue
+                    if not chunk:
+                        raise ConnectionError("the engine model closed the request's connection before its last "
+                                              "response")
+                    frames.feed(chunk)
+                    continue
+                items = [_socket_item(header, arrays) for header, arrays in taken]
+                yield from [items] if self.coalesce else ([item] for item in items)
+                if taken[-1][0].get("flags", 0) & direct.FINAL:
+                    return
         except (OSError, direct.ProtocolError) as exc:  # the engine's process died, or the stream broke
             deadline = time.monotonic() + LOST_WAIT_S
             while (why := health.lost(self.repository)) is None and time.monotonic() < deadline:
                 time.sleep(0.05)  # a killed process closes its sockets before it shows as gone
             raise EngineError(why or f"the engine model's stream ended early: {exc}",
                               pb_utils.TritonError.UNAVAILABLE) from None
+        finally:
+            sock.close()
 
     def watched(self, responses):
         """The engine's responses in batches: one each, or, coalescing, all that arrived since the previous batch
