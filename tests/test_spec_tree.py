@@ -50,7 +50,7 @@ def test_prompt_lookup_replays_as_spec_simulate_and_the_oracle_bounds_every_prop
                 {"approach": "freqtree", "k": 16, "budget": 32, "ngram_min": 1, "ngram_max": 4, "min_occ": 4},
                 {"approach": "suffix", "k": 16, "ngram_min": 1, "ngram_max": 8, "pick": "frequent", "kscale": 0}]
     steps = {}
-    for workload, items in workloads.items():
+    for workload, items in ((w, workloads[w]) for w in spec_tree.STUDIED):
         ctxs = [spec_tree.Context(it["prompt"], it["output"]) for it in items]
         ngram = [spec_tree.replay(c, {"approach": "ngram", "k": 16, "ngram_min": 1, "ngram_max": 4}) for c in ctxs]
         fixed = [simulate(it["prompt"], it["output"], k=16, ngram_min=1, ngram_max=4, adaptive=False) for it in items]
