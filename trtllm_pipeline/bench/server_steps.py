@@ -27,8 +27,8 @@ ENGINE = {"chained_steps": "trtllm_pipeline:engine_steps_chained_total",
 # client's TTFT, splits the time to first token between the engine and the path in front of it (BLS, network)
 TTFT_SUM, TTFT_COUNT = "trtllm_pipeline:time_to_first_token_seconds_sum", "trtllm_pipeline:time_to_first_token_seconds_count"
 # In front of the engine (tensorrt_llm_bls, the model clients use): Triton's queue time for it (microseconds, summed
-# over its successful requests) and the BLS's own clock (triton/bls_metrics: execute() to the engine holding the
-# request, and to the first response), each a mean over the level's requests, by the key ``between`` reports it
+# over its successful requests) and the BLS's own clock (triton/bls_metrics: execute() to the request sent on the
+# engine's socket, and to its first response), each a mean over the level's requests, by the key ``between`` reports
 BLS_REQUESTS = "trtllm_pipeline_bls_requests_total"
 FRONT = {"bls_submit_ms_mean": "trtllm_pipeline_bls_submit_seconds_total",
          "bls_first_response_ms_mean": "trtllm_pipeline_bls_first_response_seconds_total"}
