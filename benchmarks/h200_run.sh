@@ -136,6 +136,7 @@ case "$part" in
     # SERVED_PHASES (default all): any of cold, bench, spy, openai, soak, warm, inprocess; also hangcheck and
     # inprocess_sync (in-process with TRTLLM_PIPELINE_OVERLAP=0), inprocess_nochain (TRTLLM_PIPELINE_CHAIN=0).
     # SERVED_BLS_INSTANCES=N: serving.bls_instance_count N (the BLS's streams over N stub processes).
+    # SERVED_REQUESTS (128) requests a gRPC level, under SERVED_DEADLINE_S (150) for the three levels.
     c=$(config fp8)
     if [ -n "${SERVED_BLS_INSTANCES:-}" ]; then  # tensorrt_llm_bls in N instances: a copy of the config by the same
       # name (the build a cache hit, the repository written again) with serving.bls_instance_count set
