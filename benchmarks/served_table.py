@@ -48,13 +48,13 @@ def table(out: Path) -> list[str]:
     # front ms: the client's mean TTFT less the engine's (the way to the engine and the first token's way back:
     # BLS, Triton, the client; H100 2026-12-05e: 5.5 ms at c=1, 98 at c=64); then its parts the server counts, means:
     # Triton's queue for the BLS, the BLS's execute() to the request sent on the engine's socket, the socket to the
-    # engine queueing it (its listener), and the BLS's execute() to its first response
+    # engine queueing it (its listener); what the client waited beyond these and the engine's TTFT is the way back
     lines = ["| protocol | concurrency | TTFT p50 ms | engine TTFT mean ms | front ms | Triton queue ms "
-             "| BLS to socket ms | socket to engine ms | BLS first response ms | client CPU share | ITL p50 ms "
+             "| BLS to socket ms | socket to engine ms | client CPU share | ITL p50 ms "
              "| ITL p99 ms | tokens/s "
              "| server ms/step | server tokens/step | chained steps | eager share | in-process ms/step "
              "| served ITL / in-process | served tok/s / in-process | served tok/s / in-process whole |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     grpc_itl: dict[int, float] = {}
     for protocol, entry in _served_levels(out):
         c = entry.get("concurrency")
@@ -74,7 +74,6 @@ def table(out: Path) -> list[str]:
                      f"{_fmt(server.get('triton_queue_ms_mean'), '.1f')} | "
                      f"{_fmt(server.get('bls_submit_ms_mean'), '.1f')} | "
                      f"{_fmt(server.get('engine_socket_ms_mean'), '.1f')} | "
-                     f"{_fmt(server.get('bls_first_response_ms_mean'), '.1f')} | "
                      f"{_fmt((entry.get('client') or {}).get('cpu_share'), '.2f')} | {_fmt(itl, '.3f')} | "
                      f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
                      f"{_fmt(server.get('ms_per_step'), '.3f')} | {_fmt(server.get('tokens_per_step'), '.1f')} | "

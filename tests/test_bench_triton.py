@@ -46,12 +46,11 @@ def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, e
             assert server["eager_tokens"] >= 8 * 48 and 0 < server["eager_share"] <= 1.05
             # the engine's own time to first token is part of the client's (which adds the BLS and the network)
             assert 0 < server["engine_ttft_ms_mean"] <= entry["ttft_ms"]["mean"]
-        # and the parts of it in front of the engine: Triton's queue for the BLS, the BLS handing the request to the
-        # engine, and its first response (each request's inside the client's TTFT, which starts before and ends after)
+        # and the parts of it in front of the engine: Triton's queue for the BLS, the BLS to its send on the engine's
+        # socket, the socket to the engine queueing the request (each request's inside the client's TTFT)
         assert server["triton_queue_ms_mean"] >= 0
-        assert 0 < server["bls_submit_ms_mean"] < server["bls_first_response_ms_mean"] < entry["ttft_ms"]["mean"]
-        # the engine's listener took each from the socket (the BLS's send to the engine's queue) before its first token
-        assert 0 <= server["engine_socket_ms_mean"] < server["bls_first_response_ms_mean"]
+        assert 0 < server["bls_submit_ms_mean"] < entry["ttft_ms"]["mean"]
+        assert 0 <= server["engine_socket_ms_mean"] < entry["ttft_ms"]["mean"]
         assert "in front, ms: Triton queue" in proc.stdout
         assert "chained" in proc.stderr + proc.stdout
         assert "ms/step" in proc.stderr + proc.stdout

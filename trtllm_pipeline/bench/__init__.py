@@ -229,8 +229,7 @@ def _front(server: dict[str, Any]) -> str:
     """Where a request waited in front of the engine (means; ``server_steps.FRONT``), where the server says."""
     parts = [f"{label} {server[key]:.1f}" for key, label in (("triton_queue_ms_mean", "Triton queue"),
                                                               ("bls_submit_ms_mean", "BLS to socket"),
-                                                              ("engine_socket_ms_mean", "socket to engine"),
-                                                              ("bls_first_response_ms_mean", "BLS first response"))
+                                                              ("engine_socket_ms_mean", "socket to engine"))
              if key in server]
     return f"; in front, ms: {', '.join(parts)}" if parts else ""
 

@@ -27,14 +27,12 @@ ENGINE = {"chained_steps": "trtllm_pipeline:engine_steps_chained_total",
 # client's TTFT, splits the time to first token between the engine and the path in front of it (BLS, network)
 TTFT_SUM, TTFT_COUNT = "trtllm_pipeline:time_to_first_token_seconds_sum", "trtllm_pipeline:time_to_first_token_seconds_count"
 # In front of the engine (tensorrt_llm_bls, the model clients use): Triton's queue time for it (microseconds, summed
-# over its successful requests) and the BLS's own clock (triton/bls_metrics: execute() to the request sent on the
-# engine's socket, and to its first response), each a mean over the level's requests, by the key ``between`` reports
-BLS_REQUESTS = "trtllm_pipeline_bls_requests_total"
-FRONT = {"bls_submit_ms_mean": "trtllm_pipeline_bls_submit_seconds_total",
-         "bls_first_response_ms_mean": "trtllm_pipeline_bls_first_response_seconds_total"}
-# the engine model's side of the BLS's socket: from the BLS's send to the engine queueing the request (its listener's
-# accept, read and parse), a mean over the requests that came that way
-DIRECT_REQUESTS, DIRECT_WAIT = "trtllm_pipeline_direct_requests_total", "trtllm_pipeline_direct_wait_seconds_total"
+# over its successful requests), and what the engine counts of the requests that came on its socket, stamped by the
+# BLS in their headers: the BLS's execute() to its send, and the send to the engine queueing the request (its
+# listener's accept, read and parse); each a mean over the level's requests, by the key ``between`` reports it
+DIRECT_REQUESTS = "trtllm_pipeline_direct_requests_total"
+DIRECT = {"bls_submit_ms_mean": "trtllm_pipeline_direct_bls_seconds_total",
+          "engine_socket_ms_mean": "trtllm_pipeline_direct_wait_seconds_total"}
 TRITON_QUEUE_US = 'nv_inference_queue_duration_us{model="tensorrt_llm_bls",version="1"}'
 TRITON_SUCCESS = 'nv_inference_request_success{model="tensorrt_llm_bls",version="1"}'
 
@@ -61,8 +59,7 @@ def _read(url: str | None) -> dict[str, float] | None:
     except requests.RequestException:
         return None
     found = {}
-    for name in (STEPS, TOKENS, ACTIVE, *ENGINE.values(), TTFT_SUM, TTFT_COUNT, BLS_REQUESTS, *FRONT.values(),
-                 DIRECT_REQUESTS, DIRECT_WAIT):
+    for name in (STEPS, TOKENS, ACTIVE, *ENGINE.values(), TTFT_SUM, TTFT_COUNT, DIRECT_REQUESTS, *DIRECT.values()):
         values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
         if values:
             found[name] = sum(float(v) for v in values)
@@ -98,16 +95,13 @@ def between(before: dict[str, float] | None, after: dict[str, float] | None, sec
 
 
 def _front(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Means over the level's requests in front of the engine (``FRONT``, Triton's queue for the BLS), where the
+    """Means over the level's requests in front of the engine (``DIRECT``, Triton's queue for the BLS), where the
     server has them: beside the engine's TTFT they say where a client's wait for its first token went."""
     found = {}
-    took = after.get(BLS_REQUESTS, 0.0) - before.get(BLS_REQUESTS, 0.0)
-    for key, name in FRONT.items():
-        if took > 0 and name in after:
-            found[key] = round(1e3 * (after[name] - before.get(name, 0.0)) / took, 3)
     direct = after.get(DIRECT_REQUESTS, 0.0) - before.get(DIRECT_REQUESTS, 0.0)
-    if direct > 0 and DIRECT_WAIT in after:
-        found["engine_socket_ms_mean"] = round(1e3 * (after[DIRECT_WAIT] - before.get(DIRECT_WAIT, 0.0)) / direct, 3)
+    for key, name in DIRECT.items():
+        if direct > 0 and name in after:
+            found[key] = round(1e3 * (after[name] - before.get(name, 0.0)) / direct, 3)
     succeeded = after.get(TRITON_SUCCESS, 0.0) - before.get(TRITON_SUCCESS, 0.0)
     if succeeded > 0 and TRITON_QUEUE_US in after:
         found["triton_queue_ms_mean"] = round((after[TRITON_QUEUE_US] - before.get(TRITON_QUEUE_US, 0.0))

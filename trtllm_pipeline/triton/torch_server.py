@@ -103,6 +103,7 @@ class _Job:
     request_id: str = ""
     outputs: frozenset[str] = frozenset()  # the outputs the request asked for (empty: all)
     socket_wait: float | None = None  # a direct request: seconds from the BLS's send to its parse here
+    bls_wait: float | None = None  # and from the BLS's execute() to its send (both stamped in the header by the BLS)
 
     def __post_init__(self):
         asked = lambda name: not self.outputs or name in self.outputs  # noqa: E731
@@ -264,6 +265,9 @@ class _Metrics:
         "direct_wait": ("COUNTER", "trtllm_pipeline_direct_wait_seconds_total",
                         "from tensorrt_llm_bls sending a request on the direct socket to this model queueing it "
                         "(accepted, read, parsed), summed"),
+        "direct_bls": ("COUNTER", "trtllm_pipeline_direct_bls_seconds_total",
+                       "in tensorrt_llm_bls, from its execute() taking a request to its sending on the direct socket "
+                       "(checked, tokenized), summed"),
     }
 
     UNBATCHED = ("steps", "cancel_step", "cancel_time")
@@ -355,7 +359,10 @@ class TorchModelServer:
         try:
             job = self._parse(request, sender)
             if isinstance(job, _Job) and isinstance(request, direct.Request) and "sent_at" in request.header:
-                job.socket_wait = max(0.0, time.monotonic() - float(request.header["sent_at"]))
+                sent = float(request.header["sent_at"])  # (monotonic: one clock for the machine's processes)
+                job.socket_wait = max(0.0, time.monotonic() - sent)
+                if "bls_taken_at" in request.header:
+                    job.bls_wait = max(0.0, sent - float(request.header["bls_taken_at"]))
             if isinstance(job, _Job) and job.streaming and _from_bls(request) and not _direct(job.sender):
                 # An empty first response at once: the BLS's exec() holds one of its model instance's Python-backend
                 # threads (32) until a request's first response, so requests queued here would hold them all and
@@ -526,6 +533,7 @@ class TorchModelServer:
                     if item.socket_wait is not None:  # counted here, in the loop's thread, as every metric is
                         self.metrics.add("direct_requests")
                         self.metrics.add("direct_wait", item.socket_wait)
+                        self.metrics.add("direct_bls", item.bls_wait or 0.0)
                     self._waiting.append(item)
                 item = self._incoming.get_nowait()
         except queue.Empty:

@@ -47,7 +47,6 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
 from trtllm_pipeline.triton import direct, health, stops
-from trtllm_pipeline.triton.bls_metrics import BlsTimes
 from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, BLS_PARAMETER, CLIENT_INPUTS, LOCAL_TOKENIZE_BYTES,
                                              NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                                              REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
@@ -120,7 +119,6 @@ class TritonPythonModel:
         # The torch engine model's own socket (triton/direct.py); off where nothing listens (TensorRT-LLM's backend)
         self.direct_address = direct.address(self.repository)
         self.direct = os.environ.get("TRTLLM_PIPELINE_BLS_DIRECT", "1") != "0"
-        self.times = BlsTimes(pb_utils, args["model_name"])  # where a request waits in front of the engine
         # each request's two threads (its run, its stream's reader) kept, not started per request (triton/workers)
         self.workers = Workers(started=WORKERS_AT_LOAD, name="tensorrt_llm_bls")
 
@@ -145,17 +143,16 @@ class TritonPythonModel:
         return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in PREPROCESSING_OUTPUTS}
 
     def execute(self, requests):
-        for request in requests:  # (no metric here: each is a round trip to Triton, and execute() holds the queue)
-            taken = time.monotonic()
+        for request in requests:
+            taken = time.monotonic()  # the engine counts from here to its socket (``engine_stream``'s header)
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             sender = request.get_response_sender()
             self.workers.submit(self.run, request, inputs, sender, taken)
         return None
 
     def run(self, request, inputs, sender, taken):
-        self.times.took()
         try:
-            self.generate(request, inputs, _FirstTimed(sender, self.times, taken), taken)
+            self.generate(request, inputs, sender, taken)
         except Cancelled:
             try:
                 sender.send(flags=FINAL)
@@ -196,8 +193,7 @@ class TritonPythonModel:
         given = request.request_id() or ""
         request_id = given if given.startswith(STOP_ID_PREFIX) else f"{BLS_ID_PREFIX}{uuid.uuid4().hex}"
         wanted = _requested_outputs(request)
-        responses = self.engine_stream(engine, request_id)
-        self.times.submitted(time.monotonic() - taken)
+        responses = self.engine_stream(engine, request_id, taken)
         polled = 0.0
         for batch in responses:  # every engine response that came since the last look: one response out
             if time.monotonic() - polled >= CANCEL_POLL_S:
@@ -237,13 +233,18 @@ class TritonPythonModel:
         else:
             sender.send(flags=FINAL)
 
-    def engine_stream(self, engine, request_id):
+    def engine_stream(self, engine, request_id, taken=None):
         """The engine's responses to the request ``engine`` (its input tensors) in batches of ``_Item``s (``watched``
         says what a batch is): on the torch engine model's socket (``direct``) where it listens, else through Triton.
         Either way the request is made here, in the request's thread (Triton's ``exec()`` returns once the engine has
-        it); the responses are read later."""
+        it); the responses are read later. ``taken``: when ``execute()`` took the request (monotonic), in the socket
+        request's header, so that the engine counts this model's share of the time to first token. (No custom metric
+        is updated here: the Python backend's metric call waits on Triton's threads holding the GIL, and on the path
+        through Triton, where those threads wait for this stub's GIL, a server hung under a clean clone's suite.)"""
         if self.direct:
             header = {"request_id": request_id, "outputs": ENGINE_OUTPUTS, "parameters": {BLS_PARAMETER: True}}
+            if taken is not None:
+                header["bls_taken_at"] = taken
             try:
                 sock = direct.open_stream(self.direct_address, header, engine)
             except OSError as exc:
@@ -364,19 +365,6 @@ class TritonPythonModel:
         if wanted:  # only what the request asked for (the stub prunes the rest itself, which crashed it once)
             outputs = [t for t in outputs if t.name() in wanted]
         sender.send(pb_utils.InferenceResponse(outputs), flags=FINAL if final else 0)
-
-
-class _FirstTimed:
-    """A request's response sender that counts the time from ``execute()`` to its first response (``BlsTimes``)."""
-
-    def __init__(self, sender, times: BlsTimes, taken: float):
-        self.sender, self.times, self.taken = sender, times, taken
-
-    def send(self, *args, **kwargs):
-        if self.times is not None:
-            self.times.first_response(time.monotonic() - self.taken)
-            self.times = None
-        return self.sender.send(*args, **kwargs)
 
 
 def _requested_outputs(request):
