@@ -119,7 +119,7 @@ class TritonPythonModel:
         # The torch engine model's own socket (triton/direct.py); off where nothing listens (TensorRT-LLM's backend)
         self.direct_address = direct.address(self.repository)
         self.direct = os.environ.get("TRTLLM_PIPELINE_BLS_DIRECT", "1") != "0"
-        # each request's two threads (its run, its stream's reader) kept, not started per request (triton/workers)
+        # each request's thread (and through Triton its stream's reader) kept, not started per request
         self.workers = Workers(started=WORKERS_AT_LOAD, name="tensorrt_llm_bls")
 
     @functools.cached_property
@@ -238,9 +238,9 @@ class TritonPythonModel:
         says what a batch is): on the torch engine model's socket (``direct``) where it listens, else through Triton.
         Either way the request is made here, in the request's thread (Triton's ``exec()`` returns once the engine has
         it); the responses are read later. ``taken``: when ``execute()`` took the request (monotonic), in the socket
-        request's header, so that the engine counts this model's share of the time to first token. (No custom metric
-        is updated here: the Python backend's metric call waits on Triton's threads holding the GIL, and on the path
-        through Triton, where those threads wait for this stub's GIL, a server hung under a clean clone's suite.)"""
+        request's header, so that the engine counts this model's share of the time to first token. (This model
+        updates no custom metric: the Python backend's metric call holds the GIL while it waits for Triton's threads,
+        which on the path through Triton wait for this stub's GIL; a server hung so under a clean clone's suite.)"""
         if self.direct:
             header = {"request_id": request_id, "outputs": ENGINE_OUTPUTS, "parameters": {BLS_PARAMETER: True}}
             if taken is not None:
@@ -262,8 +262,8 @@ class TritonPythonModel:
     def _socket_batches(self, sock):
         """``watched``'s batches read from the engine's socket in this (the request's) thread: each read takes all
         that has arrived (``direct.FrameBuffer``), one batch when coalescing, else one batch a frame; a read that
-        waits ``WATCH_S`` looks whether the engine was lost. No reader thread and no handoff a frame: the BLS's GIL
-        was a third busy reading frames at 32 streams on this project's CPU machine (py-spy)."""
+        waits ``WATCH_S`` looks whether the engine was lost. No reader thread and no handoff a frame: reading frames
+        so was 29% of what held this model's GIL at 32 streams on this project's CPU machine (py-spy), 20% now."""
         frames = direct.FrameBuffer()
         try:
             sock.settimeout(WATCH_S)
