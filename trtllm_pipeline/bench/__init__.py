@@ -226,7 +226,7 @@ def _engine_steps(server: dict[str, Any]) -> str:
 
 
 def _front(server: dict[str, Any]) -> str:
-    """Where a request waited in front of the engine (means; ``server_steps.FRONT``), where the server says."""
+    """Where a request waited in front of the engine (means; ``server_steps._front``), where the server says."""
     parts = [f"{label} {server[key]:.1f}" for key, label in (("triton_queue_ms_mean", "Triton queue"),
                                                               ("bls_submit_ms_mean", "BLS to socket"),
                                                               ("engine_socket_ms_mean", "socket to engine"))

@@ -134,8 +134,8 @@ class OpenAIClient:
                 if "error" in chunk:
                     raise RequestFailed(f"server error: {chunk['error']}")
                 usage, choices = chunk.get("usage"), chunk.get("choices") or []
-                counts = usage and usage.get("completion_tokens") is not None
-                tokens = int(usage["completion_tokens"]) if counts else None
+                tokens = (usage or {}).get("completion_tokens")
+                tokens = None if tokens is None else int(tokens)
                 if tokens is not None:
                     out.usage_tokens = tokens
                     out.ended = arrived

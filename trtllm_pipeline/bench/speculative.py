@@ -54,6 +54,7 @@ from trtllm_pipeline.runtimes.registry import load_runtime
 
 SCHEMA = "speculative-2"
 WORKLOADS = ("grounded", "random", "open")
+TEXTS = {"grounded": grounded_texts, "open": open_texts}  # the workloads of written prompts (chat template)
 SPEC_KEYS = ("spec_decode_draft_tokens", "spec_decode_accepted_tokens", "spec_decode_verify_rows")
 # A margin (plain token's logit minus the speculative token's, recomputed eagerly) below either bound is a near tie,
 # which rounding alone can flip: bf16 keeps ~3 significant digits, so two kernels' logits of magnitude L may differ by
@@ -164,8 +165,8 @@ def workload_prompts(tok, workload: str, count: int, *, seed: int, random_tokens
     through the tokenizer's chat template where it has one, random ones of ``random_tokens`` non-special ids drawn
     from ``random.Random(seed)`` (also read by benchmarks/spec_simulate.py, so that the study replays the bench's
     prompts)."""
-    if workload in ("grounded", "open"):
-        texts = grounded_texts(count) if workload == "grounded" else open_texts(count)
+    if workload in TEXTS:
+        texts = TEXTS[workload](count)
         if getattr(tok, "chat_template", None):
             return [list(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
                                                  add_generation_prompt=True)) for t in texts]

@@ -8,6 +8,9 @@ BLS on this project's 2-core CPU machine (2026-12-06, tiny model, 128 -> 128 tok
 server starts each, alternated): a thread started per request 13.6 / 13.5 ms a request at 32 streams and 22.6 / 17.2
 at 64; kept threads 7.3 / 10.5 and 9.7 / 18.0 (noisy: the engine, Triton and the client share the two cores). Here a
 pool of threads, started at load, takes the work; it grows (a thread started) only when every thread is busy.
+(Not ``concurrent.futures.ThreadPoolExecutor``: it starts its threads on submit, in ``execute()``, up to a fixed
+count that a request's stream would hold for its whole length, and joins them at the interpreter's exit, where a
+stub going down must not wait for streams still relaying.)
 """
 
 from __future__ import annotations
