@@ -137,7 +137,11 @@ case "$part" in
     # inprocess_sync (in-process with TRTLLM_PIPELINE_OVERLAP=0), inprocess_nochain (TRTLLM_PIPELINE_CHAIN=0).
     # SERVED_BLS_INSTANCES=N: serving.bls_instance_count N (the BLS's streams over N stub processes).
     # SERVED_REQUESTS (128) requests a gRPC level, under SERVED_DEADLINE_S (150) for the three levels.
+    # SERVED_CLIENT_PROCESSES=N: bench --client-processes N for the loaded levels (default: bench's own, one process
+    # per 16 streams within a quarter of the cores).
     c=$(config fp8)
+    client_processes=()
+    [ -n "${SERVED_CLIENT_PROCESSES:-}" ] && client_processes=(--client-processes "$SERVED_CLIENT_PROCESSES")
     if [ -n "${SERVED_BLS_INSTANCES:-}" ]; then  # tensorrt_llm_bls in N instances: a copy of the config by the same
       # name (the build a cache hit, the repository written again) with serving.bls_instance_count set
       mkdir -p /tmp/served-config
@@ -253,7 +257,7 @@ PY
       # first 64 sent at once)
       deadline served-grpc "${SERVED_DEADLINE_S:-150}" tp bench -c "$c" --engines-dir "$engines" \
         --protocol triton-grpc --concurrency 8,32,64 --input-tokens 128 --output-tokens 256 \
-        --requests "${SERVED_REQUESTS:-128}" --warmup 4 -o "$out/served-grpc.json"
+        --requests "${SERVED_REQUESTS:-128}" --warmup 4 "${client_processes[@]}" -o "$out/served-grpc.json"
       stop_if_hung
       # Seen once (H200, 2026-12-04): after this load the server process lived but refused gRPC, its stubs exiting
       health after-load
@@ -298,7 +302,8 @@ PY
       tp bench -c "$c" --engines-dir "$engines" --protocol openai --concurrency 1 --input-tokens 128 \
         --output-tokens 256 --requests 16 --warmup 2 -o "$out/served-openai-c1.json" || status=$?
       tp bench -c "$c" --engines-dir "$engines" --protocol openai --concurrency 32 --input-tokens 128 \
-        --output-tokens 256 --requests 64 --warmup 4 -o "$out/served-openai-c32.json" || status=$?
+        --output-tokens 256 --requests 64 --warmup 4 "${client_processes[@]}" -o "$out/served-openai-c32.json" \
+        || status=$?
     fi
     tp serve -c "$c" --engines-dir "$engines" --stop || true
     cp "$state"/*.log "$out/" 2>/dev/null || true

@@ -43,6 +43,12 @@ def _inprocess(out: Path, name: str) -> dict[int, dict]:
     return {run["batch"]: run for run in data.get("runs", [])}
 
 
+def _client(client: dict) -> str:
+    """The busiest client process's CPU share of the level's wall time, and how many sent it (``bench``'s
+    ``--client-processes``; one before it existed)."""
+    return f"{_fmt(client.get('cpu_share'), '.2f')} ({client.get('processes', 1)})"
+
+
 def table(out: Path) -> list[str]:
     inproc = _inprocess(out, "inprocess-fp8-c128.json")
     # front ms: the client's mean TTFT less the engine's (the way to the engine and the first token's way back:
@@ -50,7 +56,7 @@ def table(out: Path) -> list[str]:
     # Triton's queue for the BLS, the BLS's execute() to the request sent on the engine's socket, the socket to the
     # engine queueing it (its listener); what the client waited beyond these and the engine's TTFT is the way back
     lines = ["| protocol | concurrency | TTFT p50 ms | engine TTFT mean ms | front ms | Triton queue ms "
-             "| BLS to socket ms | socket to engine ms | client CPU share | ITL p50 ms "
+             "| BLS to socket ms | socket to engine ms | client CPU share (processes) | ITL p50 ms "
              "| ITL p99 ms | tokens/s "
              "| server ms/step | server tokens/step | chained steps | eager share | in-process ms/step "
              "| served ITL / in-process | served tok/s / in-process | served tok/s / in-process whole |",
@@ -74,7 +80,7 @@ def table(out: Path) -> list[str]:
                      f"{_fmt(server.get('triton_queue_ms_mean'), '.1f')} | "
                      f"{_fmt(server.get('bls_submit_ms_mean'), '.1f')} | "
                      f"{_fmt(server.get('engine_socket_ms_mean'), '.1f')} | "
-                     f"{_fmt((entry.get('client') or {}).get('cpu_share'), '.2f')} | {_fmt(itl, '.3f')} | "
+                     f"{_client(entry.get('client') or {})} | {_fmt(itl, '.3f')} | "
                      f"{_fmt(entry['itl_ms'].get('p99'), '.3f')} | {_fmt(rate, '.0f')} | "
                      f"{_fmt(server.get('ms_per_step'), '.3f')} | {_fmt(server.get('tokens_per_step'), '.1f')} | "
                      f"{_fmt(chained, '.0%')} | {_fmt(server.get('eager_share'), '.0%')} | "

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from conftest import load, run_cli
 from test_serve import wait_idle
 from trtllm_pipeline import bench
+from trtllm_pipeline.bench.client_processes import auto_processes
+from trtllm_pipeline.bench.load import Job, run_level
+from trtllm_pipeline.bench.protocols import connect
+from trtllm_pipeline.bench.settings import LoadLevel
 from trtllm_pipeline.errors import StageFailed
 from trtllm_pipeline.machine import gpus
 
@@ -81,6 +86,31 @@ def test_http_streaming_protocol(served, engines_dir, tmp_path):
     for entry in result.data["summary"]:
         assert entry["requests"] == 4 and entry["errors"] == 0 and entry["output_tokens_mean"] == 12
     assert all(len(r["token_times_ms"]) == 12 for r in result.data["requests"])
+
+
+def test_a_level_sent_from_two_client_processes_keeps_its_concurrency_and_order(served, engines_dir):
+    """``processes=2``: concurrency 4 as two processes of 2 streams each, started together; the results come back in
+    job order under the level's own key, timed on one clock (the two processes' requests overlap)."""
+    server = served(NAME)
+    tokenizer = bench.load_tokenizer(bench.config_tokenizer_dir(load(NAME), engines_dir))
+    endpoint = connect("triton-grpc", f"127.0.0.1:{server.grpc_port}", None, 120.0)
+    jobs = [Job(i, f"Request {i}: tell me about the sea.", 0) for i in range(8)]
+    client: dict = {}
+    results = run_level(endpoint, jobs, LoadLevel(concurrency=4), 12, tokenizer, client_cpu=client, processes=2)
+    assert [r.index for r in results] == list(range(8)) and all(r.level == {"concurrency": 4} for r in results)
+    assert all(r.ok and r.output_tokens == 12 and len(r.token_times) == 12 for r in results)
+    assert all(r.output_tokens_retokenized for r in results)  # re-encoded here, from the text the processes sent back
+    assert client["processes"] == 2 and client["cpu_s"] > 0 and client["cpu_share"] > 0
+    # jobs alternate between the processes (round robin): requests of both were in flight at once, never over 4
+    in_flight = max(sum(r.start <= s.start < r.end for r in results) for s in results)
+    assert 3 <= in_flight <= 4, [(r.start, r.end) for r in results]
+
+
+def test_auto_client_processes_one_per_16_streams_within_a_quarter_of_the_cores():
+    cores = len(os.sched_getaffinity(0))
+    assert auto_processes(LoadLevel(concurrency=1), 32) == 1
+    assert auto_processes(LoadLevel(concurrency=64), 384) == max(1, min(4, cores // 4))
+    assert auto_processes(LoadLevel(concurrency=64), 2) <= 2  # never more processes than jobs
 
 
 def test_server_errors_are_counted_not_hidden(served, engines_dir, tmp_path):

@@ -79,10 +79,14 @@ def test_generate_equals_in_process_generate(server, runtime, protocol):
             assert len(expected.token_ids) > 1
 
 
-def test_one_grpc_stream_carries_a_clients_requests_and_an_abandoned_one_leaves_nothing_behind(server, runtime):
-    """A gRPC client keeps its stream across requests (no stream set up and torn down per request); a request its
-    consumer leaves early is cancelled with its stream, and the next request, on a fresh one, reads only its own
-    responses."""
+def test_a_kept_grpc_stream_carries_a_clients_requests_and_an_abandoned_one_leaves_nothing_behind(
+        server, runtime, monkeypatch):
+    """``TRTLLM_PIPELINE_GRPC_KEEP_STREAM=1`` (the A/B of a stream a request): a gRPC client keeps its stream across
+    requests; a request its consumer leaves early is cancelled with its stream, and the next request, on a fresh one,
+    reads only its own responses."""
+    from trtllm_pipeline import client as client_module
+
+    monkeypatch.setattr(client_module, "KEEP_STREAM", True)
     expected = [in_process(runtime, p, max_tokens=24).text for p in PROMPTS[:2]]
     with TritonClient(url(server, "grpc"), "grpc") as client:
         assert client.generate(PROMPTS[0], max_tokens=24) == expected[0]
@@ -96,16 +100,18 @@ def test_one_grpc_stream_carries_a_clients_requests_and_an_abandoned_one_leaves_
         assert client._responses is not None and client._responses is not stream
 
 
-def test_a_stream_per_request_where_switched_on(server, runtime, monkeypatch):
-    """``TRTLLM_PIPELINE_GRPC_STREAM_PER_REQUEST=1`` (the A/B of the kept stream): each request on a stream of its
-    own, stopped after its final response, and the same text."""
-    from trtllm_pipeline import client as client_module
-
-    monkeypatch.setattr(client_module, "PER_REQUEST_STREAMS", True)
+def test_each_grpc_request_has_a_stream_of_its_own_by_default(server, runtime):
+    """The default: each request on a stream of its own, stopped after its final response, and the same text;
+    one left early by its consumer is cancelled and the next still reads only its own responses."""
     expected = [in_process(runtime, p, max_tokens=24).text for p in PROMPTS[:2]]
     with TritonClient(url(server, "grpc"), "grpc") as client:
         for prompt, text in zip(PROMPTS[:2], expected):
             assert client.generate(prompt, max_tokens=24) == text and client._responses is None
+        pieces = client.stream(PROMPTS[0], max_tokens=200)
+        next(pieces)
+        pieces.close()
+        assert client._responses is None
+        assert client.generate(PROMPTS[1], max_tokens=24) == expected[1]
 
 
 @pytest.fixture(scope="module")

@@ -505,13 +505,16 @@ def _length_pairs(ctx, param, value):
 @click.option("--seed", type=int, default=1234, show_default=True, help="Prompts and open-loop arrivals.")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(min=1), default=600, show_default=True,
               help="Seconds to wait for any one response.")
+@click.option("--client-processes", type=click.IntRange(min=1), default=None,
+              help="Client processes sending a level's requests (each times its own streams; one process's streams "
+              "share a GIL). Default: one per 16 streams, at most a quarter of this machine's cores.")
 @engines_dir_option
 @tp_mode_option
 def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, prefill_chunk_tokens,
           max_batch_size, speculative, num_draft_tokens, spec_prompts, tree_nodes,
           draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
-          timeout_s, engines_dir, tp_mode) -> None:
+          timeout_s, client_processes, engines_dir, tp_mode) -> None:
     """Measure TTFT, inter-token latency, throughput and cost of a served model.
 
     Closed loop (--concurrency) and/or open loop (--request-rate); every response is streamed
@@ -535,6 +538,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
         raise click.UsageError("--prompts goes with --speculative")
     if tree_nodes and speculative != "ngram":
         raise click.UsageError("--tree-nodes goes with --speculative ngram (prompt lookup drafts the trees)")
+    if client_processes and in_process:
+        raise click.UsageError("--client-processes goes with a served bench (--concurrency / --request-rate)")
     if draft_checkpoint and speculative not in ("draft", "eagle3"):
         raise click.UsageError("--draft-checkpoint goes with --speculative draft or eagle3")
     if in_process:
@@ -586,7 +591,7 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
         cfg=cfg, url=url, protocol=protocol, concurrency=concurrency, request_rate=request_rate, tokenizer=tokenizer,
         output=output, gpus=gpus, engines_dir=engines_dir, progress=click.echo, model=model, input_tokens=input_tokens,
         output_tokens=output_tokens, requests=num_requests, warmup=warmup, dataset=dataset, data_dir=data_dir,
-        seed=seed, timeout_s=timeout_s, gpu_hour_usd=gpu_hour_usd)
+        seed=seed, timeout_s=timeout_s, gpu_hour_usd=gpu_hour_usd, client_processes=client_processes)
     echo_lines(result.cost_lines())
     if warning := result.warning():
         click.echo(warning, err=True)

@@ -3,8 +3,8 @@
 It talks to ``tensorrt_llm_bls`` by default (``contract.FRONT_MODEL``; the ``ensemble`` takes the same
 inputs), the model that stops generating when its client cancels or goes away. Both are decoupled
 (they stream), so over gRPC every request, streamed or not, goes through
-``start_stream``/``async_stream_infer`` (Triton refuses plain ``infer`` on a decoupled model; one stream a client,
-kept across its requests); over
+``start_stream``/``async_stream_infer`` (Triton refuses plain ``infer`` on a decoupled model; a stream a request,
+``KEEP_STREAM`` below); over
 HTTP a whole answer is ``POST /v2/models/<model>/generate`` and a stream ``/generate_stream``
 (server-sent events). One client per thread: tritonclient's clients are not thread-safe.
 
@@ -34,10 +34,12 @@ log = logging.getLogger(__name__)
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_MAX_TOKENS = 256
-# The A/B of one gRPC stream a client (the default since 2026-12-05) against a stream per request: H100 2026-12-06,
-# random 7B FP8 served at c=64, 8,091 output tokens/s with TTFT p90 1.19 s against 11,233 and p50 137 ms (2026-12-05e,
-# per request, other changes between); ``TRTLLM_PIPELINE_GRPC_STREAM_PER_REQUEST=1`` opens and stops one per request.
-PER_REQUEST_STREAMS = os.environ.get("TRTLLM_PIPELINE_GRPC_STREAM_PER_REQUEST", "0").strip() == "1"
+# A gRPC stream a request (opened, then stopped after its final response), not one kept across a client's requests:
+# H100 2026-12-06c, random 7B FP8 served at c=64 (384 requests, one BLS process), a stream a request 12,364 output
+# tokens/s, TTFT p50 109 / p90 171 ms, Triton's queue for the BLS 19 ms a request; kept streams, same call, 11,070 and
+# 11,058, p50 184 / 180, p90 357 / 346, queue 114 / 87 ms. Why a kept stream queues longer in Triton is not known.
+# ``TRTLLM_PIPELINE_GRPC_KEEP_STREAM=1`` keeps one a client (the A/B).
+KEEP_STREAM = os.environ.get("TRTLLM_PIPELINE_GRPC_KEEP_STREAM", "0").strip() == "1"
 CANCEL_POLL_S = 0.05  # how often a stream with a cancellation event looks at it while no response arrives
 _TYPES = {"TYPE_STRING": ("BYTES", object), "TYPE_INT32": ("INT32", np.int32), "TYPE_FP32": ("FP32", np.float32),
           "TYPE_BOOL": ("BOOL", bool), "TYPE_UINT64": ("UINT64", np.uint64)}
@@ -197,7 +199,7 @@ class TritonClient:
                            None if tokens is None else int(tokens.reshape(-1)[0]))
                 if final:
                     finished = True
-                    if PER_REQUEST_STREAMS:
+                    if not KEEP_STREAM:
                         self._end_stream(cancel=False)
                     return
         finally:
@@ -207,9 +209,8 @@ class TritonClient:
                 self._end_stream(cancel=True)
 
     def _stream(self) -> queue.Queue:
-        """The client's gRPC stream, opened on first use and kept across requests, one at a time (each ends with
-        its final response): a stream opened and stopped per request cost every request a gRPC call set-up and a
-        thread started and joined in the client, which at a benchmark's wave of 64 requests ran 64 times at once."""
+        """The client's gRPC stream, opened for a request (and, with ``KEEP_STREAM``, kept for its next ones, one at a
+        time, each ending with its final response)."""
         if self._responses is None:
             responses: queue.Queue = queue.Queue()
             # stamped on arrival, in gRPC's thread: the consumer may take it from the queue later, when other streams

@@ -28,6 +28,11 @@ class PipelineError(Exception):
     def __str__(self) -> str:
         return f"{self.message}\nFix: {self.fix}" if self.fix else self.message
 
+    def __reduce__(self):
+        # pickled with its fix (Exception's own pickling would pass ``args``, the message alone): a bench client
+        # process's error reaches the parent whole
+        return type(self), (self.message, self.fix)
+
 
 class ConfigError(PipelineError):
     """A build config (or another input file) is invalid."""

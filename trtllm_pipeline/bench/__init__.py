@@ -17,8 +17,9 @@ Results file (JSON, ``schema`` 1): ``settings``; ``summary``, one entry per load
 ``ttft_ms``/``itl_ms``/``tpot_ms``/``e2e_ms`` (each ``mean``, ``p50``, ``p90``, ``p99``),
 ``output_tokens_per_s``, ``requests_per_s`` and ``cost`` (null for a server on a CPU), and ``note`` where the
 level's requests queue (concurrency above the server's batch); added since (schema still 1): ``server``, the torch
-runtime's own counters over the level (``server_steps``; null for another server), and ``client``, this process's
-CPU over the load (``cpu_s``, ``cpu_share`` of its wall time: near 1, the client's one GIL may have set the pace);
+runtime's own counters over the level (``server_steps``; null for another server), and ``client``, the client's
+CPU over the load (``processes`` sending it, their ``cpu_s``, and ``cpu_share``, the busiest one's share of the wall
+time: near 1, that process's one GIL may have set the pace);
 ``requests``, one record per request.
 """
 
@@ -32,6 +33,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from trtllm_pipeline import artifacts, cost
+from trtllm_pipeline.bench.client_processes import auto_processes
 from trtllm_pipeline.bench.load import Job, run_level
 from trtllm_pipeline.bench.metrics import summarize_level
 from trtllm_pipeline.bench.prompts import dataset_prompts, prompts, synthetic_prompts
@@ -154,7 +156,8 @@ def bench(settings: BenchSettings, *, tokenizer, tokenizer_source: str, output: 
         before, started_level = read_counters(server_metrics), time.perf_counter()
         client: dict = {}
         results = run_level(endpoint, measured, level, settings.output_tokens, tokenizer, seed=settings.seed,
-                            client_cpu=client)
+                            client_cpu=client,
+                            processes=settings.client_processes or auto_processes(level, len(measured)))
         seconds = time.perf_counter() - started_level
         entry = summarize_level(level.key, results)
         entry["server"] = between(before, read_counters(server_metrics), seconds)
@@ -210,8 +213,15 @@ def describe_level(entry: dict[str, Any]) -> str:
             f"{fmt(entry['output_tokens_per_s'])} tokens/s, {fmt(entry['requests_per_s'])} requests/s"
             + (f"; server {entry['server']['ms_per_step']:.2f} ms/step, {entry['server']['tokens_per_step']:.1f} "
                "tokens/step" if entry.get("server") else "") + _engine_steps(entry.get("server") or {})
-            + (f"; client CPU {entry['client']['cpu_share']:.2f} of its wall time"
-               if (entry.get("client") or {}).get("cpu_share") is not None else ""))
+            + _client_cpu(entry.get("client") or {}))
+
+
+def _client_cpu(client: dict[str, Any]) -> str:
+    if client.get("cpu_share") is None:
+        return ""
+    processes = client.get("processes", 1)
+    return (f"; client CPU {client['cpu_share']:.2f} of its wall time" if processes == 1 else
+            f"; {processes} client processes, the busiest's CPU {client['cpu_share']:.2f} of the wall time")
 
 
 def _engine_steps(server: dict[str, Any]) -> str:

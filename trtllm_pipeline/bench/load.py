@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Sequence
 
+from trtllm_pipeline.bench.client_processes import run_split
 from trtllm_pipeline.bench.metrics import RequestResult
 from trtllm_pipeline.bench.protocols import Endpoint, RequestFailed
 from trtllm_pipeline.bench.settings import LoadLevel
@@ -31,31 +32,47 @@ class Job:
 
 
 def run_level(endpoint: Endpoint, jobs: Sequence[Job], level: LoadLevel, output_tokens: int, tokenizer,
-              *, seed: int = 0, client_cpu: dict | None = None) -> list[RequestResult]:
-    """Send ``jobs`` at one load level; one RequestResult per job, in job order. ``client_cpu``, where given, gets this
-    process's CPU seconds over the load and their share of its wall time (``cpu_s``, ``cpu_share``): the client's
-    threads share one GIL, so a share near 1 says the client itself may have set the pace (late sends, late reads)."""
+              *, seed: int = 0, client_cpu: dict | None = None, processes: int = 1) -> list[RequestResult]:
+    """Send ``jobs`` at one load level; one RequestResult per job, in job order. ``processes`` > 1: from that many
+    client processes (``client_processes``). ``client_cpu``, where given, gets the client's CPU seconds over the load
+    and the busiest process's share of the wall time (``cpu_s``, ``cpu_share``, ``processes``): a process's streams
+    share one GIL, so a share near 1 says the client itself may have set the pace (late sends, late reads)."""
     if not jobs:
         return []
-    def execute(client, job: Job) -> RequestResult:
-        return execute_request(client, job, level.key, output_tokens)
-
-    width = level.concurrency if level.concurrency is not None else MAX_OPEN_LOOP_CLIENTS
-    clients = [endpoint.client() for _ in range(min(width, len(jobs)))]  # connected before the clock starts
-    cpu, wall = time.process_time(), time.perf_counter()
-    try:
-        if level.concurrency is not None:
-            results = _closed_loop(clients, jobs, execute)
-        else:
-            results = _open_loop(clients, jobs, execute, level.request_rate, random.Random(seed))
-    finally:
-        for client in clients:
-            client.close()
-    if client_cpu is not None:
+    if processes > 1:
+        results, cpu_use = run_split(endpoint, jobs, level, output_tokens, processes=processes, seed=seed,
+                                     connect=connect_clients, send=send)
+    else:
+        clients = connect_clients(endpoint, level, len(jobs))  # connected before the clock starts
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            results = send(clients, jobs, level, level.key, output_tokens, seed)
+        finally:
+            for client in clients:
+                client.close()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        client_cpu.update(cpu_s=round(cpu, 3), cpu_share=round(cpu / wall, 3) if wall > 0 else None)
+        cpu_use = {"processes": 1, "cpu_s": round(cpu, 3), "cpu_share": round(cpu / wall, 3) if wall > 0 else None}
+    if client_cpu is not None:
+        client_cpu.update(cpu_use)
     retokenize(results, tokenizer)
     return results
+
+
+def connect_clients(endpoint: Endpoint, level: LoadLevel, jobs: int) -> list:
+    """The level's clients, one per stream it keeps in flight (open loop: up to ``MAX_OPEN_LOOP_CLIENTS``)."""
+    width = level.concurrency if level.concurrency is not None else MAX_OPEN_LOOP_CLIENTS
+    return [endpoint.client() for _ in range(min(width, jobs))]
+
+
+def send(clients, jobs: Sequence[Job], level: LoadLevel, key: dict[str, Any], output_tokens: int,
+         seed: int) -> list[RequestResult]:
+    """``jobs`` through ``clients`` at ``level`` (closed or open loop), each result labelled with ``key``."""
+    def execute(client, job: Job) -> RequestResult:
+        return execute_request(client, job, key, output_tokens)
+
+    if level.concurrency is not None:
+        return _closed_loop(clients, jobs, execute)
+    return _open_loop(clients, jobs, execute, level.request_rate, random.Random(seed))
 
 
 def retokenize(results: Sequence[RequestResult], tokenizer) -> None:

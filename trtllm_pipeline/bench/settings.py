@@ -40,6 +40,7 @@ class BenchSettings:
     data_dir: Path | None = None
     seed: int = 1234
     timeout_s: float = 600.0
+    client_processes: int | None = None  # None: ``client_processes.auto_processes`` per level
 
     def check(self) -> None:
         if not self.levels:
@@ -50,6 +51,8 @@ class BenchSettings:
             raise InputError("--request-rate values must be positive (requests per second).")
         if self.input_tokens < 2 or self.output_tokens < 1 or self.requests < 1 or self.warmup < 0:
             raise InputError("--input-tokens must be >= 2, --output-tokens >= 1, --requests >= 1, --warmup >= 0.")
+        if self.client_processes is not None and self.client_processes < 1:
+            raise InputError("--client-processes must be at least 1.")
         if self.dataset not in DATASETS:
             raise InputError(f"unknown dataset {self.dataset!r}.", fix=f"use one of {', '.join(DATASETS)}")
 
