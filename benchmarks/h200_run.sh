@@ -562,7 +562,13 @@ PY
     python3 benchmarks/spec_decode.py -c "$main" --engines-dir "$engines" --out "$out" \
       --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" --prompts "${SPEC_PROMPTS:-18}" \
       --tree-nodes "${SPEC_TREE_NODES:-32}" \
-      | tee "$out/spec_decode.txt" ;;
+      | tee "$out/spec_decode.txt"
+    # SPEC_SELF=1: the draft-model path measured the same way, as self-speculation (the target's first quarter of
+    # layers drafting; eager draft steps, launch-bound on CUDA: a correctness path), on a small share of the workload
+    if [ "${SPEC_SELF:-0}" = 1 ]; then
+      tp bench --in-process -c "$main" --engines-dir "$engines" --speculative self --workload grounded,open \
+        --batch 1 --prompts 2 --output-tokens 64 -o "$out/spec-self.json" | tail -n 6 || true
+    fi ;;
   *)
     echo "unknown part $part: pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec" >&2; exit 2 ;;
 esac

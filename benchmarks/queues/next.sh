@@ -19,7 +19,8 @@ part served 200 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COAL
 # the tree graphs' compile and capture, a 33-token tree row's cost against a 1-token step; the offline study's 1.8x in
 # steps needs trees). H100 2026-12-06c, linear: grounded 1.31-1.35x, acceptance 2.88-3.16, outputs 18/18 identical
 await /tmp/smolw/ready 60
-part spec 360 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_MAIN=smollm2
+# (and SPEC_SELF=1: the draft-model path measured the same way, as self-speculation: never timed on a GPU)
+part spec 420 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_MAIN=smollm2 SPEC_SELF=1
 # 31: the prefill-bound rows (1000-token prompts fit a fast step beside few decodes; 2048-token ones now from the
 # prefill graphs: H200 2026-12-05 2,635 / 2,368 output tokens/s at 2048/128, 12,633 at 1000/1000)
 part throughput 300 LENGTHS="2048/128 1000/1000" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
