@@ -29,7 +29,7 @@ def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, e
     out = tmp_path / "bench.json"
     proc = run_cli("bench", "-c", f"build_configs/{NAME}.yaml", "--engines-dir", str(engines_dir),
                    "--concurrency", "1,8", "--requests", "8", "--warmup", "1", "--input-tokens", "48",
-                   "--output-tokens", "24", "-o", str(out))
+                   "--output-tokens", "24", "--client-processes", "2", "-o", str(out))
     assert proc.returncode == 0, proc.stderr + proc.stdout
     data = json.loads(out.read_text())
     assert data["settings"]["url"] == f"127.0.0.1:{server.grpc_port}"  # found from the running server's state
@@ -37,6 +37,7 @@ def test_grpc_concurrency_1_and_8_exact_lengths_and_consistent_latency(served, e
     assert [e["concurrency"] for e in data["summary"]] == [1, 8]
     for entry in data["summary"]:
         assert entry["requests"] == 8 and entry["errors"] == 0
+        assert entry["client"]["processes"] == min(2, entry["concurrency"])  # spawned from `python -m` too
         assert entry["output_tokens_mean"] == 24 and entry["input_tokens_mean"] == 48
         assert entry["ttft_ms"]["p50"] > 0 and entry["itl_ms"]["p50"] > 0
         assert entry["output_tokens_per_s"] > 0 and "note" not in entry  # 8 = the build's batch: nothing queues

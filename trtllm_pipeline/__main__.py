@@ -1,3 +1,4 @@
 from trtllm_pipeline.cli import main
 
-main()
+if __name__ == "__main__":  # not again in a spawned process (bench's client processes)
+    main()
