@@ -148,6 +148,19 @@ def test_open_loop_levels(stub_url, tokenizer, tmp_path):
     assert all(r["request_rate"] == 40.0 for r in result.data["requests"])
 
 
+def test_an_open_loop_level_from_two_client_processes_splits_its_rate(stub_url, tokenizer, tmp_path):
+    """Two processes at 20 requests/s each make the level's 40 (Poisson processes add up); every request comes back
+    under the level's key, in order, over the OpenAI protocol too."""
+    levels = (bench.LoadLevel(request_rate=40.0),)
+    result = bench.bench(settings(stub_url, levels=levels, requests=10, client_processes=2), tokenizer=tokenizer,
+                         tokenizer_source="tiny", output=tmp_path / "r.json")
+    (entry,) = result.data["summary"]
+    assert entry["request_rate"] == 40.0 and entry["requests"] == 10 and entry["errors"] == 0
+    assert entry["client"]["processes"] == 2
+    assert [r["index"] for r in result.data["requests"]] == list(range(1, 11))  # (request 0: the warm-up)
+    assert all(r["request_rate"] == 40.0 and r["output_tokens"] == 8 for r in result.data["requests"])
+
+
 def test_wrong_output_lengths_are_errors_not_data(stub_url, tokenizer, tmp_path):
     out = tmp_path / "r.json"
     with pytest.raises(StageFailed, match="every request failed"):
