@@ -14,6 +14,7 @@ import pytest
 from bench_stub import FIRST_S, GAP_S, HELD, StubHandler, stub_server
 from conftest import CONFIGS, load, run_cli
 from trtllm_pipeline import bench
+from trtllm_pipeline.bench.client_processes import shares
 from trtllm_pipeline.bench.protocols import connect
 from trtllm_pipeline.model.builtin import builtin_model_dir
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
@@ -146,6 +147,19 @@ def test_open_loop_levels(stub_url, tokenizer, tmp_path):
     assert entry["request_rate"] == 40.0 and "concurrency" not in entry
     assert entry["requests"] == 10 and entry["errors"] == 0
     assert all(r["request_rate"] == 40.0 for r in result.data["requests"])
+
+
+@pytest.mark.parametrize("level,jobs,processes", [(bench.LoadLevel(concurrency=64), 384, 4),
+                                                   (bench.LoadLevel(concurrency=3), 10, 4),
+                                                   (bench.LoadLevel(request_rate=8.0), 3, 4)])
+def test_client_process_shares_cover_every_job_once_and_add_up_to_the_level(level, jobs, processes):
+    parts = shares(level, list(range(jobs)), processes)
+    assert sorted(i for _, positions in parts for i in positions) == list(range(jobs))
+    assert len(parts) == min(processes, jobs, level.concurrency or jobs)
+    if level.concurrency is not None:
+        assert sum(own.concurrency for own, _ in parts) == level.concurrency
+    else:
+        assert sum(own.request_rate for own, _ in parts) == pytest.approx(level.request_rate)
 
 
 def test_an_open_loop_level_from_two_client_processes_splits_its_rate(stub_url, tokenizer, tmp_path):

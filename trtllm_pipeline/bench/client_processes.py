@@ -37,8 +37,7 @@ def auto_processes(level: LoadLevel, jobs: int) -> int:
 
 def shares(level: LoadLevel, jobs: Sequence, processes: int) -> list[tuple[LoadLevel, list[int]]]:
     """Each process's level (its concurrency or rate) and the positions of its jobs, round robin."""
-    if level.concurrency is not None:
-        processes = min(processes, level.concurrency)
+    processes = min(processes, len(jobs), level.concurrency or len(jobs))
     out = []
     for p in range(processes):
         positions = list(range(p, len(jobs), processes))
@@ -46,8 +45,7 @@ def shares(level: LoadLevel, jobs: Sequence, processes: int) -> list[tuple[LoadL
             own = LoadLevel(concurrency=level.concurrency // processes + (p < level.concurrency % processes))
         else:
             own = LoadLevel(request_rate=level.request_rate / processes)
-        if positions:
-            out.append((own, positions))
+        out.append((own, positions))
     return out
 
 
@@ -76,6 +74,10 @@ def run_split(endpoint: Endpoint, jobs: Sequence, level: LoadLevel, output_token
             p, results, cpu_s = _take(done, children, None, "sending its requests")
             outcomes[p] = (results, cpu_s)
         wall = time.perf_counter() - wall
+    except BaseException:
+        for child in children:  # the others too: one failed, or the user stopped the bench
+            child.terminate()
+        raise
     finally:
         for child in children:
             child.join(timeout=10)
