@@ -26,7 +26,11 @@ class StubHandler(BaseHTTPRequestHandler):
     chunk, and its first ``HELD`` tokens' chunks carry no text (held back, as a detokenizer holds partial UTF-8)."""
 
     protocol_version = "HTTP/1.1"  # chunked transfer, as real servers stream SSE
+    # Nagle off, as real servers' streams have it (uvicorn, this project's fronts): on a kept-alive connection a chunk
+    # would otherwise wait for the client's delayed ACK of the one before
+    disable_nagle_algorithm = True
     calls = 0
+    peers: set = set()  # (host, port) of each connection a request came on
     lock = threading.Lock()
 
     def log_message(self, *args):  # keep pytest output clean
@@ -53,6 +57,7 @@ class StubHandler(BaseHTTPRequestHandler):
         with self.lock:
             type(self).calls += 1
             call = self.calls
+            self.peers.add(self.client_address)
         if body["model"] == "stub-flaky" and call % 3 == 0:
             return self._json(500, {"error": "overloaded"})
         assert body["stream"] and body["stream_options"]["include_usage"]

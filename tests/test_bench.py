@@ -112,6 +112,15 @@ def test_tokens_without_text_are_timed_where_the_server_sends_usage_on_every_chu
         assert r["ttft_ms"] >= FIRST_S * 1e3 * 0.99 and r["token_times_ms"][HELD] >= r["ttft_ms"] + HELD * GAP_S * 1e3
 
 
+def test_a_client_keeps_its_connection_across_its_requests(stub_url, tokenizer, tmp_path):
+    """Each stream is read to its end, past [DONE], so its connection goes back to the client's pool: four requests
+    of one client on one connection, as the OpenAI SDK's (a response left unread closed its connection)."""
+    StubHandler.peers.clear()
+    result = bench.bench(settings(stub_url, requests=4, warmup=0), tokenizer=tokenizer, tokenizer_source="tiny",
+                         output=tmp_path / "r.json")
+    assert result.data["summary"][0]["requests"] == 4 and len(StubHandler.peers) == 1
+
+
 def test_a_server_on_a_cpu_has_no_cost_and_queueing_levels_say_so(stub_url, tokenizer, tmp_path):
     levels = (bench.LoadLevel(concurrency=1), bench.LoadLevel(concurrency=3))
     result = bench.bench(settings(stub_url, levels=levels, requests=3, warmup=0), tokenizer=tokenizer,

@@ -266,3 +266,37 @@ def test_a_lost_engine_makes_models_and_requests_503(tokenizer, tmp_path):
         assert r.status_code == 503 and "killed by SIGKILL" in r.json()["error"]["message"], r.text
     health.clear(repo)
     assert c.get("/v1/models").status_code == 200
+
+
+def test_the_fronts_connections_have_nagle_off():
+    """The front's socket names its protocol, so that asyncio (uvicorn's transports) sets TCP_NODELAY on every
+    connection: with Nagle on, a streamed chunk written while the previous one was unacknowledged waited for the
+    client's delayed ACK (a kept-alive connection's second stream got its first tokens ~40 ms late, at once)."""
+    import socket
+
+    from trtllm_pipeline.openai.server import listening_socket
+
+    async def accept_one(sock) -> int:
+        accepted = asyncio.get_running_loop().create_future()
+
+        class Recorder(asyncio.Protocol):
+            def connection_made(self, transport):
+                accepted.set_result(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP,
+                                                                                  socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Recorder, sock=sock)
+        try:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            nodelay = await asyncio.wait_for(accepted, 10)
+            writer.close()
+            return nodelay
+        finally:
+            server.close()
+
+    sock = listening_socket("127.0.0.1")
+    sock.bind(("127.0.0.1", 0))
+    assert asyncio.run(accept_one(sock)) != 0
+    plain = socket.socket(socket.AF_INET)  # what the front made before: protocol 0, and asyncio leaves Nagle on
+    plain.bind(("127.0.0.1", 0))
+    assert asyncio.run(accept_one(plain)) == 0

@@ -127,9 +127,14 @@ class OpenAIClient:
         }
         counted = 0  # completion tokens the chunks' usage has said so far
         with self._post_stream("/v1/completions", body) as response:
+            done = False
             for arrived, payload in _sse_data(response):
-                if payload == "[DONE]":
-                    break
+                # read on past [DONE] to the response's end (the next bytes): a response left unread closes its
+                # connection, and each request then paid a new one, which clients that keep theirs (the OpenAI SDK,
+                # httpx) do not
+                done = done or payload == "[DONE]"
+                if done:
+                    continue
                 chunk = json.loads(payload)
                 if "error" in chunk:
                     raise RequestFailed(f"server error: {chunk['error']}")
