@@ -279,6 +279,37 @@ class TritonClient:
                              fix="deploy and serve a build (trtllm-pipeline serve -c CONFIG)")
 
 
+def stream_request(model: str, values: dict[str, Any], request_id: str = ""):
+    """``values`` (``TritonClient._values``) as the protobuf request of a gRPC stream (``ModelStreamInfer``), asking
+    for Triton's empty final response (a decoupled model may end a request by a flag alone): what
+    ``async_stream_infer`` sends, for a caller on ``grpc.aio`` (the OpenAI front's event loop)."""
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import serialize_byte_tensor
+
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for name, value in values.items():
+        datatype, dtype = _INPUT_TYPES[name]
+        items = value if isinstance(value, list) else [value]
+        array = np.array([[v.encode("utf-8") if dtype is object else v for v in items]], dtype=dtype)
+        request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))  # its contents: raw, in order
+        request.raw_input_contents.append(serialize_byte_tensor(array).item() if dtype is object
+                                          else array.tobytes())
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    return request
+
+
+def response_piece(infer_response) -> tuple[str | None, int | None, bool]:
+    """(text or None, the tokens it carries where the model says, whether it is the request's final response) of a
+    stream's ``ModelInferResponse``."""
+    from tritonclient.grpc import InferResult
+
+    result = InferResult(infer_response)
+    final = infer_response.parameters.get("triton_final_response")
+    text, tokens = result.as_numpy("text_output"), result.as_numpy(NUM_OUTPUT_TOKENS)
+    return (None if text is None else _text(text), None if tokens is None else int(tokens.reshape(-1)[0]),
+            final is not None and final.bool_param)
+
+
 def _status(error) -> str | None:
     """``INVALID_ARGUMENT`` from tritonclient's ``StatusCode.INVALID_ARGUMENT`` (None when it has none)."""
     status = error.status() if hasattr(error, "status") else None

@@ -300,6 +300,8 @@ class _Pieces:
         if not self.cancelled.is_set() and not self.finished and self.stop is not None:
             self.stop()  # the engine drops it at its next step, queued or running
         self.cancelled.set()
+        if (cancel := getattr(self.stream, "cancel", None)) is not None:  # its gRPC call, at once (upstream._Stream)
+            cancel()
 
     async def aclose(self) -> None:
         self.cancel()
