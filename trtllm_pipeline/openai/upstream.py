@@ -111,6 +111,8 @@ class _Stream:
                     break
                 raise
             except grpc.aio.AioRpcError as exc:
+                if self._done:  # cancelled by us meanwhile
+                    break
                 self._done = True
                 raise openai_error(ServerError(f"{self.upstream.model} at {self.upstream.url}: {exc.details()}",
                                                status=exc.code().name)) from None
