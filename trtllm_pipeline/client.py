@@ -158,9 +158,7 @@ class TritonClient:
     def _grpc_inputs(self, values: dict[str, Any]) -> list:
         tensors = []
         for name, value in values.items():
-            datatype, dtype = _INPUT_TYPES[name]
-            items = value if isinstance(value, list) else [value]
-            array = np.array([[v.encode("utf-8") if dtype is object else v for v in items]], dtype=dtype)
+            datatype, array = _input_array(name, value)
             tensor = self._grpc.InferInput(name, list(array.shape), datatype)
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
@@ -189,14 +187,10 @@ class TritonClient:
                             raise ServerError(f"no response from {self.url} for {self.timeout_s:.0f} s.") from None
                 if error is not None:
                     raise ServerError(f"{self.model} at {self.url}: {error.message()}", status=_status(error))
-                final = result.get_response().parameters.get("triton_final_response")
-                final = final is not None and final.bool_param
-                text = result.as_numpy("text_output")
+                text, tokens, final = response_piece(result)
                 if text is not None:
                     self.arrived = arrived  # (``time.perf_counter()``) when the response being yielded landed
-                    tokens = result.as_numpy(NUM_OUTPUT_TOKENS)
-                    yield (_text(text), result.as_numpy("generation_logits"), final,
-                           None if tokens is None else int(tokens.reshape(-1)[0]))
+                    yield text, result.as_numpy("generation_logits"), final, tokens
                 if final:
                     finished = True
                     if not KEEP_STREAM:
@@ -288,23 +282,25 @@ def stream_request(model: str, values: dict[str, Any], request_id: str = ""):
 
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, value in values.items():
-        datatype, dtype = _INPUT_TYPES[name]
-        items = value if isinstance(value, list) else [value]
-        array = np.array([[v.encode("utf-8") if dtype is object else v for v in items]], dtype=dtype)
+        datatype, array = _input_array(name, value)
         request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))  # its contents: raw, in order
-        request.raw_input_contents.append(serialize_byte_tensor(array).item() if dtype is object
+        request.raw_input_contents.append(serialize_byte_tensor(array).item() if array.dtype == object
                                           else array.tobytes())
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     return request
 
 
-def response_piece(infer_response) -> tuple[str | None, int | None, bool]:
-    """(text or None, the tokens it carries where the model says, whether it is the request's final response) of a
-    stream's ``ModelInferResponse``."""
-    from tritonclient.grpc import InferResult
+def _input_array(name: str, value: Any) -> tuple[str, np.ndarray]:
+    """A contract input's Triton datatype and its [1, n] array (strings as UTF-8 bytes)."""
+    datatype, dtype = _INPUT_TYPES[name]
+    items = value if isinstance(value, list) else [value]
+    return datatype, np.array([[v.encode("utf-8") if dtype is object else v for v in items]], dtype=dtype)
 
-    result = InferResult(infer_response)
-    final = infer_response.parameters.get("triton_final_response")
+
+def response_piece(result) -> tuple[str | None, int | None, bool]:
+    """(text or None, the tokens it carries where the model says, whether it is the request's final response) of a
+    stream's response (tritonclient's ``InferResult``)."""
+    final = result.get_response().parameters.get("triton_final_response")
     text, tokens = result.as_numpy("text_output"), result.as_numpy(NUM_OUTPUT_TOKENS)
     return (None if text is None else _text(text), None if tokens is None else int(tokens.reshape(-1)[0]),
             final is not None and final.bool_param)

@@ -16,6 +16,9 @@ import asyncio
 import threading
 import time
 
+import grpc
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+
 from trtllm_pipeline.client import ServerError, TritonClient, response_piece, stream_request
 from trtllm_pipeline.errors import PipelineError
 from trtllm_pipeline.openai.protocol import OpenAIError
@@ -37,9 +40,6 @@ class Upstream:
     def _service(self):
         """The stub on the channel, made on first use: a ``grpc.aio`` channel belongs to the loop it was made in."""
         if self._stub is None:
-            import grpc
-            from tritonclient.grpc import service_pb2_grpc
-
             self._channel = grpc.aio.insecure_channel(self.url, options=[
                 ("grpc.max_send_message_length", MESSAGE_BYTES), ("grpc.max_receive_message_length", MESSAGE_BYTES)])
             self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
@@ -51,9 +51,6 @@ class Upstream:
         """OpenAIError(503) unless Triton serves the model now (a positive answer is kept a second)."""
         if time.monotonic() - self._ready_at < READY_CACHE_S:
             return
-        import grpc
-        from tritonclient.grpc import service_pb2
-
         try:
             answer = await self._service().ModelReady(service_pb2.ModelReadyRequest(name=self.model),
                                                       timeout=READY_TIMEOUT_S)
@@ -93,8 +90,6 @@ class _Stream:
         return self
 
     async def __anext__(self) -> tuple[str, int]:
-        import grpc
-
         while not self._done:
             if self.cancelled.is_set():
                 self.cancel()
@@ -123,7 +118,7 @@ class _Stream:
                 self.cancel()
                 raise openai_error(ServerError(f"{self.upstream.model} at {self.upstream.url}: "
                                                f"{response.error_message}")) from None
-            piece, tokens, final = response_piece(response.infer_response)
+            piece, tokens, final = response_piece(InferResult(response.infer_response))
             # the last one: the request was sent half-closed, so Triton ends the call itself (nothing to cancel)
             self._done = final
             if piece is not None:
