@@ -107,6 +107,15 @@ engines=/tmp/engines
 # CLEAN=1: what the part built is removed however it ends: a part stopped by its deadline (int8_gemv, H200,
 # 2026-12-05) left a 7B build behind, and the next part's quantize found too little disk and refused
 mkdir -p "$engines"
+# FREE_GIB=N: builds removed, least recently written first, until N GiB are free. A 7B quantize needs ~29 GiB (the
+# checkpoint and its HF copy); after the served, spec and throughput parts only 16 GiB were left and w4a8_gemv's
+# quantize refused (H100, 2026-12-06d). Every part builds what it needs again (a cache hit where it is still there).
+if [ -n "${FREE_GIB:-}" ]; then
+  for d in $(ls -tr "$engines"); do
+    [ "$(df -BG --output=avail "$engines" | tail -n 1 | tr -dc 0-9)" -ge "$FREE_GIB" ] && break
+    rm -rf "${engines:?}/$d" && echo "removed the build $d (FREE_GIB=$FREE_GIB)"
+  done
+fi
 builds_before=$(ls "$engines")
 clean_new() {
   [ -n "${CLEAN:-}" ] || return 0

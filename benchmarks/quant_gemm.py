@@ -55,6 +55,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -103,6 +104,18 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
         others = [r(base, scale_weights=True) if int4_awq else r(base, num_stages=4),
                   r(base, swap=False, block_k=64, num_stages=4),
                   r(base, num_stages=4) if glu else r(base, splits=base.splits * 2)]
+        if glu:
+            # The GLU cannot split K (its epilogue is silu(gate) x up), so its 128-row tiles give the 7B's 18944 rows
+            # 148 programs on 132 SMs (H100; 1.12 waves), one per SM on most: INT4 M = 8 streamed its weight at 22%
+            # of the roof (H100 2026-12-06d, 76.8 us against the batch-1 GEMV's 26.1). Narrower tiles: 296 and 592.
+            others += [r(base, block_n=64, scale_weights=int4_awq), r(base, block_n=32, scale_weights=int4_awq)]
+        elif base.splits >= 4:
+            # Split K the other way: proj's 37 splits leave a program 4 K tiles, under a 3-stage pipeline's fill,
+            # and 8.5 MB of float32 partials beside its 34 MB weight (INT4 M = 8: 28.3 us, 30% of the roof)
+            k_tiles = triton.cdiv(q.k, base.block_k)
+            for fewer in (2, 4):  # (as default_config: no split left without K tiles)
+                splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, max(1, base.splits // fewer)))
+                others.append(r(base, splits=splits, scale_weights=int4_awq))
     else:
         def tile(bm, bn, bk, warps=8, stages=3, swap=False):
             return LinearConfig(bm, bn, bk, 1, warps, stages, gemm=True, swap=swap, scale_weights=int4_awq)

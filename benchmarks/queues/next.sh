@@ -7,32 +7,22 @@
 # ../shared/data`, and `wait` copies it to /tmp/gpu_data). Keep each call within 30 s of the last (the machine is
 # released after 30 s idle). In order of need; what is cut is what comes last. The 128/2048 throughput is an H200
 # goal, so it runs after the H100-comparable parts.
-# 30: the served 7B FP8 with a gRPC stream a request (now the client's default: H100 2026-12-06c, c=64 12,364 tokens/s,
-# TTFT p50 109 / p90 171 ms, against 11,070 and 184 / 357 with kept streams) and bench's client in several processes
-# (new; its default: one per 16 streams, 4 at c=64 on 16 cores: the one process was busy 64-82% of its wall time at
-# c=64); cold start, bench, in-process, then the warm start's OpenAI front at c=1 and c=32 (the goal's 5% on ITL,
-# never measured per token on a GPU)
-part served 540 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES="cold bench inprocess openai" SERVED_REQUESTS=384 SERVED_DEADLINE_S=240
-# 30: the A/B of the client processes: one, as every served figure before
-part served 200 TRITON_CACHE_DIR=/tmp/triton-cache-a TRTLLM_PIPELINE_STREAM_COALESCE=1 SKIP_GENERATE=1 SERVE_READY_S=180 SERVED_PHASES=bench SERVED_CLIENT_PROCESSES=1 SERVED_REQUESTS=384 SERVED_DEADLINE_S=240
-# 35: SmolLM2's prompt lookup, now also with frequency trees of 32 nodes verified on the fast path (never run on a GPU:
-# the tree graphs' compile and capture, a 33-token tree row's cost against a 1-token step; the offline study's 1.8x in
-# steps needs trees). H100 2026-12-06c, linear: grounded 1.31-1.35x, acceptance 2.88-3.16, outputs 18/18 identical
+# 32: the INT4-AWQ GEMM at M 2-16 with new candidates (GLU tiles of 64 and 32 rows: 296 / 592 programs where 128 gave
+# 148 on 132 SMs; fewer, longer K splits for proj and qkv), then the whole steps by the fresh table (H100 2026-12-06d:
+# batch 8 5.126 ms, 16 5.692; the linears at M 8 at 22-30% of the roof). No build: random weights.
+part quant_gemm 330 KERNEL_SWEEP_S=150 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq
+# 35: SmolLM2's prompt lookup with trees after the identity fix (H100 2026-12-06d: trees grounded 8/18 identical, 5 not
+# ties) and self-speculation turning itself down (0.39x / 0.30x there, acceptance ~1.0)
 await /tmp/smolw/ready 60
-# (and SPEC_SELF=1: the draft-model path measured the same way, as self-speculation: never timed on a GPU)
-part spec 420 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_MAIN=smollm2 SPEC_SELF=1
-# 31: the prefill-bound rows (1000-token prompts fit a fast step beside few decodes; 2048-token ones now from the
-# prefill graphs: H200 2026-12-05 2,635 / 2,368 output tokens/s at 2048/128, 12,633 at 1000/1000)
-part throughput 300 LENGTHS="2048/128 1000/1000" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
-# 32: the whole 7B W4A8-AWQ step at batch 1 with the GLU at 32 rows a program (H100 2026-12-05e: the four launches x
-# 28 layers 3.075 -> 2.603 ms with the new rule, ~2.26 with the sweep's best; H200 2026-12-05d step 4.288 ms)
-part w4a8_gemv 360 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128
-part w4a8_kernels 120
-part quant_gemm 300 KERNEL_SWEEP_S=120 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq
+part spec 330 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_MAIN=smollm2 SPEC_SELF=1
+# 31: the long rows at 512 rows a step with the FP8 pool (H100 2026-12-06d at 256 rows, BF16 KV: 1000/1000 11,335
+# tokens/s with 42% of the pool used)
+part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS="1000/1000 500/2000" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+# 32: the whole 7B W4A8-AWQ step at batch 1 (2026-12-06d: no disk left for its quantize; FREE_GIB makes room)
+part w4a8_gemv 360 FREE_GIB=32 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128
 # 31: 128/2048 at 512 rows with the FP8 pool at steady state (H200 2026-12-05d: 25,461 tok/s over 1,500 requests,
 # against TensorRT-LLM's published 26,221; the issue asks for ~3,000; an H200 goal: an H100 runs it late)
 part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
-part modelcheck 150 WHEELS=/tmp/smolw SMOLLM2_FORMATS="fp8-fp8kv fp8"
-part int4_rows 420
+part int4_rows 420 FREE_GIB=32
 part prefix 200
