@@ -124,6 +124,11 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
                   tile(128, 128, 128), tile(128, 128, 64, stages=4), tile(128, 128, 128, stages=4),
                   tile(128, 256, 64), tile(256, 128, 64), tile(64, 128, 128, warps=4),
                   tile(128, 256, 64, swap=True), tile(128, 256, 128, swap=True), tile(128, 128, 64, warps=4, swap=True)]
+    if q.int4:
+        # each INT4 candidate so far again with its nibbles unpacked by PTX, four bytes a register (1 instruction a
+        # weight instead of ~4; the K loop at M 8: GLU 1946 -> 1073 instructions a thread, sm_90 SASS). CUDA only:
+        # under Triton's interpreter the flag runs the elementwise unpack, so only a GPU's error column checks it.
+        others += [r(c, ptx_nibbles=True) for c in [base, *others] if c is not None]
     out = [base]
     for c in others:
         if c is not None and c not in out:
@@ -352,7 +357,8 @@ def _correct(r: dict) -> bool:
 
 def _config_entry(r: dict) -> list[int]:
     c = LinearConfig(*r["config"])
-    return [c.block_m, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, int(c.swap), int(c.scale_weights)]
+    return [c.block_m, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, int(c.swap), int(c.scale_weights),
+            int(c.ptx_nibbles)]
 
 
 MMA_BLOCK_NS = (64, 256)  # the INT8 MMA kernel's variants beside its default tiles (quant_mma_int4.config)

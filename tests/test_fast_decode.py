@@ -413,7 +413,7 @@ def _w4_gemm_shared_bytes(cfg, group: int, glu: bool, k: int = 576, dot: bool = 
     else:
         fn = quant_gemm._w4_gemm_kernel
         consts = dict(common, HAS_BIAS=False, PARTIALS=not glu, ONE_GROUP=one_group, SWAP=cfg.swap,
-                      POST_SCALE=one_group and not cfg.scale_weights)
+                      POST_SCALE=one_group and not cfg.scale_weights, PTX=cfg.ptx_nibbles)
     names = list(inspect.signature(fn.fn).parameters)
     types = {"x_ptr": "*bf16", "w_ptr": "*i8", "w2_ptr": "*i8", "pqs_ptr": "*bf16", "pqs2_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16" if glu else "*fp32"}
@@ -476,9 +476,13 @@ def test_gemm_table_chooses_the_library_kernels_for_prefill_and_the_step_its_own
     by = {(e["format"], e["n"], e["m"]): e for e in entries}
     assert by["int8_sq", 256, 32] == {"format": "int8_sq", "n": 256, "k": 512, "glu": False, "m": 32,
                                       "kernel": "int_mm", "us": 3.0, "step_kernel": "gemm", "step_us": 4.0,
-                                      "step_config": [32, 64, 128, 2, 4, 3, 1, 0]}
+                                      "step_config": [32, 64, 128, 2, 4, 3, 1, 0, 0]}
     assert by["int8_sq", 256, 64]["step_kernel"] == "dot" and "step_config" not in by["int8_sq", 256, 64]
     assert by["int4_awq", 256, 8]["kernel"] == "gemm"
+    # a ninth field, PTX nibbles, since 2026-12-06; the tables before it have eight
+    assert not quant_gemm._config([16, 128, 128, 1, 4, 3, 1, 1]).ptx_nibbles
+    assert quant_gemm._config([16, 128, 128, 1, 4, 3, 1, 1, 1]) == LinearConfig(
+        16, 128, 128, 1, 4, 3, gemm=True, swap=True, scale_weights=True, ptx_nibbles=True)
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"entries": entries}))
     monkeypatch.setenv(quant_gemm.TABLE_ENV, str(path))
@@ -663,6 +667,59 @@ def test_fp8_kv_attention_tile_costs_less_issue_with_float16_dots_and_register_l
     assert today["mix"].get("F2F", 0) > 0 and f16["mix"].get("F2F", 0) == 0, (today["mix"], f16["mix"])
     assert today["loop_per_thread"] > today["byte_cycles_per_sm"] > f16_regs["loop_per_thread"], (today, f16_regs)
     assert f16["loop_per_thread"] < today["loop_per_thread"]
+
+
+def test_int4_gemm_unpacks_nibbles_by_ptx_in_fewer_instructions_for_hopper():
+    """quant_gemm's INT4 GEMM at a decode batch (M 8, the 7B's GLU and proj tiles, group scale on each weight),
+    compiled for sm_90 here (tools/gemm_sass.py): with ``ptx_nibbles`` ptxas takes the unpacking PTX, and the K loop
+    is at most 0.65 of the int8-op loop's instructions, scaling two weights an instruction (HADD2 / HMUL2) instead
+    of float32 FADD / FMUL / F2FP a weight, in no more registers."""
+    for args in (["--glu", "--block-n", "128"], ["--block-n", "128"]):
+        rows = _gemv_sass([*args], "gemm_sass")
+        ops, ptx = (next(r for r in rows if r["ptx"] is p) for p in (False, True))
+        assert ptx["loop_per_thread"] <= 0.65 * ops["loop_per_thread"], (ops, ptx)
+        assert ops["mix"].get("FMUL", 0) >= ops["weights_per_thread"] and ptx["mix"].get("FMUL", 0) == 0, (ops, ptx)
+        assert ptx["mix"].get("HMUL2", 0) >= ptx["weights_per_thread"] / 2, ptx
+        assert ptx["registers"] <= ops["registers"], (ops, ptx)
+
+
+def test_the_ptx_nibble_unpacking_gives_each_byte_its_own_two_values():
+    """The PTX of ``quant_gemm._unpack_ptx``, executed here instruction by instruction (PRMT, LOP3 with its truth
+    table, SHR: PTX ISA semantics) on every byte in every position of a register: output element i holds byte i's
+    low nibble's ``magic ^ nibble`` in $0/$1 and its high nibble's in $2/$3, as the int16 path computes them."""
+    import re
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm
+
+    def prmt(a, b, sel):
+        pool = [(a >> 8 * i) & 0xFF for i in range(4)] + [(b >> 8 * i) & 0xFF for i in range(4)]
+        return sum(pool[(sel >> 4 * i) & 0x7] << 8 * i for i in range(4))
+
+    def lop3(a, b, c, lut):
+        return sum(((lut >> ((((a >> i) & 1) << 2) | (((b >> i) & 1) << 1) | ((c >> i) & 1))) & 1) << i
+                   for i in range(32))
+
+    def run(asm, word):
+        regs = {"$4": word, "z": 0}
+        for ins in asm.strip("{} ").split(";"):
+            parts = ins.replace(",", " ").split()
+            if not parts or parts[0].startswith("."):
+                continue
+            op, dst, *src = parts
+            val = [regs[x] if x in regs else int(x, 0) for x in src]
+            regs[dst] = {"mov.b32": lambda v: v[0], "prmt.b32": lambda v: prmt(*v), "shr.u32": lambda v: v[0] >> v[1],
+                         "lop3.b32": lambda v: lop3(*v)}[op](val) & 0xFFFFFFFF
+        return [regs[f"${i}"] for i in range(4)]
+
+    for magic in (0x4308, 0x6408):
+        asm = quant_gemm._unpack_ptx(magic)
+        assert len(re.findall(r"prmt|lop3|shr", asm)) == 8  # 8 instructions for 8 weights
+        for byte in range(256):
+            for pos in range(4):
+                word = byte << 8 * pos | (0xA5 if pos != 0 else 0x5A) << 8 * ((pos + 1) % 4)  # a neighbour set too
+                halves = [(r >> 16 * h) & 0xFFFF for r in run(asm, word) for h in (0, 1)]
+                lo, hi = halves[:4], halves[4:]
+                assert lo[pos] == (byte & 0xF) ^ magic and hi[pos] == (byte >> 4) ^ magic, (magic, byte, pos)
 
 
 def test_int8_gemv_compiles_for_hopper_at_a_quarter_dp4a_per_weight():

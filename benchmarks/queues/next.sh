@@ -7,9 +7,11 @@
 # ../shared/data`, and `wait` copies it to /tmp/gpu_data). Keep each call within 30 s of the last (the machine is
 # released after 30 s idle). In order of need; what is cut is what comes last. The 128/2048 throughput is an H200
 # goal, so it runs after the H100-comparable parts.
-# 32: the INT4-AWQ GEMM at M 2-16 with new candidates (GLU tiles of 64 and 32 rows: 296 / 592 programs where 128 gave
-# 148 on 132 SMs; fewer, longer K splits for proj and qkv), then the whole steps by the fresh table (H100 2026-12-06d:
-# batch 8 5.126 ms, 16 5.692; the linears at M 8 at 22-30% of the roof). No build: random weights.
+# 32: the INT4-AWQ GEMM at M 2-16 with new candidates: every GEMM candidate again with its nibbles unpacked by PTX
+# (ptx_nibbles: never run on a GPU; its error column is its first check; sm_90 SASS 7.6 -> 4.4 instructions a weight),
+# GLU tiles of 64 and 32 rows (296 / 592 programs where 128 gave 148 on 132 SMs), fewer K splits for proj and qkv;
+# then the whole steps by the fresh table (H100 2026-12-06d: batch 8 5.126 ms, 16 5.692; the linears at M 8 at
+# 22-30% of the roof). No build: random weights.
 part quant_gemm 330 KERNEL_SWEEP_S=150 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq
 # 35: SmolLM2's prompt lookup with trees after the identity fix (H100 2026-12-06d: trees grounded 8/18 identical, 5 not
 # ties) and self-speculation turning itself down (0.39x / 0.30x there, acceptance ~1.0)

@@ -70,6 +70,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_linear,
                                                        quant_mma_int4)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import _act_tile, _magic
 
@@ -127,16 +128,55 @@ def _tile_ids(M, N_TILES, BLOCK_M: tl.constexpr):
     return first + (pid % band) % rows, (pid % band) // rows
 
 
+def _unpack_ptx(magic: int) -> str:
+    """PTX for ``tl.inline_asm_elementwise(pack=4)``: four packed bytes ($4) -> their low nibbles' ``magic ^ nibble``
+    as two registers of two 16-bit floats ($0, $1) and their high nibbles' ($2, $3), element order kept. A PRMT
+    spreads bytes 0, 1 (and 2, 3) to the two halves of a register, one LOP3 masks and XORs a pair, a shift brings
+    the high nibbles down: 8 instructions for 8 weights. As int8 elementwise ops the compiler widened every byte to
+    a register and packed the halves back (PRMT, IMAD, SHF a weight: 7.6 instructions a weight in the 7B GLU's
+    K loop at M 8, sm_90 SASS; tools/gemm_sass.py)."""
+    m = f"0x{magic:04X}{magic:04X}"
+    return ("{ .reg .b32 t0, t1, z; mov.b32 z, 0; prmt.b32 t0, $4, z, 0x4140; prmt.b32 t1, $4, z, 0x4342; "
+            f"lop3.b32 $0, t0, 0x000F000F, {m}, 0x6A; lop3.b32 $1, t1, 0x000F000F, {m}, 0x6A; "
+            "shr.u32 t0, t0, 4; shr.u32 t1, t1, 4; "
+            f"lop3.b32 $2, t0, 0x000F000F, {m}, 0x6A; lop3.b32 $3, t1, 0x000F000F, {m}, 0x6A; }}")
+
+
+UNPACK_PTX_BF16 = tl.constexpr(_unpack_ptx(0x4308))  # bfloat16 128 + (nibble ^ 8) = 136 + q (``_magic``)
+UNPACK_PTX_F16 = tl.constexpr(_unpack_ptx(0x6408))  # float16 1024 + (nibble ^ 8) = 1032 + q
+
+
+@triton.jit
+def _nibbles(p, MAGIC: tl.constexpr, COMPUTE: tl.constexpr, PTX: tl.constexpr):
+    """Packed tile ``p`` (int8) -> ``OFFSET + q`` of its low nibbles (even rows) and high nibbles (odd rows), in the
+    compute dtype: by PTX four bytes a register (``PTX``: CUDA only), else as int16 elementwise ops."""
+    if PTX:
+        if MAGIC == 0x4308:
+            lo, hi = tl.inline_asm_elementwise(UNPACK_PTX_BF16, "=r,=r,=r,=r,r", [p],
+                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        else:
+            lo, hi = tl.inline_asm_elementwise(UNPACK_PTX_F16, "=r,=r,=r,=r,r", [p], dtype=(tl.float16, tl.float16),
+                                               is_pure=True, pack=4)
+    else:
+        u = p.to(tl.uint8, bitcast=True).to(tl.int16)
+        lo = ((u & 0xF) ^ MAGIC).to(COMPUTE, bitcast=True)
+        hi = ((u >> 4) ^ MAGIC).to(COMPUTE, bitcast=True)
+    return lo, hi
+
+
 @triton.jit
 def _w4_operands(p, s_lo, s_hi, POST_SCALE: tl.constexpr, A8: tl.constexpr, MAGIC: tl.constexpr,
-                 OFFSET: tl.constexpr, COMPUTE: tl.constexpr):
+                 OFFSET: tl.constexpr, COMPUTE: tl.constexpr, PTX: tl.constexpr):
     """The even (low nibble) and odd (high nibble) rows of packed tile ``p`` as MMA operands: ``OFFSET + q`` in the
     compute dtype (POST_SCALE), E4M3 of ``q x step`` (A8), or ``q x scale`` rounded to the compute dtype."""
-    u = p.to(tl.uint8, bitcast=True).to(tl.int16)
-    lo = ((u & 0xF) ^ MAGIC).to(COMPUTE, bitcast=True)
-    hi = ((u >> 4) ^ MAGIC).to(COMPUTE, bitcast=True)
+    lo, hi = _nibbles(p, MAGIC, COMPUTE, PTX)
     if POST_SCALE:
         out_lo, out_hi = lo, hi
+    elif PTX and not A8:
+        # two weights an instruction in the compute dtype (HADD2, HMUL2): ``lo - OFFSET`` is q exactly, and q x s
+        # rounded once is float32's q x s rounded (an INT4-AWQ scale holds a compute-dtype value: QuantWeight.scales16)
+        out_lo = (lo - OFFSET) * s_lo.to(COMPUTE)
+        out_hi = (hi - OFFSET) * s_hi.to(COMPUTE)
     else:
         f_lo = (lo.to(tl.float32) - OFFSET) * s_lo
         f_hi = (hi.to(tl.float32) - OFFSET) * s_hi
@@ -152,14 +192,14 @@ def _w4_operands(p, s_lo, s_hi, POST_SCALE: tl.constexpr, A8: tl.constexpr, MAGI
 def _w4_step(w_ptrs, s_ptr, x, rj, kk, k_tile, j_ok, k_ok, G, stride_sg, stride_s2, acc_lo, acc_hi,
              GROUP: tl.constexpr, ONE_GROUP: tl.constexpr, POST_SCALE: tl.constexpr, A8: tl.constexpr,
              LOAD_MASK: tl.constexpr, SWAP: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
-             COMPUTE: tl.constexpr):
+             COMPUTE: tl.constexpr, PTX: tl.constexpr):
     """One K tile of one packed matrix into its even- and odd-row accumulators."""
     if LOAD_MASK:
         p = tl.load(w_ptrs, mask=j_ok[:, None] & k_ok[None, :], other=0)
     else:
         p = tl.load(w_ptrs)
     s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rj, kk, k_tile, j_ok, G, GROUP, ONE_GROUP)
-    lo, hi = _w4_operands(p, s_lo, s_hi, POST_SCALE, A8, MAGIC, OFFSET, COMPUTE)
+    lo, hi = _w4_operands(p, s_lo, s_hi, POST_SCALE, A8, MAGIC, OFFSET, COMPUTE, PTX)
     if POST_SCALE:
         # dot(OFFSET + q, x) - OFFSET * sum_k x, then the rows' group scale on the tile's [rows, inputs] result
         corr = _per_input(-OFFSET * tl.sum(x.to(tl.float32), axis=1), SWAP)
@@ -212,6 +252,7 @@ def _w4_gemm_kernel(
     PARTIALS: tl.constexpr, ONE_GROUP: tl.constexpr, POST_SCALE: tl.constexpr, EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_M: tl.constexpr, SWAP: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
     COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    PTX: tl.constexpr = False,
 ):
     """x [M, K] times packed INT4 [N/2, K]^T (and, GLU, a second matrix): one output tile over one K split."""
     if PDL:
@@ -245,13 +286,13 @@ def _w4_gemm_kernel(
                       not (EVEN_M and EVEN_K), COMPUTE)
         acc_lo, acc_hi = _w4_step(w_ptrs, s_ptr, x, rj, kk, k_tile, j_ok, k_ok, G, stride_sg, stride_s2, acc_lo,
                                   acc_hi, GROUP, ONE_GROUP, POST_SCALE, A8, not (EVEN_N and EVEN_K), SWAP, MAGIC,
-                                  OFFSET, COMPUTE)
+                                  OFFSET, COMPUTE, PTX)
         if GLU:
             x2 = _act_tile(x_ptrs, pqs2_ptr + kk, aq2_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT,
                            not (EVEN_M and EVEN_K), COMPUTE)
             acc2_lo, acc2_hi = _w4_step(w2_ptrs, s2_ptr, x2, rj, kk, k_tile, j_ok, k_ok, G, stride_sg, stride_s2,
                                         acc2_lo, acc2_hi, GROUP, ONE_GROUP, POST_SCALE, A8, not (EVEN_N and EVEN_K),
-                                        SWAP, MAGIC, OFFSET, COMPUTE)
+                                        SWAP, MAGIC, OFFSET, COMPUTE, PTX)
             w2_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -385,7 +426,7 @@ def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, G, stride_wn, stride_sg, stride
         mask = r_ok[:, None] & k_ok[None, :]
         p = tl.load(w_ptr + rr[:, None] * stride_wn + rk[None, :], mask=mask, other=0)
         s_lo, s_hi = int4_scales(s_ptr, stride_sg, stride_s2, rr, rk, k_tile, r_ok, G, GROUP, ONE_GROUP)
-        lo, hi = _w4_operands(p, s_lo, s_hi, False, A8, MAGIC, OFFSET, COMPUTE)
+        lo, hi = _w4_operands(p, s_lo, s_hi, False, A8, MAGIC, OFFSET, COMPUTE, False)
         tl.store(out_ptr + (2 * rr)[:, None] * stride_on + rk[None, :], lo, mask=mask)
         tl.store(out_ptr + (2 * rr + 1)[:, None] * stride_on + rk[None, :], hi, mask=mask)
     else:
@@ -469,7 +510,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
                 x.stride(0), q.weight.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os, out.stride(-2),
                 ONE_GROUP=one_group, POST_SCALE=one_group and q.act == 0 and not cfg.scale_weights,
                 EVEN_N=(q.n // 2) % (cfg.block_n // 2) == 0,
-                MAGIC=magic, OFFSET=offset, **common)
+                MAGIC=magic, OFFSET=offset, PTX=cfg.ptx_nibbles and not interpreting(), **common)
         # int8_wo with one scale per output row over the program's whole K range: in the epilogue
         scale_at = 0 if q.act != 0 or q.group >= k else 1 if q.group % cfg.block_k == 0 else 2
         return _w8_gemm_kernel[grid](
@@ -707,16 +748,16 @@ def fit(q, cfg: LinearConfig, limit: int, *, glu: bool = False) -> LinearConfig:
 
 
 def _config(c, kernel: str = "gemm") -> LinearConfig | None:
-    """A table entry's config ([block_m, block_n, block_k, splits, warps, stages, swap, scale_weights]) for its
-    kernel: the GEMM's, or the several-row GEMV's tiles (``quant_gemv.rows_config``'s fields; swap and
-    scale_weights 0)."""
+    """A table entry's config ([block_m, block_n, block_k, splits, warps, stages, swap, scale_weights] and, in
+    tables since 2026-12-06, ptx_nibbles) for its kernel: the GEMM's, or the several-row GEMV's tiles
+    (``quant_gemv.rows_config``'s fields; swap and scale_weights 0)."""
     if c is None:
         return None
-    bm, bn, bk, splits, warps, stages, swap, scale_weights = c
+    bm, bn, bk, splits, warps, stages, swap, scale_weights, *ptx = c
     if kernel == "gemv":
         return LinearConfig(bm, bn, bk, splits, warps, stages, gemv=True)
     return LinearConfig(bm, bn, bk, splits, warps, stages, gemm=True, swap=bool(swap),
-                        scale_weights=bool(scale_weights))
+                        scale_weights=bool(scale_weights), ptx_nibbles=bool(ptx and ptx[0]))
 
 
 def _load_table(path: Path) -> dict:
