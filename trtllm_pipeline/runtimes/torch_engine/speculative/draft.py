@@ -62,6 +62,11 @@ def own_pool(engine: Qwen2Engine, *, max_batch_size: int, max_seq_len: int, bloc
 
 class DraftProposer(Proposer):
     name = "draft"
+    # A probe is one eager forward of the draft (its catch-up over the tokens since it last drafted and its first
+    # draft in one): ~650 aten ops for SmolLM2's first 7 layers, ~10 of its plain steps (graph replays) on an H100.
+    # Within 3% of plain needs >= ~330 plain steps a probe; a 7B's steps are dearer, so fewer there.
+    max_backoff = 512
+    learns_across_requests = True  # its agreement with the target is the model pair's, not one request's
 
     def __init__(self, engine: Qwen2Engine, *, vocab_limit: int, max_batch_size: int, max_seq_len: int,
                  block_size: int = 32):

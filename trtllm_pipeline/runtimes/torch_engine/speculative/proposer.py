@@ -24,6 +24,11 @@ class DraftRequest:
 
 class Proposer:
     name = "proposer"
+    # ``Speculator``'s turn-down: how many decode steps a request whose drafts keep missing waits at most between
+    # probes (None: ``speculator.MAX_BACKOFF``), and whether a new request starts from the last finished one's state
+    # (where acceptance is the proposer's more than the request's text, and each probe costs model forwards)
+    max_backoff: int | None = None
+    learns_across_requests = False
 
     def propose(self, batch: Sequence[DraftRequest]) -> list:
         """Up to ``r.k`` draft tokens for each request of ``batch``, in order (a list of tokens; a tree proposer's

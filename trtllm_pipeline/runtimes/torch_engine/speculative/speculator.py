@@ -10,6 +10,14 @@ looks again in 1, then 2, 4, up to ``MAX_QUIET`` decode steps while the lookups 
 which never repeats decodes plainly and its steps chain (``OverlapSteps``: a step is launched on the running one's
 tokens only where no request drafts next), and text that starts repeating is found within ``MAX_QUIET`` steps.
 ``TRTLLM_PIPELINE_SPEC_QUIET=0`` looks up at every step instead (the A/B of the H200 benchmark).
+
+A model proposer (``Proposer.learns_across_requests``: a draft model, self-speculation) is turned down by the same
+rule with two differences, because its drafts cost eager forwards (each ~650 aten ops for SmolLM2's first 7 layers,
+~10 plain steps of a small model's graph on an H100) where a lookup costs microseconds: its wait grows up to the
+proposer's ``max_backoff`` (512 for the draft model) instead of ``MAX_BACKOFF``, and a new request starts from the
+state the last finished one ended in (its k, back-off and remaining wait) instead of at ``k``: the draft's agreement
+with the target is the model pair's more than the request's text, so a useless draft found useless once is not
+relearned by k, k/2, ... drafts for every request (the H100's 0.39x: 10 eager draft forwards in a 64-token request).
 """
 
 from __future__ import annotations
@@ -41,11 +49,17 @@ class Speculator:
         self.enabled = True  # bench's baseline turns it off on the same loaded runtime
         self.quiet_backoff = adaptive and os.environ.get("TRTLLM_PIPELINE_SPEC_QUIET", "1").strip() != "0"
         self._tracks: dict[Any, _Track] = {}
+        self.max_backoff = getattr(proposer, "max_backoff", None) or MAX_BACKOFF
+        # where a new request starts: fresh at k, or (a model proposer) the last finished request's state
+        self._carries_over = adaptive and getattr(proposer, "learns_across_requests", False)
+        self._standing: _Track | None = None
         self.draft_tokens = self.accepted_tokens = self.verify_rows = 0
 
     def budget(self, request_id: Any) -> int:
         """Drafts ``request_id`` may have this step (called once per decode step of a request that could draft)."""
-        t = self._tracks.setdefault(request_id, _Track(self.k))
+        t = self._tracks.get(request_id)
+        if t is None:
+            t = self._tracks[request_id] = dataclasses.replace(self._standing) if self._standing else _Track(self.k)
         if t.idle > 0:
             t.idle -= 1
             return 0
@@ -65,7 +79,7 @@ class Speculator:
         all say False may be chained on (``OverlapSteps``): its tokens are not needed on the host to propose."""
         if not self.enabled:
             return False
-        t = self._tracks.get(request_id)
+        t = self._tracks.get(request_id, self._standing)  # (a request not seen yet starts from the standing state)
         return t is None or t.idle == 0 and (t.k > 0 or t.wait <= 1)
 
     def found_nothing(self, request_id: Any) -> None:
@@ -102,10 +116,14 @@ class Speculator:
             t.k //= 2
             if t.k == 0:
                 t.wait = t.backoff
-                t.backoff = min(2 * t.backoff, MAX_BACKOFF)
+                t.backoff = min(2 * t.backoff, self.max_backoff)
 
     def release(self, request_id: Any) -> None:
-        self._tracks.pop(request_id, None)
+        t = self._tracks.pop(request_id, None)
+        if t is not None and self._carries_over:
+            # the next request goes on from here, its remaining wait included (not the lookups' quiet count: that
+            # is the text's)
+            self._standing = _Track(t.k, t.wait, t.backoff)
         self.proposer.release(request_id)
 
     def stats(self) -> dict[str, int | float]:
