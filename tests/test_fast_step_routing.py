@@ -7,7 +7,6 @@ prediction was read (its prompt's last, wherever the prompt ran), and every late
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -375,23 +374,29 @@ def test_tree_rows_go_to_the_fast_verify_step_where_it_takes_them(runtime, monke
     assert [r.request_id for r in fast] == ["c"] and [r.request_id for r in eager] == ["t"]
 
 
-def test_a_tree_steps_inputs_rotate_each_node_at_its_depth_and_mask_the_rows_other_slots():
-    """``graphs.tree_inputs``: per token row the rotary position (start + depth) and the slots before its own it sees
-    (bit j: slot position - 1 - j; the row's first token and the context always); a linear row's: its positions,
-    every slot (-1), as a chain given as parents."""
+def test_a_tree_steps_inputs_place_each_node_at_its_depth_and_its_ancestors_keys_at_theirs():
+    """``graphs.tree_inputs``: per token row its virtual position (start + depth: where it is rotated, and as a
+    1-token step at which it attends) and the slot shifts of the positions before it (byte j % 8 of word j // 8: the
+    position j back's, an ancestor's row index less its depth; the row's first token and the context in place); a
+    linear row's: its positions, nothing shifted, as a chain given as parents."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda.attention import TREE_WORDS
     from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import tree_inputs
 
+    def shifts(words, row):  # row's shift of each position back, 1 .. 63
+        return {j: (words[j // 8][row] >> (8 * (j % 8))) & 0xFF for j in range(1, 64)
+                if (words[j // 8][row] >> (8 * (j % 8))) & 0xFF}
+
     # row 0: root, then nodes a (parent 0), b (parent 0), c (parent 1 = a), d (parent 2 = b); row 1 linear
-    rot, seen = tree_inputs([[9, 1, 2, 3, 4], [7, 8]], [20, 5], [[-1, 0, 0, 1, 2], None])
-    assert rot == [20, 21, 21, 22, 22, 5, 6]
-    # index 2 (b) misses slot 21 (a: j 0); index 3 (c) misses 22 (b: j 0); index 4 (d) misses 23, 21 (c, a: j 0, 2)
-    assert seen == [-1, -1, ~0b1, ~0b1, ~0b101, -1, -1]
+    rot, words = tree_inputs([[9, 1, 2, 3, 4], [7, 8]], [20, 5], [[-1, 0, 0, 1, 2], None])
+    assert rot == [20, 21, 21, 22, 22, 5, 6] and len(words) == TREE_WORDS
+    # c (depth 2, at 22) reads a (depth 1, index 1) in place; d reads b (depth 1, index 2) one slot on
+    assert [shifts(words, i) for i in range(7)] == [{}, {}, {}, {}, {1: 1}, {}, {}]
     chain = tree_inputs([[1, 2, 3]], [4], [[-1, 0, 1]])
-    assert chain == tree_inputs([[1, 2, 3]], [4], [None]) == ([4, 5, 6], [-1, -1, -1])
-    # the longest row a step takes: its last token's window reaches the row's first (bit 63), always seen
-    wide = list(range(-1, 64))
-    wide[64] = 0  # the last token a child of the root: blind to slots 1..63 of its row
-    rot, seen = tree_inputs([[0] * 65], [0], [wide])
-    assert rot[64] == 1 and seen[64] == -(1 << 63)  # bits 0..62 clear, 63 (the root) set: the sign bit
+    assert chain == tree_inputs([[1, 2, 3]], [4], [None]) == ([4, 5, 6], [[0, 0, 0]] * TREE_WORDS)
+    # the longest row a step takes: a decoy first, then a path of 63 nodes at indices 2..64 (each one slot on)
+    wide = [-1, 0, 0] + list(range(2, 64))
+    rot, words = tree_inputs([[0] * 65], [0], [wide])
+    assert rot[64] == 63 and shifts(words, 64) == {j: 1 for j in range(1, 63)}  # 63 back: the root, in place
+    assert min(min(w) for w in words) >= 0  # (shifts under 128: no word's sign bit set)
     with pytest.raises(ValueError, match="65 at most"):
         tree_inputs([[0] * 66], [0], [list(range(-1, 65))])

@@ -7,7 +7,7 @@ gets ~16.5 bytes a cycle, so a tile is bandwidth-bound while its instructions st
     python tools/attention_sass.py                            # BF16 keys at the loaded shape (32 keys, 3 stages)
     python tools/attention_sass.py --kv fp8 --dots f16        # an FP8 cache at unit scale, float16 dots
     python tools/attention_sass.py --kv fp8 --dots f16 --stages 1
-    python tools/attention_sass.py --tree                     # a tree verify step's kernel (TREE: the key mask)
+    python tools/attention_sass.py --tree                     # a tree verify step's kernel (TREE: slot shifts)
 
 Static counts at the 7B's shape (28 heads, 4 KV heads, D 128, blocks of 32). Times still need the GPU.
 """
@@ -37,8 +37,8 @@ MMA = ("HMMA", "HGMMA")
 def compile_attention(kv: str, dots: str, block_t: int, stages: int, warps: int = 4, tree: bool = False,
                       write_only: bool = False):
     """The kernel as decode_attention launches it for a loaded step (one QKV split in int64 accumulators, bias;
-    ``tree``: a tree verify step's, its keys masked by each row's ancestor bits; ``write_only``: a verify step's
-    first pass, the keys and values written and nothing attended)."""
+    ``tree``: a tree verify step's, its ancestors' keys read through each row's slot shifts; ``write_only``: a verify
+    step's first pass, the keys and values written and nothing attended)."""
     fp8 = kv != "bf16"
     compute = tl.bfloat16
     consts = dict(H=28, KVH=4, D=128, GROUP=7, NORM_PARTS=0, NORM_BLOCK=1, QKV_SPLITS=1, FIXED=True, HAS_BIAS=True,
@@ -49,7 +49,7 @@ def compile_attention(kv: str, dots: str, block_t: int, stages: int, warps: int 
     pointers = {"qkv_ptr": "*i64", "k_cache_ptr": cache, "v_cache_ptr": cache, "kv_scale_ptr": "*fp32",
                 "kv_inv_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64", "bt_ptr": "*i64", "o_ptr": "*fp32",
                 "lse_ptr": "*fp32", "sq_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rot_ptr": "*i64",
-                "seen_ptr": "*i64"}
+                "shift_ptr": "*i64"}
     fn = attention._decode_attention_kernel
     sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr")
            else "fp32" if n in ("qk_scale", "eps") else "i32" for n in fn.arg_names}
@@ -98,7 +98,7 @@ def main() -> None:
     if a.json:
         print(json.dumps(row))
         return
-    tree = ", tree mask" if a.tree else ""
+    tree = ", tree slot shifts" if a.tree else ""
     print(f"{a.kv} cache, {a.dots} dots{tree}, {a.block_t} keys a tile, {a.stages} stages: {regs} registers, key loop "
           f"{row['loop_per_thread']} instructions a thread against ~{row['byte_cycles_per_sm']} cycles of bytes, "
           f"{row['shared_bytes']} bytes of shared memory")

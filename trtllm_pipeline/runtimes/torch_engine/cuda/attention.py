@@ -42,10 +42,13 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import Prepared, cons
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import tl_dtype
 
 LOG2E = 1.4426950408889634
-# A tree verify row's token (``decode_attention``'s ``tree``) masks the slots this far before its own by one int64:
-# a tree row of at most this many tokens and one more (its first, at its context's end, is every node's ancestor:
-# seen whatever its bit; ``graphs.TREE_TOKENS``)
+# A tree verify row's token (``decode_attention``'s ``tree``) attends as a 1-token step at its virtual position
+# (context length + depth) would: its ancestors' keys, which sit at their row indices' slots, are read at the virtual
+# positions of their depths through one byte a position for the positions this far back (TREE_WORDS int64 a row),
+# so a tree row holds at most this many tokens and one more (its first, at its context's end, is every node's
+# ancestor and sits in place; ``graphs.TREE_TOKENS``)
 TREE_WINDOW = tl.constexpr(64)
+TREE_WORDS = TREE_WINDOW.value // 8
 COMBINE_WARPS = 1  # one program per (request, head): D values, a few splits each
 # Under PDL, each program fetches its share of the cached keys and values into L2 before waiting for the QKV
 # linear: no kernel of the step writes them (H200, 7B INT4 step: 1.789 -> 1.779 ms, run 87)
@@ -98,6 +101,18 @@ def _from_e4m3(x, scale, UNIT: tl.constexpr, COMPUTE: tl.constexpr):
 
 
 @triton.jit
+def _tree_slots(t, rot, shifts_ptr, stride_shift):
+    """The slots holding a tree row token's keys of virtual positions ``t`` (it at ``rot``): the ancestor ``j``
+    positions back (0 < j < TREE_WINDOW) sits ``shift`` slots later, byte ``j % 8`` of word ``j // 8`` at
+    ``shifts_ptr``; every other position (the context, the row's first token) in place."""
+    back = rot - t
+    near = (back > 0) & (back < TREE_WINDOW)
+    j = tl.minimum(tl.maximum(back, 0), TREE_WINDOW - 1)
+    word = tl.load(shifts_ptr + (j // 8) * stride_shift, mask=near, other=0)
+    return t + ((word >> ((j % 8) * 8)) & 0xFF)
+
+
+@triton.jit
 def _rope_input(qkv_ptr, stride_qs, bias_ptr, cols, rot_cols, mask, rstd, QKV_SPLITS: tl.constexpr,
                 FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
     """The projection output at ``cols`` and at the rotate-half partner columns (its split partials summed, or
@@ -116,7 +131,7 @@ def _decode_attention_kernel(
     qkv_ptr, stride_qs, stride_qb, bias_ptr,
     cos_ptr, sin_ptr, stride_rot,
     k_cache_ptr, v_cache_ptr, stride_cb, stride_ch, stride_ct, kv_scale_ptr, kv_inv_ptr,
-    pos_ptr, slot_ptr, bt_ptr, stride_btb, stride_btj, rot_ptr, seen_ptr,
+    pos_ptr, slot_ptr, bt_ptr, stride_btb, stride_btj, rot_ptr, shift_ptr, stride_shift,
     o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
     qk_scale, sq_ptr, hidden, eps,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, NORM_PARTS: tl.constexpr,
@@ -134,13 +149,21 @@ def _decode_attention_kernel(
     pos = tl.load(pos_ptr + b)
     table = bt_ptr + tl.load(slot_ptr + b) * stride_btb
     head = kvh * stride_ch
-    length = pos + 1
+    # The keys go by virtual position: a decode's and a chain's are their slots; a tree verify row's token is
+    # rotated at, and attends as a 1-token step at, its context length + depth (``rot``), its ancestors' keys read
+    # from their slots (``_tree_slots``), so that its keys fall into the very tiles and splits, in the very order, of
+    # that step's and it computes that step's logits bit for bit (by slot, a row crossing a tile edge moved them:
+    # 0.09 of a logit on the tiny model, and greedy outputs of an FP8 SmolLM2 parted from plain decoding's).
+    rot = pos
+    if TREE:
+        rot = tl.load(rot_ptr + b)
+    length = rot + 1
     # This split's share of the live keys, in whole BLOCK_T tiles.
     chunk = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_T) * BLOCK_T
     start = split * chunk
     end = tl.minimum(start + chunk, length)
     if PREFETCH:
-        for t0 in range(start, end, BLOCK_T):
+        for t0 in range(start, end, BLOCK_T):  # (a tree row's ancestors: their virtual positions' lines, L2 only)
             t = tl.minimum(t0 + tl.arange(0, BLOCK_T), length - 1)  # 128-byte lines of live rows only
             rows = tl.load(table + (t // BS) * stride_btj) * stride_cb + head + (t % BS) * stride_ct
             lines = rows[:, None] + tl.arange(0, LINES)[None, :] * LINE
@@ -154,11 +177,6 @@ def _decode_attention_kernel(
     half = D // 2
     d_rot = (d + half) % D
     sign = tl.where(d < half, -1.0, 1.0)
-    rot = pos
-    seen = -1  # the keys this row sees among the TREE_WINDOW slots before its own: all (a chain, a decode)
-    if TREE:  # a tree verify row's token: rotated at its depth, and blind to the row's slots off its path
-        rot = tl.load(rot_ptr + b)
-        seen = tl.load(seen_ptr + b)
     cos = tl.load(cos_ptr + rot * stride_rot + d)
     sin = tl.load(sin_ptr + rot * stride_rot + d)
     row = qkv_ptr + b * stride_qb
@@ -197,7 +215,7 @@ def _decode_attention_kernel(
         v_stored = _to_e4m3(v, kv_inv)
         k = _from_e4m3(k_stored, kv_scale, KV_UNIT, COMPUTE)
         v = _from_e4m3(v_stored, kv_scale, KV_UNIT, COMPUTE)
-    if split == 0:
+    if split == 0:  # (at its slot, whatever its virtual position)
         new_row = tl.load(table + (pos // BS) * stride_btj) * stride_cb + head + (pos % BS) * stride_ct
         tl.store(k_cache_ptr + new_row + d, k_stored)
         tl.store(v_cache_ptr + new_row + d, v_stored)
@@ -210,19 +228,18 @@ def _decode_attention_kernel(
     # The new token, from registers, by the split whose range holds it: the cached tiles go from memory
     # straight into the dots. (Patching the new key and value into the loaded tiles took them through registers
     # and back to shared memory: H200, 7B INT4 step 1.807 -> 1.789 ms, run 87.)
-    here = (pos >= start) & (pos < end)
+    here = (rot >= start) & (rot < end)
     s_new = tl.where(here, tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale, float("-inf"))
     q_dot = q.to(DOT)  # exact: a bfloat16 query in float16 (DOT differs from COMPUTE only there)
     t_in = tl.arange(0, BLOCK_T)
     for t0 in range(start, end, BLOCK_T):
         t = t0 + t_in
-        cached = (t < end) & (t != pos)
-        if TREE:  # slot pos - 1 - j seen where bit j of ``seen`` is set (farther back: the context, seen)
-            back = pos - 1 - t
-            bit = (seen >> tl.minimum(tl.maximum(back, 0), TREE_WINDOW - 1)) & 1
-            cached = cached & ((back >= TREE_WINDOW) | (bit != 0))
-        blocks = tl.load(table + (t // BS) * stride_btj, mask=t < end, other=0)
-        offs = (blocks * stride_cb + head + (t % BS) * stride_ct)[:, None] + d[None, :]
+        cached = (t < end) & (t != rot)
+        slot = t
+        if TREE:
+            slot = _tree_slots(t, rot, shift_ptr + b, stride_shift)
+        blocks = tl.load(table + (slot // BS) * stride_btj, mask=t < end, other=0)
+        offs = (blocks * stride_cb + head + (slot % BS) * stride_ct)[:, None] + d[None, :]
         kt = tl.load(k_cache_ptr + offs, mask=cached[:, None], other=0.0)
         if KV_FP8:
             kt = _from_e4m3(kt, kv_scale, KV_UNIT, DOT)
@@ -327,11 +344,12 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     squares of the ``hidden`` residual values, whose ``1 / sqrt(sum / hidden + eps)`` multiplies the projection;
     ``kv_scale`` / ``kv_inv``: float32 [1], an FP8 cache's dequantization scale for this layer and its inverse
     (``kv_unit``: both are 1, and the kernel converts without them);
-    ``tree``: [2, B] int64 for a tree verify step (None: every row is rotated at its position and sees every key
-    before it, as a decode or a chain's verify step): row 0 each row's rotary position (a tree node's: its context
-    length plus its depth; its K/V still goes to its ``positions`` slot), row 1 the keys it sees among the
-    ``TREE_WINDOW`` slots before its own, bit j the slot ``position - 1 - j`` (-1: all; slots farther back are seen).
-    A linear row's bits are all set and its rotary position its position: exactly the step without ``tree``.
+    ``tree``: [1 + TREE_WORDS, B] int64 for a tree verify step (None: every row is rotated at its position and sees
+    every key before it, as a decode or a chain's verify step): row 0 each row's virtual position (a tree node's: its
+    context length plus its depth), where it is rotated and as a 1-token step at which it attends (its K/V still goes
+    to its ``positions`` slot); rows 1.. the slot shifts of the ``TREE_WINDOW`` positions before it, byte j % 8 of
+    row 1 + j // 8 the position j back's (an ancestor's: its row index less its depth; 0: in place). A linear row's
+    virtual positions are its positions and its shifts 0: exactly the step without ``tree``.
 
     ``write_only``: only each row's key and value written into the cache (one program per row and KV head, no
     attention, ``out`` untouched): a verify step's first pass, after which every row of the step finds the others'
@@ -364,6 +382,7 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         kv_scale if kv_fp8 else o_work, kv_inv if kv_fp8 else o_work,
         positions, table_rows, block_tables, block_tables.stride(0), block_tables.stride(1),
         tree[0] if tree is not None else positions, tree[1] if tree is not None else positions,
+        tree.stride(0) if tree is not None else 0,
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
         LOG2E / d**0.5, norm_sumsq if norm_sumsq is not None else o_work, hidden, eps,
         H=heads, KVH=kv_heads, D=d, GROUP=group, NORM_PARTS=norm_sumsq.numel() if norm_sumsq is not None else 0,

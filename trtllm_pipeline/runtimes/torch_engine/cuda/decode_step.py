@@ -121,8 +121,9 @@ class StepBuffers:
     # first pass writing every row's K/V into the cache (its outputs discarded), the second reading them back for
     # the later positions (one launch's programs never see each other's writes: ``attention``'s docstring)
     attention_passes: int = 1
-    # a tree verify step's extra inputs ([2, B] int64, ``attention.decode_attention``'s ``tree``: each row's rotary
-    # position and the slots before its own that it sees); None: every step that has no tree row (its kernels unchanged)
+    # a tree verify step's extra inputs ([1 + attention.TREE_WORDS, B] int64, ``attention.decode_attention``'s
+    # ``tree``: each row's virtual position and the slot shifts of the positions before it); None: every step that has
+    # no tree row (its kernels unchanged)
     tree: torch.Tensor | None = None
 
     @property
@@ -334,6 +335,13 @@ class DecodeStep:
         o = torch.empty((buf.batch, e.heads, splits, e.head_dim), dtype=torch.float32, device=e.device)
         lse = torch.empty((buf.batch, e.heads, splits), dtype=torch.float32, device=e.device)
         return dataclasses.replace(buf, attention_passes=2, attention_rows=requests, attn_o=o, attn_lse=lse)
+
+    def attention_of(self, buf: StepBuffers) -> tuple[int, attention.LaunchShape]:
+        """How ``buf``'s step splits and tiles each row's keys: its key splits and ``attention.launch_shape`` (of its
+        ``attention_rows``). Two steps alike here attend a row's keys alike, bit for bit (``graphs._tree_bucket``)."""
+        e = self.engine
+        rows = buf.attention_rows or buf.batch
+        return buf.attn_o.shape[2], attention.launch_shape(rows, e.kv_dtype == torch.float8_e4m3fn, e.kv_unit_scale)
 
     def _folding(self, configs: dict[str, linear.LinearConfig], batch: int) -> bool:
         """Whether this batch's step folds its input norms into the QKV GEMVs (FOLD_INPUT_NORM: the

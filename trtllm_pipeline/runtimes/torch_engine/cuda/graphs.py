@@ -21,15 +21,19 @@ import torch
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import attention, decode_step
 from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep, StepBuffers
-from trtllm_pipeline.runtimes.torch_engine.plan import row_ancestors, row_depths
+from trtllm_pipeline.runtimes.torch_engine.plan import row_depths
 
 log = logging.getLogger(__name__)
 
-# The longest tree verify row the fast step takes (its first token and its nodes): each token row masks the slots
-# before its own by one int64 (``attention.TREE_WINDOW``), its row's tokens but the first (every node's ancestor, so
-# seen whatever the mask); longer tree rows verify eagerly (``TorchRuntime._split``). 65: a tree of the config's
-# most nodes (64).
+# The longest tree verify row the fast step takes (its first token and its nodes): each token row finds its
+# ancestors' keys through the shifts of the ``attention.TREE_WINDOW`` positions before its own, its row's tokens but
+# the first (every node's ancestor, in place); longer tree rows verify eagerly (``TorchRuntime._split``). 65: a tree
+# of the config's most nodes (64).
 TREE_TOKENS = attention.TREE_WINDOW.value + 1
+# a step's pinned inputs, by row: tokens, positions, table rows, bans; a chained step's sources; a tree step's
+# virtual positions and slot shifts (``tree_inputs``)
+SOURCES_ROW, TREE_ROW = 4, 5
+STAGING_ROWS = TREE_ROW + 1 + attention.TREE_WORDS
 
 
 # The most rows one fast step takes: its kernels hold all of a step's rows in one tile, and 512 rows of the GLU's
@@ -104,10 +108,12 @@ class DecodeGraphs:
         self.verify_bucket_of: dict[int, int] = {}
         self._verify_decode: list[int] = []
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # tree verify steps (``verify``'s ``parents``): the verify buffers plus each row's rotary position and mask
-        # ([2, B] on the device), a graph of their own, so that steps without tree rows run the kernels unchanged
+        # tree verify steps (``verify``'s ``parents``): the verify buffers plus each row's virtual position and slot
+        # shifts ([1 + TREE_WORDS, B] on the device), a graph of their own, so that steps without tree rows run the
+        # kernels unchanged
         self.tree_buffers: dict[int, StepBuffers] = {}
         self.tree_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._tree_bucket_of: dict[tuple[int, int], int] = {}  # (least bucket, verify bucket) -> ``_tree_bucket``'s
         self.setup_seconds = 0.0
         self._cuda = step.engine.device.type == "cuda"
         # Two sets of pinned host buffers used in turn (``_fill``, ``_read_back``): a chained step (``decode``'s
@@ -143,8 +149,9 @@ class DecodeGraphs:
             mark = time.perf_counter()
             buf = self.buffers[batch] = self.step.buffers(batch, self.tables)
             # rows: the step's inputs (tokens, positions, table rows, bans), and a chained step's sources (``decode``)
-            # and a tree verify step's rotary positions and masks (``verify``)
-            self.staging[batch] = [torch.zeros((7, batch), dtype=torch.long, pin_memory=self._cuda) for _ in range(2)]
+            # and a tree verify step's virtual positions and slot shifts (``verify``): STAGING_ROWS
+            self.staging[batch] = [torch.zeros((STAGING_ROWS, batch), dtype=torch.long, pin_memory=self._cuda)
+                                   for _ in range(2)]
             self.sources[batch] = torch.zeros(batch, dtype=torch.long, device=self.tables.device)
             self._fill(batch, [], [], [])
             self.step.run(buf)  # compiles the kernels outside the capture
@@ -304,8 +311,10 @@ class DecodeGraphs:
 
         ``parents``: per request, None (a linear row) or its tree row's parent index per token (``PlanRow.parents``,
         at most ``TREE_TOKENS`` tokens): where any is given the step is a tree step (``tree_inputs``: each node
-        rotated at its depth, its K/V at its index in the row, seeing the context and its ancestors only), from a
-        graph of its own; a step without trees runs the kernels as before. ``tracked``: as ``decode``'s."""
+        rotated at, and attending as a 1-token step at, its context length + depth, over the context and its
+        ancestors, its K/V at its index in the row), from a graph of its own, in a bucket that attends as its
+        requests' decode batch (``_tree_bucket``); a step without trees runs the kernels as before. ``tracked``: as
+        ``decode``'s."""
         rows = self._table_rows(request_ids, tables)
         if not self.buffers:
             self.prepare()
@@ -315,7 +324,7 @@ class DecodeGraphs:
         tree = None
         if parents is not None and any(p is not None for p in parents):
             tree = tree_inputs(token_lists, starts, parents)
-        batch = self._verify_bucket(token_lists) if tree is None else bucket_for(len(tokens), self.buckets)
+        batch = self._verify_bucket(token_lists) if tree is None else self._tree_bucket(token_lists)
         buf = self._verify_buffers(batch, tree=tree is not None)
         n = len(tokens)
         self._fill(batch, tokens, positions, expanded, sources, tree=tree)
@@ -330,17 +339,32 @@ class DecodeGraphs:
         self._read_back(buf.greedy, n)
         return buf.logits[:n], buf.greedy[:n]
 
+    def _tree_bucket(self, token_lists: Sequence[Sequence[int]]) -> int:
+        """The bucket a tree step runs in: the smallest that holds its tokens and whose verify step splits the keys
+        and tiles them as its requests' decode batch does, that is as ``_verify_bucket``'s (a tree node then
+        computes a 1-token step's logits bit for bit, as a chain's verify row does: a lone request's tree of 5-7
+        nodes ran in bucket 8, whose 16 key splits were not the 1-token step's 32). At batch 1: buckets 2 and 4
+        attend as 1 does; 8 does not."""
+        exact = self._verify_bucket(token_lists)
+        least = bucket_for(sum(len(toks) for toks in token_lists), self.buckets)
+        found = self._tree_bucket_of.get((least, exact))
+        if found is None:
+            want = self.step.attention_of(self._verify_buffers(exact))
+            found = next(b for b in self.buckets[self.buckets.index(least):]
+                         if b >= exact or self.step.attention_of(self._verify_buffers(b)) == want)
+            self._tree_bucket_of[least, exact] = found
+        return found
+
     def _verify_buffers(self, batch: int, tree: bool = False):
         """The bucket's buffers (shared with its decode graph: the two never run at once) with two attention
         passes, and their graph (``tree``: a tree step's, with its own tree inputs)."""
         if tree:
             buf = self.tree_buffers.get(batch)
             if buf is None:
-                inputs = torch.zeros((2, batch), dtype=torch.long, device=self.tables.device)
-                inputs[1] = -1
+                inputs = torch.zeros((1 + attention.TREE_WORDS, batch), dtype=torch.long, device=self.tables.device)
                 buf = self.tree_buffers[batch] = dataclasses.replace(self._verify_buffers(batch), tree=inputs)
                 if self.use_graphs:  # the attention kernel's TREE variant compiled outside the capture, by a step
-                    self._fill(batch, [], [], [], tree=([], []))  # of padding rows only (the null block's)
+                    self._fill(batch, [], [], [], tree=([], [[]] * attention.TREE_WORDS))  # of padding rows only
                     self.step.run(buf)
                     self.tree_graphs[batch] = self._capture(buf)
                     torch.cuda.synchronize()
@@ -435,7 +459,7 @@ class DecodeGraphs:
     def _fill(self, batch: int, tokens, positions, rows, sources=None, bans=None, tree=None) -> None:
         """The step's inputs into this turn's pinned set, copied to the device ahead of the replay on the stream.
         The set was last used two fills ago; its copy is done unless two steps were chained past it (then wait).
-        ``tree``: a tree step's (rotary positions, masks) per token row (``tree_inputs``)."""
+        ``tree``: a tree step's (virtual positions, slot shift words) per token row (``tree_inputs``)."""
         self._turn ^= 1
         if (copied := self._copied[self._turn]) is not None:
             copied.synchronize()
@@ -443,13 +467,14 @@ class DecodeGraphs:
         write_step_inputs(staging.numpy(), tokens, positions, rows, self.padding_row, bans)
         self.buffers[batch].inputs.copy_(staging[:4], non_blocking=True)
         if sources is not None:
-            staging.numpy()[4, : len(sources)] = sources
-            self.sources[batch].copy_(staging[4], non_blocking=True)
+            staging.numpy()[SOURCES_ROW, : len(sources)] = sources
+            self.sources[batch].copy_(staging[SOURCES_ROW], non_blocking=True)
         if tree is not None:
             host, n = staging.numpy(), len(tokens)
-            host[5, :n], host[6, :n] = tree
-            host[5, n:], host[6, n:] = 0, -1  # padding rows: position 0, every key seen (their one)
-            self.tree_buffers[batch].tree.copy_(staging[5:7], non_blocking=True)
+            host[TREE_ROW, :n] = tree[0]
+            host[TREE_ROW + 1 : STAGING_ROWS, :n] = tree[1]
+            host[TREE_ROW:STAGING_ROWS, n:] = 0  # padding rows: position 0, nothing shifted
+            self.tree_buffers[batch].tree.copy_(staging[TREE_ROW:STAGING_ROWS], non_blocking=True)
         if self._cuda:
             self._copied[self._turn] = _recorded(self._copied[self._turn])
 
@@ -474,28 +499,32 @@ def _recorded(event):
 
 
 def tree_inputs(token_lists: Sequence[Sequence[int]], starts: Sequence[int],
-                parents: Sequence[Sequence[int] | None]) -> tuple[list[int], list[int]]:
-    """A tree verify step's rotary position and key mask per token row (``attention.decode_attention``'s ``tree``):
-    a tree row's token i at its start plus its depth, seeing the slots of the row's tokens before it that are its
-    ancestors (bit j of the mask: the slot ``start + i - 1 - j``) and every slot before the row; a linear row's
-    tokens (``parents`` None) at their positions, seeing everything (-1)."""
-    rot, seen = [], []
+                parents: Sequence[Sequence[int] | None]) -> tuple[list[int], list[list[int]]]:
+    """A tree verify step's virtual position and slot shifts per token row (``attention.decode_attention``'s
+    ``tree``): a tree row's token i at its start plus its depth, its ancestors' keys, which sit at the slots of their
+    row indices, read at the positions of their depths (an ancestor of depth d, j = depth - d positions back: shift
+    index - d in byte j % 8 of word j // 8); a linear row's tokens (``parents`` None) at their positions, nothing
+    shifted. Returns (virtual positions, ``attention.TREE_WORDS`` lists of each row's word)."""
+    rot, words = [], []
     for toks, start, par in zip(token_lists, starts, parents):
         if par is None:
             rot += range(start, start + len(toks))
-            seen += [-1] * len(toks)
+            words += [[0] * attention.TREE_WORDS for _ in toks]
             continue
         if len(par) != len(toks) or len(toks) > TREE_TOKENS:
             raise ValueError(f"a tree row of {len(toks)} tokens ({len(par)} parents): the fast step takes "
                              f"{TREE_TOKENS} at most, one parent per token")
-        depths, ancestors = row_depths(par), row_ancestors(par)
-        for i, (depth, mine) in enumerate(zip(depths, ancestors)):
+        depths = row_depths(par)
+        for i, depth in enumerate(depths):
             rot.append(start + depth)
-            # the row's tokens 1 .. i - 1 off its path (the first is every token's ancestor), reversed into
-            # slot order (bit j: token i - 1 - j) and complemented: an int64 whose sign bit is the first token's, set
-            blind = ~mine & ((1 << i) - 1) & ~1
-            seen.append(~int(format(blind, f"0{i}b")[::-1], 2) if blind else -1)
-    return rot, seen
+            mine = [0] * attention.TREE_WORDS
+            a = par[i]
+            while a > 0:  # its ancestors up to the row's first token (index 0, depth 0: in place)
+                j = depth - depths[a]
+                mine[j // 8] |= (a - depths[a]) << (8 * (j % 8))  # (at most 62: the sign bit stays clear)
+                a = par[a]
+            words.append(mine)
+    return rot, [list(w) for w in zip(*words)] if words else [[] for _ in range(attention.TREE_WORDS)]
 
 
 def write_step_inputs(out, tokens: Sequence[int], positions: Sequence[int], rows: Sequence[int],
