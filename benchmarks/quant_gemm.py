@@ -125,9 +125,10 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
                   tile(128, 256, 64), tile(256, 128, 64), tile(64, 128, 128, warps=4),
                   tile(128, 256, 64, swap=True), tile(128, 256, 128, swap=True), tile(128, 128, 64, warps=4, swap=True)]
     if q.int4:
-        # each INT4 candidate so far again with its nibbles unpacked by PTX, four bytes a register (1 instruction a
-        # weight instead of ~4; the K loop at M 8: GLU 1946 -> 1073 instructions a thread, sm_90 SASS). CUDA only:
-        # under Triton's interpreter the flag runs the elementwise unpack, so only a GPU's error column checks it.
+        # each INT4 candidate so far again with ptx_nibbles: its nibbles unpacked by PTX four bytes a register and
+        # INT4-AWQ's scale on two weights an instruction in the compute dtype (the GLU's K loop at M 8: 7.6 -> 4.4
+        # instructions a weight, sm_90 SASS). CUDA only: under Triton's interpreter the flag runs the int8-op,
+        # float32 path, so only a GPU's error column checks it.
         others += [r(c, ptx_nibbles=True) for c in [base, *others] if c is not None]
     out = [base]
     for c in others:

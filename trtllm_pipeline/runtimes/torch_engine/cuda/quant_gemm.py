@@ -132,9 +132,9 @@ def _unpack_ptx(magic: int) -> str:
     """PTX for ``tl.inline_asm_elementwise(pack=4)``: four packed bytes ($4) -> their low nibbles' ``magic ^ nibble``
     as two registers of two 16-bit floats ($0, $1) and their high nibbles' ($2, $3), element order kept. A PRMT
     spreads bytes 0, 1 (and 2, 3) to the two halves of a register, one LOP3 masks and XORs a pair, a shift brings
-    the high nibbles down: 8 instructions for 8 weights. As int8 elementwise ops the compiler widened every byte to
-    a register and packed the halves back (PRMT, IMAD, SHF a weight: 7.6 instructions a weight in the 7B GLU's
-    K loop at M 8, sm_90 SASS; tools/gemm_sass.py)."""
+    the high nibbles down: 8 instructions for 8 weights. As int8 elementwise ops the compiler widens every byte to
+    a register and packs the halves back (PRMT, IMAD, SHF: ~2 instructions a weight in the 7B GLU's K loop at M 8,
+    sm_90 SASS, tools/gemm_sass.py; with the float32 scaling after it 7.6 in all)."""
     m = f"0x{magic:04X}{magic:04X}"
     return ("{ .reg .b32 t0, t1, z; mov.b32 z, 0; prmt.b32 t0, $4, z, 0x4140; prmt.b32 t1, $4, z, 0x4342; "
             f"lop3.b32 $0, t0, 0x000F000F, {m}, 0x6A; lop3.b32 $1, t1, 0x000F000F, {m}, 0x6A; "
@@ -173,8 +173,12 @@ def _w4_operands(p, s_lo, s_hi, POST_SCALE: tl.constexpr, A8: tl.constexpr, MAGI
     if POST_SCALE:
         out_lo, out_hi = lo, hi
     elif PTX and not A8:
-        # two weights an instruction in the compute dtype (HADD2, HMUL2): ``lo - OFFSET`` is q exactly, and q x s
-        # rounded once is float32's q x s rounded (an INT4-AWQ scale holds a compute-dtype value: QuantWeight.scales16)
+        # INT4-AWQ: q x s in the compute dtype, two weights an instruction on sm_90 (HADD2, HMUL2; in float32 it is
+        # FADD, FMUL and a conversion a weight: most of the 7.6 -> 4.4 instructions a weight of the 7B GLU's K loop at
+        # M 8, tools/gemm_sass.py). The same values: ``lo - OFFSET`` is q exactly, and q x s rounded once is what
+        # float32's exact q x s rounds to, since an INT4-AWQ scale holds a compute-dtype value (``QuantWeight.of``).
+        # With PTX only: Triton's interpreter computes 16-bit float arithmetic wrongly (and makes no such constant),
+        # so this path is checked on a GPU (the sweep's error column) before a table takes it.
         out_lo = (lo - OFFSET) * s_lo.to(COMPUTE)
         out_hi = (hi - OFFSET) * s_hi.to(COMPUTE)
     else:
