@@ -682,6 +682,12 @@ def test_int4_gemm_unpacks_by_ptx_and_scales_two_weights_an_instruction_for_hopp
         assert ptx["mix"].get("HMUL2", 0) >= weights / 2 and ptx["mix"].get("HADD2", 0) >= weights / 2, ptx
         assert ptx["loop_per_thread"] <= 0.65 * ops["loop_per_thread"], (ops, ptx)
         assert ptx["registers"] <= ops["registers"] + 8, (ops, ptx)
+    # W4A8: nibbles straight to float32 and saturating E4M3 conversions: no clamp a weight (8.6 -> 6.0 for the GLU)
+    ops, ptx = (next(r for r in _gemv_sass(["--w4a8", "--glu", "--block-n", "128"], "gemm_sass") if r["ptx"] is p)
+                for p in (False, True))
+    weights = ops["weights_per_thread"]
+    assert ops["mix"].get("FMNMX", 0) >= weights and ptx["mix"].get("FMNMX", 0) <= weights / 8, (ops, ptx)
+    assert ptx["loop_per_thread"] <= 0.75 * ops["loop_per_thread"], (ops, ptx)
 
 
 def test_the_ptx_nibble_unpacking_gives_each_byte_its_own_two_values():
@@ -700,8 +706,8 @@ def test_the_ptx_nibble_unpacking_gives_each_byte_its_own_two_values():
         return sum(((lut >> ((((a >> i) & 1) << 2) | (((b >> i) & 1) << 1) | ((c >> i) & 1))) & 1) << i
                    for i in range(32))
 
-    def run(asm, word):
-        regs = {"$4": word, "z": 0}
+    def run(asm, word, outputs=4):
+        regs = {f"${outputs}": word, "z": 0}
         for ins in asm.strip("{} ").split(";"):
             parts = ins.replace(",", " ").split()
             if not parts or parts[0].startswith("."):
@@ -710,8 +716,13 @@ def test_the_ptx_nibble_unpacking_gives_each_byte_its_own_two_values():
             val = [regs[x] if x in regs else int(x, 0) for x in src]
             regs[dst] = {"mov.b32": lambda v: v[0], "prmt.b32": lambda v: prmt(*v), "shr.u32": lambda v: v[0] >> v[1],
                          "lop3.b32": lambda v: lop3(*v)}[op](val) & 0xFFFFFFFF
-        return [regs[f"${i}"] for i in range(4)]
+        return [regs[f"${i}"] for i in range(outputs)]
 
+    for byte in range(256):  # W4A8's: the float32 bits of 2^23 + (nibble ^ 8), low nibbles $0-$3, high $4-$7
+        for pos in range(4):
+            word = byte << 8 * pos | 0x5A << 8 * ((pos + 1) % 4)
+            out = run(quant_gemm.UNPACK_PTX_F32.value, word, outputs=8)
+            assert out[pos] == 0x4B000000 | (byte & 0xF) ^ 8 and out[4 + pos] == 0x4B000000 | (byte >> 4) ^ 8
     for magic in (0x4308, 0x6408):
         asm = quant_gemm._unpack_ptx(magic)
         assert len(re.findall(r"prmt|lop3|shr", asm)) == 8  # 8 instructions for 8 weights

@@ -5,6 +5,7 @@ GEMM that decode batches of 2-64 rows and prefill use.
 
     python tools/gemm_sass.py                                  # the 7B's GLU and proj at M 8, both unpackings
     python tools/gemm_sass.py --block-n 64 --glu               # one shape
+    python tools/gemm_sass.py --w4a8                           # W4A8-AWQ's
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes. Times need the GPU.
 """
@@ -32,12 +33,12 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i8", "w2_ptr": "*i8", "s_ptr": "*fp32",
 
 
 def compile_w4(*, glu: bool, ptx: bool, block_m: int = 16, block_n: int = 128, block_k: int = 128,
-               scale_weights: bool = True, swap: bool = True, warps: int = 4, stages: int = 3):
-    """The INT4-AWQ GEMM as ``quant_gemm.launch`` would compile it at a decode batch (bfloat16, group 128, the input's
-    pre-quant scale; split-K partials, or the GLU's silu(gate) x up)."""
+               scale_weights: bool = True, swap: bool = True, warps: int = 4, stages: int = 3, a8: bool = False):
+    """The INT4-AWQ GEMM (``a8``: W4A8-AWQ's) as ``quant_gemm.launch`` would compile it at a decode batch (bfloat16,
+    group 128, the input's pre-quant scale; split-K partials, or the GLU's silu(gate) x up)."""
     fn = quant_gemm._w4_gemm_kernel
-    consts = dict(GROUP=128, A8=False, HAS_PQS=True, GLU=glu, HAS_BIAS=False, PARTIALS=not glu, ONE_GROUP=True,
-                  POST_SCALE=not scale_weights, EVEN_N=True, EVEN_K=True, EVEN_M=False, SWAP=swap, MAGIC=0x4308,
+    consts = dict(GROUP=128, A8=a8, HAS_PQS=True, GLU=glu, HAS_BIAS=False, PARTIALS=not glu, ONE_GROUP=True,
+                  POST_SCALE=not (scale_weights or a8), EVEN_N=True, EVEN_K=True, EVEN_M=False, SWAP=swap, MAGIC=0x4308,
                   OFFSET=136.0, COMPUTE=tl.bfloat16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=True,
                   PTX=ptx)
     pointers = dict(POINTERS, out_ptr="*bf16" if glu else "*fp32")
@@ -52,13 +53,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--block-n", type=int, help="one tile width (default: GLU 128 and 64, proj 128)")
     ap.add_argument("--glu", action="store_true", help="with --block-n: the GLU (two matrices), else one matrix")
+    ap.add_argument("--w4a8", action="store_true", help="W4A8-AWQ's GEMM (E4M3 weights into FP8 MMAs)")
     ap.add_argument("--json", action="store_true", help="a JSON list, a row per kernel")
     args = ap.parse_args()
     shapes = [(args.glu, args.block_n)] if args.block_n else [(True, 128), (True, 64), (False, 128)]
     rows = []
     for glu, block_n in shapes:
         for ptx in (False, True):
-            sass, regs = disassemble(compile_w4(glu=glu, ptx=ptx, block_n=block_n))
+            sass, regs = disassemble(compile_w4(glu=glu, ptx=ptx, block_n=block_n, a8=args.w4a8))
             mix = loop_mix(sass)
             n = sum(mix.values())
             weights = (2 if glu else 1) * block_n * 128 // 128  # a K tile's weights a thread (128 threads)

@@ -146,6 +146,28 @@ UNPACK_PTX_BF16 = tl.constexpr(_unpack_ptx(0x4308))  # bfloat16 128 + (nibble ^ 
 UNPACK_PTX_F16 = tl.constexpr(_unpack_ptx(0x6408))  # float16 1024 + (nibble ^ 8) = 1032 + q
 
 
+def _unpack_f32_ptx() -> str:
+    """PTX (pack=4): four packed bytes ($8) -> the float32 bits of ``2^23 + (nibble ^ 8)`` = ``2^23 + 8 + q`` of their
+    low nibbles ($0-$3) and of their high nibbles ($4-$7), element order kept: a shift and a LOP3 a weight (W4A8's
+    float32 path; through the 16-bit values and a widening it was ~2.5 a weight, sm_90 SASS)."""
+    ops = []
+    for i in range(4):
+        if i:
+            ops.append(f"shr.u32 t, $8, {8 * i}; lop3.b32 ${i}, t, 0xF, 0x4B000008, 0x6A;")
+        else:
+            ops.append("lop3.b32 $0, $8, 0xF, 0x4B000008, 0x6A;")
+        ops.append(f"shr.u32 t, $8, {8 * i + 4}; lop3.b32 ${4 + i}, t, 0xF, 0x4B000008, 0x6A;")
+    return "{ .reg .b32 t; " + " ".join(ops) + " }"
+
+
+UNPACK_PTX_F32 = tl.constexpr(_unpack_f32_ptx())
+F32_OFFSET = tl.constexpr(8388616.0)  # 2^23 + 8: what ``UNPACK_PTX_F32``'s values carry beside q
+# Four float32 ($1-$4) -> four E4M3 in one register ($0), rounded to nearest even and saturated at +-448 (ModelOpt's
+# clamp): two a conversion (cvt puts its first operand in the upper byte)
+TO_E4M3_PTX = tl.constexpr("{ .reg .b16 l, h; cvt.rn.satfinite.e4m3x2.f32 l, $2, $1; "
+                           "cvt.rn.satfinite.e4m3x2.f32 h, $4, $3; mov.b32 $0, {l, h}; }")
+
+
 @triton.jit
 def _nibbles(p, MAGIC: tl.constexpr, COMPUTE: tl.constexpr, PTX: tl.constexpr):
     """Packed tile ``p`` (int8) -> ``OFFSET + q`` of its low nibbles (even rows) and high nibbles (odd rows), in the
@@ -172,7 +194,16 @@ def _w4_operands(p, s_lo, s_hi, POST_SCALE: tl.constexpr, A8: tl.constexpr, MAGI
     lo, hi = _nibbles(p, MAGIC, COMPUTE, PTX)
     if POST_SCALE:
         out_lo, out_hi = lo, hi
-    elif PTX and not A8:
+    elif PTX and A8:
+        # W4A8 on CUDA: the nibbles straight to float32 (2^23 + 8 + q), q x step as below, and E4M3 by saturating
+        # conversions, two an instruction (the clamp's FMNMX pair a weight gone): the same E4M3 values
+        l32, h32 = tl.inline_asm_elementwise(UNPACK_PTX_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [p],
+                                             dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+        out_lo = tl.inline_asm_elementwise(TO_E4M3_PTX, "=r,r,r,r,r", [(l32 - F32_OFFSET) * s_lo],
+                                           dtype=tl.float8e4nv, is_pure=True, pack=4)
+        out_hi = tl.inline_asm_elementwise(TO_E4M3_PTX, "=r,r,r,r,r", [(h32 - F32_OFFSET) * s_hi],
+                                           dtype=tl.float8e4nv, is_pure=True, pack=4)
+    elif PTX:
         # INT4-AWQ: q x s in the compute dtype, two weights an instruction on sm_90 (HADD2, HMUL2; in float32 it is
         # FADD, FMUL and a conversion a weight: most of the 7.6 -> 4.4 instructions a weight of the 7B GLU's K loop at
         # M 8, tools/gemm_sass.py). The same values: ``lo - OFFSET`` is q exactly, and q x s rounded once is what
