@@ -70,9 +70,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_linear,
                                                        quant_mma_int4)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import _act_tile, _magic
+from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
 TABLE = Path(__file__).with_name("quant_gemm_table.json")
 TABLE_ENV = "TRTLLM_PIPELINE_GEMM_TABLE"
