@@ -373,8 +373,9 @@ PY
     python3 benchmarks/gpu_fast_path.py --out "$out" --parts quant --formats "${QUANT_FORMATS:-int4_awq,w4a8_awq,int8_sq,int8_wo}" \
       ${NO_SWEEP:+--no-quant-sweep} ;;
   quant_gemm)
+    # QG_MS="8,64,2048": the kernels part's M values only (default: the benchmark's)
     python3 benchmarks/quant_gemm.py --out "$out" --parts "${QG_PARTS:-kernels,steps}" \
-      --formats "${QUANT_FORMATS:-int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16}" ;;
+      --formats "${QUANT_FORMATS:-int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16}" ${QG_MS:+--ms "$QG_MS"} ;;
   int4_rows)  # INT4-AWQ at batch 2-16 on quant_gemv's several-row GEMV: the random 7B INT4-AWQ build served in-process
     # at batch 1/8/16, context 2048, today's kernels (the switch off) against the GEMV at every batch (on)
     c=$(config int4-awq)

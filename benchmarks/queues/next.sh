@@ -17,6 +17,10 @@ part quant_gemm 330 KERNEL_SWEEP_S=150 QG_PARTS=gemv_rows,rows_steps QUANT_FORMA
 # ties) and self-speculation turning itself down (0.39x / 0.30x there, acceptance ~1.0)
 await /tmp/smolw/ready 60
 part spec 330 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_MAIN=smollm2 SPEC_SELF=1
+# 32: W4A8 and INT4 swept with ptx_nibbles at M 8 / 64 / 2048 (W4A8's GEMM: 8.6 -> 6.0 instructions a weight, sm_90
+# SASS), then the step table on that table: batch 1 / 8 / 32 / 64 at context 2048, prefill of 2048 tokens and peak
+# GiB by format (last measured H200 2026-12-04c: INT4-AWQ prefill 1.71x BF16's, W4A8 2.02x; goal 1.3x)
+part quant_gemm 480 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048
 # 31: the long rows at 512 rows a step with the FP8 pool (H100 2026-12-06d at 256 rows, BF16 KV: 1000/1000 11,335
 # tokens/s with 42% of the pool used)
 part throughput 420 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS="1000/1000 500/2000" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
