@@ -8,7 +8,7 @@
 # released after 30 s idle). In order of need; what is cut is what comes last. The 128/2048 throughput is an H200
 # goal, so it runs after the H100-comparable parts.
 # 32: the INT4-AWQ GEMM at M 2-16 with new candidates: every GEMM candidate again with its nibbles unpacked by PTX
-# (ptx_nibbles: never run on a GPU; its error column is its first check; sm_90 SASS 7.6 -> 4.4 instructions a weight),
+# (ptx_nibbles: never run on a GPU; its error column is its first check; sm_90 SASS 7.6 -> 3.5 instructions a weight),
 # GLU tiles of 64 and 32 rows (296 / 592 programs where 128 gave 148 on 132 SMs), fewer K splits for proj and qkv;
 # then the whole steps by the fresh table (H100 2026-12-06d: batch 8 5.126 ms, 16 5.692; the linears at M 8 at
 # 22-30% of the roof). No build: random weights.

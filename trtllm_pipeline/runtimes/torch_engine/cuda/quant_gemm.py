@@ -129,17 +129,16 @@ def _tile_ids(M, N_TILES, BLOCK_M: tl.constexpr):
 
 
 def _unpack_ptx(magic: int) -> str:
-    """PTX for ``tl.inline_asm_elementwise(pack=4)``: four packed bytes ($4) -> their low nibbles' ``magic ^ nibble``
-    as two registers of two 16-bit floats ($0, $1) and their high nibbles' ($2, $3), element order kept. A PRMT
-    spreads bytes 0, 1 (and 2, 3) to the two halves of a register, one LOP3 masks and XORs a pair, a shift brings
-    the high nibbles down: 8 instructions for 8 weights. As int8 elementwise ops the compiler widens every byte to
-    a register and packs the halves back (PRMT, IMAD, SHF: ~2 instructions a weight in the 7B GLU's K loop at M 8,
-    sm_90 SASS, tools/gemm_sass.py; with the float32 scaling after it 7.6 in all)."""
+    """PTX for ``tl.inline_asm_elementwise(pack=2)``: two packed bytes (the low half of $2) -> their low nibbles'
+    ``magic ^ nibble`` as one register of two 16-bit floats ($0) and their high nibbles' ($1), element order kept: a
+    PRMT puts byte 1 in the upper half, one LOP3 masks and XORs a pair, a shift brings the high nibbles down (4
+    instructions for 4 weights). Two bytes, not four: in the dot operand's layout a thread's bytes come in K-pairs,
+    and four a register cost a PRMT more each to gather (sm_90 SASS of a reduced kernel: 433 against 545 a K tile). As
+    int8 elementwise ops the compiler widens every byte to a register and packs the halves back (PRMT, IMAD, SHF: ~2
+    instructions a weight in the 7B GLU's K loop at M 8, tools/gemm_sass.py; with the float32 scaling after it 7.6)."""
     m = f"0x{magic:04X}{magic:04X}"
-    return ("{ .reg .b32 t0, t1, z; mov.b32 z, 0; prmt.b32 t0, $4, z, 0x4140; prmt.b32 t1, $4, z, 0x4342; "
-            f"lop3.b32 $0, t0, 0x000F000F, {m}, 0x6A; lop3.b32 $1, t1, 0x000F000F, {m}, 0x6A; "
-            "shr.u32 t0, t0, 4; shr.u32 t1, t1, 4; "
-            f"lop3.b32 $2, t0, 0x000F000F, {m}, 0x6A; lop3.b32 $3, t1, 0x000F000F, {m}, 0x6A; }}")
+    return ("{ .reg .b32 t, z; mov.b32 z, 0; prmt.b32 t, $2, z, 0x4140; "
+            f"lop3.b32 $0, t, 0x000F000F, {m}, 0x6A; shr.u32 t, t, 4; lop3.b32 $1, t, 0x000F000F, {m}, 0x6A; }}")
 
 
 UNPACK_PTX_BF16 = tl.constexpr(_unpack_ptx(0x4308))  # bfloat16 128 + (nibble ^ 8) = 136 + q (``_magic``)
@@ -149,7 +148,8 @@ UNPACK_PTX_F16 = tl.constexpr(_unpack_ptx(0x6408))  # float16 1024 + (nibble ^ 8
 def _unpack_f32_ptx() -> str:
     """PTX (pack=4): four packed bytes ($8) -> the float32 bits of ``2^23 + (nibble ^ 8)`` = ``2^23 + 8 + q`` of their
     low nibbles ($0-$3) and of their high nibbles ($4-$7), element order kept: a shift and a LOP3 a weight (W4A8's
-    float32 path; through the 16-bit values and a widening it was ~2.5 a weight, sm_90 SASS)."""
+    float32 path; through the 16-bit values and a widening it was ~2.5 a weight). Four bytes: W4A8's operand is
+    E4M3, whose layout holds a thread's bytes in fours along K (two at a time: 6.9 instructions a weight, not 6.0)."""
     ops = []
     for i in range(4):
         if i:
@@ -171,14 +171,14 @@ TO_E4M3_PTX = tl.constexpr("{ .reg .b16 l, h; cvt.rn.satfinite.e4m3x2.f32 l, $2,
 @triton.jit
 def _nibbles(p, MAGIC: tl.constexpr, COMPUTE: tl.constexpr, PTX: tl.constexpr):
     """Packed tile ``p`` (int8) -> ``OFFSET + q`` of its low nibbles (even rows) and high nibbles (odd rows), in the
-    compute dtype: by PTX four bytes a register (``PTX``: CUDA only), else as int16 elementwise ops."""
+    compute dtype: by PTX two bytes at a time (``PTX``: CUDA only), else as int16 elementwise ops."""
     if PTX:
         if MAGIC == 0x4308:
-            lo, hi = tl.inline_asm_elementwise(UNPACK_PTX_BF16, "=r,=r,=r,=r,r", [p],
-                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+            lo, hi = tl.inline_asm_elementwise(UNPACK_PTX_BF16, "=r,=r,r", [p], dtype=(tl.bfloat16, tl.bfloat16),
+                                               is_pure=True, pack=2)
         else:
-            lo, hi = tl.inline_asm_elementwise(UNPACK_PTX_F16, "=r,=r,=r,=r,r", [p], dtype=(tl.float16, tl.float16),
-                                               is_pure=True, pack=4)
+            lo, hi = tl.inline_asm_elementwise(UNPACK_PTX_F16, "=r,=r,r", [p], dtype=(tl.float16, tl.float16),
+                                               is_pure=True, pack=2)
     else:
         u = p.to(tl.uint8, bitcast=True).to(tl.int16)
         lo = ((u & 0xF) ^ MAGIC).to(COMPUTE, bitcast=True)
@@ -205,7 +205,7 @@ def _w4_operands(p, s_lo, s_hi, POST_SCALE: tl.constexpr, A8: tl.constexpr, MAGI
                                            dtype=tl.float8e4nv, is_pure=True, pack=4)
     elif PTX:
         # INT4-AWQ: q x s in the compute dtype, two weights an instruction on sm_90 (HADD2, HMUL2; in float32 it is
-        # FADD, FMUL and a conversion a weight: most of the 7.6 -> 4.4 instructions a weight of the 7B GLU's K loop at
+        # FADD, FMUL and a conversion a weight: most of the 7.6 -> 3.5 instructions a weight of the 7B GLU's K loop at
         # M 8, tools/gemm_sass.py). The same values: ``lo - OFFSET`` is q exactly, and q x s rounded once is what
         # float32's exact q x s rounds to, since an INT4-AWQ scale holds a compute-dtype value (``QuantWeight.of``).
         # With PTX only: Triton's interpreter computes 16-bit float arithmetic wrongly (and makes no such constant),
