@@ -125,7 +125,7 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
                   tile(128, 256, 64), tile(256, 128, 64), tile(64, 128, 128, warps=4),
                   tile(128, 256, 64, swap=True), tile(128, 256, 128, swap=True), tile(128, 128, 64, warps=4, swap=True)]
     if q.int4:
-        # each INT4 candidate so far again with ptx_nibbles: its nibbles unpacked by PTX four bytes a register,
+        # each INT4 candidate so far again with ptx_nibbles: its nibbles unpacked by PTX a register at a time,
         # INT4-AWQ's scale on two weights an instruction in the compute dtype, W4A8's E4M3 by saturating conversions
         # (the GLU's K loop at M 8: 7.6 -> 3.5 instructions a weight, W4A8 8.6 -> 6.0; sm_90 SASS). CUDA only: under
         # Triton's interpreter the flag runs the int8-op, float32 path, so only a GPU's error column checks it.

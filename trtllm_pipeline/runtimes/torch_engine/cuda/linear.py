@@ -49,7 +49,7 @@ class LinearConfig:
     dp4a8: bool = False  # quant_gemv_int8's dp4a matrix-vector kernel (INT8 SmoothQuant at batch 1)
     w4a8: bool = False  # quant_gemv_w4a8's table-lookup dp4a matrix-vector kernel (W4A8-AWQ at batch 1)
     mma: bool = False  # with gemv: quant_mma_int4's INT8 tensor-core linear on the GEMV's prepared rows (M 2-16)
-    ptx_nibbles: bool = False  # with gemm (INT4): nibbles unpacked four bytes a register by PTX (quant_gemm._nibbles)
+    ptx_nibbles: bool = False  # with gemm (INT4, W4A8): nibbles unpacked and scaled by PTX (quant_gemm._w4_operands)
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,
