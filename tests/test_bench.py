@@ -109,7 +109,10 @@ def test_tokens_without_text_are_timed_where_the_server_sends_usage_on_every_chu
         # (timed by text alone, 10 - HELD times, the first HELD gaps later)
         assert r["error"] is None and r["output_tokens"] == 10 and len(r["token_times_ms"]) == 10
         assert r["token_times_ms"] == sorted(r["token_times_ms"]) and r["ttft_ms"] == r["token_times_ms"][0]
-        assert r["ttft_ms"] >= FIRST_S * 1e3 * 0.99 and r["token_times_ms"][HELD] >= r["ttft_ms"] + HELD * GAP_S * 1e3
+        # (bounds the server's sending sets whatever the client's reading: a first chunk read late on a loaded
+        # machine finds the next ones waiting, so the gaps after it can shrink below the server's)
+        assert r["ttft_ms"] >= FIRST_S * 1e3 * 0.99 and r["token_times_ms"][HELD] > r["ttft_ms"]
+        assert r["token_times_ms"][HELD] >= (FIRST_S + HELD * GAP_S) * 1e3 * 0.99
 
 
 def test_a_client_keeps_its_connection_across_its_requests(stub_url, tokenizer, tmp_path):
