@@ -191,10 +191,7 @@ def _w4_operands(p, s_lo, s_hi, POST_SCALE: tl.constexpr, A8: tl.constexpr, MAGI
                  OFFSET: tl.constexpr, COMPUTE: tl.constexpr, PTX: tl.constexpr):
     """The even (low nibble) and odd (high nibble) rows of packed tile ``p`` as MMA operands: ``OFFSET + q`` in the
     compute dtype (POST_SCALE), E4M3 of ``q x step`` (A8), or ``q x scale`` rounded to the compute dtype."""
-    lo, hi = _nibbles(p, MAGIC, COMPUTE, PTX)
-    if POST_SCALE:
-        out_lo, out_hi = lo, hi
-    elif PTX and A8:
+    if PTX and A8:
         # W4A8 on CUDA: the nibbles straight to float32 (2^23 + 8 + q), q x step as below, and E4M3 by saturating
         # conversions, two an instruction (the clamp's FMNMX pair a weight gone): the same E4M3 values
         l32, h32 = tl.inline_asm_elementwise(UNPACK_PTX_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [p],
@@ -203,23 +200,28 @@ def _w4_operands(p, s_lo, s_hi, POST_SCALE: tl.constexpr, A8: tl.constexpr, MAGI
                                            dtype=tl.float8e4nv, is_pure=True, pack=4)
         out_hi = tl.inline_asm_elementwise(TO_E4M3_PTX, "=r,r,r,r,r", [(h32 - F32_OFFSET) * s_hi],
                                            dtype=tl.float8e4nv, is_pure=True, pack=4)
-    elif PTX:
-        # INT4-AWQ: q x s in the compute dtype, two weights an instruction on sm_90 (HADD2, HMUL2; in float32 it is
-        # FADD, FMUL and a conversion a weight: most of the 7.6 -> 3.5 instructions a weight of the 7B GLU's K loop at
-        # M 8, tools/gemm_sass.py). The same values: ``lo - OFFSET`` is q exactly, and q x s rounded once is what
-        # float32's exact q x s rounds to, since an INT4-AWQ scale holds a compute-dtype value (``QuantWeight.of``).
-        # With PTX only: Triton's interpreter computes 16-bit float arithmetic wrongly (and makes no such constant),
-        # so this path is checked on a GPU (the sweep's error column) before a table takes it.
-        out_lo = (lo - OFFSET) * s_lo.to(COMPUTE)
-        out_hi = (hi - OFFSET) * s_hi.to(COMPUTE)
     else:
-        f_lo = (lo.to(tl.float32) - OFFSET) * s_lo
-        f_hi = (hi.to(tl.float32) - OFFSET) * s_hi
-        if A8:
-            out_lo = tl.clamp(f_lo, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
-            out_hi = tl.clamp(f_hi, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        lo, hi = _nibbles(p, MAGIC, COMPUTE, PTX)
+        if POST_SCALE:
+            out_lo, out_hi = lo, hi
+        elif PTX:
+            # INT4-AWQ: q x s in the compute dtype, two weights an instruction on sm_90 (HADD2, HMUL2; in float32 it
+            # is FADD, FMUL and a conversion a weight: most of the 7.6 -> 3.5 instructions a weight of the 7B GLU's K
+            # loop at M 8, tools/gemm_sass.py). The same values: ``lo - OFFSET`` is q exactly, and q x s rounded once
+            # is what float32's exact q x s rounds to, since an INT4-AWQ scale holds a compute-dtype value
+            # (``QuantWeight.of``). With PTX only: Triton's interpreter computes 16-bit float arithmetic wrongly (and
+            # makes no such constant), so this path is checked on a GPU (the sweep's error column) before a table
+            # takes it.
+            out_lo = (lo - OFFSET) * s_lo.to(COMPUTE)
+            out_hi = (hi - OFFSET) * s_hi.to(COMPUTE)
         else:
-            out_lo, out_hi = f_lo.to(COMPUTE), f_hi.to(COMPUTE)
+            f_lo = (lo.to(tl.float32) - OFFSET) * s_lo
+            f_hi = (hi.to(tl.float32) - OFFSET) * s_hi
+            if A8:
+                out_lo = tl.clamp(f_lo, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+                out_hi = tl.clamp(f_hi, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+            else:
+                out_lo, out_hi = f_lo.to(COMPUTE), f_hi.to(COMPUTE)
     return out_lo, out_hi
 
 
