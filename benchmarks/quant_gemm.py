@@ -63,8 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import quant_fast_path as qf  # noqa: E402
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_mma_int4  # noqa: E402
-from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, linear, quant_gemm, quant_gemv,  # noqa: E402
-                                                        quant_gemv_ws, quant_linear)
+from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, int4pack, linear, quant_gemm,  # noqa: E402
+                                                        quant_gemv, quant_gemv_ws, quant_linear)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine  # noqa: E402
 
@@ -303,6 +303,8 @@ def _candidates(fmt, lins, sets, x, m, sm, glu, decode, device, sweep: bool):
                 yield kind, None if cfg.gemv and cfg.block_m == 1 else cfg, call, read
             if quant_mma_int4.supported(q0, m):  # the INT8 tensor-core kernel on the same prepared rows (untabled)
                 yield from _mma_candidates(sets, x, m, sm, glu, sweep, device, pdl)
+        if fmt == "int4_awq":  # torch's own INT4 kernel (tinygemm), its weight in its layout (untabled)
+            yield from _int4pack_candidates(lins, x, glu, copies)
         # the library GEMMs quant_gemm.linear can take (prefill; not the decode step's GLU launch), timed whole:
         # torch._int_mm with the input's quantization and the epilogue, or the weight dequantized into the scratch
         # buffer and F.linear / torch._scaled_mm (its input's pre-quant scale and quantization too)
@@ -389,6 +391,33 @@ def _mma_candidates(sets, x, m, sm, glu, sweep, device, pdl):
                 return (F.silu(fixed_sum.to_float(outs[0]).to(dt)) * fixed_sum.to_float(outs[1]).to(dt)).float()
             return fixed_sum.to_float(outs[0])
         yield "mma", cfg, call, read
+
+
+def _int4pack_candidates(lins, x, glu: bool, copies: int):
+    """("int4pack", None, call, read) of ``torch._weight_int4pack_mm`` (cuda/int4pack.py) where it takes the shape:
+    the GLU's fc and gate side by side in one call where their pre-quant scales agree (one input), else apart, then
+    SiLU x gate by torch's elementwise ops, inside the time (as the decode step runs it)."""
+    qs = [lin.kernel_weight() for lin in lins]
+    if not int4pack.supported(qs[0].n, qs[0].k, qs[0].group) or x.dtype != torch.bfloat16:
+        return
+
+    def packed():
+        try:
+            return [int4pack.of_quant(*qs)]
+        except ValueError:  # pre-quant scales of their own
+            return [int4pack.of_quant(q) for q in qs]
+    packs = [packed() for _ in range(copies)]
+    n = qs[0].n
+    res = {}
+
+    def call(i):
+        ys = [int4pack.linear(x, p) for p in packs[i % copies]]
+        if glu:
+            fc, gate = (ys[0][:, :n], ys[0][:, n:]) if len(ys) == 1 else ys
+            res[0] = F.silu(fc) * gate
+        else:
+            res[0] = ys[0]
+    yield "int4pack", None, call, lambda: res[0].float()
 
 
 def table_entries(rows: list[dict]) -> list[dict]:
@@ -646,8 +675,10 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
                    amax_prompt=512, log=print) -> list[dict]:
     """INT4-AWQ decode steps at ``batches`` under each kernel choice (one engine, new step graphs per choice): "table"
     (the package's quant_gemm_table.json: today's kernels), "gemv" ($TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16: the GEMV
-    at every batch up to 16), "measured" (``table``: the gemv_rows part's merged table, where it ran), and "mma"
-    ($TRTLLM_PIPELINE_INT4_MMA_ROWS=16: quant_mma_int4 for qkv, dense and proj at 2-16 rows, the GLU on the GEMV)."""
+    at every batch up to 16), "measured" (``table``: the gemv_rows part's merged table, where it ran), "mma"
+    ($TRTLLM_PIPELINE_INT4_MMA_ROWS=16: quant_mma_int4 for qkv, dense and proj at 2-16 rows, the GLU on the GEMV) and
+    "int4pack" ($TRTLLM_PIPELINE_INT4PACK_ROWS=16: torch's INT4 kernel at 2-16 rows; its logits against eager's at
+    the largest batch, ``check_batch``)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
     from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
 
@@ -666,10 +697,16 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
     # quant_mma_int4's INT8 tensor-core linear for qkv, dense and proj at 2-16 rows, the GLU on the several-row GEMV
     choices.append(("mma", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: str(quant_gemv.MAX_ROWS),
                             quant_mma_int4.ROWS_ENV: str(quant_mma_int4.MAX_ROWS)}))
+    # torch's INT4 kernel (cuda/int4pack.py) for every INT4 linear at 2-16 rows, batch 1 on the table's GEMV; its
+    # step's logits checked against eager's (its first whole steps)
+    choices.append(("int4pack", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: "0",
+                                 int4pack.ROWS_ENV: "16"}))
+    switches = (quant_mma_int4.ROWS_ENV, int4pack.ROWS_ENV)
     rows = []
-    saved = {k: os.environ.get(k) for k in (quant_gemm.TABLE_ENV, quant_gemv.ROWS_ENV, quant_mma_int4.ROWS_ENV)}
+    saved = {k: os.environ.get(k) for k in (quant_gemm.TABLE_ENV, quant_gemv.ROWS_ENV) + switches}
     for name, env in choices:
-        os.environ.pop(quant_mma_int4.ROWS_ENV, None)
+        for k in switches:
+            os.environ.pop(k, None)
         os.environ.update(env)
         graphs = None
         try:
@@ -678,12 +715,16 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
             for b in batches:
                 wall, replay = _time_decode(graphs, b, ctx, steps)
                 # (dot: quant_linear's kernel; mma: quant_mma_int4's)
-                kernels = {k: "mma" if c.mma else "gemv" if c.gemv else "gemm" if c.gemm else "dot"
+                kernels = {k: "mma" if c.mma else "gemv" if c.gemv else "gemm" if c.gemm else
+                           "int4pack" if c.library else "dot"
                            for k, c in graphs.buffers[b].configs.items() if k != "lm_head"}
                 rows.append({"choice": name, "batch": b, "ms_per_step": wall, "graph_replay_ms": replay,
                              "kernels": kernels, "configs": {k: dataclasses.astuple(c)
                                                              for k, c in graphs.buffers[b].configs.items()}})
                 log(f"rows step {name:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}) {kernels}")
+            if name == "int4pack":
+                rows[-1]["check_batch"] = _batch_check(engine, graphs, batch=max(batches), prompt_len=min(48, ctx))
+                log(f"rows step int4pack against eager: {rows[-1]['check_batch']}")
         except Exception:
             rows.append({"choice": name, "error": traceback.format_exc()[-2000:]})
             log(f"rows step {name} FAILED:\n{traceback.format_exc()[-2000:]}")

@@ -1189,7 +1189,7 @@ def test_quant_gemm_benchmark_dry_run_reaches_every_call(tmp_path):
     rows = result["kernels"]
     assert isinstance(rows, list), rows  # a failed part is {"error": traceback}
     assert not [r for r in rows if "failed" in r or not r["error"] < MAX_ERR[r["format"]]]
-    assert {"gemm", "gemv", "dot", "int_mm", "dequant"} <= {r["kernel"] for r in rows}
+    assert {"gemm", "gemv", "dot", "int_mm", "dequant", "int4pack"} <= {r["kernel"] for r in rows}
     table = quant_gemm._load_table(tmp_path / "quant_gemm_table.json")
     assert {key[0] for key in table} == {"int4_awq", "int8_sq"}
     steps = result["steps"]
@@ -1205,7 +1205,8 @@ def test_quant_gemm_benchmark_dry_run_reaches_every_call(tmp_path):
 def test_quant_gemm_benchmark_gemv_rows_parts_dry_run(tmp_path):
     """benchmarks/quant_gemm.py --parts gemv_rows,rows_steps --dry-run (the next H200 run's INT4-AWQ GEMV for several
     rows): the several-row GEMV timed beside today's kernels, correct, its tiles in the merged table, which keeps the
-    package's other entries; then steps under each kernel choice, the switch's taking the GEMV at every batch."""
+    package's other entries; then steps under each kernel choice, the switch's taking the GEMV at every batch, and
+    torch's INT4 kernel's (TRTLLM_PIPELINE_INT4PACK_ROWS) giving eager's logits."""
     sys.path.insert(0, str(TESTS.parent / "benchmarks"))
     from quant_gemm import DRY_ROWS_MS, MAX_ERR
 
@@ -1231,8 +1232,13 @@ def test_quant_gemm_benchmark_gemv_rows_parts_dry_run(tmp_path):
     assert all(e.get("config") for e in entries if e["kernel"] == "gemv" and e["m"] > 1)
     quant_gemm._load_table(tmp_path / "quant_gemm_table.json")
     steps = result["rows_steps"]
-    assert [(s["choice"], s["batch"]) for s in steps] == [(c, b) for c in ("table", "gemv", "measured", "mma")
-                                                          for b in (1, 3)], steps
+    assert [(s["choice"], s["batch"]) for s in steps] == [(c, b) for c in ("table", "gemv", "measured", "mma",
+                                                                           "int4pack") for b in (1, 3)], steps
+    # torch's INT4 kernel (its CPU twin here) for every linear at 3 rows, batch 1 on the GEMV; eager's tokens
+    packed = [s for s in steps if s["choice"] == "int4pack"]
+    assert set(packed[0]["kernels"].values()) == {"gemv"} and set(packed[1]["kernels"].values()) == {"int4pack"}
+    check = packed[1]["check_batch"]
+    assert check["argmax_equal"] == "3/3" and check["logits_rel_fast_vs_eager"] < 0.02, check
     mma_steps = [s["kernels"] for s in steps if s["choice"] == "mma"]
     assert mma_steps[0]["qkv"] == "gemv" and {mma_steps[1][k] for k in ("qkv", "dense", "proj")} == {"mma"}, mma_steps
     assert mma_steps[1]["glu"] == "gemv", mma_steps

@@ -39,9 +39,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, linear, norm, prefill,
-                                           quant_gemm, quant_gemv, quant_gemv_w4a8, quant_gemv_ws, quant_linear,
-                                           support)
+from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, int4pack, linear,
+                                           norm, prefill, quant_gemm, quant_gemv, quant_gemv_w4a8, quant_gemv_ws,
+                                           quant_linear, support)
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 from trtllm_pipeline.runtimes.torch_engine.model import quantize_fp8
 
@@ -224,6 +224,28 @@ class DecodeStep:
         self.qkv_width = self.layers[0].qkv.out_features
         self.intermediate = self.layers[0].fc.out_features
         self.vocab = engine.lm_head.shape[0]
+        # torch's INT4 kernel's copies of the INT4-AWQ linears (id of the QuantWeight, or of the GLU's fc): made here,
+        # never under a graph's capture, and only where its switch is on
+        self.packs = self._int4_packs() if self.quant and int4pack.enabled(2) else {}
+
+    def _int4_packs(self) -> dict[int, list[int4pack.Packed]]:
+        """Per INT4-AWQ linear (the id of its QuantWeight; the GLU: of its fc's) its copies in torch's layout: one,
+        or the GLU's fc and gate apart where their pre-quant scales differ (two inputs)."""
+        first = self.layers[0]
+        if first.qkv.quant.fmt != "int4_awq" or self.dtype != torch.bfloat16:
+            return {}
+        packs = {}
+        for layer in self.layers:
+            for lin in (layer.qkv, layer.dense, layer.proj):
+                if int4pack.supported(lin.quant.n, lin.quant.k, lin.quant.group):
+                    packs[id(lin.quant)] = [int4pack.of_quant(lin.quant)]
+            fc, gate = layer.fc.quant, layer.gate.quant
+            if int4pack.supported(fc.n, fc.k, fc.group):
+                try:
+                    packs[id(fc)] = [int4pack.of_quant(fc, gate)]
+                except ValueError:  # pre-quant scales of their own
+                    packs[id(fc)] = [int4pack.of_quant(fc), int4pack.of_quant(gate)]
+        return packs
 
     def _layer(self, layer: dict) -> _Layer:
         qkv = _linear(layer["qkv"])  # first: it names a weight format without kernels here
@@ -416,7 +438,11 @@ class DecodeStep:
 
     def _config(self, lin: _Linear, batch: int, n: int, k: int, wbytes: int, glu: bool = False) -> linear.LinearConfig:
         if lin.quant is not None:  # the GEMV, the GEMM or the dot kernel, as quant_gemm's measured table says
-            return quant_gemm.choose(lin.quant, batch, self.sm_count, glu=glu)
+            cfg = quant_gemm.choose(lin.quant, batch, self.sm_count, glu=glu)
+            if cfg.library and id(lin.quant) not in self.packs:  # torch's INT4 kernel asked for, nothing packed
+                raise Unsupported(f"{int4pack.ROWS_ENV}: torch's INT4 kernel takes bfloat16 INT4-AWQ engines only "
+                                  f"(this one: {self.dtype})")
+            return cfg
         return linear.pick_config(batch, n, k, wbytes, self.sm_count, glu=glu)
 
     def _partials(self, x: torch.Tensor, lin: _Linear, out: torch.Tensor, cfg: linear.LinearConfig,
@@ -429,6 +455,12 @@ class DecodeStep:
         if lin.quant is None and cfg.library:
             n = lin.weight.shape[0]
             out[0, :, :n].copy_(_library_linear(x, lin, self.dtype))  # rounded to the compute dtype, as eager
+            return out[:1]
+        if cfg.library:  # INT4-AWQ by torch's INT4 kernel (int4pack), the bias added to its rounded output
+            y = out[0, :, : lin.quant.n]
+            y.copy_(int4pack.linear(x, self.packs[id(lin.quant)][0]))
+            if lin.bias is not None:
+                y.add_(lin.bias)
             return out[:1]
         if lin.quant is None:
             linear.linear_partials(x, lin.weight, lin.scale, out, cfg, self.pdl)
@@ -450,6 +482,11 @@ class DecodeStep:
              prep: dict[str, gemv_input.Prepared]):
         if layer.fc.quant is not None and cfg.gemm:
             quant_gemm.launch(x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl)
+        elif layer.fc.quant is not None and cfg.library:  # torch's INT4 kernel on fc and gate (int4pack)
+            n = layer.fc.quant.n
+            ys = [int4pack.linear(x, p) for p in self.packs[id(layer.fc.quant)]]  # side by side, or apart
+            fc, gate = (ys[0][:, :n], ys[0][:, n:]) if len(ys) == 1 else ys
+            torch.mul(F.silu(fc), gate, out=out)  # eager's rounding: silu(fc), then times gate
         elif layer.fc.quant is not None:
             fc, gate = prep.get("fc"), prep.get("gate")
             gemv = dict(x2=gate, prepare_out=prep.get("proj"), counters=buf.counters, workspace=buf.glu_workspace,

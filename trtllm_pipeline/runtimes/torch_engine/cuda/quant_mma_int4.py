@@ -44,18 +44,15 @@ nibbles come from plain int8 shifts (``ASM=False``).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, gemv_input, quant_gemv
 from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import width
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig
-from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
+from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting, rows_switch
 
 # The decode step's INT8-MMA linear at batches 2..N (not the GLU), whatever quant_gemm's table says; unset or 0: off
 ROWS_ENV = "TRTLLM_PIPELINE_INT4_MMA_ROWS"
@@ -64,11 +61,7 @@ MAX_ROWS = 16
 
 def enabled(m: int) -> bool:
     """Whether ``$TRTLLM_PIPELINE_INT4_MMA_ROWS`` asks for this kernel at batch ``m`` (2..N)."""
-    value = os.environ.get(ROWS_ENV, "").strip() or "0"
-    if not value.isdigit() or int(value) > MAX_ROWS:
-        raise InputError(f"{ROWS_ENV}={value!r} is not a batch size the INT4 MMA linear takes.",
-                         fix=f"set it to a batch size from 0 (off) to {MAX_ROWS}, or unset it")
-    return 2 <= m <= int(value)
+    return rows_switch(ROWS_ENV, MAX_ROWS, "the INT4 MMA linear", m)
 
 
 def supported(q, m: int) -> bool:

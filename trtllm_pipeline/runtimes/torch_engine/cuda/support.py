@@ -1,9 +1,12 @@
-"""Whether this process can run the fast path: Triton, and a CUDA device or Triton's interpreter."""
+"""Whether this process can run the fast path (Triton, and a CUDA device or Triton's interpreter), and the decode
+step's batch-size switches for kernels not yet on by default."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+
+from trtllm_pipeline.errors import InputError
 
 
 def interpreting() -> bool:
@@ -43,3 +46,13 @@ def set_carveout(modules, percent: int) -> int:
         if err:
             raise RuntimeError(f"cuFuncSetAttribute(carveout={percent}) on {k.name}: CUDA error {err}")
     return len(kernels)
+
+
+def rows_switch(env: str, max_rows: int, kernel: str, m: int) -> bool:
+    """Whether ``$env`` (a batch size N, 0 or unset: off) asks for ``kernel`` at decode batch ``m`` (2..N); an
+    InputError naming the range where it holds no such batch size."""
+    value = os.environ.get(env, "").strip() or "0"
+    if not value.isdigit() or int(value) > max_rows:
+        raise InputError(f"{env}={value!r} is not a batch size {kernel} takes.",
+                         fix=f"set it to a batch size from 0 (off) to {max_rows}, or unset it")
+    return 2 <= m <= int(value)
