@@ -104,18 +104,11 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
         others = [r(base, scale_weights=True) if int4_awq else r(base, num_stages=4),
                   r(base, swap=False, block_k=64, num_stages=4),
                   r(base, num_stages=4) if glu else r(base, splits=base.splits * 2)]
-        if glu:
-            # The GLU cannot split K (its epilogue is silu(gate) x up), so its 128-row tiles give the 7B's 18944 rows
-            # 148 programs on 132 SMs (H100; 1.12 waves), one per SM on most: INT4 M = 8 streamed its weight at 22%
-            # of the roof (H100 2026-12-06d, 76.8 us against the batch-1 GEMV's 26.1). Narrower tiles: 296 and 592.
-            others += [r(base, block_n=64, scale_weights=int4_awq), r(base, block_n=32, scale_weights=int4_awq)]
-        elif base.splits >= 4:
-            # Split K the other way: proj's 37 splits leave a program 4 K tiles, under a 3-stage pipeline's fill,
-            # and 8.5 MB of float32 partials beside its 34 MB weight (INT4 M = 8: 28.3 us, 30% of the roof)
-            k_tiles = triton.cdiv(q.k, base.block_k)
-            for fewer in (2, 4):  # (as default_config: no split left without K tiles)
-                splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, max(1, base.splits // fewer)))
-                others.append(r(base, splits=splits, scale_weights=int4_awq))
+        # Every linear streams 1.0-1.3 TB/s at M 8 whatever its grid (H100 2026-12-06e: the GLU's 64- and 32-row
+        # tiles, 296 and 592 programs, were slower than 128 rows' 148; fewer proj splits too), with ~a quarter of an
+        # SM's issue used: more of each SM's work in flight, not more programs. Two warpgroups on the tile (8 warps:
+        # half the unpacking chain a thread), and K tiles of 256 (twice the bytes a stage).
+        others += [r(base, num_warps=8, scale_weights=int4_awq), r(base, block_k=256, scale_weights=int4_awq)]
     else:
         def tile(bm, bn, bk, warps=8, stages=3, swap=False):
             return LinearConfig(bm, bn, bk, 1, warps, stages, gemm=True, swap=swap, scale_weights=int4_awq)
@@ -834,8 +827,6 @@ def main() -> None:
     unknown = set(formats) - set(FORMATS)
     if unknown:
         ap.error(f"--formats: unknown {sorted(unknown)}; choose from {FORMATS}")
-    import triton
-
     from torch_runtime_gpu import synthetic_tensors
 
     if args.dry_run:

@@ -15,6 +15,9 @@ part quant_gemm 300 KERNEL_SWEEP_S=120 QG_PARTS=gemv_rows,rows_steps QUANT_FORMA
 # 32: the whole 7B W4A8-AWQ step at batch 1 with its GEMV (cut twice: no disk on 2026-12-06d, the machine recalled on
 # 2026-12-06e)
 part w4a8_gemv 360 FREE_GIB=32 CLEAN=1 GEMV_BATCH=1 GEMV_CONTEXT=128
+# 32: W4A8 swept again now that its kernels round ties as eager does (quant_linear._w4a8_steps: mlp.proj had no
+# candidate within 5e-3 in any run), then the step table (BF16 beside it) at context 2048, prefill 2048 and peak GiB
+part quant_gemm 330 KERNEL_SWEEP_S=150 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,bf16 QG_MS=8,16,64,2048
 # 31: the long rows at 512 rows a step with the FP8 pool (H100 2026-12-06e: 1000/1000 14,607 tokens/s, 500/2000
 # 18,980; TensorRT-LLM's H200 rows 17,744 and 20,770) and 2048/2048 (12,194)
 part throughput 480 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS="1000/1000 500/2000 2048/2048" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1

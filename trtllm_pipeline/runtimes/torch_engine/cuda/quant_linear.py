@@ -131,7 +131,7 @@ class QuantWeight:
                 # 448 / amax exactly as torch_model.fake_fp8 computes it (a float over a tensor), so ties round alike
                 q2 = FP8_MAX / (lin.scale_2.float() * FP8_MAX)
                 qa = FP8_MAX / (lin.a_scale.float() * FP8_MAX)
-                step = step * q2
+                step = _w4a8_steps(step * q2, torch.tensor(7.0, device=s.device) / (s * 7.0), q2)
                 act_q, out_scale = qa.reshape(1), ((1 / qa) * (1 / q2)).reshape(1)
             return cls(fmt, w, _int4_layout(step, n), g, pqs, act_q, out_scale, n, k, scales16=scales16)
         if fmt == "int8_sq":
@@ -142,6 +142,33 @@ class QuantWeight:
             s = lin.scales.float()
             return cls(fmt, w, s.t().contiguous(), w.shape[1] // s.shape[1], pqs, None, None, w.shape[0], w.shape[1])
         raise ValueError(f"no fast kernel for {fmt} weights")
+
+
+def _w4a8_steps(step: torch.Tensor, q_scale: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
+    """W4A8's per-group steps [N, G] (float32) such that E4M3(q x step), what the kernels round, is for every INT4
+    value q the E4M3 of ModelOpt's ``(q / q_scale) x q2`` (torch_model's ``_dequantize``: a division, then a product).
+
+    The kernels multiply once by ``step = (1 / q_scale) x q2``: within a float32 ulp or two of ModelOpt's value, which
+    E4M3 rounds alike except at a tie. Ties are not rare: amax values of BF16 weights make steps of few significant
+    bits (a random 7B-shaped layer had 0.4% of its weights in groups where q = +-3 landed on 12.5 and rounded to 13
+    against ModelOpt's 12; its output 0.7% off eager's). Where a group's step misses any q, it is moved by one or two
+    float32 ulps to one that rounds all sixteen alike (checked: a group none fits keeps its step)."""
+    qs = torch.arange(-8, 8, dtype=torch.float32, device=step.device).view(16, 1, 1)
+
+    def e4m3(v: torch.Tensor) -> torch.Tensor:
+        return v.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+    want = e4m3((qs / q_scale) * q2)
+    fits = (e4m3(qs * step) == want).all(0)
+    up, down = step, step
+    for _ in range(2):  # one ulp, then two, each way
+        if bool(fits.all()):
+            break
+        up, down = torch.nextafter(up, up * 2), torch.nextafter(down, down * 0)
+        for moved in (up, down):
+            fixed = ~fits & (e4m3(qs * moved) == want).all(0)
+            step, fits = torch.where(fixed, moved, step), fits | fixed
+    return step
 
 
 def _int4_layout(scales: torch.Tensor, n: int) -> torch.Tensor:
