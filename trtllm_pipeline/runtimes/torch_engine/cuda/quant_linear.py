@@ -152,7 +152,8 @@ def _w4a8_steps(step: torch.Tensor, q_scale: torch.Tensor, q2: torch.Tensor) -> 
     E4M3 rounds alike except at a tie. Ties are not rare: amax values of BF16 weights make steps of few significant
     bits (a random 7B-shaped layer had 0.4% of its weights in groups where q = +-3 landed on 12.5 and rounded to 13
     against ModelOpt's 12; its output 0.7% off eager's). Where a group's step misses any q, it is moved by one or two
-    float32 ulps to one that rounds all sixteen alike (checked: a group none fits keeps its step)."""
+    float32 ulps to one that rounds all sixteen alike (a group that none of those fits would keep its own: not seen;
+    tests/test_w4a8_steps.py checks a layer's every weight)."""
     qs = torch.arange(-8, 8, dtype=torch.float32, device=step.device).view(16, 1, 1)
 
     def e4m3(v: torch.Tensor) -> torch.Tensor:
