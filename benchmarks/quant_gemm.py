@@ -393,23 +393,15 @@ def _int4pack_candidates(lins, x, glu: bool, copies: int):
     qs = [lin.kernel_weight() for lin in lins]
     if not int4pack.supported(qs[0].n, qs[0].k, qs[0].group) or x.dtype != torch.bfloat16:
         return
-
-    def packed():
-        try:
-            return [int4pack.of_quant(*qs)]
-        except ValueError:  # pre-quant scales of their own
-            return [int4pack.of_quant(q) for q in qs]
-    packs = [packed() for _ in range(copies)]
-    n = qs[0].n
+    packs = [int4pack.of_inputs(*qs) for _ in range(copies)]
     res = {}
 
     def call(i):
-        ys = [int4pack.linear(x, p) for p in packs[i % copies]]
         if glu:
-            fc, gate = (ys[0][:, :n], ys[0][:, n:]) if len(ys) == 1 else ys
+            fc, gate = int4pack.fc_gate(x, packs[i % copies], qs[0].n)
             res[0] = F.silu(fc) * gate
         else:
-            res[0] = ys[0]
+            res[0] = int4pack.linear(x, packs[i % copies][0])
     yield "int4pack", None, call, lambda: res[0].float()
 
 

@@ -241,10 +241,7 @@ class DecodeStep:
                     packs[id(lin.quant)] = [int4pack.of_quant(lin.quant)]
             fc, gate = layer.fc.quant, layer.gate.quant
             if int4pack.supported(fc.n, fc.k, fc.group):
-                try:
-                    packs[id(fc)] = [int4pack.of_quant(fc, gate)]
-                except ValueError:  # pre-quant scales of their own
-                    packs[id(fc)] = [int4pack.of_quant(fc), int4pack.of_quant(gate)]
+                packs[id(fc)] = int4pack.of_inputs(fc, gate)
         return packs
 
     def _layer(self, layer: dict) -> _Layer:
@@ -438,10 +435,16 @@ class DecodeStep:
 
     def _config(self, lin: _Linear, batch: int, n: int, k: int, wbytes: int, glu: bool = False) -> linear.LinearConfig:
         if lin.quant is not None:  # the GEMV, the GEMM or the dot kernel, as quant_gemm's measured table says
-            cfg = quant_gemm.choose(lin.quant, batch, self.sm_count, glu=glu)
-            if cfg.library and id(lin.quant) not in self.packs:  # torch's INT4 kernel asked for, nothing packed
-                raise Unsupported(f"{int4pack.ROWS_ENV}: torch's INT4 kernel takes bfloat16 INT4-AWQ engines only "
-                                  f"(this one: {self.dtype})")
+            q = lin.quant
+            cfg = quant_gemm.choose(q, batch, self.sm_count, glu=glu)
+            # ``$TRTLLM_PIPELINE_INT4PACK_ROWS=N``: torch's INT4 kernel (``int4pack``, this step's copies: ``library``)
+            # for every INT4-AWQ linear at batch 2..N, before all but quant_mma_int4's switch (off unless set)
+            asked = q.fmt == "int4_awq" and not cfg.mma and int4pack.enabled(batch)
+            if asked and int4pack.supported(q.n, q.k, q.group):
+                if id(q) not in self.packs:
+                    raise Unsupported(f"{int4pack.ROWS_ENV}: torch's INT4 kernel takes bfloat16 INT4-AWQ engines only "
+                                      f"(this one: {self.dtype})")
+                return linear.LinearConfig(batch, 8, 16 * int4pack.INNER_K_TILES, library=True)
             return cfg
         return linear.pick_config(batch, n, k, wbytes, self.sm_count, glu=glu)
 
@@ -483,9 +486,7 @@ class DecodeStep:
         if layer.fc.quant is not None and cfg.gemm:
             quant_gemm.launch(x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl)
         elif layer.fc.quant is not None and cfg.library:  # torch's INT4 kernel on fc and gate (int4pack)
-            n = layer.fc.quant.n
-            ys = [int4pack.linear(x, p) for p in self.packs[id(layer.fc.quant)]]  # side by side, or apart
-            fc, gate = (ys[0][:, :n], ys[0][:, n:]) if len(ys) == 1 else ys
+            fc, gate = int4pack.fc_gate(x, self.packs[id(layer.fc.quant)], layer.fc.quant.n)
             torch.mul(F.silu(fc), gate, out=out)  # eager's rounding: silu(fc), then times gate
         elif layer.fc.quant is not None:
             fc, gate = prep.get("fc"), prep.get("gate")

@@ -26,6 +26,7 @@ import dataclasses
 import torch
 
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import rows_switch
+from trtllm_pipeline.runtimes.torch_engine.model import unpack_int4_rows
 
 INNER_K_TILES = 8  # 16-byte weight loads: K a multiple of 8 x 16
 GROUPS = (32, 64, 128, 256)
@@ -101,15 +102,22 @@ def of_quant(*qs) -> Packed:
     if any(q.fmt != "int4_awq" for q in qs) or any(
             (q.pqs is None) != (pqs is None) or q.pqs is not None and not torch.equal(q.pqs, pqs) for q in qs):
         raise ValueError("int4pack: INT4-AWQ layers with one pre-quant scale only")
-    values = torch.cat([_rows(q.weight) for q in qs])
+    values = torch.cat([unpack_int4_rows(q.weight) for q in qs])
     # QuantWeight's scales: float32 [groups, 2, N / 2], [g, j, r] row 2r + j's: the compute dtype's values
     scales = torch.cat([q.scales.permute(2, 1, 0).reshape(q.n, -1) for q in qs]).to(torch.bfloat16)
     return pack(values, scales, qs[0].group, pqs)
 
 
-def _rows(packed: torch.Tensor) -> torch.Tensor:
-    """The checkpoint's INT4 pairs, int8 [N / 2, K] (row 2j's value in the low nibble, row 2j + 1's in the high one,
-    two's complement) -> int8 [N, K] values (nibble XOR 8 is value + 8)."""
-    p = packed.view(torch.uint8)
-    rows = torch.stack([(p & 0xF) ^ 8, (p >> 4) ^ 8], dim=1).reshape(-1, packed.shape[1])
-    return (rows.to(torch.int16) - 8).to(torch.int8)
+def of_inputs(*qs) -> list[Packed]:
+    """Layers that share an input (the GLU's fc and gate) in torch's layout: side by side in one ``Packed`` where
+    their pre-quant scales agree (one call), else one each (one call each, fc first)."""
+    try:
+        return [of_quant(*qs)]
+    except ValueError:  # pre-quant scales of their own
+        return [of_quant(q) for q in qs]
+
+
+def fc_gate(x: torch.Tensor, packs: list[Packed], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GLU's two outputs [M, n] from ``of_inputs``' packs: one call's halves, or two calls'."""
+    ys = [linear(x, p) for p in packs]
+    return (ys[0][:, :n], ys[0][:, n:]) if len(ys) == 1 else (ys[0], ys[1])

@@ -67,8 +67,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import (int4pack, quant_gemv, quant_gemv_int8, quant_gemv_w4a8,
-                                                       quant_linear, quant_mma_int4)
+from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_linear,
+                                                       quant_mma_int4)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import _act_tile, _magic
@@ -850,16 +850,13 @@ def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     GEMV at batch 2-16 (its several-row kernel) only where the table measured it fastest for that M, at the table's
     tiles where it has them, or where ``$TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS`` asks for it (``quant_gemv.forced``). Before
     all of these, ``$TRTLLM_PIPELINE_INT4_MMA_ROWS=N`` takes quant_mma_int4's INT8 tensor-core linear at batch 2..N
-    (not the GLU; off unless set: not yet timed), and ``$TRTLLM_PIPELINE_INT4PACK_ROWS=N`` torch's INT4 kernel
-    (``int4pack``: ``library``) for every INT4-AWQ linear at batch 2..N (off unless set)."""
+    (not the GLU; off unless set: not yet timed)."""
     if quant_gemv_int8.supported(q, m) and quant_gemv_int8.enabled():  # INT8's dp4a GEMV at batch 1
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
     if quant_gemv_w4a8.supported(q, m) and quant_gemv_w4a8.enabled():  # W4A8's table GEMV: only when switched on
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
     if not glu and quant_mma_int4.supported(q, m) and quant_mma_int4.enabled(m):  # INT8 tensor cores: only when asked
         return quant_mma_int4.config(q, m, sm_count)
-    if q.fmt == "int4_awq" and int4pack.enabled(m) and int4pack.supported(q.n, q.k, q.group):  # when asked
-        return LinearConfig(m, 8, 16 * int4pack.INNER_K_TILES, library=True)  # torch's INT4 kernel (int4pack)
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
     if quant_gemv.supported(q, m) and quant_gemv.forced(m):
         choice = ("gemv", None)
