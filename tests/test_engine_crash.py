@@ -37,27 +37,34 @@ pytestmark = pytest.mark.slow
 
 PLAIN = "tiny-qwen2-bf16-tp1"
 NAME = "tiny-qwen2-bf16-ngram-tp1"  # served by no other test (one server per config at a time)
+CHURNED = "tiny-qwen2-bf16-churned-tp1"  # the plain build again, for a server that may be left hung
 # Repeats, so that prompt lookup finds continuations; the tiny random model's greedy text loops too.
 PROMPTS = ["one two three four five six one two three four five six one two three",
            "Café au lait 0", "a b c d a b c d a b c d a b", "Story number 1:"]
 TOKENS = 160  # long enough for the lookups to find repeats (in-process: ~40 drafted, ~17 accepted)
 
 
-@pytest.fixture(scope="module")
-def spec_cfg(built, engines_dir, tmp_path_factory):
-    built(PLAIN)  # the plain build: the reference text (the same built-in weights)
+def _variant(name: str, engines_dir, tmp_path_factory, **runtime):
+    """The plain build's config under ``name`` (its own engine directory, so its own server), ``runtime`` added."""
     data = yaml.safe_load((CONFIGS / f"{PLAIN}.yaml").read_text())
-    data["runtime"]["speculative"] = {"method": "ngram", "num_draft_tokens": 4}
-    path = tmp_path_factory.mktemp("spec") / f"{NAME}.yaml"
+    data["runtime"].update(runtime)
+    path = tmp_path_factory.mktemp(name) / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
-    cfg = config_from_dict(data, name=NAME, path=path)
+    cfg = config_from_dict(data, name=name, path=path)
     quantize(cfg, engines_dir=engines_dir)
     build(cfg, engines_dir=engines_dir, runtime="torch")
     return cfg
 
 
+@pytest.fixture(scope="module")
+def spec_cfg(built, engines_dir, tmp_path_factory):
+    built(PLAIN)  # the plain build: the reference text (the same built-in weights)
+    return _variant(NAME, engines_dir, tmp_path_factory, speculative={"method": "ngram", "num_draft_tokens": 4})
+
+
 # Served as on a GPU: responses sent by the outbox's own thread, a stream's waiting tokens joined into one response.
 GPU_LIKE = {"TRTLLM_PIPELINE_OUTBOX_THREAD": "1", "TRTLLM_PIPELINE_STREAM_COALESCE": "1"}
+THROUGH_TRITON = {**GPU_LIKE, "TRTLLM_PIPELINE_BLS_DIRECT": "0"}
 
 
 def _start(cfg, engines_dir, env: dict[str, str]):
@@ -84,9 +91,19 @@ def through_triton(built, engines_dir):
     """The plain build served as on a GPU with the BLS's requests through Triton, as with TensorRT-LLM's engine
     model (no socket of the torch engine's: ``TRTLLM_PIPELINE_BLS_DIRECT=0``)."""
     built(PLAIN)
-    started = _start(load(PLAIN), engines_dir, {**GPU_LIKE, "TRTLLM_PIPELINE_BLS_DIRECT": "0"})
+    started = _start(load(PLAIN), engines_dir, THROUGH_TRITON)
     yield started
     serve.stop(load(PLAIN), engines_dir=engines_dir)
+    assert not serve.group_alive(started.pid)
+
+
+@pytest.fixture
+def churned(engines_dir, tmp_path_factory):
+    """(config, server) as ``through_triton``, of a build of its own: the test may leave it hung."""
+    cfg = _variant(CHURNED, engines_dir, tmp_path_factory)
+    started = _start(cfg, engines_dir, THROUGH_TRITON)
+    yield cfg, started
+    serve.stop(cfg, engines_dir=engines_dir)
     assert not serve.group_alive(started.pid)
 
 
@@ -159,16 +176,22 @@ def test_the_bls_through_triton_streams_sixteen_requests_at_once_with_plain_gree
     assert _engine_requests(through_triton) - before == len(prompts)
 
 
-def test_the_bls_through_triton_lives_through_hundreds_of_short_streams(through_triton):
+def test_the_bls_through_triton_lives_through_hundreds_of_short_streams_or_shows_its_hang(churned, engines_dir):
     """Triton 2.51's stub frees a finished BLS response iterator on its cleanup thread, without the GIL, where Python
     let go of it first; its responses' numpy arrays went with it and corrupted the heap. Before the BLS kept its
     iterators a while (``LINGER_S``), three CPU servers of three on this path died within 80-250 such requests
     ("malloc(): unaligned fastbin chunk detected"; every later request: "Stub process ... is not healthy"); without
-    the lingering this test's 600 requests caught the crash in about half of its runs."""
+    the lingering this test's 600 requests caught the crash in about half of its runs.
+
+    The same stub can also deadlock on this path (docs/serving.md: a thread starting a BLS request, the stub's response
+    thread and a thread reading another request's responses; a clean clone's suite hung so once in 600 requests, and a
+    GIL-bound stub in 1,000-3,000). Nothing in the BLS can prevent it; what is asserted then is that the hang shows:
+    health.lost names the hung BLS (the fronts then answer 503 with it), where Triton keeps the model ready."""
+    cfg, server = churned
     errors, done = [], []
 
     def ask(worker: int) -> None:
-        with TritonClient(f"127.0.0.1:{through_triton.grpc_port}", timeout_s=30) as client:
+        with TritonClient(f"127.0.0.1:{server.grpc_port}", timeout_s=30) as client:
             for i in range(100):
                 try:
                     done.append("".join(client.stream(f"{PROMPTS[(worker + i) % len(PROMPTS)]} {i}", max_tokens=6,
@@ -178,9 +201,18 @@ def test_the_bls_through_triton_lives_through_hundreds_of_short_streams(through_
                     return
 
     _all_at_once(ask, range(6), 300)
-    log = open(through_triton.log, errors="replace").read()
-    assert "Fatal Python error" not in log, log[log.index("Fatal Python error"):][:3000]
-    assert errors == [] and len(done) == 600 and all(done)
+    log = open(server.log, errors="replace").read()
+    for crash in ("Fatal Python error", "malloc(): ", "Stub process"):
+        assert crash not in log, log[log.index(crash):][:3000]
+    if errors:  # only a hang, and then one that shows
+        assert all(e.startswith("no response from") for e in errors), errors
+        repository = artifacts.ArtifactPaths(engines_dir / cfg.name).triton_repo
+        deadline = time.monotonic() + health.HUNG_S + 5
+        while (why := health.lost(repository)) is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert why is not None and "tensorrt_llm_bls model's process" in why and "it is hung" in why, why
+        return
+    assert len(done) == 600 and all(done)
 
 
 def test_a_crashed_front_model_turns_readiness_503_and_names_it(through_triton, engines_dir):

@@ -15,6 +15,12 @@ fault inside the stub's ``send``). So the engine model also records its process 
 models (the BLS, preprocessing, postprocessing: each instance a stub process) record theirs too (``mark_stub``): a dead
 front model serves nothing either (Triton 2.51 answers its later requests "Stub process ... is not healthy", keeps it
 ready, and leaves its streams in flight waiting; seen on this project's CPU machine when the BLS's stub crashed).
+
+A hung stub is lost as surely as a dead one, and Triton 2.51 says nothing of it either. Its Python backend can deadlock
+a BLS that reads a decoupled model's responses through Triton (TensorRT-LLM's engine model, or
+``TRTLLM_PIPELINE_BLS_DIRECT=0``): docs/serving.md has the three threads. So each recorded stub's file is also its
+heartbeat, touched every ``HEARTBEAT_S`` by a thread of the stub that needs the GIL to run, and ``lost`` reports a
+model whose file is older than ``HUNG_S``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import json
 import logging
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 from trtllm_pipeline import artifacts
@@ -31,7 +39,11 @@ log = logging.getLogger(__name__)
 
 MARKER = "engine-lost.json"
 ALIVE = "engine-process.json"
-STUBS = "stubs"  # a folder: one empty file <model>.<pid> per Python model instance's process
+STUBS = "stubs"  # a folder: one empty file <model>.<pid> per Python model instance's process, touched as it lives
+HEARTBEAT_S = 1.0  # how often a recorded stub touches its file (a Python thread: it runs only while the GIL moves)
+# A stub whose file is older than this is hung. Far above the longest a stub of this project holds the GIL for one
+# call (a 570 KB prompt's tokenizing, 0.35 s on this project's CPU machine), below a client's usual 30 s timeout.
+HUNG_S = 15.0
 
 
 def marker(repository: str | os.PathLike, name: str = MARKER) -> Path:
@@ -50,13 +62,29 @@ def mark_alive(repository: str | os.PathLike) -> None:
 
 
 def mark_stub(repository: str | os.PathLike, model: str) -> None:
-    """Record this process as an instance of ``model`` (called by each Python model of the deployment once loaded)."""
+    """Record this process as an instance of ``model`` (called by each Python model of the deployment once loaded), and
+    keep its record fresh while this process runs Python: its crash and its hang then show (``lost``)."""
     path = marker(repository, STUBS) / f"{model}.{os.getpid()}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
     except OSError as exc:
         log.error("cannot write %s (%s): a crash of the %s model's process will not show", path, exc, model)
+        return
+    threading.Thread(target=_heartbeat, args=(path,), name=f"{model}-heartbeat", daemon=True).start()
+
+
+def _heartbeat(path: Path) -> None:
+    """Touch ``path`` every ``HEARTBEAT_S`` until it is gone (a later server's ``clear``)."""
+    while True:
+        time.sleep(HEARTBEAT_S)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:  # the record is kept; only its age stops telling
+            log.error("cannot touch %s (%s): a hang of this process will show as one", path, exc)
+            return
 
 
 def mark_lost(repository: str | os.PathLike, message: str) -> None:
@@ -74,7 +102,7 @@ def lost(repository: str | os.PathLike) -> str | None:
     try:
         data = json.loads(marker(repository).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return _process_gone(repository) or _stub_gone(repository)
+        return _process_gone(repository) or _stub_lost(repository)
     except (OSError, ValueError):
         return "the engine model reported itself lost (its marker is unreadable)"
     message = data.get("message") if isinstance(data, dict) else None
@@ -93,17 +121,29 @@ def _process_gone(repository: str | os.PathLike) -> str | None:
             f"{log_file}); restart the server: serve --stop, then serve")
 
 
-def _stub_gone(repository: str | os.PathLike) -> str | None:
+def _stub_lost(repository: str | os.PathLike) -> str | None:
+    """Why a recorded Python model's process cannot serve: it is gone, or hung (its record older than ``HUNG_S``)."""
     folder = marker(repository, STUBS)
     try:
         names = os.listdir(folder)
     except OSError:  # none recorded (not loaded yet, or a repository deployed before this record)
         return None
+    restart = "restart the server: serve --stop, then serve"
     for name in names:
         model, _, pid = name.rpartition(".")
-        if model and pid.isdigit() and not _running(int(pid)):
+        if not (model and pid.isdigit()):
+            continue
+        if not _running(int(pid)):
             return (f"the {model} model's process (pid {pid}) is gone: it crashed (its stack, if it left one, is in "
-                    f"{folder.parent / 'tritonserver.log'}); restart the server: serve --stop, then serve")
+                    f"{folder.parent / 'tritonserver.log'}); {restart}")
+        try:
+            age = time.time() - (folder / name).stat().st_mtime
+        except FileNotFoundError:  # cleared meanwhile
+            continue
+        if age > HUNG_S:
+            return (f"the {model} model's process (pid {pid}) has run no Python for {age:.0f} s: it is hung (Triton "
+                    f"2.51's Python backend can deadlock a BLS reading its engine through Triton; docs/serving.md); "
+                    f"{restart}")
     return None
 
 

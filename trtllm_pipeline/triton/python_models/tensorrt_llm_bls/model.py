@@ -74,6 +74,9 @@ RECV_BYTES = 1 << 16  # one read of the engine's socket: every frame that has ar
 # machine every server on this path died so ("malloc(): unaligned fastbin chunk detected", 3 of 3 within 80-250
 # requests of 16-32 tokens). So each iterator is kept here until LINGER_S after its stream ended: the cleanup has run by
 # then, and the last reference, ours, goes in a Python thread, with the GIL.
+# The same stub can also deadlock on this path, a lock cycle between a thread whose exec() returned, its response
+# thread and a thread reading another request's responses; nothing here can prevent it (docs/serving.md). health.lost
+# reports this stub hung once its heartbeat (health.mark_stub) stops.
 LINGER_S = 2.0
 _lingering: collections.deque = collections.deque()
 _lingering_lock = threading.Lock()
