@@ -217,8 +217,9 @@ def test_the_bls_through_triton_lives_through_hundreds_of_short_streams_or_shows
 
 def test_a_crashed_front_model_turns_readiness_503_and_names_it(through_triton, engines_dir):
     """Every Python model's stub records its process (health.mark_stub); when one dies (here the BLS, killed), the
-    HTTP front's readiness and its new requests answer 503 naming that model, as for the engine's process: Triton 2.51
-    itself keeps the model ready and answers "Stub process ... is not healthy". The last test of this server."""
+    HTTP front's readiness and its new requests answer 503 naming that model (said once in the log), as for the engine's
+    process: Triton 2.51 itself keeps the model ready and answers "Stub process ... is not healthy". The last test of
+    this server."""
     stubs = artifacts.ArtifactPaths(engines_dir / PLAIN).serve_state / health.STUBS
     recorded = {name.rpartition(".")[0]: int(name.rpartition(".")[2]) for name in os.listdir(stubs)}
     assert set(recorded) == {"tensorrt_llm_bls", "preprocessing", "postprocessing"}
@@ -253,6 +254,9 @@ def test_a_crashed_front_model_turns_readiness_503_and_names_it(through_triton, 
                            json={"text_input": "hi", "max_tokens": 4}, timeout=30)
     assert answer.status_code == 503
     assert f"tensorrt_llm_bls model's process (pid {pid}) is gone" in answer.text, answer.text
+    # and said once in the server's log, by the front (Triton's own lines say nothing of a hung stub)
+    log = open(through_triton.log, errors="replace").read()
+    assert log.count(f"http front: the deployment cannot serve: the tensorrt_llm_bls model's process (pid {pid})") == 1
 
 
 def _engine_requests(server) -> float:

@@ -180,11 +180,21 @@ class Front(http.server.ThreadingHTTPServer):
         super().__init__(listen, Handler)
         self.upstream, self.limits, self.stop_address = upstream, limits, stop_address
         self.repository = repository
+        self._told: str | None = None  # the last reason ``lost`` gave, said once in this front's log
         self.allowed_hosts = allowed_host_names(listen[0], allowed_hosts)
         self._lock = threading.Lock()
         self._open = 0
         self._deadlines: dict[socket.socket, float] = {}
         threading.Thread(target=self._reap, name="http-front-reaper", daemon=True).start()
+
+    def lost(self) -> str | None:
+        """Why the deployment cannot serve (``health.lost``), or None; a new reason is also said in this front's log
+        (a hung stub leaves no trace elsewhere: Triton logs nothing of it)."""
+        why = health.lost(self.repository) if self.repository else None
+        if why is not None and why != self._told:
+            self._told = why
+            print(f"http front: the deployment cannot serve: {why}", file=sys.stderr, flush=True)
+        return why
 
     # ---- slow clients: a bound on connections, a deadline on reading each request ------------------
 
@@ -321,7 +331,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             upstream.close()
 
     def _engine_lost(self) -> str | None:
-        return health.lost(self.server.repository) if self.server.repository else None
+        return self.server.lost()
 
     def _check_headers(self) -> None:
         """``endpoints.header_problem`` refused before the body is read (the connection is then closed)."""
