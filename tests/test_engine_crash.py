@@ -185,7 +185,7 @@ def test_the_bls_through_triton_lives_through_hundreds_of_short_streams_or_shows
 
     The same stub can also deadlock on this path (docs/serving.md: a thread starting a BLS request, the stub's response
     thread and a thread reading another request's responses; a clean clone's suite hung so once in 600 requests, and a
-    GIL-bound stub in 1,000-3,000). Nothing in the BLS can prevent it; what is asserted then is that the hang shows:
+    GIL-bound stub after 249-3,115). Nothing in the BLS can prevent it; what is asserted then is that the hang shows:
     health.lost names the hung BLS (the fronts then answer 503 with it), where Triton keeps the model ready."""
     cfg, server = churned
     errors, done = [], []
