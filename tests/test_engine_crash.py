@@ -31,7 +31,7 @@ from trtllm_pipeline.config import config_from_dict
 from trtllm_pipeline.quantize import quantize
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.registry import load_runtime
-from trtllm_pipeline.triton import health
+from trtllm_pipeline.triton import health, loopback
 
 pytestmark = pytest.mark.slow
 
@@ -97,13 +97,20 @@ def through_triton(built, engines_dir):
     assert not serve.group_alive(started.pid)
 
 
-@pytest.fixture
-def churned(engines_dir, tmp_path_factory):
-    """(config, server) as ``through_triton``, of a build of its own: the test may leave it hung."""
-    cfg = _variant(CHURNED, engines_dir, tmp_path_factory)
-    started = _start(cfg, engines_dir, THROUGH_TRITON)
-    yield cfg, started
-    serve.stop(cfg, engines_dir=engines_dir)
+@pytest.fixture(scope="module")
+def churned_cfg(engines_dir, tmp_path_factory):
+    return _variant(CHURNED, engines_dir, tmp_path_factory)
+
+
+@pytest.fixture(params=["loopback", "exec"])
+def churned(request, churned_cfg, engines_dir):
+    """(path, config, server) as ``through_triton``, of a build of its own, its BLS reading the engine by gRPC to its
+    own server (``triton/loopback.py``, the default) or by Triton's BLS ``exec()`` (``TRTLLM_PIPELINE_BLS_LOOPBACK=0``,
+    which may leave it hung)."""
+    env = {**THROUGH_TRITON, loopback.SWITCH_ENV: "1" if request.param == "loopback" else "0"}
+    started = _start(churned_cfg, engines_dir, env)
+    yield request.param, churned_cfg, started
+    serve.stop(churned_cfg, engines_dir=engines_dir)
     assert not serve.group_alive(started.pid)
 
 
@@ -176,18 +183,20 @@ def test_the_bls_through_triton_streams_sixteen_requests_at_once_with_plain_gree
     assert _engine_requests(through_triton) - before == len(prompts)
 
 
-def test_the_bls_through_triton_lives_through_hundreds_of_short_streams_or_shows_its_hang(churned, engines_dir):
+def test_the_bls_through_triton_lives_through_hundreds_of_short_streams(churned, engines_dir):
     """Triton 2.51's stub frees a finished BLS response iterator on its cleanup thread, without the GIL, where Python
     let go of it first; its responses' numpy arrays went with it and corrupted the heap. Before the BLS kept its
     iterators a while (``LINGER_S``), three CPU servers of three on this path died within 80-250 such requests
     ("malloc(): unaligned fastbin chunk detected"; every later request: "Stub process ... is not healthy"); without
     the lingering this test's 600 requests caught the crash in about half of its runs.
 
-    The same stub can also deadlock on this path (docs/serving.md: a thread starting a BLS request, the stub's response
-    thread and a thread reading another request's responses; a clean clone's suite hung so once in 600 requests, and a
-    GIL-bound stub after 249-3,115). Nothing in the BLS can prevent it; what is asserted then is that the hang shows:
-    health.lost names the hung BLS (the fronts then answer 503 with it), where Triton keeps the model ready."""
-    cfg, server = churned
+    The same stub can also deadlock there (docs/serving.md: a thread whose exec() returned, the stub's response thread
+    and a thread reading another request's responses; a clean clone's suite hung so once in 600 requests, and a
+    GIL-bound stub after 249-3,115). Nothing in the BLS can prevent it, so by default it reads its engine over gRPC
+    from its own server instead (``triton/loopback.py``: no response iterator at all; the same GIL-bound stub took 600
+    of 600 twice): there every stream must end whole. On ``exec()``, where a hang strikes, what is asserted is that it
+    shows: health.lost names the hung BLS (the fronts then answer 503 with it), where Triton keeps the model ready."""
+    path, cfg, server = churned
     errors, done = [], []
 
     def ask(worker: int) -> None:
@@ -202,9 +211,10 @@ def test_the_bls_through_triton_lives_through_hundreds_of_short_streams_or_shows
 
     _all_at_once(ask, range(6), 300)
     log = open(server.log, errors="replace").read()
+    assert ("go by gRPC to" if path == "loopback" else f"go by exec() ({loopback.SWITCH_ENV}=0)") in log
     for crash in ("Fatal Python error", "malloc(): ", "Stub process"):
         assert crash not in log, log[log.index(crash):][:3000]
-    if errors:  # only a hang, and then one that shows
+    if errors and path == "exec":  # only a hang, and then one that shows
         assert all(e.startswith("no response from") for e in errors), errors
         repository = artifacts.ArtifactPaths(engines_dir / cfg.name).triton_repo
         deadline = time.monotonic() + health.HUNG_S + 5
@@ -212,7 +222,7 @@ def test_the_bls_through_triton_lives_through_hundreds_of_short_streams_or_shows
             time.sleep(0.5)
         assert why is not None and "tensorrt_llm_bls model's process" in why and "it is hung" in why, why
         return
-    assert len(done) == 600 and all(done)
+    assert errors == [] and len(done) == 600 and all(done), errors[:3]
 
 
 def test_a_crashed_front_model_turns_readiness_503_and_names_it(through_triton, engines_dir):

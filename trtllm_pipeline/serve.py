@@ -37,7 +37,7 @@ from trtllm_pipeline.errors import InputError, StageFailed
 from trtllm_pipeline.openai import server as openai_server
 from trtllm_pipeline.runtimes.backend import Backend
 from trtllm_pipeline.runtimes.registry import backend
-from trtllm_pipeline.triton import health, http_front
+from trtllm_pipeline.triton import health, http_front, loopback
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,7 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels:
     own = (ports.http, ports.grpc, ports.metrics, ports.openai)
     inner = ports.behind_front(http_front.free_loopback_port(avoid=own)) if cfg.serving.http_front else ports
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
+    env[loopback.ADDRESS_ENV] = f"{client_host(inner.host)}:{inner.grpc}"  # the BLS's own way to its engine model
     served.prepare_server(cfg, cmd, env, state_dir, wheels=Path(stub_wheels) if stub_wheels else None)
     # The Python models' bytecode, removed before each start. Python writes a .pyc without checking that the write
     # was whole: on a full disk a truncated one stays ("marshal data too short") and broke every later serve of

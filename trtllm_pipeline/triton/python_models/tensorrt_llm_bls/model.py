@@ -6,7 +6,8 @@ counted 4.9 ms a request there for 0.17 ms of tokenizing; TTFT at concurrency 1,
 2-core CPU machine, 16.3-16.8 -> 14.9-15.4 ms) and has ``preprocessing`` tokenize a long
 one (``LOCAL_TOKENIZE_BYTES``; the tokenizer holds the GIL: here a 570 KB prompt takes 0.35 s, which would stall
 every stream this model relays), then calls ``tensorrt_llm`` (the torch engine model on its own socket,
-``triton/direct.py``: no round trips through Triton per token; TensorRT-LLM's through Triton) and, as
+``triton/direct.py``: no round trips through Triton per token; TensorRT-LLM's as a gRPC stream from this server,
+``triton/loopback.py``) and, as
 it sees a request's whole stream, detokenizes with a ``TextStream``: streamed text is exact for
 either runtime (TensorRT-LLM's C++ backend included), stop strings are cut as text. One prompt
 per request; each request runs on a thread of its own (kept: ``triton/workers``) so that requests overlap. The
@@ -46,7 +47,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_pipeline.runtimes import TextStream
-from trtllm_pipeline.triton import direct, health, stops
+from trtllm_pipeline.triton import direct, health, loopback, stops
 from trtllm_pipeline.triton.contract import (BLS_ID_PREFIX, BLS_PARAMETER, CLIENT_INPUTS, LOCAL_TOKENIZE_BYTES,
                                              NUM_OUTPUT_TOKENS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                                              REQUIRED_INPUTS, STOP_ID_PREFIX, RequestLimits)
@@ -75,8 +76,9 @@ RECV_BYTES = 1 << 16  # one read of the engine's socket: every frame that has ar
 # requests of 16-32 tokens). So each iterator is kept here until LINGER_S after its stream ended: the cleanup has run by
 # then, and the last reference, ours, goes in a Python thread, with the GIL.
 # The same stub can also deadlock on this path, a lock cycle between a thread whose exec() returned, its response
-# thread and a thread reading another request's responses; nothing here can prevent it (docs/serving.md). health.lost
-# reports this stub hung once its heartbeat (health.mark_stub) stops.
+# thread and a thread reading another request's responses; nothing here can prevent it (docs/serving.md). So exec()
+# reads an engine's stream only where the gRPC loopback (triton/loopback.py) cannot be had; health.lost reports this
+# stub hung once its heartbeat (health.mark_stub) stops.
 LINGER_S = 2.0
 _lingering: collections.deque = collections.deque()
 _lingering_lock = threading.Lock()
@@ -122,6 +124,12 @@ class TritonPythonModel:
         # The torch engine model's own socket (triton/direct.py); off where nothing listens (TensorRT-LLM's backend)
         self.direct_address = direct.address(self.repository)
         self.direct = os.environ.get("TRTLLM_PIPELINE_BLS_DIRECT", "1") != "0"
+        # Where the engine model has no socket: gRPC streams to this server (triton/loopback.py), else exec()
+        self.loopback, how = loopback.connect()
+        logger = getattr(pb_utils, "Logger", None)
+        if logger is not None:
+            logger.log_info(f"tensorrt_llm_bls: requests to an engine model without a socket go by "
+                            f"{how if self.loopback is not None else 'exec() (' + how + ')'}")
         # each request's thread (and through Triton its stream's reader) kept, not started per request
         self.workers = Workers(started=WORKERS_AT_LOAD, name="tensorrt_llm_bls")
 
@@ -238,9 +246,10 @@ class TritonPythonModel:
 
     def engine_stream(self, engine, request_id, taken=None):
         """The engine's responses to the request ``engine`` (its input tensors) in batches of ``_Item``s (``watched``
-        says what a batch is): on the torch engine model's socket (``direct``) where it listens, else through Triton.
+        says what a batch is): on the torch engine model's socket (``direct``) where it listens, else over gRPC from
+        this server (``loopback``), else through Triton's BLS ``exec()``.
         Either way the request is made here, in the request's thread (Triton's ``exec()`` returns once the engine has
-        it); the responses are read later. ``taken``: when ``execute()`` took the request (monotonic), in the socket
+        it; gRPC's stream, ``loopback``, sends it on its own thread at once); the responses are read later. ``taken``: when ``execute()`` took the request (monotonic), in the socket
         request's header, so that the engine counts this model's share of the time to first token. (This model
         updates no custom metric: the Python backend's metric call holds the GIL while it waits for Triton's threads,
         which on the path through Triton wait for this stub's GIL; a server hung so under a clean clone's suite.)"""
@@ -258,7 +267,11 @@ class TritonPythonModel:
             self.direct = False  # nothing listens: an engine model of another kind (TensorRT-LLM's), for good
             logger = getattr(pb_utils, "Logger", None)
             if logger is not None:
-                logger.log_info("tensorrt_llm_bls: the engine model has no socket; its requests go through Triton")
+                logger.log_info("tensorrt_llm_bls: the engine model has no socket; its requests go through Triton "
+                                "(as said at load: gRPC, or exec())")
+        if self.loopback is not None:
+            return self.watched(_socket_item(header, arrays) for header, arrays in self.loopback.stream(
+                self.engine_model, ENGINE_OUTPUTS, engine, request_id, {BLS_PARAMETER: True}))
         return self.watched(_triton_items(self.request(self.engine_model, ENGINE_OUTPUTS, engine,
                                                        request_id=request_id).exec(decoupled=True)))
 
@@ -342,10 +355,16 @@ class TritonPythonModel:
 
     def stop(self, request_id):
         """Stop ``request_id``: by datagram where the torch engine model listens, else TensorRT-LLM's stop
-        request through Triton. The request then ends with a final response (its reader sees the end)."""
+        request through Triton (the loopback's gRPC, else ``exec()``). The request then ends with a final response
+        (its reader sees the end)."""
         if not stops.send(self.stop_address, request_id):
             stop = {"input_ids": np.zeros((1, 1), np.int32), "input_lengths": np.ones((1, 1), np.int32),
                     "request_output_len": np.ones((1, 1), np.int32), "stop": np.array([[True]])}
+            if self.loopback is not None:
+                for _ in self.loopback.stream(self.engine_model, ["output_ids"], stop, request_id,
+                                              {BLS_PARAMETER: True}):
+                    pass
+                return
             iterator = self.request(self.engine_model, ["output_ids"], stop, request_id=request_id).exec(decoupled=True)
             for _ in iterator:
                 pass
