@@ -28,6 +28,7 @@ import numpy as np
 
 from trtllm_pipeline.endpoints import is_openai_url
 from trtllm_pipeline.errors import InputError, StageFailed, UnavailableError
+from trtllm_pipeline.triton import loopback
 from trtllm_pipeline.triton.contract import CLIENT_INPUTS, FRONT_MODEL, NUM_OUTPUT_TOKENS
 
 log = logging.getLogger(__name__)
@@ -277,17 +278,8 @@ def stream_request(model: str, values: dict[str, Any], request_id: str = ""):
     """``values`` (``TritonClient._values``) as the protobuf request of a gRPC stream (``ModelStreamInfer``), asking
     for Triton's empty final response (a decoupled model may end a request by a flag alone): what
     ``async_stream_infer`` sends, for a caller on ``grpc.aio`` (the OpenAI front's event loop)."""
-    from tritonclient.grpc import service_pb2
-    from tritonclient.utils import serialize_byte_tensor
-
-    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
-    for name, value in values.items():
-        datatype, array = _input_array(name, value)
-        request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))  # its contents: raw, in order
-        request.raw_input_contents.append(serialize_byte_tensor(array).item() if array.dtype == object
-                                          else array.tobytes())
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
-    return request
+    return loopback.stream_request(model, {name: _input_array(name, value)[1] for name, value in values.items()},
+                                   request_id)
 
 
 def _input_array(name: str, value: Any) -> tuple[str, np.ndarray]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -35,10 +35,9 @@ class Loopback:
 
     def __init__(self, address: str):
         import grpc
-        from tritonclient.grpc import service_pb2, service_pb2_grpc
+        from tritonclient.grpc import service_pb2_grpc
 
         self.address = address
-        self._pb = service_pb2
         # no message size cap: an engine response with generation logits is vocab x 4 bytes a token
         self._channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1),
                                                                 ("grpc.max_send_message_length", -1)])
@@ -52,7 +51,7 @@ class Loopback:
         done = threading.Event()
 
         def requests():  # one request, the stream kept open until its last response: a half-close could end it early
-            yield self._request(model, outputs, tensors, request_id, parameters)
+            yield stream_request(model, tensors, request_id, outputs, parameters)
             done.wait()
 
         return self._responses(self._stub.ModelStreamInfer(requests()), outputs, done)
@@ -77,24 +76,30 @@ class Loopback:
             done.set()
             call.cancel()  # (after the last response: nothing left to cancel)
 
-    def _request(self, model, outputs, tensors, request_id, parameters):
-        from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
-
-        request = self._pb.ModelInferRequest(model_name=model, id=request_id)
-        for name, array in tensors.items():
-            array = np.ascontiguousarray(array)
-            request.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype), shape=list(array.shape))
-            request.raw_input_contents.append(serialize_byte_tensor(array).item() if array.dtype == object
-                                              else array.tobytes())
-        for name in outputs:
-            request.outputs.add(name=name)
-        for key, value in parameters.items():
-            request.parameters[key].bool_param = value
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
-        return request
-
     def close(self) -> None:
         self._channel.close()
+
+
+def stream_request(model: str, tensors: dict[str, np.ndarray], request_id: str = "", outputs: Sequence[str] = (),
+                   parameters: dict[str, bool] | None = None):
+    """``tensors`` (input arrays by name; strings as object arrays of bytes) as the protobuf request of a gRPC stream
+    (``ModelStreamInfer``), asking for Triton's empty final response (a decoupled model may end a request by a flag
+    alone): the loopback's, and ``client.stream_request``'s for a caller on ``grpc.aio``."""
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        request.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype), shape=list(array.shape))
+        request.raw_input_contents.append(serialize_byte_tensor(array).item() if array.dtype == object
+                                          else array.tobytes())  # the contents: raw, in the inputs' order
+    for name in outputs:
+        request.outputs.add(name=name)
+    for key, value in (parameters or {}).items():
+        request.parameters[key].bool_param = value
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    return request
 
 
 def connect() -> tuple[Loopback | None, str]:
