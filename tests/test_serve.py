@@ -693,6 +693,44 @@ def test_taken_port_detach_and_stop(built, engines_dir):
     assert "no server is running" in run_cli("serve", "-c", config, "--engines-dir", str(engines_dir), "--stop").stdout
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_a_server_bound_to_the_ipv6_loopback_answers_on_every_endpoint(built, engines_dir, monkeypatch):
+    """serving.host ::1: tritonserver's gRPC endpoint takes it in brackets and its HTTP and metrics endpoints after
+    ``ipv6:`` (bare, gRPC could not resolve "::1:PORT" and the server exited, and the metrics endpoint bound
+    255.255.255.255); every client URL brackets it. The BLS reaches its engine through Triton here
+    (``TRTLLM_PIPELINE_BLS_DIRECT=0``): its gRPC loopback to the same server takes the bracketed address too."""
+    from trtllm_pipeline.client import connect
+
+    built(LIFECYCLE)
+    monkeypatch.setenv("TRTLLM_PIPELINE_BLS_DIRECT", "0")
+    http, grpc, metrics, openai = free_ports(4)
+    server = serve.start(load(LIFECYCLE), engines_dir=engines_dir, host="::1", http=http, grpc=grpc, metrics=metrics,
+                         openai=openai)
+    try:
+        answers = {}
+        for protocol in ("grpc", "http", "openai"):
+            with connect(server.ports.address(protocol), protocol) as client:
+                answers[protocol] = client.generate("hello", max_tokens=4)
+        assert answers["grpc"] and answers["grpc"] == answers["http"] == answers["openai"]
+        with urllib.request.urlopen(f"http://[::1]:{metrics}/metrics", timeout=10) as reply:
+            assert b"trtllm_pipeline_generated_tokens_total" in reply.read()
+        assert server.endpoints()[0].startswith(f"HTTP     http://[::1]:{http}")
+        log = Path(server.log).read_text(errors="replace")
+        assert "gRPC to [::1]:" in log  # the BLS's loopback, said at its load
+    finally:
+        serve.stop(load(LIFECYCLE), engines_dir=engines_dir)
+    assert not serve.group_alive(server.pid)
+
+
 def truncated_bytecode_in_the_repository(cfg, engines_dir) -> Path:
     """What a disk that filled while Python wrote a .pyc leaves (it does not check that its write was whole): a
     header that matches the source and truncated code, "marshal data too short" at every import after."""

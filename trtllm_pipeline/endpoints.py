@@ -87,6 +87,23 @@ def host_allowed(header: str, allowed: set[str] | frozenset[str]) -> bool:
         return host.lower().rstrip(".") in allowed
 
 
+def triton_endpoint_flags(*, http_host: str, http_port: int, host: str, grpc_port: int, metrics_port: int
+                          ) -> list[str]:
+    """tritonserver's address and port flags, each address spelled as its endpoint reads it. An IPv6 literal differs:
+    gRPC takes it in brackets (bare, ``::1`` and the port make ``::1:8001``, which gRPC cannot resolve: the server
+    exits), HTTP and metrics (libevhtp) after ``ipv6:`` (bare, evhtp reads it as an IPv4 address and binds
+    255.255.255.255 without a word: seen with tritonserver 2.51)."""
+    def grpc(h: str) -> str:
+        return f"[{h}]" if ":" in h else h
+
+    def evhtp(h: str) -> str:
+        return f"ipv6:{h}" if ":" in h else h
+
+    return [f"--http-address={evhtp(http_host)}", f"--http-port={http_port}",
+            f"--grpc-address={grpc(host)}", f"--grpc-port={grpc_port}",
+            f"--metrics-address={evhtp(host)}", f"--metrics-port={metrics_port}"]
+
+
 def restricted_api_flags() -> list[str]:
     """tritonserver (2.31+) flags that close ``RESTRICTED_APIS`` over HTTP and gRPC to every client."""
     value = f"{ADMIN_HEADER}={secrets.token_hex(16)}"
@@ -97,6 +114,12 @@ def restricted_api_flags() -> list[str]:
 def client_host(host: str) -> str:
     """Where a client on this machine connects to a server bound to ``host``."""
     return "127.0.0.1" if host in WILDCARD_HOSTS else host
+
+
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT`` as URLs and gRPC targets read it: an IPv6 literal in brackets (``[::1]:8001``; bare, its colons
+    run into the port's)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +134,11 @@ class Ports:
     @property
     def http_bind(self) -> str:
         return self.http_host or self.host
+
+    def triton_flags(self) -> list[str]:
+        """tritonserver's flags for these endpoints (``triton_endpoint_flags``)."""
+        return triton_endpoint_flags(http_host=self.http_bind, http_port=self.http, host=self.host,
+                                     grpc_port=self.grpc, metrics_port=self.metrics)
 
     def behind_front(self, upstream_port: int) -> "Ports":
         """The ports tritonserver binds when the HTTP front holds ``http``: its HTTP endpoint on loopback."""
@@ -134,12 +162,11 @@ class Ports:
                 raise InputError("this deployment has no OpenAI front (serving.openai_front is false).",
                                  fix="set serving.openai_front: true and serve again, or use --protocol grpc")
             return openai_base_url(client_host(self.host), self.openai)
-        return f"{client_host(self.host)}:{self.grpc if protocol == 'grpc' else self.http}"
+        return host_port(client_host(self.host), self.grpc if protocol == "grpc" else self.http)
 
 
 def openai_base_url(host: str, port: int) -> str:
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{port}/v1"
+    return f"http://{host_port(host, port)}/v1"
 
 
 def chat_page_url(host: str, port: int) -> str:
@@ -179,10 +206,10 @@ class Server:
 
     def endpoints(self) -> list[str]:
         h = self.client_host
-        return [f"HTTP     http://{h}:{self.http_port}  (POST /v2/models/tensorrt_llm_bls/generate, /generate_stream;"
+        return [f"HTTP     http://{host_port(h, self.http_port)}  (POST /v2/models/tensorrt_llm_bls/generate, /generate_stream;"
                 " also ensemble)",
-                f"gRPC     {h}:{self.grpc_port}  (model tensorrt_llm_bls, or ensemble; decoupled: stream API)",
-                f"metrics  http://{h}:{self.metrics_port}/metrics  (Prometheus)"] + (
+                f"gRPC     {host_port(h, self.grpc_port)}  (model tensorrt_llm_bls, or ensemble; decoupled: stream API)",
+                f"metrics  http://{host_port(h, self.metrics_port)}/metrics  (Prometheus)"] + (
                 [f"OpenAI   {openai_base_url(h, self.openai_port)}  (/models, /completions, /chat/completions)",
                  f"chat     {chat_page_url(h, self.openai_port)}  (a page to talk to the model, in a browser)"]
                 if self.openai_port else [])

@@ -31,8 +31,8 @@ from trtllm_pipeline import artifacts
 from trtllm_pipeline.config import BuildConfig, check_against_model
 from trtllm_pipeline.deploy import deploy, deployment_backend, engine_problem
 from trtllm_pipeline.model.source import known_shape
-from trtllm_pipeline.endpoints import (SERVER_EXIT_TIMEOUT_S, STATE_FILE, Ports, Server, client_host, is_zombie,
-                                      read_state, serve_state_dir)
+from trtllm_pipeline.endpoints import (SERVER_EXIT_TIMEOUT_S, STATE_FILE, Ports, Server, client_host, host_port,
+                                      is_zombie, read_state, serve_state_dir)
 from trtllm_pipeline.errors import InputError, StageFailed
 from trtllm_pipeline.openai import server as openai_server
 from trtllm_pipeline.runtimes.backend import Backend
@@ -65,7 +65,7 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) 
         cmd = http_front.command(ports.host, ports.http, 0, limits, paths.triton_repo, cmd, cfg.serving.allowed_hosts)
     lines = [f"runtime: {chosen.name} ({reason})", f"model repository: {paths.triton_repo}"]
     if cfg.serving.http_front:
-        lines.append(f"HTTP front on {ports.host}:{ports.http}: validates generate requests, Triton's HTTP endpoint "
+        lines.append(f"HTTP front on {host_port(ports.host, ports.http)}: validates generate requests, Triton's HTTP endpoint "
                      "behind it on a free loopback port (shown as 0 below)")
     if deployed and (problem := engine_problem(cfg, deployed)):
         lines.append(f"not servable yet: {problem}")
@@ -88,7 +88,7 @@ def openai_ports(chosen: Backend, ports: Ports) -> Ports | None:
 
 def openai_command(cfg: BuildConfig, paths: artifacts.ArtifactPaths, ports: Ports, limits: dict) -> list[str]:
     """The OpenAI front's argument list: it reaches Triton's gRPC endpoint where a local client does."""
-    return openai_server.command(host=ports.host, port=ports.openai, grpc_url=f"{client_host(ports.host)}:{ports.grpc}",
+    return openai_server.command(host=ports.host, port=ports.openai, grpc_url=host_port(client_host(ports.host), ports.grpc),
                                  tokenizer_dir=paths.tokenizer, limits=limits, model_id=cfg.name,
                                  aliases=[cfg.model.source], reasoning_parser=cfg.serving.openai_reasoning_parser,
                                  repository=paths.triton_repo, allowed_hosts=cfg.serving.allowed_hosts)
@@ -124,7 +124,7 @@ def start(cfg: BuildConfig, *, engines_dir: str | Path = "engines", stub_wheels:
     own = (ports.http, ports.grpc, ports.metrics, ports.openai)
     inner = ports.behind_front(http_front.free_loopback_port(avoid=own)) if cfg.serving.http_front else ports
     cmd, env = served.server_command(cfg, deployment.repo_dir, inner, state_dir)
-    env[loopback.ADDRESS_ENV] = f"{client_host(inner.host)}:{inner.grpc}"  # the BLS's own way to its engine model
+    env[loopback.ADDRESS_ENV] = host_port(client_host(inner.host), inner.grpc)  # the BLS's own way to its engine model
     served.prepare_server(cfg, cmd, env, state_dir, wheels=Path(stub_wheels) if stub_wheels else None)
     # The Python models' bytecode, removed before each start. Python writes a .pyc without checking that the write
     # was whole: on a full disk a truncated one stays ("marshal data too short") and broke every later serve of
@@ -176,8 +176,7 @@ def _check_interrupted(interrupted: threading.Event | None) -> None:
 
 
 def wait_front_ready(server: Server, *, timeout_s: float, interrupted: threading.Event | None = None) -> None:
-    host = client_host(server.host)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{server.openai_port}/health"
+    url = f"http://{host_port(client_host(server.host), server.openai_port)}/health"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         _check_interrupted(interrupted)
@@ -210,7 +209,7 @@ def exposure_warning(host: str) -> str | None:
 
 def wait_ready(server: Server, *, timeout_s: float, path: str = "/v2/health/ready",
                interrupted: threading.Event | None = None) -> None:
-    url = f"http://{server.client_host}:{server.http_port}{path}"
+    url = f"http://{host_port(server.client_host, server.http_port)}{path}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         _check_interrupted(interrupted)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import time
 
+from trtllm_pipeline.endpoints import client_host, host_port
+
 STEPS = "trtllm_pipeline_runtime_steps_total"
 TOKENS = "trtllm_pipeline_generated_tokens_total"
 # requests in the runtime: flushed after every other count (``MetricBatch``), so that a reading where it is 0 holds
@@ -111,4 +113,4 @@ def _front(before: dict[str, float], after: dict[str, float]) -> dict[str, float
 
 def metrics_url(host: str, port: int) -> str:
     """Where a server bound to ``host`` is read from this machine (a wildcard address: over loopback)."""
-    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/metrics"
+    return f"http://{host_port(client_host(host), port)}/metrics"

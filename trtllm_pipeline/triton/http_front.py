@@ -38,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Collection, Iterator
 
-from trtllm_pipeline.endpoints import allowed_host_names, header_problem
+from trtllm_pipeline.endpoints import allowed_host_names, header_problem, host_port
 from trtllm_pipeline.runtimes.base import float32_problem
 from trtllm_pipeline.triton import health, stops
 from trtllm_pipeline.triton.contract import (CLIENT_INPUTS, FRONT_MODEL, REQUIRED_INPUTS, STOP_ID_PREFIX,
@@ -549,8 +549,7 @@ class _ClientWatcher:
 def command(listen_host: str, listen_port: int, upstream_port: int, limits: dict[str, int], repository: str | Path,
             server_command: list[str], allowed_hosts: list[str] = ()) -> list[str]:
     """The command that runs ``server_command`` behind the front (``serve`` launches this)."""
-    host = f"[{listen_host}]" if ":" in listen_host else listen_host
-    return [sys.executable, "-m", "trtllm_pipeline.triton.http_front", f"--listen={host}:{listen_port}",
+    return [sys.executable, "-m", "trtllm_pipeline.triton.http_front", f"--listen={host_port(listen_host, listen_port)}",
             f"--upstream=127.0.0.1:{upstream_port}", f"--limits={json.dumps(limits, sort_keys=True)}",
             f"--repository={repository}", *(f"--allow-host={h}" for h in allowed_hosts), "--", *server_command]
 

@@ -75,9 +75,7 @@ class TorchBackend(Backend):
         libdir = sysconfig.get_config_var("LIBDIR") or ""
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
         cmd = [binary, f"--model-repository={repo_dir}", f"--backend-directory={state_dir / 'backends'}",
-               f"--http-address={ports.http_bind}", f"--http-port={ports.http}",
-               f"--grpc-address={ports.host}", f"--grpc-port={ports.grpc}",
-               f"--metrics-address={ports.host}", f"--metrics-port={ports.metrics}",
+               *ports.triton_flags(),
                f"--exit-timeout-secs={SERVER_EXIT_TIMEOUT_S}", "--pinned-memory-pool-byte-size=0",
                # deploy writes every config.pbtxt whole: completing them would start one more Python-backend
                # stub per model, importing its model.py (torch, transformers) only to be asked for nothing

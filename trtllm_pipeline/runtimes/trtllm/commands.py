@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from trtllm_pipeline.config import FP8_CONTEXT_FMHA_FORMATS
-from trtllm_pipeline.endpoints import restricted_api_flags
+from trtllm_pipeline.endpoints import restricted_api_flags, triton_endpoint_flags
 from trtllm_pipeline.machine import gpus as machine_gpus
 
 if TYPE_CHECKING:
@@ -161,9 +161,8 @@ def server_launch_command(cfg: "BuildConfig", repo_dir: str | os.PathLike, trito
     restricted = restricted_api_flags()  # one admin key for every rank's server
     for rank in range(world):
         seg = [tritonserver, f"--model-repository={repo_dir}",
-               f"--http-address={http_host or host}", f"--http-port={http_port}",
-               f"--grpc-address={host}", f"--grpc-port={grpc_port}",
-               f"--metrics-address={host}", f"--metrics-port={metrics_port}"]
+               *triton_endpoint_flags(http_host=http_host or host, http_port=http_port, host=host,
+                                      grpc_port=grpc_port, metrics_port=metrics_port)]
         if rank > 0:
             seg += ["--model-control-mode=explicit", f"--load-model={TRITON_MODEL}"]
         seg += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",

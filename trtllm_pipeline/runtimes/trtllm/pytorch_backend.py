@@ -142,9 +142,7 @@ class TrtllmPytorchBackend(Backend):
             launch = json.loads((repo_dir / tp.LAUNCH).read_text(encoding="utf-8"))["argv"]
             return _with_address(launch, ports.http_bind, ports.http)
         binary = tritonserver_binaries()["path"] or NGC_TRITONSERVER
-        return [binary, f"--model-repository={repo_dir}", f"--http-address={ports.http_bind}",
-                f"--http-port={ports.http}", f"--grpc-address={ports.host}", f"--grpc-port={ports.grpc}",
-                f"--metrics-address={ports.host}", f"--metrics-port={ports.metrics}"]
+        return [binary, f"--model-repository={repo_dir}", *ports.triton_flags()]
 
     def _plan_command(self, cfg: "BuildConfig", paths: artifacts.ArtifactPaths) -> list[str]:
         ports = Ports.of(cfg)
