@@ -38,7 +38,14 @@ def _as_float32(handle):
 
 
 def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-    product = np.matmul(_as_float32(a), _as_float32(b), dtype=np.float32)
+    # Summed in float64, then rounded once: a row's result must not depend on where the row sits in the tile, as an
+    # MMA's does not. A float32 np.matmul goes to OpenBLAS, whose kernels (picked by the CPU: DYNAMIC_ARCH) sum the
+    # tail rows of a tile in another order than the rest: on an AMD EPYC a tree node's logits came 1 ulp from its
+    # chain's in the same step (tests/spec_tree_exact_check.py), where an Intel machine's kernel gave them equal.
+    # The products of float32 operands are exact in float64, so the order no longer shows.
+    product = np.matmul(_as_float32(a).astype(np.float64), _as_float32(b).astype(np.float64))
+    if np.issubdtype(d.data.dtype, np.floating):  # (integer dots: exact in float64, so straight to the accumulator)
+        product = product.astype(np.float32)
     return interpreter.TensorHandle(product.astype(d.data.dtype) + d.data, d.dtype.scalar)
 
 
