@@ -412,9 +412,9 @@ PY
       done
       clean "$c"
     done ;;
-  w4a8_gemv)  # W4A8-AWQ at batch 1 on quant_gemv_w4a8's table-lookup dp4a GEMV (off by default, untimed until this
-    # part): the tiny W4A8 build's first step against eager with it on (the fast path taken, within 10%), then the random
-    # 7B W4A8-AWQ build in-process at batch 1 (context 128 and 2048) and 8, the switch off and on
+  w4a8_gemv)  # W4A8-AWQ at batch 1 on quant_gemv_w4a8's table-lookup dp4a GEMV (on by default since the H100's
+    # 2026-12-06f A/B): the tiny W4A8 build's first step against eager with it on (the fast path taken, within 10%),
+    # then the random 7B W4A8-AWQ build in-process at batch 1 (context 128 and 2048) and 8, the switch off and on
     c=build_configs/tiny-qwen2-w4a8-awq-tp1.yaml
     tp build -c "$c" --engines-dir "$engines" --runtime torch
     TRTLLM_PIPELINE_W4A8_GEMV=1 python3 benchmarks/model_check.py -c "$c" --engines-dir "$engines" --require-fast \

@@ -853,7 +853,7 @@ def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     (not the GLU; off unless set: not yet timed)."""
     if quant_gemv_int8.supported(q, m) and quant_gemv_int8.enabled():  # INT8's dp4a GEMV at batch 1
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
-    if quant_gemv_w4a8.supported(q, m) and quant_gemv_w4a8.enabled():  # W4A8's table GEMV: only when switched on
+    if quant_gemv_w4a8.supported(q, m) and quant_gemv_w4a8.enabled():  # W4A8's table GEMV at batch 1 (default on)
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
     if not glu and quant_mma_int4.supported(q, m) and quant_mma_int4.enabled(m):  # INT8 tensor cores: only when asked
         return quant_mma_int4.config(q, m, sm_count)

@@ -37,8 +37,9 @@ Loads go straight to registers (Triton's pipeliner stages no load that feeds no 
 in the config the next K tile's are issued before a tile is computed (``pick_config``: proj and the GLU; qkv and
 dense take one tile a program instead).
 
-Off by default: ``TRTLLM_PIPELINE_W4A8_GEMV=1`` makes the decode step take it at batch 1 (its first launch rule,
-``legacy_config``: 4.288 ms a 7B step on the H200, 26% of the floor; ``pick_config``'s not yet timed).
+The decode step takes it at batch 1 by default (``TRTLLM_PIPELINE_W4A8_GEMV=0`` turns it off): the random 7B's step
+at context 128 on an H100 (2026-12-06f, ``pick_config``'s launches) 5.259 ms off, **3.270 on** (its first launch rule,
+``legacy_config``, 4.288 against 5.248 on the H200, 2026-12-05d).
 Triton's interpreter cannot run PTX: there ``dp4a`` and ``prmt`` are the same operations from shifts.
 """
 
@@ -73,9 +74,9 @@ BIAS = tl.constexpr(-2139062144)  # 0x80808080 as an int32
 
 
 def enabled() -> bool:
-    """Whether the decode step takes this kernel at batch 1: only where ``$TRTLLM_PIPELINE_W4A8_GEMV`` is 1 (not yet
-    timed on a GPU; unset or 0: quant_gemm's choice)."""
-    value = os.environ.get(ENV, "0").strip()
+    """Whether the decode step takes this kernel at batch 1: unless ``$TRTLLM_PIPELINE_W4A8_GEMV`` is 0 (then
+    quant_gemm's choice)."""
+    value = os.environ.get(ENV, "1").strip()
     if value not in ("0", "1", ""):
         raise InputError(f"{ENV}={value!r}: 1 takes the W4A8 table-lookup GEMV at batch 1, 0 leaves it off.",
                          fix=f"set {ENV} to 0 or 1, or unset it")
