@@ -206,9 +206,10 @@ class Server:
 
     def endpoints(self) -> list[str]:
         h = self.client_host
-        return [f"HTTP     http://{host_port(h, self.http_port)}  (POST /v2/models/tensorrt_llm_bls/generate, /generate_stream;"
-                " also ensemble)",
-                f"gRPC     {host_port(h, self.grpc_port)}  (model tensorrt_llm_bls, or ensemble; decoupled: stream API)",
+        return [f"HTTP     http://{host_port(h, self.http_port)}  (POST /v2/models/tensorrt_llm_bls/generate,"
+                " /generate_stream; also ensemble)",
+                f"gRPC     {host_port(h, self.grpc_port)}  (model tensorrt_llm_bls, or ensemble; decoupled: stream"
+                " API)",
                 f"metrics  http://{host_port(h, self.metrics_port)}/metrics  (Prometheus)"] + (
                 [f"OpenAI   {openai_base_url(h, self.openai_port)}  (/models, /completions, /chat/completions)",
                  f"chat     {chat_page_url(h, self.openai_port)}  (a page to talk to the model, in a browser)"]

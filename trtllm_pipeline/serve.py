@@ -65,8 +65,8 @@ def plan(cfg: BuildConfig, *, engines_dir: str | Path = "engines", **port_args) 
         cmd = http_front.command(ports.host, ports.http, 0, limits, paths.triton_repo, cmd, cfg.serving.allowed_hosts)
     lines = [f"runtime: {chosen.name} ({reason})", f"model repository: {paths.triton_repo}"]
     if cfg.serving.http_front:
-        lines.append(f"HTTP front on {host_port(ports.host, ports.http)}: validates generate requests, Triton's HTTP endpoint "
-                     "behind it on a free loopback port (shown as 0 below)")
+        lines.append(f"HTTP front on {host_port(ports.host, ports.http)}: validates generate requests, Triton's HTTP "
+                     "endpoint behind it on a free loopback port (shown as 0 below)")
     if deployed and (problem := engine_problem(cfg, deployed)):
         lines.append(f"not servable yet: {problem}")
     if warning := exposure_warning(ports.host):
@@ -88,7 +88,8 @@ def openai_ports(chosen: Backend, ports: Ports) -> Ports | None:
 
 def openai_command(cfg: BuildConfig, paths: artifacts.ArtifactPaths, ports: Ports, limits: dict) -> list[str]:
     """The OpenAI front's argument list: it reaches Triton's gRPC endpoint where a local client does."""
-    return openai_server.command(host=ports.host, port=ports.openai, grpc_url=host_port(client_host(ports.host), ports.grpc),
+    grpc_url = host_port(client_host(ports.host), ports.grpc)
+    return openai_server.command(host=ports.host, port=ports.openai, grpc_url=grpc_url,
                                  tokenizer_dir=paths.tokenizer, limits=limits, model_id=cfg.name,
                                  aliases=[cfg.model.source], reasoning_parser=cfg.serving.openai_reasoning_parser,
                                  repository=paths.triton_repo, allowed_hosts=cfg.serving.allowed_hosts)

@@ -549,7 +549,8 @@ class _ClientWatcher:
 def command(listen_host: str, listen_port: int, upstream_port: int, limits: dict[str, int], repository: str | Path,
             server_command: list[str], allowed_hosts: list[str] = ()) -> list[str]:
     """The command that runs ``server_command`` behind the front (``serve`` launches this)."""
-    return [sys.executable, "-m", "trtllm_pipeline.triton.http_front", f"--listen={host_port(listen_host, listen_port)}",
+    return [sys.executable, "-m", "trtllm_pipeline.triton.http_front",
+            f"--listen={host_port(listen_host, listen_port)}",
             f"--upstream=127.0.0.1:{upstream_port}", f"--limits={json.dumps(limits, sort_keys=True)}",
             f"--repository={repository}", *(f"--allow-host={h}" for h in allowed_hosts), "--", *server_command]
 
