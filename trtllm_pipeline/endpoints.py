@@ -112,8 +112,9 @@ def restricted_api_flags() -> list[str]:
 
 
 def client_host(host: str) -> str:
-    """Where a client on this machine connects to a server bound to ``host``."""
-    return "127.0.0.1" if host in WILDCARD_HOSTS else host
+    """Where a client on this machine connects to a server bound to ``host``: a wildcard's loopback. ``::``'s is ::1:
+    tritonserver's HTTP and metrics endpoints bound to ``::`` take IPv6 only (the other endpoints take both)."""
+    return "::1" if host == "::" else "127.0.0.1" if host in WILDCARD_HOSTS else host
 
 
 def host_port(host: str, port: int) -> str:
