@@ -7,9 +7,8 @@ counted 4.9 ms a request there for 0.17 ms of tokenizing; TTFT at concurrency 1,
 one (``LOCAL_TOKENIZE_BYTES``; the tokenizer holds the GIL: here a 570 KB prompt takes 0.35 s, which would stall
 every stream this model relays), then calls ``tensorrt_llm`` (the torch engine model on its own socket,
 ``triton/direct.py``: no round trips through Triton per token; TensorRT-LLM's as a gRPC stream from this server,
-``triton/loopback.py``) and, as
-it sees a request's whole stream, detokenizes with a ``TextStream``: streamed text is exact for
-either runtime (TensorRT-LLM's C++ backend included), stop strings are cut as text. One prompt
+``triton/loopback.py``) and, as it sees a request's whole stream, detokenizes with a ``TextStream``: streamed text is
+exact for either runtime (TensorRT-LLM's C++ backend included), stop strings are cut as text. One prompt
 per request; each request runs on a thread of its own (kept: ``triton/workers``) so that requests overlap. The
 tokenizer (``trtllm_pipeline.tokenizer``, no transformers in the stub) loads on the first request: a deployment used
 through the ensemble does not pay for it at startup.
@@ -249,10 +248,11 @@ class TritonPythonModel:
         says what a batch is): on the torch engine model's socket (``direct``) where it listens, else over gRPC from
         this server (``loopback``), else through Triton's BLS ``exec()``.
         Either way the request is made here, in the request's thread (Triton's ``exec()`` returns once the engine has
-        it; gRPC's stream, ``loopback``, sends it on its own thread at once); the responses are read later. ``taken``: when ``execute()`` took the request (monotonic), in the socket
-        request's header, so that the engine counts this model's share of the time to first token. (This model
-        updates no custom metric: the Python backend's metric call holds the GIL while it waits for Triton's threads,
-        which on the path through Triton wait for this stub's GIL; a server hung so under a clean clone's suite.)"""
+        it; gRPC's stream, ``loopback``, sends it on its own thread at once); the responses are read later.
+        ``taken``: when ``execute()`` took the request (monotonic), in the socket request's header, so that the engine
+        counts this model's share of the time to first token. (This model updates no custom metric: the Python
+        backend's metric call holds the GIL while it waits for Triton's threads, which on the path through Triton wait
+        for this stub's GIL; a server hung so under a clean clone's suite.)"""
         if self.direct:
             header = {"request_id": request_id, "outputs": ENGINE_OUTPUTS, "parameters": {BLS_PARAMETER: True}}
             if taken is not None:
