@@ -212,3 +212,140 @@ def _broadcast_unless_equal(self, lhs, rhs):
 
 
 TritonSemantic.broadcast_impl_value = _broadcast_unless_equal
+
+
+# Speed only: every tl.* call inside a kernel goes through the launch's patch (interpreter._patch_attr: a lambda that
+# copies the keyword arguments to set _semantic) and then through the builtin's wrapper (core.builtin: it checks that
+# _semantic was given, which the patch always does). Here the patch sets _semantic and calls the builtin's own function.
+_BUILTIN_WRAPPER = tl.core.builtin(lambda: None).__code__
+_patch_attr = interpreter._patch_attr
+
+
+def _patch_attr_direct(obj, name, member, builder, scope):
+    if getattr(member, "__code__", None) is not _BUILTIN_WRAPPER:
+        return _patch_attr(obj, name, member, builder, scope)
+    semantic, fn = TritonSemantic(builder), member.__wrapped__
+
+    def patched(*args, **kwargs):
+        kwargs["_semantic"] = semantic
+        return fn(*args, **kwargs)
+
+    scope.set_attr(obj, name, patched)
+
+
+interpreter._patch_attr = _patch_attr_direct
+
+
+# Speed only, the same values: tl.core._unwrap_if_constexpr, called several times per operation, tests a value against
+# list and two tuple types before constexpr; the values it mostly sees (tensors, numbers, None) first.
+_unwrap = tl.core._unwrap_if_constexpr
+_PLAIN = (tl.core.tensor, int, float, bool, str, type(None))
+
+
+def _unwrap_if_constexpr(o):
+    kind = type(o)
+    if kind in _PLAIN:
+        return o
+    if kind is tl.core.constexpr:
+        return o.value
+    return _unwrap(o)
+
+
+tl.core._unwrap_if_constexpr = _unwrap_if_constexpr
+
+
+# Speed only, the same types: under the interpreter a type's IR type is the type itself (InterpreterBuilder.get_*_ty
+# return Triton's dtypes; get_block_ty a block type of the same element and shape, made once above), yet every splat and
+# cast made one anew, element type and all. A block type of a plain element type stands for itself.
+_block_to_ir = tl.core.block_type.to_ir
+
+
+def _block_type_to_ir(self, builder):
+    if type(builder) is interpreter.InterpreterBuilder and not self.element_ty.is_ptr():
+        return self
+    return _block_to_ir(self, builder)
+
+
+tl.core.block_type.to_ir = _block_type_to_ir
+
+
+# Speed only, the same values: the broadcast of a block and a scalar (the scalar splatted to the block's shape) and of
+# two blocks of different shapes (both broadcast to the common shape, each a view), made as TritonSemantic's does
+# without its per-call re-derivation of the types and the common shape (kept per pair of shapes).
+_common_shapes: dict = {}
+
+
+def _common_shape(lhs_shape: tuple, rhs_shape: tuple):
+    found = _common_shapes.get((lhs_shape, rhs_shape))
+    if found is None:
+        rank = max(len(lhs_shape), len(rhs_shape))
+        left, right = (1,) * (rank - len(lhs_shape)) + lhs_shape, (1,) * (rank - len(rhs_shape)) + rhs_shape
+        if any(a != b and a != 1 and b != 1 for a, b in zip(left, right)):
+            return None  # not compatible: TritonSemantic's error
+        found = _common_shapes[lhs_shape, rhs_shape] = (tuple(b if a == 1 else a for a, b in zip(left, right)),
+                                                       len(left) - len(lhs_shape), len(right) - len(rhs_shape))
+    return found
+
+
+def _splat(value, shape: list):  # InterpreterBuilder.create_splat of a scalar's handle
+    handle = value.handle
+    data = np.full(shape, handle.data, dtype=_get_np_dtype(handle.dtype))
+    return tl.core.tensor(interpreter.TensorHandle(data, handle.dtype.scalar), tl.core.block_type(value.type, shape))
+
+
+def _broadcast_to(value, expand: int, shape: tuple):  # create_expand_dims (axis 0) ``expand`` times, create_broadcast
+    data = value.handle.data
+    if expand:
+        data = data.reshape((1,) * expand + data.shape)
+    data = np.broadcast_to(data, shape)
+    block = tl.core.block_type(value.type.element_ty, list(shape))
+    return tl.core.tensor(interpreter.TensorHandle(data, value.handle.dtype.scalar), block)
+
+
+def _broadcast(self, lhs, rhs):
+    lhs_ty, rhs_ty = lhs.type, rhs.type
+    lhs_block, rhs_block = type(lhs_ty) is tl.core.block_type, type(rhs_ty) is tl.core.block_type
+    if lhs_block and rhs_block:
+        lhs_shape, rhs_shape = lhs_ty.shape.values, rhs_ty.shape.values
+        if lhs_shape == rhs_shape:  # (Triton broadcasts each to its own shape: a view of itself)
+            return lhs, rhs
+        common = _common_shape(tuple(lhs_shape), tuple(rhs_shape))
+        if common is not None:
+            shape, lhs_expand, rhs_expand = common
+            return _broadcast_to(lhs, lhs_expand, shape), _broadcast_to(rhs, rhs_expand, shape)
+    elif lhs_block and not rhs_ty.is_block() and not isinstance(rhs.handle.dtype, tl.core.block_type):
+        return lhs, _splat(rhs, lhs_ty.shape.values)
+    elif rhs_block and not lhs_ty.is_block() and not isinstance(lhs.handle.dtype, tl.core.block_type):
+        return _splat(lhs, rhs_ty.shape.values), rhs
+    return _broadcast_impl_value(self, lhs, rhs)
+
+
+TritonSemantic.broadcast_impl_value = _broadcast
+
+
+# Speed only, the same values: a cast to the type a value has already is the value (TritonSemantic.cast's first test,
+# an equality of names) and the binary operations' result type depends on the operands' types alone
+# (computation_type_impl: kept per pair).
+_cast = TritonSemantic.cast
+
+
+def _cast_unless_same(self, input, dst_ty, fp_downcast_rounding=None):
+    if input.type.scalar is dst_ty.scalar:
+        return input
+    return _cast(self, input, dst_ty, fp_downcast_rounding)
+
+
+TritonSemantic.cast = _cast_unless_same
+_computation_type = TritonSemantic.computation_type_impl
+_computation_types: dict = {}
+
+
+def _computation_type_once(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod):
+    key = (a_ty.name, a_is_scalar, b_ty.name, b_is_scalar, div_or_mod)
+    found = _computation_types.get(key)
+    if found is None:  # (an error: raised each time)
+        found = _computation_types[key] = _computation_type(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)
+    return found
+
+
+TritonSemantic.computation_type_impl = _computation_type_once
