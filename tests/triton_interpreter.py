@@ -154,9 +154,10 @@ tl.core.tuple_type.__getattr__ = _tuple_type_name
 
 
 # Speed only, the same types: every operation makes its result's block type anew (shape unwrapped, validated, named)
-# and every tensor a Triton tuple of its shape; two fifths of a speculative check's time. A block type of a hashable
-# element type and a shape is made once and kept (block types are never changed once made), and with it its tensors'
-# shape tuple and element count (Triton tuples are never changed either: ``tuple._setitem`` has no caller).
+# and every tensor a Triton tuple of its shape; two fifths of a speculative check's time. A block type of an element
+# type (a pointer's by its fields) and a shape is made once and kept (block types are never changed once made), and
+# with it its tensors' shape tuple and element count (Triton tuples are never changed either: ``tuple._setitem`` has
+# no caller).
 _block_types: dict = {}
 _block_type_init = tl.core.block_type.__init__
 
@@ -164,9 +165,14 @@ _block_type_init = tl.core.block_type.__init__
 def _block_type_new(cls, element_ty, shape):
     if cls is tl.core.block_type:
         try:
-            key = (element_ty, *(s.value if isinstance(s, tl.constexpr) else s for s in shape))
+            if type(element_ty) is tl.core.pointer_type:  # (unhashable: its fields, as its __eq__ compares them)
+                if element_ty.element_ty.is_ptr():
+                    raise TypeError("a pointer to pointers")
+                key = (element_ty.element_ty, element_ty.address_space, element_ty.const, "ptr", *shape)
+            else:  # (a shape of constexprs keeps its own entry: the same type)
+                key = (element_ty, *shape)
             found = _block_types.get(key)
-        except TypeError:  # an unhashable element type (pointers): made each time, as before
+        except TypeError:  # an unhashable element type: made each time, as before
             return object.__new__(cls)
         if found is None:
             found = _block_types[key] = object.__new__(cls)
@@ -349,3 +355,75 @@ def _computation_type_once(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mo
 
 
 TritonSemantic.computation_type_impl = _computation_type_once
+
+
+# Speed only, the same values: the type checks of a binary operation (TritonSemantic.binary_op_type_checking_impl) for
+# its two common cases, two tensors and a tensor with a Python int or float, done as the original does them but without
+# its numbers.Number tests (an ABC's) and without making the Python number's constant twice (once at its own type,
+# thrown away, once at the result type). Pointers, bools and anything else: the original.
+_checking = TritonSemantic.binary_op_type_checking_impl
+
+
+def _number_type(x):  # TritonSemantic.to_tensor's type for a Python int or float
+    if type(x) is int:
+        if -2**31 <= x < 2**31:
+            return tl.int32
+        if 2**31 <= x < 2**32:
+            return tl.uint32
+        if -2**63 <= x < 2**63:
+            return tl.int64
+        return tl.uint64 if 2**63 <= x < 2**64 else None
+    if x != x or x in (0.0, float("inf"), float("-inf")) or 2**-126 <= abs(x) <= (2 - 2**-23) * 2**127:
+        return tl.float32
+    return tl.float64
+
+
+def _with_number(self, t, x, number_first: bool, div_or_mod: bool):
+    """``t`` (a tensor of a non-pointer type) and the Python number ``x`` as the original leaves them, or None for
+    the original to do (or to raise)."""
+    x_ty, t_ty = _number_type(x), t.type.scalar
+    if x_ty is None:
+        return None
+    ret = (self.computation_type_impl(x_ty, True, t_ty, False, div_or_mod) if number_first else
+           self.computation_type_impl(t_ty, False, x_ty, True, div_or_mod))
+    if ret.is_int() and (x < 0 and ret.is_int_unsigned() or not ret.get_int_min_value() <= x <= ret.get_int_max_value()):
+        return None
+    x, t = self.scalar_constant(x, dtype=ret), self.cast(t, ret)
+    return self.broadcast_impl_value(x, t) if number_first else self.broadcast_impl_value(t, x)
+
+
+def _checking_fast(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
+                   div_or_mod=False):
+    lhs_kind, rhs_kind = type(lhs), type(rhs)
+    if lhs_kind is tl.core.tensor and rhs_kind is tl.core.tensor:
+        lhs_sca_ty, rhs_sca_ty = lhs.type.scalar, rhs.type.scalar
+        self.check_ptr_type_impl(lhs_sca_ty, rhs_sca_ty, allow_lhs_ptr)
+        self.check_ptr_type_impl(rhs_sca_ty, lhs_sca_ty, allow_rhs_ptr)
+        if arithmetic_check and not lhs_sca_ty.is_ptr() and not rhs_sca_ty.is_ptr():
+            ret_sca_ty = self.computation_type_impl(lhs_sca_ty, False, rhs_sca_ty, False, div_or_mod)
+            lhs, rhs = self.cast(lhs, ret_sca_ty), self.cast(rhs, ret_sca_ty)
+        return self.broadcast_impl_value(lhs, rhs)
+    if arithmetic_check:
+        done = None
+        if lhs_kind is tl.core.tensor and rhs_kind in (int, float) and not lhs.type.scalar.is_ptr():
+            done = _with_number(self, lhs, rhs, False, div_or_mod)
+        elif rhs_kind is tl.core.tensor and lhs_kind in (int, float) and not rhs.type.scalar.is_ptr():
+            done = _with_number(self, rhs, lhs, True, div_or_mod)
+        if done is not None:
+            return done
+    return _checking(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+
+TritonSemantic.binary_op_type_checking_impl = _checking_fast
+
+
+# Speed only, the same answers: dtype's kind tests, each a membership in a list built anew per call (SINT + UINT).
+_names = tl.core.dtype
+_INT, _SINT, _UINT = (frozenset(_names.SINT_TYPES + _names.UINT_TYPES), frozenset(_names.SINT_TYPES),
+                      frozenset(_names.UINT_TYPES))
+_FP, _STANDARD_FP = frozenset(_names.FP_TYPES), frozenset(_names.STANDARD_FP_TYPES)
+tl.core.dtype.is_int = lambda self: self.name in _INT
+tl.core.dtype.is_int_signed = lambda self: self.name in _SINT
+tl.core.dtype.is_int_unsigned = lambda self: self.name in _UINT
+tl.core.dtype.is_floating = lambda self: self.name in _FP
+tl.core.dtype.is_standard_floating = lambda self: self.name in _STANDARD_FP
