@@ -386,7 +386,8 @@ def _with_number(self, t, x, number_first: bool, div_or_mod: bool):
         return None
     ret = (self.computation_type_impl(x_ty, True, t_ty, False, div_or_mod) if number_first else
            self.computation_type_impl(t_ty, False, x_ty, True, div_or_mod))
-    if ret.is_int() and (x < 0 and ret.is_int_unsigned() or not ret.get_int_min_value() <= x <= ret.get_int_max_value()):
+    if ret.is_int() and (x < 0 and ret.is_int_unsigned() or
+                         not ret.get_int_min_value() <= x <= ret.get_int_max_value()):
         return None
     x, t = self.scalar_constant(x, dtype=ret), self.cast(t, ret)
     return self.broadcast_impl_value(x, t) if number_first else self.broadcast_impl_value(t, x)
