@@ -26,6 +26,8 @@ _BITS = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
 
 
 def _convert_float(data, src_dtype, dst_dtype, rounding_mode):
+    if src_dtype is tl.bfloat16 and dst_dtype is tl.float32:  # exact: the bits, 16 places up (torch's too, faster)
+        return data.astype(np.uint32) << np.uint32(16)
     src = torch.from_numpy(np.ascontiguousarray(data)).view(_TORCH[src_dtype])
     out = src.to(_TORCH[dst_dtype]).view(_BITS[dst_dtype.primitive_bitwidth]).numpy()
     return out.view(getattr(np, f"uint{dst_dtype.primitive_bitwidth}"))
