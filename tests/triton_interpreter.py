@@ -430,3 +430,15 @@ tl.core.dtype.is_int_signed = lambda self: self.name in _SINT
 tl.core.dtype.is_int_unsigned = lambda self: self.name in _UINT
 tl.core.dtype.is_floating = lambda self: self.name in _FP
 tl.core.dtype.is_standard_floating = lambda self: self.name in _STANDARD_FP
+
+
+# Speed only: the interpreter wraps every assignment in a kernel in to_tensor (ASTTransformer.visit_Assign), which
+# tests bool, int, float and constexpr before it finds the tensor it mostly is.
+_to_tensor = TritonSemantic.to_tensor
+
+
+def _to_tensor_fast(self, x, check_type: bool = True):
+    return x if type(x) is tl.core.tensor else _to_tensor(self, x, check_type)
+
+
+TritonSemantic.to_tensor = _to_tensor_fast
