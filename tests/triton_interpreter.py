@@ -26,6 +26,8 @@ _BITS = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
 
 
 def _convert_float(data, src_dtype, dst_dtype, rounding_mode):
+    if src_dtype is tl.bfloat16 and dst_dtype is tl.float32:  # exact: the bits, 16 places up (torch's too, faster)
+        return data.astype(np.uint32) << np.uint32(16)
     src = torch.from_numpy(np.ascontiguousarray(data)).view(_TORCH[src_dtype])
     out = src.to(_TORCH[dst_dtype]).view(_BITS[dst_dtype.primitive_bitwidth]).numpy()
     return out.view(getattr(np, f"uint{dst_dtype.primitive_bitwidth}"))
@@ -154,9 +156,10 @@ tl.core.tuple_type.__getattr__ = _tuple_type_name
 
 
 # Speed only, the same types: every operation makes its result's block type anew (shape unwrapped, validated, named)
-# and every tensor a Triton tuple of its shape; two fifths of a speculative check's time. A block type of a hashable
-# element type and a shape is made once and kept (block types are never changed once made), and with it its tensors'
-# shape tuple and element count (Triton tuples are never changed either: ``tuple._setitem`` has no caller).
+# and every tensor a Triton tuple of its shape; two fifths of a speculative check's time. A block type of an element
+# type (a pointer's by its fields) and a shape is made once and kept (block types are never changed once made), and
+# with it its tensors' shape tuple and element count (Triton tuples are never changed either: ``tuple._setitem`` has
+# no caller).
 _block_types: dict = {}
 _block_type_init = tl.core.block_type.__init__
 
@@ -164,9 +167,14 @@ _block_type_init = tl.core.block_type.__init__
 def _block_type_new(cls, element_ty, shape):
     if cls is tl.core.block_type:
         try:
-            key = (element_ty, *(s.value if isinstance(s, tl.constexpr) else s for s in shape))
+            if type(element_ty) is tl.core.pointer_type:  # (unhashable: its fields, as its __eq__ compares them)
+                if element_ty.element_ty.is_ptr():
+                    raise TypeError("a pointer to pointers")
+                key = (element_ty.element_ty, element_ty.address_space, element_ty.const, "ptr", *shape)
+            else:  # (a shape of constexprs keeps its own entry: the same type)
+                key = (element_ty, *shape)
             found = _block_types.get(key)
-        except TypeError:  # an unhashable element type (pointers): made each time, as before
+        except TypeError:  # an unhashable element type: made each time, as before
             return object.__new__(cls)
         if found is None:
             found = _block_types[key] = object.__new__(cls)
@@ -212,3 +220,225 @@ def _broadcast_unless_equal(self, lhs, rhs):
 
 
 TritonSemantic.broadcast_impl_value = _broadcast_unless_equal
+
+
+# Speed only: every tl.* call inside a kernel goes through the launch's patch (interpreter._patch_attr: a lambda that
+# copies the keyword arguments to set _semantic) and then through the builtin's wrapper (core.builtin: it checks that
+# _semantic was given, which the patch always does). Here the patch sets _semantic and calls the builtin's own function.
+_BUILTIN_WRAPPER = tl.core.builtin(lambda: None).__code__
+_patch_attr = interpreter._patch_attr
+
+
+def _patch_attr_direct(obj, name, member, builder, scope):
+    if getattr(member, "__code__", None) is not _BUILTIN_WRAPPER:
+        return _patch_attr(obj, name, member, builder, scope)
+    semantic, fn = TritonSemantic(builder), member.__wrapped__
+
+    def patched(*args, **kwargs):
+        kwargs["_semantic"] = semantic
+        return fn(*args, **kwargs)
+
+    scope.set_attr(obj, name, patched)
+
+
+interpreter._patch_attr = _patch_attr_direct
+
+
+# Speed only, the same values: tl.core._unwrap_if_constexpr, called several times per operation, tests a value against
+# list and two tuple types before constexpr; the values it mostly sees (tensors, numbers, None) first.
+_unwrap = tl.core._unwrap_if_constexpr
+_PLAIN = (tl.core.tensor, int, float, bool, str, type(None))
+
+
+def _unwrap_if_constexpr(o):
+    kind = type(o)
+    if kind in _PLAIN:
+        return o
+    if kind is tl.core.constexpr:
+        return o.value
+    return _unwrap(o)
+
+
+tl.core._unwrap_if_constexpr = _unwrap_if_constexpr
+
+
+# Speed only, the same types: under the interpreter a type's IR type is the type itself (InterpreterBuilder.get_*_ty
+# return Triton's dtypes; get_block_ty a block type of the same element and shape, made once above), yet every splat and
+# cast made one anew, element type and all. A block type of a plain element type stands for itself.
+_block_to_ir = tl.core.block_type.to_ir
+
+
+def _block_type_to_ir(self, builder):
+    if type(builder) is interpreter.InterpreterBuilder and not self.element_ty.is_ptr():
+        return self
+    return _block_to_ir(self, builder)
+
+
+tl.core.block_type.to_ir = _block_type_to_ir
+
+
+# Speed only, the same values: the broadcast of a block and a scalar (the scalar splatted to the block's shape) and of
+# two blocks of different shapes (both broadcast to the common shape, each a view), made as TritonSemantic's does
+# without its per-call re-derivation of the types and the common shape (kept per pair of shapes).
+_common_shapes: dict = {}
+
+
+def _common_shape(lhs_shape: tuple, rhs_shape: tuple):
+    found = _common_shapes.get((lhs_shape, rhs_shape))
+    if found is None:
+        rank = max(len(lhs_shape), len(rhs_shape))
+        left, right = (1,) * (rank - len(lhs_shape)) + lhs_shape, (1,) * (rank - len(rhs_shape)) + rhs_shape
+        if any(a != b and a != 1 and b != 1 for a, b in zip(left, right)):
+            return None  # not compatible: TritonSemantic's error
+        found = _common_shapes[lhs_shape, rhs_shape] = (tuple(b if a == 1 else a for a, b in zip(left, right)),
+                                                       len(left) - len(lhs_shape), len(right) - len(rhs_shape))
+    return found
+
+
+def _splat(value, shape: list):  # InterpreterBuilder.create_splat of a scalar's handle
+    handle = value.handle
+    data = np.full(shape, handle.data, dtype=_get_np_dtype(handle.dtype))
+    return tl.core.tensor(interpreter.TensorHandle(data, handle.dtype.scalar), tl.core.block_type(value.type, shape))
+
+
+def _broadcast_to(value, expand: int, shape: tuple):  # create_expand_dims (axis 0) ``expand`` times, create_broadcast
+    data = value.handle.data
+    if expand:
+        data = data.reshape((1,) * expand + data.shape)
+    data = np.broadcast_to(data, shape)
+    block = tl.core.block_type(value.type.element_ty, list(shape))
+    return tl.core.tensor(interpreter.TensorHandle(data, value.handle.dtype.scalar), block)
+
+
+def _broadcast(self, lhs, rhs):
+    lhs_ty, rhs_ty = lhs.type, rhs.type
+    lhs_block, rhs_block = type(lhs_ty) is tl.core.block_type, type(rhs_ty) is tl.core.block_type
+    if lhs_block and rhs_block:
+        lhs_shape, rhs_shape = lhs_ty.shape.values, rhs_ty.shape.values
+        if lhs_shape == rhs_shape:  # (Triton broadcasts each to its own shape: a view of itself)
+            return lhs, rhs
+        common = _common_shape(tuple(lhs_shape), tuple(rhs_shape))
+        if common is not None:
+            shape, lhs_expand, rhs_expand = common
+            return _broadcast_to(lhs, lhs_expand, shape), _broadcast_to(rhs, rhs_expand, shape)
+    elif lhs_block and not rhs_ty.is_block() and not isinstance(rhs.handle.dtype, tl.core.block_type):
+        return lhs, _splat(rhs, lhs_ty.shape.values)
+    elif rhs_block and not lhs_ty.is_block() and not isinstance(lhs.handle.dtype, tl.core.block_type):
+        return _splat(lhs, rhs_ty.shape.values), rhs
+    return _broadcast_impl_value(self, lhs, rhs)
+
+
+TritonSemantic.broadcast_impl_value = _broadcast
+
+
+# Speed only, the same values: a cast to the type a value has already is the value (TritonSemantic.cast's first test,
+# an equality of names) and the binary operations' result type depends on the operands' types alone
+# (computation_type_impl: kept per pair).
+_cast = TritonSemantic.cast
+
+
+def _cast_unless_same(self, input, dst_ty, fp_downcast_rounding=None):
+    if input.type.scalar is dst_ty.scalar:
+        return input
+    return _cast(self, input, dst_ty, fp_downcast_rounding)
+
+
+TritonSemantic.cast = _cast_unless_same
+_computation_type = TritonSemantic.computation_type_impl
+_computation_types: dict = {}
+
+
+def _computation_type_once(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod):
+    key = (a_ty.name, a_is_scalar, b_ty.name, b_is_scalar, div_or_mod)
+    found = _computation_types.get(key)
+    if found is None:  # (an error: raised each time)
+        found = _computation_types[key] = _computation_type(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)
+    return found
+
+
+TritonSemantic.computation_type_impl = _computation_type_once
+
+
+# Speed only, the same values: the type checks of a binary operation (TritonSemantic.binary_op_type_checking_impl) for
+# its two common cases, two tensors and a tensor with a Python int or float, done as the original does them but without
+# its numbers.Number tests (an ABC's) and without making the Python number's constant twice (once at its own type,
+# thrown away, once at the result type). Pointers, bools and anything else: the original.
+_checking = TritonSemantic.binary_op_type_checking_impl
+
+
+def _number_type(x):  # TritonSemantic.to_tensor's type for a Python int or float
+    if type(x) is int:
+        if -2**31 <= x < 2**31:
+            return tl.int32
+        if 2**31 <= x < 2**32:
+            return tl.uint32
+        if -2**63 <= x < 2**63:
+            return tl.int64
+        return tl.uint64 if 2**63 <= x < 2**64 else None
+    if x != x or x in (0.0, float("inf"), float("-inf")) or 2**-126 <= abs(x) <= (2 - 2**-23) * 2**127:
+        return tl.float32
+    return tl.float64
+
+
+def _with_number(self, t, x, number_first: bool, div_or_mod: bool):
+    """``t`` (a tensor of a non-pointer type) and the Python number ``x`` as the original leaves them, or None for
+    the original to do (or to raise)."""
+    x_ty, t_ty = _number_type(x), t.type.scalar
+    if x_ty is None:
+        return None
+    ret = (self.computation_type_impl(x_ty, True, t_ty, False, div_or_mod) if number_first else
+           self.computation_type_impl(t_ty, False, x_ty, True, div_or_mod))
+    if ret.is_int() and (x < 0 and ret.is_int_unsigned() or
+                         not ret.get_int_min_value() <= x <= ret.get_int_max_value()):
+        return None
+    x, t = self.scalar_constant(x, dtype=ret), self.cast(t, ret)
+    return self.broadcast_impl_value(x, t) if number_first else self.broadcast_impl_value(t, x)
+
+
+def _checking_fast(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
+                   div_or_mod=False):
+    lhs_kind, rhs_kind = type(lhs), type(rhs)
+    if lhs_kind is tl.core.tensor and rhs_kind is tl.core.tensor:
+        lhs_sca_ty, rhs_sca_ty = lhs.type.scalar, rhs.type.scalar
+        self.check_ptr_type_impl(lhs_sca_ty, rhs_sca_ty, allow_lhs_ptr)
+        self.check_ptr_type_impl(rhs_sca_ty, lhs_sca_ty, allow_rhs_ptr)
+        if arithmetic_check and not lhs_sca_ty.is_ptr() and not rhs_sca_ty.is_ptr():
+            ret_sca_ty = self.computation_type_impl(lhs_sca_ty, False, rhs_sca_ty, False, div_or_mod)
+            lhs, rhs = self.cast(lhs, ret_sca_ty), self.cast(rhs, ret_sca_ty)
+        return self.broadcast_impl_value(lhs, rhs)
+    if arithmetic_check:
+        done = None
+        if lhs_kind is tl.core.tensor and rhs_kind in (int, float) and not lhs.type.scalar.is_ptr():
+            done = _with_number(self, lhs, rhs, False, div_or_mod)
+        elif rhs_kind is tl.core.tensor and lhs_kind in (int, float) and not rhs.type.scalar.is_ptr():
+            done = _with_number(self, rhs, lhs, True, div_or_mod)
+        if done is not None:
+            return done
+    return _checking(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+
+TritonSemantic.binary_op_type_checking_impl = _checking_fast
+
+
+# Speed only, the same answers: dtype's kind tests, each a membership in a list built anew per call (SINT + UINT).
+_names = tl.core.dtype
+_INT, _SINT, _UINT = (frozenset(_names.SINT_TYPES + _names.UINT_TYPES), frozenset(_names.SINT_TYPES),
+                      frozenset(_names.UINT_TYPES))
+_FP, _STANDARD_FP = frozenset(_names.FP_TYPES), frozenset(_names.STANDARD_FP_TYPES)
+tl.core.dtype.is_int = lambda self: self.name in _INT
+tl.core.dtype.is_int_signed = lambda self: self.name in _SINT
+tl.core.dtype.is_int_unsigned = lambda self: self.name in _UINT
+tl.core.dtype.is_floating = lambda self: self.name in _FP
+tl.core.dtype.is_standard_floating = lambda self: self.name in _STANDARD_FP
+
+
+# Speed only: the interpreter wraps every assignment in a kernel in to_tensor (ASTTransformer.visit_Assign), which
+# tests bool, int, float and constexpr before it finds the tensor it mostly is.
+_to_tensor = TritonSemantic.to_tensor
+
+
+def _to_tensor_fast(self, x, check_type: bool = True):
+    return x if type(x) is tl.core.tensor else _to_tensor(self, x, check_type)
+
+
+TritonSemantic.to_tensor = _to_tensor_fast

@@ -154,7 +154,8 @@ class DecodeGraphs:
                                    for _ in range(2)]
             self.sources[batch] = torch.zeros(batch, dtype=torch.long, device=self.tables.device)
             self._fill(batch, [], [], [])
-            self.step.run(buf)  # compiles the kernels outside the capture
+            if self._cuda:  # compiles the kernels outside the capture (on the CPU, Triton's interpreter: nothing to
+                self.step.run(buf)  # compile, and a step of padding rows costs as much as a real one)
             if self.use_graphs:
                 self.graphs[batch] = self._capture(buf)
             # (a cold kernel cache compiles here: a slow start's log says which bucket took the time)
