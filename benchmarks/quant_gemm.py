@@ -544,7 +544,7 @@ def _batch_check(engine, graphs, batch: int = 8, prompt_len: int = 48) -> dict:
 
 
 def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps=32, prefill=2048, check_batch=8,
-              amax_prompt=512, log=print):
+              amax_prompt=512, warmup=3, log=print):
     """Per format: a 7B engine (``bf16_tensors()``: the dry run's is tiny) quantized, its prefill before and after
     the dequantized copies are dropped, a batch check, decode steps at ``batches``, memory (0 on the CPU)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
@@ -607,7 +607,7 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
             engine.cache_v.normal_()
             row["steps"] = []
             for b in batches:
-                wall, replay = _time_decode(graphs, b, ctx, steps)
+                wall, replay = _time_decode(graphs, b, ctx, steps, warmup)
                 row["steps"].append({"batch": b, "ms_per_step": wall, "graph_replay_ms": replay,
                                      "tokens_per_s": b * 1000 / wall})
                 log(f"step {fmt:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}), "
@@ -620,7 +620,7 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
                 try:
                     graphs = DecodeGraphs(DecodeStep(engine), [1])
                     graphs.prepare()
-                    wall, replay = _time_decode(graphs, 1, ctx, steps)
+                    wall, replay = _time_decode(graphs, 1, ctx, steps, warmup)
                 finally:
                     quant_gemv_ws.TILED_WEIGHTS = tiled
                 row["untiled_batch1"] = {"ms_per_step": wall, "graph_replay_ms": replay,
@@ -657,7 +657,7 @@ ROWS_BATCHES = (1, 8, 16)
 
 
 def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batches=ROWS_BATCHES, steps=32,
-                   amax_prompt=512, log=print) -> list[dict]:
+                   amax_prompt=512, warmup=3, log=print) -> list[dict]:
     """INT4-AWQ decode steps at ``batches`` under each kernel choice (one engine, new step graphs per choice): "table"
     (the package's quant_gemm_table.json: today's kernels), "gemv" ($TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16: the GEMV
     at every batch up to 16), "measured" (``table``: the gemv_rows part's merged table, where it ran), "mma"
@@ -698,7 +698,7 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
             graphs = DecodeGraphs(DecodeStep(engine), list(batches))
             graphs.prepare()
             for b in batches:
-                wall, replay = _time_decode(graphs, b, ctx, steps)
+                wall, replay = _time_decode(graphs, b, ctx, steps, warmup)
                 # (dot: quant_linear's kernel; mma: quant_mma_int4's)
                 kernels = {k: "mma" if c.mma else "gemv" if c.gemv else "gemm" if c.gemm else
                            "int4pack" if c.library else "dot"
@@ -736,13 +736,14 @@ def rows_step_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _time_decode(graphs, batch, ctx, steps) -> tuple[float, float]:
+def _time_decode(graphs, batch, ctx, steps, warmup=3) -> tuple[float, float]:
     """(wall ms per decode step at ``batch`` rows (slots 0..), every row at context ``ctx``, the greedy tokens read
-    back as serving reads them; ms per replay of the step's CUDA graph alone, the wall time without graphs)."""
+    back as serving reads them, after ``warmup`` untimed steps; ms per replay of the step's CUDA graph alone, the
+    wall time without graphs)."""
     dev = graphs.step.engine.cache_k.device
     slots, tokens = list(range(batch)), [1] * batch
     tables = graphs.step.engine.slot_tables(slots)  # resident on the device after the first step (request ids)
-    for w in range(3):
+    for w in range(warmup):
         graphs.decode(tokens, tables, [ctx + w] * batch, slots)
     _sync(dev)
     wall0 = time.perf_counter()
@@ -786,11 +787,11 @@ def step_table(rows: list[dict]) -> str:
 
 
 def _cpu_time(fn, reps: int) -> float:
-    """The dry run's stand-in for ``gpu_fast_path.time_graph``: wall-clock us per call (the interpreter's)."""
+    """The dry run's stand-in for ``gpu_fast_path.time_graph``: wall-clock us of one call (the interpreter's, which
+    says nothing of a GPU's: ``reps`` would only repeat the call, each one a whole interpreted kernel)."""
     t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) * 1e6 / reps
+    fn()
+    return (time.perf_counter() - t0) * 1e6
 
 
 def dry_run_shape():
@@ -826,8 +827,9 @@ def main() -> None:
         shape = dry_run_shape()
         shapes = linears(shape.hidden_size, shape.intermediate_size,
                          (shape.num_attention_heads + 2 * shape.num_key_value_heads) * shape.head_dim)
-        steps_kw = dict(ctx=24, batches=(1, 2), steps=2, prefill=16, check_batch=2, amax_prompt=16)
-        rows_kw = dict(ctx=24, batches=(1, 3), steps=2, amax_prompt=16)
+        # one untimed step and one timed: every call the GPU run makes, each made once (interpreted steps are slow)
+        steps_kw = dict(ctx=24, batches=(1, 2), steps=1, warmup=1, prefill=16, check_batch=2, amax_prompt=16)
+        rows_kw = dict(ctx=24, batches=(1, 3), steps=1, warmup=1, amax_prompt=16)
         ms, rows_ms = DRY_MS, DRY_ROWS_MS
         gpu = "cpu (dry run)"
     else:

@@ -48,12 +48,11 @@ START_FIRST = ("servers",  # 375 s
                "test_stub_env.py",  # 70 s
                "test_tensor_parallel.py", "test_formats.py",  # 60-65 s
                "test_fast_decode.py::test_prompt_lookup_on_the_device",  # 65 s
-               "test_fast_decode.py::test_int4_awq_steps_of_several_rows",  # 40-55 s each, two
+               "test_fast_decode.py::test_fast_kernels_give_eager_greedy_tokens_int4_awq",  # 3 runtimes: 70-80 s
                "test_fast_decode.py::test_tree_verify_rows_on_the_fast_path",  # 40 s
                "test_fast_decode.py::test_int4_gemv_for_several_rows",  # 40 s
                "test_fast_decode.py::test_quant_gemm_benchmark_gemv_rows_parts",  # 26 s
                "test_fast_decode.py::test_fast_kernels_give_eager_greedy_tokens_bf16",  # 27 s
-               "test_fast_decode.py::test_fast_kernels_give_eager_greedy_tokens_int4_awq",
                "test_fast_decode.py::test_fast_kernels_run_tensor_parallel",  # 23 + 23 s
                "test_model_families.py",  # 45 s: the real model's GGUF converted, quantized, asked
                "test_fast_decode.py::test_fast_kernels_match_eager_accuracy_fp8",

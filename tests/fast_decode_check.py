@@ -13,6 +13,10 @@ FAST_CHECK_PARTS (comma-separated; unset: greedy and ending) picks the optional 
 steps: ``greedy`` (greedy_fast; with the library check, library_greedy), ``ending`` (ending_fast and ending_eager) and
 ``prefill`` (prefill_fast and prefill_eager: three-token prompts prefilled as rows of fast steps);
 a test asks for those it asserts on. The first step's logits, the padding check and staggered_fast always run.
+
+FAST_CHECK_VARIANTS (JSON, {name: {variable: value}}): after the fast runtime above, one more per variant, made under
+those environment variables (kernel switches) and checked as it was, against the same references (eager's and float32's
+made once); each variant's result, shaped as the main one, under ``variants``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,21 @@ def first_step_logits(rt: TorchRuntime, prompts, tokens) -> tuple[torch.Tensor, 
     return logits, padding_ok
 
 
+def kernel_buckets(fast: TorchRuntime) -> dict:
+    """The buckets whose steps run each optional kernel (its configs chosen at load: the table's or a switch's)."""
+    local = getattr(fast.decoder, "local", fast.decoder)  # (tensor parallel: rank 0's DecodeGraphs)
+
+    def buckets(takes) -> list[int]:
+        return sorted(b for b, buf in local.buffers.items() if any(takes(c) for c in buf.configs.values()))
+
+    # the INT4 GEMV for several rows (quant_gemv.rows_config), quant_mma_int4's INT8 tensor-core linear (under
+    # TRTLLM_PIPELINE_INT4_MMA_ROWS), INT8 SmoothQuant's dp4a GEMV (quant_gemv_int8) and W4A8's table-lookup GEMV
+    # (quant_gemv_w4a8), each under its switch
+    return {"gemv_rows_buckets": buckets(lambda c: c.gemv and c.block_m > 1),
+            "mma_rows_buckets": buckets(lambda c: c.mma), "int8_gemv_buckets": buckets(lambda c: c.dp4a8),
+            "w4a8_gemv_buckets": buckets(lambda c: c.w4a8)}
+
+
 def main() -> None:
     ckpt = Path(sys.argv[1])
     tp_mode = sys.argv[2] if len(sys.argv) > 2 else "merged"
@@ -75,34 +94,41 @@ def main() -> None:
     def rel(a, b):
         return float((logits[a] - logits[b]).norm() / logits[b].norm())
 
-    # Three rows ran in the bucket of four: the padding row wrote the null block, no block of the pool's others
-    # (rank 0's cache under tensor parallel).
-    padding_ok = checked["fast"][1] and bool(fast.engine.cache_k[:, 0, :, 0].float().abs().sum() > 0)
     greedy = SamplingParams(max_tokens=4, end_id=-1)  # 4: the suite's time; batches still change size
     greedy_eager = [c.token_ids for c in eager.generate(prompts, greedy)]
     # The first row ends on its end id after two tokens, the others go on.
     ending = SamplingParams(max_tokens=4, end_id=greedy_eager[0][1])
     parts = set(os.environ.get("FAST_CHECK_PARTS", "greedy,ending").split(","))
-    result = {
-        "padding_wrote_scratch_only": padding_ok,
-        "decode_path": fast.describe()["decode_path"],
-        "weight_bytes_fast": fast.describe()["weight_bytes"], "weight_bytes_eager": eager.describe()["weight_bytes"],
-        "fast_vs_fp32": rel("fast", "fp32"), "eager_vs_fp32": rel("eager", "fp32"),
-        "argmax_equal": logits["fast"].argmax(-1).tolist() == logits["eager"].argmax(-1).tolist(),
-        "greedy_eager": greedy_eager,
-        "world_size": fast.describe()["world_size"],
-        "max_tokens": greedy.max_tokens,
-    }
-    if "greedy" in parts:
-        result["greedy_fast"] = [c.token_ids for c in fast.generate(prompts, greedy)]
+    references = {"weight_bytes_eager": eager.describe()["weight_bytes"], "eager_vs_fp32": rel("eager", "fp32"),
+                  "greedy_eager": greedy_eager, "max_tokens": greedy.max_tokens}
+
+    def fast_results(fast, checked) -> dict:
+        """The fast runtime's results, after its first step (``checked``: its logits and padding check)."""
+        logits["fast"] = checked[0]
+        # Three rows ran in the bucket of four: the padding row wrote the null block, no block of the pool's others
+        # (rank 0's cache under tensor parallel).
+        padding_ok = checked[1] and bool(fast.engine.cache_k[:, 0, :, 0].float().abs().sum() > 0)
+        result = {
+            "padding_wrote_scratch_only": padding_ok,
+            "decode_path": fast.describe()["decode_path"], "weight_bytes_fast": fast.describe()["weight_bytes"],
+            "fast_vs_fp32": rel("fast", "fp32"),
+            "argmax_equal": logits["fast"].argmax(-1).tolist() == logits["eager"].argmax(-1).tolist(),
+            "world_size": fast.describe()["world_size"], **references,
+        }
+        if "greedy" in parts:
+            result["greedy_fast"] = [c.token_ids for c in fast.generate(prompts, greedy)]
+        if "ending" in parts:
+            result["ending_fast"] = [c.token_ids for c in fast.generate(prompts, ending)]
+        # continuous batching: with three requests of four tokens, fast steps of 1, 2, 3 (the bucket of 4, one
+        # padding row), 2 and 1 rows: every bucket, two steps of the costliest under the interpreter, batch 1's
+        result["staggered_fast"] = staggered(fast, prompts, greedy)
+        result["chained_steps"] = fast.phase_rows["chained_steps"]  # decode steps fed the previous one's argmax
+        return result
+
+    result = fast_results(fast, checked["fast"])
     if "ending" in parts:
-        result["ending_fast"] = [c.token_ids for c in fast.generate(prompts, ending)]
         result["ending_eager"] = [c.token_ids for c in eager.generate(prompts, ending)]
-    # continuous batching: with three requests of four tokens, fast steps of 1, 2, 3 (the bucket of 4, one padding
-    # row), 2 and 1 rows: every bucket, two steps of the costliest under the interpreter, batch 1's
-    result["staggered_fast"] = staggered(fast, prompts, greedy)
-    result["staggered_eager"] = staggered(eager, prompts, greedy)
-    result["chained_steps"] = fast.phase_rows["chained_steps"]  # decode steps fed the previous one's argmax on-device
+    result["staggered_eager"] = references["staggered_eager"] = staggered(eager, prompts, greedy)
     if "prefill" in parts:  # prompts short enough to be rows of a fast step beside the decodes (runtime._split)
         short = [p[:3] for p in prompts]
         before = fast.phase_rows["fast_prefill_rows"]
@@ -114,20 +140,25 @@ def main() -> None:
         result["prefill_parted_near_ties"] = all(
             near_greedy(eager, p, f, tol=0.1) and near_greedy(eager, p, e, tol=0.1)
             for p, f, e in zip(short, result["prefill_fast"], result["prefill_eager"]) if f != e)
-    # the buckets whose steps ran the INT4 GEMV for several rows (quant_gemv.rows_config: the table's or the switch's)
-    local = getattr(fast.decoder, "local", fast.decoder)  # (tensor parallel: rank 0's DecodeGraphs)
-    result["gemv_rows_buckets"] = sorted(b for b, buf in local.buffers.items()
-                                         if any(c.gemv and c.block_m > 1 for c in buf.configs.values()))
-    # the buckets whose steps ran quant_mma_int4's INT8 tensor-core linear (under TRTLLM_PIPELINE_INT4_MMA_ROWS)
-    result["mma_rows_buckets"] = sorted(b for b, buf in local.buffers.items()
-                                        if any(c.mma for c in buf.configs.values()))
-    # the buckets whose steps ran INT8 SmoothQuant's dp4a GEMV (quant_gemv_int8: under its switch)
-    result["int8_gemv_buckets"] = sorted(b for b, buf in local.buffers.items()
-                                         if any(c.dp4a8 for c in buf.configs.values()))
-    # the buckets whose steps ran W4A8's table-lookup GEMV (quant_gemv_w4a8: under its switch)
-    result["w4a8_gemv_buckets"] = sorted(b for b, buf in local.buffers.items()
-                                         if any(c.w4a8 for c in buf.configs.values()))
+    result.update(kernel_buckets(fast))
     fast.close()
+    variants = json.loads(os.environ.get("FAST_CHECK_VARIANTS", "{}"))
+    if variants:
+        result["variants"] = {}
+    for name, env in variants.items():
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            fast = runtime(ckpt, "bfloat16", True, tp_mode)
+            result["variants"][name] = {**fast_results(fast, first_step_logits(fast, prompts, [7, 8, 9])),
+                                        **kernel_buckets(fast)}
+            fast.close()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     if os.environ.get("FAST_CHECK_LIBRARY") == "1":  # the same checks with buckets 2 and 4 on cuBLAS's linears
         from trtllm_pipeline.runtimes.torch_engine.cuda import decode_step, graphs
 

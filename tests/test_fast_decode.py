@@ -902,9 +902,17 @@ def test_int4_weights_tiled_for_the_warp_specialized_gemv_are_the_same_words():
 
 
 @pytest.mark.slow
-def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built):
+def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built, monkeypatch):
+    """INT4-AWQ's fast path three ways in one interpreted run (the eager and float32 references made once): today's
+    kernels, then the several-row GEMV and then the INT8 MMA switched on for batch 2-4, each its own runtime."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_mma_int4
+
+    monkeypatch.delenv(quant_gemv.ROWS_ENV, raising=False)
+    monkeypatch.delenv(quant_mma_int4.ROWS_ENV, raising=False)
+    variants = {"gemv": {quant_gemv.ROWS_ENV: "16"}, "mma": {quant_gemv.ROWS_ENV: "16", quant_mma_int4.ROWS_ENV: "16"}}
+    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"), parts=("greedy",),
+                     env={"FAST_CHECK_VARIANTS": json.dumps(variants)})
     # W4A16: no activation quantizer, so the kernels are as close to eager as the BF16 ones are
-    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"), parts=("greedy",))
     assert r["decode_path"].startswith("triton kernels")
     assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"]
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
@@ -912,31 +920,24 @@ def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built):
     assert r["padding_wrote_scratch_only"]
     # a step reads the packed INT4 weights (and their scales), not eager's BF16 dequantized copy
     assert r["weight_bytes_fast"] < r["weight_bytes_eager"]
+    _int4_awq_steps_of_several_rows_take_the_gemv_when_switched_on(r["variants"]["gemv"])
+    _int4_awq_steps_of_several_rows_take_the_int8_mma_when_switched_on(r["variants"]["mma"])
 
 
-def test_int4_awq_steps_of_several_rows_take_the_gemv_when_switched_on(built, monkeypatch):
+def _int4_awq_steps_of_several_rows_take_the_gemv_when_switched_on(r: dict) -> None:
     """TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16: every INT4 linear of the steps at batch 2-4 runs quant_gemv's several-row
     kernel (the continuous batching part's buckets 2 and 4; its producers write each row's prepared input, its
     splits go into the int64 accumulators), through the interpreter: eager's greedy tokens, as at batch 1."""
-    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv
-
-    monkeypatch.setenv(quant_gemv.ROWS_ENV, "16")
-    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"), parts=("greedy",))
     assert r["gemv_rows_buckets"] == [2, 4], r["gemv_rows_buckets"]
     assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"]
     assert r["staggered_fast"] == r["staggered_eager"] == r["greedy_eager"]
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.03
 
 
-def test_int4_awq_steps_of_several_rows_take_the_int8_mma_when_switched_on(built, monkeypatch):
+def _int4_awq_steps_of_several_rows_take_the_int8_mma_when_switched_on(r: dict) -> None:
     """TRTLLM_PIPELINE_INT4_MMA_ROWS=16: the INT4 linears other than the GLU at batch 2-4 run quant_mma_int4's INT8
     tensor-core kernel on the producers' prepared rows (the GLU keeps the several-row GEMV under
     TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS), through the interpreter: eager's greedy tokens, as at batch 1."""
-    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_mma_int4
-
-    monkeypatch.setenv(quant_gemv.ROWS_ENV, "16")
-    monkeypatch.setenv(quant_mma_int4.ROWS_ENV, "16")
-    r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"), parts=("greedy",))
     assert r["mma_rows_buckets"] == [2, 4], r["mma_rows_buckets"]
     assert r["argmax_equal"] and r["greedy_fast"] == r["greedy_eager"], {k: r.get(k) for k in (
         "fast_vs_fp32", "eager_vs_fp32", "greedy_fast", "greedy_eager", "staggered_fast")}
@@ -984,8 +985,13 @@ def test_int4_mma_rows_switch_picks_it_for_2_to_n_rows_and_never_the_glu(monkeyp
 
 
 @pytest.mark.slow
-def test_fast_kernels_match_eager_accuracy_int8_sq(built):
-    # W8A8 re-quantizes every activation to INT8 (as FP8 does to E4M3): tokens may part after a few steps
+def test_fast_kernels_match_eager_accuracy_int8_sq(built, monkeypatch):
+    # W8A8 re-quantizes every activation to INT8 (as FP8 does to E4M3): tokens may part after a few steps. The run is
+    # at the INT8 GEMV's default switch, as test_int8_batch_1_takes_the_dp4a_gemv_unless_switched_off's SmoothQuant
+    # case would run it (the same checkpoint and parts): that test's checks of it are made here, on this one run.
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_int8
+
+    monkeypatch.delenv(quant_gemv_int8.ENV, raising=False)
     r = _interpreted(_checkpoint(built, "tiny-qwen2-int8-sq-tp1"), parts=("greedy",))
     assert r["decode_path"].startswith("triton kernels")
     assert r["argmax_equal"]
@@ -996,10 +1002,11 @@ def test_fast_kernels_match_eager_accuracy_int8_sq(built):
     assert same >= 9 and all(f[:1] == e[:1] for f, e in zip(r["greedy_fast"], r["greedy_eager"])), r
     assert r["staggered_fast"] == r["greedy_fast"] and [len(t) for t in r["staggered_fast"]] == [r["max_tokens"]] * 3
     assert r["padding_wrote_scratch_only"]
+    _int8_batch_1_takes_the_dp4a_gemv(r, monkeypatch)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["int8-sq", "int8-wo"])
+@pytest.mark.parametrize("fmt", ["int8-wo"])  # (int8-sq: its run is test_fast_kernels_match_eager_accuracy_int8_sq's)
 def test_int8_batch_1_takes_the_dp4a_gemv_unless_switched_off(built, monkeypatch, fmt):
     """By default (TRTLLM_PIPELINE_INT8_GEMV unset or 1) INT8 linears at batch 1 (every bucket-1 step of the continuous batching part) run
     quant_gemv_int8's dp4a GEMV: SmoothQuant's int32 sums are the tensor-core kernel's (its splits' float partials
@@ -1009,6 +1016,13 @@ def test_int8_batch_1_takes_the_dp4a_gemv_unless_switched_off(built, monkeypatch
 
     monkeypatch.delenv(quant_gemv_int8.ENV, raising=False)
     r = _interpreted(_checkpoint(built, f"tiny-qwen2-{fmt}-tp1"), parts=("greedy",))
+    _int8_batch_1_takes_the_dp4a_gemv(r, monkeypatch)
+
+
+def _int8_batch_1_takes_the_dp4a_gemv(r: dict, monkeypatch) -> None:
+    """test_int8_batch_1_takes_the_dp4a_gemv_unless_switched_off's checks of a run at the default switch."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_int8
+
     assert r["int8_gemv_buckets"] == [1], r["int8_gemv_buckets"]
     assert r["staggered_fast"] == r["greedy_fast"] and r["argmax_equal"]
     assert r["fast_vs_fp32"] < 1.5 * r["eager_vs_fp32"] and r["fast_vs_fp32"] < 0.1

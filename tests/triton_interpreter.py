@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
@@ -442,3 +443,73 @@ def _to_tensor_fast(self, x, check_type: bool = True):
 
 
 TritonSemantic.to_tensor = _to_tensor_fast
+
+
+# Speed only, the same integers: two GPU instructions the kernels emulate for the interpreter in a dozen interpreted
+# operations or more a call (half of a GEMV check's time), run here as the GPU runs them, as one operation each, on the
+# tensors' numpy arrays; the kernels around them run unchanged. dp4a (cuda/dp4a.py): c + the sum of the four byte
+# products of a and b (int32, wrapping), bytes unsigned or, with A_SIGNED / B_SIGNED, sign-extended. prmt
+# (quant_gemv_w4a8.py, PTX's prmt.b32): byte i of the result is byte sel[4i+2:4i] of {b, a}, or where sel's bit 4i+3
+# is set, that byte's sign replicated. Any other call (not int32 blocks, or the PTX path): the kernels' own code.
+_BYTE_SHIFTS = np.arange(0, 32, 8, dtype=np.int32)
+
+
+def _word_bytes(words: np.ndarray, signed: bool) -> np.ndarray:
+    w = words[..., None]
+    return (w << (24 - _BYTE_SHIFTS)) >> 24 if signed else (w >> _BYTE_SHIFTS) & 0xFF
+
+
+def _int32_blocks(*values) -> bool:
+    return all(type(v) is tl.core.tensor and v.type.is_block() and v.dtype is tl.int32 for v in values)
+
+
+def _int32_tensor(data: np.ndarray):
+    return tl.core.tensor(interpreter.TensorHandle(data, tl.int32), tl.core.block_type(tl.int32, list(data.shape)))
+
+
+def _dp4a(emulated):
+    def dp4a(a, b, c, B_SIGNED, ASM, A_SIGNED=False):
+        if tl.core._unwrap_if_constexpr(ASM) or not _int32_blocks(a, b, c):
+            return emulated(a, b, c, B_SIGNED, ASM, A_SIGNED)
+        a_signed, b_signed = (bool(tl.core._unwrap_if_constexpr(s)) for s in (A_SIGNED, B_SIGNED))
+        products = _word_bytes(a.handle.data, a_signed) * _word_bytes(b.handle.data, b_signed)
+        return _int32_tensor((c.handle.data + products.sum(-1, dtype=np.int32)).astype(np.int32, copy=False))
+
+    return dp4a
+
+
+def _prmt(emulated):
+    def prmt(a, b, sel, ASM):
+        if tl.core._unwrap_if_constexpr(ASM) or not _int32_blocks(a, b, sel):
+            return emulated(a, b, sel, ASM)
+        pair = (b.handle.data.astype(np.int64) << 32) | (a.handle.data.astype(np.int64) & 0xFFFFFFFF)
+        selectors = sel.handle.data
+        out = np.zeros(selectors.shape, dtype=np.int32)
+        for i in range(4):
+            nibble = (selectors >> (4 * i)) & 0xF
+            byte = ((pair >> ((nibble & 7) * 8).astype(np.int64)) & 0xFF).astype(np.int32)
+            byte = np.where((nibble & 8) != 0, np.where(byte >= 128, 255, 0), byte).astype(np.int32)
+            out = out | (byte << (8 * i))
+        return _int32_tensor(out)
+
+    return prmt
+
+
+_NATIVE = {("trtllm_pipeline.runtimes.torch_engine.cuda.dp4a", "dp4a", ("a", "b", "c", "B_SIGNED", "ASM", "A_SIGNED")):
+           _dp4a,
+           ("trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8", "prmt", ("a", "b", "sel", "ASM")): _prmt}
+_rewrite = interpreter.InterpretedFunction.rewrite
+
+
+def _rewrite_native(self):
+    found = self.rewritten_fn.get(self.fn)
+    if found is None:
+        found = _rewrite(self)  # (kept: the emulation, for the calls the native one leaves to it)
+        fn = self.fn
+        native = _NATIVE.get((fn.__module__, fn.__qualname__, tuple(inspect.signature(fn).parameters)))
+        if native is not None:
+            found = self.rewritten_fn[fn] = native(found)
+    return found
+
+
+interpreter.InterpretedFunction.rewrite = _rewrite_native
