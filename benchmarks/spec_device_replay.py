@@ -52,7 +52,7 @@ def device_replay(prompt: list[int], output: list[int], *, k: int, min_n: int, m
     """One request's ``output`` under device drafting's lag (see the module's docstring)."""
     sp = (_WidthBackToK if width_back_to_k else Speculator)(NgramProposer(min_n, max_n), k)
     lookups = NgramProposer(min_n, max_n)  # the device's: on the history as the last step left it
-    rid, generated, steps = "r", list(output[:1]), 1
+    rid, generated, steps, wide = "r", list(output[:1]), 1, 0
     untold = None  # the last step's (drafts, whether they were found, whether the next lookup found, kept)
 
     def lookup(history):
@@ -67,6 +67,7 @@ def device_replay(prompt: list[int], output: list[int], *, k: int, min_n: int, m
         kept = next((i for i, d in enumerate(drafts) if d != output[at + i]), len(drafts))
         generated += output[at : at + kept + 1]
         steps += 1
+        wide += bool(drafts)  # a verify row's cost, filler or not (the speculator hears only of real drafts' rows)
         if untold is not None:  # the step before is settled now, behind this one
             n, real, next_found, n_kept = untold
             if n and (real or filler_is_miss):
@@ -74,7 +75,7 @@ def device_replay(prompt: list[int], output: list[int], *, k: int, min_n: int, m
             if not next_found:
                 sp.found_nothing(rid)
         untold = (len(drafts), bool(found), bool(lookup(generated)), kept)
-    return {"steps": steps, "verify_rows": sp.verify_rows, "drafted": sp.draft_tokens, "accepted": sp.accepted_tokens}
+    return {"steps": steps, "verify_rows": wide, "drafted": sp.draft_tokens, "accepted": sp.accepted_tokens}
 
 
 def main(argv=None) -> None:
