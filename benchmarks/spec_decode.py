@@ -18,7 +18,9 @@
    lookup's default k (8), over --prompts prompts of each workload one after another (18: every grounded pair);
    with --tree-nodes N (default 32) each build again drafting trees of N nodes (``runtime.speculative.tree``), and at
    batch 1 a tree verify row of 1 + N tokens timed against a linear row of as many and the 1-token step. Linear
-   drafts run twice: drafted on the device with verify steps chained (``cuda/drafted``, the default), and on the host
+   drafts run as --drafting says (default all three): drafted on the device with verify steps chained
+   (``cuda/drafted``, the default), ``device-old``: the same without the settling's lag rules
+   (``TRTLLM_PIPELINE_SPEC_LAG_RULES=0``: the A/B of ``DeviceDrafting``'s), and on the host
    (``TRTLLM_PIPELINE_SPEC_DEVICE=0``).
 
 Prints a table and writes spec_decode.json under --out.
@@ -150,7 +152,12 @@ def main() -> None:
     ap.add_argument("--tree-nodes", type=int, default=32,
                     help="a tree verify row of 1 + N tokens timed at batch 1, and each ngram build run again drafting "
                     "trees of N nodes (runtime.speculative.tree); 0: neither")
+    ap.add_argument("--drafting", default="device,device-old,host",
+                    help="linear drafts' runs, comma-separated: device, device-old (no lag rules), host")
     args = ap.parse_args()
+    draftings = [d for d in args.drafting.split(",") if d]
+    if not draftings or set(draftings) - {"device", "device-old", "host"}:
+        raise SystemExit(f"--drafting {args.drafting!r}: a comma-separated list of device, device-old and host")
     batches = [int(x) for x in args.batches.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
     cfg = load_config(Path(args.config))
@@ -180,11 +187,12 @@ def main() -> None:
         c = load_config(Path(path))
         for tree in (None, args.tree_nodes or None) if args.tree_nodes else (None,):
             # linear drafts twice: drafted on the device, verify steps chained (the default), and on the host
-            for drafting in ("device", "host") if tree is None else ("host",):
-                os.environ["TRTLLM_PIPELINE_SPEC_DEVICE"] = "1" if drafting == "device" else "0"
+            for drafting in draftings if tree is None else ("host",):
+                os.environ["TRTLLM_PIPELINE_SPEC_DEVICE"] = "0" if drafting == "host" else "1"
+                os.environ["TRTLLM_PIPELINE_SPEC_LAG_RULES"] = "0" if drafting == "device-old" else "1"
                 settings = SpeculativeSettings(method="ngram", batches=(1,), output_tokens=args.output_tokens,
                                                prompts=args.prompts, tree_nodes=tree)
-                name = f"spec-ngram-{c.name}{f'-tree{tree}' if tree else ''}{'-host' if drafting == 'host' else ''}"
+                name = f"spec-ngram-{c.name}{f'-tree{tree}' if tree else ''}{'' if drafting == 'device' else '-' + drafting}"
                 try:
                     res = run_speculative(c, engines_dir=args.engines_dir, settings=settings,
                                           output=args.out / f"{name}.json")
@@ -200,6 +208,7 @@ def main() -> None:
                 print("\n".join(res.table()), flush=True)
                 gc.collect()
         os.environ.pop("TRTLLM_PIPELINE_SPEC_DEVICE", None)
+        os.environ.pop("TRTLLM_PIPELINE_SPEC_LAG_RULES", None)
     result["ngram"] = ngram
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "spec_decode.json").write_text(json.dumps(result, indent=2))
@@ -220,13 +229,13 @@ def main() -> None:
                                                     f"many {r['chain_ratio']:.2f}x)" for r in trees))
     # same: prompts whose speculative output is plain's, of all, and of the rest how many part on a near tie (a
     # margin within rounding: numerics, not a bug); plain det: whether the plain runs agreed among themselves
-    print(f"\n{'config':>40} {'tree':>5} {'drafts':>6} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>13} "
+    print(f"\n{'config':>40} {'tree':>5} {'drafts':>10} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>13} "
           f"{'plain det':>9}")
     for r in ngram:
         if "error" in r:
-            print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>6} FAILED: {r['error']}")
+            print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>10} FAILED: {r['error']}")
             continue
-        print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>6} {r['workload']:>9} "
+        print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>10} {r['workload']:>9} "
               f"{r['speedup']:>6.2f}x "
               f"{r['acceptance_length']:>10.2f} {same_cell(r):>13} {'yes' if r['plain_deterministic'] else 'NO':>9}")
     for r in ngram:  # the margins behind a "ties" count: which prompts parted where, and by how much

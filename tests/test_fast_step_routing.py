@@ -354,6 +354,51 @@ def test_prompt_lookup_drafted_on_the_device_chains_verify_steps(built, monkeypa
         rt.close()
 
 
+@pytest.mark.parametrize("rules", ["1", "0"])
+def test_device_drafting_s_lag_rules_change_widths_not_tokens(built, monkeypatch, rules):
+    """Device drafting's settling (``DeviceDrafting._settle_tracked``, the stand-in step's + 1 as above): a row the
+    device filled with the filler (the lookup before it found nothing: the prompt's span copied, the step's counting
+    goes past it) is counted but does not turn the width down, and at batch 1 a partial row sets the width back to
+    k; with several requests running, kept + 1 as before. ``TRTLLM_PIPELINE_SPEC_LAG_RULES=0``: every row adapts as
+    on the host. The tokens are the step's either way."""
+    from trtllm_pipeline.config import SpeculativeSection
+    from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
+
+    monkeypatch.setenv("TRTLLM_PIPELINE_SPEC_LAG_RULES", rules)
+    monkeypatch.setenv("TRTLLM_PIPELINE_SPEC_QUIET", "0")  # a lookup every step: filler rows at every miss
+    told = []
+    verified = Speculator.verified
+
+    def record(self, request_id, drafted, accepted, depth=None, **kw):
+        told.append((request_id, kw.get("adapt", True), kw.get("wide", False)))
+        return verified(self, request_id, drafted, accepted, depth, **kw)
+
+    monkeypatch.setattr(Speculator, "verified", record)
+    ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
+    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False,
+                      speculative=SpeculativeSection(method="ngram", num_draft_tokens=4, ngram_min=1, ngram_max=2))
+    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8, 16, 32], use_graphs=False)
+    decoder.prepare()
+    rt.attach_decoder(decoder)
+    try:
+        # "a" alone first (batch 1), then "b" beside it: spans of the prompt kept, then lookups of tokens past the
+        # prompt's, which find nothing
+        submits = [("a", [5, 6, 7, 8, 9, 5], SamplingParams(max_tokens=30, end_id=-1)),
+                   ("b", [40, 41, 42, 43, 44, 45, 40], SamplingParams(max_tokens=12, end_id=-1))]
+        tokens, _ = _run(rt, submits, steps_between=12)
+        assert tokens == {"a": list(range(6, 36)), "b": list(range(41, 53))}
+        assert rt.device_drafting and told
+        fillers, wide = sum(not adapt for _, adapt, _ in told), sum(w for _, _, w in told)
+        if rules == "1":
+            assert fillers > 0 and wide > 0, told
+            assert not any(w for rid, _, w in told if rid == "b"), told  # "b" never ran alone
+        else:
+            assert fillers == 0 and wide == 0, told
+        rt.kv.check()
+    finally:
+        rt.close()
+
+
 def test_tree_rows_go_to_the_fast_verify_step_where_it_takes_them(runtime, monkeypatch):
     """``_split``: a tree verify row to the fast path where its decoder verifies trees (``tree_tokens``) and the row is
     no longer than that; else (too long, a decoder without trees, ``TRTLLM_PIPELINE_FAST_TREES=0``) eagerly."""

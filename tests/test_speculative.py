@@ -494,3 +494,21 @@ def test_lookups_that_find_nothing_are_made_less_often_and_said_so_a_step_ahead(
     assert lookups(Speculator(None, 4), found_at={6}) == [0, 1, 3, 6, 7, 8, 10, 13, 18, 27, 36]
     monkeypatch.setenv("TRTLLM_PIPELINE_SPEC_QUIET", "0")
     assert lookups(Speculator(None, 4), steps=10) == list(range(10))
+
+
+def test_a_row_told_not_to_adapt_is_counted_and_a_wide_partial_row_goes_back_to_k():
+    """``Speculator.verified``: ``adapt=False`` (device drafting's filler row) counts the row and leaves the length;
+    ``wide=True`` (device drafting at batch 1) sets it back to k after a partial row, where it is otherwise kept + 1;
+    a row that keeps nothing halves it either way."""
+    from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
+
+    sp = Speculator(None, 8)
+    assert sp.budget("r") == 8
+    sp.verified("r", 8, 0, adapt=False)
+    assert sp.budget("r") == 8 and (sp.verify_rows, sp.draft_tokens, sp.accepted_tokens) == (1, 8, 0)
+    sp.verified("r", 8, 2)
+    assert sp.budget("r") == 3
+    sp.verified("r", 3, 1, wide=True)
+    assert sp.budget("r") == 8
+    sp.verified("r", 8, 0, wide=True)
+    assert sp.budget("r") == 4

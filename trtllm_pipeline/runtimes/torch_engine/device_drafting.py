@@ -11,6 +11,17 @@ not known yet), and ``_settle_tracked`` reads what was kept one step later, undo
 A tracked request that runs through the eager model (its history there misses that step) or is preempted (its table
 row goes) is loaded again before it next drafts. ``TRTLLM_PIPELINE_SPEC_DEVICE=0`` keeps every draft on the host.
 
+The lag has two costs the settling undoes (``lag_rules_enabled``). A row planned on pending tokens takes the
+speculator's width before the last step is told, and where the lookup after that step found nothing the device fills
+it with the last token repeated: that row's rejection is the filler's, not the drafts', so it leaves the width as it
+is (told as a miss it halved k, and the next real drafts came in a short row). And at batch 1, a partial row sets the
+width back to k, not to kept + 1: a verify row of 1 + k tokens costs about what a shorter one does there (SmolLM2 on
+the H100: 1.13-1.15x a 1-token step for any k up to 8), and under the lag kept + 1 reached the row two steps on,
+after the span it fitted had moved. ``benchmarks/spec_device_replay.py`` (cached SmolLM2 outputs): together 1.6-6.7%
+fewer plain steps' cost on every workload; either alone can lose. A step of several requests keeps kept + 1 (its
+verify rows are b x (1 + k) wide: cost growing with the width). ``TRTLLM_PIPELINE_SPEC_LAG_RULES=0``: neither (the
+A/B).
+
 ``DeviceDrafting`` is a part of ``TorchRuntime`` (its requests, scheduler, speculator and decoder), kept apart as
 ``OverlapSteps`` is.
 """
@@ -26,6 +37,12 @@ from trtllm_pipeline.runtimes.torch_engine.overlap import PENDING
 from trtllm_pipeline.runtimes.torch_engine.plan import PlanRow
 
 log = logging.getLogger(__name__)
+
+
+def lag_rules_enabled() -> bool:
+    """The settling's two rules for device drafting's lag (the module's docstring), unless
+    ``TRTLLM_PIPELINE_SPEC_LAG_RULES=0``."""
+    return os.environ.get("TRTLLM_PIPELINE_SPEC_LAG_RULES", "1").strip() != "0"
 
 
 def device_drafting_enabled() -> bool:
@@ -46,6 +63,7 @@ class DeviceDrafting:
         sp = getattr(self, "speculator", None)
         self.device_drafting = bool(self.chaining and sp is not None and type(sp.proposer) is NgramProposer
                                     and hasattr(decoder, "attach_drafts") and device_drafting_enabled())
+        self.lag_rules = lag_rules_enabled()
         if not self.device_drafting:
             return
         try:
@@ -114,6 +132,9 @@ class DeviceDrafting:
         length)."""
         emitted, found, drafts = result
         n = len(row.tokens)
+        # the row's drafts were the filler where the lookup before it found nothing (a row is all drafts or all
+        # filler: a found continuation repeats to k); known only for a pended row (else its drafts were read first)
+        filler = pended and req.device_next == []
         preempted = False
         if pended:
             del req.generated[-n:]
@@ -123,7 +144,9 @@ class DeviceDrafting:
                 req.computed -= n
         sp = self.speculator
         if n > 1:
-            sp.verified(req.request_id, n - 1, len(emitted) - 1)
+            rules = self.lag_rules
+            sp.verified(req.request_id, n - 1, len(emitted) - 1, adapt=not (rules and filler),
+                        wide=rules and len(self.scheduler.running) == 1)
         if not found:
             sp.found_nothing(req.request_id)
         req.device_next = drafts if found else []

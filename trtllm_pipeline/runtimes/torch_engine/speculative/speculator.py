@@ -91,15 +91,18 @@ class Speculator:
             if t.quiet >= QUIET_AFTER:
                 t.idle = min(MAX_QUIET, 2 ** (t.quiet - QUIET_AFTER))
 
-    def verified(self, request_id: Any, drafted: int, accepted: int, depth: int | None = None) -> None:
+    def verified(self, request_id: Any, drafted: int, accepted: int, depth: int | None = None, *,
+                 adapt: bool = True, wide: bool = False) -> None:
         """A verify row of ``drafted`` tokens kept ``accepted``; ``depth``: a tree's (its longest path), which the
-        adaptive length follows (a tree keeps at most its depth)."""
+        adaptive length follows (a tree keeps at most its depth). ``adapt=False``: counted, the length left as it is
+        (a row of filler, not of drafts: device drafting's lag). ``wide``: a row that keeps some drafts sets the
+        length back to ``k``, not to kept + 1 (where a wider row costs no more: see ``DeviceDrafting``)."""
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
         self.verify_rows += 1
         t = self._tracks.get(request_id)
         drafted = drafted if depth is None else depth
-        if t is None or not self.adaptive or drafted == 0:
+        if t is None or not self.adaptive or not adapt or drafted == 0:
             return
         t.quiet = 0  # (it found something to draft)
         if accepted == drafted:
@@ -110,7 +113,7 @@ class Speculator:
             t.k = self.k
             t.backoff = FIRST_BACKOFF
         elif accepted:
-            t.k = accepted + 1
+            t.k = self.k if wide else accepted + 1
             t.backoff = FIRST_BACKOFF
         else:
             t.k //= 2
