@@ -106,8 +106,10 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
                   r(base, num_stages=4) if glu else r(base, splits=base.splits * 2)]
         # Every linear streams 1.0-1.3 TB/s at M 8 whatever its grid (H100 2026-12-06e: the GLU's 64- and 32-row
         # tiles, 296 and 592 programs, were slower than 128 rows' 148; fewer proj splits too), with ~a quarter of an
-        # SM's issue used: more of each SM's work in flight, not more programs. Two warpgroups on the tile (8 warps:
-        # half the unpacking chain a thread), and K tiles of 256 (twice the bytes a stage).
+        # SM's issue used: more of each SM's work in flight, not more programs. Two warpgroups on the tile (8 warps),
+        # and K tiles of 256 (twice the bytes a stage). (sm_90 SASS, tools/gemm_sass.py, GLU at M 8: 8 warps do NOT
+        # halve a thread's unpacking, 807 instructions a K tile against 4 warps' 900: a 64-row weight operand is one
+        # wgmma's M, so both warpgroups unpack all of it; K 256: 1,747 for twice the weights, 255 registers.)
         others += [r(base, num_warps=8, scale_weights=int4_awq), r(base, block_k=256, scale_weights=int4_awq)]
     else:
         def tile(bm, bn, bk, warps=8, stages=3, swap=False):
