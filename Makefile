@@ -59,10 +59,12 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # The suite in one worker process per core, at most 4 (pytest-xdist; tests/conftest.py says how the tests are
-# shared out); TEST_WORKERS=0: in this one process, TEST_WORKERS=N: N workers.
+# shared out); TEST_WORKERS=0: in this one process, TEST_WORKERS=N: N workers. The 25 slowest tests are listed at the
+# end (the suite is to stay under 15 minutes on 2 cores: what to make faster first).
 TEST_WORKERS ?= auto
 test: setup
-	TRTLLM_PIPELINE_TEST_DATA="$(DATA_DIR)" $(BIN)/pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup $(ARGS)
+	TRTLLM_PIPELINE_TEST_DATA="$(DATA_DIR)" $(BIN)/pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup \
+	  --durations 25 $(ARGS)
 
 test-fast: setup
 	TRTLLM_PIPELINE_TEST_DATA="$(DATA_DIR)" $(BIN)/pytest -m "not slow" $(ARGS)
