@@ -48,13 +48,26 @@ class _PlusOne:
         return 0
 
 
-@pytest.fixture
-def runtime(built):
+def _plus_one_runtime(built, buckets=(1, 2, 4, 8), **kwargs) -> TorchRuntime:
+    """The tiny model's runtime (4 requests, eager prefill) whose fast decode step is ``_PlusOne`` in ``buckets``."""
     ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
-    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False)
-    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8], use_graphs=False)
+    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, fast_decode=False,
+                      **{"max_seq_len": 256, **kwargs})
+    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), list(buckets), use_graphs=False)
     decoder.prepare()
     rt.attach_decoder(decoder)
+    return rt
+
+
+def _lookup(k=4):
+    from trtllm_pipeline.config import SpeculativeSection
+
+    return SpeculativeSection(method="ngram", num_draft_tokens=k, ngram_min=1, ngram_max=2)
+
+
+@pytest.fixture
+def runtime(built):
+    rt = _plus_one_runtime(built)
     yield rt
     rt.close()
 
@@ -268,12 +281,7 @@ def test_chained_steps_under_preemption_finish_every_request_and_return_every_bl
     """A pool too small for the batch: the scheduler preempts while steps are chained (a request preempted with its
     token pending gets it when the running step is read, and is recomputed later). Every request still ends by length
     with all its tokens, none fails, and every block comes back."""
-    ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
-    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=64, fast_decode=False,
-                      kv_block_size=4, kv_cache_blocks=14, enable_kv_cache_reuse=True)
-    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8], use_graphs=False)
-    decoder.prepare()
-    rt.attach_decoder(decoder)
+    rt = _plus_one_runtime(built, max_seq_len=64, kv_block_size=4, kv_cache_blocks=14, enable_kv_cache_reuse=True)
     try:
         params = SamplingParams(max_tokens=18, end_id=-1)
         tokens, ends = _run(rt, [(i, list(range(10 * i + 10, 10 * i + 14)), params) for i in range(4)],
@@ -290,14 +298,7 @@ def test_speculation_that_turns_itself_down_lets_decode_steps_chain(built):
     speculator turns each request down (``Speculator.drafts_next`` false during its backoff), and the decode steps
     in between chain, as without speculation; its probes still run (verify steps), and the tokens are plain
     decoding's."""
-    from trtllm_pipeline.config import SpeculativeSection
-
-    ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
-    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False,
-                      speculative=SpeculativeSection(method="ngram", num_draft_tokens=4, ngram_min=1, ngram_max=2))
-    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8, 16], use_graphs=False)
-    decoder.prepare()
-    rt.attach_decoder(decoder)
+    rt = _plus_one_runtime(built, (1, 2, 4, 8, 16), speculative=_lookup())
     try:
         # each prompt repeats a pair, so "after 3 comes 4" is looked up while the step says 3 -> 4, 4 -> 5, ...: the
         # lookup for 4 finds 3 ("4 3"), a miss every time
@@ -320,17 +321,11 @@ def test_prompt_lookup_drafted_on_the_device_chains_verify_steps(built, monkeypa
     token, drafts and positions made on the device), the step's tokens exactly, a request ending on its end id
     inside a kept run, and every block back. ``TRTLLM_PIPELINE_SPEC_DEVICE=0``: the same tokens, drafted on the
     host, no verify step chained."""
-    from trtllm_pipeline.config import SpeculativeSection
-
     monkeypatch.setenv("TRTLLM_PIPELINE_SPEC_DEVICE", device)
-    ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
-    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False,
-                      speculative=SpeculativeSection(method="ngram", num_draft_tokens=4, ngram_min=1, ngram_max=2))
-    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8, 16, 32], use_graphs=False)
-    decoder.prepare()
-    rt.attach_decoder(decoder)
+    rt = _plus_one_runtime(built, (1, 2, 4, 8, 16, 32), speculative=_lookup())
     assert rt.device_drafting == (device == "1")
     chained_verify = []
+    decoder = rt.decoder
     verify = decoder.verify
 
     def counted(*a, **kw):
@@ -361,7 +356,6 @@ def test_device_drafting_s_lag_rules_change_widths_not_tokens(built, monkeypatch
     goes past it) is counted but does not turn the width down, and at batch 1 a partial row sets the width back to
     k; with several requests running, kept + 1 as before. ``TRTLLM_PIPELINE_SPEC_LAG_RULES=0``: every row adapts as
     on the host. The tokens are the step's either way."""
-    from trtllm_pipeline.config import SpeculativeSection
     from trtllm_pipeline.runtimes.torch_engine.speculative.speculator import Speculator
 
     monkeypatch.setenv("TRTLLM_PIPELINE_SPEC_LAG_RULES", rules)
@@ -374,12 +368,7 @@ def test_device_drafting_s_lag_rules_change_widths_not_tokens(built, monkeypatch
         return verified(self, request_id, drafted, accepted, depth, **kw)
 
     monkeypatch.setattr(Speculator, "verified", record)
-    ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
-    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=256, fast_decode=False,
-                      speculative=SpeculativeSection(method="ngram", num_draft_tokens=4, ngram_min=1, ngram_max=2))
-    decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), [1, 2, 4, 8, 16, 32], use_graphs=False)
-    decoder.prepare()
-    rt.attach_decoder(decoder)
+    rt = _plus_one_runtime(built, (1, 2, 4, 8, 16, 32), speculative=_lookup())
     try:
         # "a" alone first (batch 1), then "b" beside it: spans of the prompt kept, then lookups of tokens past the
         # prompt's, which find nothing
