@@ -28,7 +28,9 @@ fi
 part w4a8_gemv 330 FREE_GIB=32 CLEAN=1 GEMV_BATCH=1,8 GEMV_CONTEXT=2048
 # 35: SmolLM2's trees of 8 nodes (2026-12-06e: 32-node trees identical 18/18 but 0.98x grounded, their verify 1.70x a
 # 1-token step against 1.13-1.15x for any chain up to 8; spec_tree.py's replay with those costs ranks frequency trees
-# of 8 nodes first, ~5% over the chain: perf-notes, "Trees of 8 nodes")
+# of 8 nodes first, ~5% over the chain: perf-notes, "Trees of 8 nodes"); linear drafts run three ways, device drafting
+# with and without its lag rules (device / device-old: TRTLLM_PIPELINE_SPEC_LAG_RULES, modelled 1.6-6.7% fewer steps'
+# cost by benchmarks/spec_device_replay.py) and host drafting
 await /tmp/smolw/ready 60
 part spec 300 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_MAIN=smollm2 SPEC_TREE_NODES=8
 part smollm2 200 WHEELS=/tmp/smolw SMOLLM2_FORMATS=int4-awq
