@@ -186,13 +186,15 @@ def main() -> None:
     for path in [c for c in args.ngram_configs.split(",") if c] + [args.config]:
         c = load_config(Path(path))
         for tree in (None, args.tree_nodes or None) if args.tree_nodes else (None,):
-            # linear drafts twice: drafted on the device, verify steps chained (the default), and on the host
+            # linear drafts as --drafting says: on the device, verify steps chained (the default), with and without
+            # its lag rules, and on the host
             for drafting in draftings if tree is None else ("host",):
                 os.environ["TRTLLM_PIPELINE_SPEC_DEVICE"] = "0" if drafting == "host" else "1"
                 os.environ["TRTLLM_PIPELINE_SPEC_LAG_RULES"] = "0" if drafting == "device-old" else "1"
                 settings = SpeculativeSettings(method="ngram", batches=(1,), output_tokens=args.output_tokens,
                                                prompts=args.prompts, tree_nodes=tree)
-                name = f"spec-ngram-{c.name}{f'-tree{tree}' if tree else ''}{'' if drafting == 'device' else '-' + drafting}"
+                suffix = "" if drafting == "device" else f"-{drafting}"
+                name = f"spec-ngram-{c.name}{f'-tree{tree}' if tree else ''}{suffix}"
                 try:
                     res = run_speculative(c, engines_dir=args.engines_dir, settings=settings,
                                           output=args.out / f"{name}.json")
