@@ -1,7 +1,8 @@
 """tests/triton_interpreter.py runs two GPU instructions the kernels emulate for the interpreter (cuda/dp4a.py's dp4a,
 quant_gemv_w4a8's prmt) as one numpy operation each: here a kernel calling both, every sign combination of dp4a, on
 seeded random words (extremes included), run once through the shim and once through the kernels' own emulations
-(the shim's table emptied); prints the two runs' mismatch counts as JSON. Run with tests/interpreter_site on the path."""
+(the shim's table emptied); prints the two runs' mismatch counts as JSON. Run with tests/interpreter_site on the
+path."""
 
 from __future__ import annotations
 
