@@ -48,11 +48,11 @@ class _PlusOne:
         return 0
 
 
-def _plus_one_runtime(built, buckets=(1, 2, 4, 8), **kwargs) -> TorchRuntime:
+def _plus_one_runtime(built, buckets=(1, 2, 4, 8), max_seq_len=256, **kwargs) -> TorchRuntime:
     """The tiny model's runtime (4 requests, eager prefill) whose fast decode step is ``_PlusOne`` in ``buckets``."""
     ckpt = built("tiny-qwen2-bf16-tp1").engine_dir.parent / "checkpoint"
-    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, fast_decode=False,
-                      **{"max_seq_len": 256, **kwargs})
+    rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", max_batch_size=4, max_seq_len=max_seq_len,
+                      fast_decode=False, **kwargs)
     decoder = DecodeGraphs(_PlusOne(rt.engine, rt.vocab_size), list(buckets), use_graphs=False)
     decoder.prepare()
     rt.attach_decoder(decoder)
