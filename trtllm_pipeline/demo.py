@@ -114,18 +114,23 @@ class Demo:
 
     def all(self) -> Path:
         names = self.model.names
-        for name in names:
-            self.run("quantize", "-c", self.config(name), *self.engines())
-        for name in names:
-            self.run("build", "-c", self.config(name), "--runtime", "torch", *self.engines())
-        if self.evaluate(names):
-            self.gate()
+        self.prepare()
         for name in names:  # the formats table's ms/token (the demo's builds take batches up to 8)
             self.run("bench", "-c", self.config(name), "--in-process", "--batch", "1", "--context", "32",
                      "--output-tokens", str(self.size.in_process_tokens), *self.engines())
         self.serve_and_bench()
         self.run("report", *(self.config(n) for n in names), *self.engines(), "-o", str(self.reports_dir))
         return self.reports_dir / "report.md"
+
+    def prepare(self) -> None:
+        """Quantize and build every format, then evaluate and gate them: the stages a second demo finds cached."""
+        names = self.model.names
+        for name in names:
+            self.run("quantize", "-c", self.config(name), *self.engines())
+        for name in names:
+            self.run("build", "-c", self.config(name), "--runtime", "torch", *self.engines())
+        if self.evaluate(names):
+            self.gate()
 
     def evaluate(self, names: tuple[str, ...]) -> bool:
         data = ("--data-dir", str(self.data_dir)) if self.data_dir else ()
@@ -156,9 +161,14 @@ class Demo:
                     click.secho(f"notice: the {task} gate failed for {name}; {why}. The gate ran as it would in "
                                 "CI. The demo goes on.", fg="yellow")
 
-    def serve_and_bench(self) -> None:
+    def deploy(self) -> str:
+        """The served format's Triton model repository; returns its config path."""
         served = self.config(self.model.served)
         self.run("deploy", "-c", served, *self.engines())
+        return served
+
+    def serve_and_bench(self) -> None:
+        served = self.deploy()
         self.run("serve", "-c", served, "--detach", *self.serve_args, *self.engines())
         try:
             self.run("generate", self.model.prompt, "-c", served, "--url", "default", "--max-tokens", "32",
