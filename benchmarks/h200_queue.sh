@@ -112,7 +112,13 @@ case "${1:?start QUEUE_FILE or wait}" in
     stash_server
     stash_data
     cp "$2" "$q/queue.sh"
-    setsid bash "$0" _run "$q/queue.sh" > "$q/queue.log" 2>&1 < /dev/null &
+    # The parts run from a copy of the tree made now: every later call copies the working tree over this checkout
+    # again, and a part importing a module at that moment found it missing (2026-12-07, the spec part: "could not get
+    # source code" from Gluon's jit, as the next `wait` call arrived)
+    rm -rf /tmp/qtree && mkdir -p /tmp/qtree
+    tar -c --exclude=./.git --exclude='./.whl*' --exclude=./.gpu_data --exclude=./.venv --exclude=./engines \
+      --exclude=./reports --exclude=./results --exclude=__pycache__ . | tar -x -C /tmp/qtree
+    (cd /tmp/qtree && setsid bash benchmarks/h200_queue.sh _run "$q/queue.sh" > "$q/queue.log" 2>&1 < /dev/null) &
     sleep 1
     exec bash "$0" wait ;;
   _run)

@@ -111,6 +111,13 @@ def gemm_candidates(q, m: int, sm: int, glu: bool) -> list[LinearConfig]:
         # halve a thread's unpacking, 807 instructions a K tile against 4 warps' 900: a 64-row weight operand is one
         # wgmma's M, so both warpgroups unpack all of it; K 256: 1,747 for twice the weights, 255 registers.)
         others += [r(base, num_warps=8, scale_weights=int4_awq), r(base, block_k=256, scale_weights=int4_awq)]
+        if glu:
+            # The GLU split K (its partials to a workspace, each output tile's last program finishing): sm_90 SASS
+            # reads its K loop as latency-bound, one warp a scheduler issuing ~0.2 a cycle (the 7B's 148 tiles of 128
+            # rows leave most SMs one program, two fit by registers), so two programs an SM on shorter K ranges is
+            # the next thing to try. On 132 SMs (264 places): 2 splits are 296 programs (32 of them after the rest),
+            # 3 are 444 (two rounds, the second 180), 4 are 592 (three).
+            others += [r(base, splits=s, scale_weights=int4_awq) for s in (2, 3, 4)]
     else:
         def tile(bm, bn, bk, warps=8, stages=3, swap=False):
             return LinearConfig(bm, bn, bk, 1, warps, stages, gemm=True, swap=swap, scale_weights=int4_awq)
@@ -263,10 +270,16 @@ def _candidates(fmt, lins, sets, x, m, sm, glu, decode, device, sweep: bool):
                                                                                           device=device)
             else:
                 out = torch.empty(m, n, dtype=dt, device=device)
+            split_glu = {}
+            if glu and cfg.splits > 1:
+                split_glu = dict(counters=torch.zeros(quant_gemm.glu_counters(q0, m, cfg), dtype=torch.int32,
+                                                      device=device),
+                                 workspace=torch.empty(quant_gemm.glu_workspace(q0, m, cfg), device=device))
 
-            def call(i, cfg=cfg, out=out):
+            def call(i, cfg=cfg, out=out, split_glu=split_glu):
                 ws = sets[i % copies]
-                return quant_gemm.launch(x, ws[0], ws[1] if glu else None, out, cfg, dt, pdl=decode and pdl)
+                return quant_gemm.launch(x, ws[0], ws[1] if glu else None, out, cfg, dt, pdl=decode and pdl,
+                                         **split_glu)
             yield "gemm", cfg, call, (lambda out=out: out.float() if out.dim() == 2 else out.sum(0))
         if decode:  # the older dot kernel (and at M <= 16, INT4-AWQ's GEMV: batch 1's, or its several-row kernel)
             kinds = [("dot", quant_linear.pick_config(q0, m, sm, glu=glu, gemv=False))]

@@ -75,10 +75,12 @@ def kernel_buckets(fast: TorchRuntime) -> dict:
 
     # the INT4 GEMV for several rows (quant_gemv.rows_config), quant_mma_int4's INT8 tensor-core linear (under
     # TRTLLM_PIPELINE_INT4_MMA_ROWS), INT8 SmoothQuant's dp4a GEMV (quant_gemv_int8) and W4A8's table-lookup GEMV
-    # (quant_gemv_w4a8), each under its switch
+    # (quant_gemv_w4a8), each under its switch; quant_gemm's GLU split K (a table's choice)
+    glu = {b: buf.configs["glu"] for b, buf in local.buffers.items()}
     return {"gemv_rows_buckets": buckets(lambda c: c.gemv and c.block_m > 1),
             "mma_rows_buckets": buckets(lambda c: c.mma), "int8_gemv_buckets": buckets(lambda c: c.dp4a8),
-            "w4a8_gemv_buckets": buckets(lambda c: c.w4a8)}
+            "w4a8_gemv_buckets": buckets(lambda c: c.w4a8),
+            "split_glu_buckets": sorted(b for b, c in glu.items() if c.gemm and c.splits > 1)}
 
 
 def main() -> None:

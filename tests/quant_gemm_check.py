@@ -49,13 +49,17 @@ def case(fmt, m, n, k, group, *, block_m=16, block_n=32, block_k=32, splits=1, s
         bias_want = want + lin.bias.float()
         row["linear"] = errors(y, bias_want)
         row["linear_eager_bf16"] = errors(lin(x), bias_want)
-        act = torch.full((m, n), float("nan"), dtype=dtype)
-        quant_gemm.launch(x, q, q2, act, cfg, dtype)
-        gate = (reference_input(lin2_32, x) @ lin2._dequantize().t()).to(dtype).float()
-        glu_want = F.silu(want.to(dtype).float()).to(dtype).float() * gate
-        row["glu"] = errors(act, glu_want)
-        row["glu_eager_bf16"] = errors(F.silu(F.linear(lin.quantize_input(x), lin.dequantized))
-                                       * F.linear(lin2.quantize_input(x), lin2.dequantized), glu_want)
+    # the GLU (split K: each split's partials to a workspace, the last program of an output tile finishing)
+    act = torch.full((m, n), float("nan"), dtype=dtype)
+    counters = torch.zeros(quant_gemm.glu_counters(q, m, cfg), dtype=torch.int32)
+    workspace = torch.full((quant_gemm.glu_workspace(q, m, cfg),), float("nan"))
+    quant_gemm.launch(x, q, q2, act, cfg, dtype, counters=counters, workspace=workspace)
+    gate = (reference_input(lin2_32, x) @ lin2._dequantize().t()).to(dtype).float()
+    glu_want = F.silu(want.to(dtype).float()).to(dtype).float() * gate
+    row["glu"] = errors(act, glu_want)
+    row["glu_eager_bf16"] = errors(F.silu(F.linear(lin.quantize_input(x), lin.dequantized))
+                                   * F.linear(lin2.quantize_input(x), lin2.dequantized), glu_want)
+    row["glu_counters_left"] = int(counters.abs().sum())
     return row
 
 

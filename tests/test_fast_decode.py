@@ -184,11 +184,11 @@ def test_quant_kernels_match_the_dequantized_reference():
 
 def test_quant_gemms_match_the_dequantized_reference():
     """quant_gemm's tensor-core GEMMs (decode batches and prefill) against float32 ``x @ W^T``, W dequantized as the
-    format defines it, in both MMA orientations, with several row tiles, N / K tails and split K. Tolerances by
-    format: exact products (the INT4-AWQ group scale on a tile's dot result, W4A8's E4M3 weights x FP8 input,
-    SmoothQuant's int8 x int8, weight-only's per-channel scale on the sum) differ by float32 accumulation order only
-    (measured <= 2.4e-7 in bfloat16; float16's 1032 + q offset cancels to 2.4e-5); where each weight is scaled first
-    (groups smaller than a tile) the weight is rounded to the compute dtype as eager's copy is: within eager's own
+    format defines it, in both MMA orientations, with several row tiles, N / K tails and split K (the GLU's too).
+    Tolerances by format: exact products (the INT4-AWQ group scale on a tile's dot result, W4A8's E4M3 weights x FP8
+    input, SmoothQuant's int8 x int8, weight-only's per-channel scale on the sum) differ by float32 accumulation order
+    only (measured <= 2.4e-7 in bfloat16; float16's 1032 + q offset cancels to 2.4e-5); where each weight is scaled
+    first (groups smaller than a tile) the weight is rounded to the compute dtype as eager's copy is: within eager's own
     error. The compute-dtype outputs (``linear`` with its bias, the GLU) add one rounding: within eager's."""
     rows = _interpreted(None, "quant_gemm_check.py")
     library = [r for r in rows if "kernel" in r]  # quant_gemm.LINEAR_KERNELS: checked below
@@ -201,7 +201,9 @@ def test_quant_gemms_match_the_dequantized_reference():
         assert r["partials"]["rel"] < (bound if r["exact"] else 1.2 * r["eager_bf16"]["rel"]), r
         if "linear" in r:
             assert r["linear"]["rel"] < 1.2 * r["linear_eager_bf16"]["rel"] + 1e-5, r
-            assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r
+        assert r["glu"]["rel"] < 1.2 * r["glu_eager_bf16"]["rel"] + 1e-5, r  # split K too: the workspace's sums
+        assert r["glu_counters_left"] == 0, r  # every output tile's counter back at zero for the next launch
+    assert {r["splits"] for r in rows} == {1, 2}
 
 
 def _check_library_kernels(rows):
@@ -412,11 +414,12 @@ def _w4_gemm_shared_bytes(cfg, group: int, glu: bool, k: int = 576, dot: bool = 
         consts = dict(common, MASKED_X=True, TILE_SCALE=one_group)
     else:
         fn = quant_gemm._w4_gemm_kernel
-        consts = dict(common, HAS_BIAS=False, PARTIALS=not glu, ONE_GROUP=one_group, SWAP=cfg.swap,
-                      POST_SCALE=one_group and not cfg.scale_weights, PTX=cfg.ptx_nibbles)
+        consts = dict(common, HAS_BIAS=False, PARTIALS=not glu, GLU_SPLITS=cfg.splits if glu else 1,
+                      ONE_GROUP=one_group, SWAP=cfg.swap, POST_SCALE=one_group and not cfg.scale_weights,
+                      PTX=cfg.ptx_nibbles)
     names = list(inspect.signature(fn.fn).parameters)
     types = {"x_ptr": "*bf16", "w_ptr": "*i8", "w2_ptr": "*i8", "pqs_ptr": "*bf16", "pqs2_ptr": "*bf16",
-             "bias_ptr": "*bf16", "out_ptr": "*bf16" if glu else "*fp32"}
+             "bias_ptr": "*bf16", "out_ptr": "*bf16" if glu else "*fp32", "count_ptr": "*i32"}
     sig = {n: "constexpr" if n in consts else types.get(n, "*fp32" if n.endswith("ptr") else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n] != "constexpr" and (n.endswith("ptr") or n.startswith("stride") or n in ("N", "K"))}
@@ -673,10 +676,13 @@ def test_int4_gemm_unpacks_by_ptx_and_scales_two_weights_an_instruction_for_hopp
     """quant_gemm's INT4-AWQ GEMM at a decode batch (M 8, the 7B's GLU and proj tiles, the group scale on each weight),
     compiled for sm_90 here (tools/gemm_sass.py): with ``ptx_nibbles`` ptxas takes the unpacking PTX, the scale goes
     on two weights an instruction in the compute dtype (HADD2, HMUL2) instead of float32 FADD / FMUL a weight, and
-    the K loop is at most 0.65 of the other's instructions (7.6 -> 3.5 a weight for the GLU)."""
+    the K loop is at most 0.65 of the other's instructions (7.6 -> 3.5 a weight for the GLU). The GLU split K keeps
+    that K loop."""
+    glu = None
     for args in (["--glu", "--block-n", "128"], ["--block-n", "128"]):
         rows = _gemv_sass([*args], "gemm_sass")
         ops, ptx = (next(r for r in rows if r["ptx"] is p) for p in (False, True))
+        glu = glu or ptx
         weights = ops["weights_per_thread"]
         assert ops["mix"].get("FMUL", 0) >= weights and ptx["mix"].get("FMUL", 0) == ptx["mix"].get("FADD", 0) == 0
         assert ptx["mix"].get("HMUL2", 0) >= weights / 2 and ptx["mix"].get("HADD2", 0) >= weights / 2, ptx
@@ -688,6 +694,10 @@ def test_int4_gemm_unpacks_by_ptx_and_scales_two_weights_an_instruction_for_hopp
     weights = ops["weights_per_thread"]
     assert ops["mix"].get("FMNMX", 0) >= weights and ptx["mix"].get("FMNMX", 0) <= weights / 8, (ops, ptx)
     assert ptx["loop_per_thread"] <= 0.75 * ops["loop_per_thread"], (ops, ptx)
+    # the GLU split K: the same K loop (its partials' workspace and the last program's sum are in the epilogue)
+    split = next(r for r in _gemv_sass(["--glu", "--block-n", "128", "--glu-splits", "3"], "gemm_sass") if r["ptx"])
+    assert split["atomics"] == 1 and glu["atomics"] == 0, (split, glu)
+    assert abs(split["loop_per_thread"] - glu["loop_per_thread"]) <= 4 and split["registers"] <= glu["registers"] + 4
 
 
 def test_the_ptx_nibble_unpacking_gives_each_byte_its_own_two_values():
@@ -902,14 +912,20 @@ def test_int4_weights_tiled_for_the_warp_specialized_gemv_are_the_same_words():
 
 
 @pytest.mark.slow
-def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built, monkeypatch):
-    """INT4-AWQ's fast path three ways in one interpreted run (the eager and float32 references made once): today's
-    kernels, then the several-row GEMV and then the INT8 MMA switched on for batch 2-4, each its own runtime."""
-    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_mma_int4
+def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built, monkeypatch, tmp_path):
+    """INT4-AWQ's fast path four ways in one interpreted run (the eager and float32 references made once): today's
+    kernels, then the several-row GEMV and then the INT8 MMA switched on for batch 2-4, then a table whose GLU at
+    batch 2-4 splits K, each its own runtime."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_mma_int4
 
     monkeypatch.delenv(quant_gemv.ROWS_ENV, raising=False)
     monkeypatch.delenv(quant_mma_int4.ROWS_ENV, raising=False)
-    variants = {"gemv": {quant_gemv.ROWS_ENV: "16"}, "mma": {quant_gemv.ROWS_ENV: "16", quant_mma_int4.ROWS_ENV: "16"}}
+    # the tiny model's mlp.fc + mlp.gate (352 x 128, groups of 8): the GEMM's GLU at 2 K splits of 2 K tiles each
+    table = tmp_path / "split_glu_table.json"
+    table.write_text(json.dumps({"entries": [{"format": "int4_awq", "n": 352, "k": 128, "glu": True, "m": 4,
+                                              "kernel": "gemm", "us": 1.0, "config": [16, 32, 32, 2, 4, 2, 1, 1]}]}))
+    variants = {"gemv": {quant_gemv.ROWS_ENV: "16"}, "mma": {quant_gemv.ROWS_ENV: "16", quant_mma_int4.ROWS_ENV: "16"},
+                "split_glu": {quant_gemm.TABLE_ENV: str(table)}}
     r = _interpreted(_checkpoint(built, "tiny-qwen2-int4-awq-tp1"), parts=("greedy",),
                      env={"FAST_CHECK_VARIANTS": json.dumps(variants)})
     # W4A16: no activation quantizer, so the kernels are as close to eager as the BF16 ones are
@@ -922,6 +938,11 @@ def test_fast_kernels_give_eager_greedy_tokens_int4_awq(built, monkeypatch):
     assert r["weight_bytes_fast"] < r["weight_bytes_eager"]
     _int4_awq_steps_of_several_rows_take_the_gemv_when_switched_on(r["variants"]["gemv"])
     _int4_awq_steps_of_several_rows_take_the_int8_mma_when_switched_on(r["variants"]["mma"])
+    # quant_gemm's GLU split K in whole steps (the workspace and counters of the step's buffers): eager's tokens
+    split = r["variants"]["split_glu"]
+    assert split["split_glu_buckets"] == [2, 4] and r["split_glu_buckets"] == [], split["split_glu_buckets"]
+    assert split["argmax_equal"] and split["staggered_fast"] == split["staggered_eager"] == r["greedy_eager"]
+    assert split["fast_vs_fp32"] < 1.5 * split["eager_vs_fp32"] and split["fast_vs_fp32"] < 0.03
 
 
 def _int4_awq_steps_of_several_rows_take_the_gemv_when_switched_on(r: dict) -> None:

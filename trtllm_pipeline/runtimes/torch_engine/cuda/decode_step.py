@@ -112,7 +112,8 @@ class StepBuffers:
     folds: list[gemv_input.NormFold | None] = dataclasses.field(default_factory=list)
     # with folds: the residual stream's second buffer (the add before attention writes it, the one after reads it)
     residual_new: torch.Tensor | None = None
-    glu_workspace: torch.Tensor | None = None  # float32: a split GLU GEMV's fc and gate partials
+    glu_workspace: torch.Tensor | None = None  # float32: a split GLU's fc and gate partials (GEMV or GEMM)
+    glu_counters: torch.Tensor | None = None  # int32 zeros: a split GLU GEMM's output tiles' counters
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
     # a verify step's requests' decode bucket (``DecodeStep.verify_buffers``): the attention's key splits and tile are
     # that batch's, so that each row attends as a 1-token step of it does; None: this step's rows
@@ -297,6 +298,10 @@ class DecodeStep:
         tiles = [quant_gemv.row_tiles(lin.quant, configs[cfg]) for cfg, lin in consumers.values() if configs[cfg].gemv]
         counting = tiles and self.split_sum != "none"
         counters = torch.zeros(max(tiles), dtype=torch.int32, device=dev) if counting else None
+        glu = configs["glu"]
+        split_glu = first.fc.quant is not None and glu.gemm and glu.splits > 1  # quant_gemm's GLU, split K
+        glu_counters = (torch.zeros(quant_gemm.glu_counters(first.fc.quant, batch, glu), dtype=torch.int32, device=dev)
+                        if split_glu else None)
         sums = {}
         folding = False
         if self.split_sum == "fixed" and all(configs[c].gemv for c in ("qkv", "dense", "glu", "proj")):
@@ -305,8 +310,9 @@ class DecodeStep:
                     "hidden": fixed_sum.accumulator(batch, self.hidden, device=dev)}
             folding = self._folding(configs, batch)
             sums["mlp"] = fixed_sum.accumulator(batch, self.hidden, device=dev) if folding else sums["hidden"]
-        glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, configs["glu"]))
-                  if counters is not None and configs["glu"].gemv and configs["glu"].splits > 1 else None)
+        glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, glu)) if counters is not None and glu.gemv
+                  and glu.splits > 1
+                  else empty(quant_gemm.glu_workspace(first.fc.quant, batch, glu)) if split_glu else None)
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
         logits = empty(batch, self.vocab) if tp is None else tp.padded_logits[:, : self.engine.vocab]
         tokens = torch.zeros(batch, dtype=torch.long, device=dev)
@@ -332,6 +338,7 @@ class DecodeStep:
             counters=counters,
             sums=sums,
             glu_workspace=glu_ws,
+            glu_counters=glu_counters,
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
         )
         if folding:
@@ -484,7 +491,8 @@ class DecodeStep:
     def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers,
              prep: dict[str, gemv_input.Prepared]):
         if layer.fc.quant is not None and cfg.gemm:
-            quant_gemm.launch(x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl)
+            quant_gemm.launch(x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl,
+                              counters=buf.glu_counters, workspace=buf.glu_workspace)
         elif layer.fc.quant is not None and cfg.library:  # torch's INT4 kernel on fc and gate (int4pack)
             fc, gate = int4pack.fc_gate(x, self.packs[id(layer.fc.quant)], layer.fc.quant.n)
             torch.mul(F.silu(fc), gate, out=out)  # eager's rounding: silu(fc), then times gate

@@ -69,7 +69,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_linear,
                                                        quant_mma_int4)
-from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import _act_tile, _magic
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
@@ -261,12 +261,28 @@ def _w4_out(acc_lo, acc_hi, osc_ptr, A8: tl.constexpr, SWAP: tl.constexpr):
 
 
 @triton.jit
-def _store(y, y2, bias_ptr, out_ptr, rm, rn, M, N, pid_s, stride_os, stride_om, HAS_BIAS: tl.constexpr,
-           PARTIALS: tl.constexpr, GLU: tl.constexpr, COMPUTE: tl.constexpr):
-    """The epilogue: float32 split-K partials (``out[pid_s]``), silu(y) * y2 (GLU), or y + bias, compute dtype."""
+def _store(y, y2, bias_ptr, out_ptr, ws_ptr, count_ptr, rm, rn, M, N, pid_s, stride_os, stride_om,
+           HAS_BIAS: tl.constexpr, PARTIALS: tl.constexpr, GLU: tl.constexpr, GLU_SPLITS: tl.constexpr,
+           COMPUTE: tl.constexpr):
+    """The epilogue: float32 split-K partials (``out[pid_s]``), silu(y) * y2 (GLU, split or not), or y + bias,
+    compute dtype."""
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     if PARTIALS:
         tl.store(out_ptr + pid_s * stride_os + rm[:, None] * stride_om + rn[None, :], y, mask=mask)
+    elif GLU and GLU_SPLITS > 1:
+        # fc's and gate's partials side by side in the workspace [GLU_SPLITS, M, 2N]; the output tile's last program
+        # sums them in split order (the same sums whichever program comes last) and applies the GLU
+        part = ws_ptr + rm[:, None] * (2 * N) + rn[None, :]
+        tl.store(part + pid_s * M * 2 * N, y, mask=mask)
+        tl.store(part + pid_s * M * 2 * N + N, y2, mask=mask)
+        if last_program(count_ptr, tl.program_id(0), GLU_SPLITS):
+            fc = tl.zeros_like(y)
+            gate = tl.zeros_like(y2)
+            for s in tl.static_range(GLU_SPLITS):
+                fc += tl.load(part + s * M * 2 * N, mask=mask, other=0.0, cache_modifier=".cg")
+                gate += tl.load(part + s * M * 2 * N + N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], silu_mul(fc, gate, COMPUTE), mask=mask)
+            tl.store(count_ptr + tl.program_id(0), 0)
     elif GLU:
         tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], silu_mul(y, y2, COMPUTE), mask=mask)
     else:
@@ -282,14 +298,14 @@ def _store(y, y2, bias_ptr, out_ptr, rm, rn, M, N, pid_s, stride_os, stride_om, 
 def _w4_gemm_kernel(
     x_ptr, w_ptr, s_ptr, pqs_ptr, aq_ptr, osc_ptr,
     w2_ptr, s2_ptr, pqs2_ptr, aq2_ptr, osc2_ptr,
-    bias_ptr, out_ptr,
+    bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, G, k_iters_per_split,
     stride_xm, stride_wn, stride_sg, stride_s2, stride_os, stride_om,
     GROUP: tl.constexpr, A8: tl.constexpr, HAS_PQS: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PARTIALS: tl.constexpr, ONE_GROUP: tl.constexpr, POST_SCALE: tl.constexpr, EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_M: tl.constexpr, SWAP: tl.constexpr, MAGIC: tl.constexpr, OFFSET: tl.constexpr,
-    COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    PTX: tl.constexpr = False,
+    PARTIALS: tl.constexpr, GLU_SPLITS: tl.constexpr, ONE_GROUP: tl.constexpr, POST_SCALE: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EVEN_M: tl.constexpr, SWAP: tl.constexpr, MAGIC: tl.constexpr,
+    OFFSET: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr, PTX: tl.constexpr = False,
 ):
     """x [M, K] times packed INT4 [N/2, K]^T (and, GLU, a second matrix): one output tile over one K split."""
     if PDL:
@@ -338,7 +354,8 @@ def _w4_gemm_kernel(
     if GLU:
         y2 = _w4_out(acc2_lo, acc2_hi, osc2_ptr, A8, SWAP)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    _store(y, y2, bias_ptr, out_ptr, rm, rn, M, N, pid_s, stride_os, stride_om, HAS_BIAS, PARTIALS, GLU, COMPUTE)
+    _store(y, y2, bias_ptr, out_ptr, ws_ptr, count_ptr, rm, rn, M, N, pid_s, stride_os, stride_om, HAS_BIAS,
+           PARTIALS, GLU, GLU_SPLITS, COMPUTE)
 
 
 @triton.jit
@@ -380,12 +397,12 @@ def _w8_out(acc, s_ptr, rn, n_ok, A8: tl.constexpr, SCALE_AT: tl.constexpr, SWAP
 def _w8_gemm_kernel(
     x_ptr, w_ptr, s_ptr, pqs_ptr, aq_ptr,
     w2_ptr, s2_ptr, pqs2_ptr, aq2_ptr,
-    bias_ptr, out_ptr,
+    bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, k_iters_per_split,
     stride_xm, stride_wn, stride_sg, stride_os, stride_om,
     GROUP: tl.constexpr, A8: tl.constexpr, HAS_PQS: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PARTIALS: tl.constexpr, SCALE_AT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    EVEN_M: tl.constexpr, SWAP: tl.constexpr, COMPUTE: tl.constexpr,
+    PARTIALS: tl.constexpr, GLU_SPLITS: tl.constexpr, SCALE_AT: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_M: tl.constexpr, SWAP: tl.constexpr, COMPUTE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """x [M, K] times int8 [N, K]^T: SmoothQuant (A8: int8 x int8 -> int32) or weight-only (bf16/fp16 MMA)."""
@@ -430,7 +447,8 @@ def _w8_gemm_kernel(
     y2 = y
     if GLU:
         y2 = _w8_out(acc2, s2_ptr, rn, n_ok, A8, SCALE_AT, SWAP)
-    _store(y, y2, bias_ptr, out_ptr, rm, rn, M, N, pid_s, stride_os, stride_om, HAS_BIAS, PARTIALS, GLU, COMPUTE)
+    _store(y, y2, bias_ptr, out_ptr, ws_ptr, count_ptr, rm, rn, M, N, pid_s, stride_os, stride_om, HAS_BIAS,
+           PARTIALS, GLU, GLU_SPLITS, COMPUTE)
 
 
 @triton.jit
@@ -483,7 +501,7 @@ def _int_mm_out_kernel(acc_ptr, s_ptr, bias_ptr, out_ptr, M, N, stride_am, strid
     n_ok = rn < N
     acc = tl.load(acc_ptr + rm[:, None] * stride_am + rn[None, :], mask=(rm[:, None] < M) & n_ok[None, :], other=0)
     y = acc.to(tl.float32) * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    _store(y, y, bias_ptr, out_ptr, rm, rn, M, N, 0, 0, stride_om, HAS_BIAS, False, False, COMPUTE)
+    _store(y, y, bias_ptr, out_ptr, out_ptr, out_ptr, rm, rn, M, N, 0, 0, stride_om, HAS_BIAS, False, False, 1, COMPUTE)
 
 
 # ------------------------------------------------------------------------------------------ launchers
@@ -508,10 +526,13 @@ def _tiles_named(q, cfg: LinearConfig):
 
 
 def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool = False,
-           bias: torch.Tensor | None = None):
+           bias: torch.Tensor | None = None, counters: torch.Tensor | None = None,
+           workspace: torch.Tensor | None = None):
     """``x`` [M, K] (compute dtype, before the pre-quant scale and activation quantizer: applied here) times ``q``'s
     weight. ``out``: [splits, M, N] float32 partials (3 dimensions, or 2 with one split), or with ``q2`` the GLU
     ``silu(x W^T) * (x W2^T)`` [M, N] in the compute dtype, or (``out`` in the compute dtype) ``x W^T + bias``.
+    The GLU splits K only with ``counters`` (int32 zeros, ``glu_counters`` of them; left zero) and a float32
+    ``workspace`` of ``glu_workspace`` elements (its epilogue forbids float32 partials to the consumer).
     Returns Triton's handle of the launch."""
     m, k = x.shape
     assert k == q.k and x.stride(1) == 1 and cfg.gemm
@@ -520,7 +541,11 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
         assert q2.fmt == q.fmt and q2.group == q.group and q2.scales.stride() == q.scales.stride()
         assert q2.weight.stride() == q.weight.stride() and (q2.pqs is None) == (q.pqs is None)
     partials = out.dtype == torch.float32 and not glu
-    assert partials or cfg.splits == 1, "split K needs float32 partials"
+    glu_splits = cfg.splits if glu else 1
+    assert partials or cfg.splits == 1 or glu, "split K needs float32 partials"
+    if glu_splits > 1:
+        assert counters is not None and counters.dtype == torch.int32 and counters.numel() >= glu_counters(q, m, cfg)
+        assert workspace is not None and workspace.numel() >= glu_workspace(q, m, cfg)
     q2 = q2 or q
     k_iters = triton.cdiv(k, cfg.block_k)
     per_split = triton.cdiv(k_iters, cfg.splits)
@@ -530,7 +555,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
         return t if t is not None else dummy
 
     common = dict(GROUP=q.group, A8=q.act != 0, HAS_PQS=q.pqs is not None, GLU=glu, HAS_BIAS=bias is not None,
-                  PARTIALS=partials, EVEN_K=k % cfg.block_k == 0 and k_iters % cfg.splits == 0,
+                  PARTIALS=partials, GLU_SPLITS=glu_splits, EVEN_K=k % cfg.block_k == 0 and k_iters % cfg.splits == 0,
                   EVEN_M=m % cfg.block_m == 0, SWAP=cfg.swap, COMPUTE=tl_dtype(compute), BLOCK_M=cfg.block_m,
                   BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages, launch_pdl=pdl)
@@ -543,7 +568,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
             return _w4_gemm_kernel[grid](
                 x, q.weight, q.scales, opt(q.pqs), opt(q.act_q), opt(q.out_scale),
                 q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q), opt(q2.out_scale),
-                opt(bias), out, m, q.n, k, q.scales.shape[0], per_split,
+                opt(bias), out, opt(workspace), opt(counters), m, q.n, k, q.scales.shape[0], per_split,
                 x.stride(0), q.weight.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os, out.stride(-2),
                 ONE_GROUP=one_group, POST_SCALE=one_group and q.act == 0 and not cfg.scale_weights,
                 EVEN_N=(q.n // 2) % (cfg.block_n // 2) == 0,
@@ -553,9 +578,19 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
         return _w8_gemm_kernel[grid](
             x, q.weight, q.scales, opt(q.pqs), opt(q.act_q),
             q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q),
-            opt(bias), out, m, q.n, k, per_split,
+            opt(bias), out, opt(workspace), opt(counters), m, q.n, k, per_split,
             x.stride(0), q.weight.stride(0), q.scales.stride(0) if q.scales.dim() == 2 else 0, stride_os,
             out.stride(-2), SCALE_AT=scale_at, EVEN_N=q.n % cfg.block_n == 0, **common)
+
+
+def glu_counters(q, m: int, cfg: LinearConfig) -> int:
+    """A split GLU's counters: one per output tile."""
+    return triton.cdiv(m, cfg.block_m) * triton.cdiv(q.n, cfg.block_n)
+
+
+def glu_workspace(q, m: int, cfg: LinearConfig) -> int:
+    """A split GLU's float32 workspace: each split's fc and gate partials, [splits, M, 2N]."""
+    return cfg.splits * m * 2 * q.n
 
 
 def linear(x: torch.Tensor, q, bias: torch.Tensor | None, compute: torch.dtype,
