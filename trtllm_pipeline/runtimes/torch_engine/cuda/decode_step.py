@@ -310,9 +310,11 @@ class DecodeStep:
                     "hidden": fixed_sum.accumulator(batch, self.hidden, device=dev)}
             folding = self._folding(configs, batch)
             sums["mlp"] = fixed_sum.accumulator(batch, self.hidden, device=dev) if folding else sums["hidden"]
-        glu_ws = (empty(quant_gemv.glu_workspace(first.fc.quant, glu)) if counters is not None and glu.gemv
-                  and glu.splits > 1
-                  else empty(quant_gemm.glu_workspace(first.fc.quant, batch, glu)) if split_glu else None)
+        glu_ws = None  # a split GLU's partials: the GEMV's (with its counters) or quant_gemm's
+        if counters is not None and glu.gemv and glu.splits > 1:
+            glu_ws = empty(quant_gemv.glu_workspace(first.fc.quant, glu))
+        elif split_glu:
+            glu_ws = empty(quant_gemm.glu_workspace(first.fc.quant, batch, glu))
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
         logits = empty(batch, self.vocab) if tp is None else tp.padded_logits[:, : self.engine.vocab]
         tokens = torch.zeros(batch, dtype=torch.long, device=dev)
