@@ -20,7 +20,7 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import greedy
 def main() -> None:
     gen = torch.Generator().manual_seed(3)
     cases = []
-    for width in (151936, 152064, 1000, 2 * greedy.BLOCK + 7):
+    for width in (151936, 152064, 1000, 2 * greedy.CPU_BLOCK + 7):  # (the parts and blocks the interpreter runs)
         logits = torch.randn(5, width, generator=gen)
         logits[1, 0] = 50.0  # in the first part
         logits[2, width - 1] = 50.0  # in the last (short) part
