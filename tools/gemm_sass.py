@@ -6,6 +6,7 @@ GEMM that decode batches of 2-64 rows and prefill use.
     python tools/gemm_sass.py                                  # the 7B's GLU and proj at M 8, both unpackings
     python tools/gemm_sass.py --block-n 64 --glu               # one shape
     python tools/gemm_sass.py --w4a8                           # W4A8-AWQ's
+    python tools/gemm_sass.py --glu --block-n 128 --glu-splits 3   # the GLU split K (its epilogue sums the splits)
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes. Times need the GPU.
 """
