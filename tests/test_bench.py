@@ -284,6 +284,9 @@ def test_throughput_bench_runs_requests_through_the_scheduler_and_the_shared_pre
         assert r["output_tokens_per_s"] == pytest.approx(60 / r["seconds"])
         assert 0 < r["ttft_ms"]["p50"] <= r["ttft_ms"]["p99"] and r["itl_ms"]["p50"] > 0
         assert 0 < r["kv_usage_peak"] <= 1 and r["preemptions"] == 0
+        # what the engine holds throughout (weights, embedding, KV pool); the peak above it only on a GPU
+        resident = sum(data["runtime"]["ranks"][0]["memory"].values()) / 2**30
+        assert resident > 0 and r["resident_gib"] == pytest.approx(resident) and r["workspace_gib"] is None
     assert off["prefix_cache_hits"] == 0 and on["prefix_cache_hits"] > 0  # the 64-token prompt reused
     assert "out tok/s" in proc.stdout and "reference only" in proc.stdout
     bad = run_cli("bench", "--in-process", "--throughput", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"),

@@ -1386,6 +1386,7 @@ def test_verify_rows_are_bit_for_bit_the_one_token_steps_of_their_decode_batch(b
     chosen for its rows); the step attends with its requests' decode batch's (``DecodeStep.verify_buffers``)."""
     r = _interpreted(_checkpoint(built, "tiny-qwen2-bf16-tp1"), "verify_rows_check.py")
     assert r["decode_path"].startswith("triton kernels")
+    assert r["logits_buffers"] == 1 and len(r["verify_buckets"]) > 1  # one buffer for every bucket's logits
     for case in (r["one"], r["two"]):
         assert case["bucket_splits"] != case["decode_splits"] == case["verify_splits"], case
         assert case["equal"] and case["max_diff"] == 0.0, case

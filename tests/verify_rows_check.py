@@ -61,8 +61,11 @@ def main() -> None:
     ckpt = Path(sys.argv[1])
     rt = TorchRuntime(ckpt, ckpt / "tokenizer", device="cpu", dtype="bfloat16", max_batch_size=2, max_seq_len=512,
                       kv_block_size=4, graph_batch_sizes=[1, 2], fast_decode=True, speculative=SETTINGS)
-    print(json.dumps({"decode_path": rt.decode_path, "buckets": rt.decoder.buckets,
-                      "one": compare(rt, 1), "two": compare(rt, 2)}))
+    one, two = compare(rt, 1), compare(rt, 2)
+    dec = rt.decoder  # (every bucket's logits, decode and verify, are rows of one buffer)
+    storages = {b.logits.untyped_storage().data_ptr() for b in [*dec.buffers.values(), *dec.verify_buffers.values()]}
+    print(json.dumps({"decode_path": rt.decode_path, "buckets": dec.buckets, "logits_buffers": len(storages),
+                      "verify_buckets": sorted(dec.verify_buffers), "one": one, "two": two}))
 
 
 if __name__ == "__main__":

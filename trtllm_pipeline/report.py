@@ -432,11 +432,12 @@ def _throughput_section(b: BuildData) -> list[str]:
             rows.append([pair, r["requests"], prefix, fmt(r["output_tokens_per_s"]), fmt(r["requests_per_s"], ".2f"),
                          fmt(r["ttft_ms"]["p50"]), fmt(r["itl_ms"]["p50"], ".2f"), fmt(r["itl_ms"]["p99"], ".2f"),
                          fmt(r["kv_usage_peak"] and 100 * r["kv_usage_peak"], ".0f"), fmt(r["preemptions"], "d"),
-                         fmt(r["peak_memory_gib"], ".2f"), fmt(published.get(pair), ",d")])
+                         fmt(r["peak_memory_gib"], ".2f"), fmt(r.get("workspace_gib"), ".2f"),
+                         fmt(published.get(pair), ",d")])
         if rows:
             lines += _table(["in/out", "requests", "shared prefix", "output tokens/s", "requests/s", "TTFT p50 ms",
                              "ITL p50 ms", "ITL p99 ms", "KV peak %", "preemptions", "peak GiB",
-                             "TensorRT-LLM H200 (reference)"], rows) + [""]
+                             "over weights + KV GiB", "TensorRT-LLM H200 (reference)"], rows) + [""]
         lines += _long_prompt_table(data.get("long_prompt"))
     return lines
 

@@ -228,6 +228,7 @@ class DecodeStep:
         # torch's INT4 kernel's copies of the INT4-AWQ linears (id of the QuantWeight, or of the GLU's fc): made here,
         # never under a graph's capture, and only where its switch is on
         self.packs = self._int4_packs() if self.quant and int4pack.enabled(2) else {}
+        self._logits_store: torch.Tensor | None = None  # every bucket's logits: views of this (``_logits``)
 
     def _int4_packs(self) -> dict[int, list[int4pack.Packed]]:
         """Per INT4-AWQ linear (the id of its QuantWeight; the GLU: of its fc's) its copies in torch's layout: one,
@@ -316,7 +317,7 @@ class DecodeStep:
         elif split_glu:
             glu_ws = empty(quant_gemm.glu_workspace(first.fc.quant, batch, glu))
         # the whole vocabulary's logits: this engine's lm_head, or (TP) the ranks' slices gathered, padding cut
-        logits = empty(batch, self.vocab) if tp is None else tp.padded_logits[:, : self.engine.vocab]
+        logits = self._logits(batch) if tp is None else tp.padded_logits[:, : self.engine.vocab]
         tokens = torch.zeros(batch, dtype=torch.long, device=dev)
 
         buf = StepBuffers(
@@ -346,6 +347,17 @@ class DecodeStep:
         if folding:
             self._fold_norms(buf)
         return buf
+
+    def _logits(self, batch: int) -> torch.Tensor:
+        """Float32 [batch, vocab] for a bucket's logits: the first rows of one buffer that every bucket shares (made
+        by the largest, which ``DecodeGraphs.prepare`` asks for first). A step's logits are read before the next step
+        launches, or never (a step chained on it reads only its argmax), and one step runs at a time, so the buckets
+        need not hold their own: at 1,024 rows they were 1.16 GiB of the random 7B's 152k-word logits (the issue's
+        memory goal is 2 GiB over weights and KV pool). ``decode``'s logits are a view valid until the next call."""
+        store = self._logits_store
+        if store is None or store.shape[0] < batch:
+            store = self._logits_store = torch.empty(batch, self.vocab, device=self.engine.device)
+        return store[:batch]
 
     def verify_buffers(self, buf: StepBuffers, requests: int) -> StepBuffers:
         """``buf`` (a bucket's decode buffers) for a verify step of ``requests`` requests (their decode bucket): two
