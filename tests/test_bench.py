@@ -287,6 +287,11 @@ def test_throughput_bench_runs_requests_through_the_scheduler_and_the_shared_pre
         # what the engine holds throughout (weights, embedding, KV pool); the peak above it only on a GPU
         resident = sum(data["runtime"]["ranks"][0]["memory"].values()) / 2**30
         assert resident > 0 and r["resident_gib"] == pytest.approx(resident) and r["workspace_gib"] is None
+        # the host's ms a step by phase, within the step's wall time; every prompt token through the eager forward
+        host = r["host_ms_per_step"]
+        assert set(host) == {"plan", "eager", "fast"} and all(v >= 0 for v in host.values())
+        assert 0 < sum(host.values()) <= r["wall_ms_per_step"] == pytest.approx(1000 * r["seconds"] / r["steps"])
+        assert r["graph_prefills"] == 0 and r["eager_tokens"] > 0  # (no CUDA: no prefill graphs)
     assert off["prefix_cache_hits"] == 0 and on["prefix_cache_hits"] > 0  # the 64-token prompt reused
     assert "out tok/s" in proc.stdout and "reference only" in proc.stdout
     bad = run_cli("bench", "--in-process", "--throughput", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"),

@@ -290,8 +290,22 @@ def _run(rt: Runtime, inp: int, out: int, settings: ThroughputSettings, reuse: b
             "preemptions": delta("preemptions"), "prefix_cache_hits": delta("prefix_cache_hits"),
             "prefix_cache_queries": delta("prefix_cache_queries"), "peak_memory_gib": peak,
             # engine steps, and those launched chained on the previous one's argmax (the GPU never waiting on the host)
-            "steps": delta("steps"), "chained_steps": delta("chained_steps"),
+            "steps": delta("steps"), "chained_steps": delta("chained_steps"), **_step_times(delta, wall),
             "_outputs": [outputs[k] for k in sorted(outputs, key=lambda k: k[1])]}
+
+
+def _step_times(delta: Callable[[str], Any], wall: float) -> dict[str, Any]:
+    """Where a step's wall time went on the host (the torch runtime's ``phase_times``), in ms a step: ``plan``
+    (drafts, schedule), ``eager`` (prefill chunks' forwards and their sampling, which waits for the device), ``fast``
+    (launching the fast rows and waiting for their tokens); the rest of ``wall`` is this loop's and the events'. Also
+    the prompts' first chunks run from a prefill graph and the tokens through the eager forward. Empty for another
+    runtime."""
+    steps = delta("steps")
+    if not steps:
+        return {}
+    return {"wall_ms_per_step": 1000 * wall / steps,
+            "host_ms_per_step": {k: 1000 * delta(f"{k}_s") / steps for k in ("plan", "eager", "fast")},
+            "graph_prefills": delta("graph_prefills"), "eager_tokens": delta("eager_tokens")}
 
 
 def _phases(rt: Runtime) -> dict[str, float]:
