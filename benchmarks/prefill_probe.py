@@ -1,8 +1,9 @@
 """Prefill's time on the GPU (issues 30-32): one prompt of each length through the engine's forward, the layers fused
 (``cuda/prefill``) against PyTorch operations (``Qwen2Engine.FUSED_LAYERS = False``), a later chunk over a long
 cached prefix (the masked attention: ``model._masked_attention``), each prompt as rows of a fast step and from its
-length bucket's prefill graph (``cuda/prefill_graphs``, and that graph against the eager forward), and the fused
-2048-token prefill's kernels by device time. One call on the H200, after a build:
+length bucket's prefill graph (``cuda/prefill_graphs``, and that graph against the eager forward; several prompts
+a graph against their eager forward), and the fused 2048-token prefill's kernels by device time. One call on the
+H200, after a build:
     python benchmarks/prefill_probe.py -c build_configs/r1-distill-qwen-7b-random-fp8-tp1-load.yaml \\
         --engines-dir /tmp/engines -o prefill.json
 Prints a table (ms per prefill, median of --repeats after a warm-up) and writes it as JSON.
@@ -41,6 +42,19 @@ def timed(engine, rows, repeats: int) -> float:
         start = time.perf_counter()
         engine(batch)
         sync(engine)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def timed_graph(graphs, rows, repeats: int) -> float:
+    """Median ms of ``graphs.forward(rows)`` (first chunks from their prefill graph) after one warm-up."""
+    graphs.forward(rows)
+    sync(graphs.engine)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        graphs.forward(rows)
+        sync(graphs.engine)
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
@@ -97,33 +111,36 @@ def main() -> None:
             print(f"fast-step prompt {n:5d}: {ms:8.2f} ms  ({n / ms:8.0f} tokens/ms)", flush=True)
         rt.decoder.release([("probe", 0)])
     # a lone prompt's first chunk from its length bucket's CUDA graph (runtime._forward), and its agreement with the
-    # eager forward on the same prompt (the padding after it must change nothing before it)
+    # eager forward on the same prompt (the padding after it must change nothing before it); then several prompts'
+    # first chunks from one graph (R rows of a bucket) against the eager forward of the same rows, per prompt
     graphs = rt.prefill_graphs
     Qwen2Engine.FUSED_LAYERS = True  # (the graphs were captured so)
     if graphs is not None:
         for n in (int(x) for x in args.lengths.split(",")):
             if graphs.bucket(n) is None:
                 continue
-            ids = prompt(n)
-            graphs.forward(ids, table)
-            sync(engine)
-            times = []
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                graphs.forward(ids, table)
-                sync(engine)
-                times.append((time.perf_counter() - start) * 1e3)
-            ms = statistics.median(times)
+            ms = timed_graph(graphs, [(prompt(n), table)], args.repeats)
             results.append({"case": f"prompt {n}", "graph": graphs.bucket(n), "tokens": n, "ms": ms})
             print(f"graph ({graphs.bucket(n)}) prompt {n:5d}: {ms:8.2f} ms  ({n / ms:8.0f} tokens/ms)", flush=True)
         ids = prompt(min(1000, graphs.buckets[-1]))  # (padded: 1000 in the 1024 bucket)
-        from_graph = graphs.forward(ids, table).float().clone()
+        from_graph = graphs.forward([(ids, table)]).float()
         eager = engine(PagedBatch.of([(ids, 0, table)]).to(engine.device)).float()
         last = [engine.logits(h[-1:].to(engine.dtype)) for h in (from_graph, eager)]
         check_graph = {"tokens": len(ids), "hidden_rel": float((from_graph - eager).norm() / eager.norm()),
                        "last_argmax_equal": bool(last[0].argmax() == last[1].argmax())}
         results.append({"case": "graph vs eager", **check_graph})
         print(f"graph vs eager forward, {len(ids)} tokens: {check_graph}", flush=True)
+        # R prompts a step, each its own blocks (scratch past the single prompt's)
+        width, base = -(-graphs.buckets[-1] // bs), 1 + len(table)
+        for rows, length in (s for s in graphs.shapes if s[0] > 1):
+            batch = [(prompt(length), list(range(base + i * width, base + (i + 1) * width))) for i in range(rows)]
+            ms = timed_graph(graphs, batch, args.repeats)
+            eager_ms = timed(engine, [(ids_, 0, t) for ids_, t in batch], args.repeats)
+            case = {"case": f"{rows} prompts of {length}", "graph": [rows, length], "tokens": rows * length,
+                    "ms": ms, "eager_ms": eager_ms, "ms_per_prompt": ms / rows, "eager_ms_per_prompt": eager_ms / rows}
+            results.append(case)
+            print(f"graph {rows} x {length:5d}: {ms:8.2f} ms ({ms / rows:7.2f} a prompt), eager {eager_ms:8.2f} ms "
+                  f"({eager_ms / rows:7.2f} a prompt)", flush=True)
     # the fused layers against PyTorch's on one prompt: their hidden states and the last token's logits, after the
     # whole network and after its first layer (a random model's 28 layers amplify a rounding difference: the first
     # layer's says whether the kernels agree)

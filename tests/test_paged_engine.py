@@ -209,10 +209,12 @@ def test_a_first_chunk_through_the_prefill_graph_path_gives_the_eager_tokens(ckp
     lone prompt's first chunk padded up to its bucket (the padding after the prompt, its K/V past the prompt's end or
     in the null block) gives the eager forward's tokens; a prompt longer than a chunk takes its first chunk there and
     the rest eagerly, over the first's K/V and rewriting the padding's; a chunk past every bucket, and a step of two
-    prompts, stay eager."""
-    from trtllm_pipeline.runtimes.torch_engine.cuda.prefill_graphs import PrefillGraphs, buckets_for
+    prompts longer than any two-row shape holds, stay eager. Several prompts a step run from a graph of R rows (R x
+    length within the largest bucket), a missing row padded (its K/V in the null block): the eager tokens again."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda.prefill_graphs import PrefillGraphs, buckets_for, shapes_of
 
     assert buckets_for(2048) == [256, 512, 768, 1024, 1536, 2048] and buckets_for(1000)[-1] == 1024
+    assert shapes_of([256, 512, 1024]) == [(1, 256), (1, 512), (1, 1024), (2, 256), (2, 512), (4, 256)]
     prompts = [list(range(3000, 3005)), list(range(3100, 3113)), list(range(3200, 3240)), list(range(3300, 3324))]
     expected = [_greedy(plain, [p])[0] for p in prompts]
     rt = _rt(ckpt, prefill_chunk_tokens=16)
@@ -225,3 +227,13 @@ def test_a_first_chunk_through_the_prefill_graph_path_gives_the_eager_tokens(ckp
     wide = _rt(ckpt, prefill_chunk_tokens=32)
     wide.prefill_graphs = PrefillGraphs(wide.engine, [8, 16], use_graphs=False)
     assert _greedy(wide, [prompts[2]])[0] == expected[2] and wide.stats()["graph_prefills"] == 0  # 32 > 16
+    several = _rt(ckpt, prefill_chunk_tokens=32)
+    graphs = several.prefill_graphs = PrefillGraphs(several.engine, [8, 16, 32], use_graphs=False)
+    graphs.prepare()
+    short = [list(range(3400, 3407)), list(range(3500, 3503))]  # with prompts[0]: three prompts, one 4 x 8 graph
+    expected += [_greedy(plain, [p])[0] for p in short]
+    assert graphs.shape_for([5, 13]) == (2, 16) and graphs.shape_for([5, 7, 3]) == (4, 8)
+    assert _greedy(several, prompts[:2]) == expected[:2] and several.stats()["graph_prefills"] == 2
+    assert _greedy(several, [prompts[0], *short]) == [expected[0], *expected[4:]]
+    assert several.stats()["graph_prefills"] == 5
+    several.kv.check()

@@ -353,7 +353,7 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         return self.executor.fast_decoder(buckets, graphs)
 
     def _prefill_graphs(self):
-        """First prefill chunks of one prompt from CUDA graphs (``cuda/prefill_graphs``), on one CUDA device whose
+        """Prompts' first prefill chunks from CUDA graphs (``cuda/prefill_graphs``), on one CUDA device whose
         eager forward runs the fused layers, unless ``TRTLLM_PIPELINE_PREFILL_GRAPHS=0``; None where they cannot be
         captured (said in the log: the eager forward runs them)."""
         if not (self.device.type == "cuda" and self.executor.world_size == 1 and self.engine.fused()
@@ -907,14 +907,14 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         self._requests.pop(req.request_id, None)
 
     def _forward(self, rows: list[PlanRow]) -> torch.Tensor:
-        """Hidden states [N, hidden] of the rows' tokens, packed in row order: a lone prompt's first chunk from a
-        prefill graph where one holds it (``_prefill_graphs``), else the eager forward."""
+        """Hidden states [N, hidden] of the rows' tokens, packed in row order: prompts' first chunks (every row's) from
+        a prefill graph where one holds them (``_prefill_graphs``), else the eager forward."""
         end = max(r.start + len(r.tokens) for r in rows)
         if end > self.max_seq_len:
             raise InputError(f"a sequence of {end} tokens exceeds this engine's max_seq_len {self.max_seq_len}.")
-        graphs, row = self.prefill_graphs, rows[0]
-        if graphs is not None and len(rows) == 1 and row.start == 0 and row.parents is None and \
-                graphs.bucket(len(row.tokens)):
-            self.phase_rows["graph_prefills"] += 1
-            return graphs.forward(row.tokens, row.block_table).clone()  # (the graph's output: rewritten next replay)
+        graphs = self.prefill_graphs
+        if graphs is not None and all(r.start == 0 and r.parents is None for r in rows) and \
+                graphs.shape_for([len(r.tokens) for r in rows]):
+            self.phase_rows["graph_prefills"] += len(rows)
+            return graphs.forward([(r.tokens, r.block_table) for r in rows])
         return self.executor.forward(PagedBatch.of(rows))

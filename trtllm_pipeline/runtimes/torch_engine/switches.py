@@ -47,7 +47,7 @@ def fast_trees_enabled() -> bool:
 
 
 def prefill_graphs_enabled() -> bool:
-    """A lone prompt's first prefill chunk from a CUDA graph (``cuda/prefill_graphs``): on unless
+    """Prompts' first prefill chunks from a CUDA graph (``cuda/prefill_graphs``): on unless
     ``TRTLLM_PIPELINE_PREFILL_GRAPHS=0`` (the eager forward's host launches: the A/B)."""
     return os.environ.get("TRTLLM_PIPELINE_PREFILL_GRAPHS", "1").strip() != "0"
 
