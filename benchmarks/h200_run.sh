@@ -67,7 +67,8 @@
 #                                          # batches and contexts of a loaded engine (benchmarks/attention_sweep.py)
 #   bash benchmarks/h200_run.sh prefill    # the same build: one prompt of 16/128/512/2048 tokens and a 2048-token chunk
 #                                          # after 6144 cached, the layers fused (cuda/prefill) and not, and the fused
-#                                          # 2048-token prefill's kernels (benchmarks/prefill_probe.py)
+#                                          # 2048-token prefill's kernels (benchmarks/prefill_probe.py); each prefill
+#                                          # graph's R prompts against their eager forward (PREFILL_CHUNK=4096: 2 x 2048)
 #   bash benchmarks/h200_run.sh prefix     # the same build: a PREFIX-token (1500) shared system prompt + 100-token
 #                                          # questions, 64 output tokens, 512 requests, without then with reuse
 #   bash benchmarks/h200_run.sh spec       # speculative decoding (issue 35), random 7B FP8: the fast verify step
@@ -550,7 +551,8 @@ PY
     c=$(config fp8)
     [ -n "${PREFILL_SERVED_BUILD:-}" ] || c=${c%.yaml}-load.yaml  # the served build: no second quantize in a call
     tp build -c "$c" --engines-dir "$engines"
-    python3 benchmarks/prefill_probe.py -c "$c" --engines-dir "$engines" -o "$out/prefill-probe.json" ;;
+    python3 benchmarks/prefill_probe.py -c "$c" --engines-dir "$engines" \
+      ${PREFILL_CHUNK:+--prefill-chunk-tokens "$PREFILL_CHUNK"} -o "$out/prefill-probe${PREFILL_CHUNK:+-chunk$PREFILL_CHUNK}.json" ;;
   prefix)
     c=$(config fp8)
     c=${c%.yaml}-load.yaml

@@ -65,10 +65,14 @@ def main() -> None:
     ap.add_argument("--engines-dir", type=Path, default=Path("engines"))
     ap.add_argument("--lengths", default="16,128,512,2048", help="prompt lengths, one prompt per call")
     ap.add_argument("--chunk", default="6144/2048", help="a later chunk: cached prefix / chunk tokens")
+    ap.add_argument("--prefill-chunk-tokens", type=int, default=None,
+                    help="the runtime's prefill chunk (the config's by default): prefill graphs of R prompts hold R x "
+                    "length tokens up to the bucket that holds it (4096: two 2048-token prompts a graph)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args()
-    rt = load_runtime(load_config(Path(args.config)), args.engines_dir)
+    rt = load_runtime(load_config(Path(args.config)).with_runtime(prefill_chunk_tokens=args.prefill_chunk_tokens),
+                      args.engines_dir)
     engine = rt.engine
     bs = engine.block_size
     prefix, chunk = (int(x) for x in args.chunk.split("/"))
@@ -136,11 +140,14 @@ def main() -> None:
             batch = [(prompt(length), list(range(base + i * width, base + (i + 1) * width))) for i in range(rows)]
             ms = timed_graph(graphs, batch, args.repeats)
             eager_ms = timed(engine, [(ids_, 0, t) for ids_, t in batch], args.repeats)
+            from_graph = graphs.forward(batch).float()
+            eager = engine(PagedBatch.of([(ids_, 0, t) for ids_, t in batch]).to(engine.device)).float()
             case = {"case": f"{rows} prompts of {length}", "graph": [rows, length], "tokens": rows * length,
-                    "ms": ms, "eager_ms": eager_ms, "ms_per_prompt": ms / rows, "eager_ms_per_prompt": eager_ms / rows}
+                    "ms": ms, "eager_ms": eager_ms, "ms_per_prompt": ms / rows, "eager_ms_per_prompt": eager_ms / rows,
+                    "hidden_rel": float((from_graph - eager).norm() / eager.norm())}
             results.append(case)
             print(f"graph {rows} x {length:5d}: {ms:8.2f} ms ({ms / rows:7.2f} a prompt), eager {eager_ms:8.2f} ms "
-                  f"({eager_ms / rows:7.2f} a prompt)", flush=True)
+                  f"({eager_ms / rows:7.2f} a prompt), hidden states {case['hidden_rel']:.1e} from eager's", flush=True)
     # the fused layers against PyTorch's on one prompt: their hidden states and the last token's logits, after the
     # whole network and after its first layer (a random model's 28 layers amplify a rounding difference: the first
     # layer's says whether the kernels agree)
