@@ -210,7 +210,8 @@ def test_a_first_chunk_through_the_prefill_graph_path_gives_the_eager_tokens(ckp
     in the null block) gives the eager forward's tokens; a prompt longer than a chunk takes its first chunk there and
     the rest eagerly, over the first's K/V and rewriting the padding's; a chunk past every bucket, and a step of two
     prompts longer than any two-row shape holds, stay eager. Several prompts a step run from a graph of R rows (R x
-    length within the largest bucket), a missing row padded (its K/V in the null block): the eager tokens again."""
+    length within the largest bucket), a missing row padded (its K/V in the null block): the eager tokens again; and
+    with the scheduler keeping prompts whole beside first chunks, a third prompt waits a step rather than split."""
     from trtllm_pipeline.runtimes.torch_engine.cuda.prefill_graphs import PrefillGraphs, buckets_for, shapes_of
 
     assert buckets_for(2048) == [256, 512, 768, 1024, 1536, 2048] and buckets_for(1000)[-1] == 1024
@@ -236,4 +237,11 @@ def test_a_first_chunk_through_the_prefill_graph_path_gives_the_eager_tokens(ckp
     assert _greedy(several, prompts[:2]) == expected[:2] and several.stats()["graph_prefills"] == 2
     assert _greedy(several, [prompts[0], *short]) == [expected[0], *expected[4:]]
     assert several.stats()["graph_prefills"] == 5
+    # three prompts of 13 in chunks of 32: with whole first chunks (the runtime's setting where prefill graphs are)
+    # the third waits a step instead of starting in the 6 tokens left: the first two from one graph (the third's
+    # step, here without a fast path, runs eagerly with the others' decodes; on a GPU they take the fast path)
+    thirteen = [list(range(3600 + 100 * i, 3613 + 100 * i)) for i in range(3)]
+    expected_13 = [_greedy(plain, [p])[0] for p in thirteen]
+    several.scheduler.whole_first_chunks = True
+    assert _greedy(several, thirteen) == expected_13 and several.stats()["graph_prefills"] == 7
     several.kv.check()

@@ -217,6 +217,8 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
             if self.device.type == "cuda" and warm_up_enabled():
                 self.warm_up()
             self.prefill_graphs = self._prefill_graphs()
+            # (a prompt that fits a step whole is then not split to fill a step of first chunks: see Scheduler)
+            self.scheduler.whole_first_chunks = self.prefill_graphs is not None
             if self.speculator is not None and self.decoder is not None and not hasattr(self.decoder, "verify"):
                 log.warning("speculative decoding: verify steps run eagerly (this fast path, tensor parallel, "
                             "decodes one token per row); rows without drafts stay on it")

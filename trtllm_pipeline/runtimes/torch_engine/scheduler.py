@@ -7,7 +7,10 @@ tokens: one for a decoding request (its last sampled token), a chunk for a prefi
 stalling the decodes), all under ``max_num_tokens`` tokens a step. Then waiting requests are admitted in order
 while there is room: a free row (``max_running``, the CUDA graphs' largest batch), the token budget, and KV
 blocks for the prompt and one token more (``KVCacheManager.admit``, which also reuses a cached prefix).
-A request that cannot be admitted waits, in order, and is never dropped. With the prefix cache, a request whose
+A request that cannot be admitted waits, in order, and is never dropped. Where a step of prompts' first chunks runs
+from one prefill graph (``whole_first_chunks``), a prompt that fits a step whole is not started in the under a
+quarter of a chunk a step of first chunks leaves: it waits for the next step, rather than make that step's rest
+of it a later chunk (an eager forward). With the prefix cache, a request whose
 next uncached prefix block a running request is computing waits until that block is cached (a shared system
 prompt arriving with many requests at once is computed once, not once per request admitted in the same step),
 while the requests behind it are admitted.
@@ -74,6 +77,9 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self.deferred = 0  # admissions put off because a running request was computing the same prefix
+        # Prompts that fit one step whole are not split to fill a step of first chunks (``schedule``): set where a
+        # step of prompts' first chunks runs from a prefill graph (the runtime's ``cuda/prefill_graphs``)
+        self.whole_first_chunks = False
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -84,6 +90,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget, prefill = self.max_num_tokens, self.prefill_chunk_tokens
+        chunks, later = 0, False  # prefill rows planned, and whether any of them starts past position 0
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -103,12 +110,22 @@ class Scheduler:
                 plan.rows.append(self._row(seq, n, decoding))
                 budget -= n
                 prefill -= 0 if decoding else n  # a decode and its drafts are no prefill
+                chunks += not decoding
+                later = later or (not decoding and seq.computed > 0)
                 i += 1
         # New requests only in a step that preempted none: room freed by preemption goes to the one preempted. One
         # whose prefix a running request is computing now waits for it (and later ones pass it meanwhile).
         j = 0
         while j < len(self.waiting) and not plan.preempted and len(self.running) < self.max_running and budget > 0:
             seq = self.waiting[j]
+            left = min(budget, prefill)
+            if self.whole_first_chunks and chunks and not later and \
+                    left < min(seq.length, self.prefill_chunk_tokens // 4) and seq.length <= self.prefill_chunk_tokens:
+                # A step of first chunks only runs from one prefill graph; this prompt's first part would make the
+                # next step's rest of it a later chunk (an eager forward). It fits a step whole, and what this step
+                # leaves is under a quarter of a chunk: it waits for the next step, and so does everything behind it
+                # (in order). (With more left, splitting it keeps more of the budget than a graph step would win.)
+                break
             keys = self._prefix_keys(seq)
             if keys and self.kv.waits_for_prefix(keys):
                 j += 1
@@ -126,6 +143,8 @@ class Scheduler:
                 plan.rows.append(self._row(seq, n))
                 budget -= n
                 prefill -= n
+                chunks += 1
+                later = later or done > 0
         return plan
 
     def _prefix_keys(self, seq: Sequence) -> list | None:
