@@ -541,7 +541,7 @@ PY
     clean "$c" ;;
   probe)  # where a loaded step's time goes (benchmarks/throughput_probe.py): progress lines, a profiler trace
     c=$(config fp8)
-    c=${c%.yaml}-load.yaml
+    c=${c%.yaml}-load${LOAD_VARIANT:-}.yaml  # LOAD_VARIANT=-fp8kv: the FP8 KV pool's build
     tp build -c "$c" --engines-dir "$engines"
     python3 benchmarks/throughput_probe.py -c "$c" --engines-dir "$engines" --lengths "${LENGTHS:-128/2048}" \
       --requests "${REQUESTS:-512}" --seconds "${SECONDS_:-60}" -o "$out/throughput-probe.json" ;;

@@ -19,5 +19,8 @@ part throughput 200 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUEST
 if on_h200; then
   part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 fi
+# 31: where a 512-row FP8 step of 1000/1000 goes, by kernel (the furthest row: 0.84 of TensorRT-LLM on the H200; a
+# step's FP8 GEMMs, lm_head and attention should take ~11-12 ms at 512 rows and ~1,500 tokens, the ITL is 20.9)
+part probe 200 LOAD_VARIANT=-fp8kv LENGTHS=1000/1000 REQUESTS=512 SECONDS_=75
 # 32: W4A8 and INT4-AWQ steps under the table with the 3-split GLU (H100 2026-12-07: INT4 batch 8 4.619 ms).
 part int4_rows 420 FREE_GIB=32
