@@ -210,8 +210,9 @@ def test_chained_decode_steps_give_the_synchronous_tokens_and_ends(runtime):
                ("b", list(range(20, 25)), SamplingParams(max_tokens=3, end_id=-1)),
                ("c", list(range(30, 33)), SamplingParams(max_tokens=20, end_id=37)),  # 33, 34, .. ends on 37
                ("d", list(range(40, 42)), SamplingParams(max_tokens=12, end_id=-1)),
-               # prefilled eagerly (past the largest bucket) beside a decode step left running: its first decode
-               # row then joins a chained step with a token of its own
+               # prefilled eagerly (past the largest bucket) beside a decode step left running (its forward launched
+               # before that step's tokens are read): its first decode row then joins a chained step with a token of
+               # its own
                ("e", list(range(60, 70)), SamplingParams(max_tokens=6, end_id=-1))]
     assert runtime.chaining
     mixed = []
@@ -223,9 +224,12 @@ def test_chained_decode_steps_give_the_synchronous_tokens_and_ends(runtime):
         return verify(*args, sources=sources)
 
     runtime.decoder.verify = spy
+    early, launch_early = [], runtime._launch_eager_early
+    runtime._launch_eager_early = lambda rows: (launched := launch_early(rows), early.append(launched is not None))[0]
     chained = _run(runtime, submits, steps_between=1)
     assert runtime.phase_rows["chained_steps"] >= 6 and True in mixed
     assert True in verified  # a prompt's rows in a step chained on the running decodes' argmax
+    assert True in early  # e's prefill launched before the running step's tokens were read, sampled after
     runtime.chaining = runtime.overlap = False
     synchronous = _run(runtime, submits, steps_between=1)
     assert chained == synchronous

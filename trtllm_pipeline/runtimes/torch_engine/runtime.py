@@ -560,32 +560,42 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
             self._untrack(plan.preempted)  # (their histories on the device go with their table rows)
         fast, eager = self._split(plan.rows)
         t1 = time.perf_counter()
+        early, late = None, 0.0  # eager rows launched before the running step's tokens are read, and their settling
         try:
             if chained:
                 if self._chain(fast, eager, launched):  # launched on the device's tokens: then the previous ones
                     events = self._settle_pending(launched)
                     self._count(fast, eager, t0, ts, t1, t1)
                     return events
+                early = self._launch_eager_early(eager)
                 events = self._settle_pending(launched)  # a step that cannot chain: it waits for them
-                fast, eager = self._known(fast), self._known(eager)
-            events += self._isolated(self._run_eager, eager)
+                fast = self._known(fast)
+                eager = eager if early is not None else self._known(eager)
+            if early is None:
+                events += self._isolated(self._run_eager, eager)
             t2 = time.perf_counter()
             if self._may_leave_running(fast):
                 events += self._launch_fast(fast)
             else:
                 events += self._isolated(self._run_fast, fast)
+            if early is not None:  # (their sampling waits for their forward; the fast rows queued behind it)
+                t4 = time.perf_counter()
+                events += self._settle_early(eager, early)
+                late = time.perf_counter() - t4
         except ExecutorLost as exc:  # no request can go on: each ends with the reason
             return self._fail_everything(exc)
-        self._count(fast, eager, t0, ts, t1, t2)
+        self._count(fast, eager, t0, ts, t1, t2, late)
         return events
 
-    def _count(self, fast: list[PlanRow], eager: list[PlanRow], t0: float, ts: float, t1: float, t2: float) -> None:
-        """A step's host seconds by phase (``phase_times``) and its rows by kind."""
+    def _count(self, fast: list[PlanRow], eager: list[PlanRow], t0: float, ts: float, t1: float, t2: float,
+               late: float = 0.0) -> None:
+        """A step's host seconds by phase (``phase_times``) and its rows by kind (``late``: eager rows' settling
+        after the fast rows' launch, an eager phase's)."""
         t3 = time.perf_counter()
         ph, n = self.phase_s, self.phase_rows
         ph["plan"] += t1 - ts
-        ph["eager"] += t2 - t1
-        ph["fast"] += t3 - t2 + ts - t0
+        ph["eager"] += t2 - t1 + late
+        ph["fast"] += t3 - t2 + ts - t0 - late
         n["steps"] += 1
         n["eager_rows"] += len(eager)
         n["eager_tokens"] += sum(len(r.tokens) for r in eager)
@@ -726,13 +736,17 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
     def _run_eager(self, rows: list[PlanRow]) -> list[TokenEvent]:
         """The rows through the eager model in one forward; logits at each sampling row's last token, and at every
         position of a verify row's (``_settle``)."""
+        return self._settle(rows, self._eager_logits(rows))
+
+    def _eager_logits(self, rows: list[PlanRow]) -> torch.Tensor | None:
+        """The rows' forward and the logits ``_settle`` reads (launched: nothing here waits for the device on a graph's
+        first chunks)."""
         self._untrack(r.request_id for r in rows)  # (a tracked request's history on the device misses this step)
         hidden = self._forward(rows)
         last = list(itertools.accumulate(len(r.tokens) for r in rows))  # each row's last token, packed index + 1
         index = [p for r, end in zip(rows, last) for p in range(end - logit_span(r), end)]
         # (a view where the positions are one run, as a lone request's are: no index tensor made, no gather)
-        logits = self.executor.logits(rows_at(hidden, index)) if index else None
-        return self._settle(rows, logits)
+        return self.executor.logits(rows_at(hidden, index)) if index else None
 
     def _settle(self, rows: list[PlanRow], logits: torch.Tensor | None,
                 greedy: torch.Tensor | None = None, device: dict | None = None) -> list[TokenEvent]:
