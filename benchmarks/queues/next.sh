@@ -7,10 +7,12 @@
 # after 30 s idle). The parts run from a copy of the tree made by `start` (h200_queue.sh), so later calls cannot
 # disturb them. In order of need; what is cut is what comes last.
 on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200; }
-# 31: several prompts' first chunks from one prefill graph (28bf326, not yet on a GPU). The probe times each R x
-# length shape against the eager forward of the same prompts (and their hidden states' difference), at a chunk of
-# 4,096 (2 x 2048, 4 x 1024 ..); then 2048/128 at chunks 4,096 and 2,048 (the same call's baseline). H100 2026-12-07:
-# 3,082 / 3,173 (two prompts a step eager then); H200 2026-12-07 3,218 at 2,048 (TensorRT-LLM 3,538).
+# 31: several prompts' first chunks from one prefill graph (28bf326), prompts kept whole beside them (3b79ab7) and a
+# prefill launched before the running step is read (5b11109), none yet on a GPU. The probe times each R x length
+# shape against the eager forward of the same prompts (and their hidden states' difference), at a chunk of 4,096
+# (2 x 2048, 4 x 1024 ..); then 2048/128 at chunks 4,096 and 2,048 (host ms a step by phase in the JSON). H100
+# 2026-12-07: 3,082 / 3,173 (two prompts a step eager then); H200 2026-12-07 3,218 at 2,048 (TensorRT-LLM 3,538).
+# TRTLLM_PIPELINE_PREFILL_GRAPHS=0 would be the A/B of the graphs (not queued).
 part prefill 200 PREFILL_CHUNK=4096
 part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 PREFILL_CHUNK=4096 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
 part throughput 200 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
