@@ -138,11 +138,16 @@ def logit_span(row: PlanRow) -> int:
 
 def rows_at(t: torch.Tensor | None, positions: list[int]) -> torch.Tensor | None:
     """Rows ``positions`` (increasing) of ``t``: a view where they are one run, as every row of a plain decode step or
-    of a verify step is (no index list copied to the device, which waits for the step, and no gather launched); a
-    gathered copy otherwise. Readers never write into it (bans are applied to copies)."""
+    of a verify step is (no index list copied to the device, and no gather launched); a gathered copy otherwise, its
+    index list copied from pinned memory behind the work already queued (a plain copy would wait for that work: the
+    logits of a step's several prompts, whose prefill is launched before the running step is read, ``step``).
+    Readers never write into it (bans are applied to copies)."""
     if t is None or not positions:
         return None if t is None else t[:0]
     first = positions[0]
     if positions[-1] - first + 1 == len(positions):
         return t[first : first + len(positions)]
-    return t[torch.tensor(positions, device=t.device)]
+    index = torch.tensor(positions)
+    if t.device.type == "cuda":
+        index = index.pin_memory().to(t.device, non_blocking=True)
+    return t[index]
