@@ -7,6 +7,11 @@ launch, and prints the best per case with its GB/s of KV. One call on the H200:
 ``--kv fp8``: the pool in E4M3 with a scale (``quantization.kv_cache: fp8``), half the bytes a key takes; every
 shape with bfloat16 and with float16 dots (``attention.FP8_DOTS_F16``, each row's ``dots``).
 On the CPU (Triton's interpreter) ``--dry-run`` runs one small case of each shape, unchecked for speed.
+``--step``: instead of the sweep, the module's own launch as the decode step makes it (under PDL, its splits and
+shape) against its variants: the L2 prefetch before the PDL wait at every batch (``attention.PREFETCH_MAX_ROWS``),
+the split combine launched where one split stores its output itself (``attention.DIRECT_SINGLE_SPLIT``), both (the
+launch before 2026-12-07); each a chain of PDL launches in one graph, as a step's layers are, and its output's bits
+against the default's.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def case(batch: int, ctx: int, device, gen, kv: str = "bf16"):
     return k, v, tables, parts, rot, positions, rows
 
 
-def launch(inputs, splits: int, block_t: int):
+def launch(inputs, splits: int, block_t: int | None, pdl: bool = False):
     k, v, tables, parts, rot, positions, rows = inputs
     batch, device = positions.shape[0], positions.device
     o = torch.empty(batch, HEADS, splits, D, device=device)
@@ -65,7 +70,8 @@ def launch(inputs, splits: int, block_t: int):
 
     def call():
         attention.decode_attention(parts, None, rot, rot, k, v, positions, rows, tables, o, lse, out, None,
-                                   heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16, block_t=block_t, **scales)
+                                   heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16, block_t=block_t, pdl=pdl,
+                                   **scales)
     return call, out
 
 
@@ -86,12 +92,46 @@ def graph_us(call, reps: int = 20) -> float:
     return a.elapsed_time(b) * 1000 / reps
 
 
+# --step's variants: (name, PREFETCH_MAX_ROWS, DIRECT_SINGLE_SPLIT); the first is the module's default
+STEP_VARIANTS = [("default", None, None), ("prefetch", 1 << 30, None), ("combine", None, False),
+                 ("prefetch+combine", 1 << 30, False)]
+
+
+def step_variants(batches, contexts, kv: str, device, gen, sm: int, cuda: bool) -> list[dict]:
+    """``--step``: each variant's microseconds a launch (and combine) and whether its output is the default's."""
+    defaults = attention.PREFETCH_MAX_ROWS, attention.DIRECT_SINGLE_SPLIT
+    rows = []
+    for batch, ctx in itertools.product(batches, contexts):
+        inputs = case(batch, ctx, device, gen, kv)
+        splits = attention.pick_splits(batch, KV_HEADS, sm)
+        kv_bytes = 2 * batch * KV_HEADS * (ctx + 1) * D * inputs[0].element_size()
+        want, line = None, []
+        for name, prefetch, direct in STEP_VARIANTS:
+            attention.PREFETCH_MAX_ROWS = defaults[0] if prefetch is None else prefetch
+            attention.DIRECT_SINGLE_SPLIT = defaults[1] if direct is None else direct
+            call, out = launch(inputs, splits, None, pdl=cuda)
+            call()
+            got = out.float().clone()
+            want = got if want is None else want
+            row = {"batch": batch, "ctx": ctx, "kv": kv, "splits": splits, "variant": name,
+                   "equal": bool(torch.equal(got, want))}
+            if cuda:
+                row["us"] = graph_us(call)
+                row["kv_gbps"] = kv_bytes / row["us"] / 1e3
+                line.append(f"{name} {row['us']:7.1f} us ({row['kv_gbps']:5.0f} GB/s)")
+            rows.append(row)
+        attention.PREFETCH_MAX_ROWS, attention.DIRECT_SINGLE_SPLIT = defaults
+        print(f"{kv} batch {batch:4d} ctx {ctx:5d} splits {splits}: " + "; ".join(line), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="64,128,256")
     ap.add_argument("--contexts", default="512,1024,2048")
     ap.add_argument("--kv", choices=("bf16", "fp8"), default="bf16", help="the pool's element type")
     ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter: one small case")
+    ap.add_argument("--step", action="store_true", help="the module's launch against its variants (see above)")
     ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args()
     cuda = not args.dry_run
@@ -104,6 +144,9 @@ def main() -> None:
     warps_default, stages_default = attention.ATTENTION_WARPS, attention.ATTENTION_STAGES
     fp8_dots = attention.FP8_DOTS_F16
     rows, t0 = [], time.perf_counter()
+    if args.step:
+        rows = step_variants(batches, contexts, args.kv, device, gen, sm, cuda)
+        batches = []  # (no sweep)
     for batch, ctx in itertools.product(batches, contexts):
         inputs = case(batch, ctx, device, gen, args.kv)
         base = attention.pick_splits(batch, KV_HEADS, sm)

@@ -64,7 +64,9 @@
 #   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
 #                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
 #   bash benchmarks/h200_run.sh attention  # the decode attention kernel's BLOCK_T / warps / stages / splits at the
-#                                          # batches and contexts of a loaded engine (benchmarks/attention_sweep.py)
+#                                          # batches and contexts of a loaded engine (benchmarks/attention_sweep.py);
+#                                          # ATTN_KV=fp8: an E4M3 pool; ATTN_STEP=1: the module's launch under PDL
+#                                          # against its prefetch / combine variants (ATTN_BATCHES, ATTN_CONTEXTS)
 #   bash benchmarks/h200_run.sh prefill    # the same build: one prompt of 16/128/512/2048 tokens and a 2048-token chunk
 #                                          # after 6144 cached, the layers fused (cuda/prefill) and not, and the fused
 #                                          # 2048-token prefill's kernels (benchmarks/prefill_probe.py); each prefill
@@ -546,7 +548,10 @@ PY
     python3 benchmarks/throughput_probe.py -c "$c" --engines-dir "$engines" --lengths "${LENGTHS:-128/2048}" \
       --requests "${REQUESTS:-512}" --seconds "${SECONDS_:-60}" -o "$out/throughput-probe.json" ;;
   attention)  # the decode attention's launch shape at 64-256 rows x 512-2048 tokens (benchmarks/attention_sweep.py)
-    python3 benchmarks/attention_sweep.py --kv "${ATTN_KV:-bf16}" -o "$out/attention-sweep-${ATTN_KV:-bf16}.json" ;;
+    # ATTN_STEP=1: the module's launch under PDL against its variants (prefetch, combine) instead of the sweep
+    python3 benchmarks/attention_sweep.py --kv "${ATTN_KV:-bf16}" ${ATTN_STEP:+--step} \
+      ${ATTN_BATCHES:+--batches "$ATTN_BATCHES"} ${ATTN_CONTEXTS:+--contexts "$ATTN_CONTEXTS"} \
+      -o "$out/attention-${ATTN_STEP:+step-}${ATTN_KV:-bf16}.json" ;;
   prefill)  # prefill's time by prompt length, the layers fused or not, a later chunk's masked attention, kernels
     c=$(config fp8)
     [ -n "${PREFILL_SERVED_BUILD:-}" ] || c=${c%.yaml}-load.yaml  # the served build: no second quantize in a call

@@ -71,7 +71,38 @@ def main() -> None:
         rows.append({**row, "kv": "fp8", "dots": "f16" if f16 else "bf16",
                      "cache_written": torch.equal(written, new_key.to(torch.float8_e4m3fn).double())})
     attention.FP8_DOTS_F16 = module_dots
+    rows.append(single_split(gen, cos, sin))
     print(json.dumps(rows))
+
+
+def single_split(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: int = 200) -> dict:
+    """One key-range split: the kernel stores the output itself (``DIRECT_SINGLE_SPLIT``) and, off, the combine does:
+    the same bits, as it is (bfloat16) and as attention.dense's E4M3 input (``out_inv``); both near float64's."""
+    qkv = torch.randn(1, 1, (HEADS + 2 * KV_HEADS) * D, generator=gen)
+    k_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+    v_cache = torch.randn(2, KV_HEADS, MAX_LEN, D, generator=gen).bfloat16()
+    expected = reference(qkv, cos, sin, k_cache, v_cache, pos)
+    table = torch.arange(1, MAX_LEN // BS + 1)
+    outs = {}
+    for direct in (True, False):
+        attention.DIRECT_SINGLE_SPLIT = direct
+        for quant in (False, True):
+            k_pool = torch.zeros(POOL, KV_HEADS, BS, D, dtype=torch.bfloat16)
+            v_pool = torch.zeros_like(k_pool)
+            for j, block in enumerate(table.tolist()):
+                k_pool[block] = k_cache[1, :, j * BS : (j + 1) * BS]
+                v_pool[block] = v_cache[1, :, j * BS : (j + 1) * BS]
+            out = torch.empty(1, HEADS * D, dtype=torch.float8_e4m3fn if quant else torch.bfloat16)
+            attention.decode_attention(qkv, None, cos, sin, k_pool, v_pool, torch.tensor([pos]), torch.tensor([1]),
+                                       torch.stack([torch.zeros_like(table), table]), torch.empty(1, HEADS, 1, D),
+                                       torch.empty(1, HEADS, 1), out, torch.full((1,), 4.0) if quant else None,
+                                       heads=HEADS, kv_heads=KV_HEADS, compute=torch.bfloat16)
+            outs[direct, quant] = out.float()
+    attention.DIRECT_SINGLE_SPLIT = True
+    return {"pos": pos, "single_split": True, "finite": bool(outs[True, False].isfinite().all()), "cache_written": True,
+            "rel_err": ((outs[True, False][0].double() - expected).norm() / expected.norm()).item(),
+            "direct_equal": all(torch.equal(outs[True, q], outs[False, q]) for q in (False, True)),
+            "quantized_nonzero": bool(outs[True, True].abs().sum() > 0)}
 
 
 def run_case(gen: torch.Generator, cos: torch.Tensor, sin: torch.Tensor, pos: int, qkv: torch.Tensor,

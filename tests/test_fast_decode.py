@@ -298,6 +298,8 @@ def test_int4_gemv_takes_several_rows_only_where_the_table_or_the_switch_says(tm
     two, three, eight = (quant_gemm.choose(q, m, 132) for m in (2, 3, 8))
     assert two.gemv and two.block_m == 2 and two == quant_gemv.rows_config(q, 2, 132)
     assert three == LinearConfig(4, 128, 128, 2, 4, 1, gemv=True)  # M 4's row and its measured tiles
+    for m in (2, 3):  # the eager forward's GEMM at those M: its own tiles, never the GEMV's
+        assert quant_gemm.pick_config(q, m, 132) == quant_gemm.default_config(q, m, 132)
     assert eight.gemm and not eight.gemv  # the table measured the GEMM faster at 8
     assert quant_gemm.choose(q, 1, 132).gemv and quant_gemm.choose(q, 1, 132).block_m == 1
     glu = quant_gemm.choose(q, 2, 132, glu=True)  # shape not measured: today's default
@@ -545,6 +547,8 @@ def test_decode_attention_scores_the_new_token_apart_from_the_cached_tiles():
         assert case["finite"] and case["cache_written"] and case["rel_err"] < 4e-3, case
     fp8 = {c["dots"]: c["rel_err"] for c in cases if c.get("kv") == "fp8"}
     assert fp8["f16"] <= fp8["bf16"], fp8
+    single = next(c for c in cases if c.get("single_split"))  # the kernel's own store: the combine's bits
+    assert single["direct_equal"] and single["quantized_nonzero"], single
 
 
 def test_residual_norm_reads_the_exact_sums_and_can_write_the_residual_elsewhere():
@@ -586,17 +590,19 @@ def test_decode_attention_compiles_for_hopper_with_the_cache_fetched_before_the_
     from trtllm_pipeline.runtimes.torch_engine.cuda import attention
 
     fn = attention._decode_attention_kernel
-    consts = dict(H=28, KVH=4, D=128, GROUP=7, QKV_SPLITS=1, HAS_BIAS=True, SPLITS=32, BLOCK_H=16,
-                  BLOCK_T=attention.BLOCK_T, BS=32, COMPUTE=triton.language.bfloat16, PDL=True, PREFETCH=True,
+    consts = dict(H=28, KVH=4, D=128, GROUP=7, QKV_SPLITS=1, HAS_BIAS=True, SPLITS=1 if kv == "fp8" else 32,
+                  BLOCK_H=16, BLOCK_T=attention.BLOCK_T, BS=32, COMPUTE=triton.language.bfloat16, PDL=True,
+                  PREFETCH=True,
                   NORM_PARTS=10, NORM_BLOCK=16, FIXED=True, KV_FP8=kv != "bf16", KV_UNIT=kv == "fp8",
                   LINE=64 if kv == "bf16" else 128, LINES=2 if kv == "bf16" else 1,
-                  DOT=triton.language.float16 if kv == "fp8" else triton.language.bfloat16, TREE=tree)
+                  DOT=triton.language.float16 if kv == "fp8" else triton.language.bfloat16, TREE=tree,
+                  DIRECT=kv == "fp8", QUANT_OUT=True)  # (a loaded FP8 step's: one split stores its output itself)
     cache = "*bf16" if kv == "bf16" else "*fp8e4nv"
     types = {"qkv_ptr": "*i64", "bias_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*fp32",
              "lse_ptr": "*fp32", "k_cache_ptr": cache, "v_cache_ptr": cache, "kv_scale_ptr": "*fp32",
              "kv_inv_ptr": "*fp32", "pos_ptr": "*i64",
              "slot_ptr": "*i64", "bt_ptr": "*i64", "qk_scale": "fp32", "sq_ptr": "*fp32", "eps": "fp32",
-             "rot_ptr": "*i64", "shift_ptr": "*i64"}
+             "rot_ptr": "*i64", "shift_ptr": "*i64", "out_ptr": "*fp8e4nv", "out_inv_ptr": "*fp32"}
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     # as the launch specializes them: 16-byte aligned pointers, strides multiples of 16

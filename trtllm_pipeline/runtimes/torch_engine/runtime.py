@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -714,8 +715,11 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         except Exception as exc:
             if len(rows) == 1:
                 return [self._failed(self._requests[rows[0].request_id], exc)]
-            log.warning("torch runtime: a %s step of %d rows failed (%s: %s); retrying them one by one",
-                        phase.__name__.strip("_"), len(rows), type(exc).__name__, exc)
+            # where it raised: an assertion's message is often empty (H100 2026-12-07: "AssertionError: " alone)
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            log.warning("torch runtime: a %s step of %d rows failed (%s: %s, at %s:%d); retrying them one by one",
+                        phase.__name__.strip("_"), len(rows), type(exc).__name__, exc, Path(where.filename).name,
+                        where.lineno)
         events: list[TokenEvent] = []
         for row in rows:
             try:

@@ -10,7 +10,7 @@ tile's rows look their block up in the table, which stays on the device between 
 a static input of the graph like the positions; a tile may span blocks of any size). All of a KV head's query heads (GQA)
 ride in one tile, so each cached key and value is read once. A second small kernel combines the
 splits by their log-sum-exp and quantizes the result for ``attention.dense`` (or prepares it as the
-INT4 GEMV's input). (Combining inside the
+INT4 GEMV's input); a launch of one split (a loaded step) stores its output itself. (Combining inside the
 attention launch, by the last split program to finish, measured slower on an H200: that program's
 serial pass over the splits lengthens the launch's tail by more than a launch costs under PDL.)
 
@@ -63,6 +63,14 @@ BLOCK_T = 64
 # rows keep the shape the batch-1 step was tuned with.
 LOADED_ROWS = 64
 LOADED_BLOCK_T, LOADED_STAGES = 32, 3
+# The L2 prefetch before the PDL wait only for steps of fewer rows: a loaded step's keys and values outgrow L2 many
+# times over (512 rows of ~1,300 FP8 tokens: ~0.7 GB a layer against 50 MB), so the lines the first programs fetch
+# are evicted by the others' before their tiles read them, and each is read from DRAM twice.
+PREFETCH_MAX_ROWS = LOADED_ROWS
+# One key-range split (``pick_splits`` from 2 x SMs / KV heads rows: 66 on an H100 or H200): each program stores its
+# query heads' output itself, as the combine would (its weight exp2(0) = 1 leaves the output's rounding as it is), and
+# the step launches no combine (512 rows of 1000/1000 on an H100: 1.34 ms of a ~21 ms step).
+DIRECT_SINGLE_SPLIT = True
 # An FP8 pool from LOADED_ROWS rows: tiles of 128 keys (the bytes of BF16's 64) in 2 stages. Of 216 shapes timed at
 # 64-256 rows x 512-2048 tokens it was the fastest at 7 of 9 and within 10% at the others; the BF16 pool's loaded
 # shape (32 keys, 3 stages) was 1.3-1.7x slower over FP8 keys (H100, ``attention_sweep.py --kv fp8``, 2026-12-05,
@@ -132,14 +140,15 @@ def _decode_attention_kernel(
     cos_ptr, sin_ptr, stride_rot,
     k_cache_ptr, v_cache_ptr, stride_cb, stride_ch, stride_ct, kv_scale_ptr, kv_inv_ptr,
     pos_ptr, slot_ptr, bt_ptr, stride_btb, stride_btj, rot_ptr, shift_ptr, stride_shift,
-    o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb,
+    o_ptr, lse_ptr, stride_ob, stride_oh, stride_lb, out_ptr, out_inv_ptr, stride_outb,
     qk_scale, sq_ptr, hidden, eps,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, NORM_PARTS: tl.constexpr,
     NORM_BLOCK: tl.constexpr,
     QKV_SPLITS: tl.constexpr, FIXED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BS: tl.constexpr, COMPUTE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, KV_FP8: tl.constexpr, KV_UNIT: tl.constexpr, LINE: tl.constexpr,
-    LINES: tl.constexpr, DOT: tl.constexpr, TREE: tl.constexpr, WRITE_ONLY: tl.constexpr,
+    LINES: tl.constexpr, DOT: tl.constexpr, TREE: tl.constexpr, WRITE_ONLY: tl.constexpr, DIRECT: tl.constexpr,
+    QUANT_OUT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -265,10 +274,24 @@ def _decode_attention_kernel(
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
+    if DIRECT:  # one split: the combine's output (its weight is exp2(0) = 1, so the same rounding), stored here
+        _store_out(out.to(COMPUTE), out_ptr + b * stride_outb + q_head[:, None] * D + d[None, :], out_inv_ptr,
+                   h_ok[:, None], QUANT_OUT)
+        return
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     o_rows = o_ptr + b * stride_ob + q_head[:, None] * stride_oh + split * D + d[None, :]
     tl.store(o_rows, out, mask=h_ok[:, None])
     tl.store(lse_ptr + b * stride_lb + q_head * SPLITS + split, lse, mask=h_ok)
+
+
+@triton.jit
+def _store_out(y, dst, out_inv_ptr, mask, QUANT_OUT: tl.constexpr):
+    """Attention's output ``y`` (compute dtype) for attention.dense: as it is, or its E4M3 input (QUANT_OUT)."""
+    if QUANT_OUT:
+        q = tl.clamp(y.to(tl.float32) * tl.load(out_inv_ptr), -448.0, 448.0)
+        tl.store(dst, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
+    else:
+        tl.store(dst, y, mask=mask)
 
 
 @triton.jit
@@ -289,12 +312,7 @@ def _combine_kernel(
     weight = tl.exp2(lse - tl.max(lse, 0))  # every row has a live key, so the max is finite
     parts = tl.load(o_ptr + b * stride_ob + h * stride_oh + sp[:, None] * D + d[None, :])
     y = (tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)).to(COMPUTE)
-    dst = out_ptr + b * stride_outb + h * D + d
-    if QUANT_OUT:
-        q = tl.clamp(y.to(tl.float32) * tl.load(out_inv_ptr), -448.0, 448.0)
-        tl.store(dst, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
-    else:
-        tl.store(dst, y)
+    _store_out(y, out_ptr + b * stride_outb + h * D + d, out_inv_ptr, True, QUANT_OUT)
     if PREPARE:  # attention.dense's input for the INT4 GEMV: this head's D inputs are whole blocks
         cols = h * D + d
         store_planes(consumer_input(y, pqs_ptr, cols, cols < K_OUT, HAS_PQS, COMPUTE), h * D, K_OUT,
@@ -375,6 +393,8 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
     if block_t is None:  # the module's choice (a benchmark passes its own, with ATTENTION_STAGES)
         block_t, stages = shape.block_t, shape.stages
     f16_dots = shape.f16_dots
+    # (attention.dense's INT4 GEMV input is written by the combine only: batch 1's step, which splits anyway)
+    direct = DIRECT_SINGLE_SPLIT and splits == 1 and prepared is None and not write_only
     _decode_attention_kernel[(batch, kv_heads, 1 if write_only else splits)](
         qkv_partials, qkv_partials.stride(0), qkv_partials.stride(1), bias if bias is not None else qkv_partials,
         cos, sin, cos.stride(0),
@@ -384,18 +404,20 @@ def decode_attention(qkv_partials: torch.Tensor, bias: torch.Tensor | None, cos:
         tree[0] if tree is not None else positions, tree[1] if tree is not None else positions,
         tree.stride(0) if tree is not None else 0,
         o_work, lse_work, o_work.stride(0), o_work.stride(1), lse_work.stride(0),
+        out, out_inv if out_inv is not None else out, out.stride(0),
         LOG2E / d**0.5, norm_sumsq if norm_sumsq is not None else o_work, hidden, eps,
         H=heads, KVH=kv_heads, D=d, GROUP=group, NORM_PARTS=norm_sumsq.numel() if norm_sumsq is not None else 0,
         NORM_BLOCK=triton.next_power_of_2(norm_sumsq.numel()) if norm_sumsq is not None else 1,
         QKV_SPLITS=qkv_splits, FIXED=fixed, HAS_BIAS=bias is not None,
         SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_T=block_t,
         BS=k_cache.shape[2], COMPUTE=dt,
-        PDL=pdl, PREFETCH=PREFETCH_KV and pdl and not write_only, KV_FP8=kv_fp8, KV_UNIT=kv_fp8 and kv_unit,
+        PDL=pdl, PREFETCH=PREFETCH_KV and pdl and not write_only and batch < PREFETCH_MAX_ROWS,
+        KV_FP8=kv_fp8, KV_UNIT=kv_fp8 and kv_unit,
         LINE=line, LINES=max(1, d // line),
-        DOT=tl.float16 if f16_dots else dt, TREE=tree is not None, WRITE_ONLY=write_only,
-        num_warps=ATTENTION_WARPS, num_stages=stages, launch_pdl=pdl,
+        DOT=tl.float16 if f16_dots else dt, TREE=tree is not None, WRITE_ONLY=write_only, DIRECT=direct,
+        QUANT_OUT=out_inv is not None, num_warps=ATTENTION_WARPS, num_stages=stages, launch_pdl=pdl,
     )
-    if write_only:
+    if write_only or direct:
         return
     p = prepared
     assert p is None or p.k == heads * d and d % p.block == 0

@@ -872,9 +872,11 @@ def measured(fmt: str, m: int, n: int, k: int, glu: bool, *, step: bool = False
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     """This GEMM's tiles for ``q`` at M = ``m``: the table's (``measured``) where it chose the GEMM (or, where a
     library GEMM won, measured the GEMM fastest of the step's kernels), else ``default_config``; either ``fit`` to the
-    device's shared memory."""
+    device's shared memory. A row whose step kernel is the GEMV or the dot kernel carries that kernel's tiles, which
+    this GEMM cannot take (the eager INT4 decode of 2 rows asserted in ``launch``: H100 2026-12-07)."""
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)
-    cfg = choice[1] if choice is not None and choice[1] is not None else default_config(q, m, sm_count, glu=glu)
+    taken = choice is not None and choice[0] == "gemm" and choice[1] is not None
+    cfg = choice[1] if taken else default_config(q, m, sm_count, glu=glu)
     return fit(q, cfg, smem_limit(q.weight.device), glu=glu)
 
 
