@@ -65,11 +65,14 @@ LOADED_ROWS = 64
 LOADED_BLOCK_T, LOADED_STAGES = 32, 3
 # The L2 prefetch before the PDL wait only for steps of fewer rows: a loaded step's keys and values outgrow L2 many
 # times over (512 rows of ~1,300 FP8 tokens: ~0.7 GB a layer against 50 MB), so the lines the first programs fetch
-# are evicted by the others' before their tiles read them, and each is read from DRAM twice.
+# are evicted by the others' before their tiles read them, and each is read from DRAM twice. Timed as chained PDL
+# launches (H100, ``attention_sweep.py --step``, 2026-12-07): with the prefetch 1.17-1.38x slower over FP8 keys at
+# 64-512 rows x 1-2k tokens (512 x 2048: 663 against 483 us a layer), 1.55-1.66x over BF16 (1,163 against 700).
 PREFETCH_MAX_ROWS = LOADED_ROWS
 # One key-range split (``pick_splits`` from 2 x SMs / KV heads rows: 66 on an H100 or H200): each program stores its
 # query heads' output itself, as the combine would (its weight exp2(0) = 1 leaves the output's rounding as it is), and
-# the step launches no combine (512 rows of 1000/1000 on an H100: 1.34 ms of a ~21 ms step).
+# the step launches no combine (512 rows of 1000/1000 on an H100: 1.34 ms of a ~21 ms step; the sweep above at 512 x
+# 2048 FP8: 483 us a layer against 511 with the combine).
 DIRECT_SINGLE_SPLIT = True
 # An FP8 pool from LOADED_ROWS rows: tiles of 128 keys (the bytes of BF16's 64) in 2 stages. Of 216 shapes timed at
 # 64-256 rows x 512-2048 tokens it was the fastest at 7 of 9 and within 10% at the others; the BF16 pool's loaded
