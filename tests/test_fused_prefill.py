@@ -30,3 +30,16 @@ def test_fused_layers_give_eager_hidden_states(quantized, name):
     assert r["fp8_inputs"] == [("fp8" in name)] * 4  # qkv, dense, fc_gate, proj
     assert r["finite"] and r["tokens"] == 17
     assert r["hidden_rel"] < 1e-6 and r["argmax_equal"] == r["tokens"]
+
+
+def test_kv_write_kernel_is_the_index_assignment():
+    """The fused forward's K/V write (one launch for both tensors, ``prefill.write_kv``) leaves a BF16 and an E4M3
+    pool exactly as the eager forward's index assignment does: tokens over shuffled blocks, the values a strided view
+    of the QKV output, every other slot untouched."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(TESTS / "kv_write_check.py")], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["dtype"] for r in rows] == ["torch.bfloat16", "torch.float8_e4m3fn"]
+    assert all(r["equal"] and r["v_strided"] for r in rows), rows

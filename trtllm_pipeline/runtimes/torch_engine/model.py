@@ -550,10 +550,17 @@ class Qwen2Engine(torch.nn.Module):
         """``_layers``' ``attend``: each token's K/V written at (``blocks``, ``within``) of the pool, then
         ``attention`` (``paged_attention``'s) over them."""
 
+        write = None
+        if self.fused():  # one Triton launch for both, not two index assignments
+            from trtllm_pipeline.runtimes.torch_engine.cuda.prefill import write_kv as write
+
         def attend(i: int, q, k, v):
             k, v = self.kv_store(i, k), self.kv_store(i, v)
-            _as_bytes(self.cache_k[i])[blocks, :, within] = _as_bytes(k)
-            _as_bytes(self.cache_v[i])[blocks, :, within] = _as_bytes(v)
+            if write is not None:
+                write(self.cache_k[i], self.cache_v[i], blocks, within, k, v)
+            else:
+                _as_bytes(self.cache_k[i])[blocks, :, within] = _as_bytes(k)
+                _as_bytes(self.cache_v[i])[blocks, :, within] = _as_bytes(v)
             return attention(i, q, self.kv_load(i, k), self.kv_load(i, v))
 
         return attend
@@ -727,9 +734,13 @@ class _PagedAttention:
         pad = torch.full((len(rows), width), -1, dtype=torch.long)
         for i, r in enumerate(rows):
             pad[i, : self.lengths[r]] = torch.arange(self.offsets[r], self.offsets[r + 1])
+        group = {"rows": len(rows), "width": width}
+        first, last = self.offsets[rows[0]], self.offsets[rows[-1] + 1]
+        if last - first == len(rows) * width:  # no padding, rows adjacent (a prefill graph's R x L): one slice
+            group["span"] = (first, last)
         pad = pad.reshape(-1).to(dev)
         real = torch.nonzero(pad >= 0).reshape(-1)
-        group = {"rows": len(rows), "width": width, "pad": pad.clamp(min=0), "real": real, "tokens": pad[real]}
+        group.update(pad=pad.clamp(min=0), real=real, tokens=pad[real])
         if later:
             span = max(self.starts[r] + self.lengths[r] for r in rows)
             blocks = -(-span // bs)
@@ -765,10 +776,13 @@ class _PagedAttention:
             o = _masked_attention(qd, kd, vd, self.decode_mask, scale)
             out[self.decode_tokens] = o.reshape(o.shape[0], -1)
         for g in self.groups:
-            r, w = g["rows"], g["width"]
+            r, w, span = g["rows"], g["width"], g.get("span")
 
             def padded(x: torch.Tensor) -> torch.Tensor:  # [N, h, D] -> [R, h, width, D]
-                return x[g["pad"]].view(r, w, x.shape[1], x.shape[2]).transpose(1, 2)
+                # (a span: the same values without a gather's copy; contiguous as a gather's would be, for the
+                # attention kernel's choice: v is a view of the QKV output)
+                x = x[span[0] : span[1]].contiguous() if span else x[g["pad"]]
+                return x.view(r, w, x.shape[1], x.shape[2]).transpose(1, 2)
 
             if "mask" in g:
                 kg = self._gather(i, e.cache_k, g["tables"])
@@ -778,7 +792,12 @@ class _PagedAttention:
                 o = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale,
                                                    enable_gqa=True)
             o = o.transpose(1, 2).reshape(r * w, -1)
-            out[g["tokens"]] = o[g["real"]]
+            if span == (0, out.shape[0]):  # the step's only rows (a prefill graph's): o is the output
+                return o
+            if span:
+                out[span[0] : span[1]] = o
+            else:
+                out[g["tokens"]] = o[g["real"]]
         return out
 
 

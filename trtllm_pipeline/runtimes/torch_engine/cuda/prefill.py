@@ -80,6 +80,33 @@ def _quantize_kernel(x_ptr, stride_x, out_ptr, stride_out, inv_ptr, COLS, BLOCK:
     tl.store(out_ptr + t * stride_out + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=ok)
 
 
+@triton.jit
+def _kv_write_kernel(k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, kc_ptr, vc_ptr, stride_cb, stride_ch,
+                     stride_ct, blocks_ptr, within_ptr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One token's keys and values [KVH, D] to its slot of the paged pool: block ``blocks[t]``, row ``within[t]``."""
+    t = tl.program_id(0)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, D)[None, :]
+    ok = (h < KVH) & (d < D)  # (the full tile's shape: the interpreter cannot store through a broadcast mask)
+    dst = tl.load(blocks_ptr + t) * stride_cb + h * stride_ch + tl.load(within_ptr + t) * stride_ct + d
+    tl.store(kc_ptr + dst, tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=ok), mask=ok)
+    tl.store(vc_ptr + dst, tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=ok), mask=ok)
+
+
+def write_kv(cache_k: torch.Tensor, cache_v: torch.Tensor, blocks: torch.Tensor, within: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor) -> None:
+    """``cache[blocks[t], :, within[t]] = k[t]`` (and v) for every token t in one launch: one layer's pool
+    [num_blocks, kv_heads, block_size, D], ``k`` / ``v`` [N, kv_heads, D] as the pool stores them (v may be a view of
+    the QKV output). The index assignment it replaces took ~17 us a layer and tensor at 2,048 BF16 tokens (H100,
+    the fused prefill's profile, 2026-12-07: 0.95 ms of a ~30 ms prefill for the two)."""
+    n, kvh, d = k.shape
+    assert k.stride(2) == 1 and v.stride(2) == 1 and cache_k.stride() == cache_v.stride() and cache_k.stride(3) == 1
+    if n:
+        _kv_write_kernel[(n,)](k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), cache_k, cache_v,
+                               cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), blocks, within, KVH=kvh, D=d,
+                               BLOCK_H=triton.next_power_of_2(kvh))
+
+
 SILU_BLOCK = 1024
 
 
