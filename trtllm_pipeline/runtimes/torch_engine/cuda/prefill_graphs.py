@@ -56,6 +56,13 @@ class PrefillGraphs:
         rows = max(r for r, _ in self.shapes)
         self.tokens = torch.zeros(max(r * n for r, n in self.shapes), dtype=torch.long, device=dev)
         self.table = torch.zeros((rows, engine.slot_blocks), dtype=torch.long, device=dev)  # null block past a prompt
+        # the next forward's tokens and tables staged on the host, pinned on CUDA: a copy from pageable memory waits
+        # for the stream's queued work, which would hold a prefill launched behind the running decode step
+        # (``OverlapSteps._launch_eager_early``) until that step is done; ``_staged`` marks their copies' end
+        pin = self.use_graphs
+        self._tokens_host = torch.zeros(self.tokens.shape, dtype=torch.long, pin_memory=pin)
+        self._table_host = torch.zeros(self.table.shape, dtype=torch.long, pin_memory=pin)
+        self._staged = torch.cuda.Event() if pin else None
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # every graph's hidden states [rows x length, hidden], copied here in the graph: one buffer, not one per shape
         # (which the pool would keep apart: ~0.3 GB of the 7B's at 4,096 tokens a chunk)
@@ -119,13 +126,19 @@ class PrefillGraphs:
         rewritten by the next ``forward``). Call with a ``shape_for`` the rows fit."""
         shape = self.shape_for([len(tokens) for tokens, _ in rows])
         count, length = shape
-        tokens = torch.zeros((count, length), dtype=torch.long)
-        tables = torch.zeros((count, self.table.shape[1]), dtype=torch.long)
+        if self._staged is not None:
+            self._staged.synchronize()  # (the last forward's copies out of the staging buffers are done)
+        tokens = self._tokens_host[: count * length].view(count, length)
+        tables = self._table_host[:count]
+        tokens.zero_()
+        tables.zero_()
         for i, (toks, table) in enumerate(rows):
-            tokens[i, : len(toks)] = torch.tensor(list(toks), dtype=torch.long)
-            tables[i, : len(table)] = torch.tensor(list(table), dtype=torch.long)
+            tokens[i, : len(toks)] = torch.as_tensor(toks, dtype=torch.long)
+            tables[i, : len(table)] = torch.as_tensor(table, dtype=torch.long)
         self.tokens[: count * length].copy_(tokens.view(-1), non_blocking=True)
         self.table[:count].copy_(tables, non_blocking=True)
+        if self._staged is not None:
+            self._staged.record()
         if self.use_graphs:
             self.graphs[shape].replay()
             out = self.output
