@@ -37,6 +37,8 @@ SHAPES = [(bt, w, s) for bt in (32, 64, 128) for w, s in ((4, 2), (4, 3), (4, 4)
 # reads (sm_90 SASS, tools/attention_sass.py: an FP8 tile's key loop 605 -> 482 instructions a thread, 370 with
 # float16 dots)
 SHAPES += [(32, 4, 1), (64, 4, 1), (32, 8, 1)]
+# 128-key FP8 tiles (the loaded FP8 shape) without the pipeline, and with 8 warps (not in the 2026-12-05 sweep)
+SHAPES += [(128, 4, 1), (128, 8, 1)]
 
 
 def case(batch: int, ctx: int, device, gen, kv: str = "bf16"):

@@ -16,3 +16,6 @@ if on_h200; then  # the goal's rows on its GPU (H200 2026-12-07: 128/2048 at 1,0
 fi
 # where a 2048/128 step goes (its prefill steps: the graph, the K/V write, the decode rows after it)
 part probe 120 LOAD_VARIANT=-fp8kv LENGTHS=2048/128 REQUESTS=512 SECONDS_=45
+# the FP8 pool's key tile at load (~2.2 TB/s against BF16's ~3.0 on the H100): the sweep, now with 128-key tiles
+# unpipelined and at 8 warps
+part attention 90 ATTN_KV=fp8 ATTN_BATCHES=256,512 ATTN_CONTEXTS=2048
