@@ -552,7 +552,8 @@ PY
     c=${c%.yaml}-load${LOAD_VARIANT:-}.yaml  # LOAD_VARIANT=-fp8kv: the FP8 KV pool's build
     tp build -c "$c" --engines-dir "$engines"
     python3 benchmarks/throughput_probe.py -c "$c" --engines-dir "$engines" --lengths "${LENGTHS:-128/2048}" \
-      --requests "${REQUESTS:-512}" --seconds "${SECONDS_:-60}" -o "$out/throughput-probe.json" ;;
+      --requests "${REQUESTS:-512}" --seconds "${SECONDS_:-60}" ${TRACE_AFTER:+--trace-after "$TRACE_AFTER"} \
+      -o "$out/throughput-probe.json" ;;
   attention)  # the decode attention's launch shape at 64-256 rows x 512-2048 tokens (benchmarks/attention_sweep.py)
     # ATTN_STEP=1: the module's launch under PDL against its variants (prefetch, combine) instead of the sweep
     python3 benchmarks/attention_sweep.py --kv "${ATTN_KV:-bf16}" ${ATTN_STEP:+--step} \

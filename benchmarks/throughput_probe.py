@@ -1,7 +1,9 @@
 """Where a loaded step's time goes (issue 31): the throughput workload, stepped for a bounded time, with a line
 every few seconds (steps, ms per step, rows per step by kind, output tokens/s, requests running and waiting, KV
-usage, and the runtime's host time by phase: planning, eager rows, fast-path rows) and, once the batch is full,
-a torch profiler trace of a few steps summed by kernel. One call on the H200:
+usage, and the runtime's host time by phase: planning, eager rows, fast-path rows) and, once the batch is full (or
+``--trace-after`` seconds in, for a workload whose batch never fills: 2048/128 runs ~128 rows beside one prompt a step),
+a torch profiler trace of a few steps summed by kernel, with the share of the traced time the GPU was busy (the union
+of its kernels' and copies' intervals: what the host left idle between them is the rest). One call on the H200:
 
     python benchmarks/throughput_probe.py -c build_configs/r1-distill-qwen-7b-random-fp8-tp1-load.yaml \\
         --engines-dir /tmp/engines --lengths 128/2048 --requests 512 --seconds 90 -o probe.json
@@ -37,6 +39,30 @@ def kernel_sums(prof, top: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["device_us"])[:top]
 
 
+def busy_share(intervals: list[tuple[float, float]]) -> tuple[float, float]:
+    """(the share of [first start, last end] that the union of ``intervals`` covers, that span): how busy a device
+    was over a trace, where overlapping intervals (kernels of two streams) count once."""
+    if not intervals:
+        return 0.0, 0.0
+    spans = sorted(intervals)
+    covered, (run_start, run_end) = 0.0, spans[0]
+    for start, end in spans[1:]:
+        if start > run_end:
+            covered += run_end - run_start
+            run_start, run_end = start, end
+        else:
+            run_end = max(run_end, end)
+    covered += run_end - run_start
+    total = max(end for _, end in spans) - spans[0][0]
+    return (covered / total if total > 0 else 1.0), total
+
+
+def device_busy(prof) -> tuple[float, float]:
+    """``busy_share`` of a trace's CUDA activity (kernels, copies, memsets), in microseconds."""
+    cuda = torch.autograd.DeviceType.CUDA
+    return busy_share([(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", required=True)
@@ -46,6 +72,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=90.0, help="stop stepping after this long")
     ap.add_argument("--every", type=float, default=5.0, help="seconds between progress lines")
     ap.add_argument("--profile-steps", type=int, default=8, help="steps traced once the batch is full (0: none)")
+    ap.add_argument("--trace-after", type=float, default=None,
+                    help="trace those steps this many seconds in, full batch or not")
     ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args()
     inp, out = (int(x) for x in args.lengths.split("/"))
@@ -58,7 +86,7 @@ def main() -> None:
     for i in range(args.requests):
         rt.submit(("probe", i), [rng.randrange(100, min(30000, rt.vocab_size - 1)) for _ in range(inp)], params)
     cuda = rt.device.type == "cuda"
-    lines, kernels = [], []
+    lines, kernels, busy = [], [], None
     start = last = time.perf_counter()
     prev = {**rt.phase_times(), "tokens": 0}
     tokens = 0
@@ -73,7 +101,9 @@ def main() -> None:
             torch.cuda.synchronize()
         prefill = kernel_sums(prof, 25)
         cpu = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
-        print(f"-- traced the first 3 steps ({rt.phase_times()['eager_tokens']} prompt tokens):", flush=True)
+        share, span_us = device_busy(prof)
+        print(f"-- traced the first 3 steps ({rt.phase_times()['eager_tokens']} prompt tokens): the GPU busy "
+              f"{100 * share:.1f}% of {span_us / 1000:.1f} ms", flush=True)
         for k in prefill:
             print(f"   {k['device_us'] / 3000:8.3f} ms/step  {k['calls']:>6}  {k['name']}", flush=True)
         for e in cpu:
@@ -85,7 +115,8 @@ def main() -> None:
     while rt.has_work() and time.perf_counter() - start < args.seconds:
         running = len(rt.scheduler.running)
         full = running >= min(rt.max_batch_size, args.requests) and all(r.decoding for r in rt.scheduler.running)
-        if not profiled and cuda and full:
+        due = args.trace_after is not None and time.perf_counter() - start >= args.trace_after
+        if not profiled and cuda and (due if args.trace_after is not None else full):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.profile_steps):
@@ -93,7 +124,10 @@ def main() -> None:
                 torch.cuda.synchronize()
             kernels = kernel_sums(prof, 25)
             profiled = True
-            print(f"-- traced {args.profile_steps} steps at {running} running:", flush=True)
+            share, span_us = device_busy(prof)
+            busy = {"share": share, "span_ms": span_us / 1000}
+            print(f"-- traced {args.profile_steps} steps at {running} running: the GPU busy {100 * share:.1f}% of "
+                  f"{span_us / 1000:.1f} ms", flush=True)
             for k in kernels:
                 print(f"   {k['device_us'] / args.profile_steps / 1000:8.3f} ms/step  {k['calls']:>6}  {k['name']}",
                       flush=True)
@@ -121,7 +155,7 @@ def main() -> None:
     rt.close()
     if args.output:
         args.output.write_text(json.dumps({"config": cfg.name, "lengths": args.lengths, "requests": args.requests,
-                                           "lines": lines, "kernels": kernels,
+                                           "lines": lines, "kernels": kernels, "busy": busy,
                                            "kernels_prefill": kernels_prefill}, indent=1))
 
 

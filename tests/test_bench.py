@@ -360,3 +360,17 @@ def test_long_prompt_beside_running_decodes_is_prefilled_in_chunks_while_every_d
         bad = run_cli("bench", "--in-process", *args, "-c", str(config), "--engines-dir", str(engines_dir),
                       "-o", str(tmp_path / "bad.json"))
         assert bad.returncode == 2 and fix in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_throughput_probe_counts_overlapping_device_intervals_once():
+    """benchmarks/throughput_probe.py's GPU busy share over a trace: the union of the kernels' intervals (two streams'
+    overlapping ones once) over the span from the first start to the last end; an idle gap is what it leaves out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from throughput_probe import busy_share
+
+    assert busy_share([(0, 10), (5, 12), (20, 30)]) == (22 / 30, 30)
+    assert busy_share([(3, 4), (0, 10)]) == (1.0, 10)  # nested: one interval
+    assert busy_share([]) == (0.0, 0.0)

@@ -10,6 +10,9 @@ on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep
 # (and batch 1 after it, which these changes leave as it was: the prefetch stays below 64 rows, batch 1 splits its
 # keys; FP8 2.62-2.75 ms a step)
 part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1
+# where a 2048/128 step in steady state goes (one prompt and ~128 decode rows; H100 2026-12-07c: 37-39 ms a step
+# where its kernels add to ~34): its kernels and how busy the GPU was between them
+part probe 120 LOAD_VARIANT=-fp8kv LENGTHS=2048/128 REQUESTS=512 SECONDS_=40 TRACE_AFTER=20
 if on_h200; then
   part throughput 540 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS="1000/1000 500/2000 2048/2048" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
   part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
