@@ -204,6 +204,26 @@ def test_an_fp8_kv_cache_stores_e4m3_and_every_path_reads_it_alike(built, kv_sca
     assert saturated > 0
 
 
+def test_first_chunks_attend_over_a_slice_only_where_their_rows_are_whole_and_adjacent(plain):
+    """A group of first chunks whose rows are all as long as its widest and packed next to each other (a prefill
+    graph's R x L) attends over a slice of the step's tensors instead of gathered copies, with the same output; rows
+    of 5 and 7 around another prompt's 2 span 14 = 2 x 7 tokens but are neither, and keep the gathers."""
+    e = plain.engine
+    tables = torch.zeros((3, 8), dtype=torch.long)
+
+    def spans(lengths):
+        return [g.get("span") for g in e.paged_attention(tables[: len(lengths)], [0] * len(lengths), lengths).groups]
+
+    assert spans([4, 4]) == [(0, 8)] and spans([5, 2, 7]) == [(5, 7), None] and spans([3, 4]) == [None]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(8, e.heads, e.head_dim, generator=gen)
+    k, v = (torch.randn(8, e.kv_heads, e.head_dim, generator=gen) for _ in range(2))
+    attention = e.paged_attention(tables[:2], [0, 0], [4, 4])
+    sliced = attention(0, q, k, v)
+    attention.groups[0].pop("span")
+    assert torch.equal(attention(0, q, k, v), sliced)
+
+
 def test_a_first_chunk_through_the_prefill_graph_path_gives_the_eager_tokens(ckpt, plain):
     """``cuda/prefill_graphs`` without CUDA (its forward run directly over the static inputs, padded to the bucket): a
     lone prompt's first chunk padded up to its bucket (the padding after the prompt, its K/V past the prompt's end or

@@ -44,12 +44,13 @@ def compile_attention(kv: str, dots: str, block_t: int, stages: int, warps: int 
     consts = dict(H=28, KVH=4, D=128, GROUP=7, NORM_PARTS=0, NORM_BLOCK=1, QKV_SPLITS=1, FIXED=True, HAS_BIAS=True,
                   SPLITS=2, BLOCK_H=16, BLOCK_T=block_t, BS=32, COMPUTE=compute, PDL=True, PREFETCH=True,
                   KV_FP8=fp8, KV_UNIT=kv == "fp8", LINE=128 if fp8 else 64, LINES=1 if fp8 else 2,
-                  DOT=tl.float16 if dots == "f16" else compute, TREE=tree, WRITE_ONLY=write_only)
+                  DOT=tl.float16 if dots == "f16" else compute, TREE=tree, WRITE_ONLY=write_only, DIRECT=False,
+                  QUANT_OUT=True)
     cache = "*fp8e4nv" if fp8 else "*bf16"
     pointers = {"qkv_ptr": "*i64", "k_cache_ptr": cache, "v_cache_ptr": cache, "kv_scale_ptr": "*fp32",
                 "kv_inv_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64", "bt_ptr": "*i64", "o_ptr": "*fp32",
                 "lse_ptr": "*fp32", "sq_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rot_ptr": "*i64",
-                "shift_ptr": "*i64"}
+                "shift_ptr": "*i64", "out_ptr": "*fp8e4nv", "out_inv_ptr": "*fp32"}
     fn = attention._decode_attention_kernel
     sig = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n.endswith("ptr")
            else "fp32" if n in ("qk_scale", "eps") else "i32" for n in fn.arg_names}

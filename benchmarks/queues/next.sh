@@ -2,6 +2,11 @@
 # `WAIT_S=15 bash benchmarks/h200_queue.sh start benchmarks/queues/next.sh` carrying .whl, then `wait` calls back to
 # back (each within 30 s of the last). In order of need; what is cut is what comes last.
 on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200; }
+# the key loop without masks on whole tiles (FP8 at 128 keys 1,229 -> 869 instructions a thread by sm_90 SASS): the
+# module's launch as the step makes it, against h100-2026-12-07b's attention-step-* on the same shapes (FP8 512 x
+# 2048: 483 us a layer, BF16 700)
+part attention 60 ATTN_STEP=1 ATTN_KV=fp8 ATTN_BATCHES=64,128,256,512 ATTN_CONTEXTS=1024,2048
+part attention 40 ATTN_STEP=1 ATTN_KV=bf16 ATTN_BATCHES=256,512 ATTN_CONTEXTS=1024,2048
 # 31: the five rows with the decode attention's changes (no L2 prefetch at load, one split storing its output),
 # cuBLAS's outputs uncopied, the prefill's K/V write in one launch and its tokens staged in pinned memory. H100
 # 2026-12-07c: 1000/1000 17,876 (TensorRT-LLM's H200 row 17,744); H200 2026-12-07, before all of them: 128/2048 25,045

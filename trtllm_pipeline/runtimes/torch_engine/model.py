@@ -736,7 +736,9 @@ class _PagedAttention:
             pad[i, : self.lengths[r]] = torch.arange(self.offsets[r], self.offsets[r + 1])
         group = {"rows": len(rows), "width": width}
         first, last = self.offsets[rows[0]], self.offsets[rows[-1] + 1]
-        if last - first == len(rows) * width:  # no padding, rows adjacent (a prefill graph's R x L): one slice
+        # every row as long as the widest and nothing between them (a prefill graph's R x L): one slice. (The span's
+        # length alone would not say it: rows of 5 and 7 around another row's 2 span 14 = 2 x 7.)
+        if all(self.lengths[r] == width for r in rows) and last - first == len(rows) * width:
             group["span"] = (first, last)
         pad = pad.reshape(-1).to(dev)
         real = torch.nonzero(pad >= 0).reshape(-1)
