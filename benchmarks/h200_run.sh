@@ -64,7 +64,8 @@
 #                                          # each pair at each --max-batch-size (rows a step: up to 1024 for BF16 /
 #                                          # FP8); CLEAN=1: the build removed after the part
 #   bash benchmarks/h200_run.sh probe      # the same build under the throughput load for SECONDS_ (60): where a step's
-#                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py)
+#                                          # time goes, by phase and by kernel (benchmarks/throughput_probe.py);
+#                                          # TRACE_AFTER=S: its trace S seconds in (a batch that never fills)
 #   bash benchmarks/h200_run.sh attention  # the decode attention kernel's BLOCK_T / warps / stages / splits at the
 #                                          # batches and contexts of a loaded engine (benchmarks/attention_sweep.py);
 #                                          # ATTN_KV=fp8: an E4M3 pool; ATTN_STEP=1: the module's launch under PDL
