@@ -32,14 +32,17 @@ def test_fused_layers_give_eager_hidden_states(quantized, name):
     assert r["hidden_rel"] < 1e-6 and r["argmax_equal"] == r["tokens"]
 
 
-def test_kv_write_kernel_is_the_index_assignment():
-    """The fused forward's K/V write (one launch for both tensors, ``prefill.write_kv``) leaves a BF16 and an E4M3
-    pool exactly as the eager forward's index assignment does: tokens over shuffled blocks, the values a strided view
-    of the QKV output, every other slot untouched."""
+def test_kv_write_kernel_is_the_eager_spelling():
+    """The fused forward's K/V write (one launch for both tensors, ``prefill.write_kv``) leaves a BF16 pool and an
+    E4M3 pool (unit scale and another, values past 448 saturated) exactly as the eager forward's quantization and index
+    assignment do: tokens over shuffled blocks, the values a strided view of the QKV output, every other slot
+    untouched; and returns, bit for bit, the dequantized keys and values the eager forward's attention reads."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, str(TESTS / "kv_write_check.py")], capture_output=True, text=True, env=env,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [r["dtype"] for r in rows] == ["torch.bfloat16", "torch.float8_e4m3fn"]
-    assert all(r["equal"] and r["v_strided"] for r in rows), rows
+    assert [(r["pool"], r["scale"]) for r in rows] == [("torch.bfloat16", None), ("torch.float8_e4m3fn", 1.0),
+                                                      ("torch.float8_e4m3fn", 0.37)]
+    assert all(r["pool_equal"] and r["read_equal"] and r["v_strided"] for r in rows), rows
+    assert all(r["saturated"] for r in rows[1:]), rows

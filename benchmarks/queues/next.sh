@@ -2,6 +2,9 @@
 # `WAIT_S=15 bash benchmarks/h200_queue.sh start benchmarks/queues/next.sh` carrying .whl, then `wait` calls back to
 # back (each within 30 s of the last). In order of need; what is cut is what comes last.
 on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200; }
+# the K/V write kernel now also quantizes an E4M3 pool's keys and values and returns what its readers see (the eager
+# spelling took ~8 elementwise launches a layer more): against the eager spelling on this GPU, rc 1 if it differs
+part kv_write 60
 # the key loop without masks on whole tiles (FP8 at 128 keys 1,229 -> 869 instructions a thread by sm_90 SASS): the
 # module's launch as the step makes it, against h100-2026-12-07b's attention-step-* on the same shapes (FP8 512 x
 # 2048: 483 us a layer, BF16 700)

@@ -551,16 +551,17 @@ class Qwen2Engine(torch.nn.Module):
         ``attention`` (``paged_attention``'s) over them."""
 
         write = None
-        if self.fused():  # one Triton launch for both, not two index assignments
+        if self.fused():  # one Triton launch for both, not two index assignments (and an E4M3 pool's casts)
             from trtllm_pipeline.runtimes.torch_engine.cuda.prefill import write_kv as write
 
         def attend(i: int, q, k, v):
+            if write is not None:  # (an E4M3 pool's quantization and its readers' values in the same launch)
+                scales = {} if self.kv_scale is None else {"scale": self.kv_scale[i : i + 1],
+                                                           "inv": self.kv_inv[i : i + 1]}
+                return attention(i, q, *write(self.cache_k[i], self.cache_v[i], blocks, within, k, v, **scales))
             k, v = self.kv_store(i, k), self.kv_store(i, v)
-            if write is not None:
-                write(self.cache_k[i], self.cache_v[i], blocks, within, k, v)
-            else:
-                _as_bytes(self.cache_k[i])[blocks, :, within] = _as_bytes(k)
-                _as_bytes(self.cache_v[i])[blocks, :, within] = _as_bytes(v)
+            _as_bytes(self.cache_k[i])[blocks, :, within] = _as_bytes(k)
+            _as_bytes(self.cache_v[i])[blocks, :, within] = _as_bytes(v)
             return attention(i, q, self.kv_load(i, k), self.kv_load(i, v))
 
         return attend

@@ -81,30 +81,59 @@ def _quantize_kernel(x_ptr, stride_x, out_ptr, stride_out, inv_ptr, COLS, BLOCK:
 
 
 @triton.jit
+def _kv_tile(src_ptr, stride_t, stride_h, cache_ptr, read_ptr, dst, read, t, h, d, ok, scale, inv,
+             FP8: tl.constexpr):
+    """One token's keys (or values) to the pool at ``dst``; FP8: stored as E4M3 (``x * inv``, saturated, to nearest
+    even: the eager ``quantize_fp8``) and what a reader sees (times ``scale``, rounded: ``dequantize_fp8``) at
+    ``read_ptr + read``."""
+    x = tl.load(src_ptr + t * stride_t + h * stride_h + d, mask=ok)
+    if FP8:
+        q = tl.clamp(x.to(tl.float32) * inv, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        tl.store(cache_ptr + dst, q, mask=ok)
+        tl.store(read_ptr + read, (q.to(tl.float32) * scale).to(x.dtype), mask=ok)
+    else:
+        tl.store(cache_ptr + dst, x, mask=ok)
+
+
+@triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, kc_ptr, vc_ptr, stride_cb, stride_ch,
-                     stride_ct, blocks_ptr, within_ptr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr):
+                     stride_ct, blocks_ptr, within_ptr, kr_ptr, vr_ptr, scale_ptr, inv_ptr, KVH: tl.constexpr,
+                     D: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
     """One token's keys and values [KVH, D] to its slot of the paged pool: block ``blocks[t]``, row ``within[t]``."""
     t = tl.program_id(0)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, D)[None, :]
     ok = (h < KVH) & (d < D)  # (the full tile's shape: the interpreter cannot store through a broadcast mask)
     dst = tl.load(blocks_ptr + t) * stride_cb + h * stride_ch + tl.load(within_ptr + t) * stride_ct + d
-    tl.store(kc_ptr + dst, tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=ok), mask=ok)
-    tl.store(vc_ptr + dst, tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=ok), mask=ok)
+    read = (t * KVH + h) * D + d  # (the returned [N, KVH, D] tensors, contiguous)
+    scale, inv = 1.0, 1.0
+    if FP8:
+        scale, inv = tl.load(scale_ptr), tl.load(inv_ptr)
+    _kv_tile(k_ptr, stride_kt, stride_kh, kc_ptr, kr_ptr, dst, read, t, h, d, ok, scale, inv, FP8)
+    _kv_tile(v_ptr, stride_vt, stride_vh, vc_ptr, vr_ptr, dst, read, t, h, d, ok, scale, inv, FP8)
 
 
 def write_kv(cache_k: torch.Tensor, cache_v: torch.Tensor, blocks: torch.Tensor, within: torch.Tensor,
-             k: torch.Tensor, v: torch.Tensor) -> None:
+             k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor | None = None,
+             inv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``cache[blocks[t], :, within[t]] = k[t]`` (and v) for every token t in one launch: one layer's pool
-    [num_blocks, kv_heads, block_size, D], ``k`` / ``v`` [N, kv_heads, D] as the pool stores them (v may be a view of
-    the QKV output). The index assignment it replaces took ~17 us a layer and tensor at 2,048 BF16 tokens (H100,
-    the fused prefill's profile, 2026-12-07: 0.95 ms of a ~30 ms prefill for the two)."""
+    [num_blocks, kv_heads, block_size, D], ``k`` / ``v`` [N, kv_heads, D] in the compute dtype (v may be a view of
+    the QKV output). An E4M3 pool (``scale`` / ``inv``: the layer's float32 dequantization scale and its inverse, one
+    element each) stores them quantized as ``model.quantize_fp8`` does. Returns the keys and values as the pool's
+    readers see them (an E4M3 pool's: dequantized, as ``model.dequantize_fp8``; else ``k`` and ``v``), for this
+    step's attention. The eager spelling took two index assignments a layer (~17 us each at 2,048 BF16 tokens: 0.95
+    ms of a ~30 ms prefill on an H100, 2026-12-07) and, over an E4M3 pool, ~8 more elementwise launches."""
     n, kvh, d = k.shape
     assert k.stride(2) == 1 and v.stride(2) == 1 and cache_k.stride() == cache_v.stride() and cache_k.stride(3) == 1
+    fp8 = cache_k.dtype == torch.float8_e4m3fn
+    assert fp8 == (scale is not None and inv is not None), "an E4M3 pool comes with its scale"
+    k_read, v_read = (torch.empty((n, kvh, d), dtype=k.dtype, device=k.device) for _ in range(2)) if fp8 else (k, v)
     if n:
         _kv_write_kernel[(n,)](k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), cache_k, cache_v,
-                               cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), blocks, within, KVH=kvh, D=d,
-                               BLOCK_H=triton.next_power_of_2(kvh))
+                               cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), blocks, within, k_read, v_read,
+                               scale if fp8 else k, inv if fp8 else k, KVH=kvh, D=d,
+                               BLOCK_H=triton.next_power_of_2(kvh), FP8=fp8)
+    return k_read, v_read
 
 
 SILU_BLOCK = 1024
