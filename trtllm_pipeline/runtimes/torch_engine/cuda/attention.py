@@ -124,6 +124,19 @@ def _tree_slots(t, rot, shifts_ptr, stride_shift):
 
 
 @triton.jit
+def _cached(ptrs, cached, kv_scale, MASKED: tl.constexpr, KV_FP8: tl.constexpr, KV_UNIT: tl.constexpr,
+            DOT: tl.constexpr):
+    """A tile of cached keys or values [BLOCK_T, D] as the dots take them (MASKED: the keys not ``cached`` as 0)."""
+    if MASKED:
+        x = tl.load(ptrs, mask=cached[:, None], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    if KV_FP8:
+        x = _from_e4m3(x, kv_scale, KV_UNIT, DOT)
+    return x
+
+
+@triton.jit
 def _key_tile(t, end, rot, m_i, l_i, acc, q_dot, qk_scale, table, stride_btj, stride_cb, head, stride_ct, d,
               k_cache_ptr, v_cache_ptr, kv_scale, shifts_ptr, stride_shift, BS: tl.constexpr, KV_FP8: tl.constexpr,
               KV_UNIT: tl.constexpr, DOT: tl.constexpr, TREE: tl.constexpr, MASKED: tl.constexpr):
@@ -133,18 +146,13 @@ def _key_tile(t, end, rot, m_i, l_i, acc, q_dot, qk_scale, table, stride_btj, st
     slot = t
     if TREE:
         slot = _tree_slots(t, rot, shifts_ptr, stride_shift)
+    cached = (t < end) & (t != rot)  # (read only where MASKED)
     if MASKED:
-        cached = (t < end) & (t != rot)
         blocks = tl.load(table + (slot // BS) * stride_btj, mask=t < end, other=0)
     else:
         blocks = tl.load(table + (slot // BS) * stride_btj)
     offs = (blocks * stride_cb + head + (slot % BS) * stride_ct)[:, None] + d[None, :]
-    if MASKED:
-        kt = tl.load(k_cache_ptr + offs, mask=cached[:, None], other=0.0)
-    else:
-        kt = tl.load(k_cache_ptr + offs)
-    if KV_FP8:
-        kt = _from_e4m3(kt, kv_scale, KV_UNIT, DOT)
+    kt = _cached(k_cache_ptr + offs, cached, kv_scale, MASKED, KV_FP8, KV_UNIT, DOT)
     s = tl.dot(q_dot, tl.trans(kt)) * qk_scale
     if MASKED:
         s = tl.where(cached[None, :], s, float("-inf"))
@@ -153,12 +161,7 @@ def _key_tile(t, end, rot, m_i, l_i, acc, q_dot, qk_scale, table, stride_btj, st
     p = tl.exp2(s - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED:
-        vt = tl.load(v_cache_ptr + offs, mask=cached[:, None], other=0.0)
-    else:
-        vt = tl.load(v_cache_ptr + offs)
-    if KV_FP8:
-        vt = _from_e4m3(vt, kv_scale, KV_UNIT, DOT)
+    vt = _cached(v_cache_ptr + offs, cached, kv_scale, MASKED, KV_FP8, KV_UNIT, DOT)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT), vt)
     return m_new, l_i, acc
 
