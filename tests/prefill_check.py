@@ -1,6 +1,7 @@
 """Run by tests/test_fused_prefill.py in a subprocess: ``cuda/prefill``'s fused layers through Triton's interpreter
 on the CPU, against the eager layers (``Qwen2Engine._layers``) on the same paged batch of a tiny checkpoint: a
-first chunk, a later chunk (its prefix already cached) and a decode row. Prints JSON.
+first chunk, a later chunk (its prefix already cached) and a decode row; then with ``cuda/paged_prefill``'s kernel
+attending for the rows a GPU gives it (the later chunk and the decode row), and for every row. Prints JSON.
 
     python tests/prefill_check.py CHECKPOINT_DIR
 """
@@ -15,6 +16,7 @@ import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import prefill
+from trtllm_pipeline.runtimes.torch_engine.model import _PagedAttention
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime
 
@@ -36,6 +38,17 @@ def main(ckpt: Path) -> None:
     # fused result is held to eager's rounding (same rounding points, other summation order)
     rel = float((fused - eager).norm() / eager.norm())
     logits_e, logits_f = engine.logits(eager.to(engine.dtype)), engine.logits(fused.to(engine.dtype))
+    # the paged prefill kernel's rows (as on a GPU): the later chunks and the decode row, then every row
+    kernel = {}
+    _PagedAttention.FORCE_KERNEL = True
+    for rows in ("later", "all"):
+        engine.paged_prefill_rows = rows
+        attention = engine.paged_attention(batch.block_tables, batch.starts.tolist(), batch.lengths.tolist())
+        hidden = prefill.layers(engine, batch.tokens, *engine.paged(batch)).float()
+        logits = engine.logits(hidden.to(engine.dtype))
+        kernel[rows] = {"rows": sorted({int(r) for r in attention.kernel_tiles[:, 0]}),
+                        "hidden_rel": float((hidden - eager).norm() / eager.norm()),
+                        "argmax_equal": int((logits_e.argmax(-1) == logits.argmax(-1)).sum())}
     print(json.dumps({
         "format": engine.layers[0]["qkv"].format,
         "fp8_inputs": [prefill._fp8_input(engine.layers[0][k]) is not None
@@ -44,6 +57,7 @@ def main(ckpt: Path) -> None:
         "hidden_rel": rel,
         "argmax_equal": int((logits_e.argmax(-1) == logits_f.argmax(-1)).sum()),
         "finite": bool(torch.isfinite(fused).all()),
+        "kernel": kernel,
     }))
 
 

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from trtllm_pipeline.checkpoint import FORMAT_NAMES, CheckpointLayout
 from trtllm_pipeline.errors import InputError
+from trtllm_pipeline.runtimes.torch_engine import switches
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, row_ancestors
 from trtllm_pipeline.model import families
 
@@ -461,6 +462,7 @@ class Qwen2Engine(torch.nn.Module):
         self.kv_unit_scale = self.kv_scale is not None and bool((self.kv_scale == 1).all())
         self.kv_dtype = torch.float8_e4m3fn if self.kv_scale is not None else self.dtype
         self.block_size, self.slot_blocks = block_size, -(-max_seq_len // block_size)
+        self.paged_prefill_rows = switches.paged_prefill_rows()  # (``_PagedAttention``'s kernel rows)
         self.cache_k = self.cache_v = None
         if max_slots is not None and num_blocks is None:
             num_blocks = 1 + max_slots * self.slot_blocks
@@ -692,13 +694,18 @@ class Qwen2Engine(torch.nn.Module):
 
 
 class _PagedAttention:
-    """One step's attention through block tables, the same for every layer: the rows of one token (decodes)
-    batched in one call over their gathered keys; the longer rows (prefill chunks) in groups of similar length
-    (the next power of two), each group one call over its rows padded to its longest. A group of first chunks
-    attends to this step's own keys and values (causal: a row's padding sits after its last query, so no real
-    query sees it); a group of later chunks (a prefix cached, or a long prompt's next chunk) gathers its rows'
+    """One step's attention through block tables, the same for every layer. Where the engine runs its fused layers
+    (CUDA), the rows ``engine.paged_prefill_rows`` names (by default later chunks and single-token rows) attend in
+    one launch of ``cuda/paged_prefill``'s kernel, every key read through the row's table. The others: the rows of
+    one token (decodes) batched in one call over their gathered keys; the longer rows (prefill chunks) in groups of
+    similar length (the next power of two), each group one call over its rows padded to its longest. A group of
+    first chunks attends to this step's own keys and values (causal: a row's padding sits after its last query, so
+    no real query sees it); a group of later chunks (a prefix cached, or a long prompt's next chunk) gathers its rows'
     keys through their tables under a mask of each query's visible positions. Per-row calls cost ~10 launches
     a row and layer: at 64 prompts a step that is what the step took (H200, random 7B, issue 31)."""
+
+    # The kernel where the engine is not fused too (the interpreter's checks on the CPU)
+    FORCE_KERNEL = False
 
     def __init__(self, engine: Qwen2Engine, tables: torch.Tensor, starts: list[int], lengths: list[int],
                  trees: dict[int, list[int]] | None = None):
@@ -710,7 +717,8 @@ class _PagedAttention:
         for n in lengths:
             offsets.append(offsets[-1] + n)
         self.offsets = offsets
-        decodes = [r for r, n in enumerate(lengths) if n == 1]
+        self.kernel_tiles, taken = self._kernel_tiles()
+        decodes = [r for r, n in enumerate(lengths) if n == 1 and r not in taken]
         self.decodes = torch.tensor(decodes, dtype=torch.long, device=dev)
         self.decode_tokens = torch.tensor([offsets[r] for r in decodes], dtype=torch.long, device=dev)
         if decodes:
@@ -721,10 +729,28 @@ class _PagedAttention:
             self.decode_mask = _additive(visible[:, None, None, :], engine.dtype)  # [Bd, 1, 1, L]
         groups: dict[tuple[bool, int], list[int]] = {}
         for r, n in enumerate(lengths):
-            if n > 1:
+            if n > 1 and r not in taken:
                 # (a tree row reads its keys through its table, under its mask: a later chunk's way)
                 groups.setdefault((starts[r] > 0 or r in self.trees, 1 << (n - 1).bit_length()), []).append(r)
         self.groups = [self._group(rows, later) for (later, _), rows in sorted(groups.items())]
+
+    def _kernel_tiles(self) -> tuple[torch.Tensor | None, set[int]]:
+        """The paged prefill kernel's tile map for the rows it takes here, and those rows (none where the engine is
+        not fused, or its heads, dtype or blocks are not the kernel's; never a tree row, whose mask it lacks)."""
+        e, which = self.engine, self.engine.paged_prefill_rows
+        if which == "none" or not (e.fused() or self.FORCE_KERNEL) or e.dtype not in (torch.bfloat16, torch.float16):
+            return None, set()
+        from trtllm_pipeline.runtimes.torch_engine.cuda import paged_prefill  # Triton: on first use
+
+        if e.head_dim not in paged_prefill.CONFIGS or e.block_size & (e.block_size - 1):
+            return None, set()
+        rows = [r for r, n in enumerate(self.lengths) if r not in self.trees and n > 0
+                and (which == "all" or n == 1 or self.starts[r] > 0)]
+        if not rows:
+            return None, set()
+        group = e.heads // e.kv_heads
+        queries = paged_prefill.launch_config(e.head_dim, group).block_m // group
+        return paged_prefill.tile_map(self.starts, self.lengths, queries, self.tables.device, rows=rows), set(rows)
 
     def _group(self, rows: list[int], later: bool) -> dict:
         """Index tensors of one group: its rows' tokens padded to the longest (``pad``: packed index per padded
@@ -772,6 +798,13 @@ class _PagedAttention:
         e = self.engine
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
         scale = 1.0 / math.sqrt(e.head_dim)
+        if self.kernel_tiles is not None:  # (this step's k and v are in the pool already: the kernel reads them there)
+            from trtllm_pipeline.runtimes.torch_engine.cuda.paged_prefill import prefill_attention
+
+            fp8 = e.kv_scale is not None
+            prefill_attention(q, e.cache_k[i], e.cache_v[i], self.tables, None, None, scale=scale,
+                              kv_scale=e.kv_scale[i : i + 1] if fp8 else None, kv_unit=fp8 and e.kv_unit_scale,
+                              out=out, tiles=self.kernel_tiles)
         if self.decodes.numel():
             tables = self.tables[self.decodes, : self.decode_blocks]
             kd, vd = self._gather(i, e.cache_k, tables), self._gather(i, e.cache_v, tables)

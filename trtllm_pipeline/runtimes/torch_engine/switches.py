@@ -63,3 +63,20 @@ def prefill_wait_enabled() -> bool:
     server: waiting, no token went eager at any level and TTFT p50 fell at c=8/32/64 to 29/85/138 ms from 56/98/171
     (the run before it, 256-row fast steps without waiting), tokens/s 2,227/7,246/11,233 against 2,140/7,233/11,141."""
     return os.environ.get("TRTLLM_PIPELINE_PREFILL_WAIT", "1").strip() != "0"
+
+
+PAGED_PREFILL_ROWS = ("later", "all", "none")
+
+
+def paged_prefill_rows() -> str:
+    """Which rows of an eager (fused) forward attend through ``cuda/paged_prefill``'s kernel, keys read through their
+    block tables in one launch: ``later`` (the default: later chunks and single-token rows, which otherwise gather
+    their blocks, repeat KV heads and run a masked SDPA; H100: a 512-token chunk after 1,536 cached 50 us a layer
+    against 109), ``all`` (first chunks too, so a token's attention is the same bits however its prompt is chunked or
+    cached; over a whole first chunk SDPA's flash kernel is faster: 75 against 98 us at 2,048), ``none`` (SDPA for
+    every row: the A/B). ``TRTLLM_PIPELINE_PAGED_PREFILL``."""
+    given = os.environ.get("TRTLLM_PIPELINE_PAGED_PREFILL", "later").strip() or "later"
+    if given not in PAGED_PREFILL_ROWS:
+        raise InputError(f"TRTLLM_PIPELINE_PAGED_PREFILL={given!r} names no rows.",
+                         fix=f"set it to one of {', '.join(PAGED_PREFILL_ROWS)}, or unset it")
+    return given

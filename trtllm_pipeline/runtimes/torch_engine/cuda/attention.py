@@ -287,15 +287,20 @@ def _decode_attention_kernel(
     s_new = tl.where(here, tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale, float("-inf"))
     q_dot = q.to(DOT)  # exact: a bfloat16 query in float16 (DOT differs from COMPUTE only there)
     t_in = tl.arange(0, BLOCK_T)
-    # Whole tiles first, below the new token and the split's end: no key of them masked, so their loads and scores go
-    # without the per-key masks (every tile of a long range but its last); then the rest, masked. The tiles' order
-    # and each one's arithmetic are the same either way. sm_90 SASS of the key loop (tools/attention_sass.py): FP8
-    # at 128 keys 1,229 -> 869 instructions a thread, BF16 at 32 keys 368 -> 309 (not yet timed).
-    whole = start + tl.maximum(tl.minimum(end, rot) - start, 0) // BLOCK_T * BLOCK_T
-    for t0 in range(start, whole, BLOCK_T):
-        m_i, l_i, acc = _key_tile(t0 + t_in, end, rot, m_i, l_i, acc, q_dot, qk_scale, table, stride_btj, stride_cb,
-                                  head, stride_ct, d, k_cache_ptr, v_cache_ptr, kv_scale, shift_ptr + b, stride_shift,
-                                  BS, KV_FP8, KV_UNIT, DOT, TREE, False)
+    # Over an FP8 pool, whole tiles first, below the new token and the split's end: no key of them masked, so their
+    # loads and scores go without the per-key masks (every tile of a long range but its last); then the rest, masked.
+    # The tiles' order and each one's arithmetic are the same either way. sm_90 SASS of the key loop
+    # (tools/attention_sass.py): FP8 at 128 keys 1,229 -> 869 instructions a thread, BF16 at 32 keys 368 -> 309.
+    # Timed at load (H100, ``attention_sweep.py --step``, 2026-12-07d): FP8 1.04-1.07x faster at 64-512 rows x 1-2k
+    # tokens (512 x 2048: 483 -> 457 us a layer), BF16 1.04x slower (700 -> 727: its 3-stage pipeline filled twice),
+    # so a BF16 pool keeps one masked loop.
+    whole = start
+    if KV_FP8:
+        whole = start + tl.maximum(tl.minimum(end, rot) - start, 0) // BLOCK_T * BLOCK_T
+        for t0 in range(start, whole, BLOCK_T):
+            m_i, l_i, acc = _key_tile(t0 + t_in, end, rot, m_i, l_i, acc, q_dot, qk_scale, table, stride_btj,
+                                      stride_cb, head, stride_ct, d, k_cache_ptr, v_cache_ptr, kv_scale, shift_ptr + b,
+                                      stride_shift, BS, KV_FP8, KV_UNIT, DOT, TREE, False)
     for t0 in range(whole, end, BLOCK_T):
         m_i, l_i, acc = _key_tile(t0 + t_in, end, rot, m_i, l_i, acc, q_dot, qk_scale, table, stride_btj, stride_cb,
                                   head, stride_ct, d, k_cache_ptr, v_cache_ptr, kv_scale, shift_ptr + b, stride_shift,
