@@ -47,6 +47,9 @@
 #   bash benchmarks/h200_run.sh kv_write   # tests/kv_write_check.py on this GPU: the fused prefill's K/V write kernel
 #                                          # against the eager spelling (BF16, E4M3 pools; the pool and the values it
 #                                          # returns for attention); rc 1 if they differ
+#   bash benchmarks/h200_run.sh paged_prefill  # tests/paged_prefill_check.py on this GPU: the paged prefill attention
+#                                          # kernel against float64 and bit-equal however a prompt is chunked or
+#                                          # packed (BF16, E4M3 pools; the 7B's and SmolLM2's shapes); rc 1 otherwise
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
 #   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
 #                                          # text per TP, the step's collectives timed alone (tp_collectives.py),
@@ -500,6 +503,13 @@ PY
     PYTHONPATH=$PYTHONPATH:$PWD/tests python3 tests/kv_write_check.py cuda | tee "$out/kv-write-check.json"
     python3 -c 'import json, sys; rows = json.load(open(sys.argv[1]))
 sys.exit(any(not (r["pool_equal"] and r["read_equal"]) for r in rows))' "$out/kv-write-check.json" ;;
+  paged_prefill)  # the paged prefill attention kernel (cuda/paged_prefill) against float64 and chunk-invariant, here
+    PYTHONPATH=$PYTHONPATH:$PWD/tests python3 tests/paged_prefill_check.py cuda | tee "$out/paged-prefill-check.json"
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+bad = [a for a in r["accuracy"] if not (a["finite"] and a["bound_ratio"] <= 1.0)]
+bad += [i for i in r["invariance"] if not i["chunked_equal"] == i["packed_equal"] == i["graph_map_equal"] == i["queries"]]
+print("paged prefill: %d accuracy cases, %d invariance cases, %d failed" % (len(r["accuracy"]), len(r["invariance"]), len(bad)))
+sys.exit(bool(bad))' "$out/paged-prefill-check.json" ;;
   tp1)
     c=build_configs/tiny-qwen2-fp8-tp1.yaml
     for mode in merged distributed; do
