@@ -50,6 +50,8 @@
 #   bash benchmarks/h200_run.sh paged_prefill  # tests/paged_prefill_check.py on this GPU: the paged prefill attention
 #                                          # kernel against float64 and bit-equal however a prompt is chunked or
 #                                          # packed (BF16, E4M3 pools; the 7B's and SmolLM2's shapes); rc 1 otherwise
+#   bash benchmarks/h200_run.sh invariant_gemm  # benchmarks/invariant_gemm.py: the batch-invariant GEMM against
+#                                          # cuBLAS (the 7B's linears, lm_head; M 1-4096) and its rows' invariance
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
 #   bash benchmarks/h200_run.sh tp         # machines with 2+ GPUs (TP_SIZES, default "1 2 4"): tiny BF16 greedy
 #                                          # text per TP, the step's collectives timed alone (tp_collectives.py),
@@ -79,7 +81,8 @@
 #                                          # 2048-token prefill's kernels (benchmarks/prefill_probe.py); each prefill
 #                                          # graph's R prompts against their eager forward (PREFILL_CHUNK=4096: 2 x 2048)
 #   bash benchmarks/h200_run.sh prefix     # the same build: a PREFIX-token (1500) shared system prompt + 100-token
-#                                          # questions, 64 output tokens, 512 requests, without then with reuse
+#                                          # questions, 64 output tokens, 512 requests, without then with reuse;
+#                                          # BATCH_INVARIANT=1: runtime.batch_invariant (outputs equal with reuse)
 #   bash benchmarks/h200_run.sh spec       # speculative decoding (issue 35), random 7B FP8: the fast verify step
 #                                          # (1 + k tokens per row) against eager logits, its cost against a 1-token
 #                                          # step at batch 1/8/32 x k 1..8, and ngram speedups at batch 1 on the
@@ -581,8 +584,15 @@ sys.exit(bool(bad))' "$out/paged-prefill-check.json" ;;
     c=$(config fp8)
     c=${c%.yaml}-load.yaml
     tp build -c "$c" --engines-dir "$engines"
+    # BATCH_INVARIANT=1: runtime.batch_invariant (greedy outputs with the prefix cache against those without)
     tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 100/64 \
-      --shared-prefix "${PREFIX:-1500}" --requests "${REQUESTS:-512}" -o "$out/throughput-prefix.json" ;;
+      --shared-prefix "${PREFIX:-1500}" --requests "${REQUESTS:-512}" ${BATCH_INVARIANT:+--batch-invariant} \
+      -o "$out/throughput-prefix${BATCH_INVARIANT:+-invariant}.json" ;;
+  invariant_gemm)  # cuda/invariant_gemm against cuBLAS at the 7B's linears and lm_head, and its rows' invariance
+    PYTHONPATH=$PYTHONPATH:$PWD/tests python3 tests/invariant_gemm_check.py cuda > "$out/invariant-gemm-check.json" \
+      || echo "invariant_gemm_check.py failed: rc $?"
+    tail -c 2000 "$out/invariant-gemm-check.json"; echo
+    python3 benchmarks/invariant_gemm.py -o "$out/invariant-gemm.json" ;;
   spec)  # SPEC_MAIN=smollm2: the real model alone (its verify costs too; no 7B built: a short part)
     main=$(config fp8)
     more=""

@@ -449,6 +449,10 @@ def _length_pairs(ctx, param, value):
 @click.option("--max-batch-size", type=click.IntRange(min=1), default=None, metavar="ROWS",
               help="--in-process, torch runtime: requests decoding together, in place of the config's "
               "build.max_batch_size (the torch runtime reads it at load; a TensorRT-LLM engine's is built in).")
+@click.option("--batch-invariant", is_flag=True,
+              help="--in-process, torch runtime: runtime.batch_invariant on (every token computed by the same "
+              "kernels whatever its batch, chunk or cached prefix; slower), e.g. with --shared-prefix: greedy outputs "
+              "with the prefix cache against those without.")
 @click.option("--speculative", type=click.Choice(["ngram", "draft", "self", "eagle3"]), default=None,
               help="--in-process: plain decoding against speculative decoding (this proposer) on the same runtime and "
               "prompts, per --workload and --batch (default 1; batch 1: --prompts prompts one after another, their "
@@ -511,7 +515,7 @@ def _length_pairs(ctx, param, value):
 @engines_dir_option
 @tp_mode_option
 def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, prefill_chunk_tokens,
-          max_batch_size, speculative, num_draft_tokens, spec_prompts, tree_nodes,
+          max_batch_size, batch_invariant, speculative, num_draft_tokens, spec_prompts, tree_nodes,
           draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, client_processes, engines_dir, tp_mode) -> None:
@@ -529,9 +533,10 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                                "--throughput -c CFG --lengths 128/512 --long-prompt 8192")
     if (throughput or lengths or shared_prefix) and not (in_process and throughput):
         raise click.UsageError("--lengths and --shared-prefix go with --throughput, and --throughput with --in-process")
-    if (speculative or draft_checkpoint or prefill_chunk_tokens or max_batch_size) and not in_process:
-        raise click.UsageError("--speculative, --draft-checkpoint, --prefill-chunk-tokens and --max-batch-size go "
-                               "with --in-process")
+    if (speculative or draft_checkpoint or prefill_chunk_tokens or max_batch_size or batch_invariant) \
+            and not in_process:
+        raise click.UsageError("--speculative, --draft-checkpoint, --prefill-chunk-tokens, --max-batch-size and "
+                               "--batch-invariant go with --in-process")
     if speculative and throughput:
         raise click.UsageError("--speculative and --throughput are separate runs: give one")
     if spec_prompts and not speculative:
@@ -545,7 +550,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
     if in_process:
         if config is None:
             raise click.UsageError("--in-process needs -c CONFIG: it loads that build's engine")
-        cfg = load_config(config).with_runtime(tp_mode=tp_mode, prefill_chunk_tokens=prefill_chunk_tokens)
+        cfg = load_config(config).with_runtime(tp_mode=tp_mode, prefill_chunk_tokens=prefill_chunk_tokens,
+                                               batch_invariant=batch_invariant or None)
         cfg = inprocess.with_batch(cfg, engines_dir, max_batch_size)
         if speculative:
             spec_settings = speculative_bench.SpeculativeSettings(

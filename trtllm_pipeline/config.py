@@ -385,6 +385,11 @@ class RuntimeSection(_Section):
         "kv_cache_free_gpu_mem_fraction, on CPU enough for build.max_batch_size x build.max_seq_len")
     fast_decode: bool = Field(
         True, description="torch runtime on CUDA: decode with fused Triton kernels (off: eager PyTorch ops)")
+    batch_invariant: bool = Field(
+        False, description="torch runtime on one CUDA device: every token computed by the same kernels whatever the "
+        "batch, chunk or cached prefix it is computed in (Triton GEMMs of one shape for every linear and the logits, "
+        "one prefill attention kernel for every row, eager steps), so greedy outputs with the prefix cache equal those "
+        "without; slower than the default, which picks the fastest kernel per shape")
     cuda_graphs: bool = Field(
         True, description="torch runtime on CUDA: replay the fast decode step from CUDA graphs, one per batch bucket")
     graph_batch_sizes: list[BatchSize] | None = Field(

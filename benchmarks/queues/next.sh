@@ -6,10 +6,13 @@ on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep
 # The paged prefill attention kernel (53de2aa: later chunks and single-token rows of an eager step, by default) against
 # float64 and bit-equal however a prompt is chunked; an H100 ran an earlier version of it (all equal), not this one.
 part paged_prefill 60
-# 31: the shared-prefix workload (every request's suffix a later chunk after 1,500 cached tokens), its later chunks
-# through the kernel against the gathers and masked SDPA it replaces: TTFT, throughput, outputs against no reuse
-part prefix 150 TRTLLM_PIPELINE_PAGED_PREFILL=none REQUESTS=512
-part prefix 150 TRTLLM_PIPELINE_PAGED_PREFILL=later REQUESTS=512
+# 31: runtime.batch_invariant's GEMM against cuBLAS, rows bit-equal at every M; then the shared-prefix workload in
+# that mode (greedy outputs with the prefix cache against without: the goal's "identical", 2.5% of requests in the
+# default mode on the H100, 2026-12-07) and in the default mode, its later chunks now through the paged kernel
+# (TTFT, throughput against the last prefix runs')
+part invariant_gemm 120
+part prefix 240 BATCH_INVARIANT=1 REQUESTS=256
+part prefix 150 REQUESTS=512
 if on_h200; then
   # 31: the goal's rows on the goal's GPU with everything since its last run there (2026-12-07, before: 128/2048
   # 25,045 at 512 rows, 500/2000 20,443, 1000/1000 14,901, 2048/2048 11,989, 2048/128 3,218; H100 since: 1000/1000

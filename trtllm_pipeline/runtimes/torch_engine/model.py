@@ -171,6 +171,7 @@ class Linear(torch.nn.Module):
         self.dtype = dtype
         self.group_size = group_size if self.format in ("int4_awq", "w4a8_awq", "nvfp4") else None
         self.scaled_mm = self.gemm = False
+        self.invariant = False  # ``Qwen2Engine.make_batch_invariant``: one GEMM shape whatever the rows (``_invariant``)
         self._kernel_weight = None
         keep = device.type != "cuda" or self.KEEP_DEQUANTIZED
         self.scales = self.scale_2 = self.a_scale = self.a_inv = self.pre_quant_scale = self.dequantized = None
@@ -284,6 +285,8 @@ class Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` in the compute dtype; or, for an FP8 layer, already quantized by its producer with this layer's
         activation scale (``cuda/prefill``'s norm and gate kernels), which is what its own quantizer would make."""
+        if self.invariant:
+            return self._invariant(x)
         if self.format == "none":
             return F.linear(x, self.weight, self.bias)
         if x.dtype == torch.float8_e4m3fn and not self.scaled_mm:
@@ -303,6 +306,26 @@ class Linear(torch.nn.Module):
             return quant_gemm.linear(x, self.kernel_weight(), self.bias, self.dtype)
         # NVFP4 (no Hopper kernel), FP8 without FP8 tensor cores: the dequantized weight made for this call only
         return F.linear(self.quantize_input(x), self._dequantize().to(self.dtype), self.bias)
+
+
+    def _invariant(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` through ``cuda/invariant_gemm``: each row's sums the same whatever other rows share the call
+        (cuBLAS and quant_gemm pick tiles and splits by M). FP8 on the FP8 tensor cores from the stored weight; the
+        other quantized formats by their emulation (the weight dequantized for this call, the input quantized as the
+        format's activation quantizer does): slow, and only for this mode."""
+        from trtllm_pipeline.runtimes.torch_engine.cuda.invariant_gemm import gemm  # Triton: on first use
+
+        flat = x.reshape(-1, x.shape[-1])
+        if self.format == "none":
+            out = gemm(flat, self.weight, bias=self.bias, out_dtype=self.dtype)
+        elif self.fp8:
+            inv = None if flat.dtype == torch.float8_e4m3fn else self.a_inv
+            out = gemm(flat, self.weight, bias=self.bias, x_scale=self.a_scale, w_scale=self.w_scale, x_inv=inv,
+                       out_dtype=self.dtype)
+        else:
+            weight = self.dequantized if self.dequantized is not None else self._dequantize().to(self.dtype)
+            out = gemm(self.quantize_input(flat), weight, bias=self.bias, out_dtype=self.dtype)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 # Tensors of a linear layer indexed by output features: concatenated when layers are fused.
@@ -463,6 +486,7 @@ class Qwen2Engine(torch.nn.Module):
         self.kv_dtype = torch.float8_e4m3fn if self.kv_scale is not None else self.dtype
         self.block_size, self.slot_blocks = block_size, -(-max_seq_len // block_size)
         self.paged_prefill_rows = switches.paged_prefill_rows()  # (``_PagedAttention``'s kernel rows)
+        self.batch_invariant = False  # ``make_batch_invariant``
         self.cache_k = self.cache_v = None
         if max_slots is not None and num_blocks is None:
             num_blocks = 1 + max_slots * self.slot_blocks
@@ -646,7 +670,36 @@ class Qwen2Engine(torch.nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (TensorRT-LLM's default logits dtype): bf16 logits tie too often."""
+        if self.batch_invariant:
+            from trtllm_pipeline.runtimes.torch_engine.cuda.invariant_gemm import gemm  # Triton: on first use
+
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            return gemm(flat, self.lm_head, out_dtype=torch.float32).reshape(*hidden.shape[:-1], -1)
         return float32_logits(hidden, self.lm_head)
+
+    def make_batch_invariant(self) -> None:
+        """From now on every row of a step is computed as it would be in any other step (``runtime.batch_invariant``):
+        the linears and the logits through ``cuda/invariant_gemm`` (one GEMM shape whatever M), every row's attention
+        through ``cuda/paged_prefill``'s kernel (a query's keys in the same tiles whatever its chunk); the norms,
+        rotary, gate and K/V write kernels already go row by row. Refused (InputError) where a part cannot be so."""
+        from trtllm_pipeline.runtimes.torch_engine.cuda import paged_prefill  # Triton: on first use
+
+        why = None
+        if self.dtype not in (torch.bfloat16, torch.float16):
+            why = f"it computes in {str(self.dtype).removeprefix('torch.')}, the kernels in bfloat16 or float16"
+        elif self.head_dim not in paged_prefill.CONFIGS:
+            why = f"its heads are {self.head_dim} wide; the attention kernel takes {sorted(paged_prefill.CONFIGS)}"
+        elif self.block_size & (self.block_size - 1):
+            why = f"its KV blocks hold {self.block_size} tokens; the attention kernel takes a power of two"
+        if why:
+            raise InputError(f"runtime.batch_invariant cannot run this engine: {why}.",
+                             fix="turn runtime.batch_invariant off, or set runtime.compute_dtype / kv_block_size")
+        self.batch_invariant, self.paged_prefill_rows = True, "all"
+        for layer in self.layers:
+            for name in ("qkv", "dense", "fc_gate", "proj"):
+                module = layer[name]
+                for linear in (module.first, module.second) if isinstance(module, _Pair) else (module,):
+                    linear.invariant = True
 
     def weight_bytes(self) -> int:
         """Bytes of weights one decode step reads (the embedding is gathered, not read whole)."""
@@ -738,7 +791,8 @@ class _PagedAttention:
         """The paged prefill kernel's tile map for the rows it takes here, and those rows (none where the engine is
         not fused, or its heads, dtype or blocks are not the kernel's; never a tree row, whose mask it lacks)."""
         e, which = self.engine, self.engine.paged_prefill_rows
-        if which == "none" or not (e.fused() or self.FORCE_KERNEL) or e.dtype not in (torch.bfloat16, torch.float16):
+        if which == "none" or not (e.fused() or e.batch_invariant or self.FORCE_KERNEL) \
+                or e.dtype not in (torch.bfloat16, torch.float16):
             return None, set()
         from trtllm_pipeline.runtimes.torch_engine.cuda import paged_prefill  # Triton: on first use
 

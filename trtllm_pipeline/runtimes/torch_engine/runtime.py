@@ -144,7 +144,7 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
                  graph_batch_sizes: Sequence[int] | None = None, prefill_chunk_tokens: int = 2048,
                  tp_mode: str = "auto", max_num_tokens: int = 8192, kv_block_size: int = 32,
                  kv_cache_blocks: int | None = None, kv_cache_free_gpu_mem_fraction: float = 0.9,
-                 enable_kv_cache_reuse: bool = False, speculative=None):
+                 enable_kv_cache_reuse: bool = False, speculative=None, batch_invariant: bool = False):
         """``dtype`` overrides the checkpoint's compute dtype (FP8 weights stay FP8 values).
 
         ``tp_mode``: ``auto`` | ``merged`` | ``distributed`` for a tp>1 checkpoint (``tp.mode``); for
@@ -160,6 +160,10 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         ``max_batch_size`` x ``max_seq_len``; ``enable_kv_cache_reuse``: the prefix cache.
 
         ``speculative``: ``config.SpeculativeSection`` (or anything with its fields); None or method ``none``: off.
+
+        ``batch_invariant``: on CUDA (or under Triton's interpreter), every step eager and through kernels whose
+        rows do not depend on the rest of the step (``Qwen2Engine.make_batch_invariant``): no fast path, no prefill
+        graphs. One process only (tensor parallel's ranks would need their all-reduces in a fixed order too).
         """
         self.device = resolve_device(device)
         self.speculator = None
@@ -197,6 +201,16 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
             self.executor = LocalExecutor(Qwen2Engine(config, tensors, device=self.device, **engine_args))
             del tensors
         self.engine = self.executor.engine
+        from trtllm_pipeline.runtimes.torch_engine.cuda import support  # (no Triton import: a check of the env)
+
+        self.batch_invariant = batch_invariant and (self.device.type == "cuda" or support.interpreting())
+        if self.batch_invariant:
+            if self.tp_mode == "distributed":
+                self.executor.close()
+                raise InputError("runtime.batch_invariant runs in one process; this checkpoint's ranks run distributed.",
+                                 fix="set runtime.tp_mode: merged, or turn runtime.batch_invariant off")
+            self.engine.make_batch_invariant()
+            fast_decode = False
         try:
             # the proposer first: a draft model's weights and KV pool are allocated before the target's pool is
             # sized from the memory left
@@ -292,7 +306,7 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         if self.device.type != "cuda" and not support.interpreting():
             return None, "eager (CPU)"
         if not fast:
-            return None, "eager (runtime.fast_decode is off)"
+            return None, "eager (runtime.batch_invariant)" if self.batch_invariant else "eager (runtime.fast_decode is off)"
         usable, why = support.available(self.device.type)
         if not usable:
             log.warning("the fast CUDA decode path is off: %s; decoding eagerly", why)
@@ -360,7 +374,7 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         eager forward runs the fused layers, unless ``TRTLLM_PIPELINE_PREFILL_GRAPHS=0``; None where they cannot be
         captured (said in the log: the eager forward runs them)."""
         if not (self.device.type == "cuda" and self.executor.world_size == 1 and self.engine.fused()
-                and prefill_graphs_enabled()):
+                and prefill_graphs_enabled() and not self.batch_invariant):
             return None
         from trtllm_pipeline.runtimes.torch_engine.cuda.prefill_graphs import PrefillGraphs, buckets_for
 
@@ -413,7 +427,8 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
                    prefill_chunk_tokens=rt.prefill_chunk_tokens, tp_mode=tp_mode or rt.tp_mode,
                    max_num_tokens=cfg.build.max_num_tokens, kv_block_size=rt.kv_block_size,
                    kv_cache_blocks=rt.kv_cache_blocks, kv_cache_free_gpu_mem_fraction=rt.kv_cache_free_gpu_mem_fraction,
-                   enable_kv_cache_reuse=rt.enable_kv_cache_reuse, speculative=rt.speculative)
+                   enable_kv_cache_reuse=rt.enable_kv_cache_reuse, speculative=rt.speculative,
+                   batch_invariant=rt.batch_invariant)
 
     def describe(self) -> dict[str, Any]:
         layout = checkpoint.CheckpointLayout(self.config)
