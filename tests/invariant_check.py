@@ -66,6 +66,7 @@ def main(ckpt: Path) -> None:
     print(json.dumps({
         "device": DEVICE,
         "decode_path": plain.decode_path,
+        "described": plain.describe()["batch_invariant"] and not default.describe()["batch_invariant"],
         "linears_invariant": all(layer["qkv"].invariant and layer["proj"].invariant for layer in plain.engine.layers),
         "attention_rows": plain.engine.paged_prefill_rows,
         "without_reuse": without,

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from trtllm_pipeline.cli import main as cli
 from trtllm_pipeline.config import load_config
+from trtllm_pipeline.eval import runtime_identity
 
 TESTS = Path(__file__).resolve().parent
 
@@ -34,7 +35,7 @@ def test_batch_invariant_outputs_with_the_prefix_cache_equal_those_without(built
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["decode_path"] == "eager (runtime.batch_invariant)"
+    assert r["decode_path"] == "eager (runtime.batch_invariant)" and r["described"]
     assert r["linears_invariant"] and r["attention_rows"] == "all"
     assert r["prefix_hits"] >= 3 * 3  # three later prompts, three cached blocks each
     assert r["with_reuse_equal"] and r["one_at_a_time_equal"], r
@@ -49,6 +50,10 @@ def test_batch_invariant_outputs_with_the_prefix_cache_equal_those_without(built
 
 def test_batch_invariant_is_a_runtime_key_and_a_bench_flag_of_in_process_runs(tmp_path):
     cfg = load_config(TESTS.parent / "build_configs" / "tiny-qwen2-fp8-tp1.yaml")
-    assert cfg.runtime.batch_invariant is False and cfg.with_runtime(batch_invariant=True).runtime.batch_invariant
+    on = cfg.with_runtime(batch_invariant=True)
+    assert cfg.runtime.batch_invariant is False and on.runtime.batch_invariant
+    # another result for eval's cache; results cached before the key existed keep theirs
+    assert runtime_identity(on) == {**runtime_identity(cfg), "batch_invariant": True}
+    assert "batch_invariant" not in runtime_identity(cfg)
     result = CliRunner().invoke(cli, ["bench", "--batch-invariant", "-c", "build_configs/tiny-qwen2-fp8-tp1.yaml"])
     assert result.exit_code == 2 and "--batch-invariant go with --in-process" in result.output

@@ -172,12 +172,15 @@ def output_path(default_dir: Path, task: str, output: str | Path | None, *, seve
 def runtime_identity(cfg: BuildConfig) -> dict[str, Any]:
     """The runtime settings that change what an in-process run computes (its numerics), as configured:
     the same engine evaluated in float32 or bfloat16, on another device, merged or distributed (a
-    row-parallel sum rounds unlike the whole GEMM), or with the fused CUDA kernels is another result."""
+    row-parallel sum rounds unlike the whole GEMM), or with the fused CUDA kernels (or the batch-invariant ones) is
+    another result."""
     identity = {key: getattr(cfg.runtime, key) for key in ("device", "compute_dtype", "tp_mode", "fast_decode")}
     if identity["device"] == "auto" and machine.cuda_available():
         # "auto" runs on the GPU here (and computes in bfloat16 there): not the CPU's result of the same config, which
         # keeps its key (a CPU machine's cached results stay valid)
         identity["resolved_device"] = "cuda"
+    if cfg.runtime.batch_invariant:  # (other kernels; a key only when on: results cached without it keep theirs)
+        identity["batch_invariant"] = True
     return identity
 
 

@@ -437,6 +437,8 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         gemm = None
         if first.fp8:
             gemm = "torch._scaled_mm (FP8 tensor cores)" if first.scaled_mm else "emulated (FP8 values, compute-dtype matmul)"
+            if first.invariant:
+                gemm = "cuda/invariant_gemm (FP8 tensor cores, one tile shape)"
         return {
             "weight_format": self.engine.format,
             "linear": first.describe(),
@@ -455,6 +457,7 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
             "world_size": self.executor.world_size,
             **({"tp_notice": self.tp_notice} if self.tp_notice else {}),
             "decode_path": self.decode_path,
+            "batch_invariant": self.batch_invariant,
             # What a step reads over every rank: the fast path's packed weights where it runs, else the
             # eager model's (replicated KV heads are read by each rank holding them).
             "weight_bytes": (self.decoder.weight_bytes() if self.decoder is not None
