@@ -509,9 +509,10 @@ sys.exit(any(not (r["pool_equal"] and r["read_equal"]) for r in rows))' "$out/kv
   paged_prefill)  # the paged prefill attention kernel (cuda/paged_prefill) against float64 and chunk-invariant, here
     PYTHONPATH=$PYTHONPATH:$PWD/tests python3 tests/paged_prefill_check.py cuda | tee "$out/paged-prefill-check.json"
     python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
-bad = [a for a in r["accuracy"] if not (a["finite"] and a["bound_ratio"] <= 1.0)]
-bad += [i for i in r["invariance"] if not i["chunked_equal"] == i["packed_equal"] == i["graph_map_equal"] == i["queries"]]
-print("paged prefill: %d accuracy cases, %d invariance cases, %d failed" % (len(r["accuracy"]), len(r["invariance"]), len(bad)))
+acc, inv = r["accuracy"], r["invariance"]
+bad = [a for a in acc if not (a["finite"] and a["bound_ratio"] <= 1.0)]
+bad += [i for i in inv if not i["chunked_equal"] == i["packed_equal"] == i["graph_map_equal"] == i["queries"]]
+print("paged prefill: %d accuracy cases, %d invariance cases, %d failed" % (len(acc), len(inv), len(bad)))
 sys.exit(bool(bad))' "$out/paged-prefill-check.json" ;;
   tp1)
     c=build_configs/tiny-qwen2-fp8-tp1.yaml

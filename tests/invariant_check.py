@@ -51,7 +51,7 @@ def main(ckpt: Path) -> None:
     reuse = runtime(ckpt, batch_invariant=True, enable_kv_cache_reuse=True, prefill_chunk_tokens=16)
     first = greedy(reuse, prompts[:1])
     rest = greedy(reuse, prompts[1:])
-    default = runtime(ckpt, prefill_chunk_tokens=2048, fast_decode=False)  # (the eager default: no interpreted fast path)
+    default = runtime(ckpt, prefill_chunk_tokens=2048, fast_decode=False)  # (eager: no interpreted fast path)
     usual = greedy(default, prompts)
     # the last prompt's next-token log-probabilities in each mode (the reference: the eager default's)
     invariant_logits, usual_logits = (torch.tensor(rt.next_token_logprobs(prompts[-1])) for rt in (plain, default))

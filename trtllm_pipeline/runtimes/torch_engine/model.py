@@ -273,6 +273,8 @@ class Linear(torch.nn.Module):
         return [t for t in (*tensors, self.bias) if t is not None]
 
     def describe(self) -> str:
+        if self.invariant:
+            return f"cuda/invariant_gemm ({self.format}: one tile shape whatever the rows)"
         if self.format == "none":
             return "dense matmul"
         if self.scaled_mm:
@@ -306,7 +308,6 @@ class Linear(torch.nn.Module):
             return quant_gemm.linear(x, self.kernel_weight(), self.bias, self.dtype)
         # NVFP4 (no Hopper kernel), FP8 without FP8 tensor cores: the dequantized weight made for this call only
         return F.linear(self.quantize_input(x), self._dequantize().to(self.dtype), self.bias)
-
 
     def _invariant(self, x: torch.Tensor) -> torch.Tensor:
         """``forward`` through ``cuda/invariant_gemm``: each row's sums the same whatever other rows share the call

@@ -204,14 +204,13 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         from trtllm_pipeline.runtimes.torch_engine.cuda import support  # (no Triton import: a check of the env)
 
         self.batch_invariant = batch_invariant and (self.device.type == "cuda" or support.interpreting())
-        if self.batch_invariant:
-            if self.tp_mode == "distributed":
-                self.executor.close()
-                raise InputError("runtime.batch_invariant runs in one process; this checkpoint's ranks run distributed.",
-                                 fix="set runtime.tp_mode: merged, or turn runtime.batch_invariant off")
-            self.engine.make_batch_invariant()
-            fast_decode = False
         try:
+            if self.batch_invariant:
+                if self.tp_mode == "distributed":
+                    raise InputError("runtime.batch_invariant runs in one process; this checkpoint's ranks run "
+                                     "distributed.", fix="set runtime.tp_mode: merged, or turn runtime.batch_invariant off")
+                self.engine.make_batch_invariant()
+                fast_decode = False
             # the proposer first: a draft model's weights and KV pool are allocated before the target's pool is
             # sized from the memory left
             self.tokenizer_dir, self.vocab_size = Path(tokenizer_dir), int(config["vocab_size"])
