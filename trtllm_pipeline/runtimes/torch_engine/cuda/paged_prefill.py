@@ -21,9 +21,9 @@ in its tile, so that chunked prefill, prefix caching and batching never change a
 One program per (query tile, KV head): BLOCK_M // G queries of one row with all G query heads of that KV head stacked
 as the dots' M (row i is query i // G, head i % G: a token's heads are adjacent in ``q``), so each key and value tile
 is read once for the group and no KV head is repeated; G need not be a power of two (the 7B's 7: 18 queries x 7
-heads in 128 rows, 2 of them padding). The host builds a small int32 tile map, one entry per tile (row, packed index of its
-first query, that query's position, its queries): everything else comes from device tensors, so a CUDA graph can
-replay the launch with the map and the tables as static inputs (unused entries of a graph's map: all zero, which
+heads in 128 rows, 2 of them padding). The host builds a small int32 tile map, one entry per tile (row, packed index
+of its first query, that query's position, its queries): everything else comes from device tensors, so a CUDA graph
+can replay the launch with the map and the tables as static inputs (unused entries of a graph's map: all zero, which
 read nothing and store nothing).
 
 An E4M3 pool (``kv_scale``: the layer's float32 dequantization scale) is read as ``model.dequantize_fp8`` makes it:
@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_pipeline.runtimes.torch_engine.cuda.attention import LOG2E, _from_e4m3
+from trtllm_pipeline.runtimes.torch_engine.cuda.attention import LOG2E, _cached
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import tl_dtype
 
 TILE_FIELDS = 4  # a tile map entry: row, packed index of the tile's first query, its position, queries in the tile
@@ -72,20 +72,6 @@ def launch_config(head_dim: int, group: int) -> LaunchConfig:
 
 
 @triton.jit
-def _kv(ptrs, live, kv_scale, MASKED: tl.constexpr, KV_FP8: tl.constexpr, KV_UNIT: tl.constexpr,
-        COMPUTE: tl.constexpr):
-    """A tile of keys or values [BLOCK_N, D] as the dots take them; MASKED: the ones not ``live`` (past the tile's
-    last query, whose slots may hold anything) as 0, never read."""
-    if MASKED:
-        x = tl.load(ptrs, mask=live[:, None], other=0.0)
-    else:
-        x = tl.load(ptrs)
-    if KV_FP8:
-        x = _from_e4m3(x, kv_scale, KV_UNIT, COMPUTE)
-    return x
-
-
-@triton.jit
 def _key_tile(n0, end, pos, m_i, l_i, acc, q, qk_scale, table, stride_tw, k_head, v_head, stride_cb, stride_ct, d,
               kv_scale, BLOCK_N: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr, KV_FP8: tl.constexpr,
               KV_UNIT: tl.constexpr, COMPUTE: tl.constexpr):
@@ -99,7 +85,7 @@ def _key_tile(n0, end, pos, m_i, l_i, acc, q, qk_scale, table, stride_tw, k_head
     else:
         blocks = tl.load(table + (keys // BS) * stride_tw)
     offs = (blocks.to(tl.int64) * stride_cb + (keys % BS) * stride_ct)[:, None] + d[None, :]
-    k = _kv(k_head + offs, live, kv_scale, MASKED, KV_FP8, KV_UNIT, COMPUTE)
+    k = _cached(k_head + offs, live, kv_scale, MASKED, KV_FP8, KV_UNIT, COMPUTE)  # (live: never reads the others)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         s = tl.where(keys[None, :] <= pos[:, None], s, float("-inf"))
@@ -107,7 +93,7 @@ def _key_tile(n0, end, pos, m_i, l_i, acc, q, qk_scale, table, stride_tw, k_head
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _kv(v_head + offs, live, kv_scale, MASKED, KV_FP8, KV_UNIT, COMPUTE)
+    v = _cached(v_head + offs, live, kv_scale, MASKED, KV_FP8, KV_UNIT, COMPUTE)
     acc = tl.dot(p.to(COMPUTE), v, acc * alpha[:, None])
     return m_new, l_i, acc
 
