@@ -238,9 +238,27 @@ def kv_scaled(built, tmp_path_factory):
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now (the OS picks them; never assume 8000 is free)."""
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (never assume 8000 is free), drawn below the kernel's
+    ephemeral range: a port the OS handed out by ``bind(0)`` and released is soon another process's outgoing
+    connection's (a parallel test's client took a server's gRPC port between the pick and its bind, 2026-12-07),
+    while ports below the range are only ever taken by a bind. The OS's pick where no such port is found."""
+    import random
     import socket
 
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    picked: list[int] = []
+    for port in random.sample(range(10000, low), min(200, max(0, low - 10000))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        picked.append(port)
+        if len(picked) == n:
+            return picked
     sockets = [socket.socket() for _ in range(n)]
     try:
         for sock in sockets:
