@@ -204,6 +204,9 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         from trtllm_pipeline.runtimes.torch_engine.cuda import support  # (no Triton import: a check of the env)
 
         self.batch_invariant = batch_invariant and (self.device.type == "cuda" or support.interpreting())
+        if batch_invariant and not self.batch_invariant:  # (the CPU's eager path: its own torch kernels, as always)
+            log.warning("runtime.batch_invariant applies on CUDA; on the %s the eager path runs as usual",
+                        self.device.type)
         try:
             if self.batch_invariant:
                 if self.tp_mode == "distributed":
