@@ -98,3 +98,17 @@ def test_paged_prefill_refuses_what_it_does_not_compute():
                             ({"pool": torch.float16}, "a pool of"), ({"pool": torch.float8_e4m3fn}, "kv_scale")):
         with pytest.raises(ValueError, match=message):
             call(**kwargs)
+
+
+def test_a_device_that_cannot_launch_the_kernel_is_said_once_and_cached():
+    """``trial`` launches the kernel once per shape and device and returns why it could not (here: tensors without
+    storage, and a head size it refuses), so an engine keeps SDPA instead of failing every later
+    chunk (a GPU with less shared memory than Hopper's)."""
+    import torch
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import paged_prefill
+
+    meta = torch.device("meta")  # (tensors without storage: no launch, compiled or interpreted, takes them)
+    why = paged_prefill.trial(8, 2, 32, 16, torch.bfloat16, torch.bfloat16, meta)
+    assert why and paged_prefill.trial(8, 2, 32, 16, torch.bfloat16, torch.bfloat16, meta) is why
+    assert "head_dim in" in paged_prefill.trial(8, 2, 80, 16, torch.bfloat16, torch.float8_e4m3fn, meta)

@@ -33,6 +33,7 @@ whatever its chunking and whichever path (eager, fused prefill, the fast step) c
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -44,6 +45,8 @@ from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine import switches
 from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, row_ancestors
 from trtllm_pipeline.model import families
+
+log = logging.getLogger(__name__)
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MIN, INT8_MAX = -128, 127
@@ -171,7 +174,7 @@ class Linear(torch.nn.Module):
         self.dtype = dtype
         self.group_size = group_size if self.format in ("int4_awq", "w4a8_awq", "nvfp4") else None
         self.scaled_mm = self.gemm = False
-        self.invariant = False  # ``Qwen2Engine.make_batch_invariant``: one GEMM shape whatever the rows (``_invariant``)
+        self.invariant = False  # ``Qwen2Engine.make_batch_invariant``: one GEMM shape whatever the rows
         self._kernel_weight = None
         keep = device.type != "cuda" or self.KEEP_DEQUANTIZED
         self.scales = self.scale_2 = self.a_scale = self.a_inv = self.pre_quant_scale = self.dequantized = None
@@ -488,6 +491,7 @@ class Qwen2Engine(torch.nn.Module):
         self.block_size, self.slot_blocks = block_size, -(-max_seq_len // block_size)
         self.paged_prefill_rows = switches.paged_prefill_rows()  # (``_PagedAttention``'s kernel rows)
         self.batch_invariant = False  # ``make_batch_invariant``
+        self._paged_kernel_refused = False  # (``paged_kernel_usable`` said why once)
         self.cache_k = self.cache_v = None
         if max_slots is not None and num_blocks is None:
             num_blocks = 1 + max_slots * self.slot_blocks
@@ -678,6 +682,21 @@ class Qwen2Engine(torch.nn.Module):
             return gemm(flat, self.lm_head, out_dtype=torch.float32).reshape(*hidden.shape[:-1], -1)
         return float32_logits(hidden, self.lm_head)
 
+    def paged_kernel_usable(self) -> bool:
+        """Whether ``cuda/paged_prefill``'s kernel launches for this engine on its device (tried once; on the CPU the
+        interpreter's checks run it as it is). Where it does not, said once, and the SDPA paths attend."""
+        if self.device.type != "cuda":
+            return True
+        from trtllm_pipeline.runtimes.torch_engine.cuda import paged_prefill  # Triton: on first use
+
+        why = paged_prefill.trial(self.heads, self.kv_heads, self.head_dim, self.block_size, self.dtype,
+                                  self.kv_dtype, self.device)
+        if why and not self._paged_kernel_refused:
+            self._paged_kernel_refused = True
+            log.warning("the paged prefill attention kernel does not run on this GPU (%s); later prefill chunks attend "
+                        "through gathered blocks and SDPA", why)
+        return why is None
+
     def make_batch_invariant(self) -> None:
         """From now on every row of a step is computed as it would be in any other step (``runtime.batch_invariant``):
         the linears and the logits through ``cuda/invariant_gemm`` (one GEMM shape whatever M), every row's attention
@@ -692,6 +711,8 @@ class Qwen2Engine(torch.nn.Module):
             why = f"its heads are {self.head_dim} wide; the attention kernel takes {sorted(paged_prefill.CONFIGS)}"
         elif self.block_size & (self.block_size - 1):
             why = f"its KV blocks hold {self.block_size} tokens; the attention kernel takes a power of two"
+        elif not self.paged_kernel_usable():
+            why = "the attention kernel does not run on this GPU (the log says why)"
         if why:
             raise InputError(f"runtime.batch_invariant cannot run this engine: {why}.",
                              fix="turn runtime.batch_invariant off, or set runtime.compute_dtype / kv_block_size")
@@ -797,7 +818,7 @@ class _PagedAttention:
             return None, set()
         from trtllm_pipeline.runtimes.torch_engine.cuda import paged_prefill  # Triton: on first use
 
-        if e.head_dim not in paged_prefill.CONFIGS or e.block_size & (e.block_size - 1):
+        if e.head_dim not in paged_prefill.CONFIGS or e.block_size & (e.block_size - 1) or not e.paged_kernel_usable():
             return None, set()
         rows = [r for r, n in enumerate(self.lengths) if r not in self.trees and n > 0
                 and (which == "all" or n == 1 or self.starts[r] > 0)]
