@@ -69,6 +69,7 @@ def main(ckpt: Path) -> None:
         "described": plain.describe()["batch_invariant"] and not default.describe()["batch_invariant"],
         "linears_invariant": all(layer["qkv"].invariant and layer["proj"].invariant for layer in plain.engine.layers),
         "attention_rows": plain.engine.paged_prefill_rows,
+        "gemm_refusal": plain.engine._invariant_gemm_refusal(),  # (made on CUDA only; here through the interpreter)
         "without_reuse": without,
         "one_at_a_time_equal": alone == without,
         "with_reuse_equal": first + rest == without,

@@ -36,7 +36,7 @@ def test_batch_invariant_outputs_with_the_prefix_cache_equal_those_without(built
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["decode_path"] == "eager (runtime.batch_invariant)" and r["described"]
-    assert r["linears_invariant"] and r["attention_rows"] == "all"
+    assert r["linears_invariant"] and r["attention_rows"] == "all" and r["gemm_refusal"] is None
     assert r["prefix_hits"] >= 3 * 3  # three later prompts, three cached blocks each
     assert r["with_reuse_equal"] and r["one_at_a_time_equal"], r
     assert all(len(t) == 6 for t in r["without_reuse"])

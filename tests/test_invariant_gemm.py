@@ -194,3 +194,15 @@ def test_invariant_gemm_refuses_what_it_does_not_compute(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="runs on CUDA"):
         gemm(x, w, out_dtype=bf16)
+
+
+def test_a_device_that_cannot_launch_the_gemm_is_named_by_trial():
+    """``trial`` returns why the GEMM did not launch (here: tensors without storage) instead of raising: the batch-
+    invariant mode is then refused at load with that reason (a GPU with less shared memory than its tiles take)."""
+    import torch
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import invariant_gemm
+
+    meta = torch.device("meta")
+    assert invariant_gemm.trial(torch.float8_e4m3fn, torch.bfloat16, torch.bfloat16, meta)
+    assert invariant_gemm.trial(torch.bfloat16, torch.bfloat16, torch.float32, meta)

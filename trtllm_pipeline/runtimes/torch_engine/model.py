@@ -697,6 +697,18 @@ class Qwen2Engine(torch.nn.Module):
                         "through gathered blocks and SDPA", why)
         return why is None
 
+    def _invariant_gemm_refusal(self) -> str | None:
+        """Why ``cuda/invariant_gemm`` does not launch here for this engine's weights and logits, or None."""
+        from trtllm_pipeline.runtimes.torch_engine.cuda import invariant_gemm  # Triton: on first use
+
+        weights = {torch.float8_e4m3fn if layer[name].format == "fp8" else self.dtype
+                   for layer in self.layers[:1] for name in ("qkv", "dense", "proj")}
+        for w_dtype, out in [(w, self.dtype) for w in sorted(weights, key=str)] + [(self.dtype, torch.float32)]:
+            why = invariant_gemm.trial(w_dtype, self.dtype, out, self.device)
+            if why:
+                return f"its GEMM does not run on this GPU ({why})"
+        return None
+
     def make_batch_invariant(self) -> None:
         """From now on every row of a step is computed as it would be in any other step (``runtime.batch_invariant``):
         the linears and the logits through ``cuda/invariant_gemm`` (one GEMM shape whatever M), every row's attention
@@ -713,6 +725,8 @@ class Qwen2Engine(torch.nn.Module):
             why = f"its KV blocks hold {self.block_size} tokens; the attention kernel takes a power of two"
         elif not self.paged_kernel_usable():
             why = "the attention kernel does not run on this GPU (the log says why)"
+        elif self.device.type == "cuda":
+            why = self._invariant_gemm_refusal()
         if why:
             raise InputError(f"runtime.batch_invariant cannot run this engine: {why}.",
                              fix="turn runtime.batch_invariant off, or set runtime.compute_dtype / kv_block_size")

@@ -254,3 +254,19 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = N
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.warps,
             num_stages=cfg.stages, enable_fp_fusion=False)
     return out.reshape(*x.shape[:-1], n)
+
+
+def trial(w_dtype: torch.dtype, compute: torch.dtype, out_dtype: torch.dtype, device: torch.device) -> str | None:
+    """None where ``gemm`` compiles and launches for a ``w_dtype`` weight (an E4M3 one from a ``compute`` input, its
+    quantization pass included) on ``device``, else why not: its tiles hold 128 KB of shared memory, which a GPU
+    smaller than Hopper's refuses at the first launch; ``runtime.batch_invariant`` is then refused at load, not at
+    every request's first step."""
+    try:
+        x = torch.zeros(1, 16, dtype=compute, device=device)
+        w = torch.zeros(16, 16, dtype=compute, device=device).to(w_dtype)
+        scales = dict(x_scale=1.0, w_scale=1.0) if w_dtype == FP8 else {}
+        gemm(x, w, out_dtype=out_dtype, **scales)
+        return None
+    except Exception as exc:  # noqa: BLE001 - any refusal (resources, compilation) means: not on this device
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first}"
