@@ -2,7 +2,8 @@
 checkpoint, its kernels through Triton's interpreter on the CPU (or compiled, with ``cuda``). Prompts sharing a prefix
 (several KV blocks) with distinct suffixes, greedy: generated with the prefix cache (their suffixes later chunks over
 cached blocks, in small prefill chunks) against without it (whole prompts), and all together against one at a time;
-and the default mode's outputs and next-token log-probabilities on the same prompts, each mode's distance from a
+decode rows through ``cuda/row_graphs`` (padded to its bucket) against the eager forward; and the default mode's
+outputs and next-token log-probabilities on the same prompts, each mode's distance from a
 float32 engine's, for comparison. Prints JSON.
 
     python tests/invariant_check.py CHECKPOINT_DIR
@@ -23,6 +24,8 @@ import torch  # noqa: E402
 
 from trtllm_pipeline.errors import InputError  # noqa: E402
 from trtllm_pipeline.runtimes.base import SamplingParams  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda.row_graphs import RowGraphs  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.runtime import TorchRuntime  # noqa: E402
 
 PREFIX, SUFFIXES, TOKENS, BLOCK = 24, (3, 5, 7, 9), 6, 8
@@ -58,6 +61,13 @@ def main(ckpt: Path) -> None:
     # and float32's, which both round away from
     exact = torch.tensor(runtime(ckpt, dtype="float32", fast_decode=False).next_token_logprobs(prompts[-1]))
     apart = lambda a: float((a - exact).norm() / exact.norm())  # noqa: E731
+    # decode rows through cuda/row_graphs (run directly here: no CUDA graphs on the CPU), padded to a bucket of 4,
+    # against the eager forward of the same rows: the same bits
+    engine, tables = plain.engine, plain.engine.slot_tables([0, 1, 2])
+    engine(PagedBatch.of([(p, 0, t) for p, t in zip(prompts[:3], tables)]))
+    decode_rows = [(7 + i, len(p), t) for i, (p, t) in enumerate(zip(prompts[:3], tables))]
+    eager_hidden = engine(PagedBatch.of([([tok], pos, t) for tok, pos, t in decode_rows]))
+    graph_hidden = RowGraphs(engine, 4).forward(decode_rows)
     refused = None
     try:
         runtime(ckpt, batch_invariant=True, dtype="float32")
@@ -79,6 +89,7 @@ def main(ckpt: Path) -> None:
         "logprobs_rel": float((invariant_logits - usual_logits).norm() / usual_logits.norm()),
         "logprobs_from_float32": {"invariant": apart(invariant_logits), "default": apart(usual_logits)},
         "float32_refused": refused,
+        "row_graphs_equal": torch.equal(eager_hidden, graph_hidden),
     }))
 
 

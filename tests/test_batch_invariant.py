@@ -25,8 +25,8 @@ def test_batch_invariant_outputs_with_the_prefix_cache_equal_those_without(built
     """Prompts sharing three KV blocks of prefix: with the prefix cache and 16-token prefill chunks (the first
     prompt's prefix in two chunks, the others' suffixes later chunks over its cached blocks, chunks beside decodes) the
     same greedy tokens as whole prompts without it, and as each prompt alone; every step eager, every linear through
-    the invariant GEMM (FP8 from its E4M3 weight), every row's attention through the paged kernel. A float32 engine is
-    refused, naming the fix. (Through the interpreter a dot sums exact products: the GPU's own invariance is the
+    the invariant GEMM (FP8 from its E4M3 weight), every row's attention through the paged kernel; decode rows through
+    ``cuda/row_graphs`` (run directly here) the eager forward's bits. A float32 engine is refused, naming the fix. (Through the interpreter a dot sums exact products: the GPU's own invariance is the
     queue's ``BATCH_INVARIANT=1 h200_run.sh prefix``.)"""
     pytest.importorskip("triton")
     ckpt = built(name).engine_dir.parent / "checkpoint"
@@ -39,6 +39,7 @@ def test_batch_invariant_outputs_with_the_prefix_cache_equal_those_without(built
     assert r["linears_invariant"] and r["attention_rows"] == "all" and r["gemm_refusal"] is None
     assert r["prefix_hits"] >= 3 * 3  # three later prompts, three cached blocks each
     assert r["with_reuse_equal"] and r["one_at_a_time_equal"], r
+    assert r["row_graphs_equal"]  # decode rows as the CUDA graphs run them (padded to a bucket): eager's bits
     assert all(len(t) == 6 for t in r["without_reuse"])
     # as accurate as the default mode: the next token's log-probabilities as far from float32's (seen: 1.5e-2 and
     # 1.4e-2 for the FP8 model, 6.0e-3 and 6.8e-3 for BF16); the tiny random models turn that rounding into other

@@ -11,7 +11,7 @@ part paged_prefill 60
 # default mode on the H100, 2026-12-07) and in the default mode, its later chunks now through the paged kernel
 # (TTFT, throughput against the last prefix runs')
 part invariant_gemm 120
-part prefix 240 BATCH_INVARIANT=1 REQUESTS=256
+part prefix 240 BATCH_INVARIANT=1 REQUESTS=256  # (decode steps from cuda/row_graphs' CUDA graphs, by default)
 part prefix 150 REQUESTS=512
 if on_h200; then
   # 31: the goal's rows on the goal's GPU with everything since its last run there (2026-12-07, before: 128/2048
@@ -31,3 +31,6 @@ else
   # compiling at 90 s)
   part attention 180 ATTN_KV=fp8 ATTN_BATCHES=256,512 ATTN_CONTEXTS=2048
 fi
+# the batch-invariant mode's decode steps eager (TRTLLM_PIPELINE_INVARIANT_GRAPHS=0) against the graphs above: speed,
+# and the same outputs
+part prefix 240 BATCH_INVARIANT=1 TRTLLM_PIPELINE_INVARIANT_GRAPHS=0 REQUESTS=256

@@ -41,7 +41,8 @@ from trtllm_pipeline.runtimes.torch_engine.plan import PagedBatch, PlanRow, logi
 from trtllm_pipeline.runtimes.torch_engine.scheduler import Scheduler, Sequence as _Sequence
 from trtllm_pipeline.runtimes.torch_engine.scoring import Scoring
 from trtllm_pipeline.runtimes.torch_engine.switches import (fast_prefill_buckets, fast_prefill_enabled, fast_trees_enabled,
-                                                             prefill_graphs_enabled, prefill_wait_enabled, warm_up_enabled)
+                                                             invariant_graphs_enabled, prefill_graphs_enabled,
+                                                             prefill_wait_enabled, warm_up_enabled)
 from trtllm_pipeline.runtimes.torch_engine.tp.executor import TpExecutor
 from trtllm_pipeline.runtimes.torch_engine.tp.mode import resolve_tp_mode
 
@@ -234,6 +235,7 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
             if self.device.type == "cuda" and warm_up_enabled():
                 self.warm_up()
             self.prefill_graphs = self._prefill_graphs()
+            self.row_graphs = self._row_graphs()
             # (a prompt that fits a step whole is then not split to fill a step of first chunks: see Scheduler)
             self.scheduler.whole_first_chunks = self.prefill_graphs is not None
             if self.speculator is not None and self.decoder is not None and not hasattr(self.decoder, "verify"):
@@ -255,6 +257,7 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         self.tokenizer = artifacts.checked_tokenizer(tokenizer_dir, Tokenizer)
         self._requests: dict[Any, _Request] = {}
         self.prefill_graphs = None  # a prompt's first chunk from a CUDA graph (``_prefill_graphs``)
+        self.row_graphs = None  # batch-invariant decode steps from CUDA graphs (``_row_graphs``)
         # host seconds per step phase, and rows by kind (``phase_times``): where a loaded step's time goes
         self.phase_s = dict.fromkeys(("plan", "eager", "fast"), 0.0)
         self.phase_rows = dict.fromkeys(("steps", "eager_rows", "eager_tokens", "fast_rows", "fast_prefill_rows",
@@ -391,6 +394,25 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         except Exception as exc:  # noqa: BLE001 - speed only: the eager forward runs first chunks as before
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             log.warning("prefill graphs could not be captured (%s: %s); first chunks prefill eagerly",
+                        type(exc).__name__, first)
+            torch.cuda.empty_cache()
+            return None
+
+    def _row_graphs(self):
+        """``runtime.batch_invariant``'s steps of single-token rows from CUDA graphs of the eager forward
+        (``cuda/row_graphs``), on one CUDA device unless ``TRTLLM_PIPELINE_INVARIANT_GRAPHS=0``; None where they cannot
+        be captured (said in the log: those steps run eagerly, with the same numbers)."""
+        if not (self.batch_invariant and self.device.type == "cuda" and invariant_graphs_enabled()):
+            return None
+        from trtllm_pipeline.runtimes.torch_engine.cuda.row_graphs import RowGraphs
+
+        try:
+            graphs = RowGraphs(self.engine, self.max_batch_size)
+            graphs.prepare()
+            return graphs
+        except Exception as exc:  # noqa: BLE001 - speed only: the eager forward runs those steps as before
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            log.warning("batch-invariant decode graphs could not be captured (%s: %s); decode steps run eagerly",
                         type(exc).__name__, first)
             torch.cuda.empty_cache()
             return None
@@ -957,4 +979,7 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
                 graphs.shape_for([len(r.tokens) for r in rows]):
             self.phase_rows["graph_prefills"] += len(rows)
             return graphs.forward([(r.tokens, r.block_table) for r in rows])
+        decodes = self.row_graphs
+        if decodes is not None and len(rows) <= decodes.max_rows and all(len(r.tokens) == 1 for r in rows):
+            return decodes.forward([(r.tokens[0], r.start, r.block_table) for r in rows])
         return self.executor.forward(PagedBatch.of(rows))

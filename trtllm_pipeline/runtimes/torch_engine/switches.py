@@ -80,3 +80,9 @@ def paged_prefill_rows() -> str:
         raise InputError(f"TRTLLM_PIPELINE_PAGED_PREFILL={given!r} names no rows.",
                          fix=f"set it to one of {', '.join(PAGED_PREFILL_ROWS)}, or unset it")
     return given
+
+
+def invariant_graphs_enabled() -> bool:
+    """``runtime.batch_invariant``'s decode steps from CUDA graphs of the eager forward (``cuda/row_graphs``): on
+    unless ``TRTLLM_PIPELINE_INVARIANT_GRAPHS=0`` (every step's host launches then: the A/B)."""
+    return os.environ.get("TRTLLM_PIPELINE_INVARIANT_GRAPHS", "1").strip() != "0"
