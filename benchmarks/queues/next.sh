@@ -7,20 +7,27 @@ on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep
 # float64 and bit-equal however a prompt is chunked; an H100 ran an earlier version of it (all equal), not this one.
 part paged_prefill 60
 # 31: runtime.batch_invariant's GEMM against cuBLAS, rows bit-equal at every M; then the shared-prefix workload in
-# that mode (greedy outputs with the prefix cache against without: the goal's "identical", 2.5% of requests in the
-# default mode on the H100, 2026-12-07) and in the default mode, its later chunks now through the paged kernel
-# (TTFT, throughput against the last prefix runs')
-part invariant_gemm 120
-part prefix 240 BATCH_INVARIANT=1 REQUESTS=256  # (decode steps from cuda/row_graphs' CUDA graphs, by default)
-part prefix 150 REQUESTS=512
+# that mode: greedy outputs with the prefix cache against without (the goal's "identical"; 2.5% of requests in the
+# default mode on the H100, 2026-12-07), decode steps from cuda/row_graphs' CUDA graphs (the default)
+invariant() {
+  part invariant_gemm 120
+  part prefix 240 BATCH_INVARIANT=1 REQUESTS=256
+}
+# 31: the default mode's shared-prefix run, its later chunks now through the paged kernel (TTFT and throughput against
+# the last prefix runs')
+prefix_default() { part prefix 150 REQUESTS=512; }
 if on_h200; then
   # 31: the goal's rows on the goal's GPU with everything since its last run there (2026-12-07, before: 128/2048
   # 25,045 at 512 rows, 500/2000 20,443, 1000/1000 14,901, 2048/2048 11,989, 2048/128 3,218; H100 since: 1000/1000
   # 17,876, 500/2000 21,529, 2048/128 3,293, each above or near TensorRT-LLM's H200 rows)
   part throughput 540 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS="1000/1000 500/2000 2048/2048" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+  invariant
   part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+  prefix_default
   part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1
 else
+  invariant
+  prefix_default
   # an 8k prompt admitted in chunks beside running decodes (its later chunks: the kernel's case): the worst gap
   part throughput 200 LOAD_VARIANT=-fp8kv LENGTHS=none SKIP_BATCH1=1 TRTLLM_PIPELINE_PAGED_PREFILL=none
   part throughput 200 LOAD_VARIANT=-fp8kv LENGTHS=none SKIP_BATCH1=1 TRTLLM_PIPELINE_PAGED_PREFILL=later
