@@ -112,3 +112,18 @@ def test_a_device_that_cannot_launch_the_kernel_is_said_once_and_cached():
     why = paged_prefill.trial(8, 2, 32, 16, torch.bfloat16, torch.bfloat16, meta)
     assert why and paged_prefill.trial(8, 2, 32, 16, torch.bfloat16, torch.bfloat16, meta) is why
     assert "head_dim in" in paged_prefill.trial(8, 2, 80, 16, torch.bfloat16, torch.float8_e4m3fn, meta)
+
+
+def test_the_rows_switch_names_its_values(monkeypatch):
+    """``TRTLLM_PIPELINE_PAGED_PREFILL``: later (default), all, none; anything else refused, naming them."""
+    from trtllm_pipeline.errors import InputError
+    from trtllm_pipeline.runtimes.torch_engine.switches import paged_prefill_rows
+
+    monkeypatch.delenv("TRTLLM_PIPELINE_PAGED_PREFILL", raising=False)
+    assert paged_prefill_rows() == "later"
+    monkeypatch.setenv("TRTLLM_PIPELINE_PAGED_PREFILL", "all")
+    assert paged_prefill_rows() == "all"
+    monkeypatch.setenv("TRTLLM_PIPELINE_PAGED_PREFILL", "some")
+    with pytest.raises(InputError) as err:
+        paged_prefill_rows()
+    assert "later, all, none" in err.value.fix
