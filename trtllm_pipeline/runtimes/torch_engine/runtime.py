@@ -387,16 +387,8 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         buckets = [b for b in buckets_for(chunk) if b <= self.max_seq_len]
         if not buckets:
             return None
-        try:
-            graphs = PrefillGraphs(self.engine, buckets)
-            graphs.prepare()
-            return graphs
-        except Exception as exc:  # noqa: BLE001 - speed only: the eager forward runs first chunks as before
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            log.warning("prefill graphs could not be captured (%s: %s); first chunks prefill eagerly",
-                        type(exc).__name__, first)
-            torch.cuda.empty_cache()
-            return None
+        return self._captured(lambda: PrefillGraphs(self.engine, buckets), "prefill graphs",
+                              "first chunks prefill eagerly")
 
     def _row_graphs(self):
         """``runtime.batch_invariant``'s steps of single-token rows from CUDA graphs of the eager forward
@@ -406,14 +398,20 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
             return None
         from trtllm_pipeline.runtimes.torch_engine.cuda.row_graphs import RowGraphs
 
+        return self._captured(lambda: RowGraphs(self.engine, self.max_batch_size), "batch-invariant decode graphs",
+                              "decode steps run eagerly")
+
+    @staticmethod
+    def _captured(make, what: str, instead: str):
+        """``make()``'s graphs, prepared (run once, captured); None where that fails, said in the log with what runs
+        ``instead``: graphs are speed only, the eager forward computes the same."""
         try:
-            graphs = RowGraphs(self.engine, self.max_batch_size)
+            graphs = make()
             graphs.prepare()
             return graphs
-        except Exception as exc:  # noqa: BLE001 - speed only: the eager forward runs those steps as before
+        except Exception as exc:  # noqa: BLE001 - speed only
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            log.warning("batch-invariant decode graphs could not be captured (%s: %s); decode steps run eagerly",
-                        type(exc).__name__, first)
+            log.warning("%s could not be captured (%s: %s); %s", what, type(exc).__name__, first, instead)
             torch.cuda.empty_cache()
             return None
 
