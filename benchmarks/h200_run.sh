@@ -50,6 +50,9 @@
 #   bash benchmarks/h200_run.sh paged_prefill  # tests/paged_prefill_check.py on this GPU: the paged prefill attention
 #                                          # kernel against float64 and bit-equal however a prompt is chunked or
 #                                          # packed (BF16, E4M3 pools; the 7B's and SmolLM2's shapes); rc 1 otherwise
+#   bash benchmarks/h200_run.sh invariant  # tests/invariant_check.py on this GPU (tiny FP8): runtime.batch_invariant's
+#                                          # outputs equal with and without the prefix cache, its decode graphs'
+#                                          # rows the eager forward's; rc 1 otherwise
 #   bash benchmarks/h200_run.sh invariant_gemm  # benchmarks/invariant_gemm.py: the batch-invariant GEMM against
 #                                          # cuBLAS (the 7B's linears, lm_head; M 1-4096) and its rows' invariance
 #   bash benchmarks/h200_run.sh tp1        # a built tiny FP8 engine (engines/) through the distributed code, one rank
@@ -589,6 +592,17 @@ sys.exit(bool(bad))' "$out/paged-prefill-check.json" ;;
     tp bench --in-process --throughput -c "$c" --engines-dir "$engines" --lengths 100/64 \
       --shared-prefix "${PREFIX:-1500}" --requests "${REQUESTS:-512}" ${BATCH_INVARIANT:+--batch-invariant} \
       -o "$out/throughput-prefix${BATCH_INVARIANT:+-invariant}.json" ;;
+  invariant)  # runtime.batch_invariant on this GPU with the tiny FP8 model (tests/invariant_check.py cuda): outputs
+    # with the prefix cache against without, one at a time against together, decode rows from captured CUDA graphs
+    # against the eager forward; rc 1 if any differ
+    c=build_configs/tiny-qwen2-fp8-tp1.yaml
+    tp build -c "$c" --engines-dir "$engines"
+    PYTHONPATH=$PYTHONPATH:$PWD/tests python3 tests/invariant_check.py "$engines/tiny-qwen2-fp8-tp1/checkpoint" cuda \
+      | tee "$out/invariant-check.json"
+    python3 -c 'import json, sys; r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+ok = r["with_reuse_equal"] and r["one_at_a_time_equal"] and r["row_graphs_equal"]
+print("batch invariant, tiny FP8 on this GPU:", "all equal" if ok else "DIFFERENT", r["decode_path"])
+sys.exit(not ok)' "$out/invariant-check.json" ;;
   invariant_gemm)  # cuda/invariant_gemm against cuBLAS at the 7B's linears and lm_head, and its rows' invariance
     PYTHONPATH=$PYTHONPATH:$PWD/tests python3 tests/invariant_gemm_check.py cuda > "$out/invariant-gemm-check.json" \
       || echo "invariant_gemm_check.py failed: rc $?"

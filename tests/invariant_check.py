@@ -64,10 +64,12 @@ def main(ckpt: Path) -> None:
     # decode rows through cuda/row_graphs (run directly here: no CUDA graphs on the CPU), padded to a bucket of 4,
     # against the eager forward of the same rows: the same bits
     engine, tables = plain.engine, plain.engine.slot_tables([0, 1, 2])
-    engine(PagedBatch.of([(p, 0, t) for p, t in zip(prompts[:3], tables)]))
+    engine(PagedBatch.of([(p, 0, t) for p, t in zip(prompts[:3], tables)]).to(engine.device))
     decode_rows = [(7 + i, len(p), t) for i, (p, t) in enumerate(zip(prompts[:3], tables))]
-    eager_hidden = engine(PagedBatch.of([([tok], pos, t) for tok, pos, t in decode_rows]))
-    graph_hidden = RowGraphs(engine, 4).forward(decode_rows)
+    eager_hidden = engine(PagedBatch.of([([tok], pos, t) for tok, pos, t in decode_rows]).to(engine.device))
+    row_graphs = RowGraphs(engine, 4)
+    row_graphs.prepare()  # (on CUDA: captured)
+    graph_hidden = row_graphs.forward(decode_rows)
     refused = None
     try:
         runtime(ckpt, batch_invariant=True, dtype="float32")

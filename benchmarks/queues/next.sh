@@ -6,6 +6,8 @@ on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep
 # The paged prefill attention kernel (53de2aa: later chunks and single-token rows of an eager step, by default) against
 # float64 and bit-equal however a prompt is chunked; an H100 ran an earlier version of it (all equal), not this one.
 part paged_prefill 60
+# runtime.batch_invariant end to end on the tiny FP8 model (its decode graphs really captured here): outputs equal?
+part invariant 90
 # 31: runtime.batch_invariant's GEMM against cuBLAS, rows bit-equal at every M; then the shared-prefix workload in
 # that mode: greedy outputs with the prefix cache against without (the goal's "identical"; 2.5% of requests in the
 # default mode on the H100, 2026-12-07), decode steps from cuda/row_graphs' CUDA graphs (the default)
