@@ -579,8 +579,9 @@ sys.exit(bool(bad))' "$out/paged-prefill-check.json" ;;
       ${ATTN_BATCHES:+--batches "$ATTN_BATCHES"} ${ATTN_CONTEXTS:+--contexts "$ATTN_CONTEXTS"} \
       -o "$out/attention-${ATTN_STEP:+step-}${ATTN_KV:-bf16}.json" ;;
   prefill)  # prefill's time by prompt length, the layers fused or not, a later chunk's masked attention, kernels
-    c=$(config fp8)
-    [ -n "${PREFILL_SERVED_BUILD:-}" ] || c=${c%.yaml}-load.yaml  # the served build: no second quantize in a call
+    c=$(config "${PREFILL_FORMAT:-fp8}")  # PREFILL_FORMAT=int4-awq (w4a8-awq, ...): that format's build, as is
+    # (the served build, or another format's, as they are: no second quantize in a call)
+    [ -n "${PREFILL_SERVED_BUILD:-}${PREFILL_FORMAT:-}" ] || c=${c%.yaml}-load.yaml
     tp build -c "$c" --engines-dir "$engines"
     python3 benchmarks/prefill_probe.py -c "$c" --engines-dir "$engines" \
       ${PREFILL_CHUNK:+--prefill-chunk-tokens "$PREFILL_CHUNK"} -o "$out/prefill-probe${PREFILL_CHUNK:+-chunk$PREFILL_CHUNK}.json" ;;

@@ -38,6 +38,9 @@ else
   # prefill_probe's later chunk over a long cached prefix, by the two paths
   part prefill 150 TRTLLM_PIPELINE_PAGED_PREFILL=none
   part prefill 150 TRTLLM_PIPELINE_PAGED_PREFILL=later
+  # 32: INT4-AWQ's prefill of 2,048 tokens by kernel (1.41x BF16's on 2026-12-06e against the goal's 1.3x, where its
+  # dequant path should add ~6 ms of scratch traffic to BF16's 47.6, not ~20)
+  part prefill 240 PREFILL_FORMAT=int4-awq
   # the FP8 pool's key tile at load: the sweep, with 128-key tiles unpipelined and at 8 warps (2026-12-07d: cut while
   # compiling at 90 s)
   part attention 180 ATTN_KV=fp8 ATTN_BATCHES=256,512 ATTN_CONTEXTS=2048
