@@ -61,14 +61,14 @@ def main(ckpt: Path) -> None:
     # and float32's, which both round away from
     exact = torch.tensor(runtime(ckpt, dtype="float32", fast_decode=False).next_token_logprobs(prompts[-1]))
     apart = lambda a: float((a - exact).norm() / exact.norm())  # noqa: E731
-    # decode rows through cuda/row_graphs (run directly here: no CUDA graphs on the CPU), padded to a bucket of 4,
-    # against the eager forward of the same rows: the same bits
+    # decode rows through cuda/row_graphs (captured on CUDA, run directly on the CPU), padded to a bucket of 4, against
+    # the eager forward of the same rows: the same bits
     engine, tables = plain.engine, plain.engine.slot_tables([0, 1, 2])
     engine(PagedBatch.of([(p, 0, t) for p, t in zip(prompts[:3], tables)]).to(engine.device))
     decode_rows = [(7 + i, len(p), t) for i, (p, t) in enumerate(zip(prompts[:3], tables))]
     eager_hidden = engine(PagedBatch.of([([tok], pos, t) for tok, pos, t in decode_rows]).to(engine.device))
     row_graphs = RowGraphs(engine, 4)
-    row_graphs.prepare()  # (on CUDA: captured)
+    row_graphs.prepare()
     graph_hidden = row_graphs.forward(decode_rows)
     refused = None
     try:
