@@ -147,11 +147,25 @@ def throughput_table(data: dict[str, Any]) -> list[str]:
                      f"{cell(r['kv_usage_peak'] and 100 * r['kv_usage_peak'], '6.0f'):>6}% {cell(r['preemptions'], 'd'):>7} "
                      f"{cell(r['peak_memory_gib'], '8.2f'):>8} {cell(r.get('workspace_gib'), '5.2f'):>5} "
                      f"{cell(ref.get(pair), 'd'):>9}")
+    lines += agreement_lines(data["runs"])
     lines.append(runtime_line(data["runtime"]))
     if any(r.get("workspace_gib") is not None for r in data["runs"]):
         lines.append("+GiB: the peak above what the engine holds throughout (weights with the embedding, KV pool)")
     if ref:
         lines.append(f"* reference only, another model and engine: {data['reference']['source']}")
+    return lines
+
+
+def agreement_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """Per run with the prefix cache, how many greedy outputs equal those without it (``_agreement``)."""
+    lines = []
+    for r in runs:
+        share = r.get("same_output_share")
+        if share is None:
+            continue
+        parts = r.get("first_difference_mean")
+        lines.append(f"{r['input_tokens']}/{r['output_tokens']} with reuse: {share:.1%} of greedy outputs identical "
+                     "to those without" + (f" (the others part at token {parts:.1f} on average)" if parts else ""))
     return lines
 
 
