@@ -58,6 +58,10 @@ GRAPH_MS = 2.0  # a replay's least length: launch and event overheads far below 
 # Tiny shapes for --dry-run (the interpreter): K a multiple of the tiles, N not
 DRY_SHAPES = {"qkv": (256, 192), "proj": (384, 160), "lm_head": (128, 200)}
 DRY_MS = (1, 16, 130)
+# ``ours_narrow``: tiles this many columns wide. At decode sizes the 128-column tiles give the 7B's narrow linears 28-36
+# programs on 132 SMs; if a row's bits are the same from narrower tiles (the wgmma's N is the only change), the tile
+# width could follow M without breaking invariance: ``tile_widths`` says, per shape, at the largest M.
+NARROW_N = 64
 
 
 def args_parser() -> argparse.ArgumentParser:
@@ -100,7 +104,8 @@ def main() -> None:
     result = {"device": bench.device_name, "torch": torch.__version__, "triton": triton.__version__,
               "dry_run": opts.dry_run, "configs": {"bf16": invariant_gemm.BF16_CONFIG._asdict(),
                                                    "fp8": invariant_gemm.FP8_CONFIG._asdict()},
-              "notes": bench.notes, "rows": bench.rows, "invariance": bench.invariance, "errors": bench.errors,
+              "notes": bench.notes, "rows": bench.rows, "invariance": bench.invariance,
+              "tile_widths": bench.tile_widths, "errors": bench.errors,
               "seconds": round(time.time() - t0, 1)}
     bench.table()
     if opts.out:
@@ -120,6 +125,7 @@ class Bench:
             self.device_name, self.l2 = "cpu (Triton interpreter)", 1 << 20
         self.gen = torch.Generator(device=self.device).manual_seed(0)
         self.rows, self.invariance, self.errors, self.notes = [], [], [], []
+        self.tile_widths = []  # ``ours_narrow`` against ``ours``: may the tile width follow M (a faster decode)?
 
     # -- operands ------------------------------------------------------------------------------------------------
     def randn(self, *shape, std=1.0):
@@ -140,7 +146,9 @@ class Bench:
         bias = self.randn(n).to(bf16) if name in BIASED else None
         if kind == "bf16":
             w = self.randn(n, k, std=k**-0.5).to(bf16)
+            narrow = ig.BF16_CONFIG._replace(block_n=NARROW_N)
             return {"ours": (lambda x, w: ig.gemm(x, w, bias=bias, out_dtype=bf16), None, w),
+                    "ours_narrow": (lambda x, w: ig.gemm(x, w, bias=bias, out_dtype=bf16, config=narrow), None, w),
                     "library": (lambda x, w: F.linear(x, w, bias), None, w)}
         if kind == "lm_head":
             w = self.randn(n, k, std=k**-0.5).to(bf16)
@@ -159,9 +167,12 @@ class Bench:
                                     use_fast_accum=fast)
 
         fast = ig.FP8_CONFIG._replace(promote=False)
+        narrow = ig.FP8_CONFIG._replace(block_n=NARROW_N)
         scales = {"x_scale": x_scale, "w_scale": w_scale}
         return {"ours": (lambda x, w: ig.gemm(x, w, bias=bias, x_inv=x_inv, out_dtype=bf16, **scales), None, w),
                 "ours_e4m3": (lambda x, w: ig.gemm(x, w, bias=bias, out_dtype=bf16, **scales), quantize_fp8, w),
+                "ours_narrow": (lambda x, w: ig.gemm(x, w, bias=bias, out_dtype=bf16, config=narrow, **scales),
+                                quantize_fp8, w),
                 "ours_fast": (lambda x, w: ig.gemm(x, w, bias=bias, out_dtype=bf16, config=fast, **scales),
                               quantize_fp8, w),
                 "library": (lambda x, w: scaled_mm(quantize_fp8(x), w), None, w),
@@ -255,6 +266,13 @@ class Bench:
             del weights
             print(f"{name} {kind} {variant}: invariant rows {entry['equal']}/{entry['total']}; "
                   + ", ".join(f"M {r['m']} {r['us']:.1f} us" for r in self.rows[-len(ms):]), flush=True)
+        if "ours_narrow" in outputs:  # the same rows' bits from tiles of another width?
+            reference = outputs["ours"] if kind == "bf16" else outputs["ours_e4m3"]
+            view = torch.int16
+            wide = (self.ig.BF16_CONFIG if kind == "bf16" else self.ig.FP8_CONFIG).block_n
+            self.tile_widths.append({"shape": name, "kind": kind, "block_n": [NARROW_N, wide],
+                                     "equal_rows": int((outputs["ours_narrow"].view(view) == reference.view(view))
+                                                       .all(-1).sum()), "rows": largest})
         library = outputs.get("library")
         for variant, y in outputs.items():
             if variant.startswith("ours") and library is not None:
@@ -276,6 +294,9 @@ class Bench:
         for key in keys:
             rows = {r["m"]: r for r in self.rows if (r["shape"], r["kind"], r["variant"]) == key}
             print(f"{key[0]:8} {key[1]:8} {key[2]:13} " + " ".join(f"{rows[m]['us']:>8.1f}us" for m in sorted(rows)))
+        for t in self.tile_widths:
+            print(f"tiles of {t['block_n'][0]} against {t['block_n'][1]} columns, {t['shape']} {t['kind']}: "
+                  f"{t['equal_rows']}/{t['rows']} rows the same bits")
         print("\ninvariant rows (equal / compared):")
         for e in self.invariance:
             vs = f", max |ours - library| / max |library| {e['vs_library']:.2e}" if "vs_library" in e else ""

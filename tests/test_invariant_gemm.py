@@ -206,3 +206,17 @@ def test_a_device_that_cannot_launch_the_gemm_is_named_by_trial():
     meta = torch.device("meta")
     assert invariant_gemm.trial(torch.float8_e4m3fn, torch.bfloat16, torch.bfloat16, meta)
     assert invariant_gemm.trial(torch.bfloat16, torch.bfloat16, torch.float32, meta)
+
+
+def test_the_gpu_benchmark_runs_its_code_paths_on_the_cpu(tmp_path):
+    """``benchmarks/invariant_gemm.py --dry-run`` (the interpreter, tiny shapes): every variant timed and compared, the
+    invariant GEMM's rows the same at every M and from narrower tiles, so the GPU session's run is not its first."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "invariant_gemm.py"), "--dry-run", "-o",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["dry_run"] and not r["errors"] and r["rows"]
+    ours = [e for e in r["invariance"] if e["variant"].startswith("ours")]
+    assert ours and all(e["equal"] == e["total"] for e in ours)
+    assert r["tile_widths"] and all(t["equal_rows"] == t["rows"] for t in r["tile_widths"])
