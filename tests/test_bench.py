@@ -295,6 +295,12 @@ def test_throughput_bench_runs_requests_through_the_scheduler_and_the_shared_pre
     assert off["prefix_cache_hits"] == 0 and on["prefix_cache_hits"] > 0  # the 64-token prompt reused
     assert "out tok/s" in proc.stdout and "reference only" in proc.stdout
     assert "12/6 with reuse: 100.0% of greedy outputs identical to those without" in proc.stdout
+    from types import SimpleNamespace
+
+    from trtllm_pipeline import report  # (its build section's throughput part reads only these files)
+
+    section = "\n".join(report._throughput_section(SimpleNamespace(throughput=[(out, data)])))
+    assert "identical to those without (12/6, runtime.batch_invariant off): 100.0%" in section
     bad = run_cli("bench", "--in-process", "--throughput", "-c", str(CONFIGS / "tiny-qwen2-fp8-tp1.yaml"),
                   "--engines-dir", str(engines_dir), "--lengths", "12", "-o", str(out))
     assert bad.returncode == 2 and "INPUT/OUTPUT" in bad.stderr

@@ -438,6 +438,11 @@ def _throughput_section(b: BuildData) -> list[str]:
             lines += _table(["in/out", "requests", "shared prefix", "output tokens/s", "requests/s", "TTFT p50 ms",
                              "ITL p50 ms", "ITL p99 ms", "KV peak %", "preemptions", "peak GiB",
                              "over weights + KV GiB", "TensorRT-LLM H200 (reference)"], rows) + [""]
+        mode = "on" if rt.get("batch_invariant") else "off"
+        for r in data["runs"]:
+            if r.get("same_output_share") is not None:
+                lines += [f"Greedy outputs with the prefix cache identical to those without ({r['input_tokens']}/"
+                          f"{r['output_tokens']}, runtime.batch_invariant {mode}): {r['same_output_share']:.1%}.", ""]
         lines += _long_prompt_table(data.get("long_prompt"))
     return lines
 
