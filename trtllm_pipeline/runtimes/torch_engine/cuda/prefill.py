@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import norm
+from trtllm_pipeline.runtimes.torch_engine.cuda.attention import _to_e4m3
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import tl_dtype
 
 
@@ -88,7 +89,7 @@ def _kv_tile(src_ptr, stride_t, stride_h, cache_ptr, read_ptr, dst, read, t, h, 
     ``read_ptr + read``."""
     x = tl.load(src_ptr + t * stride_t + h * stride_h + d, mask=ok)
     if FP8:
-        q = tl.clamp(x.to(tl.float32) * inv, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        q = _to_e4m3(x, inv)
         tl.store(cache_ptr + dst, q, mask=ok)
         tl.store(read_ptr + read, (q.to(tl.float32) * scale).to(x.dtype), mask=ok)
     else:
