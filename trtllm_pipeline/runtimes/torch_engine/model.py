@@ -690,7 +690,7 @@ class Qwen2Engine(torch.nn.Module):
         from trtllm_pipeline.runtimes.torch_engine.cuda import paged_prefill  # Triton: on first use
 
         why = paged_prefill.trial(self.heads, self.kv_heads, self.head_dim, self.block_size, self.dtype,
-                                  self.kv_dtype, self.device)
+                                  self.kv_dtype, self.device, self.kv_unit_scale)
         if why and not self._paged_kernel_refused:
             self._paged_kernel_refused = True
             log.warning("the paged prefill attention kernel does not run on this GPU (%s); later prefill chunks attend "
