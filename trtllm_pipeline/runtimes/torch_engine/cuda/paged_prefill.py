@@ -166,16 +166,16 @@ _TRIED: dict[tuple, str | None] = {}  # (shape, dtypes, device) -> None where th
 def trial(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype,
           device: torch.device, kv_unit: bool = False) -> str | None:
     """None where the kernel compiles and launches for this engine's shape on ``device`` (one query, once per
-    process; ``kv_unit`` as the engine launches it, so the variant compiled is the one its steps use), else why not:
-    a GPU with less shared memory than Hopper's (the 7B's launch holds ~100 KB) refuses the launch, and then the
-    step's attention keeps SDPA instead of failing every later chunk."""
+    process; ``kv_unit`` and int64 tables as the engine launches it: the variant compiled is the one its steps use),
+    else why not: a GPU with less shared memory than Hopper's (the 7B's launch holds ~100 KB) refuses the launch, and
+    then the step's attention keeps SDPA instead of failing every later chunk."""
     key = (heads, kv_heads, head_dim, block_size, dtype, kv_dtype, str(device), kv_unit)
     if key not in _TRIED:
         try:
             q = torch.zeros(1, heads, head_dim, dtype=dtype, device=device)
             pool = torch.zeros(2, kv_heads, block_size, head_dim, dtype=dtype, device=device).to(kv_dtype)
             scale = torch.ones(1, dtype=torch.float32, device=device) if kv_dtype == torch.float8_e4m3fn else None
-            prefill_attention(q, pool, pool, torch.ones(1, 1, dtype=torch.int32, device=device), [0], [1], scale=1.0,
+            prefill_attention(q, pool, pool, torch.ones(1, 1, dtype=torch.long, device=device), [0], [1], scale=1.0,
                               kv_scale=scale, kv_unit=kv_unit and scale is not None)
             _TRIED[key] = None
         except Exception as exc:  # noqa: BLE001 - any refusal (resources, compilation) means: not on this device
