@@ -47,6 +47,30 @@ def shapes_of(buckets: Sequence[int]) -> list[tuple[int, int]]:
                    if rows * length <= cap})
 
 
+class Staging:
+    """A graph's static device inputs filled from host twins, pinned on CUDA: a copy from pageable memory waits for
+    the stream's queued work, which would hold a forward launched behind the running decode step
+    (``OverlapSteps._launch_eager_early``) until that step is done. ``host()`` waits for the last ``send``'s copies
+    out of the twins (an event), then hands them to be filled; ``send`` copies the given extents in."""
+
+    def __init__(self, buffers: dict[str, torch.Tensor], pin: bool):
+        self.device = buffers
+        self._host = {name: torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in buffers.items()}
+        self._sent = torch.cuda.Event() if pin else None
+
+    def host(self) -> dict[str, torch.Tensor]:
+        if self._sent is not None:
+            self._sent.synchronize()
+        return self._host
+
+    def send(self, extents: dict[str, int]) -> None:
+        """Each named buffer's first ``extents[name]`` rows from its twin, without waiting for the stream."""
+        for name, rows in extents.items():
+            self.device[name][:rows].copy_(self._host[name][:rows], non_blocking=True)
+        if self._sent is not None:
+            self._sent.record()
+
+
 class PrefillGraphs:
     def __init__(self, engine, buckets: Sequence[int], *, use_graphs: bool = True):
         self.engine, self.buckets = engine, sorted(buckets)
@@ -56,13 +80,7 @@ class PrefillGraphs:
         rows = max(r for r, _ in self.shapes)
         self.tokens = torch.zeros(max(r * n for r, n in self.shapes), dtype=torch.long, device=dev)
         self.table = torch.zeros((rows, engine.slot_blocks), dtype=torch.long, device=dev)  # null block past a prompt
-        # the next forward's tokens and tables staged on the host, pinned on CUDA: a copy from pageable memory waits
-        # for the stream's queued work, which would hold a prefill launched behind the running decode step
-        # (``OverlapSteps._launch_eager_early``) until that step is done; ``_staged`` marks their copies' end
-        pin = self.use_graphs
-        self._tokens_host = torch.zeros(self.tokens.shape, dtype=torch.long, pin_memory=pin)
-        self._table_host = torch.zeros(self.table.shape, dtype=torch.long, pin_memory=pin)
-        self._staged = torch.cuda.Event() if pin else None
+        self._staging = Staging({"tokens": self.tokens, "table": self.table}, pin=self.use_graphs)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # every graph's hidden states [rows x length, hidden], copied here in the graph: one buffer, not one per shape
         # (which the pool would keep apart: ~0.3 GB of the 7B's at 4,096 tokens a chunk)
@@ -126,19 +144,15 @@ class PrefillGraphs:
         rewritten by the next ``forward``). Call with a ``shape_for`` the rows fit."""
         shape = self.shape_for([len(tokens) for tokens, _ in rows])
         count, length = shape
-        if self._staged is not None:
-            self._staged.synchronize()  # (the last forward's copies out of the staging buffers are done)
-        tokens = self._tokens_host[: count * length].view(count, length)
-        tables = self._table_host[:count]
+        host = self._staging.host()
+        tokens = host["tokens"][: count * length].view(count, length)
+        tables = host["table"][:count]
         tokens.zero_()
         tables.zero_()
         for i, (toks, table) in enumerate(rows):
             tokens[i, : len(toks)] = torch.as_tensor(toks, dtype=torch.long)
             tables[i, : len(table)] = torch.as_tensor(table, dtype=torch.long)
-        self.tokens[: count * length].copy_(tokens.view(-1), non_blocking=True)
-        self.table[:count].copy_(tables, non_blocking=True)
-        if self._staged is not None:
-            self._staged.record()
+        self._staging.send({"tokens": count * length, "table": count})
         if self.use_graphs:
             self.graphs[shape].replay()
             out = self.output

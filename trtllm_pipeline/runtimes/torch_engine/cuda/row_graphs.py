@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+from trtllm_pipeline.runtimes.torch_engine.cuda.prefill_graphs import Staging
+
 log = logging.getLogger(__name__)
 
 
@@ -39,12 +41,8 @@ class RowGraphs:
         self.positions = torch.zeros(n, dtype=torch.long, device=dev)
         self.table = torch.zeros((n, engine.slot_blocks), dtype=torch.long, device=dev)
         self.tiles = torch.zeros((n, 4), dtype=torch.int32, device=dev)
-        # staged on the host, pinned on CUDA (a pageable copy would wait for the stream's queued work)
-        pin = self.use_graphs
-        self._host = {name: torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin)
-                      for name, t in (("tokens", self.tokens), ("positions", self.positions), ("table", self.table),
-                                      ("tiles", self.tiles))}
-        self._staged = torch.cuda.Event() if pin else None
+        self._staging = Staging({"tokens": self.tokens, "positions": self.positions, "table": self.table,
+                                 "tiles": self.tiles}, pin=self.use_graphs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.output: torch.Tensor | None = None
         self.runs = {b: self._runner(b) for b in self.buckets}
@@ -95,9 +93,7 @@ class RowGraphs:
         ``max_rows`` rows."""
         n = len(rows)
         bucket = self.bucket(n)
-        if self._staged is not None:
-            self._staged.synchronize()  # (the last call's copies out of the staging buffers are done)
-        host = self._host
+        host = self._staging.host()
         for t in host.values():
             t[:bucket].zero_()
         positions = [p for _, p, _ in rows]
@@ -107,11 +103,7 @@ class RowGraphs:
         host["table"][:n, :width] = torch.tensor([list(t) + [0] * (width - len(t)) for _, _, t in rows],
                                                  dtype=torch.long)
         host["tiles"][:n] = torch.tensor([(i, i, p, 1) for i, p in enumerate(positions)], dtype=torch.int32)
-        for name, device_buffer in (("tokens", self.tokens), ("positions", self.positions), ("table", self.table),
-                                    ("tiles", self.tiles)):
-            device_buffer[:bucket].copy_(host[name][:bucket], non_blocking=True)
-        if self._staged is not None:
-            self._staged.record()
+        self._staging.send(dict.fromkeys(host, bucket))
         if self.use_graphs:
             self.graphs[bucket].replay()
             return self.output[:n].clone()
