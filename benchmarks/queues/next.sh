@@ -3,11 +3,6 @@
 # back (each within 30 s of the last). In order of need; what is cut is what comes last. Helpers must not use the
 # device: their calls hold the machine and spend this session's budget.
 on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200; }
-# The paged prefill attention kernel (53de2aa: later chunks and single-token rows of an eager step, by default) against
-# float64 and bit-equal however a prompt is chunked; an H100 ran an earlier version of it (all equal), not this one.
-part paged_prefill 60
-# runtime.batch_invariant end to end on the tiny FP8 model (its decode graphs really captured here): outputs equal?
-part invariant 90
 # 31: runtime.batch_invariant's GEMM against cuBLAS, rows bit-equal at every M; then the shared-prefix workload in
 # that mode: greedy outputs with the prefix cache against without (the goal's "identical"; 2.5% of requests in the
 # default mode on the H100, 2026-12-07), decode steps from cuda/row_graphs' CUDA graphs (the default)
@@ -19,17 +14,29 @@ invariant() {
 # the last prefix runs')
 prefix_default() { part prefix 150 REQUESTS=512; }
 if on_h200; then
+  # the batch-invariant mode end to end on the tiny FP8 model first (its decode graphs really captured here): outputs
+  # equal? The prefix run below relies on it.
+  part invariant 90
   # 31: the goal's rows on the goal's GPU with everything since its last run there (2026-12-07, before: 128/2048
   # 25,045 at 512 rows, 500/2000 20,443, 1000/1000 14,901, 2048/2048 11,989, 2048/128 3,218; H100 since: 1000/1000
   # 17,876, 500/2000 21,529, 2048/128 3,293, each above or near TensorRT-LLM's H200 rows)
   part throughput 540 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS="1000/1000 500/2000 2048/2048" REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
-  invariant
-  part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
-  prefix_default
+  # 31's "greedy outputs identical" with and without the prefix cache, in the batch-invariant mode
+  part prefix 240 BATCH_INVARIANT=1 REQUESTS=256
   # 2048/128 with two prompts a step (chunks of 4,096: H100 2026-12-07b 3,061 -> 3,207 against chunks of 2,048; the
   # step is its prompts' GEMMs, and the decode rows' weights are read once for two prompts instead of one)
   part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1 PREFILL_CHUNK=4096
+  part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+  # the paged prefill attention kernel (53de2aa) against float64, bit-equal however a prompt is chunked
+  part paged_prefill 60
+  part invariant_gemm 120
+  prefix_default
 else
+  # the paged prefill attention kernel (53de2aa: later chunks and single-token rows of an eager step, by default)
+  # against float64 and bit-equal however a prompt is chunked; an H100 ran an earlier version of it, not this one
+  part paged_prefill 60
+  # runtime.batch_invariant end to end on the tiny FP8 model (its decode graphs really captured here): outputs equal?
+  part invariant 90
   invariant
   prefix_default
   # an 8k prompt admitted in chunks beside running decodes (its later chunks: the kernel's case): the worst gap
