@@ -1174,6 +1174,19 @@ def test_w4a8_gemv_benchmark_dry_run(tmp_path):
     assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in rows), rows
 
 
+def test_ncu_int4_script_dry_run():
+    """benchmarks/ncu_int4.py --dry-run (what Nsight Compute reads on the GPU: INT4-AWQ's decode GLU and proj at M 1
+    and 8, the table's kernels): every launch at tiny shapes through the interpreter, each within bf16's error of
+    float32 ``x @ W^T``."""
+    path = [str(TESTS / "interpreter_site"), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "ncu_int4.py"), "--dry-run"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    errors = [float(line.rsplit(" ", 1)[1]) for line in proc.stdout.splitlines() if " error " in line]
+    assert len(errors) == 4 and max(errors) < 5e-3, proc.stdout
+
+
 def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():
     """benchmarks/gpu_fast_path.py --parts quant builds its 7B engines from random BF16 tensors quantized on the
     GPU; here the same code at a tiny shape on the CPU: the packing is the checkpoint's, each format loads, the

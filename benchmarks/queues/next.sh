@@ -27,6 +27,8 @@ if on_h200; then
   # step is its prompts' GEMMs, and the decode rows' weights are read once for two prompts instead of one)
   part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1 PREFILL_CHUNK=4096
   part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+  # 32: Nsight Compute's stall reasons for INT4-AWQ's M 8 GEMM (28% of the byte roof) against batch 1's GEMV (~65%)
+  part ncu_int4 120
   # the paged prefill attention kernel (53de2aa) against float64, bit-equal however a prompt is chunked
   part paged_prefill 60
   part invariant_gemm 120
@@ -37,6 +39,8 @@ else
   part paged_prefill 60
   # runtime.batch_invariant end to end on the tiny FP8 model (its decode graphs really captured here): outputs equal?
   part invariant 90
+  # 32: Nsight Compute's stall reasons for INT4-AWQ's M 8 GEMM (28% of the byte roof) against batch 1's GEMV (~65%)
+  part ncu_int4 120
   invariant
   prefix_default
   # an 8k prompt admitted in chunks beside running decodes (its later chunks: the kernel's case): the worst gap

@@ -1,0 +1,103 @@
+"""INT4-AWQ's decode kernels at the 7B's GLU and mlp.proj, a few launches each, for Nsight Compute to read (issue 32).
+
+    ncu --clock-control none --section ... python3 benchmarks/ncu_int4.py [--ms 1,8]   (h200_run.sh ncu_int4)
+    TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/ncu_int4.py --dry-run
+
+At M 8 the table's GEMMs stream ~1.2 TB/s (28% of the byte roof, H100 2026-12-07) and five kernels tried so far
+land there; sm_90 SASS read on the CPU says the K loop is latency-bound, which only the hardware's stall counters can
+confirm or refute. Batch 1's GEMV (~65% of the roof) is launched too, as the contrast. Each kernel runs LAUNCHES
+times on one weight copy (the first compiles it); the profile is read per launch, so no timing here. Prints each
+launch's kernel and config, and the result's error against float32 ``x @ W^T`` (a launch that computed garbage would
+make its counters meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import quant_fast_path as qf  # noqa: E402
+from quant_gemm import _reference, _weights  # noqa: E402
+
+from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, quant_gemm, quant_gemv, quant_linear  # noqa: E402
+
+LAUNCHES = 3
+SHAPES = (("glu", 18944, 3584, 2), ("proj", 3584, 18944, 1))
+DRY_SHAPES = (("glu", 256, 128, 2), ("proj", 128, 256, 1))  # --dry-run: every call on the CPU, through the interpreter
+
+
+def _glu_call(qs, x, m: int, sm: int):
+    """The decode step's GLU launch at M = ``m``: batch 1's GEMV, else the table's GEMM (its split K's counters)."""
+    dt = torch.bfloat16
+    n = qs[0].n
+    out = torch.empty(m, n, dtype=dt, device=x.device)
+    if m == 1:
+        cfg = quant_linear.pick_config(qs[0], 1, sm, glu=True)
+        xin = [quant_gemv.launch_input(x, q, dt) for q in qs]
+        counters = torch.zeros(4096, dtype=torch.int32, device=x.device)
+        workspace = torch.empty(8 * 2 * n, device=x.device)
+        return cfg, lambda: quant_linear.quant_glu(xin[0], qs[0], qs[1], out, cfg, dt, pdl=False, x2=xin[1],
+                                                   counters=counters, workspace=workspace), out.float
+    cfg = quant_gemm.pick_config(qs[0], m, sm, glu=True)
+    extra = {}
+    if cfg.splits > 1:
+        extra = dict(counters=torch.zeros(quant_gemm.glu_counters(qs[0], m, cfg), dtype=torch.int32, device=x.device),
+                     workspace=torch.empty(quant_gemm.glu_workspace(qs[0], m, cfg), device=x.device))
+    return cfg, lambda: quant_gemm.launch(x, qs[0], qs[1], out, cfg, dt, **extra), out.float
+
+
+def _proj_call(q, x, m: int, sm: int):
+    dt = torch.bfloat16
+    if m == 1:
+        cfg = quant_linear.pick_config(q, 1, sm)
+        xin = quant_gemv.launch_input(x, q, dt)
+        out = fixed_sum.accumulator(1, q.n, device=x.device)
+        return cfg, lambda: quant_linear.quant_partials(xin, q, out, cfg, dt), lambda: fixed_sum.to_float(out)
+    cfg = quant_gemm.pick_config(q, m, sm)
+    out = torch.empty(cfg.splits, m, q.n, device=x.device)
+    return cfg, lambda: quant_gemm.launch(x, q, None, out, cfg, dt), lambda: out.sum(0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ms", default="1,8", help="decode batch sizes (default 1,8)")
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    cuda = device.type == "cuda"
+    sm = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
+    gen = torch.Generator(device=device).manual_seed(11)
+    failed = 0
+    for name, n, k, mats in DRY_SHAPES if args.dry_run else SHAPES:
+        lins = _weights("int4_awq", n, k, mats, gen, device)
+        qs = [lin.kernel_weight() for lin in lins]
+        for m in (int(v) for v in args.ms.split(",")):
+            x = (torch.randn(m, k, generator=gen, device=device) * 2).to(torch.bfloat16)
+            ref = [_reference(lin, x) for lin in lins]
+            dt = torch.bfloat16
+            want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if mats == 2 else ref[0]
+            try:
+                cfg, call, read = _glu_call(qs, x, m, sm) if mats == 2 else _proj_call(qs[0], x, m, sm)
+                for _ in range(LAUNCHES if cuda else 1):
+                    call()
+                if cuda:
+                    torch.cuda.synchronize()
+                print(f"{name} m={m}: {cfg} error {qf.rel(read(), want):.2e}", flush=True)
+            except Exception as exc:  # one kernel's failure leaves the others to profile
+                failed += 1
+                print(f"{name} m={m}: failed {exc!r:.300}", flush=True)
+        del lins, qs
+        if cuda:
+            torch.cuda.empty_cache()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
