@@ -100,7 +100,7 @@
 # the first: .whl fills that one), which copies it to /tmp/gpu_data (ACCURACY_DATA in the queue).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, ncu_int4, kv_write, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, ncu_int4, fp8_fast_accum, kv_write, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -604,6 +604,8 @@ sys.exit(bool(bad))' "$out/paged-prefill-check.json" ;;
 ok = r["with_reuse_equal"] and r["one_at_a_time_equal"] and r["row_graphs_equal"]
 print("batch invariant, tiny FP8 on this GPU:", "all equal" if ok else "DIFFERENT", r["decode_path"])
 sys.exit(not ok)' "$out/invariant-check.json" ;;
+  fp8_fast_accum)  # cuBLAS's FP8 GEMM with and without fast accumulation at the 7B's prefill shapes: us and error
+    python3 benchmarks/fp8_fast_accum.py -o "$out/fp8-fast-accum.json" ;;
   ncu_int4)  # issue 32: Nsight Compute's counters (stall reasons by instruction, memory, occupancy) for INT4-AWQ's
     # decode kernels at the 7B's GLU and mlp.proj, M 1 (the GEMV, ~65% of the roof) and 8 (the GEMM, 28%)
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)

@@ -25,7 +25,11 @@ if on_h200; then
   part prefix 240 BATCH_INVARIANT=1 REQUESTS=256
   # 2048/128 with two prompts a step (chunks of 4,096: H100 2026-12-07b 3,061 -> 3,207 against chunks of 2,048; the
   # step is its prompts' GEMMs, and the decode rows' weights are read once for two prompts instead of one)
-  part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1 PREFILL_CHUNK=4096
+  # cuBLAS's FP8 GEMMs with fast accumulation (TRTLLM_PIPELINE_FP8_FAST_ACCUM=1, as TensorRT-LLM's and vLLM's
+  # Hopper FP8 GEMMs run): each prefill shape's time and error both ways, then the 2048/128 row with it (that
+  # row's step is 64% its prompt's FP8 GEMMs, at ~59% of the FP8 peak on the H100)
+  part fp8_fast_accum 60
+  part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1 PREFILL_CHUNK=4096 TRTLLM_PIPELINE_FP8_FAST_ACCUM=1
   part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
   # 32: Nsight Compute's stall reasons for INT4-AWQ's M 8 GEMM (28% of the byte roof) against batch 1's GEMV (~65%)
   part ncu_int4 120
@@ -41,6 +45,9 @@ else
   part invariant 90
   # 32: Nsight Compute's stall reasons for INT4-AWQ's M 8 GEMM (28% of the byte roof) against batch 1's GEMV (~65%)
   part ncu_int4 120
+  # 31: cuBLAS's FP8 GEMMs with fast accumulation at the prefill shapes, then 2048/128 with it (3,293 without)
+  part fp8_fast_accum 60
+  part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1 TRTLLM_PIPELINE_FP8_FAST_ACCUM=1
   invariant
   prefix_default
   # an 8k prompt admitted in chunks beside running decodes (its later chunks: the kernel's case): the worst gap

@@ -175,6 +175,7 @@ class Linear(torch.nn.Module):
         self.group_size = group_size if self.format in ("int4_awq", "w4a8_awq", "nvfp4") else None
         self.scaled_mm = self.gemm = False
         self.invariant = False  # ``Qwen2Engine.make_batch_invariant``: one GEMM shape whatever the rows
+        self.fast_accum = False  # FP8 by cuBLAS: the whole K in the tensor cores' accumulator (switches.fp8_fast_accum)
         self._kernel_weight = None
         keep = device.type != "cuda" or self.KEEP_DEQUANTIZED
         self.scales = self.scale_2 = self.a_scale = self.a_inv = self.pre_quant_scale = self.dequantized = None
@@ -194,6 +195,7 @@ class Linear(torch.nn.Module):
                 device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
                 and all(d % 16 == 0 for d in weight.shape) and dtype in (torch.bfloat16, torch.float16)
             )
+            self.fast_accum = self.scaled_mm and switches.fp8_fast_accum()
             # Emulation: dequantized once in float32 and rounded once, as the fake-quantized model does.
             self.dequantized = self._dequantize().to(dtype) if keep and not self.scaled_mm else None
             return
@@ -301,7 +303,7 @@ class Linear(torch.nn.Module):
             xq = x if x.dtype == torch.float8_e4m3fn else quantize_fp8(x, self.a_inv)
             flat = xq.reshape(-1, xq.shape[-1])
             out = torch._scaled_mm(flat, self.weight.t(), scale_a=self.a_scale, scale_b=self.w_scale,
-                                   bias=self.bias, out_dtype=self.dtype)
+                                   bias=self.bias, out_dtype=self.dtype, use_fast_accum=self.fast_accum)
             return out.reshape(*x.shape[:-1], -1)
         if self.dequantized is not None:
             return F.linear(self.quantize_input(x), self.dequantized, self.bias)

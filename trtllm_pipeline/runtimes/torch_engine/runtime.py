@@ -459,6 +459,8 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
         gemm = None
         if first.fp8:
             gemm = "torch._scaled_mm (FP8 tensor cores)" if first.scaled_mm else "emulated (FP8 values, compute-dtype matmul)"
+            if first.fast_accum:
+                gemm = "torch._scaled_mm (FP8 tensor cores, fast accumulation)"
             if first.invariant:
                 gemm = "cuda/invariant_gemm (FP8 tensor cores, one tile shape)"
         return {

@@ -82,6 +82,16 @@ def paged_prefill_rows() -> str:
     return given
 
 
+def fp8_fast_accum() -> bool:
+    """cuBLAS's FP8 GEMMs (``torch._scaled_mm``: prefill, mixed steps, the fast path's library linears) keep each
+    output's whole K in the tensor cores' FP8 accumulator (``use_fast_accum=True``, ~14 bits: DeepSeek-V3's report,
+    3.3.2) instead of promoting it to float32 every few K blocks, when ``TRTLLM_PIPELINE_FP8_FAST_ACCUM=1``. The
+    FP8 GEMMs of TensorRT-LLM's and vLLM's Hopper paths accumulate so; off by default (the A/B: a 2048/128 step on an
+    H100 was 64% its prompt's FP8 GEMMs, at ~59% of the FP8 tensor cores' peak, 2026-12-07d). The decode step's own
+    Triton FP8 kernels (``cuda/linear``) are not affected."""
+    return os.environ.get("TRTLLM_PIPELINE_FP8_FAST_ACCUM", "0").strip() == "1"
+
+
 def invariant_graphs_enabled() -> bool:
     """``runtime.batch_invariant``'s decode steps from CUDA graphs of the eager forward (``cuda/row_graphs``): on
     unless ``TRTLLM_PIPELINE_INVARIANT_GRAPHS=0`` (every step's host launches then: the A/B)."""

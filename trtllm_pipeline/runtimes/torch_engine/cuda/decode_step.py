@@ -55,6 +55,7 @@ class _Linear:
     quant: quant_linear.QuantWeight | None = None  # INT4 / INT8 formats: their kernels take the input as is
     a_scale: torch.Tensor | None = None  # FP8: the activation and weight scales apart (cuBLAS takes them so)
     w_scale: torch.Tensor | None = None
+    fast_accum: bool = False  # cuBLAS's FP8 GEMM: the module's (switches.fp8_fast_accum)
 
     @property
     def out_features(self) -> int:
@@ -615,7 +616,7 @@ def _library_linear(x: torch.Tensor, lin: _Linear, dtype: torch.dtype) -> torch.
     if lin.scale is None:
         return F.linear(x, lin.weight, lin.bias)
     return torch._scaled_mm(x, lin.weight.t(), scale_a=lin.a_scale, scale_b=lin.w_scale, bias=lin.bias,
-                            out_dtype=dtype)
+                            out_dtype=dtype, use_fast_accum=lin.fast_accum)
 
 
 def _inputs(buf: StepBuffers, layer: int, *names: str) -> tuple[gemv_input.Prepared, ...]:
@@ -645,4 +646,4 @@ def _linear(module) -> _Linear:
     if not module.fp8:
         return _Linear(module.weight, None, None, module.bias)
     return _Linear(module.weight, (module.a_scale * module.w_scale).reshape(1), module.a_inv.reshape(1), module.bias,
-                   a_scale=module.a_scale, w_scale=module.w_scale)
+                   a_scale=module.a_scale, w_scale=module.w_scale, fast_accum=module.fast_accum)
