@@ -71,7 +71,7 @@ def rows(ms, linears, device: torch.device, l2_bytes: int = 60 * 2**20) -> list[
             for fast in (False, True):
                 res = {}
 
-                def call(i, fast=fast, res=res):
+                def call(i, fast=fast, res=res, ws=ws):
                     res[0] = torch._scaled_mm(x, ws[i % copies].t(), scale_a=x_scale, scale_b=w_scale,
                                               out_dtype=torch.bfloat16, use_fast_accum=fast)
                 us = _time_us(call, device)
@@ -85,7 +85,6 @@ def rows(ms, linears, device: torch.device, l2_bytes: int = 60 * 2**20) -> list[
             print(f"{name:8s} M {m:5d}: precise {row['precise_us']:8.1f} us ({row['precise_tflops']:6.1f} TFLOP/s, "
                   f"error {row['precise_error']:.2e})  fast {row['fast_us']:8.1f} us ({row['fast_tflops']:6.1f}, "
                   f"error {row['fast_error']:.2e})  {row['speedup']:.3f}x", flush=True)
-        del ws
     return out
 
 
