@@ -71,7 +71,8 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_i
                                                        quant_mma_int4)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import _act_tile, _magic
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import (_act_tile, _magic, act_apply, act_scale,
+                                                                    pqs_values, x_tile)
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 
 TABLE = Path(__file__).with_name("quant_gemm_table.json")
@@ -331,22 +332,29 @@ def _w4_gemm_kernel(
     acc_hi = tl.zeros_like(acc_lo)
     acc2_lo = tl.zeros_like(acc_lo)
     acc2_hi = tl.zeros_like(acc_lo)
+    # the input's scales ahead of the loop, each K tile's pre-quant scales an iteration early (``pqs_values``)
+    aq, aq2 = act_scale(aq_ptr, ACT), act_scale(aq2_ptr, ACT if GLU else 0)
+    pq = pqs_values(pqs_ptr + k0 + rk, k0 + rk < K, HAS_PQS, True)
+    pq2 = pqs_values(pqs2_ptr + k0 + rk, k0 + rk < K, HAS_PQS and GLU, True)
     for i in range(k_iters_per_split):
         k_tile = k0 + i * BLOCK_K
         kk = k_tile + rk
         k_ok = kk < K
-        x = _act_tile(x_ptrs, pqs_ptr + kk, aq_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT,
-                      not (EVEN_M and EVEN_K), COMPUTE)
+        pq_next = pqs_values(pqs_ptr + kk + BLOCK_K, kk + BLOCK_K < K, HAS_PQS, True)
+        xr = x_tile(x_ptrs, m_ok & k_ok[None, :], not (EVEN_M and EVEN_K))
+        x = act_apply(xr, pq, aq, HAS_PQS, ACT, COMPUTE)
         acc_lo, acc_hi = _w4_step(w_ptrs, s_ptr, x, rj, kk, k_tile, j_ok, k_ok, G, stride_sg, stride_s2, acc_lo,
                                   acc_hi, GROUP, ONE_GROUP, POST_SCALE, A8, not (EVEN_N and EVEN_K), SWAP, MAGIC,
                                   OFFSET, COMPUTE, PTX)
         if GLU:
-            x2 = _act_tile(x_ptrs, pqs2_ptr + kk, aq2_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT,
-                           not (EVEN_M and EVEN_K), COMPUTE)
+            pq2_next = pqs_values(pqs2_ptr + kk + BLOCK_K, kk + BLOCK_K < K, HAS_PQS, True)
+            x2 = act_apply(xr, pq2, aq2, HAS_PQS, ACT, COMPUTE)
             acc2_lo, acc2_hi = _w4_step(w2_ptrs, s2_ptr, x2, rj, kk, k_tile, j_ok, k_ok, G, stride_sg, stride_s2,
                                         acc2_lo, acc2_hi, GROUP, ONE_GROUP, POST_SCALE, A8, not (EVEN_N and EVEN_K),
                                         SWAP, MAGIC, OFFSET, COMPUTE, PTX)
+            pq2 = pq2_next
             w2_ptrs += BLOCK_K
+        pq = pq_next
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     y = _w4_out(acc_lo, acc_hi, osc_ptr, A8, SWAP)
@@ -427,20 +435,27 @@ def _w8_gemm_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_dtype)
     acc2 = tl.zeros_like(acc)
+    # as the INT4 GEMM: the input's scales ahead of the loop, the pre-quant scales an iteration early
+    aq, aq2 = act_scale(aq_ptr, ACT), act_scale(aq2_ptr, ACT if GLU else 0)
+    pq = pqs_values(pqs_ptr + k0 + rk, k0 + rk < K, HAS_PQS, True)
+    pq2 = pqs_values(pqs2_ptr + k0 + rk, k0 + rk < K, HAS_PQS and GLU, True)
     for i in range(k_iters_per_split):
         k_tile = k0 + i * BLOCK_K
         kk = k_tile + rk
         k_ok = kk < K
-        x = _act_tile(x_ptrs, pqs_ptr + kk, aq_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT,
-                      not (EVEN_M and EVEN_K), COMPUTE)
+        pq_next = pqs_values(pqs_ptr + kk + BLOCK_K, kk + BLOCK_K < K, HAS_PQS, True)
+        xr = x_tile(x_ptrs, m_ok & k_ok[None, :], not (EVEN_M and EVEN_K))
+        x = act_apply(xr, pq, aq, HAS_PQS, ACT, COMPUTE)
         acc = _w8_step(w_ptrs, s_ptr, x, rn, kk, k_tile, n_ok, k_ok, stride_sg, acc, GROUP, A8, SCALE_AT,
                        not (EVEN_N and EVEN_K), SWAP, COMPUTE)
         if GLU:
-            x2 = _act_tile(x_ptrs, pqs2_ptr + kk, aq2_ptr, m_ok & k_ok[None, :], k_ok, HAS_PQS, ACT,
-                           not (EVEN_M and EVEN_K), COMPUTE)
+            pq2_next = pqs_values(pqs2_ptr + kk + BLOCK_K, kk + BLOCK_K < K, HAS_PQS, True)
+            x2 = act_apply(xr, pq2, aq2, HAS_PQS, ACT, COMPUTE)
             acc2 = _w8_step(w2_ptrs, s2_ptr, x2, rn, kk, k_tile, n_ok, k_ok, stride_sg, acc2, GROUP, A8, SCALE_AT,
                             not (EVEN_N and EVEN_K), SWAP, COMPUTE)
+            pq2 = pq2_next
             w2_ptrs += BLOCK_K
+        pq = pq_next
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     y = _w8_out(acc, s_ptr, rn, n_ok, A8, SCALE_AT, SWAP)

@@ -209,20 +209,49 @@ def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, spl
 def _act_tile(x_ptrs, pqs_ptrs, aq_ptr, mask, kmask, HAS_PQS: tl.constexpr, ACT: tl.constexpr,
               MASKED: tl.constexpr, COMPUTE: tl.constexpr):
     """One K tile of the input as the layer's activation quantizer leaves it: [BLOCK_M, BLOCK_K]."""
+    return act_apply(x_tile(x_ptrs, mask, MASKED), pqs_values(pqs_ptrs, kmask, HAS_PQS, MASKED),
+                     act_scale(aq_ptr, ACT), HAS_PQS, ACT, COMPUTE)
+
+
+@triton.jit
+def x_tile(x_ptrs, mask, MASKED: tl.constexpr):
     if MASKED:
-        x = tl.load(x_ptrs, mask=mask, other=0.0)
-    else:
-        x = tl.load(x_ptrs)
+        return tl.load(x_ptrs, mask=mask, other=0.0)
+    return tl.load(x_ptrs)
+
+
+@triton.jit
+def pqs_values(pqs_ptrs, kmask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr):
+    """A K tile's pre-quant scales as stored ([BLOCK_K]; zeros where the layer has none), for ``act_apply``. Loaded
+    apart so that a K loop can load the next tile's an iteration early (``quant_gemm``'s GEMMs): a [BLOCK_K] vector
+    of 16-bit values is too narrow for the compiler's pipelined loads (cp.async takes 4 bytes a thread), and loaded
+    in the iteration that used it, every K tile waited out its latency (ncu, H100 2026-12-07: the INT4 GLU at M 8
+    stalled 28% of its samples on that one load). Kept in their 16-bit type: converted where they multiply, ptxas
+    makes the product one HMUL2 for two inputs (a float32 copy carried over the iteration costs an FMUL an input)."""
     if HAS_PQS:
         if MASKED:
-            pqs = tl.load(pqs_ptrs, mask=kmask, other=0.0)
-        else:
-            pqs = tl.load(pqs_ptrs)
+            return tl.load(pqs_ptrs, mask=kmask, other=0.0)
+        return tl.load(pqs_ptrs)
+    return tl.zeros(pqs_ptrs.shape, dtype=pqs_ptrs.dtype.element_ty)
+
+
+@triton.jit
+def act_scale(aq_ptr, ACT: tl.constexpr):
+    """The activation quantizer's float32 1 / scale (1.0 where the input is not quantized): loaded once a program."""
+    if ACT != 0:
+        return tl.load(aq_ptr)
+    return 1.0
+
+
+@triton.jit
+def act_apply(x, pqs, aq, HAS_PQS: tl.constexpr, ACT: tl.constexpr, COMPUTE: tl.constexpr):
+    """``x`` times the pre-quant scales (rounded to the compute dtype), then quantized to E4M3 (ACT 1) or int8 (2)."""
+    if HAS_PQS:
         x = (x.to(tl.float32) * pqs.to(tl.float32)[None, :]).to(COMPUTE)
     if ACT == 1:
-        x = tl.clamp(x.to(tl.float32) * tl.load(aq_ptr), -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        x = tl.clamp(x.to(tl.float32) * aq, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
     elif ACT == 2:
-        r = tl.clamp(x.to(tl.float32) * tl.load(aq_ptr), -128.0, 127.0)
+        r = tl.clamp(x.to(tl.float32) * aq, -128.0, 127.0)
         x = ((r + 12582912.0) - 12582912.0).to(tl.int8)
     return x
 
