@@ -32,7 +32,10 @@ PREFIX, SUFFIXES, TOKENS, BLOCK = 24, (3, 5, 7, 9), 6, 8
 
 
 def runtime(ckpt: Path, **kw) -> TorchRuntime:
-    args = dict(device=DEVICE, dtype="bfloat16", max_batch_size=4, max_seq_len=96, kv_block_size=BLOCK)
+    # a pool of its own size, not a share of the free memory: four runtimes live at once (on an H100 the second
+    # took what the first had left, and the third found no memory for a step: 2026-12-07)
+    args = dict(device=DEVICE, dtype="bfloat16", max_batch_size=4, max_seq_len=96, kv_block_size=BLOCK,
+                kv_cache_blocks=64)
     return TorchRuntime(ckpt, ckpt / "tokenizer", **{**args, **kw})
 
 

@@ -24,8 +24,9 @@ Invariance: the rows of one random x computed in calls of M = 1, 7, 64, 130 rows
 the 7B's shapes) that start at row 0, at row 37 and at the end of the largest call's x (``MAX_M + 77`` rows, so every
 placement puts a row at another offset inside its tile and among other rows, or the clamped copies past M), and
 once with x as [2, 3, K] (a leading shape) and one row as [K]: every row bitwise equal to the same row of the largest
-call. The control: the largest call again at half the launch shape's BLOCK_K (another order of the sums) gives rows
-that differ (``rows_differing_at_half_block_k``), so the comparison can see a change of order. (Under the interpreter
+call. The control: the largest call again at half the launch shape's BLOCK_K (twice it for an FP8 tile of 32: a
+GPU's FP8 dot takes no K of 16), another order of the sums, gives rows that differ
+(``rows_differing_at_other_block_k``), so the comparison can see a change of order. (Under the interpreter
 invariance holds by construction, a dot's rows summed independently; the code paths are what it checks: clamped
 rows and columns, tails, bands. The GPU's own MMAs are the ``cuda`` mode's.)
 
@@ -179,10 +180,11 @@ def invariance(gen: torch.Generator, n: int, k: int, w_dtype: torch.dtype, x_dty
     per_m["[K]"] = [equal_rows(one[None], OFFSET), 1]
     cfg = config or invariant_gemm.launch_config(x.dtype, w_dtype, out_dtype)
     # The control: the same rows under another BLOCK_K (the sums' order) do differ, so equal rows above mean something
-    other = cfg._replace(block_k=cfg.block_k // 2)
+    # (twice it where half is under the 32 an FP8 dot takes on a GPU: Triton refuses a K of 16 there)
+    other = cfg._replace(block_k=cfg.block_k // 2 if cfg.block_k // 2 >= 32 or not fp8 else cfg.block_k * 2)
     control = big - equal_rows(call(ops, x, out_dtype, other), 0)
     return {"n": n, "k": k, "weight": str(w_dtype), "x": str(x.dtype), "out": str(out_dtype), "bias": bias,
-            "config": cfg._asdict(), "largest": big, "rows": per_m, "rows_differing_at_half_block_k": control,
+            "config": cfg._asdict(), "largest": big, "rows": per_m, "rows_differing_at_other_block_k": control, "other_block_k": other.block_k,
             "equal": sum(e for e, _ in per_m.values()), "total": sum(t for _, t in per_m.values()),
             "finite": bool(whole.isfinite().all())}
 
