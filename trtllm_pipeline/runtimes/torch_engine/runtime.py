@@ -236,6 +236,8 @@ class TorchRuntime(DeviceDrafting, OverlapSteps, Scoring, Runtime):
                 self.warm_up()
             self.prefill_graphs = self._prefill_graphs()
             self.row_graphs = self._row_graphs()
+            if self.row_graphs is not None:
+                self.decode_path = "eager forward, single-token steps from CUDA graphs (runtime.batch_invariant)"
             # (a prompt that fits a step whole is then not split to fill a step of first chunks: see Scheduler)
             self.scheduler.whole_first_chunks = self.prefill_graphs is not None
             if self.speculator is not None and self.decoder is not None and not hasattr(self.decoder, "verify"):
