@@ -618,6 +618,9 @@ sys.exit(not ok)' "$out/invariant-check.json" ;;
     "$ncu_bin" --import "$out/int4.ncu-rep" --page details > "$out/int4-details.txt" 2>&1
     "$ncu_bin" --import "$out/int4.ncu-rep" --page source --csv --print-source sass > "$out/int4-source.csv" 2>&1 \
       || echo "ncu --page source failed"
+    python3 tools/ncu_stalls.py "$out/int4-source.csv" --json "$out/int4-stalls.json" > "$out/int4-stalls.txt" \
+      || echo "tools/ncu_stalls.py failed"
+    head -n 60 "$out/int4-stalls.txt"
     grep -E "^  [^ ]|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp|No Eligible|Active Warps Per" \
       "$out/int4-details.txt" | head -n 300 ;;
   invariant_gemm)  # cuda/invariant_gemm against cuBLAS at the 7B's linears and lm_head, and its rows' invariance
