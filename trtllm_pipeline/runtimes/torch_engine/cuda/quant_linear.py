@@ -215,6 +215,7 @@ def _act_tile(x_ptrs, pqs_ptrs, aq_ptr, mask, kmask, HAS_PQS: tl.constexpr, ACT:
 
 @triton.jit
 def x_tile(x_ptrs, mask, MASKED: tl.constexpr):
+    """One K tile of the input as stored (zeros past M and K where ``MASKED``)."""
     if MASKED:
         return tl.load(x_ptrs, mask=mask, other=0.0)
     return tl.load(x_ptrs)
@@ -225,8 +226,8 @@ def pqs_values(pqs_ptrs, kmask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr):
     """A K tile's pre-quant scales as stored ([BLOCK_K]; zeros where the layer has none), for ``act_apply``. Loaded
     apart so that a K loop can load the next tile's an iteration early (``quant_gemm``'s GEMMs): a [BLOCK_K] vector
     of 16-bit values is too narrow for the compiler's pipelined loads (cp.async takes 4 bytes a thread), and loaded
-    in the iteration that used it, every K tile waited out its latency (ncu, H100 2026-12-07: the INT4 GLU at M 8
-    stalled 28% of its samples on that one load). Kept in their 16-bit type: converted where they multiply, ptxas
+    in the iteration that used it, every K tile waited out its latency (ncu, H100 2026-12-07e: 21% of the INT4 GLU's
+    stall samples at M 8 on that one load). Kept in their 16-bit type: converted where they multiply, ptxas
     makes the product one HMUL2 for two inputs (a float32 copy carried over the iteration costs an FMUL an input)."""
     if HAS_PQS:
         if MASKED:
