@@ -87,8 +87,9 @@ def fp8_fast_accum() -> bool:
     output's whole K in the tensor cores' FP8 accumulator (``use_fast_accum=True``, ~14 bits: DeepSeek-V3's report,
     3.3.2) instead of promoting it to float32 every few K blocks, when ``TRTLLM_PIPELINE_FP8_FAST_ACCUM=1``. The
     FP8 GEMMs of TensorRT-LLM's and vLLM's Hopper paths accumulate so. Off by default: on an H100 a 7B layer's four
-    prefill GEMMs took 0.95-1.06x the time with it, 1.2-2.3x the error against float64 (``benchmarks/fp8_fast_accum.py``,
-    h100-2026-12-07e). The decode step's own Triton FP8 kernels (``cuda/linear``) are not affected."""
+    prefill GEMMs took 0.95-1.06x the time with it, 1.2-2.3x the error against float64
+    (``benchmarks/fp8_fast_accum.py``, h100-2026-12-07e). The decode step's own Triton FP8 kernels (``cuda/linear``)
+    are not affected."""
     return os.environ.get("TRTLLM_PIPELINE_FP8_FAST_ACCUM", "0").strip() == "1"
 
 
