@@ -8,12 +8,14 @@ land there; sm_90 SASS read on the CPU says the K loop is latency-bound, which o
 confirm or refute. Batch 1's GEMV (~65% of the roof) is launched too, as the contrast. Each kernel runs LAUNCHES
 times on one weight copy (the first compiles it); the profile is read per launch, so no timing here. Prints each
 launch's kernel and config, and the result's error against float32 ``x @ W^T`` (a launch that computed garbage would
-make its counters meaningless).
+make its counters meaningless). At M > 1 each GEMM also runs without the AWQ pre-quant scales, the input scaled
+beforehand (what folding them into the producer would leave): the profile's difference is what they cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -65,6 +67,28 @@ def _proj_call(q, x, m: int, sm: int):
     return cfg, lambda: quant_gemm.launch(x, q, None, out, cfg, dt), lambda: out.sum(0)
 
 
+def _without_pqs(name: str, qs, x, m: int, sm: int, want, cuda: bool) -> bool:
+    """The same launch with the pre-quant scales applied to the input beforehand (as a producer could write it) and
+    none in the GEMM: how much of its time the scales' loads, layout move and barrier cost. The first matrix's scales
+    serve both of the GLU's (the random layers' two differ: its error is then not the table launch's; its time is)."""
+    dt = torch.bfloat16
+    plain = [dataclasses.replace(q, pqs=None) for q in qs]
+    scaled = (x.float() * qs[0].pqs.float()).to(dt)
+    try:
+        cfg, call, read = _glu_call(plain, scaled, m, sm) if len(qs) == 2 else _proj_call(plain[0], scaled, m, sm)
+        call()
+        error = qf.rel(read(), want)
+        for _ in range(LAUNCHES - 1 if cuda else 0):
+            call()
+        if cuda:
+            torch.cuda.synchronize()
+        print(f"{name} m={m} without pre-quant scales in the GEMM: error {error:.2e}", flush=True)
+        return True
+    except Exception as exc:  # noqa: BLE001 - reported, the others still profiled
+        print(f"{name} m={m} without pre-quant scales: failed {exc!r:.300}", flush=True)
+        return False
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="1,8", help="decode batch sizes (default 1,8)")
@@ -95,6 +119,8 @@ def main() -> None:
             except Exception as exc:  # one kernel's failure leaves the others to profile
                 failed += 1
                 print(f"{name} m={m}: failed {exc!r:.300}", flush=True)
+            if m > 1 and qs[0].pqs is not None:
+                failed += not _without_pqs(name, qs, x, m, sm, want, cuda)
         del lins, qs
         if cuda:
             torch.cuda.empty_cache()
