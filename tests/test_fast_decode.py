@@ -1183,7 +1183,8 @@ def test_ncu_int4_script_dry_run():
     proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "ncu_int4.py"), "--dry-run"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    errors = {line.split(":")[0]: float(line.rsplit(" ", 1)[1]) for line in proc.stdout.splitlines() if " error " in line}
+    errors = {line.split(":")[0]: float(line.rsplit(" ", 1)[1])
+              for line in proc.stdout.splitlines() if " error " in line}
     table = {k: v for k, v in errors.items() if "without" not in k}
     assert len(table) == 4 and max(table.values()) < 5e-3, proc.stdout
     # the input scaled beforehand, no pre-quant scales in the GEMM: mlp.proj's (one matrix) result the same
