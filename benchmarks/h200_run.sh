@@ -100,7 +100,7 @@
 # the first: .whl fills that one), which copies it to /tmp/gpu_data (ACCURACY_DATA in the queue).
 # Wheels come in .whl/ (made where pip works: README, "GPU"); results go to $OUT (or ./results).
 set -euo pipefail
-part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, ncu_int4, fp8_fast_accum, kv_write, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
+part=${1:?pipeline, served, served_load, served_diag, kernels, quant, quant_gemm, int4_rows, ncu_quant, fp8_fast_accum, kv_write, smollm2, modelcheck, accuracy, tp1, tp, throughput, probe, attention, prefill, prefix or spec}
 out=$(realpath -m "${OUT:-results}")
 mkdir -p "$out"
 # A call brings back only a few files: everything under $out also lands in one archive, whatever the exit
@@ -606,23 +606,24 @@ print("batch invariant, tiny FP8 on this GPU:", "all equal" if ok else "DIFFEREN
 sys.exit(not ok)' "$out/invariant-check.json" ;;
   fp8_fast_accum)  # cuBLAS's FP8 GEMM with and without fast accumulation at the 7B's prefill shapes: us and error
     python3 benchmarks/fp8_fast_accum.py -o "$out/fp8-fast-accum.json" ;;
-  ncu_int4)  # issue 32: Nsight Compute's counters (stall reasons by instruction, memory, occupancy) for INT4-AWQ's
-    # decode kernels at the 7B's GLU and mlp.proj, M 1 (the GEMV, ~65% of the roof) and 8 (the GEMM, 28%)
+  ncu_quant)  # issue 32: Nsight Compute's counters (stall reasons by instruction, memory, occupancy) for the 4-bit
+    # formats' decode kernels at the 7B's GLU and mlp.proj, M 1 (the GEMVs) and 8 (the GEMMs, with and without the AWQ
+    # pre-quant scales in the loop); NCU_FORMATS=int4_awq for INT4 alone
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
-    [ -n "$ncu_bin" ] || { echo "ncu_int4: no ncu on this machine"; exit 1; }
+    [ -n "$ncu_bin" ] || { echo "ncu_quant: no ncu on this machine"; exit 1; }
     sections=()
     for s in SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats MemoryWorkloadAnalysis \
              MemoryWorkloadAnalysis_Tables ComputeWorkloadAnalysis SourceCounters; do sections+=(--section "$s"); done
-    "$ncu_bin" --clock-control none --nvtx -k regex:'_w4_gemm|_int4_gemv|_ws_gemv' "${sections[@]}" \
-      -o "$out/int4" -f python3 benchmarks/ncu_int4.py --ms "${NCU_MS:-1,8}" 2>&1 | tee "$out/ncu-int4.log"
-    "$ncu_bin" --import "$out/int4.ncu-rep" --page details > "$out/int4-details.txt" 2>&1
-    "$ncu_bin" --import "$out/int4.ncu-rep" --page source --csv --print-source sass > "$out/int4-source.csv" 2>&1 \
+    "$ncu_bin" --clock-control none -k regex:'_w4_gemm|_int4_gemv|_ws_gemv|_w4a8_gemv' "${sections[@]}" \
+      -o "$out/quant" -f python3 benchmarks/ncu_quant.py --ms "${NCU_MS:-1,8}" --formats "${NCU_FORMATS:-int4_awq,w4a8_awq}" \
+      2>&1 | tee "$out/ncu-quant.log"
+    "$ncu_bin" --import "$out/quant.ncu-rep" --page details > "$out/quant-details.txt" 2>&1
+    "$ncu_bin" --import "$out/quant.ncu-rep" --page source --csv --print-source sass > "$out/quant-source.csv" 2>&1 \
       || echo "ncu --page source failed"
-    python3 tools/ncu_stalls.py "$out/int4-source.csv" --json "$out/int4-stalls.json" > "$out/int4-stalls.txt" \
+    python3 tools/ncu_stalls.py "$out/quant-source.csv" --json "$out/quant-stalls.json" > "$out/quant-stalls.txt" \
       || echo "tools/ncu_stalls.py failed"
-    head -n 60 "$out/int4-stalls.txt"
-    grep -E "^  [^ ]|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp|No Eligible|Active Warps Per" \
-      "$out/int4-details.txt" | head -n 300 ;;
+    grep -E "^  [^ ]|Duration|DRAM Throughput|Registers Per|Issued Warp|Eligible Warps" "$out/quant-details.txt" | head -n 200
+    head -n 80 "$out/quant-stalls.txt" ;;
   invariant_gemm)  # cuda/invariant_gemm against cuBLAS at the 7B's linears and lm_head, and its rows' invariance
     PYTHONPATH=$PYTHONPATH:$PWD/tests python3 tests/invariant_gemm_check.py cuda > "$out/invariant-gemm-check.json" \
       || echo "invariant_gemm_check.py failed: rc $?"

@@ -1174,21 +1174,23 @@ def test_w4a8_gemv_benchmark_dry_run(tmp_path):
     assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in rows), rows
 
 
-def test_ncu_int4_script_dry_run():
-    """benchmarks/ncu_int4.py --dry-run (what Nsight Compute reads on the GPU: INT4-AWQ's decode GLU and proj at M 1
-    and 8, the table's kernels): every launch at tiny shapes through the interpreter, each within bf16's error of
-    float32 ``x @ W^T``."""
+def test_ncu_quant_script_dry_run():
+    """benchmarks/ncu_quant.py --dry-run (what Nsight Compute reads on the GPU: INT4-AWQ's and W4A8-AWQ's decode GLU
+    and proj at M 1 and 8, the kernels the decode step takes): every launch at tiny shapes through the interpreter,
+    each within bf16's error of float32 ``x @ W^T``."""
     path = [str(TESTS / "interpreter_site"), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
-    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "ncu_int4.py"), "--dry-run"],
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "ncu_quant.py"), "--dry-run"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     errors = {line.split(":")[0]: float(line.rsplit(" ", 1)[1])
               for line in proc.stdout.splitlines() if " error " in line}
     table = {k: v for k, v in errors.items() if "without" not in k}
-    assert len(table) == 4 and max(table.values()) < 5e-3, proc.stdout
+    assert len(table) == 8 and max(table.values()) < 5e-3, proc.stdout
     # the input scaled beforehand, no pre-quant scales in the GEMM: mlp.proj's (one matrix) result the same
-    assert errors["proj m=8 without pre-quant scales in the GEMM"] == pytest.approx(table["proj m=8"], rel=1e-3)
+    for fmt in ("int4_awq", "w4a8_awq"):
+        alone = errors[f"{fmt} proj m=8 without pre-quant scales in the GEMM"]
+        assert alone == pytest.approx(table[f"{fmt} proj m=8"], rel=1e-3), proc.stdout
 
 
 def test_gpu_benchmark_quantizes_synthetic_engines_the_fast_path_takes():

@@ -1,9 +1,9 @@
 """Where each profiled kernel's warps waited: Nsight Compute's per-instruction stall samples, summed by reason and
 the instructions that took the most, from ``ncu --import REPORT --page source --csv --print-source sass``.
 
-    python tools/ncu_stalls.py int4-source.csv [--top 12] [--json OUT]
+    python tools/ncu_stalls.py quant-source.csv [--top 12] [--json OUT]
 
-One block per profiled launch, in the report's order (``h200_run.sh ncu_int4``: three launches per kernel and
+One block per profiled launch, in the report's order (``h200_run.sh ncu_quant``: three launches per kernel and
 shape). A stall reason's share of all samples says what bounds a latency-bound kernel: ``long_sb`` a global or
 local load's result awaited, ``barrier`` a CTA or warpgroup barrier, ``wait`` a fixed-latency dependency,
 ``selected`` issuing (not a stall).

@@ -10,8 +10,9 @@ part invariant 90
 # samples on that load): every candidate per linear at M 1-16, then whole steps at batch 1/8/16 on the package's
 # table and on the one just measured (before: 4.619 ms at batch 8 on the H100, goal 1.9 on an H200)
 int4_rows() { part quant_gemm 300 KERNEL_SWEEP_S=120 QG_PARTS=gemv_rows,rows_steps QUANT_FORMATS=int4_awq; }
-# 32: the M 8 GEMM's stall reasons again, after the prefetch
-ncu_again() { part ncu_int4 120; }
+# 32: the M 8 GEMM's stall reasons again, after the prefetch, and without the pre-quant scales in its loop; W4A8's
+# batch-1 GEMV (3.146 ms a step on an H200, goal 1.8) and M 8 GEMM profiled the same way
+ncu_again() { part ncu_quant 150; }
 if on_h200; then
   # 31: the goal's rows on the goal's GPU with everything since its last run there (2026-12-07, before: 128/2048
   # 25,045 at 512 rows, 500/2000 20,443, 1000/1000 14,901, 2048/2048 11,989, 2048/128 3,218; H100 since: 1000/1000

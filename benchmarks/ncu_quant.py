@@ -1,11 +1,14 @@
-"""INT4-AWQ's decode kernels at the 7B's GLU and mlp.proj, a few launches each, for Nsight Compute to read (issue 32).
+"""The 4-bit formats' decode kernels at the 7B's GLU and mlp.proj, a few launches each, for Nsight Compute (issue 32).
 
-    ncu --clock-control none --section ... python3 benchmarks/ncu_int4.py [--ms 1,8]   (h200_run.sh ncu_int4)
-    TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/ncu_int4.py --dry-run
+    ncu --clock-control none --section ... python3 benchmarks/ncu_quant.py [--ms 1,8] [--formats int4_awq,w4a8_awq]
+    TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/ncu_quant.py --dry-run
+    (h200_run.sh ncu_quant)
 
 At M 8 the table's GEMMs stream ~1.2 TB/s (28% of the byte roof, H100 2026-12-07) and five kernels tried so far
 land there; sm_90 SASS read on the CPU says the K loop is latency-bound, which only the hardware's stall counters can
-confirm or refute. Batch 1's GEMV (~65% of the roof) is launched too, as the contrast. Each kernel runs LAUNCHES
+confirm or refute. Batch 1's GEMV (~65% of the roof) is launched too, as the contrast. W4A8-AWQ's batch-1 GEMV (a
+table lookup into dp4a: 3.146 ms a 7B step on an H200, 47% of the floor, against INT4's 1.7 on the same bytes) and its
+M 8 GEMM the same way. Each kernel runs LAUNCHES
 times on one weight copy (the first compiles it); the profile is read per launch, so no timing here. Prints each
 launch's kernel and config, and the result's error against float32 ``x @ W^T`` (a launch that computed garbage would
 make its counters meaningless). At M > 1 each GEMM also runs without the AWQ pre-quant scales, the input scaled
@@ -28,9 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import quant_fast_path as qf  # noqa: E402
 from quant_gemm import _reference, _weights  # noqa: E402
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import fixed_sum, quant_gemm, quant_gemv, quant_linear  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, quant_gemm, quant_gemv,  # noqa: E402
+                                                        quant_gemv_w4a8, quant_linear)
 
 LAUNCHES = 3
+FORMATS = ("int4_awq", "w4a8_awq")
 SHAPES = (("glu", 18944, 3584, 2), ("proj", 3584, 18944, 1))
 DRY_SHAPES = (("glu", 256, 128, 2), ("proj", 128, 256, 1))  # --dry-run: every call on the CPU, through the interpreter
 
@@ -40,6 +45,9 @@ def _glu_call(qs, x, m: int, sm: int):
     dt = torch.bfloat16
     n = qs[0].n
     out = torch.empty(m, n, dtype=dt, device=x.device)
+    if m == 1 and qs[0].fmt == "w4a8_awq":  # its GEMV takes the input as it is
+        cfg = quant_gemv_w4a8.pick_config(qs[0], sm, glu=True)
+        return cfg, lambda: quant_linear.quant_glu(x, qs[0], qs[1], out, cfg, dt), out.float
     if m == 1:
         cfg = quant_linear.pick_config(qs[0], 1, sm, glu=True)
         xin = [quant_gemv.launch_input(x, q, dt) for q in qs]
@@ -57,6 +65,10 @@ def _glu_call(qs, x, m: int, sm: int):
 
 def _proj_call(q, x, m: int, sm: int):
     dt = torch.bfloat16
+    if m == 1 and q.fmt == "w4a8_awq":
+        cfg = quant_gemv_w4a8.pick_config(q, sm)
+        out = torch.empty(cfg.splits, 1, q.n, device=x.device)
+        return cfg, lambda: quant_linear.quant_partials(x, q, out, cfg, dt), lambda: out.sum(0)
     if m == 1:
         cfg = quant_linear.pick_config(q, 1, sm)
         xin = quant_gemv.launch_input(x, q, dt)
@@ -92,6 +104,7 @@ def _without_pqs(name: str, qs, x, m: int, sm: int, want, cuda: bool) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="1,8", help="decode batch sizes (default 1,8)")
+    ap.add_argument("--formats", default=",".join(FORMATS), help=f"of {', '.join(FORMATS)} (default: both)")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     args = ap.parse_args()
     device = torch.device("cpu" if args.dry_run else "cuda")
@@ -99,9 +112,15 @@ def main() -> None:
     sm = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
     gen = torch.Generator(device=device).manual_seed(11)
     failed = 0
-    for name, n, k, mats in DRY_SHAPES if args.dry_run else SHAPES:
-        lins = _weights("int4_awq", n, k, mats, gen, device)
+    cases = [(fmt, *shape) for fmt in args.formats.split(",") for shape in (DRY_SHAPES if args.dry_run else SHAPES)]
+    for fmt, name, n, k, mats in cases:
+        if fmt not in FORMATS:
+            sys.exit(f"ncu_quant.py: no format {fmt!r}; --formats takes {', '.join(FORMATS)}")
+        lins = _weights(fmt, n, k, mats, gen, device)
         qs = [lin.kernel_weight() for lin in lins]
+        if fmt == "w4a8_awq":  # its GEMV's tables (what the decode step makes at load)
+            qs = [quant_gemv_w4a8.with_tables(q) for q in qs]
+        name = f"{fmt} {name}"
         for m in (int(v) for v in args.ms.split(",")):
             x = (torch.randn(m, k, generator=gen, device=device) * 2).to(torch.bfloat16)
             ref = [_reference(lin, x) for lin in lins]
