@@ -24,8 +24,16 @@
     return node;
   }
 
+  // One scroll a frame, however many pieces arrive in it: reading scrollHeight lays the page out, and once per piece
+  // of a long fast answer that layout was most of the page's work
+  let scrollQueued = false;
   function scrollDown() {
-    conversation.scrollTop = conversation.scrollHeight;
+    if (scrollQueued) return;
+    scrollQueued = true;
+    requestAnimationFrame(() => {
+      scrollQueued = false;
+      conversation.scrollTop = conversation.scrollHeight;
+    });
   }
 
   function message(role, text) {
@@ -136,18 +144,22 @@
   // Server-sent events off the response body: yields each `data:` payload ("[DONE]" included). A read of data
   // already received resolves as a microtask, so while the page is behind the stream this loop would keep the
   // browser from handling anything else (Stop among it) until it caught up: it gives the event loop a turn every
-  // frame's worth of work (a click on Stop then aborts the request, and the next read fails).
+  // frame's worth of work (a click on Stop then aborts the request, and the next read fails), between events as well
+  // as between reads (one read of a stream the page fell behind on holds hundreds of events: a clean clone's test run,
+  // 2026-12-07, had its Stop click wait past WebDriver's 30 s script timeout).
   async function* events(response, signal) {
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
     let turn = performance.now();
+    const breathe = async () => {
+      if (performance.now() - turn <= 16) return;
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      turn = performance.now();
+      if (signal && signal.aborted) throw new DOMException("stopped", "AbortError");
+    };
     for (;;) {
-      if (performance.now() - turn > 16) {
-        await new Promise((resolve) => setTimeout(resolve, 0));
-        turn = performance.now();
-        if (signal && signal.aborted) throw new DOMException("stopped", "AbortError");
-      }
+      await breathe();
       const { value, done } = await reader.read();
       buffer += decoder.decode(value || new Uint8Array(), { stream: !done });
       const parts = buffer.split(/\r?\n\r?\n/);
@@ -155,6 +167,7 @@
       for (const part of parts) {
         const data = part.split(/\r?\n/).filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart());
         if (data.length) yield data.join("\n");
+        await breathe();
       }
       if (done) return;
     }
