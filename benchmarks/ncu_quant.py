@@ -7,17 +7,19 @@
 At M 8 the table's GEMMs stream ~1.2 TB/s (28% of the byte roof, H100 2026-12-07) and five kernels tried so far
 land there; sm_90 SASS read on the CPU says the K loop is latency-bound, which only the hardware's stall counters can
 confirm or refute. Batch 1's GEMV (~65% of the roof) is launched too, as the contrast. W4A8-AWQ's batch-1 GEMV (a
-table lookup into dp4a: 3.146 ms a 7B step on an H200, 47% of the floor, against INT4's 1.7 on the same bytes) and its
-M 8 GEMM the same way. Each kernel runs LAUNCHES
-times on one weight copy (the first compiles it); the profile is read per launch, so no timing here. Prints each
-launch's kernel and config, and the result's error against float32 ``x @ W^T`` (a launch that computed garbage would
-make its counters meaningless). At M > 1 each GEMM also runs without the AWQ pre-quant scales, the input scaled
-beforehand (what folding them into the producer would leave): the profile's difference is what they cost.
+table lookup into dp4a: 3.146 ms a 7B step on an H200, 47% of the floor, against INT4's 1.7 on the same bytes) and
+its M 8 GEMM the same way. Each kernel runs LAUNCHES times on one weight copy (the first compiles it) inside an NVTX
+range named as the printed line (``ncu --nvtx`` shows it with each launch); the profile is read per launch, so no
+timing here. Prints each launch's kernel and config, and the result's error against float32 ``x @ W^T`` (a launch
+that computed garbage would make its counters meaningless). At M > 1 each GEMM also runs without the AWQ pre-quant
+scales, the input scaled beforehand (what folding them into the producer would leave): the profile's difference is
+what they cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -79,6 +81,18 @@ def _proj_call(q, x, m: int, sm: int):
     return cfg, lambda: quant_gemm.launch(x, q, None, out, cfg, dt), lambda: out.sum(0)
 
 
+@contextlib.contextmanager
+def _range(name: str, cuda: bool):
+    """An NVTX range around a case's launches (ncu --nvtx names them by it)."""
+    if cuda:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.nvtx.range_pop()
+
+
 def _without_pqs(name: str, qs, x, m: int, sm: int, want, cuda: bool) -> bool:
     """The same launch with the pre-quant scales applied to the input beforehand (as a producer could write it) and
     none in the GEMM: how much of its time the scales' loads, layout move and barrier cost. The first matrix's scales
@@ -88,10 +102,11 @@ def _without_pqs(name: str, qs, x, m: int, sm: int, want, cuda: bool) -> bool:
     scaled = (x.float() * qs[0].pqs.float()).to(dt)
     try:
         cfg, call, read = _glu_call(plain, scaled, m, sm) if len(qs) == 2 else _proj_call(plain[0], scaled, m, sm)
-        call()
-        error = qf.rel(read(), want)
-        for _ in range(LAUNCHES - 1 if cuda else 0):
+        with _range(f"{name} m={m} without pre-quant scales", cuda):
             call()
+            error = qf.rel(read(), want)
+            for _ in range(LAUNCHES - 1 if cuda else 0):
+                call()
         if cuda:
             torch.cuda.synchronize()
         print(f"{name} m={m} without pre-quant scales in the GEMM: error {error:.2e}", flush=True)
@@ -128,10 +143,11 @@ def main() -> None:
             want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if mats == 2 else ref[0]
             try:
                 cfg, call, read = _glu_call(qs, x, m, sm) if mats == 2 else _proj_call(qs[0], x, m, sm)
-                call()  # (batch 1's GEMV adds into its accumulators: its result is read after one launch)
-                error = qf.rel(read(), want)
-                for _ in range(LAUNCHES - 1 if cuda else 0):
-                    call()
+                with _range(f"{name} m={m}", cuda):
+                    call()  # (batch 1's GEMV adds into its accumulators: its result is read after one launch)
+                    error = qf.rel(read(), want)
+                    for _ in range(LAUNCHES - 1 if cuda else 0):
+                        call()
                 if cuda:
                     torch.cuda.synchronize()
                 print(f"{name} m={m}: {cfg} error {error:.2e}", flush=True)
