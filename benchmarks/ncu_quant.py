@@ -93,27 +93,35 @@ def _range(name: str, cuda: bool):
             torch.cuda.nvtx.range_pop()
 
 
-def _without_pqs(name: str, qs, x, m: int, sm: int, want, cuda: bool) -> bool:
-    """The same launch with the pre-quant scales applied to the input beforehand (as a producer could write it) and
-    none in the GEMM: how much of its time the scales' loads, layout move and barrier cost. The first matrix's scales
-    serve both of the GLU's (the random layers' two differ: its error is then not the table launch's; its time is)."""
-    dt = torch.bfloat16
-    plain = [dataclasses.replace(q, pqs=None) for q in qs]
-    scaled = (x.float() * qs[0].pqs.float()).to(dt)
+def _profiled(label: str, make, want, cuda: bool) -> bool:
+    """``make()``'s (config, call, read) launched LAUNCHES times in an NVTX range named ``label``, its first result
+    checked against ``want``; prints the line the range is named by. False where it failed (reported, not raised:
+    the other cases are still profiled)."""
     try:
-        cfg, call, read = _glu_call(plain, scaled, m, sm) if len(qs) == 2 else _proj_call(plain[0], scaled, m, sm)
-        with _range(f"{name} m={m} without pre-quant scales", cuda):
-            call()
+        cfg, call, read = make()
+        with _range(label, cuda):
+            call()  # (batch 1's GEMV adds into its accumulators: its result is read after one launch)
             error = qf.rel(read(), want)
             for _ in range(LAUNCHES - 1 if cuda else 0):
                 call()
         if cuda:
             torch.cuda.synchronize()
-        print(f"{name} m={m} without pre-quant scales in the GEMM: error {error:.2e}", flush=True)
+        print(f"{label}: {cfg} error {error:.2e}", flush=True)
         return True
-    except Exception as exc:  # noqa: BLE001 - reported, the others still profiled
-        print(f"{name} m={m} without pre-quant scales: failed {exc!r:.300}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - one kernel's failure leaves the others to profile
+        print(f"{label}: failed {exc!r:.300}", flush=True)
         return False
+
+
+def _call(qs, x, m: int, sm: int):
+    return _glu_call(qs, x, m, sm) if len(qs) == 2 else _proj_call(qs[0], x, m, sm)
+
+
+def _without_pqs(qs, x):
+    """The matrices without their pre-quant scales and the input scaled by them beforehand (as a producer could
+    write it): the same launch with none in the GEMM's loop, what its profile prices. The first matrix's scales
+    serve both of the GLU's (the random layers' two differ: its error is then not the table launch's; its time is)."""
+    return [dataclasses.replace(q, pqs=None) for q in qs], (x.float() * qs[0].pqs.float()).to(torch.bfloat16)
 
 
 def main() -> None:
@@ -141,22 +149,11 @@ def main() -> None:
             ref = [_reference(lin, x) for lin in lins]
             dt = torch.bfloat16
             want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if mats == 2 else ref[0]
-            try:
-                cfg, call, read = _glu_call(qs, x, m, sm) if mats == 2 else _proj_call(qs[0], x, m, sm)
-                with _range(f"{name} m={m}", cuda):
-                    call()  # (batch 1's GEMV adds into its accumulators: its result is read after one launch)
-                    error = qf.rel(read(), want)
-                    for _ in range(LAUNCHES - 1 if cuda else 0):
-                        call()
-                if cuda:
-                    torch.cuda.synchronize()
-                print(f"{name} m={m}: {cfg} error {error:.2e}", flush=True)
-            except Exception as exc:  # one kernel's failure leaves the others to profile
-                failed += 1
-                print(f"{name} m={m}: failed {exc!r:.300}", flush=True)
+            failed += not _profiled(f"{name} m={m}", lambda: _call(qs, x, m, sm), want, cuda)
             if m > 1 and qs[0].pqs is not None:
-                failed += not _without_pqs(name, qs, x, m, sm, want, cuda)
-        del lins, qs
+                plain, scaled = _without_pqs(qs, x)
+                failed += not _profiled(f"{name} m={m} without pre-quant scales in the GEMM",
+                                        lambda: _call(plain, scaled, m, sm), want, cuda)
         if cuda:
             torch.cuda.empty_cache()
     sys.exit(1 if failed else 0)
