@@ -4,12 +4,12 @@
     python3 benchmarks/fp8_fast_accum.py --dry-run -o OUT.json               (CPU, tiny shapes: every call made)
 
 A 2048/128 step (one prompt, 127 decode rows) spent 24.2 of its 37.8 ms in cuBLAS's FP8 GEMMs on an H100
-(2026-12-07d). ``torch._scaled_mm`` promotes its sums to float32 every few
-K blocks unless ``use_fast_accum=True`` (the whole K in the tensor cores' ~14-bit accumulator, as TensorRT-LLM's
+(2026-12-07d). ``torch._scaled_mm`` promotes its sums to float32 every few K blocks unless ``use_fast_accum=True`` (the whole K in the tensor cores' ~14-bit accumulator, as TensorRT-LLM's
 and vLLM's Hopper FP8 GEMMs run); ``TRTLLM_PIPELINE_FP8_FAST_ACCUM=1`` turns it on in the runtime. Here each linear
-(qkv, dense, fc + gate as one GEMM, proj) at each M: us and TFLOP/s both ways (CUDA graph of 20 launches over weight
-copies larger than L2, best of 5), and each way's relative error against float64 ``x @ W^T`` of the same E4M3 values
-(the rounding to the BF16 output included), so that the speed is weighed against what it costs in accuracy.
+(qkv, dense, fc + gate as one GEMM, proj) at each M: us and TFLOP/s both ways (``gpu_fast_path.time_graph``: a CUDA
+graph of 20 launches over weight copies larger than L2), and each way's relative error against float64 ``x @ W^T`` of
+the same E4M3 values (the rounding to the BF16 output included), so that the speed is weighed against what it costs
+in accuracy. (The 2026-12-07e figures were taken as the best of 5 replays by a timer of this file's own.)
 """
 
 from __future__ import annotations
@@ -17,44 +17,37 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trtllm_pipeline.runtimes.torch_engine.model import FP8_MAX, quantize_fp8  # noqa: E402
+
 LINEARS = (("qkv", 4608, 3584), ("dense", 3584, 3584), ("fc_gate", 2 * 18944, 3584), ("proj", 3584, 18944))
 DRY_LINEARS = (("qkv", 96, 64), ("dense", 64, 64), ("fc_gate", 256, 64), ("proj", 64, 128))
-FP8_PEAK = {"H100": 1979e12, "H200": 1979e12}  # dense E4M3 tensor-core peak (SXM), FLOP/s
-FP8 = torch.float8_e4m3fn
 
 
 def _fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``t`` quantized per tensor to E4M3 (amax to 448) and its float32 scale."""
-    scale = (t.abs().max().float() / 448.0).clamp(min=1e-12)
-    return (t.float() / scale).clamp(-448, 448).to(FP8), scale
+    """``t`` quantized per tensor to E4M3 (amax to 448, as the runtime's ``quantize_fp8``) and its float32 scale."""
+    scale = (t.abs().max().float() / FP8_MAX).clamp(min=1e-12)
+    return quantize_fp8(t, 1.0 / scale), scale
 
 
-def _time_us(fn, device: torch.device, launches: int = 20, repeats: int = 5) -> float:
+def _time_us(fn, device: torch.device, launches: int = 20) -> float:
+    """us of one ``fn(i)`` (i: the weight copy), from a CUDA graph of ``launches`` calls (``time_graph``); on the CPU
+    one call's wall clock (the dry run)."""
     if device.type != "cuda":
-        import time
-
         t0 = time.perf_counter()
         fn(0)
         return (time.perf_counter() - t0) * 1e6
-    fn(0)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            fn(i)
-    best = float("inf")
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / launches)
-    return best
+    from gpu_fast_path import time_graph  # (CUDA at import: the dry run never reaches here)
+
+    it = iter(range(10**9))
+    return time_graph(lambda: fn(next(it)), launches)
 
 
 def rows(ms, linears, device: torch.device, l2_bytes: int = 60 * 2**20) -> list[dict]:
