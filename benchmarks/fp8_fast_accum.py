@@ -5,11 +5,12 @@
 
 A 2048/128 step (one prompt, 127 decode rows) spent 24.2 of its 37.8 ms in cuBLAS's FP8 GEMMs on an H100
 (2026-12-07d). ``torch._scaled_mm`` promotes its sums to float32 every few K blocks unless ``use_fast_accum=True``
-(the whole K in the tensor cores' ~14-bit accumulator, as TensorRT-LLM's and vLLM's Hopper FP8 GEMMs run); ``TRTLLM_PIPELINE_FP8_FAST_ACCUM=1`` turns it on in the runtime. Here each linear
-(qkv, dense, fc + gate as one GEMM, proj) at each M: us and TFLOP/s both ways (``gpu_fast_path.time_graph``: a CUDA
-graph of 20 launches over weight copies larger than L2), and each way's relative error against float64 ``x @ W^T`` of
-the same E4M3 values (the rounding to the BF16 output included), so that the speed is weighed against what it costs
-in accuracy. (The 2026-12-07e figures were taken as the best of 5 replays by a timer of this file's own.)
+(the whole K in the tensor cores' ~14-bit accumulator, as TensorRT-LLM's and vLLM's Hopper FP8 GEMMs run);
+``TRTLLM_PIPELINE_FP8_FAST_ACCUM=1`` turns it on in the runtime. Here each linear (qkv, dense, fc + gate as one GEMM,
+proj) at each M: us and TFLOP/s both ways (``gpu_fast_path.time_graph``: a CUDA graph of 20 launches over weight
+copies larger than L2), and each way's relative error against float64 ``x @ W^T`` of the same E4M3 values (the
+rounding to the BF16 output included), so that the speed is weighed against what it costs in accuracy. (The
+2026-12-07e figures were taken as the best of 5 replays by a timer of this file's own.)
 """
 
 from __future__ import annotations
