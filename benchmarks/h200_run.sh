@@ -92,7 +92,9 @@
 #                                          # grounded and random workloads, 18 prompts each one after another
 #                                          # (SPEC_PROMPTS; benchmarks/spec_decode.py); with the
 #                                          # SmolLM2 wheels in $WHEELS, the real SmolLM2-135M's ngram speedup too;
-#                                          # linear drafts on the device and on the host; SPEC_TREE_NODES=0: no trees
+#                                          # linear drafts on the device and on the host; SPEC_TREE_NODES=0: no trees;
+#                                          # SPEC_DRAFTING (device,device-old,host), SPEC_ENDS (eos; eos,ignore: each
+#                                          # run also with requests past the end id, as before 2026-12-07)
 #
 # WHEELS names the wheel folder (default .whl/; tp1 and quant need no server: the small wheels do). The served parts
 # also need tritonserver and the stub's numpy: in WHEELS (a queue puts them there) or in .whl_srv/ (carried).
@@ -641,13 +643,14 @@ sys.exit(not ok)' "$out/invariant-check.json" ;;
     # device drafting's two kernels compiled for this GPU against their torch reference (444 seeded cases)
     python3 tests/draft_kernels_check.py 20 --cuda | tee "$out/draft_kernels_cuda.json"
     # where a verify step's wall time goes (a small model's are host bound): per step and cProfile's, each drafting
-    for d in 1 0; do
+    for d in $([ "${SPEC_PROFILE:-1}" = 1 ] && echo 1 0); do  # SPEC_PROFILE=0: not profiled
       TRTLLM_PIPELINE_SPEC_DEVICE=$d python3 benchmarks/spec_profile.py -c "$main" --engines-dir "$engines" \
         --out "$out/profile-device$d" | head -n 90
     done
     python3 benchmarks/spec_decode.py -c "$main" --engines-dir "$engines" --out "$out" \
       --batches "${SPEC_BATCHES:-1,8,32}" --ngram-configs "$more" --prompts "${SPEC_PROMPTS:-18}" \
-      --tree-nodes "${SPEC_TREE_NODES:-32}" \
+      --tree-nodes "${SPEC_TREE_NODES:-32}" --drafting "${SPEC_DRAFTING:-device,device-old,host}" \
+      --ends "${SPEC_ENDS:-eos}" \
       | tee "$out/spec_decode.txt"
     # SPEC_SELF=1: the draft-model path measured the same way, as self-speculation (the target's first quarter of
     # layers drafting; eager draft steps, launch-bound on CUDA: a correctness path), on a small share of the workload

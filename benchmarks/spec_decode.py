@@ -21,7 +21,8 @@
    drafts run as --drafting says (default all three): drafted on the device with verify steps chained
    (``cuda/drafted``, the default), ``device-old``: the same without the settling's lag rules
    (``TRTLLM_PIPELINE_SPEC_LAG_RULES=0``: the A/B of ``DeviceDrafting``'s), and on the host
-   (``TRTLLM_PIPELINE_SPEC_DEVICE=0``).
+   (``TRTLLM_PIPELINE_SPEC_DEVICE=0``); each once per --ends mode (default eos: requests end at the model's end id;
+   ignore: every request --output-tokens long, as the bench ran before 2026-12-07).
 
 Prints a table and writes spec_decode.json under --out.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -154,7 +156,13 @@ def main() -> None:
                     "trees of N nodes (runtime.speculative.tree); 0: neither")
     ap.add_argument("--drafting", default="device,device-old,host",
                     help="linear drafts' runs, comma-separated: device, device-old (no lag rules), host")
+    ap.add_argument("--ends", default="eos",
+                    help="comma-separated: eos (requests end at the end id, the bench's default), ignore (every "
+                    "request --output-tokens long, past it: the bench before 2026-12-07); each linear run per mode")
     args = ap.parse_args()
+    ends = [e for e in args.ends.split(",") if e]
+    if not ends or set(ends) - {"eos", "ignore"}:
+        raise SystemExit(f"--ends {args.ends!r}: a comma-separated list of eos and ignore")
     draftings = [d for d in args.drafting.split(",") if d]
     if not draftings or set(draftings) - {"device", "device-old", "host"}:
         raise SystemExit(f"--drafting {args.drafting!r}: a comma-separated list of device, device-old and host")
@@ -188,12 +196,12 @@ def main() -> None:
         for tree in (None, args.tree_nodes or None) if args.tree_nodes else (None,):
             # linear drafts as --drafting says: on the device, verify steps chained (the default), with and without
             # its lag rules, and on the host
-            for drafting in draftings if tree is None else ("host",):
+            for drafting, end in itertools.product(draftings, ends) if tree is None else [("host", ends[0])]:
                 os.environ["TRTLLM_PIPELINE_SPEC_DEVICE"] = "0" if drafting == "host" else "1"
                 os.environ["TRTLLM_PIPELINE_SPEC_LAG_RULES"] = "0" if drafting == "device-old" else "1"
                 settings = SpeculativeSettings(method="ngram", batches=(1,), output_tokens=args.output_tokens,
-                                               prompts=args.prompts, tree_nodes=tree)
-                suffix = "" if drafting == "device" else f"-{drafting}"
+                                               prompts=args.prompts, tree_nodes=tree, ignore_eos=end == "ignore")
+                suffix = ("" if drafting == "device" else f"-{drafting}") + ("-ignore-eos" if end == "ignore" else "")
                 name = f"spec-ngram-{c.name}{f'-tree{tree}' if tree else ''}{suffix}"
                 try:
                     res = run_speculative(c, engines_dir=args.engines_dir, settings=settings,
@@ -201,11 +209,11 @@ def main() -> None:
                 except Exception as exc:  # noqa: BLE001 - trees' first GPU run: recorded, the next build still runs
                     if tree is None:
                         raise
-                    ngram.append({"config": c.name, "tree_nodes": tree, "drafting": drafting,
+                    ngram.append({"config": c.name, "tree_nodes": tree, "drafting": drafting, "ends": end,
                                   "error": f"{type(exc).__name__}: {exc}"})
                     print(f"{name}: FAILED: {type(exc).__name__}: {exc}", flush=True)
                     continue
-                ngram += [{"config": c.name, "tree_nodes": tree, "drafting": drafting, **r}
+                ngram += [{"config": c.name, "tree_nodes": tree, "drafting": drafting, "ends": end, **r}
                           for r in res.data["runs"]]
                 print("\n".join(res.table()), flush=True)
                 gc.collect()
@@ -231,20 +239,22 @@ def main() -> None:
                                                     f"many {r['chain_ratio']:.2f}x)" for r in trees))
     # same: prompts whose speculative output is plain's, of all, and of the rest how many part on a near tie (a
     # margin within rounding: numerics, not a bug); plain det: whether the plain runs agreed among themselves
-    print(f"\n{'config':>40} {'tree':>5} {'drafts':>10} {'workload':>9} {'speedup':>7} {'accept len':>10} {'same':>13} "
-          f"{'plain det':>9}")
+    print(f"\n{'config':>40} {'tree':>5} {'drafts':>10} {'ends':>6} {'workload':>9} {'tokens':>6} {'speedup':>7} "
+          f"{'accept len':>10} {'same':>13} {'plain det':>9}")
     for r in ngram:
         if "error" in r:
-            print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>10} FAILED: {r['error']}")
+            print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>10} {r['ends']:>6} FAILED: "
+                  f"{r['error']}")
             continue
-        print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>10} {r['workload']:>9} "
-              f"{r['speedup']:>6.2f}x "
+        print(f"{r['config']:>40} {str(r['tree_nodes'] or '-'):>5} {r['drafting']:>10} {r['ends']:>6} "
+              f"{r['workload']:>9} {r['output_tokens']:>6} {r['speedup']:>6.2f}x "
               f"{r['acceptance_length']:>10.2f} {same_cell(r):>13} {'yes' if r['plain_deterministic'] else 'NO':>9}")
     for r in ngram:  # the margins behind a "ties" count: which prompts parted where, and by how much
         for i, d in enumerate(r.get("per_prompt") or r.get("differences") or []):
             if not d.get("same", False):
                 margin = "n/a" if d["margin"] is None else f"{d['margin']:+.4f}"
-                print(f"  {r['config']} {r['workload']} tree {r['tree_nodes'] or '-'} {r['drafting']} drafts prompt "
+                print(f"  {r['config']} {r['workload']} tree {r['tree_nodes'] or '-'} {r['drafting']} drafts, ends "
+                      f"{r['ends']}, prompt "
                       f"{d.get('prompt', i)}: "
                       f"first differs at token {d['first_difference']}, plain {d['plain_token']} vs spec "
                       f"{d['spec_token']}, margin {margin} ({'near tie' if d['near_tie'] else 'NOT a tie'})")

@@ -9,12 +9,14 @@ step emits exactly plain greedy decoding's tokens. So:
 
 1. Greedy outputs, made once and cached (``--cache``, JSON; one made with other options is refused): the build
    loaded on the CPU through the project's runtime (built first if needed; speculation off), each prompt alone
-   (batch 1), ``--output-tokens`` tokens with no end id, as ``bench --in-process --speculative`` generates them.
+   (batch 1), ``--output-tokens`` tokens with no end id, then cut after the model's end id (recorded in the cache)
+   as ``bench --in-process --speculative`` generates them since 2026-12-07 (``--ignore-eos``: not cut, as before).
    Workloads: ``grounded``, all 18 task x passage pairs (``bench/passages.py``, chat template, in
    ``grounded_texts`` order: the first is the bench's old single batch-1 prompt); ``random``, ``--random-prompts``
    prompts of random ids (``workload_prompts`` with the bench's batch-1 seed: the first is its prompt); ``open``,
    ``--open-prompts`` open-ended requests (``passages.OPEN_PROMPTS``: nothing to copy). A cache lacking a workload
-   (one made before ``open``) gets it added.
+   (one made before ``open``), or holding one made from other texts (``texts_key``: bench/passages.py changed),
+   gets it made and added.
 2. Each setting replayed per prompt with the runtime's own ``NgramProposer`` and ``Speculator``, driven as
    ``TorchRuntime`` drives them at batch 1 (``replay``): the prefill emits the first token; then each decode step
    asks ``budget`` within the room left (``max_tokens - generated - 1``), looks up at most that many drafts,
@@ -35,6 +37,7 @@ and runs in seconds.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import time
@@ -50,10 +53,27 @@ BENCH_SEED = 1234  # bench --in-process --speculative's default --seed; its batc
 GROUNDED_PROMPTS = 18  # every task x passage pair of bench/passages.py
 
 
+def texts_key(workload: str, count: int) -> str | None:
+    """A digest of a written workload's prompt texts (None for the random one, drawn from the seed): a cache made
+    from other texts (bench/passages.py changed) is remade for that workload."""
+    from trtllm_pipeline.bench.speculative import TEXTS
+
+    return hashlib.sha256(json.dumps(TEXTS[workload](count)).encode()).hexdigest()[:16] if workload in TEXTS else None
+
+
+def answers(workloads: dict, end_id: int | None) -> dict:
+    """The cached outputs cut after the first ``end_id`` (kept: the step that emits it is a step), as requests that
+    end at the model's end id generate them; ``end_id`` None: as cached (--ignore-eos)."""
+    def cut(out):
+        return out[: out.index(end_id) + 1] if end_id is not None and end_id in out else out
+    return {w: [{**it, "output": cut(it["output"])} for it in items] for w, items in workloads.items()}
+
+
 def greedy_outputs(config: Path, engines_dir: Path, cache: Path, output_tokens: int, random_prompts: int,
-                   compute_dtype: str, open_prompts: int = 6) -> dict:
+                   compute_dtype: str, open_prompts: int = 6, ignore_eos: bool = False) -> dict:
     """{"grounded": [{"prompt", "output"}...], "random": [...], "open": [...]} from ``cache`` where it holds them for
-    these options; a workload it lacks (or holds another count of) is generated and added to it."""
+    these options; a workload it lacks (or holds another count of, or made from other texts) is generated and added
+    to it. Outputs are generated past the end id and returned cut after it unless ``ignore_eos`` (``answers``)."""
     from trtllm_pipeline.bench.speculative import workload_prompts
     from trtllm_pipeline.build import build
     from trtllm_pipeline.config import load_config
@@ -63,21 +83,28 @@ def greedy_outputs(config: Path, engines_dir: Path, cache: Path, output_tokens: 
     cfg = load_config(config).with_runtime(device="cpu", compute_dtype=compute_dtype)
     key = {"config": cfg.name, "compute_dtype": compute_dtype, "output_tokens": output_tokens}
     counts = {"grounded": GROUNDED_PROMPTS, "random": random_prompts, "open": open_prompts}
-    workloads = {}
+    workloads, texts, end_id = {}, {}, None
     if cache.is_file():  # made for these options, or refused (a cache of before the open workload: its key also
         data = json.loads(cache.read_text())  # named random_prompts, the count now checked per workload)
         found = {k: v for k, v in data.get("key", {}).items() if k != "random_prompts"}
         if found != key:
             raise SystemExit(f"{cache} holds the outputs of {data.get('key')}, not {key}: give its options, or "
                              "another --cache")
-        workloads = {w: items for w, items in data["workloads"].items() if len(items) == counts.get(w)}
+        texts, end_id = data.get("texts", {}), data.get("end_id")
+        workloads = {w: items for w, items in data["workloads"].items()
+                     if len(items) == counts.get(w) and texts.get(w) == texts_key(w, counts[w])}
     missing = {w: n for w, n in counts.items() if w not in workloads}
     if not missing:
-        return workloads
+        if end_id is None and not ignore_eos:
+            raise SystemExit(f"{cache} does not name the model's end id (made before 2026-12-07): remake it (delete "
+                             "it), or give --ignore-eos")
+        return answers(workloads, None if ignore_eos else end_id)
     build(cfg, engines_dir=engines_dir, runtime="torch")  # a cache hit once built
     rt = load_runtime(cfg, engines_dir)
+    end_id = rt.tokenizer.eos_token_id
     try:
         for workload, count in missing.items():
+            texts[workload] = texts_key(workload, count)
             prompts = workload_prompts(rt.tokenizer, workload, count, seed=BENCH_SEED + 1)
             workloads[workload] = []
             for i, prompt in enumerate(prompts):
@@ -88,8 +115,8 @@ def greedy_outputs(config: Path, engines_dir: Path, cache: Path, output_tokens: 
                       f"{time.perf_counter() - start:.1f} s", flush=True)
     finally:
         rt.close()
-    cache.write_text(json.dumps({"key": key, "workloads": workloads}))
-    return workloads
+    cache.write_text(json.dumps({"key": key, "texts": texts, "end_id": end_id, "workloads": workloads}))
+    return answers(workloads, None if ignore_eos else end_id)
 
 
 def replay(prompt: list[int], output: list[int], *, k: int, ngram_min: int, ngram_max: int, adaptive: bool = True,
@@ -209,6 +236,9 @@ def greedy_arguments(description: str, out: str) -> argparse.ArgumentParser:
     parser.add_argument("--open-prompts", type=int, default=6)
     parser.add_argument("--compute-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                         help="the CPU runtime's matmuls (auto: float32 on the CPU)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="replay every output --output-tokens long, past the model's end id (default: cut after "
+                        "it, as `bench --in-process --speculative` generates since 2026-12-07)")
     return parser
 
 
@@ -226,7 +256,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     workloads = greedy_outputs(args.config, args.engines_dir, args.cache, args.output_tokens, args.random_prompts,
-                               args.compute_dtype, args.open_prompts)
+                               args.compute_dtype, args.open_prompts, args.ignore_eos)
     from trtllm_pipeline.config import SpeculativeSection
 
     d = SpeculativeSection(method="ngram")  # (prompt lookup's defaults: k is by method)

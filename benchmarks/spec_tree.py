@@ -309,7 +309,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     workloads = greedy_outputs(args.config, args.engines_dir, args.cache, args.output_tokens, args.random_prompts,
-                               args.compute_dtype)
+                               args.compute_dtype, ignore_eos=args.ignore_eos)
     # the study's two workloads (the caches also hold spec_simulate's open one, whose poem loops so that the tree's
     # first path, extended from an older occurrence, leaves NgramProposer's repeated period: candidates() asserts not)
     contexts = {w: [Context(it["prompt"], it["output"]) for it in workloads[w]] for w in STUDIED}

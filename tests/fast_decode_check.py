@@ -21,6 +21,7 @@ made once); each variant's result, shaped as the main one less the lockstep gree
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -80,7 +81,10 @@ def kernel_buckets(fast: TorchRuntime) -> dict:
     return {"gemv_rows_buckets": buckets(lambda c: c.gemv and c.block_m > 1),
             "mma_rows_buckets": buckets(lambda c: c.mma), "int8_gemv_buckets": buckets(lambda c: c.dp4a8),
             "w4a8_gemv_buckets": buckets(lambda c: c.w4a8),
-            "split_glu_buckets": sorted(b for b, c in glu.items() if c.gemm and c.splits > 1)}
+            "split_glu_buckets": sorted(b for b, c in glu.items() if c.gemm and c.splits > 1),
+            # the consumers whose GEMM takes its input already times its pre-quant scale (the norm's), by bucket
+            "scaled_inputs": {b: sorted(buf.scaled_inputs) for b, buf in local.buffers.items() if buf.scaled_inputs},
+            "gate_input_buckets": sorted(b for b, buf in local.buffers.items() if buf.normed2 is not None)}
 
 
 def main() -> None:
@@ -115,6 +119,7 @@ def main() -> None:
             "padding_wrote_scratch_only": padding_ok,
             "decode_path": fast.describe()["decode_path"], "weight_bytes_fast": fast.describe()["weight_bytes"],
             "fast_vs_fp32": rel("fast", "fp32"),
+            "fast_logits_sha": hashlib.sha256(logits["fast"].numpy().tobytes()).hexdigest()[:16],
             "argmax_equal": logits["fast"].argmax(-1).tolist() == logits["eager"].argmax(-1).tolist(),
             "world_size": fast.describe()["world_size"], **references,
         }

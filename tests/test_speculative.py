@@ -369,17 +369,21 @@ def test_bench_in_process_speculative_reports_every_workload(built, engines_dir,
     from trtllm_pipeline.bench.speculative import SpeculativeSettings, run_speculative
 
     built(NAME)
-    settings = SpeculativeSettings(method="ngram", output_tokens=8, prompts=3, batches=(1, 2), repeats=1)
+    settings = SpeculativeSettings(method="ngram", output_tokens=8, prompts=3, batches=(1, 2), repeats=1,
+                                   ignore_eos=True)
     result = run_speculative(config_from_dict(yaml.safe_load((CONFIGS / f"{NAME}.yaml").read_text()), name=NAME),
                              engines_dir=engines_dir, settings=settings, progress=lambda line: None)
     assert result.path == engines_dir / NAME / "bench" / "speculative-ngram-k8.json"
     data = json.loads(result.path.read_text())
-    assert data["schema"] == "speculative-2" and data["settings"]["num_draft_tokens"] == 8
+    assert data["schema"] == "speculative-3" and data["settings"]["num_draft_tokens"] == 8
     runs = data["runs"]
     assert [(r["workload"], r["batch"], r["prompts"]) for r in runs] == [
         ("grounded", 1, 3), ("grounded", 2, 2), ("random", 1, 3), ("random", 2, 2), ("open", 1, 3), ("open", 2, 2)]
+    # --ignore-eos: every request its 8 tokens, each batch-1 prompt's counted
     assert all(r["identical"] and r["output_tokens"] == 8 * r["prompts"] and r["acceptance_length"] >= 1
                for r in runs)
+    assert all(p["output_tokens"] == 8 for r in runs if r["batch"] == 1 for p in r["per_prompt"])
+    assert data["settings"]["ignore_eos"] and "requests end past the end id" in result.table()[-1]
     # the diagnosis beside ``identical``: the tiny model's outputs agree, plain with plain and spec with plain
     assert all(r["plain_deterministic"] and r["differing_prompts"] == 0 == r["near_tie_differences"] for r in runs)
     assert all(p["same"] and "margin" not in p for r in runs if r["batch"] == 1 for p in r["per_prompt"])
@@ -430,8 +434,14 @@ def test_bench_in_process_speculative_with_trees_from_the_command_line(built, en
     data = json.loads(out.read_text())
     assert data["settings"]["tree_nodes"] == 8 and "trees of up to 8 nodes" in data["runtime"]["speculative"]
     assert [r["identical"] for r in data["runs"]] == [True]
+    # by default a request ends at the end id, as served: at most --output-tokens each, each prompt's counted
+    run = data["runs"][0]
+    assert not data["settings"]["ignore_eos"] and all(p["output_tokens"] <= 8 for p in run["per_prompt"])
+    assert sum(p["output_tokens"] for p in run["per_prompt"]) == run["output_tokens"]
     proc = run_cli("bench", "--in-process", "-c", "x.yaml", "--speculative", "draft", "--tree-nodes", "8")
     assert proc.returncode == 2 and "--tree-nodes goes with --speculative ngram" in proc.stderr
+    proc = run_cli("bench", "--in-process", "-c", "x.yaml", "--ignore-eos")
+    assert proc.returncode == 2 and "--ignore-eos goes with --speculative" in proc.stderr
 
 
 def test_the_offline_study_replays_what_the_runtime_drafts_keeps_and_steps(built, engines_dir, monkeypatch):

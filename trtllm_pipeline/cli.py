@@ -468,6 +468,9 @@ def _length_pairs(ctx, param, value):
               "each alone, the figures their totals (grounded: the first N task x passage pairs, rewrites first; "
               "18 = all), so that "
               "one prompt's luck does not decide them; batch B > 1 runs B prompts together.")
+@click.option("--ignore-eos", is_flag=True,
+              help="--speculative: every request --output-tokens long, past the model's end id (default: each ends "
+              "there, as a served request does; what a model writes past its reply's end is not its answer).")
 @click.option("--draft-checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="--speculative draft: the draft model's checkpoint directory (same tokenizer as the target); "
               "eagle3: the EAGLE-3 head's directory.")
@@ -515,7 +518,7 @@ def _length_pairs(ctx, param, value):
 @engines_dir_option
 @tp_mode_option
 def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, long_prompt, prefill_chunk_tokens,
-          max_batch_size, batch_invariant, speculative, num_draft_tokens, spec_prompts, tree_nodes,
+          max_batch_size, batch_invariant, speculative, num_draft_tokens, spec_prompts, tree_nodes, ignore_eos,
           draft_checkpoint, workloads, url, protocol, model, concurrency, request_rate, input_tokens,
           output_tokens, num_requests, warmup, dataset, data_dir, config, tokenizer, output, gpus, gpu_hour_usd, seed,
           timeout_s, client_processes, engines_dir, tp_mode) -> None:
@@ -539,6 +542,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                                "--batch-invariant go with --in-process")
     if speculative and throughput:
         raise click.UsageError("--speculative and --throughput are separate runs: give one")
+    if ignore_eos and not speculative:
+        raise click.UsageError("--ignore-eos goes with --speculative (the served bench forces --output-tokens)")
     if spec_prompts and not speculative:
         raise click.UsageError("--prompts goes with --speculative")
     if tree_nodes and speculative != "ngram":
@@ -559,7 +564,8 @@ def bench(in_process, batches, contexts, throughput, lengths, shared_prefix, lon
                 draft_checkpoint=str(draft_checkpoint) if draft_checkpoint else None,
                 batches=tuple(batches or (1,)), workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()),
                 output_tokens=output_tokens, seed=seed,
-                prompts=spec_prompts or speculative_bench.SpeculativeSettings.prompts, tree_nodes=tree_nodes)
+                prompts=spec_prompts or speculative_bench.SpeculativeSettings.prompts, tree_nodes=tree_nodes,
+                ignore_eos=ignore_eos)
             result = speculative_bench.run_speculative(cfg, engines_dir=engines_dir, settings=spec_settings,
                                                        output=output, progress=click.echo)
             echo_lines(result.table())

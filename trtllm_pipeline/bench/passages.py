@@ -3,9 +3,11 @@ from it) and open-ended ones (nothing to copy).
 
 Prompt lookup (n-gram speculation) pays off where the output repeats the input: rewriting, summarising, answering
 from a passage. The passages are this project's own prose (written for it; no dataset to fetch), the tasks the three
-kinds the literature measures prompt lookup on. The open prompts ask for new text with no passage: lookups there hit
-only where the output repeats itself, the workload on which speculation must turn itself down (issue 35: within 3% of
-plain decoding).
+kinds the literature measures prompt lookup on. Answering asks each passage's own question (``QUESTIONS``), as a
+retrieval-augmented request does; until 2026-12-07 it asked every passage "What does the passage say, point by
+point?", a second summary, which SmolLM2 answered with remarks about the passage instead of its facts. The open
+prompts ask for new text with no passage: lookups there hit only where the output repeats itself, the workload on
+which speculation must turn itself down (issue 35: within 3% of plain decoding).
 """
 
 from __future__ import annotations
@@ -43,18 +45,29 @@ PASSAGES = (
     "fleece on clear, still nights, when frost is most likely, protects the open flowers.",
 )
 
+QUESTIONS = (  # one per passage, in order: what a reader of that passage would ask of it
+    "When and from what was the lighthouse built, how was its lamp fuelled over the years, who was its last keeper, "
+    "and where are her logs kept?",
+    "How should the tree be prepared, what pot, gravel and compost should be used, and how is the tree set in its new "
+    "pot?",
+    "What did the engineer report, how much money does the fund hold, and what did the committee agree to do?",
+    "What lives in a starter, what does each part do, how often must it be fed, and how is it made ready before "
+    "baking?",
+    "Where will the library move, what will the new building have, and how can books be returned during the move?",
+    "Where does cold air collect in an orchard, what happens to trees planted there, and how can they be protected?",
+)
+
 TASKS = (
     "Rewrite the following passage in plain, clear English, keeping every fact:\n\n{passage}\n\nRewritten passage:",
     "Summarise the following passage, quoting its key sentences:\n\n{passage}\n\nSummary:",
-    "Read the passage and answer the question using its own words.\n\n{passage}\n\n"
-    "Question: What does the passage say, point by point?\nAnswer:",
+    "Read the passage and answer the question using its own words.\n\n{passage}\n\nQuestion: {question}\nAnswer:",
 )
 
 
 def grounded_texts(count: int) -> list[str]:
-    """``count`` prompts, every passage with every task in turn (cycled)."""
-    pairs = [(t, p) for t in TASKS for p in PASSAGES]
-    return [pairs[i % len(pairs)][0].format(passage=pairs[i % len(pairs)][1]) for i in range(count)]
+    """``count`` prompts, every passage with every task in turn (cycled; the rewrites first)."""
+    texts = [t.format(passage=p, question=q) for t in TASKS for p, q in zip(PASSAGES, QUESTIONS)]
+    return [texts[i % len(texts)] for i in range(count)]
 
 
 OPEN_PROMPTS = (

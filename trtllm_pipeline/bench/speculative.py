@@ -1,7 +1,8 @@
 """``bench --in-process --speculative METHOD``: plain decoding against speculative decoding, same runtime, same prompts.
 
-For each workload and batch: greedy requests of ``output_tokens`` tokens (no end id, so both runs make the same
-number), first with speculation off (the loaded runtime's speculator disabled), then on, ``repeats`` times in turn,
+For each workload and batch: greedy requests of at most ``output_tokens`` tokens, ending at the model's end id as a
+served request does (``ignore_eos``: never, every request ``output_tokens`` long, a reply's end followed by whatever
+the model writes after it: SmolLM2 opens a new conversation there, which copies nothing), first with speculation off (the loaded runtime's speculator disabled), then on, ``repeats`` times in turn,
 the fastest run of each kept (one run of 128 tokens on a small model is ~50-170 ms: a single one carries the order it
 ran in and the machine's noise). At batch 1 a run is ``prompts`` prompts one after another, each alone (prompt
 lookup's gain is the prompt's: on SmolLM2 one grounded prompt needs 54 steps for 128 tokens, another 128, in
@@ -28,8 +29,9 @@ random token ids (a real model's answer to noise tends to loop, which lookups hi
 ``open``: open-ended requests with nothing to copy (``passages.OPEN_PROMPTS``, through the chat template), where
 lookups hit only where the answer repeats itself and adaptive drafting should make speculation cost (nearly) nothing.
 
-Results file (JSON, ``schema`` ``speculative-2``): ``settings``, ``runtime`` (its ``describe()``), ``runs``.
-``speculative-2`` (issue 35): a batch-1 run covers ``settings.prompts`` prompts, its counts and seconds their totals
+Results file (JSON, ``schema`` ``speculative-3``): ``settings``, ``runtime`` (its ``describe()``), ``runs``.
+``speculative-3`` (2026-12-07): requests end at the end id unless ``settings.ignore_eos`` (before, always
+``output_tokens`` long), and each ``per_prompt`` entry names its ``output_tokens``. ``speculative-2`` (issue 35): a batch-1 run covers ``settings.prompts`` prompts, its counts and seconds their totals
 (``speculative-1``: one prompt); each run names its ``prompts`` and, at batch 1, lists ``per_prompt``. Added under
 the same schema (no field changed meaning: ``identical`` is still every run, plain and speculative, alike):
 ``plain_deterministic``, ``differing_prompts``, ``near_tie_differences``, ``differences`` (batch > 1) and each
@@ -52,7 +54,7 @@ from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.base import SamplingParams
 from trtllm_pipeline.runtimes.registry import load_runtime
 
-SCHEMA = "speculative-2"
+SCHEMA = "speculative-3"
 WORKLOADS = ("grounded", "random", "open")
 TEXTS = {"grounded": grounded_texts, "open": open_texts}  # the workloads of written prompts (chat template)
 SPEC_KEYS = ("spec_decode_draft_tokens", "spec_decode_accepted_tokens", "spec_decode_verify_rows")
@@ -76,6 +78,7 @@ class SpeculativeSettings:
     repeats: int = 3  # runs of each mode, alternating; the fastest of each is reported
     prompts: int = 18  # batch 1: prompts of each workload run one after another (grounded: 18 = every pair)
     tree_nodes: int | None = None  # ngram: draft token trees of this many nodes (runtime.speculative.tree.max_nodes)
+    ignore_eos: bool = False  # every request output_tokens long, past the model's end id (the bench before 2026-12-07)
 
     def runtime_overrides(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"method": self.method}
@@ -103,16 +106,18 @@ class SpeculativeResult:
     data: dict[str, Any]
 
     def table(self) -> list[str]:
-        lines = [f"{'workload':>9} {'batch':>5} {'prompts':>7} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>7} "
-                 f"{'accept len':>10} {'drafted':>8} {'accepted':>8} {'same':>13} {'plain det':>9}"]
+        lines = [f"{'workload':>9} {'batch':>5} {'prompts':>7} {'tokens':>6} {'plain tok/s':>11} {'spec tok/s':>10} "
+                 f"{'speedup':>7} {'accept len':>10} {'drafted':>8} {'accepted':>8} {'same':>13} {'plain det':>9}"]
         for r in self.data["runs"]:
-            lines.append(f"{r['workload']:>9} {r['batch']:>5} {r['prompts']:>7} {r['plain_tokens_per_s']:>11.1f} "
-                         f"{r['spec_tokens_per_s']:>10.1f} {r['speedup']:>6.2f}x {r['acceptance_length']:>10.2f} "
+            lines.append(f"{r['workload']:>9} {r['batch']:>5} {r['prompts']:>7} {r['output_tokens']:>6} "
+                         f"{r['plain_tokens_per_s']:>11.1f} {r['spec_tokens_per_s']:>10.1f} {r['speedup']:>6.2f}x "
+                         f"{r['acceptance_length']:>10.2f} "
                          f"{r['draft_tokens']:>8} {r['accepted_tokens']:>8} {same_cell(r):>13} "
                          f"{_yes(r.get('plain_deterministic')):>9}")
         rt = self.data["runtime"]
+        ends = "past the end id (--ignore-eos)" if self.data["settings"].get("ignore_eos") else "at the end id"
         lines.append(f"runtime {rt.get('runtime')} on {rt.get('device')}; decode: {rt.get('decode_path')}; "
-                     f"speculative: {rt.get('speculative')}")
+                     f"speculative: {rt.get('speculative')}; requests end {ends}")
         return lines
 
 
@@ -196,11 +201,12 @@ def _measure(rt, speculator, groups, settings: SpeculativeSettings) -> dict[str,
     run["differing_prompts"] = len(parted)
     run["near_tie_differences"] = sum(bool(f["near_tie"]) for f in parted)
     if len(groups) > 1:  # (batch 1)
-        run["per_prompt"] = [{"prompt_tokens": len(g[0]), "plain_s": p, "spec_s": s, "speedup": p / s,
+        run["per_prompt"] = [{"prompt_tokens": len(g[0]), "output_tokens": len(t), "plain_s": p, "spec_s": s,
+                              "speedup": p / s,
                               "draft_tokens": d["spec_decode_draft_tokens"],
                               "accepted_tokens": d["spec_decode_accepted_tokens"],
                               "verify_rows": d["spec_decode_verify_rows"], "same": f is None, **(f or {})}
-                             for g, p, s, d, f in zip(groups, plain_s, spec_s, deltas, found)]
+                             for g, t, p, s, d, f in zip(groups, spec, plain_s, spec_s, deltas, found)]
     else:
         run["differences"] = [{"prompt": i, **f} for i, f in enumerate(found) if f is not None]
     return run
@@ -252,9 +258,9 @@ def _best_runs(rt, speculator, groups, settings: SpeculativeSettings):
     plain_runs, spec_runs = [], []
     for _ in range(settings.repeats):
         speculator.enabled = False
-        plain_runs.append(_timed(rt, groups, settings.output_tokens))
+        plain_runs.append(_timed(rt, groups, settings))
         speculator.enabled = True
-        spec_runs.append(_timed(rt, groups, settings.output_tokens))
+        spec_runs.append(_timed(rt, groups, settings))
     plain, plain_s, _ = min(plain_runs, key=lambda r: sum(r[1]))
     _, spec_s, deltas = min(spec_runs, key=lambda r: sum(r[1]))
     deterministic = all(r[0] == plain for r in plain_runs)
@@ -263,14 +269,14 @@ def _best_runs(rt, speculator, groups, settings: SpeculativeSettings):
     return plain, plain_s, deterministic, spec, spec_s, deltas
 
 
-def _timed(rt, groups, n: int) -> tuple[list[list[int]], list[float], list[dict[str, int]]]:
+def _timed(rt, groups, settings: SpeculativeSettings) -> tuple[list[list[int]], list[float], list[dict[str, int]]]:
     """Every group generated in turn: the outputs (all groups'), each group's seconds and speculation counters."""
     out, seconds, deltas = [], [], []
     for prompts in groups:
         before = rt.stats()
         _sync(rt)
         start = time.perf_counter()
-        out += _generate(rt, prompts, n)
+        out += _generate(rt, prompts, settings.output_tokens, end_id=-1 if settings.ignore_eos else None)
         _sync(rt)
         seconds.append(time.perf_counter() - start)
         after = rt.stats()
@@ -278,8 +284,9 @@ def _timed(rt, groups, n: int) -> tuple[list[list[int]], list[float], list[dict[
     return out, seconds, deltas
 
 
-def _generate(rt, prompts, n: int) -> list[list[int]]:
-    return [c.token_ids for c in rt.generate(prompts, SamplingParams(max_tokens=n, end_id=-1))]
+def _generate(rt, prompts, n: int, end_id: int | None = -1) -> list[list[int]]:
+    """Greedy outputs of at most ``n`` tokens; ``end_id`` None: the tokenizer's, -1: none."""
+    return [c.token_ids for c in rt.generate(prompts, SamplingParams(max_tokens=n, end_id=end_id))]
 
 
 def _sync(rt) -> None:

@@ -39,6 +39,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from trtllm_pipeline.runtimes.torch_engine import switches
 from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, int4pack, linear,
                                            norm, prefill, quant_gemm, quant_gemv, quant_gemv_w4a8, quant_gemv_ws,
                                            quant_linear, support)
@@ -113,6 +114,12 @@ class StepBuffers:
     folds: list[gemv_input.NormFold | None] = dataclasses.field(default_factory=list)
     # with folds: the residual stream's second buffer (the add before attention writes it, the one after reads it)
     residual_new: torch.Tensor | None = None
+    # per consumer ("qkv", "glu") and layer: the pre-quant scales the norm before it multiplies its input by, so that
+    # its quant_gemm GEMM takes none: (the consumer's, or mlp.fc's; mlp.gate's where it differs, written to
+    # ``normed2``) (``DecodeStep._scaled_inputs``; None or absent: the GEMM applies its own)
+    scaled_inputs: dict[str, list[tuple[torch.Tensor, torch.Tensor | None] | None]] = dataclasses.field(
+        default_factory=dict)
+    normed2: torch.Tensor | None = None  # [B, hidden] compute dtype: mlp.gate's input where its scale is its own
     glu_workspace: torch.Tensor | None = None  # float32: a split GLU's fc and gate partials (GEMV or GEMM)
     glu_counters: torch.Tensor | None = None  # int32 zeros: a split GLU GEMM's output tiles' counters
     argmax: greedy.Greedy | None = None  # the greedy token's kernel's scratch (GREEDY_KERNEL)
@@ -202,6 +209,7 @@ class DecodeStep:
         self.dtype = engine.dtype
         self.comm = engine.comm if getattr(engine, "tp_size", 1) > 1 else None
         self.layers = [self._layer(layer) for layer in engine.layers]
+        self.fold_pqs = switches.fold_pqs_enabled()
         self.fp8 = self.layers[0].qkv.scale is not None
         self.quant = self.layers[0].qkv.quant is not None
         fp8_cores = self.fp8 or self.quant and self.layers[0].qkv.quant.fmt == "w4a8_awq"
@@ -321,6 +329,7 @@ class DecodeStep:
         logits = self._logits(batch) if tp is None else tp.padded_logits[:, : self.engine.vocab]
         tokens = torch.zeros(batch, dtype=torch.long, device=dev)
 
+        scaled = self._scaled_inputs(configs)
         buf = StepBuffers(
             batch=batch,
             inputs=torch.cat([torch.zeros((3, batch), dtype=torch.long, device=dev),
@@ -341,6 +350,9 @@ class DecodeStep:
             prepared=prepared,
             counters=counters,
             sums=sums,
+            scaled_inputs=scaled,
+            normed2=empty(batch, self.hidden, dtype=act_dtype) if any(
+                s is not None and s[1] is not None for s in scaled.get("glu", [])) else None,
             glu_workspace=glu_ws,
             glu_counters=glu_counters,
             argmax=greedy.Greedy.empty(tokens) if GREEDY_KERNEL else None,
@@ -348,6 +360,23 @@ class DecodeStep:
         if folding:
             self._fold_norms(buf)
         return buf
+
+    def _scaled_inputs(self, configs: dict[str, linear.LinearConfig]
+                       ) -> dict[str, list[tuple[torch.Tensor, torch.Tensor | None] | None]]:
+        """Per consumer (qkv, glu) whose quant_gemm GEMM this batch takes, each layer's pre-quant scales for the norm
+        before it to apply (``norm.residual_rmsnorm``'s ``scale_out``, ``scale_out2``): the GEMM's own product and
+        rounding, made once a row instead of once a K tile and program from a [BLOCK_K] 16-bit load the compiler
+        cannot pipeline (ncu, H100 2026-12-07f: the INT4 GLU at M 8 57.7 -> 49.4 us). mlp.fc and mlp.gate each
+        have their own scale in this project's AWQ checkpoints: the norm writes mlp.gate's input apart (INT4 GEMMs,
+        which read a second input; an INT8 GLU keeps them in its GEMM unless the two are equal)."""
+        if not self.fold_pqs or not self.quant:
+            return {}
+        out = {}
+        if configs["qkv"].gemm and not configs["qkv"].library:
+            out["qkv"] = [None if layer.qkv.quant.pqs is None else (layer.qkv.quant.pqs, None) for layer in self.layers]
+        if configs["glu"].gemm and not configs["glu"].library:
+            out["glu"] = [_glu_scales(layer.fc.quant, layer.gate.quant) for layer in self.layers]
+        return {name: scales for name, scales in out.items() if any(s is not None for s in scales)}
 
     def _logits(self, batch: int) -> torch.Tensor:
         """Float32 [batch, vocab] for a bucket's logits: the first rows of one buffer that every bucket shares (made
@@ -505,10 +534,10 @@ class DecodeStep:
         return out[:1] if buf.counters is not None else out
 
     def _glu(self, x: torch.Tensor, layer: _Layer, out: torch.Tensor, cfg: linear.LinearConfig, buf: StepBuffers,
-             prep: dict[str, gemv_input.Prepared]):
-        if layer.fc.quant is not None and cfg.gemm:
+             prep: dict[str, gemv_input.Prepared], x2: torch.Tensor | None = None):
+        if layer.fc.quant is not None and cfg.gemm:  # (x2: mlp.gate's own input, its pre-quant scale applied)
             quant_gemm.launch(x, layer.fc.quant, layer.gate.quant, out, cfg, self.dtype, self.pdl,
-                              counters=buf.glu_counters, workspace=buf.glu_workspace)
+                              counters=buf.glu_counters, workspace=buf.glu_workspace, x2=x2)
         elif layer.fc.quant is not None and cfg.library:  # torch's INT4 kernel on fc and gate (int4pack)
             fc, gate = int4pack.fc_gate(x, self.packs[id(layer.fc.quant)], layer.fc.quant.n)
             torch.mul(F.silu(fc), gate, out=out)  # eager's rounding: silu(fc), then times gate
@@ -540,11 +569,13 @@ class DecodeStep:
             self.comm.all_reduce(buf.residual)
             # no partials to add (a zero-row view: a real pointer, never read)
             norm.residual_rmsnorm(buf.residual, buf.tp.reduced[:0], self.layers[0].input_norm, buf.normed,
-                                  self.layers[0].qkv.in_inv, e.eps, dt, prepared=_inputs(buf, 0, "qkv"), pdl=pdl)
+                                  self.layers[0].qkv.in_inv, e.eps, dt, prepared=_inputs(buf, 0, "qkv"),
+                                  scale_out=_scale(buf, "qkv", 0)[0], pdl=pdl)
         else:
             norm.residual_rmsnorm(buf.residual, None, self.layers[0].input_norm, buf.normed,
                                   self.layers[0].qkv.in_inv, e.eps, dt, tokens=buf.tokens, embedding=e.embedding,
-                                  prepared=_inputs(buf, 0, "qkv"), x_out=buf.residual_new, pdl=pdl)
+                                  prepared=_inputs(buf, 0, "qkv"), x_out=buf.residual_new,
+                                  scale_out=_scale(buf, "qkv", 0)[0], pdl=pdl)
         for i, layer in enumerate(self.layers):
             prep = buf.prepared[i] if buf.prepared else {}
             qkv = buf.partials[: cfg["qkv"].splits]
@@ -554,7 +585,8 @@ class DecodeStep:
             # With the norms folded in (buf.folds), mlp.proj's accumulators are their own ("mlp"): the QKV GEMV reads
             # them, the GLU clears them.
             fold = buf.folds[i] if buf.folds else None
-            qkv = self._partials(buf.normed, layer.qkv, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
+            qkv_lin = _unscaled(layer.qkv) if _scale(buf, "qkv", i)[0] is not None else layer.qkv
+            qkv = self._partials(buf.normed, qkv_lin, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
                                  clear=buf.sums.get("hidden"), fold=fold)
             for attention_pass in range(buf.attention_passes):
                 # (cuBLAS added QKV's bias before its rounding, as eager does; a verify step's passes before the last
@@ -571,10 +603,15 @@ class DecodeStep:
                                    buf.sums.get("hidden"), clear=buf.sums.get("qkv"))
             dense = self._all_reduce(dense, buf)
             folded = buf.residual_new is not None
+            glu_scales = _scale(buf, "glu", i)
+            gate_in = buf.normed2 if glu_scales[1] is not None else None
             norm.residual_rmsnorm(buf.residual_new if folded else buf.residual, dense, layer.post_norm, buf.normed,
                                   layer.fc.in_inv, e.eps, dt, prepared=_inputs(buf, i, "fc", "gate"),
-                                  x_out=buf.residual if folded else None, pdl=pdl)
-            self._glu(buf.normed, layer, buf.act, cfg["glu"], buf, prep)
+                                  x_out=buf.residual if folded else None, scale_out=glu_scales[0],
+                                  out2=gate_in, scale_out2=glu_scales[1], pdl=pdl)
+            glu_layer = layer if glu_scales[0] is None else dataclasses.replace(
+                layer, fc=_unscaled(layer.fc), gate=_unscaled(layer.gate))
+            self._glu(buf.normed, glu_layer, buf.act, cfg["glu"], buf, prep, x2=gate_in)
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
             proj_in = prep.get("proj") if "fc" in prep else None
@@ -586,7 +623,8 @@ class DecodeStep:
                 continue  # the next QKV GEMV adds and normalizes itself
             norm.residual_rmsnorm(buf.residual, proj, e.final_norm if last else following.input_norm,
                                   buf.final if last else buf.normed, None if last else following.qkv.in_inv,
-                                  e.eps, dt, prepared=() if last else _inputs(buf, i + 1, "qkv"), pdl=pdl)
+                                  e.eps, dt, prepared=() if last else _inputs(buf, i + 1, "qkv"),
+                                  scale_out=None if last else _scale(buf, "qkv", i + 1)[0], pdl=pdl)
         if cfg["lm_head"].library:  # eager's logits: the compute dtype's product, then float32
             buf.logits.copy_(F.linear(buf.final, e.lm_head))
         elif self.comm is None:
@@ -624,6 +662,28 @@ def _inputs(buf: StepBuffers, layer: int, *names: str) -> tuple[gemv_input.Prepa
     to write (none where the consumers take the producer's output as is)."""
     prep = buf.prepared[layer] if buf.prepared else {}
     return tuple(prep[n] for n in names if n in prep)
+
+
+def _scale(buf: StepBuffers, consumer: str, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The pre-quant scales layer ``layer``'s norm applies for ``consumer`` (``StepBuffers.scaled_inputs``; None,
+    None: none, its GEMM applies them)."""
+    scales = buf.scaled_inputs.get(consumer)
+    return scales[layer] if scales and scales[layer] is not None else (None, None)
+
+
+def _glu_scales(fc, gate) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """mlp.fc's and mlp.gate's pre-quant scales for the norm to apply (gate's None where they are equal), or None
+    where their GEMM keeps them: either has none, or they differ and the GEMM (INT8's) reads one input."""
+    if fc.pqs is None or gate.pqs is None:
+        return None
+    if torch.equal(fc.pqs, gate.pqs):
+        return fc.pqs, None
+    return (fc.pqs, gate.pqs) if fc.int4 else None
+
+
+def _unscaled(lin: _Linear) -> _Linear:
+    """``lin`` for an input its producer already multiplied by its pre-quant scale."""
+    return dataclasses.replace(lin, quant=dataclasses.replace(lin.quant, pqs=None))
 
 
 def _norm_scale(weight: torch.Tensor, lin: _Linear) -> torch.Tensor:

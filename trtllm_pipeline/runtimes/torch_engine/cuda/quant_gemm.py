@@ -297,7 +297,7 @@ def _store(y, y2, bias_ptr, out_ptr, ws_ptr, count_ptr, rm, rn, M, N, pid_s, str
 
 @triton.jit
 def _w4_gemm_kernel(
-    x_ptr, w_ptr, s_ptr, pqs_ptr, aq_ptr, osc_ptr,
+    x_ptr, x2_ptr, w_ptr, s_ptr, pqs_ptr, aq_ptr, osc_ptr,
     w2_ptr, s2_ptr, pqs2_ptr, aq2_ptr, osc2_ptr,
     bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, G, k_iters_per_split,
@@ -306,9 +306,10 @@ def _w4_gemm_kernel(
     PARTIALS: tl.constexpr, GLU_SPLITS: tl.constexpr, ONE_GROUP: tl.constexpr, POST_SCALE: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EVEN_M: tl.constexpr, SWAP: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr, PTX: tl.constexpr = False,
+    PDL: tl.constexpr, PTX: tl.constexpr = False, X2: tl.constexpr = False,
 ):
-    """x [M, K] times packed INT4 [N/2, K]^T (and, GLU, a second matrix): one output tile over one K split."""
+    """x [M, K] times packed INT4 [N/2, K]^T (and, GLU, a second matrix, of x2 where X2): one output tile over one K
+    split."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -325,6 +326,7 @@ def _w4_gemm_kernel(
     w_ptrs = w_ptr + rj[:, None] * stride_wn + (k0 + rk)[None, :]
     w2_ptrs = w2_ptr + rj[:, None] * stride_wn + (k0 + rk)[None, :]
     x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
+    x2_ptrs = x2_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
     if SWAP:
         acc_lo = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
     else:
@@ -348,7 +350,12 @@ def _w4_gemm_kernel(
                                   OFFSET, COMPUTE, PTX)
         if GLU:
             pq2_next = pqs_values(pqs2_ptr + kk + BLOCK_K, kk + BLOCK_K < K, HAS_PQS, True)
-            x2 = act_apply(xr, pq2, aq2, HAS_PQS, ACT, COMPUTE)
+            if X2:  # the gate's own input (its producer applied each matrix's pre-quant scale)
+                x2 = act_apply(x_tile(x2_ptrs, m_ok & k_ok[None, :], not (EVEN_M and EVEN_K)), pq2, aq2, HAS_PQS, ACT,
+                               COMPUTE)
+                x2_ptrs += BLOCK_K
+            else:
+                x2 = act_apply(xr, pq2, aq2, HAS_PQS, ACT, COMPUTE)
             acc2_lo, acc2_hi = _w4_step(w2_ptrs, s2_ptr, x2, rj, kk, k_tile, j_ok, k_ok, G, stride_sg, stride_s2,
                                         acc2_lo, acc2_hi, GROUP, ONE_GROUP, POST_SCALE, A8, not (EVEN_N and EVEN_K),
                                         SWAP, MAGIC, OFFSET, COMPUTE, PTX)
@@ -542,9 +549,9 @@ def _tiles_named(q, cfg: LinearConfig):
 
 def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool = False,
            bias: torch.Tensor | None = None, counters: torch.Tensor | None = None,
-           workspace: torch.Tensor | None = None):
+           workspace: torch.Tensor | None = None, x2: torch.Tensor | None = None):
     """``x`` [M, K] (compute dtype, before the pre-quant scale and activation quantizer: applied here) times ``q``'s
-    weight. ``out``: [splits, M, N] float32 partials (3 dimensions, or 2 with one split), or with ``q2`` the GLU
+    weight (with ``q2``, ``x2`` laid out as ``x``: the second matrix's own input, INT4 formats; else ``x``). ``out``: [splits, M, N] float32 partials (3 dimensions, or 2 with one split), or with ``q2`` the GLU
     ``silu(x W^T) * (x W2^T)`` [M, N] in the compute dtype, or (``out`` in the compute dtype) ``x W^T + bias``.
     The GLU splits K only with ``counters`` (int32 zeros, ``glu_counters`` of them; left zero) and a float32
     ``workspace`` of ``glu_workspace`` elements (its epilogue forbids float32 partials to the consumer).
@@ -552,6 +559,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     m, k = x.shape
     assert k == q.k and x.stride(1) == 1 and cfg.gemm
     glu = q2 is not None
+    assert x2 is None or glu and q.int4 and x2.shape == x.shape and x2.stride() == x.stride()
     if glu:  # the second matrix is read with the first one's strides and flags
         assert q2.fmt == q.fmt and q2.group == q.group and q2.scales.stride() == q.scales.stride()
         assert q2.weight.stride() == q.weight.stride() and (q2.pqs is None) == (q.pqs is None)
@@ -581,13 +589,13 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
             magic, offset = _magic(compute)
             one_group = q.group % cfg.block_k == 0
             return _w4_gemm_kernel[grid](
-                x, q.weight, q.scales, opt(q.pqs), opt(q.act_q), opt(q.out_scale),
+                x, x if x2 is None else x2, q.weight, q.scales, opt(q.pqs), opt(q.act_q), opt(q.out_scale),
                 q2.weight, q2.scales, opt(q2.pqs), opt(q2.act_q), opt(q2.out_scale),
                 opt(bias), out, opt(workspace), opt(counters), m, q.n, k, q.scales.shape[0], per_split,
                 x.stride(0), q.weight.stride(0), q.scales.stride(0), q.scales.stride(1), stride_os, out.stride(-2),
                 ONE_GROUP=one_group, POST_SCALE=one_group and q.act == 0 and not cfg.scale_weights,
                 EVEN_N=(q.n // 2) % (cfg.block_n // 2) == 0,
-                MAGIC=magic, OFFSET=offset, PTX=cfg.ptx_nibbles and not interpreting(), **common)
+                MAGIC=magic, OFFSET=offset, PTX=cfg.ptx_nibbles and not interpreting(), X2=x2 is not None, **common)
         # int8_wo with one scale per output row over the program's whole K range: in the epilogue
         scale_at = 0 if q.act != 0 or q.group >= k else 1 if q.group % cfg.block_k == 0 else 2
         return _w8_gemm_kernel[grid](
