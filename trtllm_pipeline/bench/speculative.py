@@ -2,15 +2,16 @@
 
 For each workload and batch: greedy requests of at most ``output_tokens`` tokens, ending at the model's end id as a
 served request does (``ignore_eos``: never, every request ``output_tokens`` long, a reply's end followed by whatever
-the model writes after it: SmolLM2 opens a new conversation there, which copies nothing), first with speculation off (the loaded runtime's speculator disabled), then on, ``repeats`` times in turn,
-the fastest run of each kept (one run of 128 tokens on a small model is ~50-170 ms: a single one carries the order it
-ran in and the machine's noise). At batch 1 a run is ``prompts`` prompts one after another, each alone (prompt
-lookup's gain is the prompt's: on SmolLM2 one grounded prompt needs 54 steps for 128 tokens, another 128, in
-benchmarks/spec_simulate.py); at batch b > 1 it is b prompts together. Reported over the run: output tokens/s (prefill
-included, the same in both), the speedup, and from ``Runtime.stats()`` over the kept speculative run: tokens drafted
-and accepted, verify rows, the acceptance length (mean tokens a verify row emitted: 1 + accepted / rows); at batch 1
-each prompt's too (``per_prompt``). The outputs of the two runs are compared token for token (``identical``: greedy
-speculation must not change them).
+the model writes after it: SmolLM2 opens a new conversation there, which copies nothing), first with speculation off
+(the loaded runtime's speculator disabled), then on, ``repeats`` times in turn, the fastest run of each kept (one
+run of 128 tokens on a small model is ~50-170 ms: a single one carries the order it ran in and the machine's noise).
+At batch 1 a run is ``prompts`` prompts one after another, each alone (prompt lookup's gain is the prompt's: on
+SmolLM2 one grounded prompt needs 54 steps for 128 tokens, another 128, in benchmarks/spec_simulate.py); at a batch
+b above 1 it is b prompts together. Reported over the run: output tokens/s (prefill included, the same in both), the
+speedup, and from ``Runtime.stats()`` over the kept speculative run: tokens drafted and accepted, verify rows, the
+acceptance length (mean tokens a verify row emitted: 1 + accepted / rows); at batch 1 each prompt's too
+(``per_prompt``). The outputs of the two runs are compared token for token (``identical``: greedy speculation must
+not change them).
 
 Where they part, the run says why it may (``plain_deterministic``: whether every plain run gave the same outputs; a
 speculative run differing from a plain one is only a finding when plain decoding agrees with itself): for each
@@ -31,12 +32,12 @@ lookups hit only where the answer repeats itself and adaptive drafting should ma
 
 Results file (JSON, ``schema`` ``speculative-3``): ``settings``, ``runtime`` (its ``describe()``), ``runs``.
 ``speculative-3`` (2026-12-07): requests end at the end id unless ``settings.ignore_eos`` (before, always
-``output_tokens`` long), and each ``per_prompt`` entry names its ``output_tokens``. ``speculative-2`` (issue 35): a batch-1 run covers ``settings.prompts`` prompts, its counts and seconds their totals
-(``speculative-1``: one prompt); each run names its ``prompts`` and, at batch 1, lists ``per_prompt``. Added under
-the same schema (no field changed meaning: ``identical`` is still every run, plain and speculative, alike):
-``plain_deterministic``, ``differing_prompts``, ``near_tie_differences``, ``differences`` (batch > 1) and each
-``per_prompt`` entry's ``same`` (with ``first_difference``, ``plain_token``, ``spec_token``, ``margin``, ``near_tie``
-where it is False).
+``output_tokens`` long), and each ``per_prompt`` entry names its ``output_tokens``. ``speculative-2`` (issue 35): a
+batch-1 run covers ``settings.prompts`` prompts, its counts and seconds their totals (``speculative-1``: one
+prompt); each run names its ``prompts`` and, at batch 1, lists ``per_prompt``. Added under the same schema (no field
+changed meaning: ``identical`` is still every run, plain and speculative, alike): ``plain_deterministic``,
+``differing_prompts``, ``near_tie_differences``, ``differences`` (batch > 1) and each ``per_prompt`` entry's
+``same`` (with ``first_difference``, ``plain_token``, ``spec_token``, ``margin``, ``near_tie`` where it is False).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ all-gathered into the whole logits on every rank (rank 0 samples from them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -375,8 +376,13 @@ class DecodeStep:
         if configs["qkv"].gemm and not configs["qkv"].library:
             out["qkv"] = [None if layer.qkv.quant.pqs is None else (layer.qkv.quant.pqs, None) for layer in self.layers]
         if configs["glu"].gemm and not configs["glu"].library:
-            out["glu"] = [_glu_scales(layer.fc.quant, layer.gate.quant) for layer in self.layers]
+            out["glu"] = self._glu_scale_pairs
         return {name: scales for name, scales in out.items() if any(s is not None for s in scales)}
+
+    @functools.cached_property
+    def _glu_scale_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor | None] | None]:
+        """Each layer's ``_glu_scales`` (compared on the device once, not per bucket)."""
+        return [_glu_scales(layer.fc.quant, layer.gate.quant) for layer in self.layers]
 
     def _logits(self, batch: int) -> torch.Tensor:
         """Float32 [batch, vocab] for a bucket's logits: the first rows of one buffer that every bucket shares (made
