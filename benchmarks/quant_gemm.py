@@ -628,18 +628,24 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
                 log(f"step {fmt:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}), "
                     f"{b * 1000 / wall:.0f} tok/s")
             row["peak_gib"] = _gib(device, "peak")
-            if row["tiled_copy_gib"]:  # batch 1 without the GEMV's tiled copy: its time against its memory
+            if 1 in graphs.buffers and graphs.buffers[1].configs["glu"].ws:
+                # batch 1 with the GEMV's tiled copy the other way round (switches.tiled_weights_enabled): its time
+                # against its memory
+                tiled_default = bool(row["tiled_copy_gib"])
                 graphs = step = None
                 _reset_peak(device)
-                tiled, quant_gemv_ws.TILED_WEIGHTS = quant_gemv_ws.TILED_WEIGHTS, False
+                saved, quant_gemv_ws.TILED_WEIGHTS = quant_gemv_ws.TILED_WEIGHTS, not tiled_default
+                forced = os.environ.pop("TRTLLM_PIPELINE_TILED_WEIGHTS", None)  # (the module's default decides)
                 try:
                     graphs = DecodeGraphs(DecodeStep(engine), [1])
                     graphs.prepare()
                     wall, replay = _time_decode(graphs, 1, ctx, steps, warmup)
                 finally:
-                    quant_gemv_ws.TILED_WEIGHTS = tiled
-                row["untiled_batch1"] = {"ms_per_step": wall, "graph_replay_ms": replay,
-                                         "peak_gib": _gib(device, "peak")}
+                    quant_gemv_ws.TILED_WEIGHTS = saved
+                    if forced is not None:
+                        os.environ["TRTLLM_PIPELINE_TILED_WEIGHTS"] = forced
+                row["untiled_batch1" if tiled_default else "tiled_batch1"] = {
+                    "ms_per_step": wall, "graph_replay_ms": replay, "peak_gib": _gib(device, "peak")}
             log(f"steps {fmt}: { {k: v for k, v in row.items() if k not in ('steps', 'configs')} }")
         except Exception as exc:
             row["error"] = traceback.format_exc()[-2000:]
@@ -794,10 +800,11 @@ def step_table(rows: list[dict]) -> str:
                      f"{r['kv_gib']:6.2f}  {r['prefill_logits_rel_vs_copy']:.2e}            "
                      f"{chk.get('logits_rel_fast_vs_eager', float('nan')):.2e} argmax {chk.get('argmax_equal', '-')}"
                      f"  ({r.get('tiled_copy_gib', 0):.2f}, {r.get('dequant_scratch_gib', 0):.2f})")
-        if "untiled_batch1" in r:
-            u = r["untiled_batch1"]
-            lines.append(f"{'':8} without the tiled copy: batch 1 {u['ms_per_step']:.3f} ms/step (replay "
-                         f"{u['graph_replay_ms']:.3f}), peak {u['peak_gib']:.2f} GiB")
+        for key, label in (("untiled_batch1", "without"), ("tiled_batch1", "with")):
+            if key in r:
+                u = r[key]
+                lines.append(f"{'':8} {label} the tiled copy: batch 1 {u['ms_per_step']:.3f} ms/step (replay "
+                             f"{u['graph_replay_ms']:.3f}), peak {u['peak_gib']:.2f} GiB")
     return "\n".join(lines)
 
 

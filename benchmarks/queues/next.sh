@@ -6,8 +6,9 @@
 on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200; }
 # 32: INT4-AWQ steps at batch 1/8/16 with the GEMMs' input scaled by the norm before them (the default since
 # 2026-12-07, switches.fold_pqs_enabled), then the same with the scales in the GEMMs' K loop
-# (TRTLLM_PIPELINE_FOLD_PQS=0: the A/B). H100 2026-12-07f, in the loop: 2.144 / 4.454 / 5.300 ms; ncu there: the GLU at M 8 57.7 -> 49.4 us with
-# its input scaled beforehand (~0.25 ms a step expected at batch 8; goal 1.9 on an H200)
+# (TRTLLM_PIPELINE_FOLD_PQS=0: the A/B). H100 2026-12-07f, in the loop: 2.144 / 4.454 / 5.300 ms; ncu there: the GLU
+# at M 8 57.7 -> 49.4 us with its input scaled beforehand (~0.25 ms a step expected at batch 8; goal 1.9 on an
+# H200). Batch 1 without the GEMV's tiled weight copy now (off by default since: 2.141 against 2.102 ms there)
 int4_steps() {
   part quant_gemm 200 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq
   part quant_gemm 200 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq TRTLLM_PIPELINE_FOLD_PQS=0

@@ -105,3 +105,11 @@ def fold_pqs_enabled() -> bool:
     ``TRTLLM_PIPELINE_FOLD_PQS=0`` (the A/B). The same product and rounding either way (the same tokens); without the
     scales' 16-bit load in the K loop the INT4 GLU at M 8 took 49.4 us against 57.7 (ncu, H100 2026-12-07f)."""
     return os.environ.get("TRTLLM_PIPELINE_FOLD_PQS", "1").strip() != "0"
+
+
+def tiled_weights_enabled(default: bool) -> bool:
+    """The INT4 batch-1 GEMV on Hopper reads a tile-by-tile copy of each packed weight (``quant_gemv_ws.tile_weights``:
+    1-2% of a step, 3 GiB more device memory at 7B) where ``TRTLLM_PIPELINE_TILED_WEIGHTS=1``; ``0``: never; unset:
+    ``default`` (``quant_gemv_ws.TILED_WEIGHTS``, which the benchmarks' variants set)."""
+    value = os.environ.get("TRTLLM_PIPELINE_TILED_WEIGHTS", "").strip()
+    return default if value not in ("0", "1") else value == "1"

@@ -290,7 +290,7 @@ class DecodeStep:
         }
         if batch >= LIBRARY_MIN_BATCH and self.comm is None and not self.quant:
             configs = {name: dataclasses.replace(c, splits=1, library=True) for name, c in configs.items()}
-        if quant_gemv_ws.TILED_WEIGHTS:
+        if switches.tiled_weights_enabled(quant_gemv_ws.TILED_WEIGHTS):
             self._tile_weights(configs)
         self._w4a8_tables(configs)
         max_splits = max(c.splits for c in configs.values())

@@ -15,9 +15,9 @@ the results are its results: the same split-K partials, added into int64 accumul
 decode step's) or summed by each row tile's last program (REDUCE), or for the GLU ``silu(fc) * gate`` and
 mlp.proj's prepared input. With a ``gemv_input.NormFold`` (the QKV GEMV of the decode step's layers 1..) the
 consumer warps make their input tiles themselves, from the residual and the previous linear's accumulators, and
-the producer copies only weights and scales. On the decode step's path the weights come from a tile-by-tile copy
-(TILED_WEIGHTS) and INT4-AWQ's scales from their 16-bit copy (SCALES_16BIT: the compute dtype's values, which
-every INT4-AWQ path uses). Gluon kernels do not run in Triton's interpreter: on the CPU the
+the producer copies only weights and scales. On the decode step's path the weights may come from a tile-by-tile copy
+(TILED_WEIGHTS, off by default) and INT4-AWQ's scales from their 16-bit copy (SCALES_16BIT: the compute dtype's
+values, which every INT4-AWQ path uses). Gluon kernels do not run in Triton's interpreter: on the CPU the
 tests compile this one for sm_90 and count its instructions; the H200 benchmark checks its numbers
 (benchmarks/quant_fast_path.py, benchmarks/split_sum_check.py).
 """
@@ -50,9 +50,12 @@ EARLY_WEIGHTS = True
 # True: the decode step gives the kernel a copy of its packed weights laid tile by tile (``tile_weights``), so
 # that each stage's copy reads one contiguous 4-8 KB run instead of HALF rows of 128 bytes K/2 bytes apart
 # (H200, 7B INT4-AWQ step: 1.615-1.626 ms against 1.637-1.651, runs 120-121; 1.646-1.657 against 1.668, run
-# 122), for a second copy of every INT4 weight on the device: 3.3 GB at 7B, beside the 13 GB of the bfloat16
-# copy the eager prefill multiplies with (False: the checkpoint's layout, the benchmark's variant "untiled")
-TILED_WEIGHTS = True
+# 122), for a second copy of every INT4 weight on the device: 3.04 GiB at 7B. Off by default since 2026-12-07
+# (the default of ``switches.tiled_weights_enabled``; ``TRTLLM_PIPELINE_TILED_WEIGHTS=1`` lays it): once prefill
+# read the packed weights instead of a bfloat16 copy, the tiled copy was the one thing between an INT4 7B's peak and
+# issue 32's "weights + KV + 2 GiB" (H100 2026-12-07f: 16.31 GiB with it, 13.12 without; batch 1 2.102 against 2.141
+# ms a step, 1.8%)
+TILED_WEIGHTS = False
 # True: the kernel reads an INT4-AWQ weight's scales in its 16-bit copy (``QuantWeight.scales16``: the same
 # values, as TensorRT-LLM holds them), half the scale bytes of a step (H200, 7B step: -0.02 to -0.03 ms, runs
 # 122-123; False: their float32 copy, the benchmark's variant "scales32")
