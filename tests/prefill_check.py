@@ -53,6 +53,7 @@ def main(ckpt: Path) -> None:
         "format": engine.layers[0]["qkv"].format,
         "fp8_inputs": [prefill._fp8_input(engine.layers[0][k]) is not None
                        for k in ("qkv", "dense", "fc_gate", "proj")],
+        "fc_gate_pair": hasattr(engine.layers[0]["fc_gate"], "halves"),  # (fc and gate apart: unequal AWQ scales)
         "tokens": int(batch.tokens.shape[0]),
         "hidden_rel": rel,
         "argmax_equal": int((logits_e.argmax(-1) == logits_f.argmax(-1)).sum()),

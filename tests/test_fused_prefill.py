@@ -15,12 +15,13 @@ pytest.importorskip("triton")
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen2-fp8-tp1", "tiny-llama-bf16-tp1"])
+@pytest.mark.parametrize("name", ["tiny-qwen2-fp8-tp1", "tiny-llama-bf16-tp1", "tiny-qwen2-int4-awq-tp1"])
 def test_fused_layers_give_eager_hidden_states(quantized, name):
     """A first chunk, a later chunk over its cached prefix and a decode row in one batch: the fused norm, rotary and
     gate kernels round where eager's operations round, so the hidden states are eager's bit for bit here (the
     interpreter sums in eager's order; a GPU's other summation order moves them by ~1e-3). FP8 layers take their
-    input quantized by the kernel before them; the Llama family has no QKV bias and a scaled rotary table."""
+    input quantized by the kernel before them; the Llama family has no QKV bias and a scaled rotary table; INT4-AWQ's
+    mlp.fc and mlp.gate are two linears (their pre-quant scales differ), whose outputs the gate kernel reads apart."""
     ckpt = quantized(name).checkpoint_dir
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, str(TESTS / "prefill_check.py"), str(ckpt)], capture_output=True,
@@ -28,6 +29,7 @@ def test_fused_layers_give_eager_hidden_states(quantized, name):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["fp8_inputs"] == [("fp8" in name)] * 4  # qkv, dense, fc_gate, proj
+    assert r["fc_gate_pair"] == ("awq" in name)
     assert r["finite"] and r["tokens"] == 17
     assert r["hidden_rel"] < 1e-6 and r["argmax_equal"] == r["tokens"]
     # the paged prefill kernel for the rows a GPU gives it, then for all: the same greedy tokens. Its attention is as

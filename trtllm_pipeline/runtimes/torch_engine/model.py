@@ -397,7 +397,11 @@ class _Pair(torch.nn.Module):
         self.first, self.second = first, second
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.first(x), self.second(x)], dim=-1)
+        return torch.cat(self.halves(x), dim=-1)
+
+    def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two outputs apart (the fused prefill's GLU reads them so, without the concatenation's copy)."""
+        return self.first(x), self.second(x)
 
 
 # Rows of lm_head made float32 at a time where no GEMM with a float32 output is at hand (a 7B's 152k x 3584 weight
