@@ -61,6 +61,7 @@ def test_prompt_lookup_replays_as_spec_simulate_and_the_oracle_bounds_every_prop
             runs = [spec_tree.replay(c, s)["steps"] for c in ctxs]
             assert all(o <= r for o, r in zip(oracle, runs))
         steps[workload] = sum(r["steps"] for r in ngram), sum(oracle)
-    # (the cache remade 2026-12-07, its outputs uncut, a question per passage: the README's tree tables, of the cache
-    # before, had 1385 / 839 grounded; random: 225 steps before NgramProposer repeated a period cut by the context's end)
+    # (the cache remade 2026-12-07, its outputs uncut, a question per passage: the README's tree tables, of the
+    # cache before, had 1385 / 839 grounded; random: 225 steps before NgramProposer repeated a period cut by the
+    # context's end)
     assert steps == {"grounded": (1120, 691), "random": (88, 88)}

@@ -29,7 +29,8 @@ from gemv_sass import disassemble, loop_mix  # noqa: E402  (tools/: the same dis
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm  # noqa: E402
 
-POINTERS = {"x_ptr": "*bf16", "x2_ptr": "*bf16", "w_ptr": "*i8", "w2_ptr": "*i8", "s_ptr": "*fp32", "s2_ptr": "*fp32", "pqs_ptr": "*bf16",
+POINTERS = {"x_ptr": "*bf16", "x2_ptr": "*bf16",
+            "w_ptr": "*i8", "w2_ptr": "*i8", "s_ptr": "*fp32", "s2_ptr": "*fp32", "pqs_ptr": "*bf16",
             "pqs2_ptr": "*bf16", "aq_ptr": "*fp32", "aq2_ptr": "*fp32", "osc_ptr": "*fp32", "osc2_ptr": "*fp32",
             "bias_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32"}
 
@@ -42,8 +43,8 @@ def compile_w4(*, glu: bool, ptx: bool, block_m: int = 16, block_n: int = 128, b
     K splits; ``scaled``: as the decode step launches it since 2026-12-07, the input already times its pre-quant scale,
     mlp.gate's its own)."""
     fn = quant_gemm._w4_gemm_kernel
-    consts = dict(GROUP=128, A8=a8, HAS_PQS=not scaled, GLU=glu, X2=scaled and glu, HAS_BIAS=False, PARTIALS=not glu, ONE_GROUP=True,
-                  GLU_SPLITS=glu_splits if glu else 1,
+    consts = dict(GROUP=128, A8=a8, HAS_PQS=not scaled, GLU=glu, X2=scaled and glu, HAS_BIAS=False, PARTIALS=not glu,
+                  ONE_GROUP=True, GLU_SPLITS=glu_splits if glu else 1,
                   POST_SCALE=not (scale_weights or a8), EVEN_N=True, EVEN_K=True, EVEN_M=False, SWAP=swap, MAGIC=0x4308,
                   OFFSET=136.0, COMPUTE=tl.bfloat16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=True,
                   PTX=ptx)

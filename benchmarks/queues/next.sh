@@ -48,6 +48,9 @@ if on_h200; then
   part quant_gemm 420 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048
 else
   int4_steps
+  # 32: the format table's steps, prefill and peaks after the fused prefill's pair fix and with the tiled copy off
+  # (H100 2026-12-07f: prefill INT4 1.28x, W4A8 1.33x BF16's; peaks 16.31 / 13.77 GiB)
+  part quant_gemm 300 QG_PARTS=steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16
   accum_ab
   # 32: the M 8 GEMMs' stalls with the input scaled beforehand, now the step's way (ncu_quant's "no pre-quant scales"
   # cases are the kernel the step runs)

@@ -129,7 +129,8 @@ def residual_rmsnorm(x: torch.Tensor, partials: torch.Tensor | None, weight: tor
         hidden, eps,
         PARTS=0 if embed else partials.shape[0], FIXED=fixed, EMBED=embed, QUANT_OUT=out_inv is not None,
         PREPARE=len(prepared),
-        PQS_A=bool(a and a.pqs is not None), PQS_B=bool(b and b.pqs is not None), SCALE_OUT=0 if scale_out is None else 1 if out2 is None else 2,
+        PQS_A=bool(a and a.pqs is not None), PQS_B=bool(b and b.pqs is not None),
+        SCALE_OUT=0 if scale_out is None else 1 if out2 is None else 2,
         XB=a.block if a else 16,
         COMPUTE=tl_dtype(compute), BLOCK=block, PDL=pdl, num_warps=default_warps(hidden), launch_pdl=pdl,
     )

@@ -551,7 +551,8 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
            bias: torch.Tensor | None = None, counters: torch.Tensor | None = None,
            workspace: torch.Tensor | None = None, x2: torch.Tensor | None = None):
     """``x`` [M, K] (compute dtype, before the pre-quant scale and activation quantizer: applied here) times ``q``'s
-    weight (with ``q2``, ``x2`` laid out as ``x``: the second matrix's own input, INT4 formats; else ``x``). ``out``: [splits, M, N] float32 partials (3 dimensions, or 2 with one split), or with ``q2`` the GLU
+    weight (with ``q2``, INT4 formats: ``x2``, laid out as ``x``, is the second matrix's own input; else ``x``).
+    ``out``: [splits, M, N] float32 partials (3 dimensions, or 2 with one split), or with ``q2`` the GLU
     ``silu(x W^T) * (x W2^T)`` [M, N] in the compute dtype, or (``out`` in the compute dtype) ``x W^T + bias``.
     The GLU splits K only with ``counters`` (int32 zeros, ``glu_counters`` of them; left zero) and a float32
     ``workspace`` of ``glu_workspace`` elements (its epilogue forbids float32 partials to the consumer).
