@@ -96,8 +96,10 @@ def test_closed_loop_forced_length_and_consistent_metrics(stub_url, tokenizer, t
         assert len(r["token_times_ms"]) == 10 and r["token_times_ms"] == sorted(r["token_times_ms"])
         assert r["e2e_ms"] == pytest.approx(r["ttft_ms"] + 9 * r["itl_ms"], rel=0.10)
         assert r["ttft_ms"] == r["token_times_ms"][0]
-        # e2e runs to the stream's end: OpenAI's usage chunk, here at once after the last text
-        assert r["token_times_ms"][-1] <= r["e2e_ms"] <= r["token_times_ms"][-1] + 5
+        # e2e runs to the stream's end: OpenAI's usage chunk, here at once after the last text (the upper bound a
+        # few token gaps: a busy 2-core machine delivered it 5.2 ms late once; a wait for anything else, a close or a
+        # timeout, would be far past it)
+        assert r["token_times_ms"][-1] <= r["e2e_ms"] <= r["token_times_ms"][-1] + 4 * GAP_S * 1e3
 
 
 def test_tokens_without_text_are_timed_where_the_server_sends_usage_on_every_chunk(stub_url, tokenizer, tmp_path):
