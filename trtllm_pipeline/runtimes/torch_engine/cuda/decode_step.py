@@ -211,6 +211,7 @@ class DecodeStep:
         self.comm = engine.comm if getattr(engine, "tp_size", 1) > 1 else None
         self.layers = [self._layer(layer) for layer in engine.layers]
         self.fold_pqs = switches.fold_pqs_enabled()
+        self._unscaled_views: dict[int, tuple[quant_linear.QuantWeight, _Linear]] = {}  # (``_unscaled``)
         self.fp8 = self.layers[0].qkv.scale is not None
         self.quant = self.layers[0].qkv.quant is not None
         fp8_cores = self.fp8 or self.quant and self.layers[0].qkv.quant.fmt == "w4a8_awq"
@@ -378,6 +379,15 @@ class DecodeStep:
         if configs["glu"].gemm and not configs["glu"].library:
             out["glu"] = self._glu_scale_pairs
         return {name: scales for name, scales in out.items() if any(s is not None for s in scales)}
+
+    def _unscaled(self, lin: _Linear) -> _Linear:
+        """``lin`` for an input its producer already multiplied by its pre-quant scale: made once per weight view
+        (a step run without graphs calls this every step; ``_tile_weights`` may replace ``lin.quant`` between)."""
+        made = self._unscaled_views.get(id(lin))
+        if made is None or made[0] is not lin.quant:
+            made = self._unscaled_views[id(lin)] = (
+                lin.quant, dataclasses.replace(lin, quant=dataclasses.replace(lin.quant, pqs=None)))
+        return made[1]
 
     @functools.cached_property
     def _glu_scale_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor | None] | None]:
@@ -591,7 +601,7 @@ class DecodeStep:
             # With the norms folded in (buf.folds), mlp.proj's accumulators are their own ("mlp"): the QKV GEMV reads
             # them, the GLU clears them.
             fold = buf.folds[i] if buf.folds else None
-            qkv_lin = _unscaled(layer.qkv) if _scale(buf, "qkv", i)[0] is not None else layer.qkv
+            qkv_lin = self._unscaled(layer.qkv) if _scale(buf, "qkv", i)[0] is not None else layer.qkv
             qkv = self._partials(buf.normed, qkv_lin, qkv, cfg["qkv"], buf, prep.get("qkv"), buf.sums.get("qkv"),
                                  clear=buf.sums.get("hidden"), fold=fold)
             for attention_pass in range(buf.attention_passes):
@@ -616,7 +626,7 @@ class DecodeStep:
                                   x_out=buf.residual if folded else None, scale_out=glu_scales[0],
                                   out2=gate_in, scale_out2=glu_scales[1], pdl=pdl)
             glu_layer = layer if glu_scales[0] is None else dataclasses.replace(
-                layer, fc=_unscaled(layer.fc), gate=_unscaled(layer.gate))
+                layer, fc=self._unscaled(layer.fc), gate=self._unscaled(layer.gate))
             self._glu(buf.normed, glu_layer, buf.act, cfg["glu"], buf, prep, x2=gate_in)
             proj = buf.partials[: cfg["proj"].splits]
             # mlp.proj's prepared input is the GLU kernel's (when both run the GEMV)
@@ -685,11 +695,6 @@ def _glu_scales(fc, gate) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     if torch.equal(fc.pqs, gate.pqs):
         return fc.pqs, None
     return (fc.pqs, gate.pqs) if fc.int4 else None
-
-
-def _unscaled(lin: _Linear) -> _Linear:
-    """``lin`` for an input its producer already multiplied by its pre-quant scale."""
-    return dataclasses.replace(lin, quant=dataclasses.replace(lin.quant, pqs=None))
 
 
 def _norm_scale(weight: torch.Tensor, lin: _Linear) -> torch.Tensor:
