@@ -594,9 +594,12 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
             row["kv_gib"] = mem["kv_cache"] / gib
             # the step's eager reference runs with the copies (the emulation); the fast path reads the stored tensors
             if fmt != "bf16":
-                graphs_ref = DecodeGraphs(DecodeStep(engine), [check_batch])
+                graphs_ref = DecodeGraphs(DecodeStep(engine), [1, check_batch])
                 graphs_ref.prepare()
                 row["check_batch"] = _batch_check(engine, graphs_ref, check_batch)
+                # batch 1 too: its GEMVs are other kernels than the batches' GEMMs (quant_gemv_ws, quant_gemv_w4a8_ws)
+                row["check_batch1"] = _batch_check(engine, graphs_ref, 1)
+                log(f"check {fmt}: batch {check_batch} {row['check_batch']}, batch 1 {row['check_batch1']}")
                 del graphs_ref
             row["copy_gib_dropped"] = _drop_copies(engine) / gib
             _reset_peak(device)
@@ -628,7 +631,8 @@ def step_rows(formats, bf16_tensors, device, *, ctx=2048, batches=BATCHES, steps
                 log(f"step {fmt:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}), "
                     f"{b * 1000 / wall:.0f} tok/s")
             row["peak_gib"] = _gib(device, "peak")
-            if 1 in graphs.buffers and graphs.buffers[1].configs["glu"].ws:
+            glu1 = graphs.buffers[1].configs["glu"] if 1 in graphs.buffers else None
+            if glu1 is not None and glu1.ws and not glu1.w4a8:  # (INT4's GEMV: W4A8's has no tiled copy)
                 # batch 1 with the GEMV's tiled copy the other way round (switches.tiled_weights_enabled): its time
                 # against its memory
                 tiled_default = bool(row["tiled_copy_gib"])

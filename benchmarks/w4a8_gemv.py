@@ -1,7 +1,7 @@
 """W4A8-AWQ's batch-1 table-lookup GEMV (runtimes/torch_engine/cuda/quant_gemv_w4a8.py) alone at the 7B's four decode
 linears, before and after a change, in one call (issue 32): no 7B build, random weights quantized on the GPU.
 
-    python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,sweep]
+    python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,ws,sweep]
     TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/w4a8_gemv.py --dry-run --out DIR
 
 Per linear (qkv 3584 -> 4608, dense 3584 -> 3584, fc + gate 3584 -> 2 x 18944 as the GLU launch, proj 18944 -> 3584)
@@ -14,6 +14,9 @@ Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
   legacy  ``quant_gemv_w4a8.legacy_config``: the first rule, timed in the 7B step at 4.288 ms (H200 2026-12-05d):
           256 rows (GLU 64), ~4 programs per SM of >= 2 K tiles, each tile loaded at the top of its iteration
   new     ``quant_gemv_w4a8.pick_config``: what the decode step takes now
+  ws      ``quant_gemv_w4a8_ws.pick_config``: the warp-specialized kernel (Hopper only; the decode step's under
+          TRTLLM_PIPELINE_W4A8_WS=1), then its stages, rows and splits around it (always run: not cut by the sweep's
+          deadline)
   sweep   others around ``new`` (no prefetch; proj at 256 rows; the GLU at 16 and 64 rows; qkv/dense at the
           legacy splits prefetched), until $W4A8_GEMV_SWEEP_S seconds (default 40) have passed
 Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
@@ -43,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import quant_fast_path as qf  # noqa: E402
 import quant_gemm as qg  # noqa: E402
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_linear  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_ws, quant_linear  # noqa: E402
 
 BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 LAYERS = 28
@@ -62,6 +65,17 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
             out.append(("legacy", quant_gemv_w4a8.legacy_config(q, sm, glu=glu)))
         elif v == "new":
             out.append(("new", new))
+        elif v == "ws":  # the warp-specialized kernel (quant_gemv_w4a8_ws; Hopper), then others around it
+            if not quant_gemv_w4a8_ws.usable(q, q.weight.device):
+                continue
+            ws = quant_gemv_w4a8_ws.pick_config(q, sm, glu=glu)
+            out.append(("ws", ws))
+            if glu:
+                out += [("ws-3-stages", r(ws, num_stages=3)), ("ws-128-rows", r(ws, block_n=128))]
+            else:
+                out += [("ws-64-rows", quant_gemv_w4a8_ws.pick_config(q, sm, block_n=64)),
+                        ("ws-2-stages", r(ws, num_stages=2)), ("ws-4-stages", r(ws, num_stages=4)),
+                        ("ws-half-splits", r(ws, splits=max(1, ws.splits // 2)))]
         elif v == "sweep":
             out.append(("new-no-prefetch", r(new, num_stages=1)))
             if glu:
@@ -72,7 +86,7 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
                 legacy = quant_gemv_w4a8.legacy_config(q, sm)
                 out.append(("legacy-splits-prefetch", r(legacy, num_stages=2)))
         else:
-            raise SystemExit(f"--variants: unknown {v!r} (legacy, new, sweep)")
+            raise SystemExit(f"--variants: unknown {v!r} (legacy, new, ws, sweep)")
     seen, unique = set(), []
     for name, cfg in out:
         if cfg not in seen:
@@ -84,7 +98,7 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS", "legacy,new,sweep"))
+    ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS", "legacy,new,ws,sweep"))
     ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter at tiny shapes")
     args = ap.parse_args()
     which = [v for v in args.variants.split(",") if v]
@@ -123,7 +137,7 @@ def main() -> None:
             quant_linear.quant_partials(x, qs[0], dot, dot_cfg, dt)
             dot = dot.sum(0)
         for vname, cfg in variants(qs[0], sm, glu, which):
-            if vname not in ("legacy", "new") and time.perf_counter() - t0 > SWEEP_S:
+            if vname not in ("legacy", "new") and not vname.startswith("ws") and time.perf_counter() - t0 > SWEEP_S:
                 continue
             row = {"linear": name, "n": n, "k": k, "variant": vname, "config": dataclasses.astuple(cfg),
                    "block_n": cfg.block_n, "splits": cfg.splits, "prefetch": cfg.num_stages > 1,
@@ -161,7 +175,7 @@ def main() -> None:
         if cuda:
             torch.cuda.empty_cache()
     summary = {}
-    for v in ("legacy", "new"):
+    for v in ("legacy", "new", "ws"):
         got = {r["linear"]: r["us"] for r in rows if r["variant"] == v and "us" in r}
         if len(got) == len(shapes):
             summary[v] = {"per_layer_us": got, "step_ms": layers * sum(got.values()) / 1000}

@@ -1178,6 +1178,46 @@ def test_w4a8_gemv_compiles_for_hopper():
     assert r["mix"]["SHF"] * r["threads"] / r["weights"] <= 70 / 256, r  # one shift a word (+ the input's few)
 
 
+def test_w4a8_gemv_on_hopper_warp_specialized_compiles_at_half_the_instructions(monkeypatch):
+    """W4A8's warp-specialized batch-1 GEMV (quant_gemv_w4a8_ws, Gluon) compiled for sm_90 here at pick_config's
+    launches for the 7B (qkv, proj, the GLU): the consumers' K loop reads shared memory only (no copy issue, cp.async
+    or global load: the producer warp copies, and the input is made once before the loop), and per word of 8 weights
+    does the table GEMV's work: 4 dp4a (half an IDP.4A a weight), 4 PRMT (plus the rows' tables), under 3.1
+    instructions a weight in all (the register-load kernel's loop: 3.6 at 128 rows, 5.9 for the GLU, which prepares
+    its input every tile); nothing spilled under its 128 registers; shared memory for three programs an SM in the
+    132 KB of the carveout the decode step pins for it (CARVEOUT_W4A8_WS). Off unless switched on
+    (``TRTLLM_PIPELINE_W4A8_WS=1``); never on a CPU."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_w4a8_ws, quant_linear
+
+    def shape(n, k):
+        return dataclasses.replace(_hopper_shape(n, k), fmt="w4a8_awq")
+
+    qkv = quant_gemv_w4a8_ws.pick_config(shape(4608, 3584), 132)
+    proj = quant_gemv_w4a8_ws.pick_config(shape(3584, 18944), 132)
+    glu = quant_gemv_w4a8_ws.pick_config(shape(18944, 3584), 132, glu=True)
+    assert (qkv.block_n, qkv.splits, qkv.num_stages) == (128, 10, 3) and (proj.block_n, proj.splits) == (128, 14)
+    assert (glu.block_n, glu.splits, glu.num_stages) == (64, 1, 2) and all(c.ws and c.w4a8 for c in (qkv, proj, glu))
+    assert quant_gemv.carveout([qkv, glu]) == quant_gemv.CARVEOUT_W4A8_WS
+    for name, cfg, k, extra in (("qkv", qkv, 3584, []), ("proj", proj, 18944, []), ("glu", glu, 3584, ["--glu"])):
+        tiles = -(-(k // 128) // cfg.splits)
+        r = _gemv_sass([*extra, "--w4a8-ws", str(tiles), "--block-n", str(cfg.block_n), "--stages",
+                        str(cfg.num_stages)])
+        per_weight = {op: r["mix"].get(op, 0) * r["threads"] / r["weights"] for op in ("IDP", "PRMT")}
+        assert not {"UTMALDG", "LDGSTS", "LDG"} & set(r["mix"]), (name, r)
+        assert per_weight["IDP"] == 0.5 and 0.5 <= per_weight["PRMT"] <= 0.7, (name, r)
+        assert r["loop_per_thread"] * r["threads"] / r["weights"] < 3.1, (name, r)
+        assert r["local_memory_ops"] == 0 and r["registers"] <= quant_gemv_w4a8_ws.MAX_REGISTERS, (name, r)
+        assert r["shared_bytes"] <= 43 * 1024, (name, r)  # three programs in 132 KB
+    monkeypatch.setenv(quant_gemv_w4a8_ws.ENV, "1")
+    assert quant_gemv_w4a8_ws.enabled()
+    assert not quant_linear.pick_config(shape(4608, 3584), 1, 132, gemv=True).ws  # a CPU weight: the Triton kernel
+    monkeypatch.setenv(quant_gemv_w4a8_ws.ENV, "on")
+    with pytest.raises(InputError, match="TRTLLM_PIPELINE_W4A8_WS='on'"):
+        quant_gemv_w4a8_ws.enabled()
+    monkeypatch.delenv(quant_gemv_w4a8_ws.ENV)
+    assert not quant_gemv_w4a8_ws.enabled()
+
+
 def test_w4a8_gemv_benchmark_dry_run(tmp_path):
     """benchmarks/w4a8_gemv.py --dry-run (the next GPU call's W4A8 GEMV A/B at the 7B's launches): every variant
     (legacy_config, pick_config, the sweep) at tiny shapes through the interpreter, each equal to quant_linear's FP8

@@ -195,9 +195,17 @@ def _normed_tiles(fold, scale, cols, ok, first_rows, made, PER: gl.constexpr, CO
     gl.store(res_out_ptr + cols, x, mask=ok & first_rows)
     xf = x.to(gl.float32)
     gl.store(sq_ptr + split, gl.sum(gl.sum(xf * xf, axis=1), axis=0), mask=first_rows)
-    # store_planes on [PER, 8 blocks, 4 words, 4 bytes]: the same elements per thread as ``cols`` [PER, 128]
+    made_planes(xf * scale, made, PER)
+
+
+@gluon.jit
+def made_planes(v, made, PER: gl.constexpr):
+    """gemv_input.store_planes of ``v`` [PER, 128] float32 (``_tile_cols``' layout: a warp a tile), term for term,
+    into ``made``: the high and low planes' words [PER, 32] (byte b of word w: element 4 w + b), the blocks' -8 sums
+    and powers of two [PER, 8]."""
+    # store_planes on [PER, 8 blocks, 4 words, 4 bytes]: the same elements per thread as ``v`` [PER, 128]
     L4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [4, 1, 1, 1], [3, 2, 1, 0])
-    vb = gl.convert_layout(gl.reshape(xf * scale, [PER, 8, 4, 4]), L4)
+    vb = gl.convert_layout(gl.reshape(v, [PER, 8, 4, 4]), L4)
     amax = gl.max(gl.max(gl.abs(vb), axis=3), axis=2)
     e = gl.maximum((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF, 15)
     inv = gl.expand_dims(gl.expand_dims(((268 - e) << 23).to(gl.float32, bitcast=True), 2), 3)

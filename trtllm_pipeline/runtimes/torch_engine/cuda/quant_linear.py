@@ -50,7 +50,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, quant_gemv, quant_gemv_int8, quant_gemv_w4a8,
-                                                       quant_mma_int4)
+                                                       quant_gemv_w4a8_ws, quant_mma_int4)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 
@@ -186,7 +186,9 @@ def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, spl
     ~4 programs per SM."""
     if gemv and quant_gemv_int8.supported(q, m):  # (only where asked: not measured on a GPU yet)
         return quant_gemv_int8.pick_config(q, sm_count, glu=glu, splits=splits)
-    if gemv and quant_gemv_w4a8.supported(q, m):  # W4A8's table-lookup GEMV (only where asked: untimed)
+    if gemv and quant_gemv_w4a8.supported(q, m):  # W4A8's table-lookup GEMV (warp-specialized where switched on)
+        if quant_gemv_w4a8_ws.enabled() and quant_gemv_w4a8_ws.usable(q, q.weight.device):
+            return quant_gemv_w4a8_ws.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
         return quant_gemv_w4a8.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
     if gemv or (gemv is None and m == 1 and quant_gemv.supported(q, m)):
         return quant_gemv.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n, m=m)
@@ -487,6 +489,8 @@ def _launch(x, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: L
         return quant_gemv.launch(x, q, q2, out, cfg, compute, pdl, **gemv)
     if cfg.dp4a8:
         return quant_gemv_int8.launch(x, q, q2, out, cfg, compute, pdl)
+    if cfg.w4a8 and cfg.ws:
+        return quant_gemv_w4a8_ws.launch(x, q, q2, out, cfg, compute, pdl)
     if cfg.w4a8:
         return quant_gemv_w4a8.launch(x, q, q2, out, cfg, compute, pdl)
     m, k = x.shape
