@@ -1,7 +1,9 @@
 """W4A8-AWQ's batch-1 table-lookup GEMV (runtimes/torch_engine/cuda/quant_gemv_w4a8.py) alone at the 7B's four decode
 linears, before and after a change, in one call (issue 32): no 7B build, random weights quantized on the GPU.
+``--format int8_sq`` / ``int8_wo``: INT8's batch-1 GEMV (quant_gemv_int8, variant new) and its warp-specialized form
+(quant_gemv_int8_ws, variant ws and its neighbours) the same way, against quant_linear's INT8 tensor-core kernel.
 
-    python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,ws,sweep]
+    python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,ws,sweep] [--format w4a8_awq]
     TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/w4a8_gemv.py --dry-run --out DIR
 
 Per linear (qkv 3584 -> 4608, dense 3584 -> 3584, fc + gate 3584 -> 2 x 18944 as the GLU launch, proj 18944 -> 3584)
@@ -23,7 +25,7 @@ Both variants run today's kernel code (its selectors take one shift a word fewer
 static counts in docs/perf-notes.md); the difference between legacy and new is the launch: splits, rows, prefetch.
 
 The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time, ms). Results:
-DIR/w4a8_gemv.json. ~1 minute on an H200 (each distinct config is one compilation).
+DIR/w4a8_gemv.json (INT8: DIR/FORMAT_gemv.json). ~1 minute on an H200 (each distinct config is one compilation).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import quant_fast_path as qf  # noqa: E402
 import quant_gemm as qg  # noqa: E402
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_ws, quant_linear  # noqa: E402
+from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv_int8, quant_gemv_int8_ws, quant_gemv_w4a8,  # noqa: E402
+                                                       quant_gemv_w4a8_ws, quant_linear)
 
 BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 LAYERS = 28
@@ -56,27 +59,29 @@ SWEEP_S = float(os.environ.get("W4A8_GEMV_SWEEP_S", "40"))
 
 
 def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]]:
-    """(name, LinearConfig) to run for one linear: ``which``'s, in order, without repeats."""
+    """(name, LinearConfig) to run for one linear: ``which``'s, in order, without repeats (INT8: new and ws only)."""
     r = dataclasses.replace
-    new = quant_gemv_w4a8.pick_config(q, sm, glu=glu)
+    int8 = q.fmt in ("int8_sq", "int8_wo")
+    new = quant_gemv_int8.pick_config(q, sm, glu=glu) if int8 else quant_gemv_w4a8.pick_config(q, sm, glu=glu)
+    ws_module = quant_gemv_int8_ws if int8 else quant_gemv_w4a8_ws
     out = []
     for v in which:
-        if v == "legacy":
+        if v == "legacy" and not int8:
             out.append(("legacy", quant_gemv_w4a8.legacy_config(q, sm, glu=glu)))
         elif v == "new":
             out.append(("new", new))
-        elif v == "ws":  # the warp-specialized kernel (quant_gemv_w4a8_ws; Hopper), then others around it
-            if not quant_gemv_w4a8_ws.usable(q, q.weight.device):
+        elif v == "ws":  # the warp-specialized kernel (Hopper), then others around it
+            if not ws_module.usable(q, q.weight.device):
                 continue
-            ws = quant_gemv_w4a8_ws.pick_config(q, sm, glu=glu)
+            ws = ws_module.pick_config(q, sm, glu=glu)
             out.append(("ws", ws))
             if glu:
-                out += [("ws-3-stages", r(ws, num_stages=3)), ("ws-128-rows", r(ws, block_n=128))]
+                out += [("ws-3-stages", r(ws, num_stages=3)), ("ws-2x-rows", r(ws, block_n=2 * ws.block_n))]
             else:
-                out += [("ws-64-rows", quant_gemv_w4a8_ws.pick_config(q, sm, block_n=64)),
+                out += [("ws-half-rows", ws_module.pick_config(q, sm, block_n=ws.block_n // 2)),
                         ("ws-2-stages", r(ws, num_stages=2)), ("ws-4-stages", r(ws, num_stages=4)),
                         ("ws-half-splits", r(ws, splits=max(1, ws.splits // 2)))]
-        elif v == "sweep":
+        elif v == "sweep" and not int8:
             out.append(("new-no-prefetch", r(new, num_stages=1)))
             if glu:
                 out += [(f"glu-{n}", quant_gemv_w4a8.pick_config(q, sm, glu=True, block_n=n)) for n in (16, 64)]
@@ -85,7 +90,7 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
             else:
                 legacy = quant_gemv_w4a8.legacy_config(q, sm)
                 out.append(("legacy-splits-prefetch", r(legacy, num_stages=2)))
-        else:
+        elif v not in ("legacy", "sweep"):
             raise SystemExit(f"--variants: unknown {v!r} (legacy, new, ws, sweep)")
     seen, unique = set(), []
     for name, cfg in out:
@@ -100,6 +105,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS", "legacy,new,ws,sweep"))
     ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter at tiny shapes")
+    ap.add_argument("--format", default="w4a8_awq", choices=("w4a8_awq", "int8_sq", "int8_wo"),
+                    help="the weights' format (default w4a8_awq; INT8's: quant_gemv_int8 and its warp-specialized form)")
     args = ap.parse_args()
     which = [v for v in args.variants.split(",") if v]
     if args.dry_run:
@@ -116,17 +123,20 @@ def main() -> None:
     rows = []
     for name, n, k in shapes:
         glu = name == "glu"
-        lins = qg._weights("w4a8_awq", n, k, 2 if glu else 1, gen, dev)
-        qs = [quant_gemv_w4a8.with_tables(lin.kernel_weight()) for lin in lins]
-        nbytes = sum(t.numel() * t.element_size() for q in qs for t in (q.weight, q.lut, q.units, q.pqs)
-                     if t is not None)
+        lins = qg._weights(args.format, n, k, 2 if glu else 1, gen, dev)
+        qs = [lin.kernel_weight() for lin in lins]
+        if args.format == "w4a8_awq":
+            qs = [quant_gemv_w4a8.with_tables(q) for q in qs]
+        nbytes = sum(t.numel() * t.element_size() for q in qs for t in (q.weight, q.lut, q.units, q.pqs, q.scales)
+                     if t is not None and not (t is q.scales and q.lut is not None))
         copies = max(2, math.ceil(4 * 60 * 2**20 / nbytes)) if cuda else 1
-        sets = [qs] + [[dataclasses.replace(q, weight=q.weight.clone(), lut=q.lut.clone(), units=q.units.clone())
+        sets = [qs] + [[dataclasses.replace(q, weight=q.weight.clone(), **({"lut": q.lut.clone(), "units": q.units.clone()}
+                                                                             if q.lut is not None else {}))
                         for q in qs] for _ in range(copies - 1)]
         x = (torch.randn(1, k, generator=gen, device=dev) * 2).to(dt)
         ref = [qg._reference(lin, x) for lin in lins]
         want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if glu else ref[0]
-        # quant_linear's FP8 tensor-core kernel (the step's choice with the switch off) on the same weights and input
+        # quant_linear's tensor-core kernel (FP8 / INT8: the step's choice with the switch off) on the same input
         dot_cfg = quant_linear.pick_config(qs[0], 1, sm, glu=glu, gemv=False)
         if glu:
             dot = torch.empty(1, n, dtype=dt, device=dev)
@@ -181,7 +191,8 @@ def main() -> None:
             summary[v] = {"per_layer_us": got, "step_ms": layers * sum(got.values()) / 1000}
             print(f"{v}: the four launches x {layers} layers: {summary[v]['step_ms']:.3f} ms a step "
                   f"({', '.join(f'{k} {u:.1f}' for k, u in got.items())} us)")
-    (args.out / "w4a8_gemv.json").write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+    name = "w4a8_gemv.json" if args.format == "w4a8_awq" else f"{args.format}_gemv.json"
+    (args.out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if cuda else "cpu",
                                                          "sm": sm, "rows": rows, "summary": summary}, indent=1))
     # A variant fails where it parts from both references: float32 x @ W^T of the dequantized weight (the GLU:
     # rounded to bfloat16 where eager rounds) and the dot kernel. Neither alone: the FP8 tensor cores' accumulation is

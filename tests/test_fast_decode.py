@@ -1185,7 +1185,7 @@ def test_w4a8_gemv_on_hopper_warp_specialized_compiles_at_half_the_instructions(
     does the table GEMV's work: 4 dp4a (half an IDP.4A a weight), 4 PRMT (plus the rows' tables), under 3.1
     instructions a weight in all (the register-load kernel's loop: 3.6 at 128 rows, 5.9 for the GLU, which prepares
     its input every tile); nothing spilled under its 128 registers; shared memory for three programs an SM in the
-    132 KB of the carveout the decode step pins for it (CARVEOUT_W4A8_WS). Off unless switched on
+    132 KB of the carveout the decode step pins for it (CARVEOUT_WS_MADE). Off unless switched on
     (``TRTLLM_PIPELINE_W4A8_WS=1``); never on a CPU."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_w4a8_ws, quant_linear
 
@@ -1197,7 +1197,7 @@ def test_w4a8_gemv_on_hopper_warp_specialized_compiles_at_half_the_instructions(
     glu = quant_gemv_w4a8_ws.pick_config(shape(18944, 3584), 132, glu=True)
     assert (qkv.block_n, qkv.splits, qkv.num_stages) == (128, 10, 3) and (proj.block_n, proj.splits) == (128, 14)
     assert (glu.block_n, glu.splits, glu.num_stages) == (64, 1, 2) and all(c.ws and c.w4a8 for c in (qkv, proj, glu))
-    assert quant_gemv.carveout([qkv, glu]) == quant_gemv.CARVEOUT_W4A8_WS
+    assert quant_gemv.carveout([qkv, glu]) == quant_gemv.CARVEOUT_WS_MADE
     for name, cfg, k, extra in (("qkv", qkv, 3584, []), ("proj", proj, 18944, []), ("glu", glu, 3584, ["--glu"])):
         tiles = -(-(k // 128) // cfg.splits)
         r = _gemv_sass([*extra, "--w4a8-ws", str(tiles), "--block-n", str(cfg.block_n), "--stages",
@@ -1216,6 +1216,34 @@ def test_w4a8_gemv_on_hopper_warp_specialized_compiles_at_half_the_instructions(
         quant_gemv_w4a8_ws.enabled()
     monkeypatch.delenv(quant_gemv_w4a8_ws.ENV)
     assert not quant_gemv_w4a8_ws.enabled()
+
+
+def test_int8_gemv_on_hopper_warp_specialized_compiles(monkeypatch):
+    """INT8's warp-specialized batch-1 GEMV (quant_gemv_int8_ws, Gluon) compiled for sm_90 here at pick_config's
+    launches for the 7B (qkv and the GLU): the consumers' loop reads shared memory only and does the register kernel's
+    dp4a work, a quarter IDP.4A a weight for SmoothQuant (int8 x int8) and half for weight-only (two input planes),
+    under 0.8 and 1.3 instructions a weight in all; nothing spilled, shared memory for three programs an SM in the
+    carveout the decode step pins (CARVEOUT_WS_MADE). Off unless switched on (``TRTLLM_PIPELINE_INT8_WS=1``)."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_int8_ws
+
+    qkv = quant_gemv_int8_ws.pick_config(dataclasses.replace(_hopper_shape(4608, 3584), fmt="int8_sq", group=3584), 132)
+    glu = quant_gemv_int8_ws.pick_config(dataclasses.replace(_hopper_shape(18944, 3584), fmt="int8_sq", group=3584),
+                                         132, glu=True)
+    assert (qkv.block_n, qkv.splits, glu.block_n, glu.splits) == (64, 6, 32, 1) and qkv.ws and qkv.dp4a8
+    assert quant_gemv.carveout([qkv]) == quant_gemv.CARVEOUT_WS_MADE and not quant_gemv.int4_ws(qkv)
+    for fmt, idp, most in (("int8_sq", 0.25, 0.8), ("int8_wo", 0.5, 1.3)):
+        for cfg, extra in ((qkv, []), (glu, ["--glu"])):
+            tiles = -(-28 // cfg.splits)
+            r = _gemv_sass([*extra, "--int8-ws", fmt, "--block-n", str(cfg.block_n), "--tiles", str(tiles),
+                            "--stages", str(cfg.num_stages), "--block-k", "128"])
+            assert not {"UTMALDG", "LDGSTS", "LDG"} & set(r["mix"]), (fmt, r)
+            assert r["mix"]["IDP"] * r["threads"] / r["weights"] == idp, (fmt, r)
+            assert r["loop_per_thread"] * r["threads"] / r["weights"] < most, (fmt, r)
+            assert r["local_memory_ops"] == 0 and r["shared_bytes"] <= 43 * 1024, (fmt, r)
+    monkeypatch.setenv(quant_gemv_int8_ws.ENV, "1")
+    assert quant_gemv_int8_ws.enabled()
+    monkeypatch.delenv(quant_gemv_int8_ws.ENV)
+    assert not quant_gemv_int8_ws.enabled()
 
 
 def test_w4a8_gemv_benchmark_dry_run(tmp_path):

@@ -14,7 +14,8 @@ were checked without spending device time.
     python tools/gemv_sass.py --mma 8 --block-n 64                  # quant_mma_int4 (INT8 tensor cores), 8 rows
     python tools/gemv_sass.py --int8 int8_sq --block-n 64 --block-k 256 --stages 3   # INT8's (quant_gemv_int8)
     python tools/gemv_sass.py --w4a8 --block-n 128 --stages 3                        # W4A8's (quant_gemv_w4a8)
-    python tools/gemv_sass.py --w4a8-ws 28 --glu --block-n 64 --stages 3   # W4A8's warp-specialized (Hopper)
+    python tools/gemv_sass.py --w4a8-ws 28 --glu --block-n 64 --stages 2   # W4A8's warp-specialized (Hopper)
+    python tools/gemv_sass.py --int8-ws int8_wo --block-n 64 --stages 3 --tiles 3   # INT8's warp-specialized
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -35,8 +36,9 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8,
-                                                       quant_gemv_w4a8_ws, quant_gemv_ws, quant_mma_int4)
+from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_int8_ws,
+                                                       quant_gemv_w4a8, quant_gemv_w4a8_ws, quant_gemv_ws,
+                                                       quant_mma_int4)
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -139,6 +141,24 @@ def compile_w4a8_ws(block_n: int, glu: bool, stages: int, per: int):
     src = GluonASTSource(quant_gemv_w4a8_ws._w4a8_ws_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": quant_gemv_w4a8_ws.MAX_REGISTERS})
+
+
+def compile_int8_ws(fmt: str, block_n: int, glu: bool, stages: int, per: int):
+    """quant_gemv_int8_ws's kernel (Gluon) for sm_90 as the decode step launches it at batch 1 (``per``: K tiles a
+    program; weight-only per channel, as ModelOpt exports it)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sq = fmt == "int8_sq"
+    consts = dict(A8=sq, ONE_GROUP=True, GLU=glu, HAS_PQS=sq, COMPUTE=tl.bfloat16, BLOCK_N=block_n, STAGES=stages,
+                  PDL=True, PER=triton.next_power_of_2(per), num_warps=4)
+    desc = f"tensordesc<i32[{block_n}, 32],{quant_gemv_int8_ws.W_LAYOUT!r}>"
+    sig = {"w_desc": desc, "w2_desc": desc, **dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"),
+           **dict.fromkeys(("s_ptr", "aq_ptr", "s2_ptr", "aq2_ptr"), "*fp32"), "out_ptr": "*bf16" if glu else "*fp32",
+           **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os", "stride_sg", "group"), "i32"),
+           **dict.fromkeys(consts, "constexpr")}
+    src = GluonASTSource(quant_gemv_int8_ws._int8_ws_kernel, sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": quant_gemv_int8_ws.MAX_REGISTERS})
 
 
 def compile_int8(fmt: str, block_n: int, block_k: int, glu: bool, warps: int, stages: int):
@@ -253,13 +273,18 @@ def main() -> None:
     ap.add_argument("--int8", choices=("int8_sq", "int8_wo"), default=None,
                     help="INT8's GEMV (quant_gemv_int8) for this format, --stages deep")
     ap.add_argument("--w4a8", action="store_true", help="W4A8's GEMV (quant_gemv_w4a8), --stages deep")
+    ap.add_argument("--int8-ws", choices=("int8_sq", "int8_wo"), default=None,
+                    help="INT8's warp-specialized GEMV (quant_gemv_int8_ws) for this format, --tiles K tiles a program")
+    ap.add_argument("--tiles", type=int, default=28, help="with --int8-ws: K tiles a program (default 28)")
     ap.add_argument("--w4a8-ws", type=int, default=0, metavar="TILES",
                     help="W4A8's warp-specialized GEMV (quant_gemv_w4a8_ws), TILES K tiles a program, --stages deep")
     ap.add_argument("--mma", type=int, default=0,
                     help="quant_mma_int4's INT8 tensor-core kernel for this many input rows (2-16)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
-    if a.w4a8_ws:
+    if a.int8_ws:
+        kernel = compile_int8_ws(a.int8_ws, a.block_n, a.glu, a.stages, a.tiles)
+    elif a.w4a8_ws:
         kernel = compile_w4a8_ws(a.block_n, a.glu, a.stages, a.w4a8_ws)
     elif a.mma:
         kernel = compile_mma(a.mma, a.block_n, a.block_k, a.warps, a.stages, a.splits)

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 
 from trtllm_pipeline.runtimes.torch_engine import switches
 from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, int4pack, linear,
-                                           norm, prefill, quant_gemm, quant_gemv, quant_gemv_w4a8, quant_gemv_w4a8_ws,
-                                           quant_gemv_ws, quant_linear, support)
+                                           norm, prefill, quant_gemm, quant_gemv, quant_gemv_int8_ws, quant_gemv_w4a8,
+                                           quant_gemv_w4a8_ws, quant_gemv_ws, quant_linear, support)
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 from trtllm_pipeline.runtimes.torch_engine.model import quantize_fp8
 
@@ -165,7 +165,7 @@ class _TpBuffers:
 
 
 # the modules of the layer kernels that DecodeStep.pin_carveout pins a shared-memory carveout on
-CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws, quant_gemv_w4a8_ws)
+CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws, quant_gemv_w4a8_ws, quant_gemv_int8_ws)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
 # The input RMSNorm of layers 1.. made by their warp-specialized QKV GEMV's programs, its 1 / rms applied by
@@ -433,7 +433,7 @@ class DecodeStep:
         """Whether this batch's step folds its input norms into the QKV GEMVs (FOLD_INPUT_NORM: the
         warp-specialized INT4 GEMVs at batch 1, one rank)."""
         return FOLD_INPUT_NORM and batch == 1 and self.comm is None and all(
-            configs[c].ws and not configs[c].w4a8 for c in ("qkv", "dense", "glu", "proj"))
+            quant_gemv.int4_ws(configs[c]) for c in ("qkv", "dense", "glu", "proj"))
 
     def _fold_norms(self, buf: StepBuffers) -> None:
         """The input RMSNorms inside the QKV GEMVs (``StepBuffers.folds``). The residual stream alternates between
@@ -454,7 +454,7 @@ class DecodeStep:
         for layer in self.layers:
             for name, cfg in (("qkv", "qkv"), ("dense", "dense"), ("fc", "glu"), ("gate", "glu"), ("proj", "proj")):
                 lin = getattr(layer, name)
-                if configs[cfg].ws and not configs[cfg].w4a8 and lin.quant is not None:
+                if quant_gemv.int4_ws(configs[cfg]) and lin.quant is not None:
                     lin.quant = quant_gemv_ws.tile_weights(lin.quant, configs[cfg].block_n // 2)
 
     def _w4a8_tables(self, configs: dict[str, linear.LinearConfig]) -> None:

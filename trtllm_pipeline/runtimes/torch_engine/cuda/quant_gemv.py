@@ -488,10 +488,10 @@ CARVEOUT = 25
 # The same for the warp-specialized GEMVs (quant_gemv_ws): 35% (100 KB: three of their three-stage programs per
 # SM; H200, 7B step: 1.94 ms, 44% 1.96, 50% with four stages 1.99; run 70)
 CARVEOUT_WS = 35
-# W4A8's warp-specialized GEMVs (quant_gemv_w4a8_ws): 58% (132 KB), three programs an SM of its GLU (40 KB: its K
-# slice's two inputs made in shared memory) and of its linears (up to 35 KB: the tables beside each stage's words;
-# sm_90 compile). Not timed against others yet
-CARVEOUT_W4A8_WS = 58
+# W4A8's and INT8's warp-specialized GEMVs (quant_gemv_w4a8_ws, quant_gemv_int8_ws): 58% (132 KB), three programs an
+# SM of W4A8's GLU (40 KB: its K slice's two inputs made in shared memory) and of its linears (up to 35 KB: the
+# tables beside each stage's words; sm_90 compile). Not timed against others yet
+CARVEOUT_WS_MADE = 58
 
 # On Hopper, the warp-specialized GEMV (quant_gemv_ws) where its tiles fit; False: this module's copy-engine
 # kernel (the benchmark's "tma" variant compares them)
@@ -602,12 +602,18 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     return LinearConfig(1, block_n, block_k, splits, 4, 1 if short or glu else 2, gemv=True)
 
 
+def int4_ws(cfg: LinearConfig) -> bool:
+    """Whether ``cfg`` is INT4-AWQ's warp-specialized GEMV (quant_gemv_ws), not W4A8's or INT8's (quant_gemv_w4a8_ws,
+    quant_gemv_int8_ws), which take the raw input row and make their own."""
+    return cfg.ws and not (cfg.w4a8 or cfg.dp4a8)
+
+
 def carveout(configs) -> int | None:
-    """The carveout the decode step pins for a step of these linear configs: CARVEOUT_W4A8_WS with W4A8's
-    warp-specialized GEMVs, CARVEOUT_WS with INT4's, CARVEOUT with the copy-engine ones, None (the driver's choice per
-    kernel) otherwise."""
-    if any(c.ws and c.w4a8 for c in configs):
-        return CARVEOUT_W4A8_WS
+    """The carveout the decode step pins for a step of these linear configs: CARVEOUT_WS_MADE with W4A8's or INT8's
+    warp-specialized GEMVs, CARVEOUT_WS with INT4's, CARVEOUT with the copy-engine ones, None (the driver's choice
+    per kernel) otherwise."""
+    if any(c.ws and not int4_ws(c) for c in configs):
+        return CARVEOUT_WS_MADE
     if any(c.ws for c in configs):
         return CARVEOUT_WS
     return CARVEOUT if any(c.tma for c in configs) else None

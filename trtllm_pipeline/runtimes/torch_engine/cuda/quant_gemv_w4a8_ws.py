@@ -43,7 +43,7 @@ ENV = "TRTLLM_PIPELINE_W4A8_WS"
 # INT4 kernel's values; 3 programs of 5 warps still fit an SM's 64K registers at 128 (sm_90 compile: no spills)
 MAX_REGISTERS = 128
 # stages: three (quant_gemv_ws's); the GLU two, for three programs an SM under the carveout the decode step pins for
-# this kernel (132 KB, quant_gemv.CARVEOUT_W4A8_WS): its K slice's two inputs in planes take 20 KB a program beside
+# this kernel (132 KB, quant_gemv.CARVEOUT_WS_MADE): its K slice's two inputs in planes take 20 KB a program beside
 # the stages (sm_90 compile: 50 KB with three, 40 with two)
 STAGES, GLU_STAGES = 3, 2
 BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: quant_gemv's copy-engine tiles (128 x 128, the GLU 64)

@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, quant_gemv, quant_gemv_int8, quant_gemv_w4a8,
-                                                       quant_gemv_w4a8_ws, quant_mma_int4)
+from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, quant_gemv, quant_gemv_int8, quant_gemv_int8_ws,
+                                                       quant_gemv_w4a8, quant_gemv_w4a8_ws, quant_mma_int4)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 
@@ -184,7 +184,9 @@ def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, spl
     Otherwise linear.py's tile rule for these layouts: 128 bytes of K per weight row and tile (INT4: 128
     inputs of a packed row pair, so BLOCK_N = 128 output rows are 8 KB per stage like FP8's 64 x 128),
     ~4 programs per SM."""
-    if gemv and quant_gemv_int8.supported(q, m):  # (only where asked: not measured on a GPU yet)
+    if gemv and quant_gemv_int8.supported(q, m):  # INT8's dp4a GEMV (warp-specialized where switched on)
+        if quant_gemv_int8_ws.enabled() and quant_gemv_int8_ws.usable(q, q.weight.device):
+            return quant_gemv_int8_ws.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
         return quant_gemv_int8.pick_config(q, sm_count, glu=glu, splits=splits)
     if gemv and quant_gemv_w4a8.supported(q, m):  # W4A8's table-lookup GEMV (warp-specialized where switched on)
         if quant_gemv_w4a8_ws.enabled() and quant_gemv_w4a8_ws.usable(q, q.weight.device):
@@ -487,6 +489,8 @@ def _launch(x, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: L
         return quant_mma_int4.launch(x, q, out, cfg, pdl, counters=gemv.get("counters"), clear=gemv.get("clear"))
     if cfg.gemv:
         return quant_gemv.launch(x, q, q2, out, cfg, compute, pdl, **gemv)
+    if cfg.dp4a8 and cfg.ws:
+        return quant_gemv_int8_ws.launch(x, q, q2, out, cfg, compute, pdl)
     if cfg.dp4a8:
         return quant_gemv_int8.launch(x, q, q2, out, cfg, compute, pdl)
     if cfg.w4a8 and cfg.ws:
