@@ -618,7 +618,8 @@ sys.exit(not ok)' "$out/invariant-check.json" ;;
     sections=()
     for s in SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats MemoryWorkloadAnalysis \
              MemoryWorkloadAnalysis_Tables ComputeWorkloadAnalysis SourceCounters; do sections+=(--section "$s"); done
-    "$ncu_bin" --clock-control none --nvtx -k regex:'_w4_gemm|_int4_gemv|_ws_gemv|_w4a8_gemv' "${sections[@]}" \
+    kernels='_w4_gemm|_int4_gemv|_ws_gemv|_w4a8_gemv|_w4a8_ws'
+    "$ncu_bin" --clock-control none --nvtx -k regex:"$kernels" "${sections[@]}" \
       -o "$out/quant" -f python3 benchmarks/ncu_quant.py --ms "${NCU_MS:-1,8}" --formats "${NCU_FORMATS:-int4_awq,w4a8_awq}" \
       2>&1 | tee "$out/ncu-quant.log"
     "$ncu_bin" --import "$out/quant.ncu-rep" --page details > "$out/quant-details.txt" 2>&1

@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import quant_fast_path as qf  # noqa: E402
 import quant_gemm as qg  # noqa: E402
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv_int8, quant_gemv_int8_ws, quant_gemv_w4a8,  # noqa: E402
-                                                       quant_gemv_w4a8_ws, quant_linear)
+from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv_int8, quant_gemv_int8_ws,  # noqa: E402
+                                                       quant_gemv_w4a8, quant_gemv_w4a8_ws, quant_linear)
 
 BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 LAYERS = 28
@@ -106,7 +106,8 @@ def main() -> None:
     ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS", "legacy,new,ws,sweep"))
     ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter at tiny shapes")
     ap.add_argument("--format", default="w4a8_awq", choices=("w4a8_awq", "int8_sq", "int8_wo"),
-                    help="the weights' format (default w4a8_awq; INT8's: quant_gemv_int8 and its warp-specialized form)")
+                    help="the weights' format (default w4a8_awq; INT8's: quant_gemv_int8 and its warp-specialized "
+                         "form)")
     args = ap.parse_args()
     which = [v for v in args.variants.split(",") if v]
     if args.dry_run:
@@ -130,9 +131,10 @@ def main() -> None:
         nbytes = sum(t.numel() * t.element_size() for q in qs for t in (q.weight, q.lut, q.units, q.pqs, q.scales)
                      if t is not None and not (t is q.scales and q.lut is not None))
         copies = max(2, math.ceil(4 * 60 * 2**20 / nbytes)) if cuda else 1
-        sets = [qs] + [[dataclasses.replace(q, weight=q.weight.clone(), **({"lut": q.lut.clone(), "units": q.units.clone()}
-                                                                             if q.lut is not None else {}))
-                        for q in qs] for _ in range(copies - 1)]
+        def copied(q):  # (the tables too where the format has them)
+            tables = {"lut": q.lut.clone(), "units": q.units.clone()} if q.lut is not None else {}
+            return dataclasses.replace(q, weight=q.weight.clone(), **tables)
+        sets = [qs] + [[copied(q) for q in qs] for _ in range(copies - 1)]
         x = (torch.randn(1, k, generator=gen, device=dev) * 2).to(dt)
         ref = [qg._reference(lin, x) for lin in lins]
         want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if glu else ref[0]

@@ -88,8 +88,9 @@ def fp8_fast_accum() -> bool:
     3.3.2) instead of promoting it to float32 every few K blocks, when ``TRTLLM_PIPELINE_FP8_FAST_ACCUM=1``. The
     FP8 GEMMs of TensorRT-LLM's and vLLM's Hopper paths accumulate so. Off by default: on an H100 a 7B layer's four
     prefill GEMMs took 0.95-1.06x the time with it, 1.2-2.3x the error against float64
-    (``benchmarks/fp8_fast_accum.py``, h100-2026-12-07e). The decode step's own Triton FP8 kernels (``cuda/linear``)
-    are not affected."""
+    (``benchmarks/fp8_fast_accum.py``, h100-2026-12-07e), though 2048/128 at 512 rows made 3,574 output tokens/s with
+    it against 3,403 (one H100, h100-2026-12-07h): an accuracy choice left to the build. The decode step's own Triton
+    FP8 kernels (``cuda/linear``) are not affected."""
     return os.environ.get("TRTLLM_PIPELINE_FP8_FAST_ACCUM", "0").strip() == "1"
 
 
@@ -101,10 +102,13 @@ def invariant_graphs_enabled() -> bool:
 
 def fold_pqs_enabled() -> bool:
     """The decode step's 4/8-bit GEMMs (``quant_gemm``, batch > 1) take their input already times the AWQ pre-quant
-    scale, made by the norm kernel before them, instead of multiplying each K tile by it: unless
-    ``TRTLLM_PIPELINE_FOLD_PQS=0`` (the A/B). The same product and rounding either way (the same tokens); without the
-    scales' 16-bit load in the K loop the INT4 GLU at M 8 took 49.4 us against 57.7 (ncu, H100 2026-12-07f)."""
-    return os.environ.get("TRTLLM_PIPELINE_FOLD_PQS", "1").strip() != "0"
+    scale, made by the norm kernel before them, instead of multiplying each K tile by it, where
+    ``TRTLLM_PIPELINE_FOLD_PQS=1``. The same product and rounding either way (the same tokens). Off by default: the
+    GEMM alone went 57.7 -> 49.4 us (the INT4 GLU at M 8 without the scales in its loop, ncu, H100 2026-12-07f), but
+    the step with the fold as built (the norm writing the gate's input apart, the GEMM reading a second input tile)
+    was slower: INT4 batch 8 / 16 at context 2048 4.493 / 5.570 ms against 4.439 / 5.272 without (H100
+    2026-12-07h, one machine)."""
+    return os.environ.get("TRTLLM_PIPELINE_FOLD_PQS", "0").strip() == "1"
 
 
 def tiled_weights_enabled(default: bool) -> bool:

@@ -14,8 +14,11 @@ weight-only the high plane's chain shifted 8 bits into the low plane's, per row 
 SmoothQuant's numbers are quant_gemv_int8's to the bit (exact int32 sums, the same one multiplier a row); weight-only's
 per-block float32 sums are taken over 128-input tiles (the register kernel's: 256), so the float32 order differs.
 Output: quant_gemv_int8.launch's contract. Gluon kernels do not run in Triton's interpreter: the CPU tests compile
-this one for sm_90 (tools/gemv_sass.py --int8-ws); benchmarks/int8_gemv.py checks it on the GPU (variant ``ws``). The
-decode step takes it at batch 1 only under ``TRTLLM_PIPELINE_INT8_WS=1`` until a GPU has timed it (``enabled``).
+this one for sm_90 (tools/gemv_sass.py --int8-ws); ``benchmarks/w4a8_gemv.py --format int8_wo`` (or ``int8_sq``)
+checks it on the GPU (variant ``ws``). Not faster than the register kernel on an H100 (2026-12-07g, each launch alone:
+the 7B's four launches x 28 layers 2.593 against 2.491 ms weight-only, 2.679 against 2.882 SmoothQuant, where only
+the GLU gained; through the pipeline, weight-only at batch 1 and context 128: 3.353 ms, the register kernel 3.206 on
+2026-12-05), so the decode step takes it only under ``TRTLLM_PIPELINE_INT8_WS=1`` (``enabled``).
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ Loads go straight to registers (Triton's pipeliner stages no load that feeds no 
 in the config the next K tile's are issued before a tile is computed (``pick_config``: proj and the GLU; qkv and
 dense take one tile a program instead).
 
-The decode step takes it at batch 1 by default (``TRTLLM_PIPELINE_W4A8_GEMV=0`` turns it off): the random 7B's step
+The decode step takes it at batch 1 by default (``TRTLLM_PIPELINE_W4A8_GEMV=0`` turns it off; on Hopper in its
+warp-specialized form, quant_gemv_w4a8_ws, the same arithmetic from copy-engine stages): the random 7B's step
 at context 128 on an H100 (2026-12-06f, ``pick_config``'s launches) 5.259 ms off, **3.270 on** (its first launch rule,
 ``legacy_config``, 4.288 against 5.248 on the H200, 2026-12-05d).
 Triton's interpreter cannot run PTX: there ``dp4a`` and ``prmt`` are the same operations from shifts.

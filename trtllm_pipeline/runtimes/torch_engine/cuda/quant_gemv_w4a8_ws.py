@@ -17,8 +17,11 @@ the stored -8 sum times 16), accumulated per row and block in float32 over the K
 final sum over a row's 8 blocks may add in another order. Output: quant_gemv_w4a8.launch's contract (float32 split-K
 partials, or the GLU's ``silu(fc) * gate`` in the compute dtype). Gluon kernels do not run in Triton's interpreter:
 the CPU tests compile this one for sm_90 (tools/gemv_sass.py --w4a8-ws); benchmarks/w4a8_gemv.py checks its numbers
-on the GPU against float32 ``x @ W^T`` and the dot kernel (variant ``ws``). The decode step takes it at batch 1 only
-under ``TRTLLM_PIPELINE_W4A8_WS=1`` until a GPU has timed it (``enabled``).
+on the GPU against float32 ``x @ W^T`` and the dot kernel (variant ``ws``). The decode step takes it at batch 1 on
+Hopper unless ``TRTLLM_PIPELINE_W4A8_WS=0`` (``enabled``). H100 2026-12-07h, one machine: the 7B's four launches x 28
+layers 1.886 ms against the register kernel's 2.266 (each alone, ``w4a8_gemv.py``), the W4A8 step at batch 1 and
+context 2048 2.772 ms against 3.417 (``quant_gemm`` steps, logits against eager as close as the register kernel's),
+through the pipeline 2.667 ms at context 128 (``bench --in-process``; the register kernel 3.270 on 2026-12-06f).
 """
 
 from __future__ import annotations
@@ -42,22 +45,25 @@ ENV = "TRTLLM_PIPELINE_W4A8_WS"
 # registers per thread: each consumer thread holds 4 (GLU: 2 x 2) rows' lookup tables (8 words a row) beside the
 # INT4 kernel's values; 3 programs of 5 warps still fit an SM's 64K registers at 128 (sm_90 compile: no spills)
 MAX_REGISTERS = 128
-# stages: three (quant_gemv_ws's); the GLU two, for three programs an SM under the carveout the decode step pins for
-# this kernel (132 KB, quant_gemv.CARVEOUT_WS_MADE): its K slice's two inputs in planes take 20 KB a program beside
-# the stages (sm_90 compile: 50 KB with three, 40 with two)
+# stages: three (quant_gemv_ws's); the GLU two: its K slice's two inputs in planes take 20 KB a program beside the
+# stages (sm_90 compile: 58 KB at 128 rows, two programs an SM under the 132 KB the decode step pins for this kernel,
+# quant_gemv.CARVEOUT_WS_MADE)
 STAGES, GLU_STAGES = 3, 2
-BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: quant_gemv's copy-engine tiles (128 x 128, the GLU 64)
-PROGRAMS_PER_SM = 3
+# Output rows a program, and K splits for about this many programs an SM (K of at most SHORT_K_TILES tiles: the 7B's
+# qkv and dense; else proj). H100 2026-12-07g, each launch alone (benchmarks/w4a8_gemv.py): the GLU at 128 rows 39.2
+# us against 44.0 at 64; qkv and dense at half the splits of 3 an SM 5.8 / 4.4 us against 6.9 / 5.7
+BLOCK_N, GLU_BLOCK_N = 128, 128
+PROGRAMS_PER_SM, SHORT_K_PROGRAMS_PER_SM, SHORT_K_TILES = 3, 1.5, 64
 
 
 def enabled() -> bool:
-    """Whether the decode step takes this kernel for W4A8-AWQ at batch 1 where it fits (``$TRTLLM_PIPELINE_W4A8_WS``
-    1; unset or 0: quant_gemv_w4a8's register-load kernel)."""
-    value = os.environ.get(ENV, "0").strip()
+    """Whether the decode step takes this kernel for W4A8-AWQ at batch 1 where it fits (Hopper): unless
+    ``$TRTLLM_PIPELINE_W4A8_WS`` is 0 (then quant_gemv_w4a8's register-load kernel)."""
+    value = os.environ.get(ENV, "1").strip()
     if value not in ("0", "1", ""):
         raise InputError(f"{ENV}={value!r}: 1 takes the warp-specialized W4A8 GEMV at batch 1, 0 leaves it off.",
                          fix=f"set {ENV} to 0 or 1, or unset it")
-    return value == "1"
+    return value != "0"
 
 
 def fits(q, block_n: int) -> bool:
@@ -70,20 +76,21 @@ def fits(q, block_n: int) -> bool:
 def usable(q, device: torch.device) -> bool:
     """Whether this kernel can run for ``q`` here: a Hopper GPU (the copy engine, Gluon's sm_90 path) and its tiles."""
     return (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-            and fits(q, GLU_BLOCK_N))
+            and fits(q, min(BLOCK_N, GLU_BLOCK_N)))
 
 
 def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None) -> LinearConfig:
-    """quant_gemv's copy-engine tiles (not yet swept for this kernel): 128 output rows x 128 inputs, K split for
-    about ``PROGRAMS_PER_SM`` programs per SM with no split left empty, ``STAGES`` deep; the GLU 64 rows, K not
-    split, ``GLU_STAGES`` deep."""
+    """128 output rows x 128 inputs, K split for about ``PROGRAMS_PER_SM`` programs per SM (K short:
+    ``SHORT_K_PROGRAMS_PER_SM``) with no split left empty, ``STAGES`` deep; the GLU 128 rows, K not split,
+    ``GLU_STAGES`` deep (the best of the variants timed alone: ``BLOCK_N``'s note)."""
     block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
     k_tiles = triton.cdiv(q.k, 128)
     if glu:
         splits = 1
     elif splits is None:
-        splits = max(1, min(k_tiles, round(PROGRAMS_PER_SM * sm_count / triton.cdiv(q.n, block_n))))
+        per_sm = SHORT_K_PROGRAMS_PER_SM if k_tiles <= SHORT_K_TILES else PROGRAMS_PER_SM
+        splits = max(1, min(k_tiles, round(per_sm * sm_count / triton.cdiv(q.n, block_n))))
         splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))
     return LinearConfig(1, block_n, 128, splits, 4, GLU_STAGES if glu else STAGES, tma=True, ws=True, w4a8=True)
 

@@ -1,0 +1,5 @@
+# 31: 2048/128 at 512 rows with and without cuBLAS's fast FP8 accumulation on one machine (H100s: 3,583 with it on
+# 2026-12-07e, 3,319 without on 2026-12-07f, different machines)
+part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
+part throughput 330 LOAD_VARIANT=-fp8kv MAX_BATCHES=512 LENGTHS=2048/128 REQUESTS=1000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1 \
+  TRTLLM_PIPELINE_FP8_FAST_ACCUM=1
