@@ -447,7 +447,7 @@ PY
   w4a8_kernels)  # quant_gemv_w4a8 alone at the 7B's decode launches on random weights: legacy_config against
     # pick_config (splits, rows, the next tile prefetched) and a sweep around it, each checked against the dot kernel
     # (GEMV_FORMAT=int8_sq or int8_wo: INT8's GEMV and its warp-specialized form instead)
-    python3 benchmarks/w4a8_gemv.py --out "$out" --variants "${W4A8_GEMV_VARIANTS:-legacy,new,ws,sweep}" \
+    python3 benchmarks/w4a8_gemv.py --out "$out" --variants "${W4A8_GEMV_VARIANTS:-legacy,new,ws,mma,sweep}" \
       --format "${GEMV_FORMAT:-w4a8_awq}" ;;
   smollm2)
     for variant in ${SMOLLM2_FORMATS:-bf16 fp8 int4-awq}; do
@@ -618,7 +618,7 @@ sys.exit(not ok)' "$out/invariant-check.json" ;;
     sections=()
     for s in SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats MemoryWorkloadAnalysis \
              MemoryWorkloadAnalysis_Tables ComputeWorkloadAnalysis SourceCounters; do sections+=(--section "$s"); done
-    kernels='_w4_gemm|_int4_gemv|_ws_gemv|_w4a8_gemv|_w4a8_ws'
+    kernels='_w4_gemm|_int4_gemv|_ws_gemv|_w4a8_gemv|_w4a8_ws|_w4a8_mma'
     "$ncu_bin" --clock-control none --nvtx -k regex:"$kernels" "${sections[@]}" \
       -o "$out/quant" -f python3 benchmarks/ncu_quant.py --ms "${NCU_MS:-1,8}" --formats "${NCU_FORMATS:-int4_awq,w4a8_awq}" \
       2>&1 | tee "$out/ncu-quant.log"

@@ -3,7 +3,7 @@ linears, before and after a change, in one call (issue 32): no 7B build, random 
 ``--format int8_sq`` / ``int8_wo``: INT8's batch-1 GEMV (quant_gemv_int8, variant new) and its warp-specialized form
 (quant_gemv_int8_ws, variant ws and its neighbours) the same way, against quant_linear's INT8 tensor-core kernel.
 
-    python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,ws,sweep] [--format w4a8_awq]
+    python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,ws,mma,sweep] [--format w4a8_awq]
     TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/w4a8_gemv.py --dry-run --out DIR
 
 Per linear (qkv 3584 -> 4608, dense 3584 -> 3584, fc + gate 3584 -> 2 x 18944 as the GLU launch, proj 18944 -> 3584)
@@ -16,9 +16,11 @@ Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
   legacy  ``quant_gemv_w4a8.legacy_config``: the first rule, timed in the 7B step at 4.288 ms (H200 2026-12-05d):
           256 rows (GLU 64), ~4 programs per SM of >= 2 K tiles, each tile loaded at the top of its iteration
   new     ``quant_gemv_w4a8.pick_config``: what the decode step takes now
-  ws      ``quant_gemv_w4a8_ws.pick_config``: the warp-specialized kernel (Hopper only; the decode step's under
-          TRTLLM_PIPELINE_W4A8_WS=1), then its stages, rows and splits around it (always run: not cut by the sweep's
+  ws      ``quant_gemv_w4a8_ws.pick_config``: the warp-specialized kernel (Hopper only; the decode step's there unless
+          TRTLLM_PIPELINE_W4A8_WS=0), then its stages, rows and splits around it (always run: not cut by the sweep's
           deadline)
+  mma     ``quant_gemv_w4a8_mma.pick_config``: the lookup into FP8 wgmma (Hopper; the decode step's under
+          TRTLLM_PIPELINE_W4A8_MMA=1), then its rows, stages and splits around it (always run)
   sweep   others around ``new`` (no prefetch; proj at 256 rows; the GLU at 16 and 64 rows; qkv/dense at the
           legacy splits prefetched), until $W4A8_GEMV_SWEEP_S seconds (default 40) have passed
 Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
@@ -49,7 +51,8 @@ import quant_fast_path as qf  # noqa: E402
 import quant_gemm as qg  # noqa: E402
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv_int8, quant_gemv_int8_ws,  # noqa: E402
-                                                       quant_gemv_w4a8, quant_gemv_w4a8_ws, quant_linear)
+                                                       quant_gemv_w4a8, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws,
+                                                       quant_linear)
 
 BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 LAYERS = 28
@@ -81,6 +84,17 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
                 out += [("ws-half-rows", ws_module.pick_config(q, sm, block_n=ws.block_n // 2)),
                         ("ws-2-stages", r(ws, num_stages=2)), ("ws-4-stages", r(ws, num_stages=4)),
                         ("ws-half-splits", r(ws, splits=max(1, ws.splits // 2)))]
+        elif v == "mma" and not int8:  # the lookup into FP8 wgmma (quant_gemv_w4a8_mma), then others around it
+            if not quant_gemv_w4a8_mma.usable(q, q.weight.device):
+                continue
+            mma = quant_gemv_w4a8_mma.pick_config(q, sm, glu=glu)
+            out.append(("mma", mma))
+            if glu:
+                out += [("mma-128-rows", r(mma, block_n=128, num_stages=2)), ("mma-2-stages", r(mma, num_stages=2))]
+            else:
+                out += [("mma-64-rows", quant_gemv_w4a8_mma.pick_config(q, sm, block_n=64)),
+                        ("mma-4-stages", r(mma, num_stages=4)),
+                        ("mma-half-splits", r(mma, splits=max(1, mma.splits // 2)))]
         elif v == "sweep" and not int8:
             out.append(("new-no-prefetch", r(new, num_stages=1)))
             if glu:
@@ -90,8 +104,8 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
             else:
                 legacy = quant_gemv_w4a8.legacy_config(q, sm)
                 out.append(("legacy-splits-prefetch", r(legacy, num_stages=2)))
-        elif v not in ("legacy", "sweep"):
-            raise SystemExit(f"--variants: unknown {v!r} (legacy, new, ws, sweep)")
+        elif v not in ("legacy", "sweep", "mma"):
+            raise SystemExit(f"--variants: unknown {v!r} (legacy, new, ws, mma, sweep)")
     seen, unique = set(), []
     for name, cfg in out:
         if cfg not in seen:
@@ -103,7 +117,7 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS", "legacy,new,ws,sweep"))
+    ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS", "legacy,new,ws,mma,sweep"))
     ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter at tiny shapes")
     ap.add_argument("--format", default="w4a8_awq", choices=("w4a8_awq", "int8_sq", "int8_wo"),
                     help="the weights' format (default w4a8_awq; INT8's: quant_gemv_int8 and its warp-specialized "
@@ -149,7 +163,8 @@ def main() -> None:
             quant_linear.quant_partials(x, qs[0], dot, dot_cfg, dt)
             dot = dot.sum(0)
         for vname, cfg in variants(qs[0], sm, glu, which):
-            if vname not in ("legacy", "new") and not vname.startswith("ws") and time.perf_counter() - t0 > SWEEP_S:
+            cut = vname not in ("legacy", "new") and not vname.startswith(("ws", "mma"))
+            if cut and time.perf_counter() - t0 > SWEEP_S:
                 continue
             row = {"linear": name, "n": n, "k": k, "variant": vname, "config": dataclasses.astuple(cfg),
                    "block_n": cfg.block_n, "splits": cfg.splits, "prefetch": cfg.num_stages > 1,
@@ -187,7 +202,7 @@ def main() -> None:
         if cuda:
             torch.cuda.empty_cache()
     summary = {}
-    for v in ("legacy", "new", "ws"):
+    for v in ("legacy", "new", "ws", "mma"):
         got = {r["linear"]: r["us"] for r in rows if r["variant"] == v and "us" in r}
         if len(got) == len(shapes):
             summary[v] = {"per_layer_us": got, "step_ms": layers * sum(got.values()) / 1000}

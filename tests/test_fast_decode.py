@@ -4,6 +4,7 @@ checked by benchmarks/gpu_fast_path.py on an H200."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -1216,6 +1217,69 @@ def test_w4a8_gemv_on_hopper_warp_specialized_compiles_at_half_the_instructions(
         quant_gemv_w4a8_ws.enabled()
     monkeypatch.setenv(quant_gemv_w4a8_ws.ENV, "0")
     assert not quant_gemv_w4a8_ws.enabled()
+
+
+def test_w4a8_e4m3_lookup_tables_give_each_weight_with_the_sign_on_the_input():
+    """quant_gemv_w4a8_mma's tables hold each group's E4M3 magnitudes as bytes; the kernel's two lookups (PRMT on P =
+    [0, E(t) .. E(7t)] where q >= 0, on N = [E(8t), E(7t) .. E(t)] at q + 8 where q < 0, each 0 elsewhere, as
+    quant_gemv_w4a8's P and N are made from the 8 stored bytes) times the input and the sign-flipped input give
+    ``E4M3(q t) x`` for every nibble q: here on random steps, every q, through float32."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_mma
+
+    gen = torch.Generator().manual_seed(5)
+    t = torch.rand(3, 2, 40, generator=gen) * 60 + 1e-3  # [G, 2, N/2] steps, from subnormal to near 448
+    words = quant_gemv_w4a8_mma.tables(t)  # [G, 2, 2, N/2]
+    raw = torch.stack([(words >> s) & 0xFF for s in (0, 8, 16, 24)], -1)  # [G, 2, 2, N/2, 4]
+    tb = raw.permute(0, 1, 3, 2, 4).reshape(3, 2, 40, 8).to(torch.uint8)  # T = [E(8t), E(t) .. E(7t)]
+    mag = tb.view(torch.float8_e4m3fn).float()
+    p_tab = torch.cat([torch.zeros_like(mag[..., :1]), mag[..., 1:]], -1)  # P: T with byte 0 cleared
+    n_tab = torch.cat([mag[..., :1], mag[..., 1:].flip(-1)], -1)  # N = [T0, T7 .. T1] (the kernel's two PRMT)
+    want = quant_gemv_w4a8.values(t)  # E4M3(q t), q = -8..7
+    x = 0.75
+    for q in range(-8, 8):
+        pos = p_tab[..., q] if q >= 0 else torch.zeros_like(p_tab[..., 0])  # sign bit set: replicated zero
+        neg = n_tab[..., q + 8] if q < 0 else torch.zeros_like(n_tab[..., 0])
+        assert torch.equal(pos * x + neg * -x, want[..., q + 8] * x), q
+
+
+def test_w4a8_gemv_on_fp8_tensor_cores_compiles_for_hopper():
+    """quant_gemv_w4a8_mma (each nibble looked up as its E4M3 byte, then wgmma) compiled for sm_90 here at its 7B
+    launches: the tensor cores' own FP8 MMA (QGMMA; no HMMA, no F2FP: sm_90 emulates FP8 mma.sync, wgmma is the
+    native one), the looked-up words reaching the operand's registers without shuffles or shared memory (the layout
+    conversion asserted trivial when it compiles), a loop under 2.1 instructions a weight (the warp-specialized dp4a
+    kernel's: 2.8-3.0), nothing spilled in 128 registers, shared memory for three programs an SM in 132 KB. Off unless
+    ``TRTLLM_PIPELINE_W4A8_MMA=1``."""
+    import importlib.util
+    import re
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_mma
+
+    def shape(n, k):
+        return dataclasses.replace(_hopper_shape(n, k), fmt="w4a8_awq")
+
+    proj = quant_gemv_w4a8_mma.pick_config(shape(3584, 18944), 132)
+    glu = quant_gemv_w4a8_mma.pick_config(shape(18944, 3584), 132, glu=True)
+    assert proj.lut_mma and proj.w4a8 and proj.ws and (proj.block_n, glu.block_n, glu.splits) == (128, 64, 1)
+    spec = importlib.util.spec_from_file_location("gemv_sass", TESTS.parent / "tools" / "gemv_sass.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    for cfg, glu_, k in ((proj, False, 18944), (glu, True, 3584)):
+        kernel = tool.compile_w4a8_mma(cfg.block_n, glu_, cfg.num_stages, -(-(k // 128) // cfg.splits))
+        sass, regs = tool.disassemble(kernel)
+        lines = sass.splitlines()
+        loops = []  # (size, body) of each backward branch's range that holds the MMAs: the smallest is the K loop
+        for label in (line[:-1] for line in lines if re.match(r"^\.L_x_\d+:$", line)):
+            start = lines.index(label + ":")
+            ends = [i for i in range(start, len(lines)) if f"BRA `({label})" in lines[i]]
+            if ends and any("QGMMA" in line for line in lines[start:ends[-1]]):
+                loops.append((ends[-1] - start, lines[start:ends[-1] + 1]))
+        body = min(loops, key=lambda x: x[0])[1]
+        ops = collections.Counter(o.group(1) for line in body if (o := tool.OPCODE.search(line)))
+        weights = cfg.block_n * 128 * (2 if glu_ else 1)
+        assert ops["QGMMA"] > 0 and not {"HMMA", "F2FP", "STS", "SHFL", "LDL", "STL"} & set(ops), ops
+        assert sum(ops.values()) * 128 / weights < 2.1, ops
+        assert ops["PRMT"] * 128 / weights <= 0.6, ops  # 4 a word of 8 weights, and the rows' tables
+        assert regs <= quant_gemv_w4a8_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
 
 
 def test_int8_gemv_on_hopper_warp_specialized_compiles(monkeypatch):

@@ -16,6 +16,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --w4a8 --block-n 128 --stages 3                        # W4A8's (quant_gemv_w4a8)
     python tools/gemv_sass.py --w4a8-ws 28 --glu --block-n 64 --stages 2   # W4A8's warp-specialized (Hopper)
     python tools/gemv_sass.py --int8-ws int8_wo --block-n 64 --stages 3 --tiles 3   # INT8's warp-specialized
+    python tools/gemv_sass.py --w4a8-mma 11 --block-n 128 --stages 3   # W4A8's lookup into FP8 wgmma (Hopper)
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -37,8 +38,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_int8_ws,
-                                                       quant_gemv_w4a8, quant_gemv_w4a8_ws, quant_gemv_ws,
-                                                       quant_mma_int4)
+                                                       quant_gemv_w4a8, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws,
+                                                       quant_gemv_ws, quant_mma_int4)
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -141,6 +142,27 @@ def compile_w4a8_ws(block_n: int, glu: bool, stages: int, per: int):
     src = GluonASTSource(quant_gemv_w4a8_ws._w4a8_ws_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": quant_gemv_w4a8_ws.MAX_REGISTERS})
+
+
+def compile_w4a8_mma(block_n: int, glu: bool, stages: int, per: int):
+    """quant_gemv_w4a8_mma's kernel (Gluon: E4M3 bytes by lookup into wgmma) for sm_90 at batch 1."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    half = block_n // 2
+    consts = dict(GLU=glu, HAS_PQS=True, COMPUTE=tl.bfloat16, HALF=half, STAGES=stages, PDL=True,
+                  PER=triton.next_power_of_2(per), num_warps=4)
+    plain = quant_gemv_w4a8_mma.PLAIN
+    descs = {"w_desc": f"tensordesc<i32[{half}, 32],{quant_gemv_w4a8_mma.W_LAYOUT!r}>",
+             "t_desc": f"tensordesc<i32[4, {half}],{plain!r}>"}
+    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
+           **dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"),
+           **dict.fromkeys(("aq_ptr", "osc_ptr", "aq2_ptr", "osc2_ptr"), "*fp32"),
+           "out_ptr": "*bf16" if glu else "*fp32",
+           **dict.fromkeys(("N", "k_tiles", "per_split", "stride_os"), "i32"),
+           **dict.fromkeys(consts, "constexpr")}
+    src = GluonASTSource(quant_gemv_w4a8_mma._w4a8_mma_kernel, sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": quant_gemv_w4a8_mma.MAX_REGISTERS})
 
 
 def compile_int8_ws(fmt: str, block_n: int, glu: bool, stages: int, per: int):
@@ -276,13 +298,17 @@ def main() -> None:
     ap.add_argument("--int8-ws", choices=("int8_sq", "int8_wo"), default=None,
                     help="INT8's warp-specialized GEMV (quant_gemv_int8_ws) for this format, --tiles K tiles a program")
     ap.add_argument("--tiles", type=int, default=28, help="with --int8-ws: K tiles a program (default 28)")
+    ap.add_argument("--w4a8-mma", type=int, default=0, metavar="TILES",
+                    help="W4A8's FP8 tensor-core GEMV (quant_gemv_w4a8_mma), TILES K tiles a program, --stages deep")
     ap.add_argument("--w4a8-ws", type=int, default=0, metavar="TILES",
                     help="W4A8's warp-specialized GEMV (quant_gemv_w4a8_ws), TILES K tiles a program, --stages deep")
     ap.add_argument("--mma", type=int, default=0,
                     help="quant_mma_int4's INT8 tensor-core kernel for this many input rows (2-16)")
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
-    if a.int8_ws:
+    if a.w4a8_mma:
+        kernel = compile_w4a8_mma(a.block_n, a.glu, a.stages, a.w4a8_mma)
+    elif a.int8_ws:
         kernel = compile_int8_ws(a.int8_ws, a.block_n, a.glu, a.stages, a.tiles)
     elif a.w4a8_ws:
         kernel = compile_w4a8_ws(a.block_n, a.glu, a.stages, a.w4a8_ws)

@@ -10,6 +10,19 @@ spec_eos() {
   [ -e /tmp/smolw/ready ] && part spec 240 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_MAIN=smollm2 SPEC_TREE_NODES=0 \
     SPEC_PROFILE=0 SPEC_DRAFTING=device SPEC_ENDS=eos,ignore
 }
+# 32: W4A8's lookup into FP8 wgmma (quant_gemv_w4a8_mma, new: compiled on the CPU only, 1.92 instructions a weight
+# against the warp-specialized dp4a kernel's 2.8): each 7B launch checked against float32 and the dot kernel and
+# timed beside the default (ws), then, where every launch passed, the step with it against the default on one machine
+# (H100 2026-12-07h, the default: 2.772 ms at batch 1, context 2048)
+w4a8_mma() {
+  part w4a8_kernels 200 W4A8_GEMV_VARIANTS=ws,mma
+  local checked
+  checked=$(sed -n '/W4A8_GEMV_VARIANTS=ws,mma$/,/end w4a8_kernels/p' "$q/summary.txt")
+  if grep -q "end w4a8_kernels rc=0 " <<< "$checked"; then
+    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq TRTLLM_PIPELINE_W4A8_MMA=1
+    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq
+  fi
+}
 if on_h200; then
   # 31: the goal's rows on the goal's GPU (last there 2026-12-07: 128/2048 25,045 at 512 rows, 500/2000 20,443,
   # 1000/1000 14,901, 2048/2048 11,989, 2048/128 3,218; H100 since: 1000/1000 17,876, 500/2000 21,529, 2048/128
@@ -18,6 +31,7 @@ if on_h200; then
     SKIP_LONG_PROMPT=1 SKIP_BATCH1=1
   part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 \
     SKIP_BATCH1=1
+  w4a8_mma
   # 32: W4A8 batch 1 through the pipeline with its warp-specialized GEMV, the default since h100-2026-12-07h (2.667 ms
   # at context 128 on an H100; the goal: 1.8 on an H200)
   part w4a8_gemv 300 GEMV_BATCH=1 GEMV_CONTEXT=128,2048
@@ -26,14 +40,19 @@ if on_h200; then
   # 100.0%, TTFT 9.8x, throughput 4.7x)
   part prefix 240 BATCH_INVARIANT=1 REQUESTS=256
   # 31: 128/2048 with fast accumulation (+5.0% at 2048/128 on an H100, h100-2026-12-07h)
-  part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 SKIP_BATCH1=1 \
-    TRTLLM_PIPELINE_FP8_FAST_ACCUM=1
+  part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 \
+    SKIP_BATCH1=1 TRTLLM_PIPELINE_FP8_FAST_ACCUM=1
   # 32: the whole format table on the goal's GPU (H100 2026-12-07h: W4A8 2.772 ms at batch 1 with the new GEMV)
   part quant_gemm 420 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048
 else
+  w4a8_mma
   # 32: prefill of 2,048 tokens by format with this machine's own table (the kernels part first: the steps take the
   # table it measures; 2026-12-07g/h's steps used the package's H200 table), after the fused prefill's pair fix
   part quant_gemm 420 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048
   # 32: W4A8's warp-specialized GEMV under Nsight Compute (ncu_quant's M 1 cases take it now)
   part ncu_quant 150
+  # 32: INT8 SmoothQuant with its warp-specialized GEMV, on one machine (alone its GLU 63.5 -> 53.5 us, the rest a
+  # little slower; the step with it 3.535 ms on 2026-12-07g against 3.670 without on -07h, two machines)
+  part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=int8_sq TRTLLM_PIPELINE_INT8_WS=1
+  part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=int8_sq TRTLLM_PIPELINE_INT8_WS=0
 fi

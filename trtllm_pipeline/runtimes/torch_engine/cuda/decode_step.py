@@ -43,7 +43,8 @@ import torch.nn.functional as F
 from trtllm_pipeline.runtimes.torch_engine import switches
 from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, int4pack, linear,
                                            norm, prefill, quant_gemm, quant_gemv, quant_gemv_int8_ws, quant_gemv_w4a8,
-                                           quant_gemv_w4a8_ws, quant_gemv_ws, quant_linear, support)
+                                           quant_gemv_w4a8_mma, quant_gemv_w4a8_ws, quant_gemv_ws, quant_linear,
+                                           support)
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 from trtllm_pipeline.runtimes.torch_engine.model import quantize_fp8
 
@@ -165,7 +166,8 @@ class _TpBuffers:
 
 
 # the modules of the layer kernels that DecodeStep.pin_carveout pins a shared-memory carveout on
-CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws, quant_gemv_w4a8_ws, quant_gemv_int8_ws)
+CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws, quant_gemv_w4a8_ws, quant_gemv_w4a8_mma,
+                    quant_gemv_int8_ws)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
 # The input RMSNorm of layers 1.. made by their warp-specialized QKV GEMV's programs, its 1 / rms applied by
@@ -458,13 +460,15 @@ class DecodeStep:
                     lin.quant = quant_gemv_ws.tile_weights(lin.quant, configs[cfg].block_n // 2)
 
     def _w4a8_tables(self, configs: dict[str, linear.LinearConfig]) -> None:
-        """The W4A8 table-lookup GEMV's tables (``quant_gemv_w4a8.with_tables``: per group and row 8 bytes and a float32
-        power of two, once per engine) for the linears whose config takes it."""
+        """The W4A8 table-lookup GEMVs' tables, once per engine, for the linears whose config takes one
+        (``quant_gemv_w4a8.with_tables``: per group and row 8 bytes and a float32 power of two; the wgmma kernel's:
+        ``quant_gemv_w4a8_mma.with_tables``, 8 bytes)."""
         for layer in self.layers:
             for name, cfg in (("qkv", "qkv"), ("dense", "dense"), ("fc", "glu"), ("gate", "glu"), ("proj", "proj")):
                 lin = getattr(layer, name)
                 if configs[cfg].w4a8 and lin.quant is not None:
-                    lin.quant = quant_gemv_w4a8.with_tables(lin.quant)
+                    tables = quant_gemv_w4a8_mma if configs[cfg].lut_mma else quant_gemv_w4a8
+                    lin.quant = tables.with_tables(lin.quant)
 
     def _tp_buffers(self, batch: int) -> _TpBuffers:
         dev = self.engine.device

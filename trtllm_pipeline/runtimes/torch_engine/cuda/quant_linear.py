@@ -50,7 +50,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, quant_gemv, quant_gemv_int8, quant_gemv_int8_ws,
-                                                       quant_gemv_w4a8, quant_gemv_w4a8_ws, quant_mma_int4)
+                                                       quant_gemv_w4a8, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws,
+                                                       quant_mma_int4)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 
@@ -83,6 +84,9 @@ class QuantWeight:
     # and their power of two, float32 [G, 2, N/2] (None: not made)
     lut: torch.Tensor | None = None
     units: torch.Tensor | None = None
+    # W4A8-AWQ at batch 1 on the FP8 tensor cores (quant_gemv_w4a8_mma.tables): per group and row the E4M3 magnitudes'
+    # bytes, int32 [G, 2, 2, N/2] (None: not made)
+    lut8: torch.Tensor | None = None
 
     @property
     def int4(self) -> bool:
@@ -108,7 +112,7 @@ class QuantWeight:
         else:
             weight, scales = self.weight[start:stop], self.scales[start:stop]
         return dataclasses.replace(self, weight=weight, scales=scales.contiguous(), n=stop - start, tiled=None,
-                                   scales16=None, lut=None, units=None)
+                                   scales16=None, lut=None, units=None, lut8=None)
 
     @classmethod
     def of(cls, lin) -> "QuantWeight":
@@ -188,7 +192,9 @@ def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, spl
         if quant_gemv_int8_ws.enabled() and quant_gemv_int8_ws.usable(q, q.weight.device):
             return quant_gemv_int8_ws.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
         return quant_gemv_int8.pick_config(q, sm_count, glu=glu, splits=splits)
-    if gemv and quant_gemv_w4a8.supported(q, m):  # W4A8's table-lookup GEMV (warp-specialized where switched on)
+    if gemv and quant_gemv_w4a8.supported(q, m):  # W4A8's table-lookup GEMV (Hopper: warp-specialized, or wgmma)
+        if quant_gemv_w4a8_mma.enabled() and quant_gemv_w4a8_mma.usable(q, q.weight.device):
+            return quant_gemv_w4a8_mma.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
         if quant_gemv_w4a8_ws.enabled() and quant_gemv_w4a8_ws.usable(q, q.weight.device):
             return quant_gemv_w4a8_ws.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
         return quant_gemv_w4a8.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
@@ -493,6 +499,8 @@ def _launch(x, q: QuantWeight, q2: QuantWeight | None, out: torch.Tensor, cfg: L
         return quant_gemv_int8_ws.launch(x, q, q2, out, cfg, compute, pdl)
     if cfg.dp4a8:
         return quant_gemv_int8.launch(x, q, q2, out, cfg, compute, pdl)
+    if cfg.w4a8 and cfg.lut_mma:
+        return quant_gemv_w4a8_mma.launch(x, q, q2, out, cfg, compute, pdl)
     if cfg.w4a8 and cfg.ws:
         return quant_gemv_w4a8_ws.launch(x, q, q2, out, cfg, compute, pdl)
     if cfg.w4a8:
