@@ -77,6 +77,7 @@ def fits(q, block_n: int) -> bool:
 
 
 def usable(q, device: torch.device) -> bool:
+    """Whether this kernel can run for ``q`` here: a Hopper GPU (wgmma, the copy engine) and its tiles."""
     return quant_gemv_w4a8_ws.usable(q, device) and fits(q, GLU_BLOCK_N)
 
 
