@@ -488,9 +488,9 @@ CARVEOUT = 25
 # The same for the warp-specialized GEMVs (quant_gemv_ws): 35% (100 KB: three of their three-stage programs per
 # SM; H200, 7B step: 1.94 ms, 44% 1.96, 50% with four stages 1.99; run 70)
 CARVEOUT_WS = 35
-# W4A8's and INT8's warp-specialized GEMVs (quant_gemv_w4a8_ws, quant_gemv_int8_ws): 58% (132 KB), three programs an
-# SM of W4A8's GLU (40 KB: its K slice's two inputs made in shared memory) and of its linears (up to 35 KB: the
-# tables beside each stage's words; sm_90 compile). Not timed against others yet
+# The warp-specialized GEMVs that make their input in shared memory (quant_gemv_w4a8_ws, quant_gemv_w4a8_mma,
+# quant_gemv_int8_ws): 58% (132 KB): three programs an SM of W4A8's linears (up to 35 KB: the tables beside each
+# stage's words), two of its GLU at 128 rows (58 KB: two inputs made; sm_90 compile). Not timed against others yet
 CARVEOUT_WS_MADE = 58
 
 # On Hopper, the warp-specialized GEMV (quant_gemv_ws) where its tiles fit; False: this module's copy-engine
