@@ -64,7 +64,7 @@ import quant_fast_path as qf  # noqa: E402
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_mma_int4  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, int4pack, linear, quant_gemm,  # noqa: E402
-                                                        quant_gemv, quant_gemv_ws, quant_linear)
+                                                        quant_gemv, quant_gemv_ws, quant_linear, quant_rows_int4_mma)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.model import Linear, Qwen2Engine  # noqa: E402
 
@@ -687,8 +687,9 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
     (the package's quant_gemm_table.json: today's kernels), "gemv" ($TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16: the GEMV
     at every batch up to 16), "measured" (``table``: the gemv_rows part's merged table, where it ran), "mma"
     ($TRTLLM_PIPELINE_INT4_MMA_ROWS=16: quant_mma_int4 for qkv, dense and proj at 2-16 rows, the GLU on the GEMV) and
-    "int4pack" ($TRTLLM_PIPELINE_INT4PACK_ROWS=16: torch's INT4 kernel at 2-16 rows; its logits against eager's at
-    the largest batch, ``check_batch``)."""
+    "int4pack" ($TRTLLM_PIPELINE_INT4PACK_ROWS=16: torch's INT4 kernel at 2-16 rows) and "wgmma"
+    ($TRTLLM_PIPELINE_INT4_WGMMA_ROWS=16: quant_rows_int4_mma at 2-16 rows), each with its logits against eager's at
+    the largest batch (``check_batch``)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
     from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
 
@@ -711,7 +712,10 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
     # step's logits checked against eager's (its first whole steps)
     choices.append(("int4pack", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: "0",
                                  int4pack.ROWS_ENV: "16"}))
-    switches = (quant_mma_int4.ROWS_ENV, int4pack.ROWS_ENV)
+    # quant_rows_int4_mma (the weights dequantized in registers into bfloat16 wgmma) at 2-16 rows; checked the same way
+    choices.append(("wgmma", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: "0",
+                              quant_rows_int4_mma.ENV: str(quant_rows_int4_mma.MAX_ROWS)}))
+    switches = (quant_mma_int4.ROWS_ENV, int4pack.ROWS_ENV, quant_rows_int4_mma.ENV)
     rows = []
     saved = {k: os.environ.get(k) for k in (quant_gemm.TABLE_ENV, quant_gemv.ROWS_ENV) + switches}
     for name, env in choices:
@@ -725,16 +729,16 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
             for b in batches:
                 wall, replay = _time_decode(graphs, b, ctx, steps, warmup)
                 # (dot: quant_linear's kernel; mma: quant_mma_int4's)
-                kernels = {k: "mma" if c.mma else "gemv" if c.gemv else "gemm" if c.gemm else
-                           "int4pack" if c.library else "dot"
+                kernels = {k: "mma" if c.mma else "gemv" if c.gemv else "wgmma" if c.lut_mma else
+                           "gemm" if c.gemm else "int4pack" if c.library else "dot"
                            for k, c in graphs.buffers[b].configs.items() if k != "lm_head"}
                 rows.append({"choice": name, "batch": b, "ms_per_step": wall, "graph_replay_ms": replay,
                              "kernels": kernels, "configs": {k: dataclasses.astuple(c)
                                                              for k, c in graphs.buffers[b].configs.items()}})
                 log(f"rows step {name:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}) {kernels}")
-            if name == "int4pack":
+            if name in ("int4pack", "wgmma"):
                 rows[-1]["check_batch"] = _batch_check(engine, graphs, batch=max(batches), prompt_len=min(48, ctx))
-                log(f"rows step int4pack against eager: {rows[-1]['check_batch']}")
+                log(f"rows step {name} against eager: {rows[-1]['check_batch']}")
         except Exception:
             rows.append({"choice": name, "error": traceback.format_exc()[-2000:]})
             log(f"rows step {name} FAILED:\n{traceback.format_exc()[-2000:]}")

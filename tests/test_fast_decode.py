@@ -1282,6 +1282,74 @@ def test_w4a8_gemv_on_fp8_tensor_cores_compiles_for_hopper():
         assert regs <= quant_gemv_w4a8_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
 
 
+def test_int4_rows_on_wgmma_dequantize_and_order_inputs_alike():
+    """quant_rows_int4_mma's arithmetic, emulated with torch: the LOP3 of a nibble with its two constants is bfloat16
+    136 + q for every q (its truth table 0x6A: mask ? a ^ c : c), and the MMA input each A element multiplies (the
+    word's pairs 0, 2 | 1, 3 rearranged by ``_operand``) is the input ``_stage_input`` writes to B at that position."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_rows_int4_mma as m
+
+    def lop3(a, b, c, lut):
+        return sum(((lut >> ((((a >> i) & 1) << 2) | (((b >> i) & 1) << 1) | ((c >> i) & 1))) & 1) << i
+                   for i in range(32))
+
+    for q in range(-8, 8):
+        word = (q & 0xF) | ((q & 0xF) << 16) | 0x7A507A50  # the nibbles and unrelated bits around them
+        half = lop3(word, m.NIBBLES.value, m.MAGIC.value, 0x6A) & 0xFFFF
+        assert torch.tensor([half], dtype=torch.int16).view(torch.bfloat16).item() == 136 + q
+    inputs = torch.arange(128)
+    for h in range(2):  # each 64-input half of a K tile
+        words = inputs[64 * h: 64 * h + 64].view(16, 4)  # word r holds inputs 4 r .. 4 r + 3
+        pairs = [torch.stack([words[:, 0], words[:, 2]], -1), torch.stack([words[:, 1], words[:, 3]], -1)]  # j
+        a = torch.stack(pairs, 1).view(4, 4, 2, 2)  # (c, t, j, i)
+        a = a.permute(0, 2, 1, 3).reshape(64)  # MMA input 16 c + 8 j + 2 t + i (``_operand``)
+        b = inputs.view(8, 4, 2, 2).permute(0, 3, 1, 2).reshape(128)  # ``_stage_input``: (c, t, i, j) -> (c, j, t, i)
+        assert torch.equal(a, b[64 * h: 64 * h + 64]), h
+
+
+def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
+    """quant_rows_int4_mma (INT4-AWQ at 2-16 rows: the packed words dequantized in registers straight into bfloat16
+    wgmma's A operand) compiled for sm_90 here at its 7B launches for 8 and 16 rows: native HGMMA, the words reaching
+    the operand's registers without shared memory (the conversion asserted trivial when it compiles), a LOP3 and 3/4 of
+    a shift a weight pair, under 2.4 (linears) and 3.2 (the GLU, two matrices and inputs) instructions a weight in the
+    K loop at 8 rows (quant_gemm's GLU GEMM at M 8: 3.74, tools/gemm_sass.py), no spills in 128 registers, shared
+    memory for three programs an SM in 132 KB. Off unless ``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``; never on a CPU."""
+    import importlib.util
+    import re
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_rows_int4_mma
+
+    proj = quant_rows_int4_mma.pick_config(_hopper_shape(3584, 18944), 8, 132)
+    glu = quant_rows_int4_mma.pick_config(_hopper_shape(18944, 3584), 16, 132, glu=True)
+    assert (proj.block_m, proj.block_n, glu.block_m, glu.block_n, glu.splits) == (8, 128, 16, 64, 1)
+    assert proj.gemm and proj.lut_mma and not quant_gemv.int4_ws(proj)
+    assert quant_gemv.carveout([proj]) == quant_gemv.CARVEOUT_WS_MADE
+    assert not quant_rows_int4_mma.supported(_hopper_shape(3584, 18944), 8)  # a CPU weight
+    spec = importlib.util.spec_from_file_location("gemv_sass", TESTS.parent / "tools" / "gemv_sass.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    for cfg, glu_, rows, most in ((proj, False, 8, 2.4), (glu, True, 8, 3.2), (proj, False, 16, 3.0)):
+        kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows)
+        sass, regs = tool.disassemble(kernel)
+        lines = sass.splitlines()
+        loops = []  # (size, body) of each backward branch's range with the MMAs and not the epilogue's stores
+        for label in (line[:-1] for line in lines if re.match(r"^\.L_x_\d+:$", line)):
+            start = lines.index(label + ":")
+            ends = [i for i in range(start, len(lines)) if f"BRA `({label})" in lines[i]]
+            body = lines[start:ends[-1] + 1] if ends else []
+            if any("HGMMA" in line for line in body) and not any("STG" in line for line in body):
+                loops.append((len(body), body))
+        ops = collections.Counter(o.group(1) for line in max(loops, key=lambda x: x[0])[1]
+                                  if (o := tool.OPCODE.search(line)))
+        weights = cfg.block_n * 128 * (2 if glu_ else 1)
+        assert ops["HGMMA"] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
+        assert ops["LOP3"] * 128 / weights <= 0.55 and sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
+        assert regs <= quant_rows_int4_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
+    monkeypatch.setenv(quant_rows_int4_mma.ENV, "8")
+    assert quant_rows_int4_mma.enabled(8) and not quant_rows_int4_mma.enabled(9) and not quant_rows_int4_mma.enabled(1)
+    monkeypatch.delenv(quant_rows_int4_mma.ENV)
+    assert not quant_rows_int4_mma.enabled(8)
+
+
 def test_int8_gemv_on_hopper_warp_specialized_compiles(monkeypatch):
     """INT8's warp-specialized batch-1 GEMV (quant_gemv_int8_ws, Gluon) compiled for sm_90 here at pick_config's
     launches for the 7B (qkv and the GLU): the consumers' loop reads shared memory only and does the register kernel's
@@ -1443,7 +1511,10 @@ def test_quant_gemm_benchmark_gemv_rows_parts_dry_run(tmp_path):
     quant_gemm._load_table(tmp_path / "quant_gemm_table.json")
     steps = result["rows_steps"]
     assert [(s["choice"], s["batch"]) for s in steps] == [(c, b) for c in ("table", "gemv", "measured", "mma",
-                                                                           "int4pack") for b in (1, 3)], steps
+                                                                           "int4pack", "wgmma") for b in (1, 3)], steps
+    # quant_rows_int4_mma runs on Hopper only: here its choice is the table's kernels, checked against eager as well
+    wgmma = [s for s in steps if s["choice"] == "wgmma"]
+    assert "wgmma" not in set(wgmma[1]["kernels"].values()) and wgmma[1]["check_batch"]["argmax_equal"] == "3/3"
     # torch's INT4 kernel (its CPU twin here) for every linear at 3 rows, batch 1 on the GEMV; eager's tokens
     packed = [s for s in steps if s["choice"] == "int4pack"]
     assert set(packed[0]["kernels"].values()) == {"gemv"} and set(packed[1]["kernels"].values()) == {"int4pack"}

@@ -23,6 +23,12 @@ w4a8_mma() {
     part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq
   fi
 }
+# 32: INT4-AWQ at 2-16 rows dequantized in registers into bfloat16 wgmma (quant_rows_int4_mma, new: compiled on the
+# CPU only, 2.2 instructions a weight at 8 rows against the GEMM's 3.7): the rows_steps part's "wgmma" choice, its
+# logits against eager at 16 rows, beside today's choices (H100 2026-12-07h: batch 8 / 16 4.439 / 5.272 ms)
+int4_rows() {
+  part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq
+}
 if on_h200; then
   # 31: the goal's rows on the goal's GPU (last there 2026-12-07: 128/2048 25,045 at 512 rows, 500/2000 20,443,
   # 1000/1000 14,901, 2048/2048 11,989, 2048/128 3,218; H100 since: 1000/1000 17,876, 500/2000 21,529, 2048/128
@@ -32,6 +38,7 @@ if on_h200; then
   part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 \
     SKIP_BATCH1=1
   w4a8_mma
+  int4_rows
   # 32: W4A8 batch 1 through the pipeline with its warp-specialized GEMV, the default since h100-2026-12-07h (2.667 ms
   # at context 128 on an H100; the goal: 1.8 on an H200)
   part w4a8_gemv 300 GEMV_BATCH=1 GEMV_CONTEXT=128,2048
@@ -46,6 +53,7 @@ if on_h200; then
   part quant_gemm 420 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048
 else
   w4a8_mma
+  int4_rows
   # 32: prefill of 2,048 tokens by format with this machine's own table (the kernels part first: the steps take the
   # table it measures; 2026-12-07g/h's steps used the package's H200 table), after the fused prefill's pair fix
   part quant_gemm 420 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048

@@ -68,7 +68,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_linear,
-                                                       quant_mma_int4)
+                                                       quant_mma_int4, quant_rows_int4_mma)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import (_act_tile, _magic, act_apply, act_scale,
@@ -557,6 +557,9 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     The GLU splits K only with ``counters`` (int32 zeros, ``glu_counters`` of them; left zero) and a float32
     ``workspace`` of ``glu_workspace`` elements (its epilogue forbids float32 partials to the consumer).
     Returns Triton's handle of the launch."""
+    if cfg.lut_mma:  # INT4-AWQ dequantized in registers into wgmma (quant_rows_int4_mma; only where switched on)
+        assert x2 is None and bias is None, "the register-dequantizing kernel takes one input and no bias"
+        return quant_rows_int4_mma.launch(x, q, q2, out, cfg, compute, pdl)
     m, k = x.shape
     assert k == q.k and x.stride(1) == 1 and cfg.gemm
     glu = q2 is not None
@@ -916,6 +919,8 @@ def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
     if quant_gemv_w4a8.supported(q, m) and quant_gemv_w4a8.enabled():  # W4A8's table GEMV at batch 1 (default on)
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
+    if quant_rows_int4_mma.enabled(m) and quant_rows_int4_mma.supported(q, m):  # wgmma on registers: only when asked
+        return quant_rows_int4_mma.pick_config(q, m, sm_count, glu=glu)
     if not glu and quant_mma_int4.supported(q, m) and quant_mma_int4.enabled(m):  # INT8 tensor cores: only when asked
         return quant_mma_int4.config(q, m, sm_count)
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)

@@ -488,9 +488,10 @@ CARVEOUT = 25
 # The same for the warp-specialized GEMVs (quant_gemv_ws): 35% (100 KB: three of their three-stage programs per
 # SM; H200, 7B step: 1.94 ms, 44% 1.96, 50% with four stages 1.99; run 70)
 CARVEOUT_WS = 35
-# The warp-specialized GEMVs that make their input in shared memory (quant_gemv_w4a8_ws, quant_gemv_w4a8_mma,
-# quant_gemv_int8_ws): 58% (132 KB): three programs an SM of W4A8's linears (up to 35 KB: the tables beside each
-# stage's words), two of its GLU at 128 rows (58 KB: two inputs made; sm_90 compile). Not timed against others yet
+# The warp-specialized kernels that make their input in shared memory (quant_gemv_w4a8_ws, quant_gemv_w4a8_mma,
+# quant_gemv_int8_ws, quant_rows_int4_mma): 58% (132 KB): three programs an SM of W4A8's linears (up to 35 KB: the
+# tables beside each stage's words), two of its GLU at 128 rows (58 KB: two inputs made; sm_90 compile). Not timed
+# against others yet
 CARVEOUT_WS_MADE = 58
 
 # On Hopper, the warp-specialized GEMV (quant_gemv_ws) where its tiles fit; False: this module's copy-engine
@@ -604,8 +605,9 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
 
 def int4_ws(cfg: LinearConfig) -> bool:
     """Whether ``cfg`` is INT4-AWQ's warp-specialized GEMV (quant_gemv_ws), not W4A8's or INT8's (quant_gemv_w4a8_ws,
-    quant_gemv_int8_ws), which take the raw input row and make their own."""
-    return cfg.ws and not (cfg.w4a8 or cfg.dp4a8)
+    quant_gemv_w4a8_mma, quant_gemv_int8_ws) or the several-row wgmma kernel (quant_rows_int4_mma), which take the raw
+    input rows and make their own."""
+    return cfg.ws and not (cfg.w4a8 or cfg.dp4a8 or cfg.lut_mma)
 
 
 def carveout(configs) -> int | None:

@@ -37,7 +37,7 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import gemv_input, quant_gemv_in
 from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (W_LAYOUT, _made_input, _quarters, _tile_cols,
-                                                                      made_planes)
+                                                                      made_planes, program_tiles, stage_barriers)
 
 ENV = "TRTLLM_PIPELINE_INT8_WS"
 MAX_REGISTERS = 128
@@ -219,16 +219,9 @@ def _int8_ws_kernel(
         w2_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 32], w2_desc.layout)
         if A8:
             made2 = _made_buffers(A8, PER)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    pid_n = gl.program_id(0)
+    ready, empty = stage_barriers(STAGES)
     pid_s = gl.program_id(1)
-    k0 = pid_s * per_split
-    k_iters = gl.minimum(per_split, k_tiles - k0)
-    row0 = pid_n * BLOCK_N
+    row0, k0, k_iters = program_tiles(per_split, k_tiles, BLOCK_N)
     rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, A2))
     ok = rows < N
     inputs = (x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, s_ptr, s2_ptr, stride_sg, group, k0, rows, ok, made, made2)

@@ -41,20 +41,20 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_ws
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_ws import _bitsel, _pqs, _prmt, _row_tables
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import PLAIN, W_LAYOUT, _tile_cols
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, W_LAYOUT, _tile_cols, program_tiles,
+                                                                      stage_barriers, two_box_producer)
 
 ENV = "TRTLLM_PIPELINE_W4A8_MMA"
 MAX_REGISTERS = 128
 STAGES = 3
 BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks
-PROGRAMS_PER_SM, SHORT_K_PROGRAMS_PER_SM, SHORT_K_TILES = 3, 1.5, 64  # quant_gemv_w4a8_ws's split rule
 _MMA = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32])
 MMA = gl.constexpr(_MMA)  # the accumulators' layout: 64-row blocks, 8 columns
 B_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [8, 128] K-major
@@ -86,13 +86,7 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     """128 output rows x 128 inputs (the GLU 64 rows: two matrices' registers), quant_gemv_w4a8_ws's K splits,
     ``STAGES`` deep (not yet timed)."""
     block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
-    k_tiles = triton.cdiv(q.k, 128)
-    if glu:
-        splits = 1
-    elif splits is None:
-        per_sm = SHORT_K_PROGRAMS_PER_SM if k_tiles <= SHORT_K_TILES else PROGRAMS_PER_SM
-        splits = max(1, min(k_tiles, round(per_sm * sm_count / triton.cdiv(q.n, block_n))))
-        splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))
+    splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
     return LinearConfig(1, block_n, 128, splits, 4, STAGES, tma=True, ws=True, w4a8=True, lut_mma=True)
 
 
@@ -226,25 +220,6 @@ def _tile(w, tables, bx, acc):
 
 
 @gluon.jit
-def _producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU: gl.constexpr,
-              STAGES: gl.constexpr):
-    # nothing copied here depends on the previous kernel: no PDL wait
-    w_desc, t_desc = descs
-    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + t_desc.block_type.nbytes) * (2 if GLU else 1)
-    for i in range(k_iters):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
-        bar = ready.index(s)
-        mbarrier.expect(bar, NBYTES)
-        kt = k0 + i
-        tma.async_copy_global_to_shared(w_desc, [row0, kt * 32], bar, bufs[0].index(s))
-        tma.async_copy_global_to_shared(t_desc, [4 * kt, row0], bar, bufs[1].index(s))
-        if GLU:
-            tma.async_copy_global_to_shared(descs2[0], [row0, kt * 32], bar, bufs2[0].index(s))
-            tma.async_copy_global_to_shared(descs2[1], [4 * kt, row0], bar, bufs2[1].index(s))
-
-
-@gluon.jit
 def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HALF: gl.constexpr,
               STAGES: gl.constexpr, PDL: gl.constexpr, PER: gl.constexpr, HAS_PQS: gl.constexpr,
               COMPUTE: gl.constexpr):
@@ -316,20 +291,13 @@ def _w4a8_mma_kernel(
         made2 = gl.allocate_shared_memory(gl.int32, [PER, 32], MADE)
         bx2 = (gl.allocate_shared_memory(gl.float8e4nv, [8, 128], B_LAYOUT),
                gl.allocate_shared_memory(gl.float8e4nv, [8, 128], B_LAYOUT))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    pid_n = gl.program_id(0)
+    ready, empty = stage_barriers(STAGES)
     pid_s = gl.program_id(1)
-    k0 = pid_s * per_split
-    k_iters = gl.minimum(per_split, k_tiles - k0)
-    row0 = pid_n * HALF
+    row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
     inputs = (x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, k0, made, made2, bx, bx2)
     acc, acc2 = gl.warp_specialize([
         (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, STAGES, PDL, PER, HAS_PQS, COMPUTE)),
-        (_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
+        (two_box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
     ], [1], [40])
     # MMA row m = 64 b + 16 w + 8 h + g is output row 2 (row0 + 32 b + 8 w + g) + h; column 0 is the input's (the
     # other columns' B rows are zero, so a row's sum is its column 0)

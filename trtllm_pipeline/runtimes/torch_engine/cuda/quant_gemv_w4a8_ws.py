@@ -39,7 +39,8 @@ from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, W_LAYOUT, _block_dot, _made_input,
-                                                                      _quarters, _tile_cols, made_planes)
+                                                                      _quarters, _tile_cols, made_planes,
+                                                                      program_tiles, stage_barriers)
 
 ENV = "TRTLLM_PIPELINE_W4A8_WS"
 # registers per thread: each consumer thread holds 4 (GLU: 2 x 2) rows' lookup tables (8 words a row) beside the
@@ -85,14 +86,17 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
     ``SHORT_K_PROGRAMS_PER_SM``) with no split left empty, ``STAGES`` deep; the GLU 128 rows, K not split,
     ``GLU_STAGES`` deep (the best of the variants timed alone: ``BLOCK_N``'s note)."""
     block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
-    k_tiles = triton.cdiv(q.k, 128)
-    if glu:
-        splits = 1
-    elif splits is None:
-        per_sm = SHORT_K_PROGRAMS_PER_SM if k_tiles <= SHORT_K_TILES else PROGRAMS_PER_SM
-        splits = max(1, min(k_tiles, round(per_sm * sm_count / triton.cdiv(q.n, block_n))))
-        splits = triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))
+    splits = 1 if glu else splits or split_rule(q, sm_count, block_n)
     return LinearConfig(1, block_n, 128, splits, 4, GLU_STAGES if glu else STAGES, tma=True, ws=True, w4a8=True)
+
+
+def split_rule(q, sm_count: int, block_n: int) -> int:
+    """K splits of 128-input tiles for about ``PROGRAMS_PER_SM`` programs per SM (K short: ``SHORT_K_PROGRAMS_PER_SM``),
+    no split left empty (the rule of the kernels that make their input in shared memory)."""
+    k_tiles = triton.cdiv(q.k, 128)
+    per_sm = SHORT_K_PROGRAMS_PER_SM if k_tiles <= SHORT_K_TILES else PROGRAMS_PER_SM
+    splits = max(1, min(k_tiles, round(per_sm * sm_count / triton.cdiv(q.n, block_n))))
+    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, splits))
 
 
 # ------------------------------------------------------------------------------------------ the lookup (PTX)
@@ -298,16 +302,9 @@ def _w4a8_ws_kernel(
     if GLU:
         bufs2 = _buffers(descs2, HALF, STAGES)
         made2 = _made_buffers(PER)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    pid_n = gl.program_id(0)
+    ready, empty = stage_barriers(STAGES)
     pid_s = gl.program_id(1)
-    k0 = pid_s * per_split
-    k_iters = gl.minimum(per_split, k_tiles - k0)
-    row0 = pid_n * HALF
+    row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
     inputs = (x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, k0, made, made2)
     acc_e, acc_o, acc2_e, acc2_o = gl.warp_specialize([
         (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, STAGES, B2, A2, PDL, PER, HAS_PQS,

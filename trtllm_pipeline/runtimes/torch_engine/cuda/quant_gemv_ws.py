@@ -326,6 +326,47 @@ def _store_planes(v_lo, v_hi, k0, K, dst, HALF: gl.constexpr):
 
 
 @gluon.jit
+def stage_barriers(STAGES: gl.constexpr):
+    """Each stage's "ready" and "empty" mbarriers (count 1), initialized: the warp-specialized kernels' hand-off."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return ready, empty
+
+
+@gluon.jit
+def program_tiles(per_split, k_tiles, HALF: gl.constexpr):
+    """This program's first packed row, first K tile and number of K tiles (row tile ``program_id(0)``, split
+    ``program_id(1)``; a split past the last tile has none)."""
+    k0 = gl.program_id(1) * per_split
+    return gl.program_id(0) * HALF, k0, gl.minimum(per_split, k_tiles - k0)
+
+
+@gluon.jit
+def two_box_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU: gl.constexpr,
+                     STAGES: gl.constexpr):
+    """The producer warp of the kernels whose stages hold a K tile's packed words and one box of per-row values
+    (quant_gemv_w4a8_mma's tables, quant_rows_int4_mma's scales: ``descs`` = (words, values), box rows a K tile), for
+    one matrix or, GLU, two. Nothing it copies depends on the previous kernel: no PDL wait."""
+    w_desc, v_desc = descs
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + v_desc.block_type.nbytes) * (2 if GLU else 1)
+    V_ROWS: gl.constexpr = v_desc.block_type.shape[0]
+    for i in range(k_iters):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
+        bar = ready.index(s)
+        mbarrier.expect(bar, NBYTES)
+        kt = k0 + i
+        tma.async_copy_global_to_shared(w_desc, [row0, kt * 32], bar, bufs[0].index(s))
+        tma.async_copy_global_to_shared(v_desc, [V_ROWS * kt, row0], bar, bufs[1].index(s))
+        if GLU:
+            tma.async_copy_global_to_shared(descs2[0], [row0, kt * 32], bar, bufs2[0].index(s))
+            tma.async_copy_global_to_shared(descs2[1], [V_ROWS * kt, row0], bar, bufs2[1].index(s))
+
+
+@gluon.jit
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
     out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,
@@ -344,16 +385,10 @@ def _ws_gemv_kernel(
     bufs2 = bufs
     if GLU:
         bufs2 = _buffers(descs2, HALF, STAGES)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    ready, empty = stage_barriers(STAGES)
     pid_n = gl.program_id(0)
     pid_s = gl.program_id(1)
-    k0 = pid_s * per_split
-    k_iters = gl.minimum(per_split, k_tiles - k0)
-    row0 = pid_n * HALF
+    row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
     masks = (m_nib, m_xor, m_nib_hi, m_xor_hi)
     # FOLD: the input tiles the consumers make (gemv_input.NormFold), PER of them at most
     MADE: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # per tile: plain rows

@@ -1,0 +1,297 @@
+"""INT4-AWQ at 2-16 input rows: the weights dequantized in registers into ``wgmma``'s A operand (Gluon, Hopper).
+
+quant_gemm's GEMM at 8 rows is issue-bound in its dequantization (the 7B's GLU at M 8 49-58 us where the batch-1 GEMV
+reads the same bytes in 30: docs/perf-notes.md), and the batch-1 GEMV's dp4a costs grow with every row. Here the
+batch is the MMA's N (8 or 16 columns of B) and costs nothing per weight, and each weight costs its dequantization:
+
+* A warp's 16 MMA rows are the even (g) and odd (g + 8) rows of 8 packed rows (quant_gemv_w4a8_mma's mapping), so a
+  packed word of the checkpoint (two rows' nibbles at four inputs) is exactly a lane's A fragment at one 16-input
+  chunk: ``(w & 0x000F000F) ^ 8 | 0x4300`` per bfloat16 half (one LOP3 from two constant registers) is 136 + q for
+  inputs 0 and 2 of the word's even row, the same of ``w >> 8`` for inputs 1 and 3, of ``w >> 4`` and ``w >> 12`` for
+  the odd row. The MMA's inputs are numbered so that these pairs are the fragment's (0, 2 | 1, 3 of each word), and
+  the input rows are written to B in that order (``_stage_input``). Each K tile (one scale group) is multiplied from
+  zero; its float32 result less 136 x each input row's sum over the tile, times the rows' group scales, is added into
+  the accumulators: ``s (q x)`` where eager multiplies x by its bfloat16 rounding of ``q s`` (that rounding's
+  difference, 2^-9 of a weight, and float32's on the offset: ~2^-24 x 136 of the inputs' sum). The dequantization is a
+  LOP3 and 3/4 of a shift a pair: under an instruction a weight whatever the batch.
+* quant_gemv_ws's producer warp copies each K tile's packed words and 16-bit group scales into stages; the consumer
+  warps write each tile's input rows (times their pre-quant scale, rounded to the compute dtype) into a K-major
+  B buffer, then dequantize and issue the MMAs; float32 accumulators across K.
+
+Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
+[M, N] in the compute dtype, K not split). Gluon kernels do not run in Triton's interpreter: the CPU tests compile this
+one for sm_90 (``tools/gemv_sass.py --int4-mma``). Untimed: the decode step takes it only at batch 2..N under
+``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_ws, quant_gemv_ws, support
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN16, W_LAYOUT, program_tiles,
+                                                                      stage_barriers, two_box_producer)
+
+ENV = "TRTLLM_PIPELINE_INT4_WGMMA_ROWS"
+MAX_ROWS = 16
+MAX_REGISTERS = 128
+STAGES = 3
+BLOCK_N, GLU_BLOCK_N = 128, 64
+NIBBLES = gl.constexpr(0x000F000F)  # each bfloat16 half's low nibble
+MAGIC = gl.constexpr(0x43084308)  # where the mask is set: the nibble's XOR 8; elsewhere: bfloat16 128's bits
+
+
+def enabled(m: int) -> bool:
+    """Whether ``$TRTLLM_PIPELINE_INT4_WGMMA_ROWS`` (a batch size N; 0 or unset: off) asks for this kernel at ``m``."""
+    return support.rows_switch(ENV, MAX_ROWS, "the INT4 register-dequantizing wgmma kernel", m)
+
+
+def supported(q, m: int) -> bool:
+    """INT4-AWQ at 2..MAX_ROWS rows of a bfloat16 engine (its 16-bit scales are in the compute dtype) on a Hopper GPU,
+    128-input tiles of one scale group."""
+    if q.fmt != "int4_awq" or not 2 <= m <= MAX_ROWS or getattr(q, "scales16", None) is None:
+        return False
+    return (q.scales16.dtype == torch.bfloat16 and quant_gemv_ws.fits(q, GLU_BLOCK_N)
+            and q.weight.device.type == "cuda" and torch.cuda.get_device_capability(q.weight.device) >= (9, 0))
+
+
+def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
+                block_n: int | None = None) -> LinearConfig:
+    """128 output rows x 128 inputs (the GLU 64: two matrices), the MMA's N 8 or 16 for ``m`` rows, quant_gemv_w4a8_ws's
+    K split rule, ``STAGES`` deep (not yet timed)."""
+    block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
+    splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
+    return LinearConfig(8 if m <= 8 else 16, block_n, 128, splits, 4, STAGES, gemm=True, tma=True, ws=True,
+                        lut_mma=True)
+
+
+# ------------------------------------------------------------------------------------------ layouts
+
+
+@gluon.constexpr_function
+def _words_layout(half):
+    """A stage's packed words [HALF, 32]: lane (g, t) of warp w holds packed row 8 w + g (+ 32 a register) and words
+    t + 4 r (r: 3 register bits: the 16-input chunk), a lane's A fragment of each chunk (quant_gemv_w4a8_mma's)."""
+    regs = [[0, 4], [0, 8], [0, 16]] + ([[32, 0]] if half == 64 else [])
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=[[8, 0], [16, 0]], block_bases=[], shape=[half, 32])
+
+
+@gluon.constexpr_function
+def _mma_layout(nb):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, nb, 16])
+
+
+@gluon.constexpr_function
+def _operand_layout(nb):
+    return gl.DotOperandLayout(operand_index=0, parent=_mma_layout(nb), k_width=2)
+
+
+@gluon.constexpr_function
+def _b_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+# ------------------------------------------------------------------------------------------ dequantization
+
+
+@gluon.jit
+def _lop(v):
+    """Per bfloat16 half: the low nibble XOR 8 in bfloat16 128's mantissa: 136 + q (one LOP3: b ? a ^ c : c)."""
+    return gl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0x6A;", "=r,r,r,r",
+                                     [v, gl.full_like(v, NIBBLES), gl.full_like(v, MAGIC)], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _pairs(v):
+    """The bfloat16 pair (136 + q, 136 + q') of the nibbles in bits 0-3 and 16-19 of ``v`` (``_lop``)."""
+    return _lop(v)
+
+
+@gluon.jit
+def _half_words(w, h: gl.constexpr):
+    """The words [HALF, 32] of the tile's first (h = 0) or second 64 inputs, [HALF, 16]."""
+    half: gl.constexpr = w.shape[0]
+    lo, hi = gl.split(gl.permute(gl.reshape(w, [half, 2, 16]), [0, 2, 1]))
+    if h == 0:
+        return lo
+    return hi
+
+
+@gluon.jit
+def _operand(w, NB: gl.constexpr):
+    """A [2 HALF, 64] bfloat16 of the integers q in the wgmma operand's layout from packed words [HALF, 16] (64
+    inputs): MMA row 64 b + 16 w + 8 p + g is row parity p of packed row 32 b + 8 w + g; MMA input 16 c + 8 j + 2 t + i
+    of the chunk c is input 16 c + 4 t + 2 i + j (``_stage_input`` writes B so)."""
+    half: gl.constexpr = w.shape[0]
+    nb: gl.constexpr = half // 32
+    e02 = _pairs(w)
+    e13 = _pairs(w >> 8)
+    o02 = _pairs(w >> 4)
+    o13 = _pairs(w >> 12)
+    # pairs: (packed row, word = 4 c + t, j) -> pair index 8 c + 4 j + t
+    even = gl.reshape(gl.permute(gl.reshape(gl.join(e02, e13), [half, 4, 4, 2]), [0, 1, 3, 2]), [half, 32])
+    odd = gl.reshape(gl.permute(gl.reshape(gl.join(o02, o13), [half, 4, 4, 2]), [0, 1, 3, 2]), [half, 32])
+    x = gl.reshape(gl.join(even, odd), [nb, 4, 8, 32, 2])  # (block, warp, g, pair, parity)
+    x = gl.reshape(gl.permute(x, [0, 1, 4, 2, 3]), [2 * half, 32])
+    x2 = gl.reshape(gl.join(x, x), [2 * half, 64])  # each pair for its two bfloat16 (one register: no instruction)
+    a = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [x2], dtype=gl.bfloat16, is_pure=True, pack=2)
+    return gl.convert_layout(a, _operand_layout(NB), assert_trivial=True)
+
+
+@gluon.jit
+def _row_scales(s_bufs, s, HALF: gl.constexpr, NB: gl.constexpr):
+    """Stage ``s``'s group scales of the even and odd rows as float32 [2 HALF, 1] by MMA row (``_operand``'s order)."""
+    ONE: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    VEC: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sb = s_bufs.index(s)._reinterpret(gl.bfloat16, [2 * HALF], VEC)
+    even = sb.slice(0, HALF).load(ONE).to(gl.float32)
+    odd = sb.slice(HALF, HALF).load(ONE).to(gl.float32)
+    v = gl.reshape(gl.join(even, odd), [HALF // 32, 4, 8, 2])  # (block, warp, g, parity)
+    v = gl.reshape(gl.permute(v, [0, 1, 3, 2]), [2 * HALF])
+    return gl.expand_dims(gl.convert_layout(v, gl.SliceLayout(1, _mma_layout(NB))), 1)
+
+
+@gluon.jit
+def _stage_input(x_ptr, pqs_ptr, b_buf, kt, M, stride_x, NB: gl.constexpr, HAS_PQS: gl.constexpr,
+                 COMPUTE: gl.constexpr):
+    """K tile ``kt`` of the input rows (times the pre-quant scale, rounded to the compute dtype) into the K-major B
+    buffer [NB, 128], rows past M zero, in the MMA's input order: MMA input 16 c + 8 j + 2 t + i is input 16 c + 4 t
+    + 2 i + j (a lane's pairs of ``_operand``). Loaded four inputs a thread; the order is a relabelling of them.
+    Returns 136 x each row's sum over the tile [NB] (the accumulators' column layout)."""
+    XL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(1, XL)), 1)
+    cols = kt * 128 + gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, XL)), 0)
+    x = gl.load(x_ptr + n * stride_x + cols, mask=(n < M) & (cols >= 0), other=0.0)
+    if HAS_PQS:
+        x = (x.to(gl.float32) * gl.load(pqs_ptr + cols).to(gl.float32)).to(COMPUTE)
+    b_buf.store(gl.reshape(gl.permute(gl.reshape(x, [NB, 8, 4, 2, 2]), [0, 1, 4, 2, 3]), [NB, 128]))
+    # (row, chunk c, t, input bit 1 = i, input bit 0 = j) -> MMA input order; and 136 x each row's sum, what the
+    # weights' offset adds to the tile's products (float32 of the bfloat16 values the MMA multiplies)
+    return gl.convert_layout(gl.sum(x.to(gl.float32), axis=1) * 136.0, gl.SliceLayout(0, _mma_layout(NB)))
+
+
+# ------------------------------------------------------------------------------------------ the two partitions
+
+
+@gluon.jit
+def _tile(w, scales, b_buf, offset, acc, NB: gl.constexpr):
+    """One K tile into the float32 accumulators: the MMAs of 136 + q over B's two 128-byte columns (64 inputs each),
+    from zero, less ``offset`` (136 x each input row's sum), times the rows' group scales."""
+    part = warpgroup_mma(_operand(_half_words(w, 0), NB), b_buf.slice(0, 64, dim=1).permute((1, 0)),
+                         gl.zeros_like(acc), use_acc=False)
+    part = warpgroup_mma(_operand(_half_words(w, 1), NB), b_buf.slice(64, 64, dim=1).permute((1, 0)), part)
+    return acc + (part - gl.expand_dims(offset, 0)) * scales
+
+
+@gluon.jit
+def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
+              STAGES: gl.constexpr, PDL: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
+    x_ptr, pqs_ptr, pqs2_ptr, M, stride_x, k0, b_buf, b_buf2 = inputs
+    L: gl.constexpr = _words_layout(HALF)
+    if PDL:  # x is the previous kernel's output; this one's outputs are read by the kernels before it
+        gdc_wait()
+        gdc_launch_dependents()
+    acc = gl.zeros([2 * HALF, NB], gl.float32, _mma_layout(NB))
+    acc2 = acc
+    for i in range(k_iters):
+        gl.thread_barrier()  # the last tile's MMAs done with the B buffers
+        offset = _stage_input(x_ptr, pqs_ptr, b_buf, k0 + i, M, stride_x, NB, HAS_PQS, COMPUTE)
+        offset2 = offset
+        if GLU:  # the gate's own pre-quant scale
+            offset2 = _stage_input(x_ptr, pqs2_ptr, b_buf2, k0 + i, M, stride_x, NB, HAS_PQS, COMPUTE)
+        fence_async_shared()  # the B stores before the tensor cores read them
+        gl.thread_barrier()
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        w = bufs[0].index(s).load(L)
+        scales = _row_scales(bufs[1], s, HALF, NB)
+        if GLU:
+            w2 = bufs2[0].index(s).load(L)
+            scales2 = _row_scales(bufs2[1], s, HALF, NB)
+        fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
+        mbarrier.arrive(empty.index(s), count=1)
+        acc = _tile(w, scales, b_buf, offset, acc, NB)
+        if GLU:
+            acc2 = _tile(w2, scales2, b_buf2, offset2, acc2, NB)
+    return acc, acc2
+
+
+@gluon.jit
+def _int4_rows_mma_kernel(
+    w_desc, s_desc, w2_desc, s2_desc, x_ptr, pqs_ptr, pqs2_ptr, out_ptr,
+    M, N, k_tiles, per_split, stride_x, stride_os, stride_om,
+    GLU: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+):
+    descs = (w_desc, s_desc)
+    descs2 = (w2_desc, s2_desc)
+    bufs = (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], w_desc.layout),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, 2, HALF], s_desc.layout))
+    b_buf = gl.allocate_shared_memory(gl.bfloat16, [NB, 128], _b_layout())
+    bufs2 = bufs
+    b_buf2 = b_buf
+    if GLU:
+        bufs2 = (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], w2_desc.layout),
+                 gl.allocate_shared_memory(gl.bfloat16, [STAGES, 2, HALF], s2_desc.layout))
+        b_buf2 = gl.allocate_shared_memory(gl.bfloat16, [NB, 128], _b_layout())
+    ready, empty = stage_barriers(STAGES)
+    pid_s = gl.program_id(1)
+    row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
+    inputs = (x_ptr, pqs_ptr, pqs2_ptr, M, stride_x, k0, b_buf, b_buf2)
+    acc, acc2 = gl.warp_specialize([
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE)),
+        (two_box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
+    ], [1], [40])
+    # MMA row m = 64 b + 16 w + 8 p + g is output row 2 (row0 + 32 b + 8 w + g) + p; column n the input row n
+    MMA: gl.constexpr = _mma_layout(NB)
+    m = gl.expand_dims(gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, MMA)), 1)
+    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(0, MMA)), 0)
+    rows = 2 * (row0 + 32 * (m // 64) + 8 * ((m // 16) % 4) + m % 8) + (m // 8) % 2
+    ok = (rows < N) & (n < M)
+    if GLU:
+        gl.store(out_ptr + n * stride_om + rows, silu_mul(acc, acc2, COMPUTE), mask=ok)
+    else:
+        gl.store(out_ptr + pid_s * stride_os + n * stride_om + rows, acc, mask=ok)
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+
+def _descriptors(q, half: int) -> list:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return [TensorDescriptor.from_tensor(q.weight.view(torch.int32), [half, 32], W_LAYOUT),
+            TensorDescriptor.from_tensor(q.scales16.view(-1, q.n // 2), [2, half], PLAIN16)]
+
+
+def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool):
+    """quant_gemm.launch's contract for this kernel's configs (``cfg.lut_mma``, INT4-AWQ): ``x`` [M, K] in the compute
+    dtype before the pre-quant scale; ``out`` [splits, M, N] (or [M, N], one split) float32 partials, or with ``q2``
+    (the GLU's gate, K not split) [M, N] in the compute dtype."""
+    glu = q2 is not None
+    m = x.shape[0]
+    assert supported(q, m) and compute == torch.bfloat16 and cfg.block_k == 128 and x.stride(1) == 1
+    assert m <= cfg.block_m
+    assert q.weight.is_contiguous() and out.stride(-1) == 1
+    q2 = q2 or q
+    assert (q2.pqs is None) == (q.pqs is None) and q2.scales16 is not None
+    half = cfg.block_n // 2
+    k_tiles = q.k // 128
+    splits = 1 if glu else cfg.splits  # (a split past the last K tile writes zeros: every partial is written)
+    per_split = triton.cdiv(k_tiles, splits)
+    partials = not glu and out.dim() == 3
+    descs = _descriptors(q, half) + _descriptors(q2, half)
+    return _int4_rows_mma_kernel[(triton.cdiv(q.n // 2, half), splits)](
+        *descs, x, q.pqs if q.pqs is not None else x, q2.pqs if q2.pqs is not None else x, out,
+        m, q.n, k_tiles, per_split, x.stride(0), out.stride(0) if partials else 0, out.stride(-2),
+        GLU=glu, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute), HALF=half, NB=cfg.block_m, STAGES=cfg.num_stages,
+        PDL=pdl, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+    )
