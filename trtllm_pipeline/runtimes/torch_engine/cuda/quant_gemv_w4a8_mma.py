@@ -42,14 +42,13 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_ws
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_ws import _bitsel, _pqs, _prmt, _row_tables
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, W_LAYOUT, _tile_cols, program_tiles,
-                                                                      stage_barriers, two_box_producer)
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_ws import _bitsel, _prmt, _row_tables
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, W_LAYOUT, program_tiles, stage_barriers,
+                                                                      two_box_producer)
 
 ENV = "TRTLLM_PIPELINE_W4A8_MMA"
 MAX_REGISTERS = 128
@@ -225,21 +224,11 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
               COMPUTE: gl.constexpr):
     x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, k0, made, made2, bx, bx2 = inputs
     L: gl.constexpr = _words_layout(HALF)
-    XL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [PER, 128]: a warp a tile
-    cols, ok = _tile_cols(k0, k_iters, PER, XL)
-    # the lookups' bytes come in the selectors' order, inputs 0, 2, 1, 3 of each word: the input's words the same
-    cols = (cols & -4) | ((cols & 1) << 1) | ((cols >> 1) & 1)
-    pqs = _pqs(pqs_ptr, cols, ok, HAS_PQS)
-    pqs2 = pqs
-    if GLU:
-        pqs2 = _pqs(pqs2_ptr, cols, ok, HAS_PQS)
     _zero(bx)
     if GLU:
         _zero(bx2)
-    if PDL:  # x is the previous kernel's output; this one's outputs are read by the kernels before it
-        gdc_wait()
-        gdc_launch_dependents()
-    x = gl.load(x_ptr + cols, mask=ok, other=0.0)
+    # (the lookups' bytes come in the selectors' order, inputs 0, 2, 1, 3 of each word: the input's words the same)
+    x, ok, pqs, pqs2 = quant_gemv_w4a8_ws.raw_input(x_ptr, pqs_ptr, pqs2_ptr, k0, k_iters, GLU, PER, HAS_PQS, PDL)
     _fp8_words(x, pqs, aq_ptr, ok, made, PER, HAS_PQS, COMPUTE)
     if GLU:  # the gate's own pre-quant and activation scales
         _fp8_words(x, pqs2, aq2_ptr, ok, made2, PER, HAS_PQS, COMPUTE)

@@ -172,6 +172,27 @@ def _pqs(pqs_ptr, cols, ok, HAS_PQS: gl.constexpr):
 
 
 @gluon.jit
+def raw_input(x_ptr, pqs_ptr, pqs2_ptr, k0, k_iters, GLU: gl.constexpr, PER: gl.constexpr, HAS_PQS: gl.constexpr,
+              PDL: gl.constexpr):
+    """This program's K slice of the input row as [PER, 128] (a warp a tile, each word's inputs in the table
+    lookup's order 0, 2, 1, 3), which of them are its own, and the pre-quant scales there (the gate's second; the
+    fc's again without a GLU), for the consumers to make their input from. The scales are loaded before the PDL
+    wait; the input, the previous kernel's output, after it (and this kernel's outputs, which the kernels before it
+    read, are let go then)."""
+    L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    cols, ok = _tile_cols(k0, k_iters, PER, L)
+    cols = (cols & -4) | ((cols & 1) << 1) | ((cols >> 1) & 1)
+    pqs = _pqs(pqs_ptr, cols, ok, HAS_PQS)
+    pqs2 = pqs
+    if GLU:
+        pqs2 = _pqs(pqs2_ptr, cols, ok, HAS_PQS)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    return gl.load(x_ptr + cols, mask=ok, other=0.0), ok, pqs, pqs2
+
+
+@gluon.jit
 def _fp8_tiles(x, pqs, aq_ptr, ok, made, PER: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
     """This program's K tiles of one matrix's input as quant_gemv_w4a8._input makes them: ``x`` [PER, 128] (each
     word's inputs in the selectors' order 0, 2, 1, 3) times the pre-quant scales ``pqs`` rounded to the compute
@@ -235,17 +256,7 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
               STAGES: gl.constexpr, B2: gl.constexpr, A2: gl.constexpr, PDL: gl.constexpr, PER: gl.constexpr,
               HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
     x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, k0, made, made2 = inputs
-    L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [PER, 128]: a warp a tile
-    cols, ok = _tile_cols(k0, k_iters, PER, L)
-    cols = (cols & -4) | ((cols & 1) << 1) | ((cols >> 1) & 1)  # each word's inputs 0, 2, 1, 3
-    pqs = _pqs(pqs_ptr, cols, ok, HAS_PQS)
-    pqs2 = pqs
-    if GLU:
-        pqs2 = _pqs(pqs2_ptr, cols, ok, HAS_PQS)
-    if PDL:  # x is the previous kernel's output; this one's outputs are read by the kernels before it
-        gdc_wait()
-        gdc_launch_dependents()
-    x = gl.load(x_ptr + cols, mask=ok, other=0.0)
+    x, ok, pqs, pqs2 = raw_input(x_ptr, pqs_ptr, pqs2_ptr, k0, k_iters, GLU, PER, HAS_PQS, PDL)
     _fp8_tiles(x, pqs, aq_ptr, ok, made, PER, HAS_PQS, COMPUTE)
     if GLU:  # the gate's own pre-quant and activation scales
         _fp8_tiles(x, pqs2, aq2_ptr, ok, made2, PER, HAS_PQS, COMPUTE)
