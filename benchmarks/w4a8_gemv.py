@@ -4,6 +4,7 @@ linears, before and after a change, in one call (issue 32): no 7B build, random 
 (quant_gemv_int8_ws, variant ws and its neighbours) the same way, against quant_linear's INT8 tensor-core kernel.
 
     python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,ws,mma,sweep] [--format w4a8_awq]
+    python3 benchmarks/w4a8_gemv.py --out DIR --rows 8 [--variants gemm,rows]   # W4A8 at 2-16 input rows
     TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/w4a8_gemv.py --dry-run --out DIR
 
 Per linear (qkv 3584 -> 4608, dense 3584 -> 3584, fc + gate 3584 -> 2 x 18944 as the GLU launch, proj 18944 -> 3584)
@@ -25,6 +26,12 @@ Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
           legacy splits prefetched), until $W4A8_GEMV_SWEEP_S seconds (default 40) have passed
 Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
 static counts in docs/perf-notes.md); the difference between legacy and new is the launch: splits, rows, prefetch.
+
+``--rows M`` (2-16, $W4A8_GEMV_ROWS): W4A8 at M input rows through quant_gemm.launch, checked and timed the same way
+against float32 and quant_linear's kernel at M rows:
+  gemm    ``quant_gemm.pick_config``: quant_gemm's W4A8 GEMM (the GLU not split), what a decode batch takes today
+  rows    ``quant_rows_w4a8_mma.pick_config``: the lookup into FP8 wgmma with the rows as the MMA's N (Hopper; the
+          decode step's under TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N), then its stages, rows and splits around it
 
 The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time, ms). Results:
 DIR/w4a8_gemv.json (INT8: DIR/FORMAT_gemv.json). ~1 minute on an H200 (each distinct config is one compilation).
@@ -50,9 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import quant_fast_path as qf  # noqa: E402
 import quant_gemm as qg  # noqa: E402
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv_int8, quant_gemv_int8_ws,  # noqa: E402
-                                                       quant_gemv_w4a8, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws,
-                                                       quant_linear)
+from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemm, quant_gemv_int8,  # noqa: E402
+                                                       quant_gemv_int8_ws, quant_gemv_w4a8, quant_gemv_w4a8_mma,
+                                                       quant_gemv_w4a8_ws, quant_linear, quant_rows_w4a8_mma)
 
 BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 LAYERS = 28
@@ -114,16 +121,46 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
     return unique
 
 
+def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]]:
+    """(name, LinearConfig) for W4A8 at ``m`` rows (``--rows``): quant_gemm's GEMM and the lookup wgmma kernel."""
+    r = dataclasses.replace
+    out = []
+    for v in which:
+        if v == "gemm":  # (the GLU not split: a split GLU needs the decode step's counters and workspace)
+            cfg = quant_gemm.pick_config(q, m, sm, glu=glu)
+            out.append(("gemm", r(cfg, splits=1) if glu else cfg))
+        elif v == "rows":
+            if not quant_rows_w4a8_mma.supported(q, m):
+                continue
+            rows = quant_rows_w4a8_mma.pick_config(q, m, sm, glu=glu)
+            out.append(("rows", rows))
+            if glu:
+                out += [("rows-128-rows", r(rows, block_n=128, num_stages=2)), ("rows-2-stages", r(rows, num_stages=2))]
+            else:
+                out += [("rows-64-rows", quant_rows_w4a8_mma.pick_config(q, m, sm, block_n=64)),
+                        ("rows-4-stages", r(rows, num_stages=4)),
+                        ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))]
+        else:
+            raise SystemExit(f"--variants with --rows: unknown {v!r} (gemm, rows)")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS", "legacy,new,ws,mma,sweep"))
+    ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS"),
+                    help="comma-separated (default legacy,new,ws,mma,sweep; with --rows: gemm,rows)")
     ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter at tiny shapes")
     ap.add_argument("--format", default="w4a8_awq", choices=("w4a8_awq", "int8_sq", "int8_wo"),
                     help="the weights' format (default w4a8_awq; INT8's: quant_gemv_int8 and its warp-specialized "
                          "form)")
+    ap.add_argument("--rows", type=int, default=int(os.environ.get("W4A8_GEMV_ROWS", "1")),
+                    help="input rows (1: the batch-1 GEMVs; 2-16: W4A8 through quant_gemm.launch, variants gemm,rows)")
     args = ap.parse_args()
-    which = [v for v in args.variants.split(",") if v]
+    m = args.rows
+    if not 1 <= m <= quant_rows_w4a8_mma.MAX_ROWS or m > 1 and args.format != "w4a8_awq":
+        raise SystemExit(f"--rows {m}: 1, or 2-{quant_rows_w4a8_mma.MAX_ROWS} for w4a8_awq")
+    which = [v for v in (args.variants or ("gemm,rows" if m > 1 else "legacy,new,ws,mma,sweep")).split(",") if v]
     if args.dry_run:
         dev, sm, shapes, layers = torch.device("cpu"), 4, DRY_SHAPES, 1
     else:
@@ -140,39 +177,44 @@ def main() -> None:
         glu = name == "glu"
         lins = qg._weights(args.format, n, k, 2 if glu else 1, gen, dev)
         qs = [lin.kernel_weight() for lin in lins]
-        if args.format == "w4a8_awq":
-            qs = [quant_gemv_w4a8.with_tables(q) for q in qs]
+        if args.format == "w4a8_awq":  # both kernels' tables, made before any timing (a launch without them makes
+            # them itself: in a captured graph that would be timed as the kernel's)
+            qs = [quant_gemv_w4a8_mma.with_tables(quant_gemv_w4a8.with_tables(q)) for q in qs]
         nbytes = sum(t.numel() * t.element_size() for q in qs for t in (q.weight, q.lut, q.units, q.pqs, q.scales)
                      if t is not None and not (t is q.scales and q.lut is not None))
         copies = max(2, math.ceil(4 * 60 * 2**20 / nbytes)) if cuda else 1
         def copied(q):  # (the tables too where the format has them)
-            tables = {"lut": q.lut.clone(), "units": q.units.clone()} if q.lut is not None else {}
+            tables = ({"lut": q.lut.clone(), "units": q.units.clone(), "lut8": q.lut8.clone()}
+                      if q.lut is not None else {})
             return dataclasses.replace(q, weight=q.weight.clone(), **tables)
         sets = [qs] + [[copied(q) for q in qs] for _ in range(copies - 1)]
-        x = (torch.randn(1, k, generator=gen, device=dev) * 2).to(dt)
+        x = (torch.randn(m, k, generator=gen, device=dev) * 2).to(dt)
         ref = [qg._reference(lin, x) for lin in lins]
         want = F.silu(ref[0].to(dt).float()).to(dt).float() * ref[1].to(dt).float() if glu else ref[0]
         # quant_linear's tensor-core kernel (FP8 / INT8: the step's choice with the switch off) on the same input
-        dot_cfg = quant_linear.pick_config(qs[0], 1, sm, glu=glu, gemv=False)
+        dot_cfg = quant_linear.pick_config(qs[0], m, sm, glu=glu, gemv=False)
         if glu:
-            dot = torch.empty(1, n, dtype=dt, device=dev)
+            dot = torch.empty(m, n, dtype=dt, device=dev)
             quant_linear.quant_glu(x, qs[0], qs[1], dot, dot_cfg, dt)
             dot = dot.float()
         else:
-            dot = torch.empty(dot_cfg.splits, 1, n, device=dev)
+            dot = torch.empty(dot_cfg.splits, m, n, device=dev)
             quant_linear.quant_partials(x, qs[0], dot, dot_cfg, dt)
             dot = dot.sum(0)
-        for vname, cfg in variants(qs[0], sm, glu, which):
-            cut = vname not in ("legacy", "new") and not vname.startswith(("ws", "mma"))
+        chosen = rows_variants(qs[0], m, sm, glu, which) if m > 1 else variants(qs[0], sm, glu, which)
+        for vname, cfg in chosen:
+            cut = vname not in ("legacy", "new") and not vname.startswith(("ws", "mma", "gemm", "rows"))
             if cut and time.perf_counter() - t0 > SWEEP_S:
                 continue
             row = {"linear": name, "n": n, "k": k, "variant": vname, "config": dataclasses.astuple(cfg),
                    "block_n": cfg.block_n, "splits": cfg.splits, "prefetch": cfg.num_stages > 1,
                    "programs": -(-n // cfg.block_n) * cfg.splits, "bytes": nbytes}
-            out = torch.empty(1, n, dtype=dt, device=dev) if glu else torch.empty(cfg.splits, 1, n, device=dev)
+            out = torch.empty(m, n, dtype=dt, device=dev) if glu else torch.empty(cfg.splits, m, n, device=dev)
 
             def call(i, cfg=cfg, out=out):
                 ws = sets[i % copies]
+                if m > 1:  # W4A8 at several rows: the decode step's entry for a batch
+                    return quant_gemm.launch(x, ws[0], ws[1] if glu else None, out, cfg, dt, pdl=cuda)
                 if glu:
                     return quant_linear.quant_glu(x, ws[0], ws[1], out, cfg, dt, pdl=cuda)
                 return quant_linear.quant_partials(x, ws[0], out, cfg, dt, pdl=cuda)
@@ -202,15 +244,16 @@ def main() -> None:
         if cuda:
             torch.cuda.empty_cache()
     summary = {}
-    for v in ("legacy", "new", "ws", "mma"):
+    for v in ("legacy", "new", "ws", "mma", "gemm", "rows"):
         got = {r["linear"]: r["us"] for r in rows if r["variant"] == v and "us" in r}
         if len(got) == len(shapes):
             summary[v] = {"per_layer_us": got, "step_ms": layers * sum(got.values()) / 1000}
             print(f"{v}: the four launches x {layers} layers: {summary[v]['step_ms']:.3f} ms a step "
                   f"({', '.join(f'{k} {u:.1f}' for k, u in got.items())} us)")
     name = "w4a8_gemv.json" if args.format == "w4a8_awq" else f"{args.format}_gemv.json"
-    (args.out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if cuda else "cpu",
-                                                         "sm": sm, "rows": rows, "summary": summary}, indent=1))
+    name = name if m == 1 else f"w4a8_rows{m}.json"
+    (args.out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "sm": sm,
+                                             "input_rows": m, "rows": rows, "summary": summary}, indent=1))
     # A variant fails where it parts from both references: float32 x @ W^T of the dequantized weight (the GLU:
     # rounded to bfloat16 where eager rounds) and the dot kernel. Neither alone: the FP8 tensor cores' accumulation is
     # not a float32 sum (H100 2026-12-05e, the 7B's qkv: the dot kernel 1.5e-4 from float32, the GEMV 1.1e-6), and

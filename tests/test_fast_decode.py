@@ -1219,6 +1219,33 @@ def test_w4a8_gemv_on_hopper_warp_specialized_compiles_at_half_the_instructions(
     assert not quant_gemv_w4a8_ws.enabled()
 
 
+def _sass_tool():
+    """tools/gemv_sass.py as a module: its sm_90 compile functions and disassembly."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gemv_sass", TESTS.parent / "tools" / "gemv_sass.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def _mma_k_loop(tool, sass: str, mma: str) -> collections.Counter:
+    """The opcodes of a wgmma kernel's K loop in its SASS: the largest backward branch's range that issues ``mma``
+    (QGMMA, HGMMA) and none of the epilogue's global stores."""
+    import re
+
+    lines = sass.splitlines()
+    loops = []
+    for label in (line[:-1] for line in lines if re.match(r"^\.L_x_\d+:$", line)):
+        start = lines.index(label + ":")
+        ends = [i for i in range(start, len(lines)) if f"BRA `({label})" in lines[i]]
+        body = lines[start:ends[-1] + 1] if ends else []
+        if any(mma in line for line in body) and not any("STG" in line for line in body):
+            loops.append((len(body), body))
+    return collections.Counter(o.group(1) for line in max(loops, key=lambda x: x[0])[1]
+                               if (o := tool.OPCODE.search(line)))
+
+
 def test_w4a8_e4m3_lookup_tables_give_each_weight_with_the_sign_on_the_input():
     """quant_gemv_w4a8_mma's tables hold each group's E4M3 magnitudes as bytes; the kernel's two lookups (PRMT on P =
     [0, E(t) .. E(7t)] where q >= 0, on N = [E(8t), E(7t) .. E(t)] at q + 8 where q < 0, each 0 elsewhere, as
@@ -1249,9 +1276,6 @@ def test_w4a8_gemv_on_fp8_tensor_cores_compiles_for_hopper():
     conversion asserted trivial when it compiles), a loop under 2.1 instructions a weight (the warp-specialized dp4a
     kernel's: 2.8-3.0), nothing spilled in 128 registers, shared memory for three programs an SM in 132 KB. Off unless
     ``TRTLLM_PIPELINE_W4A8_MMA=1``."""
-    import importlib.util
-    import re
-
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_mma
 
     def shape(n, k):
@@ -1260,21 +1284,11 @@ def test_w4a8_gemv_on_fp8_tensor_cores_compiles_for_hopper():
     proj = quant_gemv_w4a8_mma.pick_config(shape(3584, 18944), 132)
     glu = quant_gemv_w4a8_mma.pick_config(shape(18944, 3584), 132, glu=True)
     assert proj.lut_mma and proj.w4a8 and proj.ws and (proj.block_n, glu.block_n, glu.splits) == (128, 64, 1)
-    spec = importlib.util.spec_from_file_location("gemv_sass", TESTS.parent / "tools" / "gemv_sass.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _sass_tool()
     for cfg, glu_, k in ((proj, False, 18944), (glu, True, 3584)):
         kernel = tool.compile_w4a8_mma(cfg.block_n, glu_, cfg.num_stages, -(-(k // 128) // cfg.splits))
         sass, regs = tool.disassemble(kernel)
-        lines = sass.splitlines()
-        loops = []  # (size, body) of each backward branch's range that holds the MMAs: the smallest is the K loop
-        for label in (line[:-1] for line in lines if re.match(r"^\.L_x_\d+:$", line)):
-            start = lines.index(label + ":")
-            ends = [i for i in range(start, len(lines)) if f"BRA `({label})" in lines[i]]
-            if ends and any("QGMMA" in line for line in lines[start:ends[-1]]):
-                loops.append((ends[-1] - start, lines[start:ends[-1] + 1]))
-        body = min(loops, key=lambda x: x[0])[1]
-        ops = collections.Counter(o.group(1) for line in body if (o := tool.OPCODE.search(line)))
+        ops = _mma_k_loop(tool, sass, "QGMMA")
         weights = cfg.block_n * 128 * (2 if glu_ else 1)
         assert ops["QGMMA"] > 0 and not {"HMMA", "F2FP", "STS", "SHFL", "LDL", "STL"} & set(ops), ops
         assert sum(ops.values()) * 128 / weights < 2.1, ops
@@ -1313,9 +1327,6 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
     a shift a weight pair, under 2.4 (linears) and 3.2 (the GLU, two matrices and inputs) instructions a weight in the
     K loop at 8 rows (quant_gemm's GLU GEMM at M 8: 3.74, tools/gemm_sass.py), no spills in 128 registers, shared
     memory for three programs an SM in 132 KB. Off unless ``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``; never on a CPU."""
-    import importlib.util
-    import re
-
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_rows_int4_mma
 
     proj = quant_rows_int4_mma.pick_config(_hopper_shape(3584, 18944), 8, 132)
@@ -1324,22 +1335,11 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
     assert proj.gemm and proj.lut_mma and not quant_gemv.int4_ws(proj)
     assert quant_gemv.carveout([proj]) == quant_gemv.CARVEOUT_WS_MADE
     assert not quant_rows_int4_mma.supported(_hopper_shape(3584, 18944), 8)  # a CPU weight
-    spec = importlib.util.spec_from_file_location("gemv_sass", TESTS.parent / "tools" / "gemv_sass.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _sass_tool()
     for cfg, glu_, rows, most in ((proj, False, 8, 2.4), (glu, True, 8, 3.2), (proj, False, 16, 3.0)):
         kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows)
         sass, regs = tool.disassemble(kernel)
-        lines = sass.splitlines()
-        loops = []  # (size, body) of each backward branch's range with the MMAs and not the epilogue's stores
-        for label in (line[:-1] for line in lines if re.match(r"^\.L_x_\d+:$", line)):
-            start = lines.index(label + ":")
-            ends = [i for i in range(start, len(lines)) if f"BRA `({label})" in lines[i]]
-            body = lines[start:ends[-1] + 1] if ends else []
-            if any("HGMMA" in line for line in body) and not any("STG" in line for line in body):
-                loops.append((len(body), body))
-        ops = collections.Counter(o.group(1) for line in max(loops, key=lambda x: x[0])[1]
-                                  if (o := tool.OPCODE.search(line)))
+        ops = _mma_k_loop(tool, sass, "HGMMA")
         weights = cfg.block_n * 128 * (2 if glu_ else 1)
         assert ops["HGMMA"] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
         assert ops["LOP3"] * 128 / weights <= 0.55 and sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
@@ -1348,6 +1348,64 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
     assert quant_rows_int4_mma.enabled(8) and not quant_rows_int4_mma.enabled(9) and not quant_rows_int4_mma.enabled(1)
     monkeypatch.delenv(quant_rows_int4_mma.ENV)
     assert not quant_rows_int4_mma.enabled(8)
+
+
+def test_w4a8_rows_on_wgmma_stage_inputs_in_the_lookups_byte_order():
+    """quant_rows_w4a8_mma's input staging, emulated with torch: the two splits of a word's four inputs and the two
+    ``cvt.e4m3x2`` (the first source to the upper byte, PTX's order) give bytes (0, 2, 1, 3), the order of the
+    lookups' bytes (quant_gemv_w4a8_mma's ``_operand``: MMA input 4 k + j is byte j of word k); and the sign-flipped
+    buffer's XOR 0x80 of each byte is the negated E4M3 value for every code (NaN aside)."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_rows_w4a8_mma
+
+    assert "lo, $3, $1" in quant_rows_w4a8_mma._E4M3_WORD.value and "hi, $4, $2" in quant_rows_w4a8_mma._E4M3_WORD.value
+    inputs = torch.arange(128).view(32, 2, 2)  # (word, a, b) = input 4 word + 2 a + b
+    even, odd = inputs[..., 0], inputs[..., 1]  # gl.split: the last dimension's halves
+    x0, x2 = even[..., 0], even[..., 1]
+    x1, x3 = odd[..., 0], odd[..., 1]
+    lo = torch.stack([x0, x2], -1)  # cvt lo, $3 (x2), $1 (x0): x0 in the low byte
+    hi = torch.stack([x1, x3], -1)
+    staged = torch.cat([lo, hi], -1).reshape(128)  # the word's bytes 0..3
+    lookup_order = torch.tensor([0, 2, 1, 3])
+    assert torch.equal(staged, (torch.arange(32)[:, None] * 4 + lookup_order).reshape(128))
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    value = codes.view(torch.float8_e4m3fn).float()
+    flipped = (codes.to(torch.int32) ^ 0x80).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    finite = ~value.isnan()
+    assert torch.equal(flipped[finite], -value[finite])
+
+
+def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
+    """quant_rows_w4a8_mma (W4A8-AWQ at 2-16 rows: quant_gemv_w4a8_mma's lookup into FP8 wgmma, the batch as the MMA's
+    N) compiled for sm_90 here at its 7B launches: native QGMMA, no spill in 128 registers, shared memory for three
+    programs an SM in the carveout, and a K loop under 2.4 instructions a weight at 8 rows (2.8 at 16 and for the GLU)
+    where quant_gemm's W4A8 GEMM at M 8 spends 6-9 (tools/gemm_sass.py --w4a8): the lookups cost what they cost at
+    batch 1, each row only its input's staging. Off unless ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``; never on a CPU."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_w4a8_mma
+
+    def shape(n, k):
+        return dataclasses.replace(_hopper_shape(n, k), fmt="w4a8_awq")
+
+    proj = quant_rows_w4a8_mma.pick_config(shape(3584, 18944), 8, 132)
+    glu = quant_rows_w4a8_mma.pick_config(shape(18944, 3584), 16, 132, glu=True)
+    assert (proj.block_m, proj.block_n, glu.block_m, glu.block_n, glu.splits) == (8, 128, 16, 64, 1)
+    assert proj.gemm and proj.lut_mma and proj.w4a8 and not quant_gemv.int4_ws(proj)
+    assert quant_gemv.carveout([proj]) == quant_gemv.CARVEOUT_WS_MADE
+    assert not quant_rows_w4a8_mma.supported(shape(3584, 18944), 8)  # a CPU weight
+    tool = _sass_tool()
+    for cfg, glu_, rows, most in ((proj, False, 8, 2.4), (glu, True, 8, 2.8), (proj, False, 16, 2.8)):
+        kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows)
+        sass, regs = tool.disassemble(kernel)
+        ops = _mma_k_loop(tool, sass, "QGMMA")
+        weights = cfg.block_n * 128 * (2 if glu_ else 1)
+        assert ops["QGMMA"] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
+        assert sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
+        assert regs <= quant_rows_w4a8_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
+    monkeypatch.setenv(quant_rows_w4a8_mma.ENV, "8")
+    assert quant_rows_w4a8_mma.enabled(8) and not quant_rows_w4a8_mma.enabled(9) and not quant_rows_w4a8_mma.enabled(1)
+    q = _TableQuant("w4a8_awq", group=128, int4=True)
+    assert not quant_gemm.choose(q, 8, 132).lut_mma  # not a Hopper weight: the table's kernel
+    monkeypatch.delenv(quant_rows_w4a8_mma.ENV)
+    assert not quant_rows_w4a8_mma.enabled(8)
 
 
 def test_int8_gemv_on_hopper_warp_specialized_compiles(monkeypatch):
@@ -1392,6 +1450,13 @@ def test_w4a8_gemv_benchmark_dry_run(tmp_path):
     assert {"legacy", "new", "glu-16", "glu-64"} <= {r["variant"] for r in rows}
     assert {r["prefetch"] for r in rows} == {True, False}
     assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in rows), rows
+    # --rows: W4A8 at 3 input rows through quant_gemm.launch (the lookup wgmma kernel is Hopper's: the GEMM here)
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "w4a8_gemv.py"), "--dry-run", "--rows", "3",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "w4a8_rows3.json").read_text())
+    assert result["input_rows"] == 3 and {r["variant"] for r in result["rows"]} == {"gemm"}
+    assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in result["rows"]), result["rows"]
 
 
 def test_ncu_quant_script_dry_run():

@@ -18,6 +18,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --int8-ws int8_wo --block-n 64 --stages 3 --tiles 3   # INT8's warp-specialized
     python tools/gemv_sass.py --w4a8-mma 11 --block-n 128 --stages 3   # W4A8's lookup into FP8 wgmma (Hopper)
     python tools/gemv_sass.py --int4-mma 8 --block-n 128 --stages 3    # INT4 at 2-16 rows, bfloat16 wgmma
+    python tools/gemv_sass.py --w4a8-rows 8 --block-n 128 --stages 3   # W4A8 at 2-16 rows, the lookup into FP8 wgmma
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -40,7 +41,8 @@ from triton.compiler import ASTSource
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_int8_ws,
                                                        quant_gemv_w4a8, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws,
-                                                       quant_gemv_ws, quant_mma_int4, quant_rows_int4_mma)
+                                                       quant_gemv_ws, quant_mma_int4, quant_rows_int4_mma,
+                                                       quant_rows_w4a8_mma)
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -145,6 +147,13 @@ def compile_w4a8_ws(block_n: int, glu: bool, stages: int, per: int):
                           options={"num_warps": 4, "maxnreg": quant_gemv_w4a8_ws.MAX_REGISTERS})
 
 
+def _aligned(fn, sig: dict) -> dict:
+    """Triton's divisibility attributes for ``fn``'s pointers and row strides, as the JIT specializes them at the 7B's
+    launches (16-byte aligned tensors, strides multiples of 16): without them a row's 4 inputs load as 4 loads."""
+    return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+            if sig[n] != "constexpr" and "desc" not in sig[n] and (n.endswith("ptr") or n.startswith("stride_"))}
+
+
 def compile_w4a8_mma(block_n: int, glu: bool, stages: int, per: int):
     """quant_gemv_w4a8_mma's kernel (Gluon: E4M3 bytes by lookup into wgmma) for sm_90 at batch 1."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -180,9 +189,33 @@ def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int):
            **dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"), "out_ptr": "*bf16" if glu else "*fp32",
            **dict.fromkeys(("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om"), "i32"),
            **dict.fromkeys(consts, "constexpr")}
-    src = GluonASTSource(quant_rows_int4_mma._int4_rows_mma_kernel, sig, constexprs=consts)
+    fn = quant_rows_int4_mma._int4_rows_mma_kernel
+    src = GluonASTSource(fn, sig, constexprs=consts, attrs=_aligned(fn, sig))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": quant_rows_int4_mma.MAX_REGISTERS})
+
+
+def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int):
+    """quant_rows_w4a8_mma's kernel (Gluon: E4M3 bytes by lookup into FP8 wgmma, the batch as N) for sm_90 at ``rows``
+    input rows (the MMA's N: 8 or 16)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    half = block_n // 2
+    consts = dict(GLU=glu, HAS_PQS=True, COMPUTE=tl.bfloat16, HALF=half, NB=8 if rows <= 8 else 16, STAGES=stages,
+                  PDL=True, num_warps=4)
+    plain = quant_gemv_w4a8_mma.PLAIN
+    descs = {"w_desc": f"tensordesc<i32[{half}, 32],{quant_gemv_w4a8_mma.W_LAYOUT!r}>",
+             "t_desc": f"tensordesc<i32[4, {half}],{plain!r}>"}
+    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
+           **dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"),
+           **dict.fromkeys(("aq_ptr", "osc_ptr", "aq2_ptr", "osc2_ptr"), "*fp32"),
+           "out_ptr": "*bf16" if glu else "*fp32",
+           **dict.fromkeys(("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om"), "i32"),
+           **dict.fromkeys(consts, "constexpr")}
+    fn = quant_rows_w4a8_mma._w4a8_rows_mma_kernel
+    src = GluonASTSource(fn, sig, constexprs=consts, attrs=_aligned(fn, sig))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": quant_rows_w4a8_mma.MAX_REGISTERS})
 
 
 def compile_int8_ws(fmt: str, block_n: int, glu: bool, stages: int, per: int):
@@ -320,6 +353,8 @@ def main() -> None:
     ap.add_argument("--tiles", type=int, default=28, help="with --int8-ws: K tiles a program (default 28)")
     ap.add_argument("--int4-mma", type=int, default=0, metavar="ROWS",
                     help="INT4's register-dequantizing wgmma kernel (quant_rows_int4_mma) for ROWS input rows")
+    ap.add_argument("--w4a8-rows", type=int, default=0, metavar="ROWS",
+                    help="W4A8's lookup wgmma kernel for several rows (quant_rows_w4a8_mma) for ROWS input rows")
     ap.add_argument("--w4a8-mma", type=int, default=0, metavar="TILES",
                     help="W4A8's FP8 tensor-core GEMV (quant_gemv_w4a8_mma), TILES K tiles a program, --stages deep")
     ap.add_argument("--w4a8-ws", type=int, default=0, metavar="TILES",
@@ -330,6 +365,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.int4_mma:
         kernel = compile_int4_mma(a.block_n, a.glu, a.stages, a.int4_mma)
+    elif a.w4a8_rows:
+        kernel = compile_w4a8_rows(a.block_n, a.glu, a.stages, a.w4a8_rows)
     elif a.w4a8_mma:
         kernel = compile_w4a8_mma(a.block_n, a.glu, a.stages, a.w4a8_mma)
     elif a.int8_ws:

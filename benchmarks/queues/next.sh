@@ -10,16 +10,23 @@ spec_eos() {
   [ -e /tmp/smolw/ready ] && part spec 240 WHEELS=/tmp/smolw SPEC_BATCHES=1 SPEC_MAIN=smollm2 SPEC_TREE_NODES=0 \
     SPEC_PROFILE=0 SPEC_DRAFTING=device SPEC_ENDS=eos,ignore
 }
-# 32: W4A8's lookup into FP8 wgmma (quant_gemv_w4a8_mma, new: compiled on the CPU only, 1.92 instructions a weight
-# against the warp-specialized dp4a kernel's 2.8): each 7B launch checked against float32 and the dot kernel and
-# timed beside the default (ws), then, where every launch passed, the step with it against the default on one machine
-# (H100 2026-12-07h, the default: 2.772 ms at batch 1, context 2048)
+# whether the w4a8_kernels part started with arguments ending in $1 ended with rc 0
+kernels_passed() {
+  grep -q "end w4a8_kernels rc=0 " <<< "$(sed -n "/$1\$/,/end w4a8_kernels/p" "$q/summary.txt")"
+}
+# 32: W4A8's lookup into FP8 wgmma, at batch 1 (quant_gemv_w4a8_mma: 1.92 instructions a weight against the
+# warp-specialized dp4a kernel's 2.8) and at 2-16 rows with the rows as the MMA's N (quant_rows_w4a8_mma: 2.3 at 8
+# rows against quant_gemm's GEMM's 6-9), both new and compiled on the CPU only: each 7B launch checked against float32
+# and quant_linear's kernel and timed beside today's, then, with those that passed, the step (batch 1 and 8 checked
+# against eager) against the default on one machine (H100 2026-12-07h: 2.772 ms at batch 1, 5.130 at 8; INT4 4.439)
 w4a8_mma() {
   part w4a8_kernels 200 W4A8_GEMV_VARIANTS=ws,mma
-  local checked
-  checked=$(sed -n '/W4A8_GEMV_VARIANTS=ws,mma$/,/end w4a8_kernels/p' "$q/summary.txt")
-  if grep -q "end w4a8_kernels rc=0 " <<< "$checked"; then
-    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq TRTLLM_PIPELINE_W4A8_MMA=1
+  part w4a8_kernels 150 W4A8_GEMV_ROWS=8
+  local switches=()
+  kernels_passed "W4A8_GEMV_VARIANTS=ws,mma" && switches+=(TRTLLM_PIPELINE_W4A8_MMA=1)
+  kernels_passed "W4A8_GEMV_ROWS=8" && switches+=(TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=16)
+  if [ ${#switches[@]} -gt 0 ]; then
+    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq "${switches[@]}"
     part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq
   fi
 }

@@ -13,7 +13,7 @@ the lookup yields the weight's E4M3 byte itself and the tensor cores do the mult
   (``|w| (-x) = w x``), so no byte needs its sign set: 2 PRMT and a LOP3 a word and row parity, nothing to combine.
 * ``wgmma.m64n8k32`` (E4M3 x E4M3, float32 accumulators) takes A from registers: a warp's 16 MMA rows are the even
   (g) and odd (g + 8) rows of 8 packed rows, so that one packed word's two lookups are a lane's two A rows at the same
-  four inputs; the words arrive in that fragment's layout from the copy engine's swizzled stage (``_words_layout``)
+  four inputs; the words arrive in that fragment's layout from the copy engine's swizzled stage (``words_layout``)
   and go to the operand's layout without moving (``convert_layout(..., assert_trivial=True)``, checked when it
   compiles). B is the input tile in shared memory, K-major, as row 0 of an [8, 128] buffer whose other rows stay zero
   (batch 1: the MMA's other 7 columns are idle; the tensor cores have time to spare).
@@ -54,8 +54,6 @@ ENV = "TRTLLM_PIPELINE_W4A8_MMA"
 MAX_REGISTERS = 128
 STAGES = 3
 BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks
-_MMA = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32])
-MMA = gl.constexpr(_MMA)  # the accumulators' layout: 64-row blocks, 8 columns
 B_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [8, 128] K-major
 SIGNS = gl.constexpr(-2139062144)  # 0x80808080: each byte's sign bit
 
@@ -112,24 +110,32 @@ def with_tables(q):
 
 
 @gluon.constexpr_function
-def _words_layout(half):
+def words_layout(half):
     """The stage's packed words [HALF, 32] as the lanes take them: lane (g, t) of warp w holds packed row 8 w + g (+ 32
-    a register) and words t + 4 r (r: 3 register bits), so that its lookups are its A fragment (``_operand``)."""
+    a register) and words t + 4 r (r: 3 register bits), so that its lookups are its A fragment (``_operand``; INT4's
+    dequantization in quant_rows_int4_mma the same: there 4 r + t is the 16-input chunk r's word t)."""
     regs = [[0, 4], [0, 8], [0, 16]] + ([[32, 0]] if half == 64 else [])
     return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
                                       warp_bases=[[8, 0], [16, 0]], block_bases=[], shape=[half, 32])
 
 
 @gluon.constexpr_function
-def _operand_layout():
-    return gl.DotOperandLayout(operand_index=0, parent=_MMA, k_width=4)
+def mma_layout(nb):
+    """The accumulators' layout: 64-row blocks of the weight's output rows, ``nb`` columns (the input rows: 8 at
+    batch 1, one of them used; quant_rows_w4a8_mma's 8 or 16)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, nb, 32])
+
+
+@gluon.constexpr_function
+def _operand_layout(nb):
+    return gl.DotOperandLayout(operand_index=0, parent=mma_layout(nb), k_width=4)
 
 
 # ------------------------------------------------------------------------------------------ the consumers' work
 
 
 @gluon.jit
-def _operand(even, odd):
+def _operand(even, odd, NB: gl.constexpr):
     """A [2 HALF, 128] E4M3 from the lookups of packed rows [HALF, 32] words: MMA row 64 b + 16 w + 8 h + g is row
     parity h of packed row 32 b + 8 w + g, MMA input 4 k + j byte j of word k (inputs 4 k + 0, 2, 1, 3: the
     selectors' order, which the input's words share); in the wgmma operand's layout."""
@@ -138,26 +144,30 @@ def _operand(even, odd):
     x = gl.join(even, odd)  # [HALF, 32, 2]: (packed row, word, parity)
     x = gl.reshape(x, [nb, 4, 8, 32, 2])  # (block, warp, g, word, parity)
     x = gl.reshape(gl.permute(x, [0, 1, 4, 2, 3]), [2 * half, 32])  # (block, warp, parity, g) = the MMA row
-    x4 = gl.reshape(gl.join(gl.join(x, x), gl.join(x, x)), [2 * half, 128])  # each word for its 4 bytes
-    # the word of each 4 consecutive elements as their 4 bytes (one register: no instruction)
-    a = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [x4], dtype=gl.float8e4nv, is_pure=True, pack=4)
-    return gl.convert_layout(a, _operand_layout(), assert_trivial=True)
+    return gl.convert_layout(word_bytes(x), _operand_layout(NB), assert_trivial=True)
 
 
 @gluon.jit
-def _lookups(w, tables):
-    """Packed words [HALF, 32] as A operands: the magnitudes where q >= 0 and where q < 0."""
+def word_bytes(x):
+    """Words [R, C] as their E4M3 bytes [R, 4 C], byte 0 first (one register a word: no instruction)."""
+    x4 = gl.reshape(gl.join(gl.join(x, x), gl.join(x, x)), [x.shape[0], 4 * x.shape[1]])  # each word for its 4 bytes
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [x4], dtype=gl.float8e4nv, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _lookups(w, tables, NB: gl.constexpr):
+    """Packed words [HALF, 32] as A operands of an ``NB``-column MMA: the magnitudes where q >= 0 and where q < 0."""
     pe_lo, pe_hi, ne_lo, ne_hi, po_lo, po_hi, no_lo, no_hi = tables
     t = w >> 12
     sel_e = _bitsel(w, t, gl.full_like(t, 0x0F0F))
     sel_o = _bitsel(w, t, gl.full_like(t, 0xF0F0)) >> 4
-    pos = _operand(_prmt(pe_lo, pe_hi, sel_e), _prmt(po_lo, po_hi, sel_o))
-    neg = _operand(_prmt(ne_lo, ne_hi, sel_e ^ 0x8888), _prmt(no_lo, no_hi, sel_o ^ 0x8888))
+    pos = _operand(_prmt(pe_lo, pe_hi, sel_e), _prmt(po_lo, po_hi, sel_o), NB)
+    neg = _operand(_prmt(ne_lo, ne_hi, sel_e ^ 0x8888), _prmt(no_lo, no_hi, sel_o ^ 0x8888), NB)
     return pos, neg
 
 
 @gluon.jit
-def _tables(t_bufs, s, L: gl.constexpr, HALF: gl.constexpr):
+def stage_tables(t_bufs, s, L: gl.constexpr, HALF: gl.constexpr):
     """Stage ``s``'s table words as each parity's P and N [HALF, 1] (quant_gemv_w4a8_ws._row_tables)."""
     ROW: gl.constexpr = gl.SliceLayout(1, L)
     VEC: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -206,10 +216,12 @@ def _zero(bx):
 
 
 @gluon.jit
-def _tile(w, tables, bx, acc):
-    """One K tile into the float32 accumulators [2 HALF, 8]: the q >= 0 chain against the input, the q < 0 chain
-    against it with its signs flipped, from zero, then added (promoted every 128 inputs)."""
-    pos, neg = _lookups(w, tables)
+def tile(w, tables, bx, acc):
+    """One K tile into the float32 accumulators [2 HALF, NB]: the q >= 0 chain against the input (``bx[0]``, [NB, 128]
+    K-major), the q < 0 chain against it with its signs flipped (``bx[1]``), from zero, then added (promoted every 128
+    inputs)."""
+    NB: gl.constexpr = acc.shape[1]
+    pos, neg = _lookups(w, tables, NB)
     part = warpgroup_mma(pos, bx[0].permute((1, 0)), gl.zeros_like(acc), use_acc=False)
     part = warpgroup_mma(neg, bx[1].permute((1, 0)), part)
     return acc + part
@@ -223,7 +235,7 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
               STAGES: gl.constexpr, PDL: gl.constexpr, PER: gl.constexpr, HAS_PQS: gl.constexpr,
               COMPUTE: gl.constexpr):
     x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, k0, made, made2, bx, bx2 = inputs
-    L: gl.constexpr = _words_layout(HALF)
+    L: gl.constexpr = words_layout(HALF)
     _zero(bx)
     if GLU:
         _zero(bx2)
@@ -232,7 +244,7 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
     _fp8_words(x, pqs, aq_ptr, ok, made, PER, HAS_PQS, COMPUTE)
     if GLU:  # the gate's own pre-quant and activation scales
         _fp8_words(x, pqs2, aq2_ptr, ok, made2, PER, HAS_PQS, COMPUTE)
-    acc = gl.zeros([2 * HALF, 8], gl.float32, MMA)
+    acc = gl.zeros([2 * HALF, 8], gl.float32, mma_layout(8))
     acc2 = acc
     for i in range(k_iters):
         gl.thread_barrier()  # the made words written (i = 0), the last tile's MMAs done with the B buffers
@@ -244,15 +256,15 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         w = bufs[0].index(s).load(L)
-        tabs = _tables(bufs[1], s, L, HALF)
+        tabs = stage_tables(bufs[1], s, L, HALF)
         if GLU:
             w2 = bufs2[0].index(s).load(L)
-            tabs2 = _tables(bufs2[1], s, L, HALF)
+            tabs2 = stage_tables(bufs2[1], s, L, HALF)
         fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
         mbarrier.arrive(empty.index(s), count=1)
-        acc = _tile(w, tabs, bx, acc)
+        acc = tile(w, tabs, bx, acc)
         if GLU:
-            acc2 = _tile(w2, tabs2, bx2, acc2)
+            acc2 = tile(w2, tabs2, bx2, acc2)
     return acc, acc2
 
 
@@ -290,7 +302,7 @@ def _w4a8_mma_kernel(
     ], [1], [40])
     # MMA row m = 64 b + 16 w + 8 h + g is output row 2 (row0 + 32 b + 8 w + g) + h; column 0 is the input's (the
     # other columns' B rows are zero, so a row's sum is its column 0)
-    m = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, MMA))
+    m = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, mma_layout(8)))
     rows = 2 * (row0 + 32 * (m // 64) + 8 * ((m // 16) % 4) + m % 8) + (m // 8) % 2
     ok = rows < N
     y = gl.sum(acc, axis=1) * gl.load(osc_ptr)
@@ -303,7 +315,7 @@ def _w4a8_mma_kernel(
 # ------------------------------------------------------------------------------------------ launch
 
 
-def _descriptors(q, half: int) -> list:
+def descriptors(q, half: int) -> list:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return [TensorDescriptor.from_tensor(q.weight.view(torch.int32), [half, 32], W_LAYOUT),
@@ -324,7 +336,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     k_tiles = q.k // 128
     splits = 1 if glu else cfg.splits  # (a split past the last K tile writes zeros: every partial is written)
     per_split = triton.cdiv(k_tiles, splits)
-    descs = _descriptors(q, half) + _descriptors(q2, half)
+    descs = descriptors(q, half) + descriptors(q2, half)
     return _w4a8_mma_kernel[(triton.cdiv(q.n // 2, half), splits)](
         *descs, x, q.pqs if q.pqs is not None else x, q.act_q, q.out_scale,
         q2.pqs if q2.pqs is not None else x, q2.act_q, q2.out_scale, out,

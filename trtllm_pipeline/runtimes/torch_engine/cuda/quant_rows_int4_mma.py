@@ -35,6 +35,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_ws, quant_gemv_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import words_layout
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN16, W_LAYOUT, program_tiles,
                                                                       stage_barriers, two_box_producer)
 
@@ -72,15 +73,6 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | No
 
 
 # ------------------------------------------------------------------------------------------ layouts
-
-
-@gluon.constexpr_function
-def _words_layout(half):
-    """A stage's packed words [HALF, 32]: lane (g, t) of warp w holds packed row 8 w + g (+ 32 a register) and words
-    t + 4 r (r: 3 register bits: the 16-input chunk), a lane's A fragment of each chunk (quant_gemv_w4a8_mma's)."""
-    regs = [[0, 4], [0, 8], [0, 16]] + ([[32, 0]] if half == 64 else [])
-    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                                      warp_bases=[[8, 0], [16, 0]], block_bases=[], shape=[half, 32])
 
 
 @gluon.constexpr_function
@@ -195,7 +187,7 @@ def _tile(w, scales, b_buf, offset, acc, NB: gl.constexpr):
 def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
               STAGES: gl.constexpr, PDL: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
     x_ptr, pqs_ptr, pqs2_ptr, M, stride_x, k0, b_buf, b_buf2 = inputs
-    L: gl.constexpr = _words_layout(HALF)
+    L: gl.constexpr = words_layout(HALF)
     if PDL:  # x is the previous kernel's output; this one's outputs are read by the kernels before it
         gdc_wait()
         gdc_launch_dependents()

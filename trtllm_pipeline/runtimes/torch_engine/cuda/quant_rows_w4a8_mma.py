@@ -1,0 +1,200 @@
+"""W4A8-AWQ at 2-16 input rows: each nibble looked up as its E4M3 byte into FP8 ``wgmma``, the batch as the MMA's N.
+
+quant_gemm's W4A8 GEMM at 8 rows rounds every weight to E4M3 in registers (a conversion and a scale multiply a weight)
+and was slower than INT4-AWQ's at every batch on an H100 (the 7B step at batch 8: 5.130 ms against 4.439, 2026-12-07h),
+where the issue asks W4A8 to be no slower than INT4 at any batch. quant_gemv_w4a8_mma's lookup costs the same whatever
+the batch: each packed word gives its two rows' E4M3 magnitudes by 2 PRMT and a LOP3 (where q >= 0, and where q < 0
+against the input with its sign bits flipped), already in the A operand's registers, and the MMA's 8 or 16 columns,
+idle at batch 1, are the batch's rows here. So a weight costs the batch-1 kernel's lookups (1.92 instructions a weight
+in its sm_90 loop) at any of these batches, and each row only its share of staging the input:
+
+* Per K tile the consumer warps load the tile's input rows (rows past M zero), multiply by the pre-quant scale and
+  round to the compute dtype, quantize to E4M3 with the activation scale (quant_linear's ``_act_tile``: eager's
+  rounding points), and store them into two K-major B buffers [NB, 128], the second with the signs flipped, each
+  word's inputs in the lookup's byte order (0, 2, 1, 3). The batch-1 kernel makes its whole K slice once instead; at
+  16 rows that slice would not fit beside the stages.
+* The lookup, the two MMA chains a tile from zero and their float32 promotion every 128 inputs are
+  quant_gemv_w4a8_mma's (``tile``), as are the producer warp, stages and tables (``QuantWeight.lut8``).
+
+Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
+[M, N] in the compute dtype, K not split), each column scaled by ``activation scale x scale_2`` (the matrix's
+``out_scale``). Products are exact; sums are the tensor cores' per K tile, then float32, so results differ from the
+GEMM's in rounding only. Gluon kernels do not run in Triton's interpreter: the CPU tests compile this one for sm_90
+(``tools/gemv_sass.py --w4a8-rows``). Untimed: the decode step takes it only at batch 2..N under
+``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_mma, quant_gemv_w4a8_ws, support
+from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import (B_LAYOUT, SIGNS, mma_layout, stage_tables,
+                                                                           tile, word_bytes, words_layout)
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import program_tiles, stage_barriers, two_box_producer
+
+ENV = "TRTLLM_PIPELINE_W4A8_WGMMA_ROWS"
+MAX_ROWS = 16
+MAX_REGISTERS = 128
+STAGES = 3
+BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks
+
+
+def enabled(m: int) -> bool:
+    """Whether ``$TRTLLM_PIPELINE_W4A8_WGMMA_ROWS`` (a batch size N; 0 or unset: off) asks for this kernel at ``m``."""
+    return support.rows_switch(ENV, MAX_ROWS, "the W4A8 lookup wgmma kernel", m)
+
+
+def supported(q, m: int) -> bool:
+    """W4A8-AWQ at 2..MAX_ROWS rows on a Hopper GPU, in quant_gemv_w4a8_mma's tiles (128-input tiles of one group)."""
+    return q.fmt == "w4a8_awq" and 2 <= m <= MAX_ROWS and quant_gemv_w4a8_mma.usable(q, q.weight.device)
+
+
+def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
+                block_n: int | None = None) -> LinearConfig:
+    """128 output rows x 128 inputs (the GLU 64: two matrices), the MMA's N 8 or 16 for ``m`` rows, quant_gemv_w4a8_ws's
+    K split rule, ``STAGES`` deep (not yet timed)."""
+    block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
+    splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
+    return LinearConfig(8 if m <= 8 else 16, block_n, 128, splits, 4, STAGES, gemm=True, tma=True, ws=True, w4a8=True,
+                        lut_mma=True)
+
+
+# ------------------------------------------------------------------------------------------ the consumers' work
+
+
+# four float32 inputs (0, 1, 2, 3 of a word) as E4M3 bytes in the lookups' order (0, 2, 1, 3), rounded to nearest
+# even and saturated to +-448 (eager clamps to that range, then rounds: the same bytes)
+_E4M3_WORD = gl.constexpr("""{ .reg .b16 lo, hi;
+cvt.rn.satfinite.e4m3x2.f32 lo, $3, $1;
+cvt.rn.satfinite.e4m3x2.f32 hi, $4, $2;
+mov.b32 $0, {lo, hi}; }""")
+
+
+@gluon.jit
+def _stage_input(x_ptr, pqs_ptr, aq_ptr, bx, kt, M, stride_x, NB: gl.constexpr, HAS_PQS: gl.constexpr,
+                 COMPUTE: gl.constexpr):
+    """K tile ``kt`` of the input rows as E4M3 into the B buffers [NB, 128] (rows past M zero): times the pre-quant
+    scale rounded to the compute dtype, times the activation scale, clamped to E4M3's range and rounded to nearest even
+    (quant_gemv_w4a8_mma._fp8_words' points); ``bx[1]`` the same with the sign bits flipped. Byte j of each word holds
+    input (0, 2, 1, 3)[j] of its four, the order the weights' lookups leave their bytes in."""
+    XL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # a thread: one word's four inputs
+    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(1, XL)), 1)
+    cols = kt * 128 + gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, XL)), 0)
+    v = gl.load(x_ptr + n * stride_x + cols, mask=(n < M) & (cols >= 0), other=0.0).to(gl.float32)
+    if HAS_PQS:
+        v = (v * gl.load(pqs_ptr + cols).to(gl.float32)).to(COMPUTE).to(gl.float32)
+    even, odd = gl.split(gl.reshape(v * gl.load(aq_ptr), [NB, 32, 2, 2]))  # inputs (0, 2) and (1, 3) of each word
+    x0, x2 = gl.split(even)
+    x1, x3 = gl.split(odd)
+    w = gl.inline_asm_elementwise(_E4M3_WORD, "=r,f,f,f,f", [x0, x1, x2, x3], dtype=gl.int32, is_pure=True, pack=1)
+    bx[0].store(word_bytes(w))
+    bx[1].store(word_bytes(w ^ SIGNS))
+
+
+@gluon.jit
+def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
+              STAGES: gl.constexpr, PDL: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
+    x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, M, stride_x, k0, bx, bx2 = inputs
+    L: gl.constexpr = words_layout(HALF)
+    if PDL:  # x is the previous kernel's output; this one's outputs are read by the kernels before it
+        gdc_wait()
+        gdc_launch_dependents()
+    acc = gl.zeros([2 * HALF, NB], gl.float32, mma_layout(NB))
+    acc2 = acc
+    for i in range(k_iters):
+        gl.thread_barrier()  # the last tile's MMAs done with the B buffers
+        _stage_input(x_ptr, pqs_ptr, aq_ptr, bx, k0 + i, M, stride_x, NB, HAS_PQS, COMPUTE)
+        if GLU:  # the gate's own pre-quant and activation scales
+            _stage_input(x_ptr, pqs2_ptr, aq2_ptr, bx2, k0 + i, M, stride_x, NB, HAS_PQS, COMPUTE)
+        fence_async_shared()  # the B stores before the tensor cores read them
+        gl.thread_barrier()
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        w = bufs[0].index(s).load(L)
+        tabs = stage_tables(bufs[1], s, L, HALF)
+        if GLU:
+            w2 = bufs2[0].index(s).load(L)
+            tabs2 = stage_tables(bufs2[1], s, L, HALF)
+        fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
+        mbarrier.arrive(empty.index(s), count=1)
+        acc = tile(w, tabs, bx, acc)
+        if GLU:
+            acc2 = tile(w2, tabs2, bx2, acc2)
+    return acc, acc2
+
+
+@gluon.jit
+def _w4a8_rows_mma_kernel(
+    w_desc, t_desc, w2_desc, t2_desc, x_ptr, pqs_ptr, aq_ptr, osc_ptr, pqs2_ptr, aq2_ptr, osc2_ptr, out_ptr,
+    M, N, k_tiles, per_split, stride_x, stride_os, stride_om,
+    GLU: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+):
+    descs = (w_desc, t_desc)
+    descs2 = (w2_desc, t2_desc)
+    bufs = (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], w_desc.layout),
+            gl.allocate_shared_memory(gl.int32, [STAGES, 4, HALF], t_desc.layout))
+    bx = (gl.allocate_shared_memory(gl.float8e4nv, [NB, 128], B_LAYOUT),
+          gl.allocate_shared_memory(gl.float8e4nv, [NB, 128], B_LAYOUT))
+    bufs2 = bufs
+    bx2 = bx
+    if GLU:
+        bufs2 = (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], w2_desc.layout),
+                 gl.allocate_shared_memory(gl.int32, [STAGES, 4, HALF], t2_desc.layout))
+        bx2 = (gl.allocate_shared_memory(gl.float8e4nv, [NB, 128], B_LAYOUT),
+               gl.allocate_shared_memory(gl.float8e4nv, [NB, 128], B_LAYOUT))
+    ready, empty = stage_barriers(STAGES)
+    pid_s = gl.program_id(1)
+    row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
+    inputs = (x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, M, stride_x, k0, bx, bx2)
+    acc, acc2 = gl.warp_specialize([
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE)),
+        (two_box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
+    ], [1], [40])
+    # MMA row m = 64 b + 16 w + 8 h + g is output row 2 (row0 + 32 b + 8 w + g) + h; column n the input row n
+    MMA: gl.constexpr = mma_layout(NB)
+    m = gl.expand_dims(gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, MMA)), 1)
+    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(0, MMA)), 0)
+    rows = 2 * (row0 + 32 * (m // 64) + 8 * ((m // 16) % 4) + m % 8) + (m // 8) % 2
+    ok = (rows < N) & (n < M)
+    y = acc * gl.load(osc_ptr)
+    if GLU:
+        gl.store(out_ptr + n * stride_om + rows, silu_mul(y, acc2 * gl.load(osc2_ptr), COMPUTE), mask=ok)
+    else:
+        gl.store(out_ptr + pid_s * stride_os + n * stride_om + rows, y, mask=ok)
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+
+def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool):
+    """quant_gemm.launch's contract for this kernel's configs (``cfg.lut_mma``, W4A8-AWQ): ``x`` [M, K] in the compute
+    dtype before the pre-quant scale; ``out`` [splits, M, N] (or [M, N], one split) float32 partials, or with ``q2``
+    (the GLU's gate, K not split) [M, N] in the compute dtype."""
+    glu = q2 is not None
+    m = x.shape[0]
+    assert supported(q, m) and cfg.block_k == 128 and x.stride(1) == 1 and m <= cfg.block_m
+    assert q.weight.is_contiguous() and out.stride(-1) == 1
+    q = quant_gemv_w4a8_mma.with_tables(q)
+    q2 = quant_gemv_w4a8_mma.with_tables(q2) if glu else q
+    assert (q2.pqs is None) == (q.pqs is None)
+    half = cfg.block_n // 2
+    k_tiles = q.k // 128
+    splits = 1 if glu else cfg.splits  # (a split past the last K tile writes zeros: every partial is written)
+    per_split = triton.cdiv(k_tiles, splits)
+    partials = not glu and out.dim() == 3
+    descs = quant_gemv_w4a8_mma.descriptors(q, half) + quant_gemv_w4a8_mma.descriptors(q2, half)
+    return _w4a8_rows_mma_kernel[(triton.cdiv(q.n // 2, half), splits)](
+        *descs, x, q.pqs if q.pqs is not None else x, q.act_q, q.out_scale,
+        q2.pqs if q2.pqs is not None else x, q2.act_q, q2.out_scale, out,
+        m, q.n, k_tiles, per_split, x.stride(0), out.stride(0) if partials else 0, out.stride(-2),
+        GLU=glu, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute), HALF=half, NB=cfg.block_m, STAGES=cfg.num_stages,
+        PDL=pdl, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
+    )
