@@ -31,9 +31,10 @@ tool's 10-minute calls take one each: kernels first, its table copied into the p
            above; DIR/quant_gemm_table.json is then the package's table (or $TRTLLM_PIPELINE_GEMM_TABLE's) with these
            M values' entries in place: a "gemv" entry at M > 1 carries its tiles, and only such an entry (or the
            switch below) makes the decode step take the GEMV at that M.
-  rows_steps  INT4-AWQ 7B decode steps at batch 1, 8, 16, context 2048 (``ROWS_BATCHES``), one engine, each kernel
-           choice in turn: "table" (the package's table: today's kernels), "gemv" ($TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16)
-           and, after gemv_rows in the same call, "measured" (its table).
+  rows_steps  INT4-AWQ 7B decode steps at batch 1, 8, 16, 64, context 2048 (``ROWS_BATCHES``), one engine, each
+           kernel choice in turn: "table" (the package's table: today's kernels), "gemv"
+           ($TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS=16), after gemv_rows in the same call "measured" (its table), then
+           "mma", "int4pack" and "wgmma" (``rows_step_rows``)
 
 ``--dry-run``: both parts on the CPU at a tiny shape through Triton's interpreter (M 1, 8, 24, 80; no sweep; batches
 1 and 2; wall-clock times), so that every call the GPU run makes is made (tests/test_fast_decode.py runs it).
@@ -677,8 +678,9 @@ def merged_table(entries: list[dict], base: Path) -> list[dict]:
 
 
 # the whole-step A/B of INT4-AWQ at these batches (``rows_step_rows``): the kernels the package's table picks, the
-# several-row GEMV everywhere (its switch), and the table the gemv_rows part measured
-ROWS_BATCHES = (1, 8, 16)
+# several-row GEMV everywhere (its switch), and the table the gemv_rows part measured; 64 for the wgmma row kernel's
+# wide form (17-64 rows) against today's kernels there
+ROWS_BATCHES = (1, 8, 16, 64)
 
 
 def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batches=ROWS_BATCHES, steps=32,
@@ -688,8 +690,8 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
     at every batch up to 16), "measured" (``table``: the gemv_rows part's merged table, where it ran), "mma"
     ($TRTLLM_PIPELINE_INT4_MMA_ROWS=16: quant_mma_int4 for qkv, dense and proj at 2-16 rows, the GLU on the GEMV) and
     "int4pack" ($TRTLLM_PIPELINE_INT4PACK_ROWS=16: torch's INT4 kernel at 2-16 rows) and "wgmma"
-    ($TRTLLM_PIPELINE_INT4_WGMMA_ROWS=16: quant_rows_int4_mma at 2-16 rows), each with its logits against eager's at
-    the largest batch (``check_batch``)."""
+    ($TRTLLM_PIPELINE_INT4_WGMMA_ROWS=64: quant_rows_int4_mma at 2-64 rows), the last two with their logits against
+    eager's at each batch past 1 (``check_batch``)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda.decode_step import DecodeStep
     from trtllm_pipeline.runtimes.torch_engine.cuda.graphs import DecodeGraphs
 
@@ -712,7 +714,7 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
     # step's logits checked against eager's (its first whole steps)
     choices.append(("int4pack", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: "0",
                                  int4pack.ROWS_ENV: "16"}))
-    # quant_rows_int4_mma (the weights dequantized in registers into bfloat16 wgmma) at 2-16 rows; checked the same way
+    # quant_rows_int4_mma (the weights dequantized in registers into bfloat16 wgmma) at 2-64 rows; checked the same way
     choices.append(("wgmma", {quant_gemm.TABLE_ENV: str(quant_gemm.TABLE), quant_gemv.ROWS_ENV: "0",
                               quant_rows_int4_mma.ENV: str(quant_rows_int4_mma.MAX_ROWS)}))
     switches = (quant_mma_int4.ROWS_ENV, int4pack.ROWS_ENV, quant_rows_int4_mma.ENV)
@@ -736,9 +738,9 @@ def rows_step_rows(bf16_tensors, device, table: Path | None, *, ctx=2048, batche
                              "kernels": kernels, "configs": {k: dataclasses.astuple(c)
                                                              for k, c in graphs.buffers[b].configs.items()}})
                 log(f"rows step {name:8} b={b:<3} ctx={ctx}: {wall:.3f} ms/step (replay {replay:.3f}) {kernels}")
-            if name in ("int4pack", "wgmma"):
-                rows[-1]["check_batch"] = _batch_check(engine, graphs, batch=max(batches), prompt_len=min(48, ctx))
-                log(f"rows step {name} against eager: {rows[-1]['check_batch']}")
+                if name in ("int4pack", "wgmma") and b > 1:  # (the wgmma kernel's staged and wide forms both)
+                    rows[-1]["check_batch"] = _batch_check(engine, graphs, batch=b, prompt_len=min(48, ctx))
+                    log(f"rows step {name} b={b} against eager: {rows[-1]['check_batch']}")
         except Exception:
             rows.append({"choice": name, "error": traceback.format_exc()[-2000:]})
             log(f"rows step {name} FAILED:\n{traceback.format_exc()[-2000:]}")

@@ -4,7 +4,7 @@ linears, before and after a change, in one call (issue 32): no 7B build, random 
 (quant_gemv_int8_ws, variant ws and its neighbours) the same way, against quant_linear's INT8 tensor-core kernel.
 
     python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,ws,mma,sweep] [--format w4a8_awq]
-    python3 benchmarks/w4a8_gemv.py --out DIR --rows 8 [--variants gemm,rows]   # W4A8 at 2-16 input rows
+    python3 benchmarks/w4a8_gemv.py --out DIR --rows 8 [--variants gemm,rows]   # W4A8 at 2-64 input rows
     TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/w4a8_gemv.py --dry-run --out DIR
 
 Per linear (qkv 3584 -> 4608, dense 3584 -> 3584, fc + gate 3584 -> 2 x 18944 as the GLU launch, proj 18944 -> 3584)
@@ -27,11 +27,12 @@ Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
 Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
 static counts in docs/perf-notes.md); the difference between legacy and new is the launch: splits, rows, prefetch.
 
-``--rows M`` (2-16, $W4A8_GEMV_ROWS): W4A8 at M input rows through quant_gemm.launch, checked and timed the same way
-against float32 and quant_linear's kernel at M rows:
+``--rows M`` (2-64, $W4A8_GEMV_ROWS): W4A8 at M input rows through quant_gemm.launch, checked and timed the same way
+against float32 and quant_linear's kernel at M rows (the bound 1e-3: both sum on the FP8 tensor cores):
   gemm    ``quant_gemm.pick_config``: quant_gemm's W4A8 GEMM (the GLU not split), what a decode batch takes today
   rows    ``quant_rows_w4a8_mma.pick_config``: the lookup into FP8 wgmma with the rows as the MMA's N (Hopper; the
-          decode step's under TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N), then its stages, rows and splits around it
+          decode step's under TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N; from 17 rows the wide kernel, two launches: the
+          input made once, then the kernel), then its stages, rows and splits around it
 
 The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time, ms). Results:
 DIR/w4a8_gemv.json (INT8: DIR/FORMAT_gemv.json). ~1 minute on an H200 (each distinct config is one compilation).
@@ -134,7 +135,11 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                 continue
             rows = quant_rows_w4a8_mma.pick_config(q, m, sm, glu=glu)
             out.append(("rows", rows))
-            if glu:
+            if rows.block_m > quant_rows_w4a8_mma.STAGED_ROWS:  # the wide kernel: 64 output rows (its registers)
+                out += ([("rows-3-stages", r(rows, num_stages=3))] if glu else
+                        [("rows-2-stages", r(rows, num_stages=2)), ("rows-4-stages", r(rows, num_stages=4)),
+                         ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
+            elif glu:
                 out += [("rows-128-rows", r(rows, block_n=128, num_stages=2)), ("rows-2-stages", r(rows, num_stages=2))]
             else:
                 out += [("rows-64-rows", quant_rows_w4a8_mma.pick_config(q, m, sm, block_n=64)),
@@ -155,7 +160,7 @@ def main() -> None:
                     help="the weights' format (default w4a8_awq; INT8's: quant_gemv_int8 and its warp-specialized "
                          "form)")
     ap.add_argument("--rows", type=int, default=int(os.environ.get("W4A8_GEMV_ROWS", "1")),
-                    help="input rows (1: the batch-1 GEMVs; 2-16: W4A8 through quant_gemm.launch, variants gemm,rows)")
+                    help="input rows (1: the batch-1 GEMVs; 2-64: W4A8 through quant_gemm.launch, variants gemm,rows)")
     args = ap.parse_args()
     m = args.rows
     if not 1 <= m <= quant_rows_w4a8_mma.MAX_ROWS or m > 1 and args.format != "w4a8_awq":
@@ -258,11 +263,13 @@ def main() -> None:
     # rounded to bfloat16 where eager rounds) and the dot kernel. Neither alone: the FP8 tensor cores' accumulation is
     # not a float32 sum (H100 2026-12-05e, the 7B's qkv: the dot kernel 1.5e-4 from float32, the GEMV 1.1e-6), and
     # through the interpreter, at the dry run's small shapes, float32 sits 2-5e-3 from both kernels, which agree.
-    bad = [r for r in rows
-           if "failed" in r or min(r["error"], r["vs_dot"]) > (1e-2 if r["linear"] == "glu" else 1e-4)]
+    # Several rows (--rows): both kernels' sums are the FP8 tensor cores' per K tile, so 1e-3 (quant_gemm's W4A8 GEMM
+    # at M 64 on an H100: 1.5e-4 from float32, 2026-12-06e).
+    limit = 1e-4 if m == 1 else 1e-3
+    bad = [r for r in rows if "failed" in r or min(r["error"], r["vs_dot"]) > (1e-2 if r["linear"] == "glu" else limit)]
     if bad:
         print(f"{len(bad)} variant(s) failed or parted from both float32 x @ W^T and the dot kernel "
-              "(1e-4; the GLU 1e-2)")
+              f"({limit:g}; the GLU 1e-2)")
         sys.exit(1)
 
 

@@ -1321,12 +1321,13 @@ def test_int4_rows_on_wgmma_dequantize_and_order_inputs_alike():
 
 
 def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
-    """quant_rows_int4_mma (INT4-AWQ at 2-16 rows: the packed words dequantized in registers straight into bfloat16
+    """quant_rows_int4_mma (INT4-AWQ at 2-64 rows: the packed words dequantized in registers straight into bfloat16
     wgmma's A operand) compiled for sm_90 here at its 7B launches for 8 and 16 rows: native HGMMA, the words reaching
     the operand's registers without shared memory (the conversion asserted trivial when it compiles), a LOP3 and 3/4 of
     a shift a weight pair, under 2.4 (linears) and 3.2 (the GLU, two matrices and inputs) instructions a weight in the
     K loop at 8 rows (quant_gemm's GLU GEMM at M 8: 3.74, tools/gemm_sass.py), no spills in 128 registers, shared
-    memory for three programs an SM in 132 KB. Off unless ``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``; never on a CPU."""
+    memory for three programs an SM in 132 KB; the wide form at 32 and 64 rows no global access in its loop, 168
+    registers. Off unless ``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``; never on a CPU."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_rows_int4_mma
 
     proj = quant_rows_int4_mma.pick_config(_hopper_shape(3584, 18944), 8, 132)
@@ -1344,6 +1345,22 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
         assert ops["HGMMA"] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
         assert ops["LOP3"] * 128 / weights <= 0.55 and sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
         assert regs <= quant_rows_int4_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
+    # from 17 rows the wide kernel: its input made once (``prepare``) and copied beside the weights; the consumers'
+    # loop reads shared memory only, dequantizes and multiplies (each tile's offset, scale and sum into float32: 1.0
+    # of the instructions a weight at 64 columns)
+    wide = quant_rows_int4_mma.pick_config(_hopper_shape(3584, 18944), 64, 132)
+    wide_glu = quant_rows_int4_mma.pick_config(_hopper_shape(18944, 3584), 40, 132, glu=True)
+    assert (wide.block_m, wide.block_n, wide.num_stages, wide_glu.block_m, wide_glu.num_stages) == (64, 64, 3, 64, 2)
+    for cfg, glu_, rows, most, shared in ((wide, False, 64, 3.3, 64), (wide_glu, True, 64, 3.0, 86),
+                                          (wide, False, 32, 2.7, 40)):
+        kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows)
+        sass, regs = tool.disassemble(kernel)
+        ops = _mma_k_loop(tool, sass, "HGMMA")
+        weights = cfg.block_n * 128 * (2 if glu_ else 1)
+        # (one STS a tile: the group scales' reorder into the MMA rows' order goes through shared memory)
+        assert ops["HGMMA"] > 0 and not {"HMMA", "LDL", "STL", "LDG", "STSM"} & set(ops) and ops["STS"] <= 2, ops
+        assert sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
+        assert regs <= quant_rows_int4_mma.WIDE_REGISTERS and kernel.metadata.shared <= shared * 1024
     monkeypatch.setenv(quant_rows_int4_mma.ENV, "8")
     assert quant_rows_int4_mma.enabled(8) and not quant_rows_int4_mma.enabled(9) and not quant_rows_int4_mma.enabled(1)
     monkeypatch.delenv(quant_rows_int4_mma.ENV)
@@ -1374,12 +1391,28 @@ def test_w4a8_rows_on_wgmma_stage_inputs_in_the_lookups_byte_order():
     assert torch.equal(flipped[finite], -value[finite])
 
 
+def test_wide_row_kernels_make_their_input_once_as_the_staged_ones_do():
+    """The input the wide wgmma row kernels copy (17-64 rows), made once by each module's ``prepare`` through the
+    interpreter, against torch: W4A8's E4M3 bytes of each matrix's input at eager's rounding points, each word in the
+    lookup's byte order, and the same with every sign flipped (exactly); INT4's input times the pre-quant scale in the
+    compute dtype in the MMA's input order (exactly) and 136 x each row's sum per K tile (float32 sums, zero past M);
+    one matrix and the GLU's two (each its own scales), M a tail of the MMA's N."""
+    rows = _interpreted(None, "rows_input_check.py")
+    assert [(r["format"], r["glu"]) for r in rows] == [("w4a8_awq", False), ("w4a8_awq", True), ("int4_awq", False),
+                                                       ("int4_awq", True)], rows
+    for r in rows:
+        assert r["equal"], r
+        if r["format"] == "int4_awq":
+            assert r["sums_rel"] < 1e-6 and r["sums_past_m"] == 0.0, r
+
+
 def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
-    """quant_rows_w4a8_mma (W4A8-AWQ at 2-16 rows: quant_gemv_w4a8_mma's lookup into FP8 wgmma, the batch as the MMA's
+    """quant_rows_w4a8_mma (W4A8-AWQ at 2-64 rows: quant_gemv_w4a8_mma's lookup into FP8 wgmma, the batch as the MMA's
     N) compiled for sm_90 here at its 7B launches: native QGMMA, no spill in 128 registers, shared memory for three
     programs an SM in the carveout, and a K loop under 2.4 instructions a weight at 8 rows (2.8 at 16 and for the GLU)
     where quant_gemm's W4A8 GEMM at M 8 spends 6-9 (tools/gemm_sass.py --w4a8): the lookups cost what they cost at
-    batch 1, each row only its input's staging. Off unless ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``; never on a CPU."""
+    batch 1, each row only its input's staging. From 17 rows the wide kernel: no global access in its loop, 168
+    registers. Off unless ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``; never on a CPU."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_w4a8_mma
 
     def shape(n, k):
@@ -1400,6 +1433,20 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
         assert ops["QGMMA"] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
         assert sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
         assert regs <= quant_rows_w4a8_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
+    # from 17 rows: the input made once (``prepare``) and copied beside the weights; the consumers' loop only reads
+    # shared memory, looks up and multiplies (the per-tile float32 promotion of 64 columns is most of the rest)
+    wide = quant_rows_w4a8_mma.pick_config(shape(3584, 18944), 64, 132)
+    wide_glu = quant_rows_w4a8_mma.pick_config(shape(18944, 3584), 33, 132, glu=True)
+    assert (wide.block_m, wide.block_n, wide.num_stages, wide_glu.block_m, wide_glu.num_stages) == (64, 64, 3, 64, 2)
+    for cfg, glu_, rows, most, shared in ((wide, False, 64, 3.1, 64), (wide_glu, True, 64, 2.7, 86),
+                                          (wide, False, 32, 2.7, 40)):
+        kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows)
+        sass, regs = tool.disassemble(kernel)
+        ops = _mma_k_loop(tool, sass, "QGMMA")
+        weights = cfg.block_n * 128 * (2 if glu_ else 1)
+        assert ops["QGMMA"] > 0 and not {"HMMA", "LDL", "STL", "LDG", "STS", "STSM"} & set(ops), ops
+        assert sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
+        assert regs <= quant_rows_w4a8_mma.WIDE_REGISTERS and kernel.metadata.shared <= shared * 1024
     monkeypatch.setenv(quant_rows_w4a8_mma.ENV, "8")
     assert quant_rows_w4a8_mma.enabled(8) and not quant_rows_w4a8_mma.enabled(9) and not quant_rows_w4a8_mma.enabled(1)
     q = _TableQuant("w4a8_awq", group=128, int4=True)

@@ -177,45 +177,66 @@ def compile_w4a8_mma(block_n: int, glu: bool, stages: int, per: int):
 
 def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int):
     """quant_rows_int4_mma's kernel (Gluon: INT4 dequantized in registers into bfloat16 wgmma) for sm_90 at ``rows``
-    input rows (the MMA's N: 8 or 16)."""
+    input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64: the wide kernel, its input made once
+    and copied beside the weights)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
-    consts = dict(GLU=glu, HAS_PQS=True, COMPUTE=tl.bfloat16, HALF=half, NB=8 if rows <= 8 else 16, STAGES=stages,
-                  PDL=True, num_warps=4)
+    nb = max(8, triton.next_power_of_2(rows))
+    wide = nb > quant_rows_int4_mma.STAGED_ROWS
+    consts = dict(GLU=glu, COMPUTE=tl.bfloat16, HALF=half, NB=nb, STAGES=stages, PDL=True, num_warps=4)
     descs = {"w_desc": f"tensordesc<i32[{half}, 32],{quant_rows_int4_mma.W_LAYOUT!r}>",
              "s_desc": f"tensordesc<bf16[2, {half}],{quant_rows_int4_mma.PLAIN16!r}>"}
-    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
-           **dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"), "out_ptr": "*bf16" if glu else "*fp32",
-           **dict.fromkeys(("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om"), "i32"),
+    if wide:
+        b = f"tensordesc<bf16[{nb}, 64],{quant_rows_int4_mma._b_layout()!r}>"
+        descs.update(lo_desc=b, hi_desc=b, o_desc=f"tensordesc<fp32[1, {nb}],{quant_rows_int4_mma.PLAIN!r}>")
+        fn = quant_rows_int4_mma._int4_rows_wide_kernel
+        pointers = {}
+        scalars = ("M", "N", "k_tiles", "per_split", "stride_os", "stride_om")
+    else:
+        consts["HAS_PQS"] = True
+        fn = quant_rows_int4_mma._int4_rows_mma_kernel
+        pointers = dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16")
+        scalars = ("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om")
+    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()}, **pointers,
+           "out_ptr": "*bf16" if glu else "*fp32", **dict.fromkeys(scalars, "i32"),
            **dict.fromkeys(consts, "constexpr")}
-    fn = quant_rows_int4_mma._int4_rows_mma_kernel
     src = GluonASTSource(fn, sig, constexprs=consts, attrs=_aligned(fn, sig))
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": quant_rows_int4_mma.MAX_REGISTERS})
+    registers = quant_rows_int4_mma.WIDE_REGISTERS if wide else quant_rows_int4_mma.MAX_REGISTERS
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": registers})
 
 
 def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int):
     """quant_rows_w4a8_mma's kernel (Gluon: E4M3 bytes by lookup into FP8 wgmma, the batch as N) for sm_90 at ``rows``
-    input rows (the MMA's N: 8 or 16)."""
+    input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64: the wide kernel, its input made once
+    and copied beside the weights)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     half = block_n // 2
-    consts = dict(GLU=glu, HAS_PQS=True, COMPUTE=tl.bfloat16, HALF=half, NB=8 if rows <= 8 else 16, STAGES=stages,
-                  PDL=True, num_warps=4)
+    nb = max(8, triton.next_power_of_2(rows))
+    wide = nb > quant_rows_w4a8_mma.STAGED_ROWS
+    consts = dict(GLU=glu, COMPUTE=tl.bfloat16, HALF=half, NB=nb, STAGES=stages, PDL=True, num_warps=4)
     plain = quant_gemv_w4a8_mma.PLAIN
     descs = {"w_desc": f"tensordesc<i32[{half}, 32],{quant_gemv_w4a8_mma.W_LAYOUT!r}>",
              "t_desc": f"tensordesc<i32[4, {half}],{plain!r}>"}
-    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()},
-           **dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"),
-           **dict.fromkeys(("aq_ptr", "osc_ptr", "aq2_ptr", "osc2_ptr"), "*fp32"),
-           "out_ptr": "*bf16" if glu else "*fp32",
-           **dict.fromkeys(("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om"), "i32"),
+    if wide:
+        b = f"tensordesc<fp8e4nv[{nb}, 128],{quant_rows_w4a8_mma.B_LAYOUT.value!r}>"
+        descs.update(x_desc=b, xn_desc=b)
+        fn = quant_rows_w4a8_mma._w4a8_rows_wide_kernel
+        pointers = dict.fromkeys(("osc_ptr", "osc2_ptr"), "*fp32")
+        scalars = ("M", "N", "k_tiles", "per_split", "stride_os", "stride_om")
+    else:
+        consts["HAS_PQS"] = True
+        fn = quant_rows_w4a8_mma._w4a8_rows_mma_kernel
+        pointers = {**dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"),
+                    **dict.fromkeys(("aq_ptr", "osc_ptr", "aq2_ptr", "osc2_ptr"), "*fp32")}
+        scalars = ("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om")
+    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()}, **pointers,
+           "out_ptr": "*bf16" if glu else "*fp32", **dict.fromkeys(scalars, "i32"),
            **dict.fromkeys(consts, "constexpr")}
-    fn = quant_rows_w4a8_mma._w4a8_rows_mma_kernel
     src = GluonASTSource(fn, sig, constexprs=consts, attrs=_aligned(fn, sig))
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": quant_rows_w4a8_mma.MAX_REGISTERS})
+    registers = quant_rows_w4a8_mma.WIDE_REGISTERS if wide else quant_rows_w4a8_mma.MAX_REGISTERS
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": registers})
 
 
 def compile_int8_ws(fmt: str, block_n: int, glu: bool, stages: int, per: int):

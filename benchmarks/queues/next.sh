@@ -15,24 +15,30 @@ kernels_passed() {
   grep -q "end w4a8_kernels rc=0 " <<< "$(sed -n "/$1\$/,/end w4a8_kernels/p" "$q/summary.txt")"
 }
 # 32: W4A8's lookup into FP8 wgmma, at batch 1 (quant_gemv_w4a8_mma: 1.92 instructions a weight against the
-# warp-specialized dp4a kernel's 2.8) and at 2-16 rows with the rows as the MMA's N (quant_rows_w4a8_mma: 2.3 at 8
-# rows against quant_gemm's GEMM's 6-9), both new and compiled on the CPU only: each 7B launch checked against float32
-# and quant_linear's kernel and timed beside today's, then, with those that passed, the step (batch 1 and 8 checked
-# against eager) against the default on one machine (H100 2026-12-07h: 2.772 ms at batch 1, 5.130 at 8; INT4 4.439)
+# warp-specialized dp4a kernel's 2.8) and at 2-64 rows with the rows as the MMA's N (quant_rows_w4a8_mma: 2.3 at 8
+# rows against quant_gemm's GEMM's 6-9; from 17 rows its input made once and copied beside the weights, 2.6-3.0), all
+# new and compiled on the CPU only: each 7B launch checked against float32 and quant_linear's kernel and timed beside
+# today's, then, with those that passed, the step (batch 1 and 8 checked against eager) against the default on one
+# machine (H100 2026-12-07h: 2.772 ms at batch 1, 5.130 / 8.111 / 9.802 at 8 / 32 / 64; INT4 4.439 at 8)
 w4a8_mma() {
   part w4a8_kernels 200 W4A8_GEMV_VARIANTS=ws,mma
   part w4a8_kernels 150 W4A8_GEMV_ROWS=8
+  part w4a8_kernels 150 W4A8_GEMV_ROWS=64
   local switches=()
   kernels_passed "W4A8_GEMV_VARIANTS=ws,mma" && switches+=(TRTLLM_PIPELINE_W4A8_MMA=1)
-  kernels_passed "W4A8_GEMV_ROWS=8" && switches+=(TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=16)
+  if kernels_passed "W4A8_GEMV_ROWS=8"; then
+    kernels_passed "W4A8_GEMV_ROWS=64" && switches+=(TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=64) \
+      || switches+=(TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=16)
+  fi
   if [ ${#switches[@]} -gt 0 ]; then
     part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq "${switches[@]}"
     part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq
   fi
 }
-# 32: INT4-AWQ at 2-16 rows dequantized in registers into bfloat16 wgmma (quant_rows_int4_mma, new: compiled on the
-# CPU only, 2.2 instructions a weight at 8 rows against the GEMM's 3.7): the rows_steps part's "wgmma" choice, its
-# logits against eager at 16 rows, beside today's choices (H100 2026-12-07h: batch 8 / 16 4.439 / 5.272 ms)
+# 32: INT4-AWQ at 2-64 rows dequantized in registers into bfloat16 wgmma (quant_rows_int4_mma, new: compiled on the
+# CPU only, 2.0 instructions a weight at 8 rows against the GEMM's 3.7; from 17 rows its input made once, 3.2 at 64):
+# the rows_steps part's "wgmma" choice, its logits against eager at 8, 16 and 64 rows, beside today's choices (H100
+# 2026-12-07h: batch 8 / 16 4.439 / 5.272 ms; batch 64 10.2-11.1 on earlier runs)
 int4_rows() {
   part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq
 }

@@ -367,6 +367,48 @@ def two_box_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters
 
 
 @gluon.jit
+def made_input_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, INPUT_BOXES: gl.constexpr,
+                        GLU: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, STAGE_BYTES: gl.constexpr):
+    """The producer warp of the wide row kernels (quant_rows_w4a8_mma, quant_rows_int4_mma from 17 rows), whose input
+    rows a kernel before them made once: ``descs`` / ``bufs`` are a K tile's packed words and per-row values, as
+    ``two_box_producer``'s, then that input's boxes, box j of K tile kt at ``[a kt, b kt + c]`` for ``INPUT_BOXES[j]``
+    = (a, b, c); for one matrix or, GLU, two (``STAGE_BYTES``: all of a stage). Under PDL the first stages' weights are
+    copied before the wait for the input's kernel, their input after it."""
+    V_ROWS: gl.constexpr = descs[1].block_type.shape[0]
+    first = gl.minimum(k_iters, STAGES)
+    for i in range(k_iters):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
+        bar = ready.index(s)
+        mbarrier.expect(bar, STAGE_BYTES)
+        kt = k0 + i
+        tma.async_copy_global_to_shared(descs[0], [row0, kt * 32], bar, bufs[0].index(s))
+        tma.async_copy_global_to_shared(descs[1], [V_ROWS * kt, row0], bar, bufs[1].index(s))
+        if GLU:
+            tma.async_copy_global_to_shared(descs2[0], [row0, kt * 32], bar, bufs2[0].index(s))
+            tma.async_copy_global_to_shared(descs2[1], [V_ROWS * kt, row0], bar, bufs2[1].index(s))
+        if i + 1 == first:
+            if PDL:
+                gdc_wait()
+            for j in range(first):  # the input of the stages issued so far
+                _copy_boxes(descs, bufs, ready.index(j), k0 + j, j, INPUT_BOXES)
+                if GLU:
+                    _copy_boxes(descs2, bufs2, ready.index(j), k0 + j, j, INPUT_BOXES)
+        elif i >= first:
+            _copy_boxes(descs, bufs, bar, kt, s, INPUT_BOXES)
+            if GLU:
+                _copy_boxes(descs2, bufs2, bar, kt, s, INPUT_BOXES)
+
+
+@gluon.jit
+def _copy_boxes(descs, bufs, bar, kt, s, BOXES: gl.constexpr):
+    """The made input's boxes of K tile ``kt`` into stage ``s`` (``made_input_producer``'s ``INPUT_BOXES``)."""
+    for j in gl.static_range(len(BOXES)):
+        tma.async_copy_global_to_shared(descs[2 + j], [BOXES[j][0] * kt, BOXES[j][1] * kt + BOXES[j][2]], bar,
+                                        bufs[2 + j].index(s))
+
+
+@gluon.jit
 def _ws_gemv_kernel(
     w_desc, x_desc, s_desc, ce_desc, w2_desc, x2_desc, s2_desc, ce2_desc,
     out_ptr, pqs_out_ptr, xp_out_ptr, count_ptr, clear_ptr,

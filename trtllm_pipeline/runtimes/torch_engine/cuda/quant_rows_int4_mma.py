@@ -18,16 +18,23 @@ batch is the MMA's N (8 or 16 columns of B) and costs nothing per weight, and ea
   warps write each tile's input rows (times their pre-quant scale, rounded to the compute dtype) into a K-major
   B buffer, then dequantize and issue the MMAs; float32 accumulators across K.
 
+From 17 rows (the MMA's N 32 or 64) every program staging the same rows would cost more than its dequantization:
+there ``prepare`` (one small kernel) writes the rows once, times their pre-quant scale in the compute dtype and in the
+MMA's input order, with 136 x each row's sum per K tile, and the producer warp copies the tile's two [NB, 64] halves
+and its [1, NB] sums beside the words and scales (quant_gemv_ws.made_input_producer; rows past M read as zeros); the
+consumers only dequantize and issue the MMAs, 64 output rows a program (168 registers).
+
 Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
 [M, N] in the compute dtype, K not split). Gluon kernels do not run in Triton's interpreter: the CPU tests compile this
-one for sm_90 (``tools/gemv_sass.py --int4-mma``). Untimed: the decode step takes it only at batch 2..N under
-``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``.
+one for sm_90 (``tools/gemv_sass.py --int4-mma``; ``prepare`` runs in the interpreter). Untimed: the decode step takes
+it only at batch 2..N (N at most 64) under ``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``.
 """
 
 from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
@@ -36,14 +43,15 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_ws, quant_gemv_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import words_layout
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN16, W_LAYOUT, program_tiles,
-                                                                      stage_barriers, two_box_producer)
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, PLAIN16, W_LAYOUT, made_input_producer,
+                                                                      program_tiles, stage_barriers, two_box_producer)
 
 ENV = "TRTLLM_PIPELINE_INT4_WGMMA_ROWS"
-MAX_ROWS = 16
-MAX_REGISTERS = 128
-STAGES = 3
-BLOCK_N, GLU_BLOCK_N = 128, 64
+MAX_ROWS = 64
+STAGED_ROWS = 16  # up to this many rows each program stages its input; beyond, ``prepare`` makes it once
+MAX_REGISTERS, WIDE_REGISTERS = 128, 168
+STAGES, WIDE_GLU_STAGES = 3, 2
+BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program (the GLU, and from 17 rows every linear: 64)
 NIBBLES = gl.constexpr(0x000F000F)  # each bfloat16 half's low nibble
 MAGIC = gl.constexpr(0x43084308)  # where the mask is set: the nibble's XOR 8; elsewhere: bfloat16 128's bits
 
@@ -64,12 +72,15 @@ def supported(q, m: int) -> bool:
 
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None) -> LinearConfig:
-    """128 output rows x 128 inputs (the GLU 64: two matrices), the MMA's N 8 or 16 for ``m`` rows, quant_gemv_w4a8_ws's
-    K split rule, ``STAGES`` deep (not yet timed)."""
-    block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
+    """128 output rows x 128 inputs (the GLU, and from 17 rows every linear: 64), the MMA's N the next of 8, 16, 32,
+    64 for ``m`` rows, quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the wide GLU ``WIDE_GLU_STAGES``: its
+    input boxes beside two matrices' words); not yet timed."""
+    nb = max(8, triton.next_power_of_2(m))
+    wide = nb > STAGED_ROWS
+    block_n = block_n or (GLU_BLOCK_N if glu or wide else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
-    return LinearConfig(8 if m <= 8 else 16, block_n, 128, splits, 4, STAGES, gemm=True, tma=True, ws=True,
-                        lut_mma=True)
+    stages = WIDE_GLU_STAGES if wide and glu else STAGES
+    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True)
 
 
 # ------------------------------------------------------------------------------------------ layouts
@@ -174,12 +185,12 @@ def _stage_input(x_ptr, pqs_ptr, b_buf, kt, M, stride_x, NB: gl.constexpr, HAS_P
 
 
 @gluon.jit
-def _tile(w, scales, b_buf, offset, acc, NB: gl.constexpr):
-    """One K tile into the float32 accumulators: the MMAs of 136 + q over B's two 128-byte columns (64 inputs each),
-    from zero, less ``offset`` (136 x each input row's sum), times the rows' group scales."""
-    part = warpgroup_mma(_operand(_half_words(w, 0), NB), b_buf.slice(0, 64, dim=1).permute((1, 0)),
-                         gl.zeros_like(acc), use_acc=False)
-    part = warpgroup_mma(_operand(_half_words(w, 1), NB), b_buf.slice(64, 64, dim=1).permute((1, 0)), part)
+def _tile(w, scales, b_lo, b_hi, offset, acc, NB: gl.constexpr):
+    """One K tile into the float32 accumulators: the MMAs of 136 + q over B's two 128-byte halves (``b_lo``,
+    ``b_hi``: [NB, 64] K-major, 64 inputs each), from zero, less ``offset`` (136 x each input row's sum), times the
+    rows' group scales."""
+    part = warpgroup_mma(_operand(_half_words(w, 0), NB), b_lo.permute((1, 0)), gl.zeros_like(acc), use_acc=False)
+    part = warpgroup_mma(_operand(_half_words(w, 1), NB), b_hi.permute((1, 0)), part)
     return acc + (part - gl.expand_dims(offset, 0)) * scales
 
 
@@ -210,9 +221,9 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
             scales2 = _row_scales(bufs2[1], s, HALF, NB)
         fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
         mbarrier.arrive(empty.index(s), count=1)
-        acc = _tile(w, scales, b_buf, offset, acc, NB)
+        acc = _tile(w, scales, b_buf.slice(0, 64, dim=1), b_buf.slice(64, 64, dim=1), offset, acc, NB)
         if GLU:
-            acc2 = _tile(w2, scales2, b_buf2, offset2, acc2, NB)
+            acc2 = _tile(w2, scales2, b_buf2.slice(0, 64, dim=1), b_buf2.slice(64, 64, dim=1), offset2, acc2, NB)
     return acc, acc2
 
 
@@ -242,16 +253,137 @@ def _int4_rows_mma_kernel(
         (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE)),
         (two_box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
     ], [1], [40])
-    # MMA row m = 64 b + 16 w + 8 p + g is output row 2 (row0 + 32 b + 8 w + g) + p; column n the input row n
-    MMA: gl.constexpr = _mma_layout(NB)
-    m = gl.expand_dims(gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, MMA)), 1)
-    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(0, MMA)), 0)
+    _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
+
+
+@gluon.jit
+def _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU: gl.constexpr, COMPUTE: gl.constexpr):
+    """The accumulators [2 HALF, NB] into the float32 partials, or the GLU's silu(fc) * gate: MMA row m = 64 b + 16 w
+    + 8 p + g is output row 2 (row0 + 32 b + 8 w + g) + p, column n the input row n."""
+    MMA: gl.constexpr = acc.type.layout
+    m = gl.expand_dims(gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, MMA)), 1)
+    n = gl.expand_dims(gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, MMA)), 0)
     rows = 2 * (row0 + 32 * (m // 64) + 8 * ((m // 16) % 4) + m % 8) + (m // 8) % 2
     ok = (rows < N) & (n < M)
     if GLU:
         gl.store(out_ptr + n * stride_om + rows, silu_mul(acc, acc2, COMPUTE), mask=ok)
     else:
         gl.store(out_ptr + pid_s * stride_os + n * stride_om + rows, acc, mask=ok)
+
+
+# ------------------------------------------------------------------------------------------ wide: the input made once
+
+
+@triton.jit
+def _prepare_kernel(x_ptr, pqs_ptr, pqs2_ptr, out_ptr, off_ptr, M, K, stride_xm, MATS: tl.constexpr,
+                    HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
+    """K tile ``program_id(0)`` of the input rows for each matrix: times its pre-quant scale rounded to the compute
+    dtype, stored into ``out`` [MATS, M, K] in the MMA's input order (input 16 c + 4 t + 2 i + j at 16 c + 8 j + 2 t +
+    i: ``_stage_input``'s), and 136 x each row's sum into ``off`` [MATS, K / 128, NB] (zeros past M)."""
+    if PDL:  # x is the previous kernel's output; the next kernel waits for this one before it reads ``out``
+        gdc_wait()
+        gdc_launch_dependents()
+    kt = tl.program_id(0)
+    rm = tl.arange(0, NB)
+    rk = kt * 128 + tl.arange(0, 128)
+    mask = (rm[:, None] < M) & (rk[None, :] < K)
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0)
+    order = (rk & ~15) | ((rk & 1) << 3) | (((rk >> 2) & 3) << 1) | ((rk >> 1) & 1)
+    for j in tl.static_range(MATS):
+        v = x
+        if HAS_PQS:
+            if j == 0:
+                pqs = tl.load(pqs_ptr + rk)
+            else:  # the GLU's gate: its own pre-quant scale
+                pqs = tl.load(pqs2_ptr + rk)
+            v = (x.to(tl.float32) * pqs.to(tl.float32)[None, :]).to(COMPUTE)
+        tl.store(out_ptr + j * M * K + rm[:, None] * K + order[None, :], v, mask=mask)
+        tl.store(off_ptr + (j * tl.num_programs(0) + kt) * NB + rm, tl.sum(v.to(tl.float32), axis=1) * 136.0)
+
+
+def prepare(x: torch.Tensor, q, q2, compute: torch.dtype, nb: int, pdl: bool = False):
+    """``x`` [M, K] as the wide kernel's B operands: ([matrices, M, K] in the compute dtype, in the MMA's input order;
+    float32 [matrices, K / 128, ``nb``]: 136 x each row's sum per K tile), matrices 2 with ``q2`` (the GLU's gate)."""
+    m, k = x.shape
+    mats = 1 if q2 is None else 2
+    q2 = q2 or q
+    out = torch.empty(mats, m, k, dtype=compute, device=x.device)
+    sums = torch.empty(mats, k // 128, nb, device=x.device)
+    _prepare_kernel[(k // 128,)](x, q.pqs if q.pqs is not None else x, q2.pqs if q2.pqs is not None else x, out, sums,
+                                 m, k, x.stride(0), MATS=mats, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute),
+                                 NB=nb, PDL=pdl, num_warps=4, launch_pdl=pdl)
+    return out, sums
+
+
+# the made input's boxes as made_input_producer copies them: the tile's two 64-input halves, then its sums
+INPUT_BOXES = gl.constexpr(((0, 128, 0), (0, 128, 64), (1, 0, 0)))
+
+
+@gluon.jit
+def _stage_offsets(o_bufs, s, NB: gl.constexpr):
+    """Stage ``s``'s 136 x row sums [NB], read straight in the accumulators' column layout."""
+    VEC: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    return o_bufs.index(s)._reinterpret(gl.float32, [NB], VEC).load(gl.SliceLayout(0, _mma_layout(NB)))
+
+
+@gluon.jit
+def _wide_consumer(bufs, bufs2, ready, empty, k_iters, GLU: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
+                   STAGES: gl.constexpr, PDL: gl.constexpr):
+    L: gl.constexpr = words_layout(HALF)
+    if PDL:  # (its wait is the producer's: every input copy follows it, and the MMAs follow the copies)
+        gdc_launch_dependents()
+    acc = gl.zeros([2 * HALF, NB], gl.float32, _mma_layout(NB))
+    acc2 = acc
+    for i in range(k_iters):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        w = bufs[0].index(s).load(L)
+        acc = _tile(w, _row_scales(bufs[1], s, HALF, NB), bufs[2].index(s), bufs[3].index(s),
+                    _stage_offsets(bufs[4], s, NB), acc, NB)
+        if GLU:
+            w2 = bufs2[0].index(s).load(L)
+            acc2 = _tile(w2, _row_scales(bufs2[1], s, HALF, NB), bufs2[2].index(s), bufs2[3].index(s),
+                         _stage_offsets(bufs2[4], s, NB), acc2, NB)
+        fence_async_shared()  # the stage's reads (the MMAs have returned) before the copy engine's next writes
+        mbarrier.arrive(empty.index(s), count=1)
+    if PDL:  # (a program without K tiles copied nothing: its stores still wait for the kernels before)
+        gdc_wait()
+    return acc, acc2
+
+
+@gluon.jit
+def _wide_buffers(descs, HALF: gl.constexpr, NB: gl.constexpr, STAGES: gl.constexpr):
+    return (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], descs[0].layout),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, 2, HALF], descs[1].layout),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, NB, 64], descs[2].layout),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, NB, 64], descs[3].layout),
+            gl.allocate_shared_memory(gl.float32, [STAGES, 1, NB], descs[4].layout))
+
+
+@gluon.jit
+def _int4_rows_wide_kernel(
+    w_desc, s_desc, lo_desc, hi_desc, o_desc, w2_desc, s2_desc, lo2_desc, hi2_desc, o2_desc, out_ptr,
+    M, N, k_tiles, per_split, stride_os, stride_om,
+    GLU: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr, STAGES: gl.constexpr,
+    PDL: gl.constexpr, num_warps: gl.constexpr,
+):
+    descs = (w_desc, s_desc, lo_desc, hi_desc, o_desc)
+    descs2 = (w2_desc, s2_desc, lo2_desc, hi2_desc, o2_desc)
+    bufs = _wide_buffers(descs, HALF, NB, STAGES)
+    bufs2 = bufs
+    if GLU:
+        bufs2 = _wide_buffers(descs2, HALF, NB, STAGES)
+    ready, empty = stage_barriers(STAGES)
+    pid_s = gl.program_id(1)
+    row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
+    NBYTES: gl.constexpr = ((w_desc.block_type.nbytes + s_desc.block_type.nbytes + 2 * lo_desc.block_type.nbytes
+                             + o_desc.block_type.nbytes) * (2 if GLU else 1))
+    acc, acc2 = gl.warp_specialize([
+        (_wide_consumer, (bufs, bufs2, ready, empty, k_iters, GLU, HALF, NB, STAGES, PDL)),
+        (made_input_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, INPUT_BOXES, GLU, STAGES,
+                               PDL, NBYTES)),
+    ], [1], [40])
+    _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
 
 
 # ------------------------------------------------------------------------------------------ launch
@@ -267,7 +399,8 @@ def _descriptors(q, half: int) -> list:
 def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool):
     """quant_gemm.launch's contract for this kernel's configs (``cfg.lut_mma``, INT4-AWQ): ``x`` [M, K] in the compute
     dtype before the pre-quant scale; ``out`` [splits, M, N] (or [M, N], one split) float32 partials, or with ``q2``
-    (the GLU's gate, K not split) [M, N] in the compute dtype."""
+    (the GLU's gate, K not split) [M, N] in the compute dtype. From 17 rows (``cfg.block_m`` > STAGED_ROWS) two
+    launches: ``prepare``, then the wide kernel."""
     glu = q2 is not None
     m = x.shape[0]
     assert supported(q, m) and compute == torch.bfloat16 and cfg.block_k == 128 and x.stride(1) == 1
@@ -280,10 +413,27 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     splits = 1 if glu else cfg.splits  # (a split past the last K tile writes zeros: every partial is written)
     per_split = triton.cdiv(k_tiles, splits)
     partials = not glu and out.dim() == 3
+    shape = (m, q.n, k_tiles, per_split)
+    out_strides = (out.stride(0) if partials else 0, out.stride(-2))
+    common = dict(GLU=glu, COMPUTE=tl_dtype(compute), HALF=half, NB=cfg.block_m, STAGES=cfg.num_stages, PDL=pdl,
+                  num_warps=cfg.num_warps, launch_pdl=pdl)
+    grid = (triton.cdiv(q.n // 2, half), splits)
+    if cfg.block_m > STAGED_ROWS:
+        made, sums = prepare(x, q, q2 if glu else None, compute, cfg.block_m, pdl)
+        descs = _descriptors(q, half) + _input_descriptors(made[0], sums[0], cfg.block_m)
+        descs2 = _descriptors(q2, half) + _input_descriptors(made[-1], sums[-1], cfg.block_m)
+        return _int4_rows_wide_kernel[grid](*descs, *descs2, out, *shape, *out_strides, maxnreg=WIDE_REGISTERS,
+                                            **common)
     descs = _descriptors(q, half) + _descriptors(q2, half)
-    return _int4_rows_mma_kernel[(triton.cdiv(q.n // 2, half), splits)](
+    return _int4_rows_mma_kernel[grid](
         *descs, x, q.pqs if q.pqs is not None else x, q2.pqs if q2.pqs is not None else x, out,
-        m, q.n, k_tiles, per_split, x.stride(0), out.stride(0) if partials else 0, out.stride(-2),
-        GLU=glu, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute), HALF=half, NB=cfg.block_m, STAGES=cfg.num_stages,
-        PDL=pdl, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
-    )
+        *shape, x.stride(0), *out_strides, HAS_PQS=q.pqs is not None, maxnreg=MAX_REGISTERS, **common)
+
+
+def _input_descriptors(made: torch.Tensor, sums: torch.Tensor, nb: int) -> list:
+    """The wide kernel's copy descriptors of one matrix's made input: ``made`` [M, K] in [NB, 64] boxes (both halves
+    of a K tile; rows past M are read as zeros) and ``sums`` [K / 128, NB] a row at a time."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    half = TensorDescriptor.from_tensor(made, [nb, 64], _b_layout())
+    return [half, half, TensorDescriptor.from_tensor(sums, [1, nb], PLAIN)]

@@ -16,18 +16,26 @@ in its sm_90 loop) at any of these batches, and each row only its share of stagi
 * The lookup, the two MMA chains a tile from zero and their float32 promotion every 128 inputs are
   quant_gemv_w4a8_mma's (``tile``), as are the producer warp, stages and tables (``QuantWeight.lut8``).
 
+From 17 rows (the MMA's N 32 or 64) staging in every program would cost more than the lookups: each of the N / 64
+programs along the output would quantize the same rows again. There one small kernel first writes the rows' E4M3 once
+(``prepare``: [matrices, sign, M, K] bytes, each word in the lookup's byte order, the second sign flipped; eager's
+rounding points, quant_linear's ``_act_tile``), and the producer warp copies each K tile's [NB, 128] boxes of both
+signs beside the words and tables by the copy engine (rows past M read as zeros); the consumers only look up and issue
+the MMAs. 64 output rows a program keep the accumulators, the fresh per-tile sums and the lookups in 168 registers.
+
 Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
 [M, N] in the compute dtype, K not split), each column scaled by ``activation scale x scale_2`` (the matrix's
 ``out_scale``). Products are exact; sums are the tensor cores' per K tile, then float32, so results differ from the
 GEMM's in rounding only. Gluon kernels do not run in Triton's interpreter: the CPU tests compile this one for sm_90
-(``tools/gemv_sass.py --w4a8-rows``). Untimed: the decode step takes it only at batch 2..N under
-``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``.
+(``tools/gemv_sass.py --w4a8-rows``; ``prepare`` runs in the interpreter). Untimed: the decode step takes it only at
+batch 2..N (N at most 64) under ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``.
 """
 
 from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
@@ -35,15 +43,18 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_mma, quant_gemv_w4a8_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import _act_tile
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import (B_LAYOUT, SIGNS, mma_layout, stage_tables,
                                                                            tile, word_bytes, words_layout)
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import program_tiles, stage_barriers, two_box_producer
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (made_input_producer, program_tiles,
+                                                                      stage_barriers, two_box_producer)
 
 ENV = "TRTLLM_PIPELINE_W4A8_WGMMA_ROWS"
-MAX_ROWS = 16
-MAX_REGISTERS = 128
-STAGES = 3
-BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks
+MAX_ROWS = 64
+STAGED_ROWS = 16  # up to this many rows each program stages its input; beyond, ``prepare`` makes it once
+MAX_REGISTERS, WIDE_REGISTERS = 128, 168
+STAGES, WIDE_GLU_STAGES = 3, 2
+BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks; wide: one
 
 
 def enabled(m: int) -> bool:
@@ -58,12 +69,15 @@ def supported(q, m: int) -> bool:
 
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None) -> LinearConfig:
-    """128 output rows x 128 inputs (the GLU 64: two matrices), the MMA's N 8 or 16 for ``m`` rows, quant_gemv_w4a8_ws's
-    K split rule, ``STAGES`` deep (not yet timed)."""
-    block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
+    """128 output rows x 128 inputs (the GLU, and from 17 rows every linear: 64), the MMA's N the next of 8, 16, 32,
+    64 for ``m`` rows, quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the wide GLU ``WIDE_GLU_STAGES``: its
+    input boxes beside two matrices' words); not yet timed."""
+    nb = max(8, triton.next_power_of_2(m))
+    wide = nb > STAGED_ROWS
+    block_n = block_n or (GLU_BLOCK_N if glu or wide else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
-    return LinearConfig(8 if m <= 8 else 16, block_n, 128, splits, 4, STAGES, gemm=True, tma=True, ws=True, w4a8=True,
-                        lut_mma=True)
+    stages = WIDE_GLU_STAGES if wide and glu else STAGES
+    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, w4a8=True, lut_mma=True)
 
 
 # ------------------------------------------------------------------------------------------ the consumers' work
@@ -158,10 +172,17 @@ def _w4a8_rows_mma_kernel(
         (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE)),
         (two_box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
     ], [1], [40])
-    # MMA row m = 64 b + 16 w + 8 h + g is output row 2 (row0 + 32 b + 8 w + g) + h; column n the input row n
-    MMA: gl.constexpr = mma_layout(NB)
-    m = gl.expand_dims(gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, MMA)), 1)
-    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(0, MMA)), 0)
+    _store(acc, acc2, osc_ptr, osc2_ptr, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
+
+
+@gluon.jit
+def _store(acc, acc2, osc_ptr, osc2_ptr, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU: gl.constexpr,
+           COMPUTE: gl.constexpr):
+    """The accumulators [2 HALF, NB] times ``out_scale`` into the float32 partials, or the GLU's silu(fc) * gate:
+    MMA row m = 64 b + 16 w + 8 h + g is output row 2 (row0 + 32 b + 8 w + g) + h, column n the input row n."""
+    MMA: gl.constexpr = acc.type.layout
+    m = gl.expand_dims(gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, MMA)), 1)
+    n = gl.expand_dims(gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, MMA)), 0)
     rows = 2 * (row0 + 32 * (m // 64) + 8 * ((m // 16) % 4) + m % 8) + (m // 8) % 2
     ok = (rows < N) & (n < M)
     y = acc * gl.load(osc_ptr)
@@ -171,13 +192,120 @@ def _w4a8_rows_mma_kernel(
         gl.store(out_ptr + pid_s * stride_os + n * stride_om + rows, y, mask=ok)
 
 
+# ------------------------------------------------------------------------------------------ wide: the input made once
+
+
+@triton.jit
+def _prepare_kernel(x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, out_ptr, M, K, stride_xm, MATS: tl.constexpr,
+                    HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    """One [BLOCK_M, 128] tile of the input rows as each matrix's E4M3 (``_act_tile``: its pre-quant scale rounded to
+    the compute dtype, its activation scale), stored into ``out`` [MATS, 2, M, K] bytes at the lookup's byte order
+    (inputs 0, 2, 1, 3 of each word: bits 0 and 1 of the column swapped), the second sign with each sign bit flipped."""
+    if PDL:  # x is the previous kernel's output; the next kernel waits for this one before it reads ``out``
+        gdc_wait()
+        gdc_launch_dependents()
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(1) * 128 + tl.arange(0, 128)
+    k_ok = rk < K
+    mask = (rm[:, None] < M) & k_ok[None, :]
+    ptrs = out_ptr + rm[:, None] * K + ((rk & ~3) | ((rk & 1) << 1) | ((rk >> 1) & 1))[None, :]
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :]
+    for j in tl.static_range(MATS):
+        if j == 0:
+            pqs, aq = pqs_ptr, aq_ptr
+        else:  # the GLU's gate: its own pre-quant and activation scales
+            pqs, aq = pqs2_ptr, aq2_ptr
+        b = _act_tile(x_ptrs, pqs + rk, aq, mask, k_ok, HAS_PQS, 1, True, COMPUTE).to(tl.int8, bitcast=True)
+        tl.store(ptrs + (2 * j) * M * K, b, mask=mask)
+        tl.store(ptrs + (2 * j + 1) * M * K, b ^ -128, mask=mask)
+
+
+def prepare(x: torch.Tensor, q, q2, compute: torch.dtype, pdl: bool = False) -> torch.Tensor:
+    """``x`` [M, K] as the wide kernel's B operands: int8 [matrices (2 with ``q2``, the GLU's gate), 2, M, K], each
+    matrix's E4M3 bytes of the input and of its negation, words in the lookup's byte order."""
+    m, k = x.shape
+    mats = 1 if q2 is None else 2
+    q2 = q2 or q
+    out = torch.empty(mats, 2, m, k, dtype=torch.int8, device=x.device)
+    block_m = min(64, triton.next_power_of_2(m))
+    _prepare_kernel[(triton.cdiv(m, block_m), triton.cdiv(k, 128))](
+        x, q.pqs if q.pqs is not None else x, q.act_q, q2.pqs if q2.pqs is not None else x, q2.act_q, out, m, k,
+        x.stride(0), MATS=mats, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute), BLOCK_M=block_m, PDL=pdl,
+        num_warps=4, launch_pdl=pdl)
+    return out
+
+
+# the made input's boxes as made_input_producer copies them: [0, 128 kt] of the input and of its negation
+INPUT_BOXES = gl.constexpr(((0, 128, 0), (0, 128, 0)))
+
+
+@gluon.jit
+def _wide_consumer(bufs, bufs2, ready, empty, k_iters, GLU: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
+                   STAGES: gl.constexpr, PDL: gl.constexpr):
+    L: gl.constexpr = words_layout(HALF)
+    if PDL:  # (its wait is the producer's: every input copy follows it, and the MMAs follow the copies)
+        gdc_launch_dependents()
+    acc = gl.zeros([2 * HALF, NB], gl.float32, mma_layout(NB))
+    acc2 = acc
+    for i in range(k_iters):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        w = bufs[0].index(s).load(L)
+        tabs = stage_tables(bufs[1], s, L, HALF)
+        acc = tile(w, tabs, (bufs[2].index(s), bufs[3].index(s)), acc)
+        if GLU:
+            w2 = bufs2[0].index(s).load(L)
+            tabs2 = stage_tables(bufs2[1], s, L, HALF)
+            acc2 = tile(w2, tabs2, (bufs2[2].index(s), bufs2[3].index(s)), acc2)
+        fence_async_shared()  # the stage's reads (words, tables; the MMAs have returned) before the next copies
+        mbarrier.arrive(empty.index(s), count=1)
+    if PDL:  # (a program without K tiles copied nothing: its stores still wait for the kernels before)
+        gdc_wait()
+    return acc, acc2
+
+
+@gluon.jit
+def _wide_buffers(descs, HALF: gl.constexpr, NB: gl.constexpr, STAGES: gl.constexpr):
+    return (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], descs[0].layout),
+            gl.allocate_shared_memory(gl.int32, [STAGES, 4, HALF], descs[1].layout),
+            gl.allocate_shared_memory(gl.float8e4nv, [STAGES, NB, 128], descs[2].layout),
+            gl.allocate_shared_memory(gl.float8e4nv, [STAGES, NB, 128], descs[3].layout))
+
+
+@gluon.jit
+def _w4a8_rows_wide_kernel(
+    w_desc, t_desc, x_desc, xn_desc, w2_desc, t2_desc, x2_desc, xn2_desc, osc_ptr, osc2_ptr, out_ptr,
+    M, N, k_tiles, per_split, stride_os, stride_om,
+    GLU: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr, STAGES: gl.constexpr,
+    PDL: gl.constexpr, num_warps: gl.constexpr,
+):
+    descs = (w_desc, t_desc, x_desc, xn_desc)
+    descs2 = (w2_desc, t2_desc, x2_desc, xn2_desc)
+    bufs = _wide_buffers(descs, HALF, NB, STAGES)
+    bufs2 = bufs
+    if GLU:
+        bufs2 = _wide_buffers(descs2, HALF, NB, STAGES)
+    ready, empty = stage_barriers(STAGES)
+    pid_s = gl.program_id(1)
+    row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
+    NBYTES: gl.constexpr = ((w_desc.block_type.nbytes + t_desc.block_type.nbytes + 2 * x_desc.block_type.nbytes)
+                            * (2 if GLU else 1))
+    acc, acc2 = gl.warp_specialize([
+        (_wide_consumer, (bufs, bufs2, ready, empty, k_iters, GLU, HALF, NB, STAGES, PDL)),
+        (made_input_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, INPUT_BOXES, GLU, STAGES,
+                               PDL, NBYTES)),
+    ], [1], [40])
+    _store(acc, acc2, osc_ptr, osc2_ptr, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
+
+
 # ------------------------------------------------------------------------------------------ launch
 
 
 def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool):
     """quant_gemm.launch's contract for this kernel's configs (``cfg.lut_mma``, W4A8-AWQ): ``x`` [M, K] in the compute
     dtype before the pre-quant scale; ``out`` [splits, M, N] (or [M, N], one split) float32 partials, or with ``q2``
-    (the GLU's gate, K not split) [M, N] in the compute dtype."""
+    (the GLU's gate, K not split) [M, N] in the compute dtype. From 17 rows (``cfg.block_m`` > STAGED_ROWS) two
+    launches: ``prepare``, then the wide kernel."""
     glu = q2 is not None
     m = x.shape[0]
     assert supported(q, m) and cfg.block_k == 128 and x.stride(1) == 1 and m <= cfg.block_m
@@ -190,11 +318,29 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     splits = 1 if glu else cfg.splits  # (a split past the last K tile writes zeros: every partial is written)
     per_split = triton.cdiv(k_tiles, splits)
     partials = not glu and out.dim() == 3
+    strides = (m, q.n, k_tiles, per_split)
+    out_strides = (out.stride(0) if partials else 0, out.stride(-2))
+    common = dict(GLU=glu, COMPUTE=tl_dtype(compute), HALF=half, NB=cfg.block_m, STAGES=cfg.num_stages, PDL=pdl,
+                  num_warps=cfg.num_warps, launch_pdl=pdl)
+    grid = (triton.cdiv(q.n // 2, half), splits)
+    if cfg.block_m > STAGED_ROWS:
+        made = prepare(x, q, q2 if glu else None, compute, pdl)
+        descs = _wide_descriptors(q, made[0], half, cfg.block_m)
+        descs2 = _wide_descriptors(q2, made[-1], half, cfg.block_m)
+        return _w4a8_rows_wide_kernel[grid](*descs, *descs2, q.out_scale, q2.out_scale, out, *strides, *out_strides,
+                                            maxnreg=WIDE_REGISTERS, **common)
     descs = quant_gemv_w4a8_mma.descriptors(q, half) + quant_gemv_w4a8_mma.descriptors(q2, half)
-    return _w4a8_rows_mma_kernel[(triton.cdiv(q.n // 2, half), splits)](
+    return _w4a8_rows_mma_kernel[grid](
         *descs, x, q.pqs if q.pqs is not None else x, q.act_q, q.out_scale,
-        q2.pqs if q2.pqs is not None else x, q2.act_q, q2.out_scale, out,
-        m, q.n, k_tiles, per_split, x.stride(0), out.stride(0) if partials else 0, out.stride(-2),
-        GLU=glu, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute), HALF=half, NB=cfg.block_m, STAGES=cfg.num_stages,
-        PDL=pdl, num_warps=cfg.num_warps, maxnreg=MAX_REGISTERS, launch_pdl=pdl,
-    )
+        q2.pqs if q2.pqs is not None else x, q2.act_q, q2.out_scale, out, *strides, x.stride(0),
+        *out_strides, HAS_PQS=q.pqs is not None, maxnreg=MAX_REGISTERS, **common)
+
+
+def _wide_descriptors(q, made: torch.Tensor, half: int, nb: int) -> list:
+    """The wide kernel's four copy descriptors for one matrix: its words and tables, and ``made`` [2, M, K] (the
+    input and its negation) in [NB, 128] boxes (rows past M are read as zeros)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = B_LAYOUT.value
+    signs = [TensorDescriptor.from_tensor(made[j].view(torch.float8_e4m3fn), [nb, 128], layout) for j in (0, 1)]
+    return quant_gemv_w4a8_mma.descriptors(q, half) + signs
