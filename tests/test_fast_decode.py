@@ -1246,6 +1246,16 @@ def _mma_k_loop(tool, sass: str, mma: str) -> collections.Counter:
                                if (o := tool.OPCODE.search(line)))
 
 
+def _wgmma_loop(tool, kernel, cfg, glu: bool, mma: str, registers: int, shared_kb: int) -> tuple[dict, float]:
+    """A compiled wgmma kernel's K loop: its opcodes and instructions a weight (``cfg``'s tile, two matrices for the
+    GLU), after checking that it issues the native ``mma``, spills nothing and fits ``registers`` and ``shared_kb``."""
+    sass, regs = tool.disassemble(kernel)
+    ops = _mma_k_loop(tool, sass, mma)
+    assert ops[mma] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
+    assert regs <= registers and kernel.metadata.shared <= shared_kb * 1024, (regs, kernel.metadata.shared)
+    return ops, sum(ops.values()) * 128 / (cfg.block_n * 128 * (2 if glu else 1))
+
+
 def test_w4a8_e4m3_lookup_tables_give_each_weight_with_the_sign_on_the_input():
     """quant_gemv_w4a8_mma's tables hold each group's E4M3 magnitudes as bytes; the kernel's two lookups (PRMT on P =
     [0, E(t) .. E(7t)] where q >= 0, on N = [E(8t), E(7t) .. E(t)] at q + 8 where q < 0, each 0 elsewhere, as
@@ -1287,13 +1297,9 @@ def test_w4a8_gemv_on_fp8_tensor_cores_compiles_for_hopper():
     tool = _sass_tool()
     for cfg, glu_, k in ((proj, False, 18944), (glu, True, 3584)):
         kernel = tool.compile_w4a8_mma(cfg.block_n, glu_, cfg.num_stages, -(-(k // 128) // cfg.splits))
-        sass, regs = tool.disassemble(kernel)
-        ops = _mma_k_loop(tool, sass, "QGMMA")
-        weights = cfg.block_n * 128 * (2 if glu_ else 1)
-        assert ops["QGMMA"] > 0 and not {"HMMA", "F2FP", "STS", "SHFL", "LDL", "STL"} & set(ops), ops
-        assert sum(ops.values()) * 128 / weights < 2.1, ops
-        assert ops["PRMT"] * 128 / weights <= 0.6, ops  # 4 a word of 8 weights, and the rows' tables
-        assert regs <= quant_gemv_w4a8_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
+        ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "QGMMA", quant_gemv_w4a8_mma.MAX_REGISTERS, 43)
+        assert not {"F2FP", "STS", "SHFL"} & set(ops) and per_weight < 2.1, ops
+        assert ops["PRMT"] * 128 / (cfg.block_n * 128 * (2 if glu_ else 1)) <= 0.6, ops  # 4 a word, the tables
 
 
 def test_int4_rows_on_wgmma_dequantize_and_order_inputs_alike():
@@ -1339,12 +1345,8 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
     tool = _sass_tool()
     for cfg, glu_, rows, most in ((proj, False, 8, 2.4), (glu, True, 8, 3.2), (proj, False, 16, 3.0)):
         kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows)
-        sass, regs = tool.disassemble(kernel)
-        ops = _mma_k_loop(tool, sass, "HGMMA")
-        weights = cfg.block_n * 128 * (2 if glu_ else 1)
-        assert ops["HGMMA"] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
-        assert ops["LOP3"] * 128 / weights <= 0.55 and sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
-        assert regs <= quant_rows_int4_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
+        ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "HGMMA", quant_rows_int4_mma.MAX_REGISTERS, 43)
+        assert ops["LOP3"] * 128 / (cfg.block_n * 128 * (2 if glu_ else 1)) <= 0.55 and per_weight < most, ops
     # from 17 rows the wide kernel: its input made once (``prepare``) and copied beside the weights; the consumers'
     # loop reads shared memory only, dequantizes and multiplies (each tile's offset, scale and sum into float32: 1.0
     # of the instructions a weight at 64 columns)
@@ -1354,13 +1356,9 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
     for cfg, glu_, rows, most, shared in ((wide, False, 64, 3.3, 64), (wide_glu, True, 64, 3.0, 86),
                                           (wide, False, 32, 2.7, 40)):
         kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows)
-        sass, regs = tool.disassemble(kernel)
-        ops = _mma_k_loop(tool, sass, "HGMMA")
-        weights = cfg.block_n * 128 * (2 if glu_ else 1)
+        ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "HGMMA", quant_rows_int4_mma.WIDE_REGISTERS, shared)
         # (one STS a tile: the group scales' reorder into the MMA rows' order goes through shared memory)
-        assert ops["HGMMA"] > 0 and not {"HMMA", "LDL", "STL", "LDG", "STSM"} & set(ops) and ops["STS"] <= 2, ops
-        assert sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
-        assert regs <= quant_rows_int4_mma.WIDE_REGISTERS and kernel.metadata.shared <= shared * 1024
+        assert not {"LDG", "STSM"} & set(ops) and ops["STS"] <= 2 and per_weight < most, (rows, glu_, ops)
     monkeypatch.setenv(quant_rows_int4_mma.ENV, "8")
     assert quant_rows_int4_mma.enabled(8) and not quant_rows_int4_mma.enabled(9) and not quant_rows_int4_mma.enabled(1)
     monkeypatch.delenv(quant_rows_int4_mma.ENV)
@@ -1427,12 +1425,8 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     tool = _sass_tool()
     for cfg, glu_, rows, most in ((proj, False, 8, 2.4), (glu, True, 8, 2.8), (proj, False, 16, 2.8)):
         kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows)
-        sass, regs = tool.disassemble(kernel)
-        ops = _mma_k_loop(tool, sass, "QGMMA")
-        weights = cfg.block_n * 128 * (2 if glu_ else 1)
-        assert ops["QGMMA"] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
-        assert sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
-        assert regs <= quant_rows_w4a8_mma.MAX_REGISTERS and kernel.metadata.shared <= 43 * 1024
+        ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "QGMMA", quant_rows_w4a8_mma.MAX_REGISTERS, 43)
+        assert per_weight < most, (rows, glu_, ops)
     # from 17 rows: the input made once (``prepare``) and copied beside the weights; the consumers' loop only reads
     # shared memory, looks up and multiplies (the per-tile float32 promotion of 64 columns is most of the rest)
     wide = quant_rows_w4a8_mma.pick_config(shape(3584, 18944), 64, 132)
@@ -1441,12 +1435,8 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     for cfg, glu_, rows, most, shared in ((wide, False, 64, 3.1, 64), (wide_glu, True, 64, 2.7, 86),
                                           (wide, False, 32, 2.7, 40)):
         kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows)
-        sass, regs = tool.disassemble(kernel)
-        ops = _mma_k_loop(tool, sass, "QGMMA")
-        weights = cfg.block_n * 128 * (2 if glu_ else 1)
-        assert ops["QGMMA"] > 0 and not {"HMMA", "LDL", "STL", "LDG", "STS", "STSM"} & set(ops), ops
-        assert sum(ops.values()) * 128 / weights < most, (rows, glu_, ops)
-        assert regs <= quant_rows_w4a8_mma.WIDE_REGISTERS and kernel.metadata.shared <= shared * 1024
+        ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "QGMMA", quant_rows_w4a8_mma.WIDE_REGISTERS, shared)
+        assert not {"LDG", "STS", "STSM"} & set(ops) and per_weight < most, (rows, glu_, ops)
     monkeypatch.setenv(quant_rows_w4a8_mma.ENV, "8")
     assert quant_rows_w4a8_mma.enabled(8) and not quant_rows_w4a8_mma.enabled(9) and not quant_rows_w4a8_mma.enabled(1)
     q = _TableQuant("w4a8_awq", group=128, int4=True)

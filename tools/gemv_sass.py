@@ -175,12 +175,22 @@ def compile_w4a8_mma(block_n: int, glu: bool, stages: int, per: int):
                           options={"num_warps": 4, "maxnreg": quant_gemv_w4a8_mma.MAX_REGISTERS})
 
 
+def _compile_rows(fn, descs: dict, pointers: dict, scalars: tuple, consts: dict, glu: bool, registers: int):
+    """A wgmma row kernel (quant_rows_int4_mma, quant_rows_w4a8_mma) for sm_90: ``descs`` its first matrix's copy
+    descriptors (the second's named with a 2), then its pointers, the output, its int32 scalars and constants."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()}, **pointers,
+           "out_ptr": "*bf16" if glu else "*fp32", **dict.fromkeys(scalars, "i32"),
+           **dict.fromkeys(consts, "constexpr")}
+    src = GluonASTSource(fn, sig, constexprs=consts, attrs=_aligned(fn, sig))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": registers})
+
+
 def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int):
     """quant_rows_int4_mma's kernel (Gluon: INT4 dequantized in registers into bfloat16 wgmma) for sm_90 at ``rows``
     input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64: the wide kernel, its input made once
     and copied beside the weights)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     half = block_n // 2
     nb = max(8, triton.next_power_of_2(rows))
     wide = nb > quant_rows_int4_mma.STAGED_ROWS
@@ -198,20 +208,14 @@ def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int):
         fn = quant_rows_int4_mma._int4_rows_mma_kernel
         pointers = dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16")
         scalars = ("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om")
-    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()}, **pointers,
-           "out_ptr": "*bf16" if glu else "*fp32", **dict.fromkeys(scalars, "i32"),
-           **dict.fromkeys(consts, "constexpr")}
-    src = GluonASTSource(fn, sig, constexprs=consts, attrs=_aligned(fn, sig))
     registers = quant_rows_int4_mma.WIDE_REGISTERS if wide else quant_rows_int4_mma.MAX_REGISTERS
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": registers})
+    return _compile_rows(fn, descs, pointers, scalars, consts, glu, registers)
 
 
 def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int):
     """quant_rows_w4a8_mma's kernel (Gluon: E4M3 bytes by lookup into FP8 wgmma, the batch as N) for sm_90 at ``rows``
     input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64: the wide kernel, its input made once
     and copied beside the weights)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     half = block_n // 2
     nb = max(8, triton.next_power_of_2(rows))
     wide = nb > quant_rows_w4a8_mma.STAGED_ROWS
@@ -231,12 +235,8 @@ def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int):
         pointers = {**dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"),
                     **dict.fromkeys(("aq_ptr", "osc_ptr", "aq2_ptr", "osc2_ptr"), "*fp32")}
         scalars = ("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om")
-    sig = {**descs, **{k.replace("_desc", "2_desc"): v for k, v in descs.items()}, **pointers,
-           "out_ptr": "*bf16" if glu else "*fp32", **dict.fromkeys(scalars, "i32"),
-           **dict.fromkeys(consts, "constexpr")}
-    src = GluonASTSource(fn, sig, constexprs=consts, attrs=_aligned(fn, sig))
     registers = quant_rows_w4a8_mma.WIDE_REGISTERS if wide else quant_rows_w4a8_mma.MAX_REGISTERS
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": registers})
+    return _compile_rows(fn, descs, pointers, scalars, consts, glu, registers)
 
 
 def compile_int8_ws(fmt: str, block_n: int, glu: bool, stages: int, per: int):

@@ -349,21 +349,14 @@ def two_box_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters
                      STAGES: gl.constexpr):
     """The producer warp of the kernels whose stages hold a K tile's packed words and one box of per-row values
     (quant_gemv_w4a8_mma's tables, quant_rows_int4_mma's scales: ``descs`` = (words, values), box rows a K tile), for
-    one matrix or, GLU, two. Nothing it copies depends on the previous kernel: no PDL wait."""
-    w_desc, v_desc = descs
-    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + v_desc.block_type.nbytes) * (2 if GLU else 1)
-    V_ROWS: gl.constexpr = v_desc.block_type.shape[0]
-    for i in range(k_iters):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
-        bar = ready.index(s)
-        mbarrier.expect(bar, NBYTES)
-        kt = k0 + i
-        tma.async_copy_global_to_shared(w_desc, [row0, kt * 32], bar, bufs[0].index(s))
-        tma.async_copy_global_to_shared(v_desc, [V_ROWS * kt, row0], bar, bufs[1].index(s))
-        if GLU:
-            tma.async_copy_global_to_shared(descs2[0], [row0, kt * 32], bar, bufs2[0].index(s))
-            tma.async_copy_global_to_shared(descs2[1], [V_ROWS * kt, row0], bar, bufs2[1].index(s))
+    one matrix or, GLU, two: ``made_input_producer`` without an input to copy. Nothing it copies depends on the
+    previous kernel: no PDL wait."""
+    NBYTES: gl.constexpr = (descs[0].block_type.nbytes + descs[1].block_type.nbytes) * (2 if GLU else 1)
+    made_input_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, NO_BOXES, GLU, STAGES, False,
+                        NBYTES)
+
+
+NO_BOXES = gl.constexpr(())
 
 
 @gluon.jit
