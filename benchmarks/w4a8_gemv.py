@@ -27,12 +27,14 @@ Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
 Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
 static counts in docs/perf-notes.md); the difference between legacy and new is the launch: splits, rows, prefetch.
 
-``--rows M`` (2-64, $W4A8_GEMV_ROWS): W4A8 at M input rows through quant_gemm.launch, checked and timed the same way
-against float32 and quant_linear's kernel at M rows (the bound 1e-3: both sum on the FP8 tensor cores):
+``--rows M`` (2-64, $W4A8_GEMV_ROWS; W4A8 or SmoothQuant): M input rows through quant_gemm.launch, checked and timed
+the same way against float32 and quant_linear's kernel at M rows (the bound 1e-3: W4A8's kernels sum on the FP8
+tensor cores); the variant ``rows`` at batch 1 too (SmoothQuant's wgmma kernel takes one row):
   gemm    ``quant_gemm.pick_config``: quant_gemm's W4A8 GEMM (the GLU not split), what a decode batch takes today
-  rows    ``quant_rows_w4a8_mma.pick_config``: the lookup into FP8 wgmma with the rows as the MMA's N (Hopper; the
-          decode step's under TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N; from 17 rows the wide kernel, two launches: the
-          input made once, then the kernel), then its stages, rows and splits around it
+  rows    the format's wgmma row kernel, the rows as the MMA's N (Hopper): W4A8's lookup into FP8 wgmma
+          (quant_rows_w4a8_mma, the decode step's under TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N; from 17 rows the wide
+          kernel, two launches: the input made once, then the kernel), SmoothQuant's int8 weights from shared memory
+          (quant_rows_int8_mma, TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N, two launches); then stages, rows and splits around it
 
 The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time, ms). Results:
 DIR/w4a8_gemv.json (INT8: DIR/FORMAT_gemv.json). ~1 minute on an H200 (each distinct config is one compilation).
@@ -60,7 +62,8 @@ import quant_gemm as qg  # noqa: E402
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemm, quant_gemv_int8,  # noqa: E402
                                                        quant_gemv_int8_ws, quant_gemv_w4a8, quant_gemv_w4a8_mma,
-                                                       quant_gemv_w4a8_ws, quant_linear, quant_rows_w4a8_mma)
+                                                       quant_gemv_w4a8_ws, quant_linear, quant_rows_int8_mma,
+                                                       quant_rows_w4a8_mma)
 
 BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 LAYERS = 28
@@ -123,19 +126,25 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
 
 
 def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]]:
-    """(name, LinearConfig) for W4A8 at ``m`` rows (``--rows``): quant_gemm's GEMM and the lookup wgmma kernel."""
+    """(name, LinearConfig) at ``m`` rows (``--rows``; ``which``'s gemm and rows): quant_gemm's GEMM and the format's
+    wgmma row kernel (quant_gemm.ROW_KERNELS: W4A8's lookup, SmoothQuant's int8 from shared memory)."""
     r = dataclasses.replace
+    module = quant_gemm.ROW_KERNELS.get(q.fmt)
     out = []
     for v in which:
-        if v == "gemm":  # (the GLU not split: a split GLU needs the decode step's counters and workspace)
+        if v == "gemm" and m > 1:  # (the GLU not split: a split GLU needs the decode step's counters and workspace)
             cfg = quant_gemm.pick_config(q, m, sm, glu=glu)
             out.append(("gemm", r(cfg, splits=1) if glu else cfg))
         elif v == "rows":
-            if not quant_rows_w4a8_mma.supported(q, m):
+            if module is None or not module.supported(q, m):
                 continue
-            rows = quant_rows_w4a8_mma.pick_config(q, m, sm, glu=glu)
+            rows = module.pick_config(q, m, sm, glu=glu)
             out.append(("rows", rows))
-            if rows.block_m > quant_rows_w4a8_mma.STAGED_ROWS:  # the wide kernel: 64 output rows (its registers)
+            if module is quant_rows_int8_mma:  # no dequantization: stages and splits
+                out += ([("rows-2-stages", r(rows, num_stages=2))] if glu else
+                        [("rows-2-stages", r(rows, num_stages=2)), ("rows-6-stages", r(rows, num_stages=6)),
+                         ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
+            elif rows.block_m > quant_rows_w4a8_mma.STAGED_ROWS:  # the wide kernel: 64 output rows (its registers)
                 out += ([("rows-3-stages", r(rows, num_stages=3))] if glu else
                         [("rows-2-stages", r(rows, num_stages=2)), ("rows-4-stages", r(rows, num_stages=4)),
                          ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
@@ -145,8 +154,6 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                 out += [("rows-64-rows", quant_rows_w4a8_mma.pick_config(q, m, sm, block_n=64)),
                         ("rows-4-stages", r(rows, num_stages=4)),
                         ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))]
-        else:
-            raise SystemExit(f"--variants with --rows: unknown {v!r} (gemm, rows)")
     return out
 
 
@@ -163,9 +170,12 @@ def main() -> None:
                     help="input rows (1: the batch-1 GEMVs; 2-64: W4A8 through quant_gemm.launch, variants gemm,rows)")
     args = ap.parse_args()
     m = args.rows
-    if not 1 <= m <= quant_rows_w4a8_mma.MAX_ROWS or m > 1 and args.format != "w4a8_awq":
-        raise SystemExit(f"--rows {m}: 1, or 2-{quant_rows_w4a8_mma.MAX_ROWS} for w4a8_awq")
+    if not 1 <= m <= quant_rows_w4a8_mma.MAX_ROWS or m > 1 and args.format not in ("w4a8_awq", "int8_sq"):
+        raise SystemExit(f"--rows {m}: 1, or 2-{quant_rows_w4a8_mma.MAX_ROWS} for w4a8_awq and int8_sq")
     which = [v for v in (args.variants or ("gemm,rows" if m > 1 else "legacy,new,ws,mma,sweep")).split(",") if v]
+    batch1 = [v for v in which if v not in ("gemm", "rows")]  # the batch-1 GEMVs' variants
+    if m > 1 and batch1:
+        raise SystemExit(f"--variants {','.join(batch1)}: at --rows {m} only gemm and rows")
     if args.dry_run:
         dev, sm, shapes, layers = torch.device("cpu"), 4, DRY_SHAPES, 1
     else:
@@ -206,7 +216,8 @@ def main() -> None:
             dot = torch.empty(dot_cfg.splits, m, n, device=dev)
             quant_linear.quant_partials(x, qs[0], dot, dot_cfg, dt)
             dot = dot.sum(0)
-        chosen = rows_variants(qs[0], m, sm, glu, which) if m > 1 else variants(qs[0], sm, glu, which)
+        chosen = variants(qs[0], sm, glu, batch1) + rows_variants(qs[0], m, sm, glu,
+                                                                  [v for v in which if v in ("gemm", "rows")])
         for vname, cfg in chosen:
             cut = vname not in ("legacy", "new") and not vname.startswith(("ws", "mma", "gemm", "rows"))
             if cut and time.perf_counter() - t0 > SWEEP_S:
@@ -218,7 +229,7 @@ def main() -> None:
 
             def call(i, cfg=cfg, out=out):
                 ws = sets[i % copies]
-                if m > 1:  # W4A8 at several rows: the decode step's entry for a batch
+                if cfg.gemm:  # quant_gemm's GEMM or a wgmma row kernel: the decode step's entry for them
                     return quant_gemm.launch(x, ws[0], ws[1] if glu else None, out, cfg, dt, pdl=cuda)
                 if glu:
                     return quant_linear.quant_glu(x, ws[0], ws[1], out, cfg, dt, pdl=cuda)
@@ -256,7 +267,7 @@ def main() -> None:
             print(f"{v}: the four launches x {layers} layers: {summary[v]['step_ms']:.3f} ms a step "
                   f"({', '.join(f'{k} {u:.1f}' for k, u in got.items())} us)")
     name = "w4a8_gemv.json" if args.format == "w4a8_awq" else f"{args.format}_gemv.json"
-    name = name if m == 1 else f"w4a8_rows{m}.json"
+    name = name if m == 1 else f"{args.format.split('_')[0]}_rows{m}.json"
     (args.out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "sm": sm,
                                              "input_rows": m, "rows": rows, "summary": summary}, indent=1))
     # A variant fails where it parts from both references: float32 x @ W^T of the dequantized weight (the GLU:

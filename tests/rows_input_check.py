@@ -1,6 +1,6 @@
 """Run by tests/test_fast_decode.py in a subprocess: the input the wide wgmma row kernels copy (quant_rows_w4a8_mma and
-quant_rows_int4_mma from 17 rows), made once by their ``prepare`` kernels through Triton's interpreter, against torch.
-Prints JSON: one row per case.
+quant_rows_int4_mma from 17 rows, quant_rows_int8_mma), made once by runtimes/torch_engine/cuda/made_input.py through
+Triton's interpreter, against torch. Prints JSON: one row per case.
 
     python tests/rows_input_check.py
 """
@@ -13,7 +13,7 @@ import triton_interpreter  # noqa: F401  (before any kernel module is imported)
 import torch
 from quant_kernel_check import CPU, tensors
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_linear, quant_rows_int4_mma, quant_rows_w4a8_mma
+from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_linear
 from trtllm_pipeline.runtimes.torch_engine.model import Linear
 
 
@@ -28,7 +28,7 @@ def w4a8(m: int, k: int, *, glu: bool, dtype=torch.bfloat16, seed: int = 3) -> d
     gen = torch.Generator().manual_seed(seed)
     lins, qs = _weights("w4a8_awq", k, gen, dtype)
     x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
-    made = quant_rows_w4a8_mma.prepare(x, qs[0], qs[1] if glu else None, dtype)
+    made = made_input.w4a8(x, qs[0], qs[1] if glu else None, dtype)
     cols = torch.arange(k)
     order = (cols & ~3) | ((cols & 1) << 1) | ((cols >> 1) & 1)  # where input c lands
     want = []
@@ -48,7 +48,7 @@ def int4(m: int, k: int, nb: int, *, glu: bool, dtype=torch.bfloat16, seed: int 
     gen = torch.Generator().manual_seed(seed)
     lins, qs = _weights("int4_awq", k, gen, dtype)
     x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
-    made, sums = quant_rows_int4_mma.prepare(x, qs[0], qs[1] if glu else None, dtype, nb)
+    made, sums = made_input.int4(x, qs[0], qs[1] if glu else None, dtype, nb)
     cols = torch.arange(k)
     order = (cols & ~15) | ((cols & 1) << 3) | (((cols >> 2) & 3) << 1) | ((cols >> 1) & 1)
     equal, rel, past = True, 0.0, 0.0
@@ -64,11 +64,26 @@ def int4(m: int, k: int, nb: int, *, glu: bool, dtype=torch.bfloat16, seed: int 
             "sums_rel": rel, "sums_past_m": past}
 
 
+def int8(m: int, k: int, *, glu: bool, dtype=torch.bfloat16, seed: int = 5) -> dict:
+    """Per matrix SmoothQuant's int8 of the input: times its pre-quant scale rounded to the compute dtype, times its
+    activation scale, rounded to nearest even and clamped to [-128, 127], as stored."""
+    gen = torch.Generator().manual_seed(seed)
+    lins, qs = _weights("int8_sq", k, gen, dtype)
+    x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
+    made = made_input.int8(x, qs[0], qs[1] if glu else None, dtype)
+    want = [torch.round((x * lin.pre_quant_scale).float() * q.act_q).clamp(-128, 127).to(torch.int8)
+            for lin, q in zip(lins[:2 if glu else 1], qs)]
+    return {"format": "int8_sq", "m": m, "k": k, "glu": glu, "shape": list(made.shape),
+            "equal": bool(torch.equal(made, torch.stack(want)))}
+
+
 def main() -> None:
     rows = [w4a8(5, 384, glu=False),  # a row tile's tail (5 of 8 rows), three K tiles
             w4a8(3, 256, glu=True),
             int4(21, 384, 32, glu=False),  # 21 of the MMA's 32 columns
-            int4(3, 256, 8, glu=True)]
+            int4(3, 256, 8, glu=True),
+            int8(1, 384, glu=False),  # batch 1 (the MMA's N 8)
+            int8(6, 256, glu=True)]
     print(json.dumps(rows))
 
 

@@ -1390,14 +1390,14 @@ def test_w4a8_rows_on_wgmma_stage_inputs_in_the_lookups_byte_order():
 
 
 def test_wide_row_kernels_make_their_input_once_as_the_staged_ones_do():
-    """The input the wide wgmma row kernels copy (17-64 rows), made once by each module's ``prepare`` through the
-    interpreter, against torch: W4A8's E4M3 bytes of each matrix's input at eager's rounding points, each word in the
-    lookup's byte order, and the same with every sign flipped (exactly); INT4's input times the pre-quant scale in the
-    compute dtype in the MMA's input order (exactly) and 136 x each row's sum per K tile (float32 sums, zero past M);
-    one matrix and the GLU's two (each its own scales), M a tail of the MMA's N."""
+    """The input the wide wgmma row kernels copy, made once by cuda/made_input.py through the interpreter, against
+    torch: W4A8's E4M3 bytes of each matrix's input at eager's rounding points, each word in the lookup's byte order,
+    and the same with every sign flipped (exactly); INT4's input times the pre-quant scale in the compute dtype in the
+    MMA's input order (exactly) and 136 x each row's sum per K tile (float32 sums, zero past M); SmoothQuant's int8
+    (exactly); one matrix and the GLU's two (each its own scales), M a tail of the MMA's N."""
     rows = _interpreted(None, "rows_input_check.py")
     assert [(r["format"], r["glu"]) for r in rows] == [("w4a8_awq", False), ("w4a8_awq", True), ("int4_awq", False),
-                                                       ("int4_awq", True)], rows
+                                                       ("int4_awq", True), ("int8_sq", False), ("int8_sq", True)], rows
     for r in rows:
         assert r["equal"], r
         if r["format"] == "int4_awq":
@@ -1445,6 +1445,40 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     assert not quant_rows_w4a8_mma.enabled(8)
 
 
+def test_int8_rows_on_wgmma_compile_for_hopper(monkeypatch):
+    """quant_rows_int8_mma (SmoothQuant at 1-64 rows: the int8 weights straight from shared memory into wgmma, the
+    rows as the MMA's N) compiled for sm_90 here at its 7B launches: native IGMMA from shared-memory operands and
+    nothing per weight (under 80 instructions a thread and K tile, mostly uniform-datapath addresses, where the dp4a
+    GEMV spends ~0.7 an int8 weight), no global access in the loop, no spill, shared memory for two programs an SM (the
+    GLU at 64 rows one). Batch 1 included (against the dp4a GEMV). Off unless ``TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N``."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_int8_mma
+
+    def shape(n, k):
+        return dataclasses.replace(_hopper_shape(n, k), fmt="int8_sq")
+
+    one = quant_rows_int8_mma.pick_config(shape(3584, 18944), 1, 132)
+    wide = quant_rows_int8_mma.pick_config(shape(3584, 18944), 64, 132)
+    glu = quant_rows_int8_mma.pick_config(shape(18944, 3584), 8, 132, glu=True)
+    assert (one.block_m, one.num_stages, wide.block_m, wide.num_stages, glu.splits) == (8, 4, 64, 3, 1)
+    assert one.gemm and one.lut_mma and not quant_gemv.int4_ws(one)
+    assert quant_gemv.carveout([one]) == quant_gemv.CARVEOUT_WS_MADE
+    assert not quant_rows_int8_mma.supported(shape(3584, 18944), 1)  # a CPU weight
+    tool = _sass_tool()
+    for cfg, glu_, rows, shared in ((one, False, 1, 43), (wide, False, 64, 66), (glu, True, 8, 66),
+                                    (dataclasses.replace(glu, block_m=64), True, 64, 100)):
+        kernel = tool.compile_int8_rows(glu_, cfg.num_stages, rows)
+        ops, _ = _wgmma_loop(tool, kernel, cfg, glu_, "IGMMA", quant_rows_int8_mma.MAX_REGISTERS, shared)
+        # (a stage's barriers, MMAs and addresses: a count per K tile, none per weight)
+        assert not {"LDG", "LDS", "STS", "IDP", "I2F"} & set(ops) and sum(ops.values()) < 80, (rows, glu_, ops)
+    monkeypatch.setenv(quant_rows_int8_mma.ENV, "8")
+    assert quant_rows_int8_mma.enabled(1) and quant_rows_int8_mma.enabled(8) and not quant_rows_int8_mma.enabled(9)
+    q = _TableQuant("int8_sq", group=512, int4=False)
+    assert not quant_gemm.choose(q, 1, 132).lut_mma  # not a Hopper weight: the dp4a GEMV
+    monkeypatch.setenv(quant_rows_int8_mma.ENV, "65")
+    with pytest.raises(InputError, match="TRTLLM_PIPELINE_INT8_WGMMA_ROWS='65'"):
+        quant_rows_int8_mma.enabled(1)
+
+
 def test_int8_gemv_on_hopper_warp_specialized_compiles(monkeypatch):
     """INT8's warp-specialized batch-1 GEMV (quant_gemv_int8_ws, Gluon) compiled for sm_90 here at pick_config's
     launches for the 7B (qkv and the GLU): the consumers' loop reads shared memory only and does the register kernel's
@@ -1488,8 +1522,8 @@ def test_w4a8_gemv_benchmark_dry_run(tmp_path):
     assert {r["prefetch"] for r in rows} == {True, False}
     assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in rows), rows
     # --rows: W4A8 at 3 input rows through quant_gemm.launch (the lookup wgmma kernel is Hopper's: the GEMM here)
-    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "w4a8_gemv.py"), "--dry-run", "--rows", "3",
-                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "w4a8_gemv.py"), "--dry-run", "--rows",
+                           "3", "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "w4a8_rows3.json").read_text())
     assert result["input_rows"] == 3 and {r["variant"] for r in result["rows"]} == {"gemm"}

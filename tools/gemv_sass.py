@@ -18,7 +18,8 @@ were checked without spending device time.
     python tools/gemv_sass.py --int8-ws int8_wo --block-n 64 --stages 3 --tiles 3   # INT8's warp-specialized
     python tools/gemv_sass.py --w4a8-mma 11 --block-n 128 --stages 3   # W4A8's lookup into FP8 wgmma (Hopper)
     python tools/gemv_sass.py --int4-mma 8 --block-n 128 --stages 3    # INT4 at 2-16 rows, bfloat16 wgmma
-    python tools/gemv_sass.py --w4a8-rows 8 --block-n 128 --stages 3   # W4A8 at 2-16 rows, the lookup into FP8 wgmma
+    python tools/gemv_sass.py --w4a8-rows 8 --block-n 128 --stages 3   # W4A8 at 2-64 rows, the lookup into FP8 wgmma
+    python tools/gemv_sass.py --int8-rows 8 --block-n 64 --stages 4    # SmoothQuant at 1-64 rows, int8 wgmma
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -42,7 +43,7 @@ from triton.compiler import ASTSource
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_int8_ws,
                                                        quant_gemv_w4a8, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws,
                                                        quant_gemv_ws, quant_mma_int4, quant_rows_int4_mma,
-                                                       quant_rows_w4a8_mma)
+                                                       quant_rows_int8_mma, quant_rows_w4a8_mma)
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -239,6 +240,20 @@ def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int):
     return _compile_rows(fn, descs, pointers, scalars, consts, glu, registers)
 
 
+def compile_int8_rows(glu: bool, stages: int, rows: int):
+    """quant_rows_int8_mma's kernel (Gluon: SmoothQuant's int8 weights from shared memory into wgmma, the rows as N)
+    for sm_90 at ``rows`` input rows (the MMA's N: 8 to 64)."""
+    nb = max(8, triton.next_power_of_2(rows))
+    consts = dict(GLU=glu, COMPUTE=tl.bfloat16, BLOCK_N=quant_rows_int8_mma.BLOCK_N, NB=nb, STAGES=stages, PDL=True,
+                  num_warps=4)
+    layout = quant_rows_int8_mma.LAYOUT.value
+    descs = {"w_desc": f"tensordesc<i8[{quant_rows_int8_mma.BLOCK_N}, 128],{layout!r}>",
+             "x_desc": f"tensordesc<i8[{nb}, 128],{layout!r}>"}
+    scalars = ("M", "N", "k_tiles", "per_split", "stride_os", "stride_om")
+    return _compile_rows(quant_rows_int8_mma._int8_rows_mma_kernel, descs, dict.fromkeys(("s_ptr", "s2_ptr"), "*fp32"),
+                         scalars, consts, glu, quant_rows_int8_mma.MAX_REGISTERS)
+
+
 def compile_int8_ws(fmt: str, block_n: int, glu: bool, stages: int, per: int):
     """quant_gemv_int8_ws's kernel (Gluon) for sm_90 as the decode step launches it at batch 1 (``per``: K tiles a
     program; weight-only per channel, as ModelOpt exports it)."""
@@ -374,6 +389,8 @@ def main() -> None:
     ap.add_argument("--tiles", type=int, default=28, help="with --int8-ws: K tiles a program (default 28)")
     ap.add_argument("--int4-mma", type=int, default=0, metavar="ROWS",
                     help="INT4's register-dequantizing wgmma kernel (quant_rows_int4_mma) for ROWS input rows")
+    ap.add_argument("--int8-rows", type=int, default=0, metavar="ROWS",
+                    help="SmoothQuant's wgmma kernel (quant_rows_int8_mma) for ROWS input rows, --stages deep")
     ap.add_argument("--w4a8-rows", type=int, default=0, metavar="ROWS",
                     help="W4A8's lookup wgmma kernel for several rows (quant_rows_w4a8_mma) for ROWS input rows")
     ap.add_argument("--w4a8-mma", type=int, default=0, metavar="TILES",
@@ -388,6 +405,8 @@ def main() -> None:
         kernel = compile_int4_mma(a.block_n, a.glu, a.stages, a.int4_mma)
     elif a.w4a8_rows:
         kernel = compile_w4a8_rows(a.block_n, a.glu, a.stages, a.w4a8_rows)
+    elif a.int8_rows:
+        kernel = compile_int8_rows(a.glu, a.stages, a.int8_rows)
     elif a.w4a8_mma:
         kernel = compile_w4a8_mma(a.block_n, a.glu, a.stages, a.w4a8_mma)
     elif a.int8_ws:

@@ -42,6 +42,20 @@ w4a8_mma() {
 int4_rows() {
   part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq
 }
+# 32: SmoothQuant on the INT8 tensor cores, weights straight from shared memory (quant_rows_int8_mma, new: compiled on
+# the CPU only, no instruction a weight): each 7B launch at 1 and 64 rows against float32 and quant_linear's kernel,
+# timed beside the dp4a GEMV (batch 1) and quant_gemm's GEMM (64 rows); then, where both passed, the step with it at
+# every batch up to 64 against the default (H100 2026-12-07h, int8_sq: 3.670 / 4.653 / 6.713 / 9.110 ms at 1 / 8 /
+# 32 / 64; the goal: 2.5 at 1 and no slower than FP8 at 8-64)
+int8_rows() {
+  part w4a8_kernels 150 W4A8_GEMV_VARIANTS=new,rows GEMV_FORMAT=int8_sq
+  part w4a8_kernels 150 W4A8_GEMV_ROWS=64 GEMV_FORMAT=int8_sq
+  if kernels_passed "W4A8_GEMV_VARIANTS=new,rows GEMV_FORMAT=int8_sq" \
+      && kernels_passed "W4A8_GEMV_ROWS=64 GEMV_FORMAT=int8_sq"; then
+    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=int8_sq TRTLLM_PIPELINE_INT8_WGMMA_ROWS=64
+    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=int8_sq
+  fi
+}
 if on_h200; then
   # 31: the goal's rows on the goal's GPU (last there 2026-12-07: 128/2048 25,045 at 512 rows, 500/2000 20,443,
   # 1000/1000 14,901, 2048/2048 11,989, 2048/128 3,218; H100 since: 1000/1000 17,876, 500/2000 21,529, 2048/128
@@ -52,6 +66,7 @@ if on_h200; then
     SKIP_BATCH1=1
   w4a8_mma
   int4_rows
+  int8_rows
   # 32: W4A8 batch 1 through the pipeline with its warp-specialized GEMV, the default since h100-2026-12-07h (2.667 ms
   # at context 128 on an H100; the goal: 1.8 on an H200)
   part w4a8_gemv 300 GEMV_BATCH=1 GEMV_CONTEXT=128,2048
@@ -67,6 +82,7 @@ if on_h200; then
 else
   w4a8_mma
   int4_rows
+  int8_rows
   # 32: prefill of 2,048 tokens by format with this machine's own table (the kernels part first: the steps take the
   # table it measures; 2026-12-07g/h's steps used the package's H200 table), after the fused prefill's pair fix
   part quant_gemm 420 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048

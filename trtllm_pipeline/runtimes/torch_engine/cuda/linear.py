@@ -50,9 +50,10 @@ class LinearConfig:
     w4a8: bool = False  # quant_gemv_w4a8's table-lookup dp4a matrix-vector kernel (W4A8-AWQ at batch 1)
     mma: bool = False  # with gemv: quant_mma_int4's INT8 tensor-core linear on the GEMV's prepared rows (M 2-16)
     ptx_nibbles: bool = False  # with gemm (INT4, W4A8): nibbles unpacked and scaled by PTX (quant_gemm._w4_operands)
-    # with w4a8 and ws: quant_gemv_w4a8_mma (E4M3 bytes by table lookup into FP8 wgmma); with gemm (2-16 rows):
-    # quant_rows_int4_mma (INT4-AWQ dequantized in registers into bfloat16 wgmma), quant_rows_w4a8_mma (W4A8-AWQ: the
-    # same lookup as quant_gemv_w4a8_mma, the rows as the MMA's N)
+    # with w4a8 and ws: quant_gemv_w4a8_mma (E4M3 bytes by table lookup into FP8 wgmma); with gemm: the wgmma row
+    # kernels, the rows as the MMA's N (quant_gemm.ROW_KERNELS: quant_rows_int4_mma, INT4-AWQ dequantized in registers
+    # into bfloat16 wgmma; quant_rows_w4a8_mma, quant_gemv_w4a8_mma's lookup; quant_rows_int8_mma, SmoothQuant's
+    # weights from shared memory)
     lut_mma: bool = False
 
 

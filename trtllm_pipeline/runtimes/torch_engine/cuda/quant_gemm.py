@@ -68,7 +68,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_linear,
-                                                       quant_mma_int4, quant_rows_int4_mma, quant_rows_w4a8_mma)
+                                                       quant_mma_int4, quant_rows_int4_mma, quant_rows_int8_mma,
+                                                       quant_rows_w4a8_mma)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import (_act_tile, _magic, act_apply, act_scale,
@@ -83,6 +84,8 @@ GROUP_M = tl.constexpr(8)  # output row tiles per band of the launch order (pref
 KERNELS = ("gemm", "gemv", "dot", "int_mm", "dequant")
 LINEAR_KERNELS = ("int_mm", "dequant")
 STEP_KERNELS = ("gemm", "gemv", "dot")
+# the Gluon wgmma row kernels by format (``LinearConfig.lut_mma`` with ``gemm``), each behind its own switch
+ROW_KERNELS = {"int4_awq": quant_rows_int4_mma, "w4a8_awq": quant_rows_w4a8_mma, "int8_sq": quant_rows_int8_mma}
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -557,10 +560,9 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     The GLU splits K only with ``counters`` (int32 zeros, ``glu_counters`` of them; left zero) and a float32
     ``workspace`` of ``glu_workspace`` elements (its epilogue forbids float32 partials to the consumer).
     Returns Triton's handle of the launch."""
-    if cfg.lut_mma:  # 4-bit weights made in registers into wgmma (quant_rows_*_mma; only where switched on)
-        assert x2 is None and bias is None, "the register-dequantizing kernels take one input and no bias"
-        rows = quant_rows_w4a8_mma if q.fmt == "w4a8_awq" else quant_rows_int4_mma
-        return rows.launch(x, q, q2, out, cfg, compute, pdl)
+    if cfg.lut_mma:  # the wgmma row kernels (quant_rows_*_mma; only where switched on)
+        assert x2 is None and bias is None, "the wgmma row kernels take one input and no bias"
+        return ROW_KERNELS[q.fmt].launch(x, q, q2, out, cfg, compute, pdl)
     m, k = x.shape
     assert k == q.k and x.stride(1) == 1 and cfg.gemm
     glu = q2 is not None
@@ -914,16 +916,17 @@ def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     INT4-AWQ batch 1, else this GEMM (its tiles, or the dot kernel's, ``fit`` to the device's shared memory). The
     GEMV at batch 2-16 (its several-row kernel) only where the table measured it fastest for that M, at the table's
     tiles where it has them, or where ``$TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS`` asks for it (``quant_gemv.forced``). Before
-    all of these, ``$TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N`` / ``$TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N`` take the 4-bit
-    formats' register-made wgmma kernels (quant_rows_int4_mma, quant_rows_w4a8_mma) at batch 2..N, and
-    ``$TRTLLM_PIPELINE_INT4_MMA_ROWS=N`` quant_mma_int4's INT8 tensor-core linear (not the GLU); each off unless set."""
+    all of these, ``$TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N`` / ``$TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N`` /
+    ``$TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N`` take the wgmma row kernels (``ROW_KERNELS``) at batch 2..N (INT8: 1..N),
+    and ``$TRTLLM_PIPELINE_INT4_MMA_ROWS=N`` quant_mma_int4's INT8 tensor-core linear (not the GLU); each off unless
+    set."""
+    rows = ROW_KERNELS.get(q.fmt)
+    if rows is not None and rows.enabled(m) and rows.supported(q, m):  # the wgmma row kernels: only when asked
+        return rows.pick_config(q, m, sm_count, glu=glu)
     if quant_gemv_int8.supported(q, m) and quant_gemv_int8.enabled():  # INT8's dp4a GEMV at batch 1
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
     if quant_gemv_w4a8.supported(q, m) and quant_gemv_w4a8.enabled():  # W4A8's table GEMV at batch 1 (default on)
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
-    for rows in (quant_rows_int4_mma, quant_rows_w4a8_mma):  # wgmma on registers: only when asked
-        if rows.enabled(m) and rows.supported(q, m):
-            return rows.pick_config(q, m, sm_count, glu=glu)
     if not glu and quant_mma_int4.supported(q, m) and quant_mma_int4.enabled(m):  # INT8 tensor cores: only when asked
         return quant_mma_int4.config(q, m, sm_count)
     choice = measured(q.fmt, m, q.n, q.k, glu, step=True)

@@ -489,8 +489,9 @@ CARVEOUT = 25
 # SM; H200, 7B step: 1.94 ms, 44% 1.96, 50% with four stages 1.99; run 70)
 CARVEOUT_WS = 35
 # The warp-specialized kernels that make their input in shared memory (quant_gemv_w4a8_ws, quant_gemv_w4a8_mma,
-# quant_gemv_int8_ws, quant_rows_int4_mma, quant_rows_w4a8_mma): 58% (132 KB): three programs an SM of W4A8's linears (up to 35 KB: the
-# tables beside each stage's words), two of its GLU at 128 rows (58 KB: two inputs made; sm_90 compile). Not timed
+# quant_gemv_int8_ws) or copy their input rows (quant_gemm.ROW_KERNELS): 58% (132 KB): three programs an SM of W4A8's
+# linears (up to 35 KB: the tables beside each stage's words), two of its GLU at 128 rows (58 KB: two inputs made;
+# sm_90 compile). Not timed
 # against others yet
 CARVEOUT_WS_MADE = 58
 
@@ -605,8 +606,8 @@ def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = Non
 
 def int4_ws(cfg: LinearConfig) -> bool:
     """Whether ``cfg`` is INT4-AWQ's warp-specialized GEMV (quant_gemv_ws), not W4A8's or INT8's (quant_gemv_w4a8_ws,
-    quant_gemv_w4a8_mma, quant_gemv_int8_ws) or the several-row wgmma kernels (quant_rows_int4_mma,
-    quant_rows_w4a8_mma), which take the raw input rows and make their own."""
+    quant_gemv_w4a8_mma, quant_gemv_int8_ws) or the wgmma row kernels (quant_gemm.ROW_KERNELS),
+    which take the raw input rows and make their own."""
     return cfg.ws and not (cfg.w4a8 or cfg.dp4a8 or cfg.lut_mma)
 
 

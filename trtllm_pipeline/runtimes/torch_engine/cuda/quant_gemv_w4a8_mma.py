@@ -47,8 +47,8 @@ from trtllm_pipeline.errors import InputError
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_ws
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_ws import _bitsel, _prmt, _row_tables
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, W_LAYOUT, program_tiles, stage_barriers,
-                                                                      two_box_producer)
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, W_LAYOUT, box_producer, program_tiles,
+                                                                      stage_barriers, weight_boxes)
 
 ENV = "TRTLLM_PIPELINE_W4A8_MMA"
 MAX_REGISTERS = 128
@@ -56,6 +56,7 @@ STAGES = 3
 BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks
 B_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [8, 128] K-major
 SIGNS = gl.constexpr(-2139062144)  # 0x80808080: each byte's sign bit
+BOXES = gl.constexpr(weight_boxes(4))  # a K tile's packed words and tables (4 words a row: even/odd x P/N halves)
 
 
 def enabled() -> bool:
@@ -295,10 +296,12 @@ def _w4a8_mma_kernel(
     ready, empty = stage_barriers(STAGES)
     pid_s = gl.program_id(1)
     row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + t_desc.block_type.nbytes) * (2 if GLU else 1)
     inputs = (x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, k0, made, made2, bx, bx2)
     acc, acc2 = gl.warp_specialize([
         (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, STAGES, PDL, PER, HAS_PQS, COMPUTE)),
-        (two_box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
+        (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, BOXES, 2, GLU, STAGES, PDL,
+                        NBYTES)),
     ], [1], [40])
     # MMA row m = 64 b + 16 w + 8 h + g is output row 2 (row0 + 32 b + 8 w + g) + h; column 0 is the input's (the
     # other columns' B rows are zero, so a row's sum is its column 0)

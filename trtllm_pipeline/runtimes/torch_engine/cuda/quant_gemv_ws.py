@@ -345,29 +345,15 @@ def program_tiles(per_split, k_tiles, HALF: gl.constexpr):
 
 
 @gluon.jit
-def two_box_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU: gl.constexpr,
-                     STAGES: gl.constexpr):
-    """The producer warp of the kernels whose stages hold a K tile's packed words and one box of per-row values
-    (quant_gemv_w4a8_mma's tables, quant_rows_int4_mma's scales: ``descs`` = (words, values), box rows a K tile), for
-    one matrix or, GLU, two: ``made_input_producer`` without an input to copy. Nothing it copies depends on the
-    previous kernel: no PDL wait."""
-    NBYTES: gl.constexpr = (descs[0].block_type.nbytes + descs[1].block_type.nbytes) * (2 if GLU else 1)
-    made_input_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, NO_BOXES, GLU, STAGES, False,
-                        NBYTES)
-
-
-NO_BOXES = gl.constexpr(())
-
-
-@gluon.jit
-def made_input_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, INPUT_BOXES: gl.constexpr,
-                        GLU: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, STAGE_BYTES: gl.constexpr):
-    """The producer warp of the wide row kernels (quant_rows_w4a8_mma, quant_rows_int4_mma from 17 rows), whose input
-    rows a kernel before them made once: ``descs`` / ``bufs`` are a K tile's packed words and per-row values, as
-    ``two_box_producer``'s, then that input's boxes, box j of K tile kt at ``[a kt, b kt + c]`` for ``INPUT_BOXES[j]``
-    = (a, b, c); for one matrix or, GLU, two (``STAGE_BYTES``: all of a stage). Under PDL the first stages' weights are
-    copied before the wait for the input's kernel, their input after it."""
-    V_ROWS: gl.constexpr = descs[1].block_type.shape[0]
+def box_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, BOXES: gl.constexpr,
+                 WEIGHTS: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
+                 STAGE_BYTES: gl.constexpr):
+    """The producer warp of the Gluon kernels whose stages are boxes the copy engine fills (quant_gemv_w4a8_mma,
+    quant_rows_*): box j of K tile kt from ``descs[j]`` into ``bufs[j]``'s stage, at ``[p0 row0 + q0 kt + c0, p1 row0
+    + q1 kt + c1]`` for ``BOXES[j]`` = (p0, q0, c0, p1, q1, c1) (row0: the program's first row, in its boxes' units),
+    for one matrix or, GLU, two (``STAGE_BYTES``: all of a stage). The first ``WEIGHTS`` boxes depend on
+    nothing before the kernel; the rest (an input a kernel before made) are copied, under PDL, after the wait for it:
+    for the first stages after their weights."""
     first = gl.minimum(k_iters, STAGES)
     for i in range(k_iters):
         s = i % STAGES
@@ -375,30 +361,35 @@ def made_input_producer(descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_it
         bar = ready.index(s)
         mbarrier.expect(bar, STAGE_BYTES)
         kt = k0 + i
-        tma.async_copy_global_to_shared(descs[0], [row0, kt * 32], bar, bufs[0].index(s))
-        tma.async_copy_global_to_shared(descs[1], [V_ROWS * kt, row0], bar, bufs[1].index(s))
+        _copy_boxes(descs, bufs, bar, row0, kt, s, BOXES, 0, WEIGHTS)
         if GLU:
-            tma.async_copy_global_to_shared(descs2[0], [row0, kt * 32], bar, bufs2[0].index(s))
-            tma.async_copy_global_to_shared(descs2[1], [V_ROWS * kt, row0], bar, bufs2[1].index(s))
+            _copy_boxes(descs2, bufs2, bar, row0, kt, s, BOXES, 0, WEIGHTS)
         if i + 1 == first:
-            if PDL:
+            if PDL and WEIGHTS < len(BOXES):
                 gdc_wait()
             for j in range(first):  # the input of the stages issued so far
-                _copy_boxes(descs, bufs, ready.index(j), k0 + j, j, INPUT_BOXES)
+                _copy_boxes(descs, bufs, ready.index(j), row0, k0 + j, j, BOXES, WEIGHTS, len(BOXES))
                 if GLU:
-                    _copy_boxes(descs2, bufs2, ready.index(j), k0 + j, j, INPUT_BOXES)
+                    _copy_boxes(descs2, bufs2, ready.index(j), row0, k0 + j, j, BOXES, WEIGHTS, len(BOXES))
         elif i >= first:
-            _copy_boxes(descs, bufs, bar, kt, s, INPUT_BOXES)
+            _copy_boxes(descs, bufs, bar, row0, kt, s, BOXES, WEIGHTS, len(BOXES))
             if GLU:
-                _copy_boxes(descs2, bufs2, bar, kt, s, INPUT_BOXES)
+                _copy_boxes(descs2, bufs2, bar, row0, kt, s, BOXES, WEIGHTS, len(BOXES))
 
 
 @gluon.jit
-def _copy_boxes(descs, bufs, bar, kt, s, BOXES: gl.constexpr):
-    """The made input's boxes of K tile ``kt`` into stage ``s`` (``made_input_producer``'s ``INPUT_BOXES``)."""
-    for j in gl.static_range(len(BOXES)):
-        tma.async_copy_global_to_shared(descs[2 + j], [BOXES[j][0] * kt, BOXES[j][1] * kt + BOXES[j][2]], bar,
-                                        bufs[2 + j].index(s))
+def _copy_boxes(descs, bufs, bar, row0, kt, s, BOXES: gl.constexpr, FIRST: gl.constexpr, END: gl.constexpr):
+    """Boxes FIRST..END-1 of K tile ``kt`` into stage ``s`` (``box_producer``)."""
+    for j in gl.static_range(FIRST, END):
+        tma.async_copy_global_to_shared(
+            descs[j], [BOXES[j][0] * row0 + BOXES[j][1] * kt + BOXES[j][2],
+                       BOXES[j][3] * row0 + BOXES[j][4] * kt + BOXES[j][5]], bar, bufs[j].index(s))
+
+
+# a K tile's packed words [rows, 32 words] and the per-row values box of ``rows_per_tile`` rows a K tile (W4A8's
+# tables, INT4's 16-bit scales), as box_producer reads its boxes
+def weight_boxes(rows_per_tile: int) -> tuple:
+    return (1, 0, 0, 0, 32, 0), (0, rows_per_tile, 0, 1, 0, 0)
 
 
 @gluon.jit

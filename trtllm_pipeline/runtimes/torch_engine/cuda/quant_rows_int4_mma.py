@@ -19,41 +19,41 @@ batch is the MMA's N (8 or 16 columns of B) and costs nothing per weight, and ea
   B buffer, then dequantize and issue the MMAs; float32 accumulators across K.
 
 From 17 rows (the MMA's N 32 or 64) every program staging the same rows would cost more than its dequantization:
-there ``prepare`` (one small kernel) writes the rows once, times their pre-quant scale in the compute dtype and in the
-MMA's input order, with 136 x each row's sum per K tile, and the producer warp copies the tile's two [NB, 64] halves
-and its [1, NB] sums beside the words and scales (quant_gemv_ws.made_input_producer; rows past M read as zeros); the
-consumers only dequantize and issue the MMAs, 64 output rows a program (168 registers).
+there ``made_input.int4`` (one small kernel) writes the rows once, times their pre-quant scale in the compute dtype
+and in the MMA's input order, with 136 x each row's sum per K tile, and the producer warp copies the tile's two
+[NB, 64] halves and its [1, NB] sums beside the words and scales (quant_gemv_ws.box_producer; rows past M read as
+zeros); the consumers only dequantize and issue the MMAs, 64 output rows a program (168 registers).
 
 Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
 [M, N] in the compute dtype, K not split). Gluon kernels do not run in Triton's interpreter: the CPU tests compile this
-one for sm_90 (``tools/gemv_sass.py --int4-mma``; ``prepare`` runs in the interpreter). Untimed: the decode step takes
-it only at batch 2..N (N at most 64) under ``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``.
+one for sm_90 (``tools/gemv_sass.py --int4-mma``; ``made_input`` runs in the interpreter). Untimed: the decode step
+takes it only at batch 2..N (N at most 64) under ``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``.
 """
 
 from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_ws, quant_gemv_ws, support
+from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_gemv_w4a8_ws, quant_gemv_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import words_layout
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, PLAIN16, W_LAYOUT, made_input_producer,
-                                                                      program_tiles, stage_barriers, two_box_producer)
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, PLAIN16, W_LAYOUT, box_producer,
+                                                                      program_tiles, stage_barriers, weight_boxes)
 
 ENV = "TRTLLM_PIPELINE_INT4_WGMMA_ROWS"
 MAX_ROWS = 64
-STAGED_ROWS = 16  # up to this many rows each program stages its input; beyond, ``prepare`` makes it once
+STAGED_ROWS = 16  # up to this many rows each program stages its input; beyond, made_input makes it once
 MAX_REGISTERS, WIDE_REGISTERS = 128, 168
 STAGES, WIDE_GLU_STAGES = 3, 2
 BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program (the GLU, and from 17 rows every linear: 64)
 NIBBLES = gl.constexpr(0x000F000F)  # each bfloat16 half's low nibble
 MAGIC = gl.constexpr(0x43084308)  # where the mask is set: the nibble's XOR 8; elsewhere: bfloat16 128's bits
+BOXES = gl.constexpr(weight_boxes(2))  # a K tile's packed words and 16-bit scales (even, odd rows)
 
 
 def enabled(m: int) -> bool:
@@ -248,10 +248,12 @@ def _int4_rows_mma_kernel(
     ready, empty = stage_barriers(STAGES)
     pid_s = gl.program_id(1)
     row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + s_desc.block_type.nbytes) * (2 if GLU else 1)
     inputs = (x_ptr, pqs_ptr, pqs2_ptr, M, stride_x, k0, b_buf, b_buf2)
     acc, acc2 = gl.warp_specialize([
         (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE)),
-        (two_box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
+        (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, BOXES, 2, GLU, STAGES, PDL,
+                        NBYTES)),
     ], [1], [40])
     _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
 
@@ -274,49 +276,9 @@ def _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU: gl.
 # ------------------------------------------------------------------------------------------ wide: the input made once
 
 
-@triton.jit
-def _prepare_kernel(x_ptr, pqs_ptr, pqs2_ptr, out_ptr, off_ptr, M, K, stride_xm, MATS: tl.constexpr,
-                    HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
-    """K tile ``program_id(0)`` of the input rows for each matrix: times its pre-quant scale rounded to the compute
-    dtype, stored into ``out`` [MATS, M, K] in the MMA's input order (input 16 c + 4 t + 2 i + j at 16 c + 8 j + 2 t +
-    i: ``_stage_input``'s), and 136 x each row's sum into ``off`` [MATS, K / 128, NB] (zeros past M)."""
-    if PDL:  # x is the previous kernel's output; the next kernel waits for this one before it reads ``out``
-        gdc_wait()
-        gdc_launch_dependents()
-    kt = tl.program_id(0)
-    rm = tl.arange(0, NB)
-    rk = kt * 128 + tl.arange(0, 128)
-    mask = (rm[:, None] < M) & (rk[None, :] < K)
-    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0)
-    order = (rk & ~15) | ((rk & 1) << 3) | (((rk >> 2) & 3) << 1) | ((rk >> 1) & 1)
-    for j in tl.static_range(MATS):
-        v = x
-        if HAS_PQS:
-            if j == 0:
-                pqs = tl.load(pqs_ptr + rk)
-            else:  # the GLU's gate: its own pre-quant scale
-                pqs = tl.load(pqs2_ptr + rk)
-            v = (x.to(tl.float32) * pqs.to(tl.float32)[None, :]).to(COMPUTE)
-        tl.store(out_ptr + j * M * K + rm[:, None] * K + order[None, :], v, mask=mask)
-        tl.store(off_ptr + (j * tl.num_programs(0) + kt) * NB + rm, tl.sum(v.to(tl.float32), axis=1) * 136.0)
-
-
-def prepare(x: torch.Tensor, q, q2, compute: torch.dtype, nb: int, pdl: bool = False):
-    """``x`` [M, K] as the wide kernel's B operands: ([matrices, M, K] in the compute dtype, in the MMA's input order;
-    float32 [matrices, K / 128, ``nb``]: 136 x each row's sum per K tile), matrices 2 with ``q2`` (the GLU's gate)."""
-    m, k = x.shape
-    mats = 1 if q2 is None else 2
-    q2 = q2 or q
-    out = torch.empty(mats, m, k, dtype=compute, device=x.device)
-    sums = torch.empty(mats, k // 128, nb, device=x.device)
-    _prepare_kernel[(k // 128,)](x, q.pqs if q.pqs is not None else x, q2.pqs if q2.pqs is not None else x, out, sums,
-                                 m, k, x.stride(0), MATS=mats, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute),
-                                 NB=nb, PDL=pdl, num_warps=4, launch_pdl=pdl)
-    return out, sums
-
-
-# the made input's boxes as made_input_producer copies them: the tile's two 64-input halves, then its sums
-INPUT_BOXES = gl.constexpr(((0, 128, 0), (0, 128, 64), (1, 0, 0)))
+# the wide kernel's boxes (box_producer): the words and scales, then the made input's two 64-input halves of the
+# tile and its row sums
+WIDE_BOXES = gl.constexpr(BOXES.value + ((0, 0, 0, 0, 128, 0), (0, 0, 0, 0, 128, 64), (0, 1, 0, 0, 0, 0)))
 
 
 @gluon.jit
@@ -380,8 +342,8 @@ def _int4_rows_wide_kernel(
                              + o_desc.block_type.nbytes) * (2 if GLU else 1))
     acc, acc2 = gl.warp_specialize([
         (_wide_consumer, (bufs, bufs2, ready, empty, k_iters, GLU, HALF, NB, STAGES, PDL)),
-        (made_input_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, INPUT_BOXES, GLU, STAGES,
-                               PDL, NBYTES)),
+        (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, WIDE_BOXES, 2, GLU, STAGES, PDL,
+                        NBYTES)),
     ], [1], [40])
     _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
 
@@ -400,7 +362,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     """quant_gemm.launch's contract for this kernel's configs (``cfg.lut_mma``, INT4-AWQ): ``x`` [M, K] in the compute
     dtype before the pre-quant scale; ``out`` [splits, M, N] (or [M, N], one split) float32 partials, or with ``q2``
     (the GLU's gate, K not split) [M, N] in the compute dtype. From 17 rows (``cfg.block_m`` > STAGED_ROWS) two
-    launches: ``prepare``, then the wide kernel."""
+    launches: ``made_input.int4``, then the wide kernel."""
     glu = q2 is not None
     m = x.shape[0]
     assert supported(q, m) and compute == torch.bfloat16 and cfg.block_k == 128 and x.stride(1) == 1
@@ -419,7 +381,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
                   num_warps=cfg.num_warps, launch_pdl=pdl)
     grid = (triton.cdiv(q.n // 2, half), splits)
     if cfg.block_m > STAGED_ROWS:
-        made, sums = prepare(x, q, q2 if glu else None, compute, cfg.block_m, pdl)
+        made, sums = made_input.int4(x, q, q2 if glu else None, compute, cfg.block_m, pdl)
         descs = _descriptors(q, half) + _input_descriptors(made[0], sums[0], cfg.block_m)
         descs2 = _descriptors(q2, half) + _input_descriptors(made[-1], sums[-1], cfg.block_m)
         return _int4_rows_wide_kernel[grid](*descs, *descs2, out, *shape, *out_strides, maxnreg=WIDE_REGISTERS,

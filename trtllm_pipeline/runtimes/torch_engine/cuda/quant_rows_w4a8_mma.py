@@ -18,16 +18,17 @@ in its sm_90 loop) at any of these batches, and each row only its share of stagi
 
 From 17 rows (the MMA's N 32 or 64) staging in every program would cost more than the lookups: each of the N / 64
 programs along the output would quantize the same rows again. There one small kernel first writes the rows' E4M3 once
-(``prepare``: [matrices, sign, M, K] bytes, each word in the lookup's byte order, the second sign flipped; eager's
-rounding points, quant_linear's ``_act_tile``), and the producer warp copies each K tile's [NB, 128] boxes of both
-signs beside the words and tables by the copy engine (rows past M read as zeros); the consumers only look up and issue
-the MMAs. 64 output rows a program keep the accumulators, the fresh per-tile sums and the lookups in 168 registers.
+(``made_input.w4a8``: [matrices, sign, M, K] bytes, each word in the lookup's byte order, the second sign flipped;
+eager's rounding points, quant_linear's ``_act_tile``), and the producer warp copies each K tile's [NB, 128] boxes of
+both signs beside the words and tables by the copy engine (rows past M read as zeros; quant_gemv_ws.box_producer); the
+consumers only look up and issue the MMAs. 64 output rows a program keep the accumulators, the fresh per-tile sums and
+the lookups in 168 registers.
 
 Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
 [M, N] in the compute dtype, K not split), each column scaled by ``activation scale x scale_2`` (the matrix's
 ``out_scale``). Products are exact; sums are the tensor cores' per K tile, then float32, so results differ from the
 GEMM's in rounding only. Gluon kernels do not run in Triton's interpreter: the CPU tests compile this one for sm_90
-(``tools/gemv_sass.py --w4a8-rows``; ``prepare`` runs in the interpreter). Untimed: the decode step takes it only at
+(``tools/gemv_sass.py --w4a8-rows``; ``made_input`` runs in the interpreter). Untimed: the decode step takes it only at
 batch 2..N (N at most 64) under ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``.
 """
 
@@ -35,23 +36,20 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8_mma, quant_gemv_w4a8_ws, support
+from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import _act_tile
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import (B_LAYOUT, SIGNS, mma_layout, stage_tables,
-                                                                           tile, word_bytes, words_layout)
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (made_input_producer, program_tiles,
-                                                                      stage_barriers, two_box_producer)
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import (B_LAYOUT, BOXES, SIGNS, mma_layout,
+                                                                           stage_tables, tile, word_bytes, words_layout)
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import box_producer, program_tiles, stage_barriers
 
 ENV = "TRTLLM_PIPELINE_W4A8_WGMMA_ROWS"
 MAX_ROWS = 64
-STAGED_ROWS = 16  # up to this many rows each program stages its input; beyond, ``prepare`` makes it once
+STAGED_ROWS = 16  # up to this many rows each program stages its input; beyond, made_input makes it once
 MAX_REGISTERS, WIDE_REGISTERS = 128, 168
 STAGES, WIDE_GLU_STAGES = 3, 2
 BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks; wide: one
@@ -167,10 +165,12 @@ def _w4a8_rows_mma_kernel(
     ready, empty = stage_barriers(STAGES)
     pid_s = gl.program_id(1)
     row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + t_desc.block_type.nbytes) * (2 if GLU else 1)
     inputs = (x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, M, stride_x, k0, bx, bx2)
     acc, acc2 = gl.warp_specialize([
         (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE)),
-        (two_box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, GLU, STAGES)),
+        (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, BOXES, 2, GLU, STAGES, PDL,
+                        NBYTES)),
     ], [1], [40])
     _store(acc, acc2, osc_ptr, osc2_ptr, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
 
@@ -195,48 +195,8 @@ def _store(acc, acc2, osc_ptr, osc2_ptr, out_ptr, row0, M, N, pid_s, stride_os, 
 # ------------------------------------------------------------------------------------------ wide: the input made once
 
 
-@triton.jit
-def _prepare_kernel(x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, out_ptr, M, K, stride_xm, MATS: tl.constexpr,
-                    HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
-    """One [BLOCK_M, 128] tile of the input rows as each matrix's E4M3 (``_act_tile``: its pre-quant scale rounded to
-    the compute dtype, its activation scale), stored into ``out`` [MATS, 2, M, K] bytes at the lookup's byte order
-    (inputs 0, 2, 1, 3 of each word: bits 0 and 1 of the column swapped), the second sign with each sign bit flipped."""
-    if PDL:  # x is the previous kernel's output; the next kernel waits for this one before it reads ``out``
-        gdc_wait()
-        gdc_launch_dependents()
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rk = tl.program_id(1) * 128 + tl.arange(0, 128)
-    k_ok = rk < K
-    mask = (rm[:, None] < M) & k_ok[None, :]
-    ptrs = out_ptr + rm[:, None] * K + ((rk & ~3) | ((rk & 1) << 1) | ((rk >> 1) & 1))[None, :]
-    x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :]
-    for j in tl.static_range(MATS):
-        if j == 0:
-            pqs, aq = pqs_ptr, aq_ptr
-        else:  # the GLU's gate: its own pre-quant and activation scales
-            pqs, aq = pqs2_ptr, aq2_ptr
-        b = _act_tile(x_ptrs, pqs + rk, aq, mask, k_ok, HAS_PQS, 1, True, COMPUTE).to(tl.int8, bitcast=True)
-        tl.store(ptrs + (2 * j) * M * K, b, mask=mask)
-        tl.store(ptrs + (2 * j + 1) * M * K, b ^ -128, mask=mask)
-
-
-def prepare(x: torch.Tensor, q, q2, compute: torch.dtype, pdl: bool = False) -> torch.Tensor:
-    """``x`` [M, K] as the wide kernel's B operands: int8 [matrices (2 with ``q2``, the GLU's gate), 2, M, K], each
-    matrix's E4M3 bytes of the input and of its negation, words in the lookup's byte order."""
-    m, k = x.shape
-    mats = 1 if q2 is None else 2
-    q2 = q2 or q
-    out = torch.empty(mats, 2, m, k, dtype=torch.int8, device=x.device)
-    block_m = min(64, triton.next_power_of_2(m))
-    _prepare_kernel[(triton.cdiv(m, block_m), triton.cdiv(k, 128))](
-        x, q.pqs if q.pqs is not None else x, q.act_q, q2.pqs if q2.pqs is not None else x, q2.act_q, out, m, k,
-        x.stride(0), MATS=mats, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute), BLOCK_M=block_m, PDL=pdl,
-        num_warps=4, launch_pdl=pdl)
-    return out
-
-
-# the made input's boxes as made_input_producer copies them: [0, 128 kt] of the input and of its negation
-INPUT_BOXES = gl.constexpr(((0, 128, 0), (0, 128, 0)))
+# the wide kernel's boxes (box_producer): the words and tables, then the made input's [0, 128 kt] of both signs
+WIDE_BOXES = gl.constexpr(BOXES.value + ((0, 0, 0, 0, 128, 0),) * 2)
 
 
 @gluon.jit
@@ -292,8 +252,8 @@ def _w4a8_rows_wide_kernel(
                             * (2 if GLU else 1))
     acc, acc2 = gl.warp_specialize([
         (_wide_consumer, (bufs, bufs2, ready, empty, k_iters, GLU, HALF, NB, STAGES, PDL)),
-        (made_input_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, INPUT_BOXES, GLU, STAGES,
-                               PDL, NBYTES)),
+        (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, WIDE_BOXES, 2, GLU, STAGES, PDL,
+                        NBYTES)),
     ], [1], [40])
     _store(acc, acc2, osc_ptr, osc2_ptr, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
 
@@ -305,7 +265,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     """quant_gemm.launch's contract for this kernel's configs (``cfg.lut_mma``, W4A8-AWQ): ``x`` [M, K] in the compute
     dtype before the pre-quant scale; ``out`` [splits, M, N] (or [M, N], one split) float32 partials, or with ``q2``
     (the GLU's gate, K not split) [M, N] in the compute dtype. From 17 rows (``cfg.block_m`` > STAGED_ROWS) two
-    launches: ``prepare``, then the wide kernel."""
+    launches: ``made_input.w4a8``, then the wide kernel."""
     glu = q2 is not None
     m = x.shape[0]
     assert supported(q, m) and cfg.block_k == 128 and x.stride(1) == 1 and m <= cfg.block_m
@@ -324,7 +284,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
                   num_warps=cfg.num_warps, launch_pdl=pdl)
     grid = (triton.cdiv(q.n // 2, half), splits)
     if cfg.block_m > STAGED_ROWS:
-        made = prepare(x, q, q2 if glu else None, compute, pdl)
+        made = made_input.w4a8(x, q, q2 if glu else None, compute, pdl)
         descs = _wide_descriptors(q, made[0], half, cfg.block_m)
         descs2 = _wide_descriptors(q2, made[-1], half, cfg.block_m)
         return _w4a8_rows_wide_kernel[grid](*descs, *descs2, q.out_scale, q2.out_scale, out, *strides, *out_strides,

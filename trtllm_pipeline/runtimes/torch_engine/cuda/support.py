@@ -48,11 +48,11 @@ def set_carveout(modules, percent: int) -> int:
     return len(kernels)
 
 
-def rows_switch(env: str, max_rows: int, kernel: str, m: int) -> bool:
-    """Whether ``$env`` (a batch size N, 0 or unset: off) asks for ``kernel`` at decode batch ``m`` (2..N); an
-    InputError naming the range where it holds no such batch size."""
+def rows_switch(env: str, max_rows: int, kernel: str, m: int, lowest: int = 2) -> bool:
+    """Whether ``$env`` (a batch size N, 0 or unset: off) asks for ``kernel`` at decode batch ``m`` (``lowest``..N);
+    an InputError naming the range where it holds no such batch size."""
     value = os.environ.get(env, "").strip() or "0"
     if not value.isdigit() or int(value) > max_rows:
         raise InputError(f"{env}={value!r} is not a batch size {kernel} takes.",
                          fix=f"set it to a batch size from 0 (off) to {max_rows}, or unset it")
-    return 2 <= m <= int(value)
+    return lowest <= m <= int(value)
