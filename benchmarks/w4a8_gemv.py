@@ -144,16 +144,21 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                 out += ([("rows-2-stages", r(rows, num_stages=2))] if glu else
                         [("rows-2-stages", r(rows, num_stages=2)), ("rows-6-stages", r(rows, num_stages=6)),
                          ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
-            elif rows.block_m > quant_rows_w4a8_mma.STAGED_ROWS:  # the wide kernel: 64 output rows (its registers)
+            elif rows.made:  # the wide kernel: 64 output rows (its registers)
                 out += ([("rows-3-stages", r(rows, num_stages=3))] if glu else
                         [("rows-2-stages", r(rows, num_stages=2)), ("rows-4-stages", r(rows, num_stages=4)),
                          ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
-            elif glu:
-                out += [("rows-128-rows", r(rows, block_n=128, num_stages=2)), ("rows-2-stages", r(rows, num_stages=2))]
-            else:
-                out += [("rows-64-rows", quant_rows_w4a8_mma.pick_config(q, m, sm, block_n=64)),
-                        ("rows-4-stages", r(rows, num_stages=4)),
-                        ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))]
+            else:  # the staged form, its neighbours, and the wide form at these rows (the input made once)
+                made = r(rows, made=True, block_n=64, num_stages=quant_rows_w4a8_mma.WIDE_GLU_STAGES if glu else 3,
+                         splits=1 if glu else module.pick_config(q, m, sm, block_n=64).splits)
+                if glu:
+                    out += [("rows-128-rows", r(rows, block_n=128, num_stages=2)),
+                            ("rows-2-stages", r(rows, num_stages=2))]
+                else:
+                    out += [("rows-64-rows", quant_rows_w4a8_mma.pick_config(q, m, sm, block_n=64)),
+                            ("rows-4-stages", r(rows, num_stages=4)),
+                            ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))]
+                out.append(("rows-made", made))
     return out
 
 

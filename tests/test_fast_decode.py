@@ -1354,8 +1354,9 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
     wide_glu = quant_rows_int4_mma.pick_config(_hopper_shape(18944, 3584), 40, 132, glu=True)
     assert (wide.block_m, wide.block_n, wide.num_stages, wide_glu.block_m, wide_glu.num_stages) == (64, 64, 3, 64, 2)
     for cfg, glu_, rows, most, shared in ((wide, False, 64, 3.3, 64), (wide_glu, True, 64, 3.0, 86),
-                                          (wide, False, 32, 2.7, 40)):
-        kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows)
+                                          (wide, False, 32, 2.7, 40), (dataclasses.replace(wide_glu, block_m=8), True,
+                                                                       8, 2.0, 28)):
+        kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows, made=True)
         ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "HGMMA", quant_rows_int4_mma.WIDE_REGISTERS, shared)
         # (one STS a tile: the group scales' reorder into the MMA rows' order goes through shared memory)
         assert not {"LDG", "STSM"} & set(ops) and ops["STS"] <= 2 and per_weight < most, (rows, glu_, ops)
@@ -1411,7 +1412,7 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     where quant_gemm's W4A8 GEMM at M 8 spends 6-9 (tools/gemm_sass.py --w4a8): the lookups cost what they cost at
     batch 1, each row only its input's staging. From 17 rows the wide kernel: no global access in its loop, 168
     registers. Off unless ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``; never on a CPU."""
-    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_w4a8_mma
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_w4a8_mma, support
 
     def shape(n, k):
         return dataclasses.replace(_hopper_shape(n, k), fmt="w4a8_awq")
@@ -1432,9 +1433,18 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     wide = quant_rows_w4a8_mma.pick_config(shape(3584, 18944), 64, 132)
     wide_glu = quant_rows_w4a8_mma.pick_config(shape(18944, 3584), 33, 132, glu=True)
     assert (wide.block_m, wide.block_n, wide.num_stages, wide_glu.block_m, wide_glu.num_stages) == (64, 64, 3, 64, 2)
+    assert wide.made and not proj.made
+    # the wide form at 8 rows too ($TRTLLM_PIPELINE_WGMMA_STAGED_ROWS=0: the A/B of the two forms there)
+    monkeypatch.setenv(support.STAGED_ROWS_ENV, "0")
+    made8 = quant_rows_w4a8_mma.pick_config(shape(18944, 3584), 8, 132, glu=True)
+    assert made8.made and (made8.block_m, made8.block_n, made8.num_stages) == (8, 64, 2)
+    monkeypatch.setenv(support.STAGED_ROWS_ENV, "17")
+    with pytest.raises(InputError, match="TRTLLM_PIPELINE_WGMMA_STAGED_ROWS='17'"):
+        quant_rows_w4a8_mma.pick_config(shape(18944, 3584), 8, 132)
+    monkeypatch.delenv(support.STAGED_ROWS_ENV)
     for cfg, glu_, rows, most, shared in ((wide, False, 64, 3.1, 64), (wide_glu, True, 64, 2.7, 86),
-                                          (wide, False, 32, 2.7, 40)):
-        kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows)
+                                          (wide, False, 32, 2.7, 40), (made8, True, 8, 2.3, 28)):
+        kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows, made=True)
         ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "QGMMA", quant_rows_w4a8_mma.WIDE_REGISTERS, shared)
         assert not {"LDG", "STS", "STSM"} & set(ops) and per_weight < most, (rows, glu_, ops)
     monkeypatch.setenv(quant_rows_w4a8_mma.ENV, "8")

@@ -188,13 +188,13 @@ def _compile_rows(fn, descs: dict, pointers: dict, scalars: tuple, consts: dict,
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": registers})
 
 
-def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int):
+def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int, made: bool | None = None):
     """quant_rows_int4_mma's kernel (Gluon: INT4 dequantized in registers into bfloat16 wgmma) for sm_90 at ``rows``
-    input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64: the wide kernel, its input made once
-    and copied beside the weights)."""
+    input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64, or ``made``: the wide kernel, its
+    input made once and copied beside the weights)."""
     half = block_n // 2
     nb = max(8, triton.next_power_of_2(rows))
-    wide = nb > quant_rows_int4_mma.STAGED_ROWS
+    wide = nb > quant_rows_int4_mma.STAGED_ROWS if made is None else made
     consts = dict(GLU=glu, COMPUTE=tl.bfloat16, HALF=half, NB=nb, STAGES=stages, PDL=True, num_warps=4)
     descs = {"w_desc": f"tensordesc<i32[{half}, 32],{quant_rows_int4_mma.W_LAYOUT!r}>",
              "s_desc": f"tensordesc<bf16[2, {half}],{quant_rows_int4_mma.PLAIN16!r}>"}
@@ -213,13 +213,13 @@ def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int):
     return _compile_rows(fn, descs, pointers, scalars, consts, glu, registers)
 
 
-def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int):
+def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int, made: bool | None = None):
     """quant_rows_w4a8_mma's kernel (Gluon: E4M3 bytes by lookup into FP8 wgmma, the batch as N) for sm_90 at ``rows``
-    input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64: the wide kernel, its input made once
-    and copied beside the weights)."""
+    input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64, or ``made``: the wide kernel, its
+    input made once and copied beside the weights)."""
     half = block_n // 2
     nb = max(8, triton.next_power_of_2(rows))
-    wide = nb > quant_rows_w4a8_mma.STAGED_ROWS
+    wide = nb > quant_rows_w4a8_mma.STAGED_ROWS if made is None else made
     consts = dict(GLU=glu, COMPUTE=tl.bfloat16, HALF=half, NB=nb, STAGES=stages, PDL=True, num_warps=4)
     plain = quant_gemv_w4a8_mma.PLAIN
     descs = {"w_desc": f"tensordesc<i32[{half}, 32],{quant_gemv_w4a8_mma.W_LAYOUT!r}>",
@@ -391,6 +391,7 @@ def main() -> None:
                     help="INT4's register-dequantizing wgmma kernel (quant_rows_int4_mma) for ROWS input rows")
     ap.add_argument("--int8-rows", type=int, default=0, metavar="ROWS",
                     help="SmoothQuant's wgmma kernel (quant_rows_int8_mma) for ROWS input rows, --stages deep")
+    ap.add_argument("--made", action="store_true", help="with --w4a8-rows / --int4-mma: the wide form at any rows")
     ap.add_argument("--w4a8-rows", type=int, default=0, metavar="ROWS",
                     help="W4A8's lookup wgmma kernel for several rows (quant_rows_w4a8_mma) for ROWS input rows")
     ap.add_argument("--w4a8-mma", type=int, default=0, metavar="TILES",
@@ -402,9 +403,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.int4_mma:
-        kernel = compile_int4_mma(a.block_n, a.glu, a.stages, a.int4_mma)
+        kernel = compile_int4_mma(a.block_n, a.glu, a.stages, a.int4_mma, a.made or None)
     elif a.w4a8_rows:
-        kernel = compile_w4a8_rows(a.block_n, a.glu, a.stages, a.w4a8_rows)
+        kernel = compile_w4a8_rows(a.block_n, a.glu, a.stages, a.w4a8_rows, a.made or None)
     elif a.int8_rows:
         kernel = compile_int8_rows(a.glu, a.stages, a.int8_rows)
     elif a.w4a8_mma:

@@ -24,15 +24,20 @@ w4a8_mma() {
   part w4a8_kernels 200 W4A8_GEMV_VARIANTS=ws,mma
   part w4a8_kernels 150 W4A8_GEMV_ROWS=8
   part w4a8_kernels 150 W4A8_GEMV_ROWS=64
-  local switches=()
+  local switches=() rows=0
   kernels_passed "W4A8_GEMV_VARIANTS=ws,mma" && switches+=(TRTLLM_PIPELINE_W4A8_MMA=1)
   if kernels_passed "W4A8_GEMV_ROWS=8"; then
+    rows=1
     kernels_passed "W4A8_GEMV_ROWS=64" && switches+=(TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=64) \
       || switches+=(TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=16)
   fi
   if [ ${#switches[@]} -gt 0 ]; then
     part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq "${switches[@]}"
     part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq
+  fi
+  # the row kernel's two forms at 8-16 rows: each program staging its input, or the input made once a launch
+  if [ $rows = 1 ]; then
+    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq "${switches[@]}" TRTLLM_PIPELINE_WGMMA_STAGED_ROWS=0
   fi
 }
 # 32: INT4-AWQ at 2-64 rows dequantized in registers into bfloat16 wgmma (quant_rows_int4_mma, new: compiled on the
@@ -41,6 +46,8 @@ w4a8_mma() {
 # 2026-12-07h: batch 8 / 16 4.439 / 5.272 ms; batch 64 10.2-11.1 on earlier runs)
 int4_rows() {
   part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq
+  # its two forms at 8-16 rows (the wgmma choice): each program staging its input, or the input made once a launch
+  part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq TRTLLM_PIPELINE_WGMMA_STAGED_ROWS=0
 }
 # 32: SmoothQuant on the INT8 tensor cores, weights straight from shared memory (quant_rows_int8_mma, new: compiled on
 # the CPU only, no instruction a weight): each 7B launch at 1 and 64 rows against float32 and quant_linear's kernel,

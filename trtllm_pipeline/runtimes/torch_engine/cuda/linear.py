@@ -55,6 +55,10 @@ class LinearConfig:
     # into bfloat16 wgmma; quant_rows_w4a8_mma, quant_gemv_w4a8_mma's lookup; quant_rows_int8_mma, SmoothQuant's
     # weights from shared memory)
     lut_mma: bool = False
+    # with lut_mma and gemm: the input rows made once a launch (made_input) and copied beside the weights by the
+    # producer warp, not staged by every program (quant_rows_int8_mma always; the 4-bit row kernels from
+    # support.staged_rows() + 1 rows: their wide form)
+    made: bool = False
 
 
 def pick_config(m: int, n: int, k: int, weight_bytes: int, sm_count: int, *, glu: bool = False,

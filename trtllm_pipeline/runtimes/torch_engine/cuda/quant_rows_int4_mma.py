@@ -47,7 +47,7 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, PLA
 
 ENV = "TRTLLM_PIPELINE_INT4_WGMMA_ROWS"
 MAX_ROWS = 64
-STAGED_ROWS = 16  # up to this many rows each program stages its input; beyond, made_input makes it once
+STAGED_ROWS = 16  # up to this many rows each program stages its input (support.staged_rows); beyond, made_input
 MAX_REGISTERS, WIDE_REGISTERS = 128, 168
 STAGES, WIDE_GLU_STAGES = 3, 2
 BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program (the GLU, and from 17 rows every linear: 64)
@@ -76,11 +76,11 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | No
     64 for ``m`` rows, quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the wide GLU ``WIDE_GLU_STAGES``: its
     input boxes beside two matrices' words); not yet timed."""
     nb = max(8, triton.next_power_of_2(m))
-    wide = nb > STAGED_ROWS
+    wide = nb > support.staged_rows(STAGED_ROWS)
     block_n = block_n or (GLU_BLOCK_N if glu or wide else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
     stages = WIDE_GLU_STAGES if wide and glu else STAGES
-    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True)
+    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True, made=wide)
 
 
 # ------------------------------------------------------------------------------------------ layouts
@@ -361,7 +361,7 @@ def _descriptors(q, half: int) -> list:
 def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool):
     """quant_gemm.launch's contract for this kernel's configs (``cfg.lut_mma``, INT4-AWQ): ``x`` [M, K] in the compute
     dtype before the pre-quant scale; ``out`` [splits, M, N] (or [M, N], one split) float32 partials, or with ``q2``
-    (the GLU's gate, K not split) [M, N] in the compute dtype. From 17 rows (``cfg.block_m`` > STAGED_ROWS) two
+    (the GLU's gate, K not split) [M, N] in the compute dtype. The wide form (``cfg.made``: from 17 rows) is two
     launches: ``made_input.int4``, then the wide kernel."""
     glu = q2 is not None
     m = x.shape[0]
@@ -380,7 +380,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     common = dict(GLU=glu, COMPUTE=tl_dtype(compute), HALF=half, NB=cfg.block_m, STAGES=cfg.num_stages, PDL=pdl,
                   num_warps=cfg.num_warps, launch_pdl=pdl)
     grid = (triton.cdiv(q.n // 2, half), splits)
-    if cfg.block_m > STAGED_ROWS:
+    if cfg.made:
         made, sums = made_input.int4(x, q, q2 if glu else None, compute, cfg.block_m, pdl)
         descs = _descriptors(q, half) + _input_descriptors(made[0], sums[0], cfg.block_m)
         descs2 = _descriptors(q2, half) + _input_descriptors(made[-1], sums[-1], cfg.block_m)

@@ -66,7 +66,7 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | No
     block_n = block_n or BLOCK_N
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
     stages = GLU_STAGES if glu else WIDE_STAGES if nb >= 64 else STAGES
-    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True)
+    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True, made=True)
 
 
 @gluon.constexpr_function

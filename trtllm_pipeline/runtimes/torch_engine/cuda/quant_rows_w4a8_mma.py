@@ -49,7 +49,7 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import box_produce
 
 ENV = "TRTLLM_PIPELINE_W4A8_WGMMA_ROWS"
 MAX_ROWS = 64
-STAGED_ROWS = 16  # up to this many rows each program stages its input; beyond, made_input makes it once
+STAGED_ROWS = 16  # up to this many rows each program stages its input (support.staged_rows); beyond, made_input
 MAX_REGISTERS, WIDE_REGISTERS = 128, 168
 STAGES, WIDE_GLU_STAGES = 3, 2
 BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks; wide: one
@@ -71,11 +71,12 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | No
     64 for ``m`` rows, quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the wide GLU ``WIDE_GLU_STAGES``: its
     input boxes beside two matrices' words); not yet timed."""
     nb = max(8, triton.next_power_of_2(m))
-    wide = nb > STAGED_ROWS
+    wide = nb > support.staged_rows(STAGED_ROWS)
     block_n = block_n or (GLU_BLOCK_N if glu or wide else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
     stages = WIDE_GLU_STAGES if wide and glu else STAGES
-    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, w4a8=True, lut_mma=True)
+    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, w4a8=True, lut_mma=True,
+                        made=wide)
 
 
 # ------------------------------------------------------------------------------------------ the consumers' work
@@ -264,7 +265,7 @@ def _w4a8_rows_wide_kernel(
 def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute: torch.dtype, pdl: bool):
     """quant_gemm.launch's contract for this kernel's configs (``cfg.lut_mma``, W4A8-AWQ): ``x`` [M, K] in the compute
     dtype before the pre-quant scale; ``out`` [splits, M, N] (or [M, N], one split) float32 partials, or with ``q2``
-    (the GLU's gate, K not split) [M, N] in the compute dtype. From 17 rows (``cfg.block_m`` > STAGED_ROWS) two
+    (the GLU's gate, K not split) [M, N] in the compute dtype. The wide form (``cfg.made``: from 17 rows) is two
     launches: ``made_input.w4a8``, then the wide kernel."""
     glu = q2 is not None
     m = x.shape[0]
@@ -283,7 +284,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     common = dict(GLU=glu, COMPUTE=tl_dtype(compute), HALF=half, NB=cfg.block_m, STAGES=cfg.num_stages, PDL=pdl,
                   num_warps=cfg.num_warps, launch_pdl=pdl)
     grid = (triton.cdiv(q.n // 2, half), splits)
-    if cfg.block_m > STAGED_ROWS:
+    if cfg.made:
         made = made_input.w4a8(x, q, q2 if glu else None, compute, pdl)
         descs = _wide_descriptors(q, made[0], half, cfg.block_m)
         descs2 = _wide_descriptors(q2, made[-1], half, cfg.block_m)

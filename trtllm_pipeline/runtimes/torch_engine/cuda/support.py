@@ -48,6 +48,19 @@ def set_carveout(modules, percent: int) -> int:
     return len(kernels)
 
 
+STAGED_ROWS_ENV = "TRTLLM_PIPELINE_WGMMA_STAGED_ROWS"
+
+
+def staged_rows(default: int = 16) -> int:
+    """Up to how many rows the 4-bit wgmma row kernels stage their input in every program (``default``; beyond, the
+    input is made once a launch): ``$TRTLLM_PIPELINE_WGMMA_STAGED_ROWS`` (0-16) for the A/B of the two forms."""
+    value = os.environ.get(STAGED_ROWS_ENV, "").strip() or str(default)
+    if not value.isdigit() or int(value) > default:
+        raise InputError(f"{STAGED_ROWS_ENV}={value!r} is not a row count the wgmma row kernels stage.",
+                         fix=f"set it to 0 (the input always made once) up to {default}, or unset it")
+    return int(value)
+
+
 def rows_switch(env: str, max_rows: int, kernel: str, m: int, lowest: int = 2) -> bool:
     """Whether ``$env`` (a batch size N, 0 or unset: off) asks for ``kernel`` at decode batch ``m`` (``lowest``..N);
     an InputError naming the range where it holds no such batch size."""
