@@ -33,6 +33,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_gemv_w4a8_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import B_LAYOUT, mma_layout
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import box_producer, program_tiles, stage_barriers
 
 ENV = "TRTLLM_PIPELINE_INT8_WGMMA_ROWS"
@@ -40,7 +41,7 @@ MAX_ROWS = 64
 MAX_REGISTERS = 128
 BLOCK_N = 64  # output rows a program: one 64-row MMA block
 STAGES, WIDE_STAGES, GLU_STAGES = 4, 3, 3  # WIDE: from 64 rows (a stage 16 KB: two programs an SM in 132 KB)
-LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # both operands
+LAYOUT = B_LAYOUT  # both operands: 128-byte rows of 8-bit values, K-major (FP8's and int8's layouts are one)
 # box_producer's boxes: the weights' [row0, 128 kt], then the made input's [0, 128 kt]
 BOXES = gl.constexpr(((1, 0, 0, 0, 128, 0), (0, 0, 0, 0, 128, 0)))
 
@@ -69,18 +70,13 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | No
     return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True, made=True)
 
 
-@gluon.constexpr_function
-def _mma_layout(nb):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, nb, 32])
-
-
 @gluon.jit
 def _consumer(bufs, bufs2, ready, empty, k_iters, GLU: gl.constexpr, BLOCK_N: gl.constexpr, NB: gl.constexpr,
               STAGES: gl.constexpr, PDL: gl.constexpr):
     """The K loop: a stage's MMAs issued, the previous stage's awaited and handed back (one stage in flight)."""
     if PDL:  # (its wait is the producer's: every input copy follows it, and the MMAs follow the copies)
         gdc_launch_dependents()
-    acc = gl.zeros([BLOCK_N, NB], gl.int32, _mma_layout(NB))
+    acc = gl.zeros([BLOCK_N, NB], gl.int32, mma_layout(NB))
     acc2 = acc
     for i in range(k_iters):
         s = i % STAGES
@@ -123,7 +119,7 @@ def _int8_rows_mma_kernel(
                         NBYTES)),
     ], [1], [40])
     # MMA row m is output row row0 + m, column n the input row n; the folded scale per output row
-    MMA: gl.constexpr = _mma_layout(NB)
+    MMA: gl.constexpr = mma_layout(NB)
     r = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
     in_n = r < N
     y = acc.to(gl.float32) * gl.expand_dims(gl.load(s_ptr + r, mask=in_n, other=0.0), 1)
