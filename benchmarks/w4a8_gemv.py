@@ -5,6 +5,7 @@ linears, before and after a change, in one call (issue 32): no 7B build, random 
 
     python3 benchmarks/w4a8_gemv.py --out DIR [--variants legacy,new,ws,mma,sweep] [--format w4a8_awq]
     python3 benchmarks/w4a8_gemv.py --out DIR --rows 8 [--variants gemm,rows]   # W4A8 at 2-64 input rows
+    python3 benchmarks/w4a8_gemv.py --out DIR --rows 64 --format int8_wo        # INT8 weight-only at 64 rows
     TRITON_INTERPRET=1 PYTHONPATH=tests/interpreter_site:tests:. python3 benchmarks/w4a8_gemv.py --dry-run --out DIR
 
 Per linear (qkv 3584 -> 4608, dense 3584 -> 3584, fc + gate 3584 -> 2 x 18944 as the GLU launch, proj 18944 -> 3584)
@@ -27,14 +28,17 @@ Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
 Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
 static counts in docs/perf-notes.md); the difference between legacy and new is the launch: splits, rows, prefetch.
 
-``--rows M`` (2-64, $W4A8_GEMV_ROWS; W4A8 or SmoothQuant): M input rows through quant_gemm.launch, checked and timed
-the same way against float32 and quant_linear's kernel at M rows (the bound 1e-3: W4A8's kernels sum on the FP8
-tensor cores); the variant ``rows`` at batch 1 too (SmoothQuant's wgmma kernel takes one row):
-  gemm    ``quant_gemm.pick_config``: quant_gemm's W4A8 GEMM (the GLU not split), what a decode batch takes today
+``--rows M`` (2-64, $W4A8_GEMV_ROWS; W4A8, SmoothQuant or INT8 weight-only): M input rows through
+quant_gemm.launch, checked and timed the same way against float32 and quant_linear's kernel at M rows (the bound
+1e-3: W4A8's kernels sum on the FP8 tensor cores); the variant ``rows`` at batch 1 too (the INT8 wgmma kernels take
+one row):
+  gemm    ``quant_gemm.pick_config``: quant_gemm's GEMM (the GLU not split), what a decode batch takes today
   rows    the format's wgmma row kernel, the rows as the MMA's N (Hopper): W4A8's lookup into FP8 wgmma
           (quant_rows_w4a8_mma, the decode step's under TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N; from 17 rows the wide
           kernel, two launches: the input made once, then the kernel), SmoothQuant's int8 weights from shared memory
-          (quant_rows_int8_mma, TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N, two launches); then stages, rows and splits around it
+          (quant_rows_int8_mma, TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N, two launches), weight-only's int8 made float16 in
+          registers (quant_rows_int8wo_mma, TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=N, two launches); then stages, rows and
+          splits around it
 
 The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time, ms). Results:
 DIR/w4a8_gemv.json (INT8: DIR/FORMAT_gemv.json). ~1 minute on an H200 (each distinct config is one compilation).
@@ -63,7 +67,7 @@ import quant_gemm as qg  # noqa: E402
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemm, quant_gemv_int8,  # noqa: E402
                                                        quant_gemv_int8_ws, quant_gemv_w4a8, quant_gemv_w4a8_mma,
                                                        quant_gemv_w4a8_ws, quant_linear, quant_rows_int8_mma,
-                                                       quant_rows_w4a8_mma)
+                                                       quant_rows_int8wo_mma, quant_rows_w4a8_mma)
 
 BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
 LAYERS = 28
@@ -127,7 +131,8 @@ def variants(q, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]
 
 def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple[str, object]]:
     """(name, LinearConfig) at ``m`` rows (``--rows``; ``which``'s gemm and rows): quant_gemm's GEMM and the format's
-    wgmma row kernel (quant_gemm.ROW_KERNELS: W4A8's lookup, SmoothQuant's int8 from shared memory)."""
+    wgmma row kernel (quant_gemm.ROW_KERNELS: W4A8's lookup, SmoothQuant's int8 from shared memory, weight-only's
+    int8 made float16)."""
     r = dataclasses.replace
     module = quant_gemm.ROW_KERNELS.get(q.fmt)
     out = []
@@ -140,7 +145,7 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                 continue
             rows = module.pick_config(q, m, sm, glu=glu)
             out.append(("rows", rows))
-            if module is quant_rows_int8_mma:  # no dequantization: stages and splits
+            if module in (quant_rows_int8_mma, quant_rows_int8wo_mma):  # one form, 64 rows: stages and splits
                 out += ([("rows-2-stages", r(rows, num_stages=2))] if glu else
                         [("rows-2-stages", r(rows, num_stages=2)), ("rows-6-stages", r(rows, num_stages=6)),
                          ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
@@ -172,11 +177,11 @@ def main() -> None:
                     help="the weights' format (default w4a8_awq; INT8's: quant_gemv_int8 and its warp-specialized "
                          "form)")
     ap.add_argument("--rows", type=int, default=int(os.environ.get("W4A8_GEMV_ROWS", "1")),
-                    help="input rows (1: the batch-1 GEMVs; 2-64: W4A8 through quant_gemm.launch, variants gemm,rows)")
+                    help="input rows (1: the batch-1 GEMVs; 2-64: through quant_gemm.launch, variants gemm,rows)")
     args = ap.parse_args()
     m = args.rows
-    if not 1 <= m <= quant_rows_w4a8_mma.MAX_ROWS or m > 1 and args.format not in ("w4a8_awq", "int8_sq"):
-        raise SystemExit(f"--rows {m}: 1, or 2-{quant_rows_w4a8_mma.MAX_ROWS} for w4a8_awq and int8_sq")
+    if not 1 <= m <= quant_rows_w4a8_mma.MAX_ROWS:
+        raise SystemExit(f"--rows {m}: 1 to {quant_rows_w4a8_mma.MAX_ROWS}")
     which = [v for v in (args.variants or ("gemm,rows" if m > 1 else "legacy,new,ws,mma,sweep")).split(",") if v]
     batch1 = [v for v in which if v not in ("gemm", "rows")]  # the batch-1 GEMVs' variants
     if m > 1 and batch1:
@@ -272,7 +277,7 @@ def main() -> None:
             print(f"{v}: the four launches x {layers} layers: {summary[v]['step_ms']:.3f} ms a step "
                   f"({', '.join(f'{k} {u:.1f}' for k, u in got.items())} us)")
     name = "w4a8_gemv.json" if args.format == "w4a8_awq" else f"{args.format}_gemv.json"
-    name = name if m == 1 else f"{args.format.split('_')[0]}_rows{m}.json"
+    name = name if m == 1 else f"{ {'w4a8_awq': 'w4a8', 'int8_sq': 'int8'}.get(args.format, args.format)}_rows{m}.json"
     (args.out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "sm": sm,
                                              "input_rows": m, "rows": rows, "summary": summary}, indent=1))
     # A variant fails where it parts from both references: float32 x @ W^T of the dequantized weight (the GLU:

@@ -1,5 +1,5 @@
 """Run by tests/test_fast_decode.py in a subprocess: the input the wide wgmma row kernels copy (quant_rows_w4a8_mma and
-quant_rows_int4_mma from 17 rows, quant_rows_int8_mma), made once by runtimes/torch_engine/cuda/made_input.py through
+quant_rows_int4_mma from 17 rows, the INT8 row kernels), made once by runtimes/torch_engine/cuda/made_input.py through
 Triton's interpreter, against torch. Prints JSON: one row per case.
 
     python tests/rows_input_check.py
@@ -77,13 +77,35 @@ def int8(m: int, k: int, *, glu: bool, dtype=torch.bfloat16, seed: int = 5) -> d
             "equal": bool(torch.equal(made, torch.stack(want)))}
 
 
+def w8a16(m: int, k: int, *, dtype=torch.bfloat16, seed: int = 6) -> dict:
+    """INT8 weight-only's input: each row over its power of two r (its largest magnitude in [2^e, 2^(e+1)): r =
+    2^(e - 14)) in float16, input 16 c + 4 t + 2 j + i at 16 c + 8 j + 2 t + i; a row of outliers past float16's range
+    and an all-zero row (r 1) among them."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
+    x[1] *= 3e5  # past 65504: float16 as it is would overflow
+    x[2] = 0
+    made, r = made_input.w8a16(x)
+    _, e = torch.frexp(x.float().abs().amax(1))  # amax = f 2^e, f in [0.5, 1): in [2^(e-1), 2^e)
+    want_r = torch.where(x.float().abs().amax(1) > 0, torch.ldexp(torch.ones(m), e - 15), torch.ones(m))
+    cols = torch.arange(k)
+    order = (cols & ~15) | (((cols >> 1) & 1) << 3) | (((cols >> 2) & 3) << 1) | (cols & 1)
+    placed = torch.empty(m, k, dtype=torch.float16)
+    placed[:, order] = (x.float() / want_r[:, None]).to(torch.float16)
+    return {"format": "int8_wo", "m": m, "k": k, "glu": False, "shape": list(made.shape),
+            "equal": bool(torch.equal(made, placed) and torch.equal(r, want_r)),
+            "exact": bool(torch.equal(made.float()[:, order] * r[:, None], x.float())),
+            "below": float(made.float().abs().max()) < 2 ** 15}
+
+
 def main() -> None:
     rows = [w4a8(5, 384, glu=False),  # a row tile's tail (5 of 8 rows), three K tiles
             w4a8(3, 256, glu=True),
             int4(21, 384, 32, glu=False),  # 21 of the MMA's 32 columns
             int4(3, 256, 8, glu=True),
             int8(1, 384, glu=False),  # batch 1 (the MMA's N 8)
-            int8(6, 256, glu=True)]
+            int8(6, 256, glu=True),
+            w8a16(3, 1280)]  # K past made_input's 1024-input block
     print(json.dumps(rows))
 
 

@@ -1395,12 +1395,14 @@ def test_wide_row_kernels_make_their_input_once_as_the_staged_ones_do():
     torch: W4A8's E4M3 bytes of each matrix's input at eager's rounding points, each word in the lookup's byte order,
     and the same with every sign flipped (exactly); INT4's input times the pre-quant scale in the compute dtype in the
     MMA's input order (exactly) and 136 x each row's sum per K tile (float32 sums, zero past M); SmoothQuant's int8
-    (exactly); one matrix and the GLU's two (each its own scales), M a tail of the MMA's N."""
+    (exactly); INT8 weight-only's float16 over each row's power of two (exactly: times r it is the input, outliers past
+    float16's range included); one matrix and the GLU's two (each its own scales), M a tail of the MMA's N."""
     rows = _interpreted(None, "rows_input_check.py")
     assert [(r["format"], r["glu"]) for r in rows] == [("w4a8_awq", False), ("w4a8_awq", True), ("int4_awq", False),
-                                                       ("int4_awq", True), ("int8_sq", False), ("int8_sq", True)], rows
+                                                       ("int4_awq", True), ("int8_sq", False), ("int8_sq", True),
+                                                       ("int8_wo", False)], rows
     for r in rows:
-        assert r["equal"], r
+        assert r["equal"] and r.get("exact", True) and r.get("below", True), r
         if r["format"] == "int4_awq":
             assert r["sums_rel"] < 1e-6 and r["sums_past_m"] == 0.0, r
 
@@ -1489,6 +1491,86 @@ def test_int8_rows_on_wgmma_compile_for_hopper(monkeypatch):
         quant_rows_int8_mma.enabled(1)
 
 
+def test_int8wo_rows_on_wgmma_make_each_weight_exactly_in_the_mma_order():
+    """quant_rows_int8wo_mma's arithmetic and operand, emulated with torch on a tile of random int8 weights: the XOR,
+    the two PRMT against 0x64646464 and ``sub.f16x2`` of 1152 give every byte's float16 exactly; ``_operand``'s
+    reshapes, splits and joins (as torch's, with the kernel's shapes) place each weight at the MMA row and input whose
+    B element ``made_input.w8a16``'s order holds the input it multiplies: the emulated A x B is W x^T (float64)."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_rows_int8wo_mma as m
+
+    def prmt(a, b, sel):
+        pool = [(a >> 8 * i) & 0xFF for i in range(4)] + [(b >> 8 * i) & 0xFF for i in range(4)]
+        return sum(pool[(sel >> 4 * i) & 0x7] << 8 * i for i in range(4))
+
+    def half_pairs(u, sel):  # float16 (a - b) of each 16-bit half: the sub.f16x2 of the offset
+        word = torch.tensor([prmt(v, m.ABOVE.value, sel) for v in u.flatten().tolist()], dtype=torch.int64)
+        halves = torch.stack([word & 0xFFFF, word >> 16], -1).to(torch.int16).view(torch.float16).float()
+        return (halves - 1152).view(*u.shape, 2)
+
+    def split(t):  # gl.split: the last dimension's two halves
+        return t[..., 0], t[..., 1]
+
+    gen = torch.Generator().manual_seed(7)
+    w8 = torch.randint(-128, 128, (64, 128), generator=gen, dtype=torch.int8)
+    w8[0, :4] = torch.tensor([-128, 127, 0, -1], dtype=torch.int8)
+    words = w8.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [64, 32]: byte b of word r is input 4 r + b
+    x = torch.randn(5, 128, generator=gen, dtype=torch.float64)
+    cols = torch.arange(128)
+    order = (cols & ~15) | (((cols >> 1) & 1) << 3) | (((cols >> 2) & 3) << 1) | (cols & 1)  # made_input.w8a16
+    b = torch.empty_like(x)
+    b[:, order] = x
+    product = torch.zeros(64, 5, dtype=torch.float64)
+    for h in range(2):
+        lo, hi = split(words.reshape(64, 2, 16).permute(0, 2, 1))
+        half = (lo, hi)[h]
+        even, odd = split(half.reshape(4, 2, 8, 16).permute(0, 2, 3, 1))
+
+        def rows_pairs(v):  # _rows_pairs: the pair (bytes 2 j, 2 j + 1) of word 4 c + t at 8 c + 4 j + t
+            u = v ^ (m.SIGNS.value & 0xFFFFFFFF)
+            p = torch.stack([half_pairs(u, 0x5140), half_pairs(u, 0x5342)], 3)  # (warp, g, word, j, i)
+            return p.reshape(4, 8, 4, 4, 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(4, 8, 32, 2)
+
+        pairs = torch.stack([rows_pairs(even), rows_pairs(odd)], 3)  # (warp, g, pair, p, i)
+        a = pairs.permute(0, 3, 1, 2, 4).reshape(64, 64)  # join(x, x) then the pack: (pair, i) -> input 2 pair + i
+        product += a.double() @ b[:, 64 * h: 64 * h + 64].t()
+    assert torch.allclose(product, w8.double() @ x.t(), rtol=0, atol=1e-9)
+
+
+def test_int8wo_rows_on_wgmma_compile_for_hopper(monkeypatch):
+    """quant_rows_int8wo_mma (INT8 weight-only at 1-64 rows: each int8 word made two float16 pairs in registers into
+    wgmma's A operand, the rows as the MMA's N) compiled for sm_90 here at its 7B launches: native HGMMA, the words
+    from shared memory (LDSM) straight into the operand's registers (asserted trivial when it compiles), a LOP3, two
+    PRMT and two HADD2 a word (1.25 a weight), under 2.3 instructions a weight in all, no global access in the loop,
+    no spill in 128 registers, shared memory for three programs an SM at 64 rows (the GLU two). Off unless
+    ``TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=N``."""
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_int8wo_mma as m
+
+    def shape(n, k):
+        return dataclasses.replace(_hopper_shape(n, k), fmt="int8_wo", group=k)
+
+    one = m.pick_config(shape(3584, 18944), 1, 132)
+    wide = m.pick_config(shape(3584, 18944), 64, 132)
+    glu = m.pick_config(shape(18944, 3584), 8, 132, glu=True)
+    assert (one.block_m, one.num_stages, wide.block_m, wide.num_stages, glu.splits) == (8, 4, 64, 3, 1)
+    assert one.gemm and one.lut_mma and one.made and quant_gemv.carveout([one]) == quant_gemv.CARVEOUT_WS_MADE
+    assert not m.supported(shape(3584, 18944), 1)  # a CPU weight
+    tool = _sass_tool()
+    for cfg, glu_, rows, shared in ((one, False, 1, 49), (wide, False, 64, 73), (glu, True, 8, 55),
+                                    (dataclasses.replace(glu, block_m=64), True, 64, 97)):
+        kernel = tool.compile_int8wo_rows(glu_, cfg.num_stages, rows)
+        ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "HGMMA", m.MAX_REGISTERS, shared)
+        mats = 2 if glu_ else 1
+        assert (ops["LOP3"], ops["PRMT"], ops["HADD2"]) == (16 * mats, 32 * mats, 32 * mats), (rows, ops)
+        assert not {"LDG", "STS", "I2F", "F2FP"} & set(ops) and per_weight < 2.3, (rows, glu_, ops)
+    monkeypatch.setenv(m.ENV, "8")
+    assert m.enabled(1) and m.enabled(8) and not m.enabled(9)
+    q = _TableQuant("int8_wo", group=512, int4=False)
+    assert not quant_gemm.choose(q, 8, 132).lut_mma  # not a Hopper weight: the table's kernel
+    monkeypatch.setenv(m.ENV, "65")
+    with pytest.raises(InputError, match="TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS='65'"):
+        m.enabled(1)
+
+
 def test_int8_gemv_on_hopper_warp_specialized_compiles(monkeypatch):
     """INT8's warp-specialized batch-1 GEMV (quant_gemv_int8_ws, Gluon) compiled for sm_90 here at pick_config's
     launches for the 7B (qkv and the GLU): the consumers' loop reads shared memory only and does the register kernel's
@@ -1538,6 +1620,13 @@ def test_w4a8_gemv_benchmark_dry_run(tmp_path):
     result = json.loads((tmp_path / "w4a8_rows3.json").read_text())
     assert result["input_rows"] == 3 and {r["variant"] for r in result["rows"]} == {"gemm"}
     assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in result["rows"]), result["rows"]
+    # INT8 weight-only the same (its wgmma kernel is Hopper's too), under its own file name
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "w4a8_gemv.py"), "--dry-run", "--rows",
+                           "3", "--format", "int8_wo", "--out", str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "int8_wo_rows3.json").read_text())
+    assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in result["rows"]) and len(result["rows"]) == 4
 
 
 def test_ncu_quant_script_dry_run():

@@ -20,6 +20,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --int4-mma 8 --block-n 128 --stages 3    # INT4 at 2-16 rows, bfloat16 wgmma
     python tools/gemv_sass.py --w4a8-rows 8 --block-n 128 --stages 3   # W4A8 at 2-64 rows, the lookup into FP8 wgmma
     python tools/gemv_sass.py --int8-rows 8 --block-n 64 --stages 4    # SmoothQuant at 1-64 rows, int8 wgmma
+    python tools/gemv_sass.py --int8wo-rows 8 --block-n 64 --stages 4  # INT8 weight-only at 1-64 rows, fp16 wgmma
 
 Static counts of one loop iteration, with the divisibility the JIT would see at the 7B shapes (pointers,
 N, K and strides divisible by 16). Times still need the GPU: a count is where to look, not a speed.
@@ -43,7 +44,8 @@ from triton.compiler import ASTSource
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_int8_ws,
                                                        quant_gemv_w4a8, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws,
                                                        quant_gemv_ws, quant_mma_int4, quant_rows_int4_mma,
-                                                       quant_rows_int8_mma, quant_rows_w4a8_mma)
+                                                       quant_rows_int8_mma, quant_rows_int8wo_mma,
+                                                       quant_rows_w4a8_mma)
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -254,6 +256,25 @@ def compile_int8_rows(glu: bool, stages: int, rows: int):
                          scalars, consts, glu, quant_rows_int8_mma.MAX_REGISTERS)
 
 
+def compile_int8wo_rows(glu: bool, stages: int, rows: int):
+    """quant_rows_int8wo_mma's kernel (Gluon: INT8 weight-only words made float16 in registers into wgmma, the rows as
+    N) for sm_90 at ``rows`` input rows (the MMA's N: 8 to 64)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    m = quant_rows_int8wo_mma
+    nb = max(8, triton.next_power_of_2(rows))
+    consts = dict(GLU=glu, COMPUTE=tl.bfloat16, NB=nb, STAGES=stages, PDL=True, num_warps=4)
+    words = f"tensordesc<i32[64, 32],{m.W_LAYOUT!r}>"
+    half = f"tensordesc<fp16[{nb}, 64],{m._input_layout()!r}>"
+    sig = {"w_desc": words, "w2_desc": words, "lo_desc": half, "hi_desc": half,
+           **dict.fromkeys(("s_ptr", "s2_ptr", "r_ptr"), "*fp32"), "out_ptr": "*bf16" if glu else "*fp32",
+           **dict.fromkeys(("M", "N", "k_tiles", "per_split", "stride_os", "stride_om"), "i32"),
+           **dict.fromkeys(consts, "constexpr")}
+    fn = m._int8wo_rows_mma_kernel
+    src = GluonASTSource(fn, sig, constexprs=consts, attrs=_aligned(fn, sig))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": m.MAX_REGISTERS})
+
+
 def compile_int8_ws(fmt: str, block_n: int, glu: bool, stages: int, per: int):
     """quant_gemv_int8_ws's kernel (Gluon) for sm_90 as the decode step launches it at batch 1 (``per``: K tiles a
     program; weight-only per channel, as ModelOpt exports it)."""
@@ -391,6 +412,8 @@ def main() -> None:
                     help="INT4's register-dequantizing wgmma kernel (quant_rows_int4_mma) for ROWS input rows")
     ap.add_argument("--int8-rows", type=int, default=0, metavar="ROWS",
                     help="SmoothQuant's wgmma kernel (quant_rows_int8_mma) for ROWS input rows, --stages deep")
+    ap.add_argument("--int8wo-rows", type=int, default=0, metavar="ROWS",
+                    help="INT8 weight-only's wgmma kernel (quant_rows_int8wo_mma) for ROWS input rows, --stages deep")
     ap.add_argument("--made", action="store_true", help="with --w4a8-rows / --int4-mma: the wide form at any rows")
     ap.add_argument("--w4a8-rows", type=int, default=0, metavar="ROWS",
                     help="W4A8's lookup wgmma kernel for several rows (quant_rows_w4a8_mma) for ROWS input rows")
@@ -408,6 +431,8 @@ def main() -> None:
         kernel = compile_w4a8_rows(a.block_n, a.glu, a.stages, a.w4a8_rows, a.made or None)
     elif a.int8_rows:
         kernel = compile_int8_rows(a.glu, a.stages, a.int8_rows)
+    elif a.int8wo_rows:
+        kernel = compile_int8wo_rows(a.glu, a.stages, a.int8wo_rows)
     elif a.w4a8_mma:
         kernel = compile_w4a8_mma(a.block_n, a.glu, a.stages, a.w4a8_mma)
     elif a.int8_ws:

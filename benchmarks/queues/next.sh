@@ -49,19 +49,28 @@ int4_rows() {
   # its two forms at 8-16 rows (the wgmma choice): each program staging its input, or the input made once a launch
   part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq TRTLLM_PIPELINE_WGMMA_STAGED_ROWS=0
 }
-# 32: SmoothQuant on the INT8 tensor cores, weights straight from shared memory (quant_rows_int8_mma, new: compiled on
-# the CPU only, no instruction a weight): each 7B launch at 1 and 64 rows against float32 and quant_linear's kernel,
-# timed beside the dp4a GEMV (batch 1) and quant_gemm's GEMM (64 rows); then, where both passed, the step with it at
-# every batch up to 64 against the default (H100 2026-12-07h, int8_sq: 3.670 / 4.653 / 6.713 / 9.110 ms at 1 / 8 /
-# 32 / 64; the goal: 2.5 at 1 and no slower than FP8 at 8-64)
+# 32: the INT8 formats on tensor cores at 1-64 rows (new: compiled on the CPU only): SmoothQuant's int8 weights straight
+# from shared memory into int8 wgmma (quant_rows_int8_mma, no instruction a weight), weight-only's int8 made float16
+# in registers (quant_rows_int8wo_mma, 1.25 a weight): each 7B launch at 1 and 64 rows against float32 and
+# quant_linear's kernel, timed beside the dp4a GEMV (batch 1) and quant_gemm's GEMM (64 rows); then, where both
+# passed, the step with it at every batch up to 64 against the default (H100 2026-12-07h: int8_sq 3.670 / 4.653 /
+# 6.713 / 9.110 ms at 1 / 8 / 32 / 64, int8_wo 3.289 / 4.706 / 6.202 / 7.870; the goal: 2.5 at 1 and no slower than
+# FP8 at 8-64)
 int8_rows() {
-  part w4a8_kernels 150 W4A8_GEMV_VARIANTS=new,rows GEMV_FORMAT=int8_sq
-  part w4a8_kernels 150 W4A8_GEMV_ROWS=64 GEMV_FORMAT=int8_sq
-  if kernels_passed "W4A8_GEMV_VARIANTS=new,rows GEMV_FORMAT=int8_sq" \
-      && kernels_passed "W4A8_GEMV_ROWS=64 GEMV_FORMAT=int8_sq"; then
-    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=int8_sq TRTLLM_PIPELINE_INT8_WGMMA_ROWS=64
-    part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=int8_sq
-  fi
+  local fmt switch
+  for fmt in int8_sq int8_wo; do
+    part w4a8_kernels 150 W4A8_GEMV_VARIANTS=new,rows GEMV_FORMAT=$fmt
+    part w4a8_kernels 150 W4A8_GEMV_ROWS=64 GEMV_FORMAT=$fmt
+  done
+  for fmt in int8_sq int8_wo; do
+    switch=TRTLLM_PIPELINE_INT8_WGMMA_ROWS=64
+    [ $fmt = int8_wo ] && switch=TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=64
+    if kernels_passed "W4A8_GEMV_VARIANTS=new,rows GEMV_FORMAT=$fmt" \
+        && kernels_passed "W4A8_GEMV_ROWS=64 GEMV_FORMAT=$fmt"; then
+      part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=$fmt $switch
+      part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=$fmt
+    fi
+  done
 }
 if on_h200; then
   # first the new kernels' checks (a few minutes; six kernels no GPU has run wait on them), then the table

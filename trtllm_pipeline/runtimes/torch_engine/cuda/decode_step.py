@@ -44,7 +44,8 @@ from trtllm_pipeline.runtimes.torch_engine import switches
 from trtllm_pipeline.runtimes.torch_engine.cuda import (attention, fixed_sum, gemv_input, greedy, int4pack, linear,
                                            norm, prefill, quant_gemm, quant_gemv, quant_gemv_int8_ws, quant_gemv_w4a8,
                                            quant_gemv_w4a8_mma, quant_gemv_w4a8_ws, quant_gemv_ws, quant_linear,
-                                           quant_rows_int4_mma, quant_rows_int8_mma, quant_rows_w4a8_mma, support)
+                                           quant_rows_int4_mma, quant_rows_int8_mma, quant_rows_int8wo_mma,
+                                           quant_rows_w4a8_mma, support)
 from trtllm_pipeline.runtimes.torch_engine.cuda.support import interpreting
 from trtllm_pipeline.runtimes.torch_engine.model import quantize_fp8
 
@@ -167,7 +168,8 @@ class _TpBuffers:
 
 # the modules of the layer kernels that DecodeStep.pin_carveout pins a shared-memory carveout on
 CARVEOUT_MODULES = (norm, attention, quant_gemv, quant_gemv_ws, quant_gemv_w4a8_ws, quant_gemv_w4a8_mma,
-                    quant_gemv_int8_ws, quant_rows_int4_mma, quant_rows_int8_mma, quant_rows_w4a8_mma)
+                    quant_gemv_int8_ws, quant_rows_int4_mma, quant_rows_int8_mma, quant_rows_int8wo_mma,
+                    quant_rows_w4a8_mma)
 # the greedy token by greedy.argmax under PDL (False: torch.argmax, a launch PDL does not overlap)
 GREEDY_KERNEL = True
 # The input RMSNorm of layers 1.. made by their warp-specialized QKV GEMV's programs, its 1 / rms applied by

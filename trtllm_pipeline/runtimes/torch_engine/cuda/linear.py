@@ -53,10 +53,10 @@ class LinearConfig:
     # with w4a8 and ws: quant_gemv_w4a8_mma (E4M3 bytes by table lookup into FP8 wgmma); with gemm: the wgmma row
     # kernels, the rows as the MMA's N (quant_gemm.ROW_KERNELS: quant_rows_int4_mma, INT4-AWQ dequantized in registers
     # into bfloat16 wgmma; quant_rows_w4a8_mma, quant_gemv_w4a8_mma's lookup; quant_rows_int8_mma, SmoothQuant's
-    # weights from shared memory)
+    # weights from shared memory; quant_rows_int8wo_mma, weight-only's int8 made float16 in registers)
     lut_mma: bool = False
     # with lut_mma and gemm: the input rows made once a launch (made_input) and copied beside the weights by the
-    # producer warp, not staged by every program (quant_rows_int8_mma always; the 4-bit row kernels from
+    # producer warp, not staged by every program (the INT8 row kernels always; the 4-bit row kernels from
     # support.staged_rows() + 1 rows: their wide form)
     made: bool = False
 

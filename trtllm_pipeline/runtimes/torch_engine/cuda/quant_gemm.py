@@ -69,7 +69,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemv, quant_gemv_int8, quant_gemv_w4a8, quant_linear,
                                                        quant_mma_int4, quant_rows_int4_mma, quant_rows_int8_mma,
-                                                       quant_rows_w4a8_mma)
+                                                       quant_rows_int8wo_mma, quant_rows_w4a8_mma)
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, last_program, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import int4_scales
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_linear import (_act_tile, _magic, act_apply, act_scale,
@@ -85,7 +85,8 @@ KERNELS = ("gemm", "gemv", "dot", "int_mm", "dequant")
 LINEAR_KERNELS = ("int_mm", "dequant")
 STEP_KERNELS = ("gemm", "gemv", "dot")
 # the Gluon wgmma row kernels by format (``LinearConfig.lut_mma`` with ``gemm``), each behind its own switch
-ROW_KERNELS = {"int4_awq": quant_rows_int4_mma, "w4a8_awq": quant_rows_w4a8_mma, "int8_sq": quant_rows_int8_mma}
+ROW_KERNELS = {"int4_awq": quant_rows_int4_mma, "w4a8_awq": quant_rows_w4a8_mma, "int8_sq": quant_rows_int8_mma,
+               "int8_wo": quant_rows_int8wo_mma}
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -917,7 +918,8 @@ def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     GEMV at batch 2-16 (its several-row kernel) only where the table measured it fastest for that M, at the table's
     tiles where it has them, or where ``$TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS`` asks for it (``quant_gemv.forced``). Before
     all of these, ``$TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N`` / ``$TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N`` /
-    ``$TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N`` take the wgmma row kernels (``ROW_KERNELS``) at batch 2..N (INT8: 1..N),
+    ``$TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N`` / ``$TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=N`` take the wgmma row kernels
+    (``ROW_KERNELS``) at batch 2..N (INT8: 1..N),
     and ``$TRTLLM_PIPELINE_INT4_MMA_ROWS=N`` quant_mma_int4's INT8 tensor-core linear (not the GLU); each off unless
     set."""
     rows = ROW_KERNELS.get(q.fmt)
