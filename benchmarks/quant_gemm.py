@@ -23,7 +23,8 @@ tool's 10-minute calls take one each: kernels first, its table copied into the p
            peak taken, then the copies dropped ("after": prefill through quant_gemm, no copy; the dequant kernel's
            one scratch buffer reported) and: the prefill's last logits against the copy's, one decode step at batch 8
            against the eager (copy) model, then decode graphs at batch 1/8/32/64, context 2048: ms/step, tokens/s,
-           peak GiB. The table in DIR (when the kernels part ran first) is the one the steps take.
+           peak GiB. The table in DIR (when the kernels part ran first) is the one the steps take (with ``--ms``,
+           the package's table with the measured M values' entries in place).
 
   gemv_rows   INT4-AWQ only, M 1, 2, 4, 8, 16 (``ROWS_MS``) x the four linears: the GEMV (batch 1's; above it the
            several-row kernel, ``quant_gemv.rows_config``, at its default tiles and, within KERNEL_SWEEP_S, the
@@ -886,6 +887,8 @@ def main() -> None:
                                    log=lambda s: print(s, flush=True))
                 result["kernels"] = rows
                 entries = table_entries(rows)
+                if args.ms:  # a few M values: the package's entries for the others (the steps' batches keep theirs)
+                    entries = merged_table(entries, Path(os.environ.get(quant_gemm.TABLE_ENV) or quant_gemm.TABLE))
                 table_path = args.out / "quant_gemm_table.json"
                 table_path.write_text(json.dumps({"gpu": gpu, "triton": triton.__version__,
                                                   "entries": entries}, indent=1) + "\n")

@@ -96,6 +96,7 @@ if on_h200; then
     SKIP_BATCH1=1 TRTLLM_PIPELINE_FP8_FAST_ACCUM=1
   # 32: the whole format table on the goal's GPU (H100 2026-12-07h: W4A8 2.772 ms at batch 1 with the new GEMV)
   part quant_gemm 420 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048
+  part quant_gemm 300 KERNEL_SWEEP_S=120 QG_PARTS=kernels,steps QUANT_FORMATS=int8_wo,int8_sq,bf16 QG_MS=2048
 else
   w4a8_mma
   int4_rows
@@ -103,6 +104,9 @@ else
   # 32: prefill of 2,048 tokens by format with this machine's own table (the kernels part first: the steps take the
   # table it measures; 2026-12-07g/h's steps used the package's H200 table), after the fused prefill's pair fix
   part quant_gemm 420 KERNEL_SWEEP_S=200 QG_PARTS=kernels,steps QUANT_FORMATS=w4a8_awq,int4_awq,bf16 QG_MS=8,64,2048
+  # 32: the INT8 formats' prefill of 2,048 tokens from this machine's own table (int8_wo's was 70.8 ms against BF16's
+  # ~47 on 2026-12-07h, 1.5x, through the GEMM: its table never measured the dequant kernel at M 2048)
+  part quant_gemm 300 KERNEL_SWEEP_S=120 QG_PARTS=kernels,steps QUANT_FORMATS=int8_wo,int8_sq,bf16 QG_MS=2048
   # 32: W4A8's warp-specialized GEMV under Nsight Compute (ncu_quant's M 1 cases take it now)
   part ncu_quant 150
   # 32: INT8 SmoothQuant with its warp-specialized GEMV, on one machine (alone its GLU 63.5 -> 53.5 us, the rest a
