@@ -132,37 +132,34 @@ def int4(x: torch.Tensor, q, q2, compute: torch.dtype, nb: int, pdl: bool = Fals
 
 @triton.jit
 def _w8a16_kernel(x_ptr, out_ptr, r_ptr, K, stride_xm, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """Row ``program_id(0)`` of the input: its largest magnitude's power of two r (2^(e - 14) for a largest value in
-    [2^e, 2^(e+1)); 1 for rows whose values are all below 2^-112), and x / r in float16 (exact: a power of two, under
-    2^15) into ``out`` in the MMA's input order (input 16 c + 4 t + 2 j + i at 16 c + 8 j + 2 t + i:
-    quant_rows_int8wo_mma's ``_operand``)."""
+    """Row ``program_id(0)`` of the input, all of it at once (BLOCK_K >= K: one load, no loop between the largest
+    value and the stores): its largest magnitude's power of two r (2^(e - 14) for a largest value in [2^e, 2^(e+1));
+    1 for rows whose values are all below 2^-112), and x / r in float16 (exact: a power of two, under 2^15) into
+    ``out`` in the MMA's input order (input 16 c + 4 t + 2 j + i at 16 c + 8 j + 2 t + i: quant_rows_int8wo_mma's
+    ``_operand``)."""
     if PDL:  # x is the previous kernel's output; the next kernel waits for this one before it reads ``out``
         gdc_wait()
         gdc_launch_dependents()
     row = tl.program_id(0)
-    x_row = x_ptr + row * stride_xm
-    biggest = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        biggest = tl.maximum(biggest, tl.abs(tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)))
-    exponent = (tl.max(biggest, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF  # the float32 field: e + 127
+    rk = tl.arange(0, BLOCK_K)
+    ok = rk < K
+    x = tl.load(x_ptr + row * stride_xm + rk, mask=ok, other=0.0).to(tl.float32)
+    exponent = (tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF  # the float32 field: e + 127
     scaled = exponent >= 15  # r's field e + 113 at least 1 (a normal float32)
     r = tl.where(scaled, ((exponent - 14) << 23).to(tl.float32, bitcast=True), 1.0)
     inverse = tl.where(scaled, ((268 - exponent) << 23).to(tl.float32, bitcast=True), 1.0)  # 2^(14 - e)
     tl.store(r_ptr + row, r)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        ok = rk < K
-        x = tl.load(x_row + rk, mask=ok, other=0.0).to(tl.float32)
-        order = (rk & ~15) | (((rk >> 1) & 1) << 3) | (((rk >> 2) & 3) << 1) | (rk & 1)
-        tl.store(out_ptr + row * K + order, (x * inverse).to(tl.float16), mask=ok)
+    order = (rk & ~15) | (((rk >> 1) & 1) << 3) | (((rk >> 2) & 3) << 1) | (rk & 1)
+    tl.store(out_ptr + row * K + order, (x * inverse).to(tl.float16), mask=ok)
 
 
 def w8a16(x: torch.Tensor, pdl: bool = False):
     """``x`` [M, K] as INT8 weight-only's B operand: (float16 [M, K], x / r in the MMA's input order; float32 [M], each
-    row's power of two r)."""
+    row's power of two r). One program a row holding all of it (the 7B's K 18944: 16 warps, 64 values a thread)."""
     m, k = x.shape
     out = torch.empty(m, k, dtype=torch.float16, device=x.device)
     r = torch.empty(m, dtype=torch.float32, device=x.device)
-    _w8a16_kernel[(m,)](x, out, r, k, x.stride(0), BLOCK_K=1024, PDL=pdl, num_warps=4, launch_pdl=pdl)
+    block_k = triton.next_power_of_2(k)
+    _w8a16_kernel[(m,)](x, out, r, k, x.stride(0), BLOCK_K=block_k, PDL=pdl, num_warps=min(16, max(4, block_k // 2048)),
+                        launch_pdl=pdl)
     return out, r
