@@ -446,9 +446,9 @@ PY
     clean "$c" ;;
   w4a8_kernels)  # quant_gemv_w4a8 alone at the 7B's decode launches on random weights: legacy_config against
     # pick_config (splits, rows, the next tile prefetched) and a sweep around it, each checked against the dot kernel
-    # (GEMV_FORMAT=int8_sq or int8_wo: INT8's GEMV and its warp-specialized form instead; W4A8_GEMV_ROWS=2-64: W4A8
-    # or SmoothQuant at that many rows, quant_gemm's GEMM against the format's wgmma row kernel; W4A8_GEMV_VARIANTS:
-    # the script's --variants, "rows" at batch 1 for SmoothQuant's)
+    # (GEMV_FORMAT=int8_sq or int8_wo: INT8's GEMV and its warp-specialized form instead; W4A8_GEMV_ROWS=2-64: W4A8,
+    # SmoothQuant, weight-only or (GEMV_FORMAT=int4_awq) INT4-AWQ at that many rows, quant_gemm's GEMM against the
+    # format's wgmma row kernel; W4A8_GEMV_VARIANTS: the script's --variants, "rows" at batch 1 for INT8's)
     python3 benchmarks/w4a8_gemv.py --out "$out" --format "${GEMV_FORMAT:-w4a8_awq}" ;;
   smollm2)
     for variant in ${SMOLLM2_FORMATS:-bf16 fp8 int4-awq}; do

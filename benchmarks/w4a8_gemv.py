@@ -28,7 +28,7 @@ Variants (``--variants``, or $W4A8_GEMV_VARIANTS):
 Both variants run today's kernel code (its selectors take one shift a word fewer than the first version's: the
 static counts in docs/perf-notes.md); the difference between legacy and new is the launch: splits, rows, prefetch.
 
-``--rows M`` (2-64, $W4A8_GEMV_ROWS; W4A8, SmoothQuant or INT8 weight-only): M input rows through
+``--rows M`` (2-64, $W4A8_GEMV_ROWS; W4A8, SmoothQuant, INT8 weight-only or INT4-AWQ): M input rows through
 quant_gemm.launch, checked and timed the same way against float32 and quant_linear's kernel at M rows (the bound
 1e-3: W4A8's kernels sum on the FP8 tensor cores); the variant ``rows`` at batch 1 too (the INT8 wgmma kernels take
 one row):
@@ -40,8 +40,10 @@ one row):
           registers (quant_rows_int8wo_mma, TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=N, two launches); then stages, rows and
           splits around it
 
-The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time, ms). Results:
-DIR/w4a8_gemv.json (INT8: DIR/FORMAT_gemv.json). ~1 minute on an H200 (each distinct config is one compilation).
+Where a wide (made-input) row kernel ran, the made input alone is timed too (``made-input``: part of that
+variant's time). The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time,
+ms). Results: DIR/w4a8_gemv.json (INT8: DIR/FORMAT_gemv.json; --rows M: DIR/FORMAT_rowsM.json). ~1 minute on an H200
+(each distinct config is one compilation).
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ import quant_gemm as qg  # noqa: E402
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (quant_gemm, quant_gemv_int8,  # noqa: E402
                                                        quant_gemv_int8_ws, quant_gemv_w4a8, quant_gemv_w4a8_mma,
-                                                       quant_gemv_w4a8_ws, quant_linear, quant_rows_int8_mma,
+                                                       quant_gemv_w4a8_ws, quant_linear, made_input,
+                                                       quant_rows_int4_mma, quant_rows_int8_mma,
                                                        quant_rows_int8wo_mma, quant_rows_w4a8_mma)
 
 BANDWIDTH = 4.3e12  # a device-to-device copy on the H200 (docs/perf-notes.md)
@@ -154,17 +157,31 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                         [("rows-2-stages", r(rows, num_stages=2)), ("rows-4-stages", r(rows, num_stages=4)),
                          ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
             else:  # the staged form, its neighbours, and the wide form at these rows (the input made once)
-                made = r(rows, made=True, block_n=64, num_stages=quant_rows_w4a8_mma.WIDE_GLU_STAGES if glu else 3,
+                made = r(rows, made=True, block_n=64, num_stages=module.WIDE_GLU_STAGES if glu else 3,
                          splits=1 if glu else module.pick_config(q, m, sm, block_n=64).splits)
-                if glu:
-                    out += [("rows-128-rows", r(rows, block_n=128, num_stages=2)),
-                            ("rows-2-stages", r(rows, num_stages=2))]
+                if glu:  # the other row count (W4A8: 128 rows and two stages, the H100's pick at 8 rows, 2026-12-08)
+                    other = 64 if rows.block_n == 128 else 128
+                    out += [(f"rows-{other}-rows", r(rows, block_n=other, num_stages=3 if other == 64 else 2)),
+                            ("rows-other-stages", r(rows, num_stages=5 - rows.num_stages))]
                 else:
-                    out += [("rows-64-rows", quant_rows_w4a8_mma.pick_config(q, m, sm, block_n=64)),
+                    out += [("rows-64-rows", module.pick_config(q, m, sm, block_n=64)),
                             ("rows-4-stages", r(rows, num_stages=4)),
                             ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))]
                 out.append(("rows-made", made))
     return out
+
+
+def made_input_launch(x, qs, glu: bool, cfg, dt):
+    """The input a wide wgmma row kernel copies, made once (``made_input``, as the kernel's launch makes it)."""
+    q2 = qs[1] if glu else None
+    fmt = qs[0].fmt
+    if fmt == "w4a8_awq":
+        return made_input.w4a8(x, qs[0], q2, dt, pdl=True)
+    if fmt == "int4_awq":
+        return made_input.int4(x, qs[0], q2, dt, quant_rows_int4_mma.sums_columns(cfg.block_m), pdl=True)
+    if fmt == "int8_sq":
+        return made_input.int8(x, qs[0], q2, dt, pdl=True)
+    return made_input.w8a16(x, pdl=True)
 
 
 def main() -> None:
@@ -173,15 +190,16 @@ def main() -> None:
     ap.add_argument("--variants", default=os.environ.get("W4A8_GEMV_VARIANTS"),
                     help="comma-separated (default legacy,new,ws,mma,sweep; with --rows: gemm,rows)")
     ap.add_argument("--dry-run", action="store_true", help="the CPU through Triton's interpreter at tiny shapes")
-    ap.add_argument("--format", default="w4a8_awq", choices=("w4a8_awq", "int8_sq", "int8_wo"),
+    ap.add_argument("--format", default="w4a8_awq", choices=("w4a8_awq", "int8_sq", "int8_wo", "int4_awq"),
                     help="the weights' format (default w4a8_awq; INT8's: quant_gemv_int8 and its warp-specialized "
                          "form)")
     ap.add_argument("--rows", type=int, default=int(os.environ.get("W4A8_GEMV_ROWS", "1")),
                     help="input rows (1: the batch-1 GEMVs; 2-64: through quant_gemm.launch, variants gemm,rows)")
     args = ap.parse_args()
     m = args.rows
-    if not 1 <= m <= quant_rows_w4a8_mma.MAX_ROWS:
-        raise SystemExit(f"--rows {m}: 1 to {quant_rows_w4a8_mma.MAX_ROWS}")
+    if not 1 <= m <= quant_rows_w4a8_mma.MAX_ROWS or m == 1 and args.format == "int4_awq":
+        raise SystemExit(f"--rows {m}: 1 to {quant_rows_w4a8_mma.MAX_ROWS} (int4_awq: 2 to 64, its wgmma row kernel "
+                         "against quant_gemm's GEMM)")
     which = [v for v in (args.variants or ("gemm,rows" if m > 1 else "legacy,new,ws,mma,sweep")).split(",") if v]
     batch1 = [v for v in which if v not in ("gemm", "rows")]  # the batch-1 GEMVs' variants
     if m > 1 and batch1:
@@ -237,7 +255,7 @@ def main() -> None:
                    "programs": -(-n // cfg.block_n) * cfg.splits, "bytes": nbytes}
             out = torch.empty(m, n, dtype=dt, device=dev) if glu else torch.empty(cfg.splits, m, n, device=dev)
 
-            def call(i, cfg=cfg, out=out):
+            def call(i, cfg=cfg, out=out, sets=sets):
                 ws = sets[i % copies]
                 if cfg.gemm:  # quant_gemm's GEMM or a wgmma row kernel: the decode step's entry for them
                     return quant_gemm.launch(x, ws[0], ws[1] if glu else None, out, cfg, dt, pdl=cuda)
@@ -266,6 +284,13 @@ def main() -> None:
                   f"programs {row['programs']:5} regs {row.get('registers', '-')!s:>3}{timing}"
                   f"  err {row.get('error', float('nan')):.1e} vs dot kernel {row.get('vs_dot', float('nan')):.1e}",
                   flush=True)
+        made_cfg = next((cfg for _, cfg in chosen if cfg.lut_mma and cfg.made), None)
+        if cuda and made_cfg is not None:  # the made input alone: what the wide kernels' launch pair spends before them
+            from gpu_fast_path import time_graph
+
+            us = time_graph(lambda qs=qs: made_input_launch(x, qs, glu, made_cfg, dt), 8)
+            rows.append({"linear": name, "n": n, "k": k, "variant": "made-input", "us": us, "input_rows": m})
+            print(f"{name:5} {'made-input':24} (the wide kernels' input alone) {us:8.1f} us", flush=True)
         del sets, qs, lins
         if cuda:
             torch.cuda.empty_cache()

@@ -1413,7 +1413,7 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     programs an SM in the carveout, and a K loop under 2.4 instructions a weight at 8 rows (2.8 at 16 and for the GLU)
     where quant_gemm's W4A8 GEMM at M 8 spends 6-9 (tools/gemm_sass.py --w4a8): the lookups cost what they cost at
     batch 1, each row only its input's staging. From 17 rows the wide kernel: no global access in its loop, 168
-    registers. Off unless ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``; never on a CPU."""
+    registers. The decode step's at batch 2-16 by default (``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``); never on a CPU."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_w4a8_mma, support
 
     def shape(n, k):
@@ -1421,14 +1421,17 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
 
     proj = quant_rows_w4a8_mma.pick_config(shape(3584, 18944), 8, 132)
     glu = quant_rows_w4a8_mma.pick_config(shape(18944, 3584), 16, 132, glu=True)
-    assert (proj.block_m, proj.block_n, glu.block_m, glu.block_n, glu.splits) == (8, 128, 16, 64, 1)
+    # (the GLU at 128 rows and two stages: the H100's pick at 8 rows, 2026-12-08)
+    assert (proj.block_m, proj.block_n, glu.block_m, glu.block_n, glu.num_stages, glu.splits) == (8, 128, 16, 128, 2, 1)
     assert proj.gemm and proj.lut_mma and proj.w4a8 and not quant_gemv.int4_ws(proj)
     assert quant_gemv.carveout([proj]) == quant_gemv.CARVEOUT_WS_MADE
     assert not quant_rows_w4a8_mma.supported(shape(3584, 18944), 8)  # a CPU weight
     tool = _sass_tool()
-    for cfg, glu_, rows, most in ((proj, False, 8, 2.4), (glu, True, 8, 2.8), (proj, False, 16, 2.8)):
+    # (the GLU at 16 rows: 45 KB, two programs an SM in the carveout)
+    for cfg, glu_, rows, most, shared in ((proj, False, 8, 2.4, 43), (glu, True, 8, 2.8, 43), (glu, True, 16, 2.8, 46),
+                                          (proj, False, 16, 2.8, 43)):
         kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows)
-        ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "QGMMA", quant_rows_w4a8_mma.MAX_REGISTERS, 43)
+        ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "QGMMA", quant_rows_w4a8_mma.MAX_REGISTERS, shared)
         assert per_weight < most, (rows, glu_, ops)
     # from 17 rows: the input made once (``prepare``) and copied beside the weights; the consumers' loop only reads
     # shared memory, looks up and multiplies (the per-tile float32 promotion of 64 columns is most of the rest)
@@ -1453,8 +1456,11 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     assert quant_rows_w4a8_mma.enabled(8) and not quant_rows_w4a8_mma.enabled(9) and not quant_rows_w4a8_mma.enabled(1)
     q = _TableQuant("w4a8_awq", group=128, int4=True)
     assert not quant_gemm.choose(q, 8, 132).lut_mma  # not a Hopper weight: the table's kernel
-    monkeypatch.delenv(quant_rows_w4a8_mma.ENV)
+    monkeypatch.setenv(quant_rows_w4a8_mma.ENV, "0")
     assert not quant_rows_w4a8_mma.enabled(8)
+    monkeypatch.delenv(quant_rows_w4a8_mma.ENV)  # the default since h100-2026-12-08: the staged form's batches
+    assert quant_rows_w4a8_mma.enabled(16) and not quant_rows_w4a8_mma.enabled(17)
+    assert not quant_rows_w4a8_mma.enabled(1)
 
 
 def test_int8_rows_on_wgmma_compile_for_hopper(monkeypatch):
@@ -1462,7 +1468,7 @@ def test_int8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     rows as the MMA's N) compiled for sm_90 here at its 7B launches: native IGMMA from shared-memory operands and
     nothing per weight (under 80 instructions a thread and K tile, mostly uniform-datapath addresses, where the dp4a
     GEMV spends ~0.7 an int8 weight), no global access in the loop, no spill, shared memory for two programs an SM (the
-    GLU at 64 rows one). Batch 1 included (against the dp4a GEMV). Off unless ``TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N``."""
+    GLU at 64 rows one). The decode step's at batch 2-64 by default (``TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N``)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_int8_mma
 
     def shape(n, k):
@@ -1483,7 +1489,10 @@ def test_int8_rows_on_wgmma_compile_for_hopper(monkeypatch):
         # (a stage's barriers, MMAs and addresses: a count per K tile, none per weight)
         assert not {"LDG", "LDS", "STS", "IDP", "I2F"} & set(ops) and sum(ops.values()) < 80, (rows, glu_, ops)
     monkeypatch.setenv(quant_rows_int8_mma.ENV, "8")
-    assert quant_rows_int8_mma.enabled(1) and quant_rows_int8_mma.enabled(8) and not quant_rows_int8_mma.enabled(9)
+    assert quant_rows_int8_mma.enabled(2) and quant_rows_int8_mma.enabled(8) and not quant_rows_int8_mma.enabled(9)
+    monkeypatch.delenv(quant_rows_int8_mma.ENV)  # the default since h100-2026-12-08: batch 2-64 (1: the ws GEMV)
+    assert quant_rows_int8_mma.enabled(64) and not quant_rows_int8_mma.enabled(1)
+    monkeypatch.setenv(quant_rows_int8_mma.ENV, "8")
     q = _TableQuant("int8_sq", group=512, int4=False)
     assert not quant_gemm.choose(q, 1, 132).lut_mma  # not a Hopper weight: the dp4a GEMV
     monkeypatch.setenv(quant_rows_int8_mma.ENV, "65")
@@ -1541,8 +1550,8 @@ def test_int8wo_rows_on_wgmma_compile_for_hopper(monkeypatch):
     wgmma's A operand, the rows as the MMA's N) compiled for sm_90 here at its 7B launches: native HGMMA, the words
     from shared memory (LDSM) straight into the operand's registers (asserted trivial when it compiles), a LOP3, two
     PRMT and two HADD2 a word (1.25 a weight), under 2.3 instructions a weight in all, no global access in the loop,
-    no spill in 128 registers, shared memory for three programs an SM at 64 rows (the GLU two). Off unless
-    ``TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=N``."""
+    no spill in 128 registers, shared memory for three programs an SM at 64 rows (the GLU two). The decode step's at
+    batch 2-64 by default (``TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=N``)."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_int8wo_mma as m
 
     def shape(n, k):
@@ -1563,7 +1572,12 @@ def test_int8wo_rows_on_wgmma_compile_for_hopper(monkeypatch):
         assert (ops["LOP3"], ops["PRMT"], ops["HADD2"]) == (16 * mats, 32 * mats, 32 * mats), (rows, ops)
         assert not {"LDG", "STS", "I2F", "F2FP"} & set(ops) and per_weight < 2.3, (rows, glu_, ops)
     monkeypatch.setenv(m.ENV, "8")
-    assert m.enabled(1) and m.enabled(8) and not m.enabled(9)
+    assert m.enabled(2) and m.enabled(8) and not m.enabled(9) and not m.enabled(1)
+    monkeypatch.setenv(m.ENV, "0")
+    assert not m.enabled(8)
+    monkeypatch.delenv(m.ENV)  # the default since h100-2026-12-08: batch 2-64 (batch 1 on the dp4a GEMV)
+    assert m.enabled(2) and m.enabled(64) and not m.enabled(1)
+    monkeypatch.setenv(m.ENV, "8")
     q = _TableQuant("int8_wo", group=512, int4=False)
     assert not quant_gemm.choose(q, 8, 132).lut_mma  # not a Hopper weight: the table's kernel
     monkeypatch.setenv(m.ENV, "65")
@@ -1576,7 +1590,8 @@ def test_int8_gemv_on_hopper_warp_specialized_compiles(monkeypatch):
     launches for the 7B (qkv and the GLU): the consumers' loop reads shared memory only and does the register kernel's
     dp4a work, a quarter IDP.4A a weight for SmoothQuant (int8 x int8) and half for weight-only (two input planes),
     under 0.8 and 1.3 instructions a weight in all; nothing spilled, shared memory for three programs an SM in the
-    carveout the decode step pins (CARVEOUT_WS_MADE). Off unless switched on (``TRTLLM_PIPELINE_INT8_WS=1``)."""
+    carveout the decode step pins (CARVEOUT_WS_MADE). SmoothQuant's by default, weight-only's under
+    ``TRTLLM_PIPELINE_INT8_WS=1``."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv, quant_gemv_int8_ws
 
     qkv = quant_gemv_int8_ws.pick_config(dataclasses.replace(_hopper_shape(4608, 3584), fmt="int8_sq", group=3584), 132)
@@ -1594,9 +1609,11 @@ def test_int8_gemv_on_hopper_warp_specialized_compiles(monkeypatch):
             assert r["loop_per_thread"] * r["threads"] / r["weights"] < most, (fmt, r)
             assert r["local_memory_ops"] == 0 and r["shared_bytes"] <= 43 * 1024, (fmt, r)
     monkeypatch.setenv(quant_gemv_int8_ws.ENV, "1")
-    assert quant_gemv_int8_ws.enabled()
-    monkeypatch.delenv(quant_gemv_int8_ws.ENV)
-    assert not quant_gemv_int8_ws.enabled()
+    assert quant_gemv_int8_ws.enabled("int8_wo") and quant_gemv_int8_ws.enabled("int8_sq")
+    monkeypatch.setenv(quant_gemv_int8_ws.ENV, "0")
+    assert not quant_gemv_int8_ws.enabled("int8_sq")
+    monkeypatch.delenv(quant_gemv_int8_ws.ENV)  # SmoothQuant's default since h100-2026-12-08
+    assert quant_gemv_int8_ws.enabled("int8_sq") and not quant_gemv_int8_ws.enabled("int8_wo")
 
 
 def test_w4a8_gemv_benchmark_dry_run(tmp_path):

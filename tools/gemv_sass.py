@@ -202,7 +202,8 @@ def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int, made: bool
              "s_desc": f"tensordesc<bf16[2, {half}],{quant_rows_int4_mma.PLAIN16!r}>"}
     if wide:
         b = f"tensordesc<bf16[{nb}, 64],{quant_rows_int4_mma._b_layout()!r}>"
-        descs.update(lo_desc=b, hi_desc=b, o_desc=f"tensordesc<fp32[1, {nb}],{quant_rows_int4_mma.PLAIN!r}>")
+        sums = f"tensordesc<fp32[1, {quant_rows_int4_mma.sums_columns(nb)}],{quant_rows_int4_mma.PLAIN!r}>"
+        descs.update(lo_desc=b, hi_desc=b, o_desc=sums)
         fn = quant_rows_int4_mma._int4_rows_wide_kernel
         pointers = {}
         scalars = ("M", "N", "k_tiles", "per_split", "stride_os", "stride_om")

@@ -18,7 +18,9 @@ this one for sm_90 (tools/gemv_sass.py --int8-ws); ``benchmarks/w4a8_gemv.py --f
 checks it on the GPU (variant ``ws``). Not faster than the register kernel on an H100 (2026-12-07g, each launch alone:
 the 7B's four launches x 28 layers 2.593 against 2.491 ms weight-only, 2.679 against 2.882 SmoothQuant, where only
 the GLU gained; through the pipeline, weight-only at batch 1 and context 128: 3.353 ms, the register kernel 3.206 on
-2026-12-05), so the decode step takes it only under ``TRTLLM_PIPELINE_INT8_WS=1`` (``enabled``).
+2026-12-05). SmoothQuant's step at batch 1 gained on two H100s (3.535 ms on 2026-12-07g; 3.530 against the register
+kernel's 3.824 on one machine, 2026-12-08), so the decode step takes it for SmoothQuant by default and for weight-only
+under ``TRTLLM_PIPELINE_INT8_WS=1`` (``enabled``; 0: neither).
 """
 
 from __future__ import annotations
@@ -46,14 +48,15 @@ STAGES = 3
 PROGRAMS_PER_SM = 3
 
 
-def enabled() -> bool:
-    """Whether the decode step takes this kernel for INT8 at batch 1 where it fits (``$TRTLLM_PIPELINE_INT8_WS`` 1;
-    unset or 0: quant_gemv_int8's register-load kernel)."""
-    value = os.environ.get(ENV, "0").strip()
+def enabled(fmt: str) -> bool:
+    """Whether the decode step takes this kernel for INT8 format ``fmt`` at batch 1 where it fits
+    (``$TRTLLM_PIPELINE_INT8_WS`` 1: both formats; 0: neither, quant_gemv_int8's register-load kernel; unset:
+    SmoothQuant only, where the H100 measured it faster)."""
+    value = os.environ.get(ENV, "").strip()
     if value not in ("0", "1", ""):
         raise InputError(f"{ENV}={value!r}: 1 takes the warp-specialized INT8 GEMV at batch 1, 0 leaves it off.",
                          fix=f"set {ENV} to 0 or 1, or unset it")
-    return value == "1"
+    return value == "1" or value == "" and fmt == "int8_sq"
 
 
 def fits(q) -> bool:

@@ -27,9 +27,10 @@ the lookup yields the weight's E4M3 byte itself and the tensor cores do the mult
 quant_gemv_w4a8_ws's producer warp, stages and barriers, with the tables' box and no units. Products are exact; sums
 are the tensor cores' per K tile, then float32 (the dp4a kernels' are exact per 16-input block), so results differ
 from quant_gemv_w4a8's in rounding. Gluon kernels do not run in Triton's interpreter: the CPU tests compile this one
-for sm_90 (``tools/gemv_sass.py --w4a8-mma``). Untimed: the decode step takes it only under
-``TRTLLM_PIPELINE_W4A8_MMA=1``; ``benchmarks/w4a8_gemv.py`` (variant ``mma``) checks it against float32 ``x @ W^T``
-and the dot kernel on the GPU.
+for sm_90 (``tools/gemv_sass.py --w4a8-mma``); ``benchmarks/w4a8_gemv.py`` (variant ``mma``) checks it against
+float32 ``x @ W^T`` and the dot kernel on the GPU. Correct on an H100 (1e-4 of float32) and no faster there than
+quant_gemv_w4a8_ws (benchmarks/results/h100-2026-12-08: the four launches x 28 layers 1.951 against 1.894 ms, the
+step 2.834 against 2.847), so the decode step takes it only under ``TRTLLM_PIPELINE_W4A8_MMA=1``.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def usable(q, device: torch.device) -> bool:
 def pick_config(q, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None) -> LinearConfig:
     """128 output rows x 128 inputs (the GLU 64 rows: two matrices' registers), quant_gemv_w4a8_ws's K splits,
-    ``STAGES`` deep (not yet timed)."""
+    ``STAGES`` deep."""
     block_n = block_n or (GLU_BLOCK_N if glu else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
     return LinearConfig(1, block_n, 128, splits, 4, STAGES, tma=True, ws=True, w4a8=True, lut_mma=True)

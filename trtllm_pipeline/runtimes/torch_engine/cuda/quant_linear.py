@@ -189,7 +189,7 @@ def pick_config(q: QuantWeight, m: int, sm_count: int, *, glu: bool = False, spl
     inputs of a packed row pair, so BLOCK_N = 128 output rows are 8 KB per stage like FP8's 64 x 128),
     ~4 programs per SM."""
     if gemv and quant_gemv_int8.supported(q, m):  # INT8's dp4a GEMV (warp-specialized where switched on)
-        if quant_gemv_int8_ws.enabled() and quant_gemv_int8_ws.usable(q, q.weight.device):
+        if quant_gemv_int8_ws.enabled(q.fmt) and quant_gemv_int8_ws.usable(q, q.weight.device):
             return quant_gemv_int8_ws.pick_config(q, sm_count, glu=glu, splits=splits, block_n=block_n)
         return quant_gemv_int8.pick_config(q, sm_count, glu=glu, splits=splits)
     if gemv and quant_gemv_w4a8.supported(q, m):  # W4A8's table-lookup GEMV (Hopper: warp-specialized, or wgmma)

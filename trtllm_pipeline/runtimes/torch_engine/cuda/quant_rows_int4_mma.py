@@ -26,8 +26,10 @@ zeros); the consumers only dequantize and issue the MMAs, 64 output rows a progr
 
 Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
 [M, N] in the compute dtype, K not split). Gluon kernels do not run in Triton's interpreter: the CPU tests compile this
-one for sm_90 (``tools/gemv_sass.py --int4-mma``; ``made_input`` runs in the interpreter). Untimed: the decode step
-takes it only at batch 2..N (N at most 64) under ``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``.
+one for sm_90 (``tools/gemv_sass.py --int4-mma``; ``made_input`` runs in the interpreter). Correct on an H100 but
+slower than quant_gemm's GEMM in the step (benchmarks/results/h100-2026-12-08: batch 8 / 16 / 64 5.159 / 6.244 /
+9.606 ms against 4.459 / 5.415 / 9.087), so the decode step takes it only at batch 2..N (N at most 64) under
+``TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N``.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | No
                 block_n: int | None = None) -> LinearConfig:
     """128 output rows x 128 inputs (the GLU, and from 17 rows every linear: 64), the MMA's N the next of 8, 16, 32,
     64 for ``m`` rows, quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the wide GLU ``WIDE_GLU_STAGES``: its
-    input boxes beside two matrices' words); not yet timed."""
+    input boxes beside two matrices' words)."""
     nb = max(8, triton.next_power_of_2(m))
     wide = nb > support.staged_rows(STAGED_ROWS)
     block_n = block_n or (GLU_BLOCK_N if glu or wide else BLOCK_N)
@@ -281,11 +283,21 @@ def _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU: gl.
 WIDE_BOXES = gl.constexpr(BOXES.value + ((0, 0, 0, 0, 128, 0), (0, 0, 0, 0, 128, 64), (0, 1, 0, 0, 0, 0)))
 
 
+@gluon.constexpr_function
+def sums_columns(nb):
+    """Columns of the row sums' box and stage for ``nb`` rows: at least 32 floats, so that every stage's copy lands
+    at a 128-byte boundary (the copy engine's alignment; 8 or 16 columns gave a misaligned address on an H100,
+    2026-12-08)."""
+    return max(nb, 32)
+
+
 @gluon.jit
 def _stage_offsets(o_bufs, s, NB: gl.constexpr):
-    """Stage ``s``'s 136 x row sums [NB], read straight in the accumulators' column layout."""
+    """Stage ``s``'s 136 x row sums [NB] (the first of its ``sums_columns(NB)``), read straight in the accumulators'
+    column layout."""
     VEC: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    return o_bufs.index(s)._reinterpret(gl.float32, [NB], VEC).load(gl.SliceLayout(0, _mma_layout(NB)))
+    row = o_bufs.index(s)._reinterpret(gl.float32, [sums_columns(NB)], VEC)
+    return row.slice(0, NB).load(gl.SliceLayout(0, _mma_layout(NB)))
 
 
 @gluon.jit
@@ -319,7 +331,7 @@ def _wide_buffers(descs, HALF: gl.constexpr, NB: gl.constexpr, STAGES: gl.conste
             gl.allocate_shared_memory(gl.bfloat16, [STAGES, 2, HALF], descs[1].layout),
             gl.allocate_shared_memory(gl.bfloat16, [STAGES, NB, 64], descs[2].layout),
             gl.allocate_shared_memory(gl.bfloat16, [STAGES, NB, 64], descs[3].layout),
-            gl.allocate_shared_memory(gl.float32, [STAGES, 1, NB], descs[4].layout))
+            gl.allocate_shared_memory(gl.float32, [STAGES, 1, sums_columns(NB)], descs[4].layout))
 
 
 @gluon.jit
@@ -381,7 +393,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
                   num_warps=cfg.num_warps, launch_pdl=pdl)
     grid = (triton.cdiv(q.n // 2, half), splits)
     if cfg.made:
-        made, sums = made_input.int4(x, q, q2 if glu else None, compute, cfg.block_m, pdl)
+        made, sums = made_input.int4(x, q, q2 if glu else None, compute, sums_columns(cfg.block_m), pdl)
         descs = _descriptors(q, half) + _input_descriptors(made[0], sums[0], cfg.block_m)
         descs2 = _descriptors(q2, half) + _input_descriptors(made[-1], sums[-1], cfg.block_m)
         return _int4_rows_wide_kernel[grid](*descs, *descs2, out, *shape, *out_strides, maxnreg=WIDE_REGISTERS,
@@ -394,8 +406,8 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
 
 def _input_descriptors(made: torch.Tensor, sums: torch.Tensor, nb: int) -> list:
     """The wide kernel's copy descriptors of one matrix's made input: ``made`` [M, K] in [NB, 64] boxes (both halves
-    of a K tile; rows past M are read as zeros) and ``sums`` [K / 128, NB] a row at a time."""
+    of a K tile; rows past M are read as zeros) and ``sums`` [K / 128, sums_columns(NB)] a row at a time."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     half = TensorDescriptor.from_tensor(made, [nb, 64], _b_layout())
-    return [half, half, TensorDescriptor.from_tensor(sums, [1, nb], PLAIN)]
+    return [half, half, TensorDescriptor.from_tensor(sums, [1, sums_columns(nb)], PLAIN)]

@@ -28,8 +28,14 @@ Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], o
 [M, N] in the compute dtype, K not split), each column scaled by ``activation scale x scale_2`` (the matrix's
 ``out_scale``). Products are exact; sums are the tensor cores' per K tile, then float32, so results differ from the
 GEMM's in rounding only. Gluon kernels do not run in Triton's interpreter: the CPU tests compile this one for sm_90
-(``tools/gemv_sass.py --w4a8-rows``; ``made_input`` runs in the interpreter). Untimed: the decode step takes it only at
-batch 2..N (N at most 64) under ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``.
+(``tools/gemv_sass.py --w4a8-rows``; ``made_input`` runs in the interpreter).
+
+Measured on an H100 (benchmarks/results/h100-2026-12-08, each 7B launch checked against float32 within 1e-4): at 8
+rows the four launches x 28 layers 3.091 ms against quant_gemm's W4A8 GEMM's 3.481 (the GLU at 128 rows and two
+stages 51.7 us against 70.5 at 64), the step at batch 8 4.358 ms against 5.414 (INT4-AWQ's 4.459 on the same
+machine). The wide form at 64 rows is twice the GEMM's time (10.0 against 5.1 ms of launches; the step at batch 64
+12.0 against 10.3), so the decode step takes this kernel at batch 2-16 by default (``DEFAULT_ROWS``;
+``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``: 2..N, up to 64; 0: off).
 """
 
 from __future__ import annotations
@@ -49,15 +55,19 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import box_produce
 
 ENV = "TRTLLM_PIPELINE_W4A8_WGMMA_ROWS"
 MAX_ROWS = 64
+DEFAULT_ROWS = 16  # the staged form's batches (H100 2026-12-08: the wide form at 64 rows slower than the GEMM)
 STAGED_ROWS = 16  # up to this many rows each program stages its input (support.staged_rows); beyond, made_input
 MAX_REGISTERS, WIDE_REGISTERS = 128, 168
-STAGES, WIDE_GLU_STAGES = 3, 2
-BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program: two (the GLU: one) 64-row MMA blocks; wide: one
+STAGES, GLU_STAGES, WIDE_GLU_STAGES = 3, 2, 2
+# output rows a program: two 64-row MMA blocks (the staged GLU too: 51.7 us at 8 rows on an H100 against 70.5 at one
+# block and three stages, 2026-12-08); the wide form one
+BLOCK_N, GLU_BLOCK_N, WIDE_BLOCK_N = 128, 128, 64
 
 
 def enabled(m: int) -> bool:
-    """Whether ``$TRTLLM_PIPELINE_W4A8_WGMMA_ROWS`` (a batch size N; 0 or unset: off) asks for this kernel at ``m``."""
-    return support.rows_switch(ENV, MAX_ROWS, "the W4A8 lookup wgmma kernel", m)
+    """Whether ``$TRTLLM_PIPELINE_W4A8_WGMMA_ROWS`` (a batch size N; 0: off; unset: ``DEFAULT_ROWS``) asks for this
+    kernel at ``m`` (2..N)."""
+    return support.rows_switch(ENV, MAX_ROWS, "the W4A8 lookup wgmma kernel", m, default=DEFAULT_ROWS)
 
 
 def supported(q, m: int) -> bool:
@@ -67,14 +77,14 @@ def supported(q, m: int) -> bool:
 
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None) -> LinearConfig:
-    """128 output rows x 128 inputs (the GLU, and from 17 rows every linear: 64), the MMA's N the next of 8, 16, 32,
-    64 for ``m`` rows, quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the wide GLU ``WIDE_GLU_STAGES``: its
-    input boxes beside two matrices' words); not yet timed."""
+    """128 output rows x 128 inputs (from 17 rows: 64), the MMA's N the next of 8, 16, 32, 64 for ``m`` rows,
+    quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the GLUs two: two matrices' words, the wide one its input
+    boxes too)."""
     nb = max(8, triton.next_power_of_2(m))
     wide = nb > support.staged_rows(STAGED_ROWS)
-    block_n = block_n or (GLU_BLOCK_N if glu or wide else BLOCK_N)
+    block_n = block_n or (WIDE_BLOCK_N if wide else GLU_BLOCK_N if glu else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
-    stages = WIDE_GLU_STAGES if wide and glu else STAGES
+    stages = (WIDE_GLU_STAGES if wide else GLU_STAGES) if glu else STAGES
     return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, w4a8=True, lut_mma=True,
                         made=wide)
 

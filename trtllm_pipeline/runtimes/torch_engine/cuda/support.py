@@ -61,10 +61,10 @@ def staged_rows(default: int = 16) -> int:
     return int(value)
 
 
-def rows_switch(env: str, max_rows: int, kernel: str, m: int, lowest: int = 2) -> bool:
-    """Whether ``$env`` (a batch size N, 0 or unset: off) asks for ``kernel`` at decode batch ``m`` (``lowest``..N);
-    an InputError naming the range where it holds no such batch size."""
-    value = os.environ.get(env, "").strip() or "0"
+def rows_switch(env: str, max_rows: int, kernel: str, m: int, lowest: int = 2, default: int = 0) -> bool:
+    """Whether ``$env`` (a batch size N; 0: off; unset: ``default``) asks for ``kernel`` at decode batch ``m``
+    (``lowest``..N); an InputError naming the range where it holds no such batch size."""
+    value = os.environ.get(env, "").strip() or str(default)
     if not value.isdigit() or int(value) > max_rows:
         raise InputError(f"{env}={value!r} is not a batch size {kernel} takes.",
                          fix=f"set it to a batch size from 0 (off) to {max_rows}, or unset it")
