@@ -509,6 +509,9 @@ def test_gemm_table_chooses_the_library_kernels_for_prefill_and_the_step_its_own
     assert quant_gemm.linear_kernel(w4a8, 2048, bf16, cpu) == "dequant"
     assert quant_gemm.linear_kernel(w4a8, 2048, torch.float32, cpu) == "gemm"  # torch._scaled_mm: 16-bit outputs
     assert quant_gemm.linear_kernel(dataclasses.replace(w4a8, n=264), 2048, bf16, cpu) == "gemm"  # N % 16 (no entry)
+    # fc and gate as one weight (their scales agree): twice the GLU matrix's rows take its entry
+    assert quant_gemm.linear_kernel(dataclasses.replace(awq, n=512), 2048, bf16, cpu) == "dequant"
+    assert quant_gemm.pick_config(dataclasses.replace(sq, n=520), 2048, 132) == wide
     assert quant_gemm.linear_kernel(awq, 8, bf16, cpu, "dequant") == "dequant"  # asked for: where it runs
     # the decode step: the GEMM at the entry's step tiles, or the dot kernel where that measured faster
     assert quant_gemm.choose(sq, 32, 132) == tiles and quant_gemm.choose(sq, 2048, 132) == wide
