@@ -1416,7 +1416,7 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     programs an SM in the carveout, and a K loop under 2.4 instructions a weight at 8 rows (2.8 at 16 and for the GLU)
     where quant_gemm's W4A8 GEMM at M 8 spends 6-9 (tools/gemm_sass.py --w4a8): the lookups cost what they cost at
     batch 1, each row only its input's staging. From 17 rows the wide kernel: no global access in its loop, 168
-    registers. The decode step's at batch 2-16 by default (``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``); never on a CPU."""
+    registers. The decode step's at batch 2-8 by default (``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``); never on a CPU."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemm, quant_gemv, quant_rows_w4a8_mma, support
 
     def shape(n, k):
@@ -1461,8 +1461,8 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     assert not quant_gemm.choose(q, 8, 132).lut_mma  # not a Hopper weight: the table's kernel
     monkeypatch.setenv(quant_rows_w4a8_mma.ENV, "0")
     assert not quant_rows_w4a8_mma.enabled(8)
-    monkeypatch.delenv(quant_rows_w4a8_mma.ENV)  # the default since h100-2026-12-08: the staged form's batches
-    assert quant_rows_w4a8_mma.enabled(16) and not quant_rows_w4a8_mma.enabled(17)
+    monkeypatch.delenv(quant_rows_w4a8_mma.ENV)  # the default since h100-2026-12-08: the batches it ran at
+    assert quant_rows_w4a8_mma.enabled(8) and not quant_rows_w4a8_mma.enabled(9)
     assert not quant_rows_w4a8_mma.enabled(1)
 
 

@@ -11,7 +11,7 @@ spec_eos() {
     SPEC_PROFILE=0 SPEC_DRAFTING=device SPEC_ENDS=eos,ignore
 }
 # 32: every format's decode step (batch 1 / 8 / 32 / 64, context 2048) and prefill on one machine, with the defaults
-# the H100 measured on 2026-12-08 (the wgmma row kernels: SmoothQuant and weight-only at 2-64, W4A8 at 2-16 with its
+# the H100 measured on 2026-12-08 (the wgmma row kernels: SmoothQuant and weight-only at 2-64, W4A8 at 2-8 with its
 # GLU at 128 rows; SmoothQuant's batch 1 on the warp-specialized GEMV; weight-only's prefill through the dequant kernel)
 step_table() {
   part quant_gemm 300 QG_PARTS=steps QUANT_FORMATS=int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16
@@ -25,7 +25,7 @@ rows_4bit() {
   part w4a8_kernels 150 W4A8_GEMV_ROWS=8 GEMV_FORMAT=int4_awq
   part w4a8_kernels 150 W4A8_GEMV_ROWS=64 GEMV_FORMAT=int4_awq
   part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq TRTLLM_PIPELINE_WGMMA_STAGED_ROWS=0
-  # W4A8 at 16 rows (its GLU at 128 rows there unmeasured) and the step's staged / made A/B at 8
+  # W4A8 at 16 rows (the default stops at 8: 16 never ran; its GLU at 128 rows there) and the staged / made A/B at 8
   part w4a8_kernels 150 W4A8_GEMV_ROWS=16
   part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq TRTLLM_PIPELINE_WGMMA_STAGED_ROWS=0
 }

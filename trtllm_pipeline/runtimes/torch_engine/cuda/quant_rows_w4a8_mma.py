@@ -34,8 +34,8 @@ Measured on an H100 (benchmarks/results/h100-2026-12-08, each 7B launch checked 
 rows the four launches x 28 layers 3.091 ms against quant_gemm's W4A8 GEMM's 3.481 (the GLU at 128 rows and two
 stages 51.7 us against 70.5 at 64), the step at batch 8 4.358 ms against 5.414 (INT4-AWQ's 4.459 on the same
 machine). The wide form at 64 rows is twice the GEMM's time (10.0 against 5.1 ms of launches; the step at batch 64
-12.0 against 10.3), so the decode step takes this kernel at batch 2-16 by default (``DEFAULT_ROWS``;
-``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``: 2..N, up to 64; 0: off).
+12.0 against 10.3), and 16 rows ran on no GPU yet, so the decode step takes this kernel at batch 2-8 by default
+(``DEFAULT_ROWS``; ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N``: 2..N, up to 64; 0: off).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import box_produce
 
 ENV = "TRTLLM_PIPELINE_W4A8_WGMMA_ROWS"
 MAX_ROWS = 64
-DEFAULT_ROWS = 16  # the staged form's batches (H100 2026-12-08: the wide form at 64 rows slower than the GEMM)
+DEFAULT_ROWS = 8  # the rows an H100 checked and timed (2026-12-08; the wide form at 64 rows slower than the GEMM)
 STAGED_ROWS = 16  # up to this many rows each program stages its input (support.staged_rows); beyond, made_input
 MAX_REGISTERS, WIDE_REGISTERS = 128, 168
 STAGES, GLU_STAGES, WIDE_GLU_STAGES = 3, 2, 2
