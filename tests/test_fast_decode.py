@@ -1341,7 +1341,7 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
 
     proj = quant_rows_int4_mma.pick_config(_hopper_shape(3584, 18944), 8, 132)
     glu = quant_rows_int4_mma.pick_config(_hopper_shape(18944, 3584), 16, 132, glu=True)
-    assert (proj.block_m, proj.block_n, glu.block_m, glu.block_n, glu.splits) == (8, 128, 16, 64, 1)
+    assert (proj.block_m, proj.block_n, glu.block_m, glu.block_n, glu.num_stages, glu.splits) == (8, 128, 16, 128, 2, 1)
     assert proj.gemm and proj.lut_mma and not quant_gemv.int4_ws(proj)
     assert quant_gemv.carveout([proj]) == quant_gemv.CARVEOUT_WS_MADE
     assert not quant_rows_int4_mma.supported(_hopper_shape(3584, 18944), 8)  # a CPU weight

@@ -18,8 +18,9 @@ step_table() {
 }
 # 32: the 4-bit row kernels where the H100 found them slow (2026-12-08): W4A8's wide form at 64 rows took twice the
 # GEMM's time (10.0 against 5.1 ms of launches; its made input now timed alone, "made-input"), INT4's staged form at
-# 8 rows lost to the GEMM in the step (5.159 against 4.459 ms: its launches alone, beside its GLU at 128 rows, the
-# W4A8 GLU's gain); INT4's wide form at 8 rows crashed (a misaligned copy of its 8-column row sums, padded to 32 now)
+# 8 rows lost to the GEMM in the step (5.159 against 4.459 ms: its launches alone, its GLU now at 128 rows and two
+# stages as W4A8's, 64 the variant; the rows_steps' "wgmma" choice with it); INT4's wide form at 8 rows crashed (a
+# misaligned copy of its 8-column row sums, padded to 32 now)
 rows_4bit() {
   part w4a8_kernels 150 W4A8_GEMV_ROWS=64
   part w4a8_kernels 150 W4A8_GEMV_ROWS=8 GEMV_FORMAT=int4_awq

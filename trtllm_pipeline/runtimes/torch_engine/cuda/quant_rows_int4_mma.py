@@ -51,8 +51,10 @@ ENV = "TRTLLM_PIPELINE_INT4_WGMMA_ROWS"
 MAX_ROWS = 64
 STAGED_ROWS = 16  # up to this many rows each program stages its input (support.staged_rows); beyond, made_input
 MAX_REGISTERS, WIDE_REGISTERS = 128, 168
-STAGES, WIDE_GLU_STAGES = 3, 2
-BLOCK_N, GLU_BLOCK_N = 128, 64  # output rows a program (the GLU, and from 17 rows every linear: 64)
+STAGES, GLU_STAGES, WIDE_GLU_STAGES = 3, 2, 2
+# output rows a program: 128 (the staged GLU too, as W4A8's: 51.7 us at 8 rows on an H100 against 70.5 at 64 rows and
+# three stages, 2026-12-08; INT4's not yet timed so), from 17 rows 64
+BLOCK_N, GLU_BLOCK_N, WIDE_BLOCK_N = 128, 128, 64
 NIBBLES = gl.constexpr(0x000F000F)  # each bfloat16 half's low nibble
 MAGIC = gl.constexpr(0x43084308)  # where the mask is set: the nibble's XOR 8; elsewhere: bfloat16 128's bits
 BOXES = gl.constexpr(weight_boxes(2))  # a K tile's packed words and 16-bit scales (even, odd rows)
@@ -68,20 +70,20 @@ def supported(q, m: int) -> bool:
     128-input tiles of one scale group."""
     if q.fmt != "int4_awq" or not 2 <= m <= MAX_ROWS or getattr(q, "scales16", None) is None:
         return False
-    return (q.scales16.dtype == torch.bfloat16 and quant_gemv_ws.fits(q, GLU_BLOCK_N)
+    return (q.scales16.dtype == torch.bfloat16 and quant_gemv_ws.fits(q, WIDE_BLOCK_N)
             and q.weight.device.type == "cuda" and torch.cuda.get_device_capability(q.weight.device) >= (9, 0))
 
 
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None) -> LinearConfig:
-    """128 output rows x 128 inputs (the GLU, and from 17 rows every linear: 64), the MMA's N the next of 8, 16, 32,
-    64 for ``m`` rows, quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the wide GLU ``WIDE_GLU_STAGES``: its
-    input boxes beside two matrices' words)."""
+    """128 output rows x 128 inputs (from 17 rows: 64), the MMA's N the next of 8, 16, 32, 64 for ``m`` rows,
+    quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the GLUs two: two matrices' words, the wide one its input
+    boxes too)."""
     nb = max(8, triton.next_power_of_2(m))
     wide = nb > support.staged_rows(STAGED_ROWS)
-    block_n = block_n or (GLU_BLOCK_N if glu or wide else BLOCK_N)
+    block_n = block_n or (WIDE_BLOCK_N if wide else GLU_BLOCK_N if glu else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
-    stages = WIDE_GLU_STAGES if wide and glu else STAGES
+    stages = (WIDE_GLU_STAGES if wide else GLU_STAGES) if glu else STAGES
     return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True, made=wide)
 
 
