@@ -925,11 +925,11 @@ def choose(q, m: int, sm_count: int, *, glu: bool = False) -> LinearConfig:
     tiles where it has them, or where ``$TRTLLM_PIPELINE_INT4_GEMV_MAX_ROWS`` asks for it (``quant_gemv.forced``). Before
     all of these, ``$TRTLLM_PIPELINE_INT4_WGMMA_ROWS=N`` / ``$TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=N`` /
     ``$TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N`` / ``$TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=N`` take the wgmma row kernels
-    (``ROW_KERNELS``) at batch 2..N (INT8: 1..N),
-    and ``$TRTLLM_PIPELINE_INT4_MMA_ROWS=N`` quant_mma_int4's INT8 tensor-core linear (not the GLU); each off unless
-    set."""
+    (``ROW_KERNELS``) at batch 2..N (unset: each module's ``DEFAULT_ROWS``, what an H100 measured faster: INT8 64,
+    W4A8 8, INT4 off), and ``$TRTLLM_PIPELINE_INT4_MMA_ROWS=N`` quant_mma_int4's INT8 tensor-core linear (not the GLU;
+    off unless set)."""
     rows = ROW_KERNELS.get(q.fmt)
-    if rows is not None and rows.enabled(m) and rows.supported(q, m):  # the wgmma row kernels: only when asked
+    if rows is not None and rows.enabled(m) and rows.supported(q, m):  # the wgmma row kernels, where switched on
         return rows.pick_config(q, m, sm_count, glu=glu)
     if quant_gemv_int8.supported(q, m) and quant_gemv_int8.enabled():  # INT8's dp4a GEMV at batch 1
         return quant_linear.pick_config(q, m, sm_count, glu=glu, gemv=True)
