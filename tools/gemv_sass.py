@@ -266,7 +266,7 @@ def compile_int8wo_rows(glu: bool, stages: int, rows: int):
     nb = max(8, triton.next_power_of_2(rows))
     consts = dict(GLU=glu, COMPUTE=tl.bfloat16, NB=nb, STAGES=stages, PDL=True, num_warps=4)
     words = f"tensordesc<i32[64, 32],{m.W_LAYOUT!r}>"
-    half = f"tensordesc<fp16[{nb}, 64],{m._input_layout()!r}>"
+    half = f"tensordesc<fp16[{nb}, 64],{m._b_layout()!r}>"
     sig = {"w_desc": words, "w2_desc": words, "lo_desc": half, "hi_desc": half,
            **dict.fromkeys(("s_ptr", "s2_ptr", "r_ptr"), "*fp32"), "out_ptr": "*bf16" if glu else "*fp32",
            **dict.fromkeys(("M", "N", "k_tiles", "per_split", "stride_os", "stride_om"), "i32"),

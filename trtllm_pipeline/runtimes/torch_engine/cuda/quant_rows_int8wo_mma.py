@@ -40,9 +40,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_gemv_w4a8_ws, support
+from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_rows_int8_mma, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_ws import _prmt
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_rows_int4_mma import _b_layout, _mma_layout, _operand_layout
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (W_LAYOUT, box_producer, program_tiles,
                                                                       stage_barriers)
 
@@ -50,8 +51,6 @@ ENV = "TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS"
 MAX_ROWS = 64
 DEFAULT_ROWS = 64  # the decode step's batches 2..64 unless the switch says otherwise (H100 2026-12-08)
 MAX_REGISTERS = 128
-BLOCK_N = 64  # output rows a program: one 64-row MMA block
-STAGES, WIDE_STAGES, GLU_STAGES = 4, 3, 3  # WIDE: from 64 rows (a stage 24 KB)
 SIGNS = gl.constexpr(-2139062144)  # 0x80808080: each byte's sign bit (u = 128 + w)
 ABOVE = gl.constexpr(0x64646464)  # float16 1024's upper byte, the PRMT's second word
 OFFSET = gl.constexpr(0x64806480)  # float16 1152 = 1024 + 128, twice
@@ -79,31 +78,13 @@ def supported(q, m: int) -> bool:
 
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None) -> LinearConfig:
-    """64 output rows x 128 inputs, the MMA's N the next of 8, 16, 32, 64 for ``m`` rows, quant_gemv_w4a8_ws's K
-    split rule, ``STAGES`` deep (64 rows ``WIDE_STAGES``, the GLU ``GLU_STAGES``)."""
-    nb = max(8, triton.next_power_of_2(m))
-    block_n = block_n or BLOCK_N
-    splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
-    stages = GLU_STAGES if glu else WIDE_STAGES if nb >= 64 else STAGES
-    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True, made=True)
+    """SmoothQuant's row kernel's tiles (quant_rows_int8_mma.pick_config: 64 output rows x 128 inputs, its stages and
+    K splits; a stage here holds 16-bit input rows, 24 KB at 64 rows)."""
+    return quant_rows_int8_mma.pick_config(q, m, sm_count, glu=glu, splits=splits, block_n=block_n)
 
 
 # ------------------------------------------------------------------------------------------ layouts
-
-
-@gluon.constexpr_function
-def _mma_layout(nb):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, nb, 16])
-
-
-@gluon.constexpr_function
-def _operand_layout(nb):
-    return gl.DotOperandLayout(operand_index=0, parent=_mma_layout(nb), k_width=2)
-
-
-@gluon.constexpr_function
-def _input_layout():
-    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+# (the 16-bit MMA's accumulator and operand layouts and the input's 128-byte-swizzled boxes: quant_rows_int4_mma's)
 
 
 @gluon.constexpr_function
@@ -241,7 +222,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     assert q2.weight.is_contiguous() and q2.pqs is None
     made, r = made_input.w8a16(x, pdl)
     words = [TensorDescriptor.from_tensor(w.view(torch.int32), [64, 32], W_LAYOUT) for w in (q.weight, q2.weight)]
-    halves = [TensorDescriptor.from_tensor(made, [cfg.block_m, 64], _input_layout())] * 2
+    halves = [TensorDescriptor.from_tensor(made, [cfg.block_m, 64], _b_layout())] * 2
     k_tiles = q.k // 128
     splits = 1 if glu else cfg.splits  # (a split past the last K tile writes zeros: every partial is written)
     partials = not glu and out.dim() == 3
