@@ -612,14 +612,16 @@ sys.exit(not ok)' "$out/invariant-check.json" ;;
   fp8_fast_accum)  # cuBLAS's FP8 GEMM with and without fast accumulation at the 7B's prefill shapes: us and error
     python3 benchmarks/fp8_fast_accum.py -o "$out/fp8-fast-accum.json" ;;
   ncu_quant)  # issue 32: Nsight Compute's counters (stall reasons by instruction, memory, occupancy) for the 4-bit
-    # formats' decode kernels at the 7B's GLU and mlp.proj, M 1 (the GEMVs) and 8 (the GEMMs, with and without the AWQ
-    # pre-quant scales in the loop); NCU_FORMATS=int4_awq for INT4 alone
+    # formats' decode kernels at the 7B's GLU and mlp.proj, M 1 (the GEMVs) and 8 (the step's choice, with and without
+    # the AWQ pre-quant scales in the loop); NCU_FORMATS=int4_awq for INT4 alone; NCU_MS=64 with
+    # TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=64 / TRTLLM_PIPELINE_INT4_WGMMA_ROWS=64: the wide row kernels
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
     [ -n "$ncu_bin" ] || { echo "ncu_quant: no ncu on this machine"; exit 1; }
     sections=()
     for s in SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats MemoryWorkloadAnalysis \
              MemoryWorkloadAnalysis_Tables ComputeWorkloadAnalysis SourceCounters; do sections+=(--section "$s"); done
-    kernels='_w4_gemm|_int4_gemv|_ws_gemv|_w4a8_gemv|_w4a8_ws|_w4a8_mma'
+    # (with the wgmma row kernels' switches: their staged and wide forms, and the wide forms' made input)
+    kernels='_w4_gemm|_int4_gemv|_ws_gemv|_w4a8_gemv|_w4a8_ws|_w4a8_mma|_rows_mma|_rows_wide|_quantized_kernel|_int4_kernel'
     "$ncu_bin" --clock-control none --nvtx -k regex:"$kernels" "${sections[@]}" \
       -o "$out/quant" -f python3 benchmarks/ncu_quant.py --ms "${NCU_MS:-1,8}" --formats "${NCU_FORMATS:-int4_awq,w4a8_awq}" \
       2>&1 | tee "$out/ncu-quant.log"

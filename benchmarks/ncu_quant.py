@@ -13,7 +13,9 @@ range named as the printed line (``ncu --nvtx`` shows it with each launch); the 
 timing here. Prints each launch's kernel and config, and the result's error against float32 ``x @ W^T`` (a launch
 that computed garbage would make its counters meaningless). At M > 1 each GEMM also runs without the AWQ pre-quant
 scales, the input scaled beforehand (what folding them into the producer would leave): the profile's difference is
-what they cost.
+what they cost. At M > 1 the kernel is the decode step's choice (``quant_gemm.choose``), so the wgmma row kernels'
+switches pick what is profiled (``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=64 TRTLLM_PIPELINE_INT4_WGMMA_ROWS=64``: the wide
+forms at 64 rows, the made input's kernel with them).
 """
 
 from __future__ import annotations
@@ -34,12 +36,19 @@ import quant_fast_path as qf  # noqa: E402
 from quant_gemm import _reference, _weights  # noqa: E402
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import (fixed_sum, quant_gemm, quant_gemv,  # noqa: E402
-                                                        quant_gemv_w4a8, quant_linear)
+                                                        quant_gemv_w4a8, quant_gemv_w4a8_mma, quant_linear)
 
 LAUNCHES = 3
 FORMATS = ("int4_awq", "w4a8_awq")
 SHAPES = (("glu", 18944, 3584, 2), ("proj", 3584, 18944, 1))
 DRY_SHAPES = (("glu", 256, 128, 2), ("proj", 128, 256, 1))  # --dry-run: every call on the CPU, through the interpreter
+
+
+def _decode_choice(q, m: int, sm: int, glu: bool = False):
+    """At M > 1 the decode step's kernel where it is a GEMM (``quant_gemm.choose``: the wgmma row kernels where their
+    switches take them, e.g. ``TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=64`` for W4A8's wide form), else quant_gemm's GEMM."""
+    cfg = quant_gemm.choose(q, m, sm, glu=glu)
+    return cfg if cfg.gemm else quant_gemm.pick_config(q, m, sm, glu=glu)
 
 
 def _glu_call(qs, x, m: int, sm: int):
@@ -57,7 +66,7 @@ def _glu_call(qs, x, m: int, sm: int):
         workspace = torch.empty(8 * 2 * n, device=x.device)
         return cfg, lambda: quant_linear.quant_glu(xin[0], qs[0], qs[1], out, cfg, dt, pdl=False, x2=xin[1],
                                                    counters=counters, workspace=workspace), out.float
-    cfg = quant_gemm.pick_config(qs[0], m, sm, glu=True)
+    cfg = _decode_choice(qs[0], m, sm, glu=True)
     extra = {}
     if cfg.splits > 1:
         extra = dict(counters=torch.zeros(quant_gemm.glu_counters(qs[0], m, cfg), dtype=torch.int32, device=x.device),
@@ -76,7 +85,7 @@ def _proj_call(q, x, m: int, sm: int):
         xin = quant_gemv.launch_input(x, q, dt)
         out = fixed_sum.accumulator(1, q.n, device=x.device)
         return cfg, lambda: quant_linear.quant_partials(xin, q, out, cfg, dt), lambda: fixed_sum.to_float(out)
-    cfg = quant_gemm.pick_config(q, m, sm)
+    cfg = _decode_choice(q, m, sm)
     out = torch.empty(cfg.splits, m, q.n, device=x.device)
     return cfg, lambda: quant_gemm.launch(x, q, None, out, cfg, dt), lambda: out.sum(0)
 
@@ -141,8 +150,8 @@ def main() -> None:
             sys.exit(f"ncu_quant.py: no format {fmt!r}; --formats takes {', '.join(FORMATS)}")
         lins = _weights(fmt, n, k, mats, gen, device)
         qs = [lin.kernel_weight() for lin in lins]
-        if fmt == "w4a8_awq":  # its GEMV's tables (what the decode step makes at load)
-            qs = [quant_gemv_w4a8.with_tables(q) for q in qs]
+        if fmt == "w4a8_awq":  # both lookup kernels' tables (what the decode step makes at load)
+            qs = [quant_gemv_w4a8_mma.with_tables(quant_gemv_w4a8.with_tables(q)) for q in qs]
         name = f"{fmt} {name}"
         for m in (int(v) for v in args.ms.split(",")):
             x = (torch.randn(m, k, generator=gen, device=device) * 2).to(torch.bfloat16)

@@ -38,7 +38,8 @@ one row):
           kernel, two launches: the input made once, then the kernel), SmoothQuant's int8 weights from shared memory
           (quant_rows_int8_mma, TRTLLM_PIPELINE_INT8_WGMMA_ROWS=N, two launches), weight-only's int8 made float16 in
           registers (quant_rows_int8wo_mma, TRTLLM_PIPELINE_INT8WO_WGMMA_ROWS=N, two launches); then stages, rows and
-          splits around it
+          splits around it; the 4-bit staged forms (2-16 rows) also their wide form (``rows-made``) and their input
+          loaded one K tile ahead (``rows-prefetch``; TRTLLM_PIPELINE_WGMMA_PREFETCH=1 in the decode step)
 
 Where a wide (made-input) row kernel ran, the made input alone is timed too (``made-input``: part of that
 variant's time). The last lines: per variant the sum over the four launches x 28 layers (the step's W4A8 GEMV time,
@@ -168,6 +169,8 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                             ("rows-4-stages", r(rows, num_stages=4)),
                             ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))]
                 out.append(("rows-made", made))
+                # the input one K tile ahead (support.staged_prefetch) or not, the other way from the default
+                out.append((f"rows-{'no-' if rows.prefetch else ''}prefetch", r(rows, prefetch=not rows.prefetch)))
     return out
 
 

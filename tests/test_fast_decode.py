@@ -4,7 +4,6 @@ checked by benchmarks/gpu_fast_path.py on an H200."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os
@@ -1232,31 +1231,25 @@ def _sass_tool():
     return tool
 
 
-def _mma_k_loop(tool, sass: str, mma: str) -> collections.Counter:
-    """The opcodes of a wgmma kernel's K loop in its SASS: the largest backward branch's range that issues ``mma``
-    (QGMMA, HGMMA) and none of the epilogue's global stores."""
-    import re
-
-    lines = sass.splitlines()
-    loops = []
-    for label in (line[:-1] for line in lines if re.match(r"^\.L_x_\d+:$", line)):
-        start = lines.index(label + ":")
-        ends = [i for i in range(start, len(lines)) if f"BRA `({label})" in lines[i]]
-        body = lines[start:ends[-1] + 1] if ends else []
-        if any(mma in line for line in body) and not any("STG" in line for line in body):
-            loops.append((len(body), body))
-    return collections.Counter(o.group(1) for line in max(loops, key=lambda x: x[0])[1]
-                               if (o := tool.OPCODE.search(line)))
-
-
 def _wgmma_loop(tool, kernel, cfg, glu: bool, mma: str, registers: int, shared_kb: int) -> tuple[dict, float]:
     """A compiled wgmma kernel's K loop: its opcodes and instructions a weight (``cfg``'s tile, two matrices for the
     GLU), after checking that it issues the native ``mma``, spills nothing and fits ``registers`` and ``shared_kb``."""
     sass, regs = tool.disassemble(kernel)
-    ops = _mma_k_loop(tool, sass, mma)
+    ops = tool.loop_mix(sass)  # the K loop: its conditional back branch's range with the most tensor-core ops
     assert ops[mma] > 0 and not {"HMMA", "LDL", "STL"} & set(ops), ops
     assert regs <= registers and kernel.metadata.shared <= shared_kb * 1024, (regs, kernel.metadata.shared)
     return ops, sum(ops.values()) * 128 / (cfg.block_n * 128 * (2 if glu else 1))
+
+
+def _prefetched(tool, kernel) -> None:
+    """A staged row kernel compiled with ``PREFETCH``: its K loop's global loads (the next tile's input rows and
+    scales) come after the stage is handed back to the producer and before any fence (a fence waits for loads in
+    flight), so that they are in flight during the tile's lookups and MMAs."""
+    body = tool.k_loop(tool.disassemble(kernel)[0])
+    loads = [i for i, line in enumerate(body) if "LDG" in line]
+    handed_back = next(i for i, line in enumerate(body) if "SYNCS.ARRIVE" in line)
+    fences = [i for i, line in enumerate(body) if "MEMBAR" in line or "FENCE" in line]
+    assert loads and min(loads) > handed_back and not [i for i in fences if i > min(loads)], body
 
 
 def test_w4a8_e4m3_lookup_tables_give_each_weight_with_the_sign_on_the_input():
@@ -1350,6 +1343,10 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
         kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows)
         ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "HGMMA", quant_rows_int4_mma.MAX_REGISTERS, 43)
         assert ops["LOP3"] * 128 / (cfg.block_n * 128 * (2 if glu_ else 1)) <= 0.55 and per_weight < most, ops
+    # the input one K tile ahead (TRTLLM_PIPELINE_WGMMA_PREFETCH=1; off by default, untimed)
+    kernel = tool.compile_int4_mma(proj.block_n, False, proj.num_stages, 8, prefetch=True)
+    assert _wgmma_loop(tool, kernel, proj, False, "HGMMA", quant_rows_int4_mma.MAX_REGISTERS, 43)[1] < 2.4
+    _prefetched(tool, kernel)
     # from 17 rows the wide kernel: its input made once (``prepare``) and copied beside the weights; the consumers'
     # loop reads shared memory only, dequantizes and multiplies (each tile's offset, scale and sum into float32: 1.0
     # of the instructions a weight at 64 columns)
@@ -1436,6 +1433,18 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
         kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows)
         ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "QGMMA", quant_rows_w4a8_mma.MAX_REGISTERS, shared)
         assert per_weight < most, (rows, glu_, ops)
+    # the input one K tile ahead: on where $TRTLLM_PIPELINE_WGMMA_PREFETCH=1 asks, for the staged form only
+    monkeypatch.setenv(support.STAGED_PREFETCH_ENV, "1")
+    assert quant_rows_w4a8_mma.pick_config(shape(18944, 3584), 8, 132, glu=True).prefetch
+    assert not quant_rows_w4a8_mma.pick_config(shape(3584, 18944), 64, 132).prefetch
+    monkeypatch.setenv(support.STAGED_PREFETCH_ENV, "yes")
+    with pytest.raises(InputError, match="TRTLLM_PIPELINE_WGMMA_PREFETCH='yes'"):
+        quant_rows_w4a8_mma.pick_config(shape(18944, 3584), 8, 132)
+    monkeypatch.delenv(support.STAGED_PREFETCH_ENV)
+    assert not glu.prefetch
+    kernel = tool.compile_w4a8_rows(glu.block_n, True, glu.num_stages, 8, prefetch=True)
+    assert _wgmma_loop(tool, kernel, glu, True, "QGMMA", quant_rows_w4a8_mma.MAX_REGISTERS, 43)[1] < 2.8
+    _prefetched(tool, kernel)
     # from 17 rows: the input made once (``prepare``) and copied beside the weights; the consumers' loop only reads
     # shared memory, looks up and multiplies (the per-tile float32 promotion of 64 columns is most of the rest)
     wide = quant_rows_w4a8_mma.pick_config(shape(3584, 18944), 64, 132)

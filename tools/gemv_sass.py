@@ -19,6 +19,7 @@ were checked without spending device time.
     python tools/gemv_sass.py --w4a8-mma 11 --block-n 128 --stages 3   # W4A8's lookup into FP8 wgmma (Hopper)
     python tools/gemv_sass.py --int4-mma 8 --block-n 128 --stages 3    # INT4 at 2-16 rows, bfloat16 wgmma
     python tools/gemv_sass.py --w4a8-rows 8 --block-n 128 --stages 3   # W4A8 at 2-64 rows, the lookup into FP8 wgmma
+    python tools/gemv_sass.py --w4a8-rows 8 --block-n 128 --stages 3 --prefetch   # its input one K tile ahead
     python tools/gemv_sass.py --int8-rows 8 --block-n 64 --stages 4    # SmoothQuant at 1-64 rows, int8 wgmma
     python tools/gemv_sass.py --int8wo-rows 8 --block-n 64 --stages 4  # INT8 weight-only at 1-64 rows, fp16 wgmma
 
@@ -190,10 +191,11 @@ def _compile_rows(fn, descs: dict, pointers: dict, scalars: tuple, consts: dict,
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": registers})
 
 
-def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int, made: bool | None = None):
+def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int, made: bool | None = None,
+                     prefetch: bool = False):
     """quant_rows_int4_mma's kernel (Gluon: INT4 dequantized in registers into bfloat16 wgmma) for sm_90 at ``rows``
     input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64, or ``made``: the wide kernel, its
-    input made once and copied beside the weights)."""
+    input made once and copied beside the weights; ``prefetch``: the staged form's input one K tile ahead)."""
     half = block_n // 2
     nb = max(8, triton.next_power_of_2(rows))
     wide = nb > quant_rows_int4_mma.STAGED_ROWS if made is None else made
@@ -208,7 +210,7 @@ def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int, made: bool
         pointers = {}
         scalars = ("M", "N", "k_tiles", "per_split", "stride_os", "stride_om")
     else:
-        consts["HAS_PQS"] = True
+        consts.update(HAS_PQS=True, PREFETCH=prefetch)
         fn = quant_rows_int4_mma._int4_rows_mma_kernel
         pointers = dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16")
         scalars = ("M", "N", "k_tiles", "per_split", "stride_x", "stride_os", "stride_om")
@@ -216,10 +218,11 @@ def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int, made: bool
     return _compile_rows(fn, descs, pointers, scalars, consts, glu, registers)
 
 
-def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int, made: bool | None = None):
+def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int, made: bool | None = None,
+                      prefetch: bool = False):
     """quant_rows_w4a8_mma's kernel (Gluon: E4M3 bytes by lookup into FP8 wgmma, the batch as N) for sm_90 at ``rows``
     input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64, or ``made``: the wide kernel, its
-    input made once and copied beside the weights)."""
+    input made once and copied beside the weights; ``prefetch``: the staged form's input one K tile ahead)."""
     half = block_n // 2
     nb = max(8, triton.next_power_of_2(rows))
     wide = nb > quant_rows_w4a8_mma.STAGED_ROWS if made is None else made
@@ -234,7 +237,7 @@ def compile_w4a8_rows(block_n: int, glu: bool, stages: int, rows: int, made: boo
         pointers = dict.fromkeys(("osc_ptr", "osc2_ptr"), "*fp32")
         scalars = ("M", "N", "k_tiles", "per_split", "stride_os", "stride_om")
     else:
-        consts["HAS_PQS"] = True
+        consts.update(HAS_PQS=True, PREFETCH=prefetch)
         fn = quant_rows_w4a8_mma._w4a8_rows_mma_kernel
         pointers = {**dict.fromkeys(("x_ptr", "pqs_ptr", "pqs2_ptr"), "*bf16"),
                     **dict.fromkeys(("aq_ptr", "osc_ptr", "aq2_ptr", "osc2_ptr"), "*fp32")}
@@ -360,31 +363,38 @@ def disassemble(kernel) -> tuple[str, int | None]:
 
 
 def loop_mix(sass: str) -> collections.Counter:
-    """Opcodes between a backward branch's target label and the branch: of such loops, the shortest with the
-    most dot-product instructions (the K loop; a copy-engine kernel also has loops that wait on its barriers,
-    and returns from their out-of-line retries at the kernel's end that span the K loop and the epilogue). Dot
-    instructions: dp4a (IDP), or the tensor cores' (IMMA / HMMA, and Hopper's warpgroup IGMMA / HGMMA)."""
+    """The K loop's opcodes (``k_loop``)."""
+    return collections.Counter(o.group(1) for line in k_loop(sass) if (o := OPCODE.search(line)))
+
+
+def k_loop(sass: str) -> list[str]:
+    """The SASS lines between a conditional backward branch's target label and the branch: of such loops, the
+    shortest with the most dot-product instructions (the K loop; a copy-engine kernel also has loops that wait on its
+    barriers, and unconditional returns from their out-of-line retries at the kernel's end to a label inside the K
+    loop: a range that skips the loop's first part). Dot instructions: dp4a (IDP), or the tensor cores' (IMMA / HMMA,
+    and Hopper's warpgroup IGMMA / HGMMA / QGMMA)."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
-    best = collections.Counter()
+    best, best_key = [], None
     for i, line in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if m and labels.get(m.group(1), i) < i - 1:  # a backward branch that is not the exit's self-loop
-            mix = collections.Counter(o.group(1) for body in lines[labels[m.group(1)]:i + 1]
-                                      if (o := OPCODE.search(body)))
-            if not best or (_dots(mix), -sum(mix.values())) > (_dots(best), -sum(best.values())):
-                best = mix
+        m = re.search(r"@!?U?P\w+\s+BRA `\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i - 1:  # a conditional backward branch, not the exit's self-loop
+            body = lines[labels[m.group(1)]:i + 1]
+            mix = collections.Counter(o.group(1) for line in body if (o := OPCODE.search(line)))
+            key = (_dots(mix), -sum(mix.values()))
+            if best_key is None or key > best_key:
+                best, best_key = body, key
     return best
 
 
 def _dots(mix: collections.Counter) -> int:
-    return sum(mix[op] for op in ("IDP", "IMMA", "HMMA", "IGMMA", "HGMMA"))
+    return sum(mix[op] for op in ("IDP", "IMMA", "HMMA", "IGMMA", "HGMMA", "QGMMA"))
 
 
 def _tensor_ops(sass: str) -> dict:
     """The whole kernel's tensor-core instructions by opcode (IMMA/HMMA: mma.sync; IGMMA/HGMMA: wgmma)."""
     ops = collections.Counter(o.group(1) for line in sass.splitlines() if (o := OPCODE.search(line)))
-    return {op: n for op, n in ops.items() if op in ("IMMA", "HMMA", "IGMMA", "HGMMA")}
+    return {op: n for op, n in ops.items() if op in ("IMMA", "HMMA", "IGMMA", "HGMMA", "QGMMA")}
 
 
 def main() -> None:
@@ -416,6 +426,8 @@ def main() -> None:
     ap.add_argument("--int8wo-rows", type=int, default=0, metavar="ROWS",
                     help="INT8 weight-only's wgmma kernel (quant_rows_int8wo_mma) for ROWS input rows, --stages deep")
     ap.add_argument("--made", action="store_true", help="with --w4a8-rows / --int4-mma: the wide form at any rows")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="with --w4a8-rows / --int4-mma: the staged form loading its input one K tile ahead")
     ap.add_argument("--w4a8-rows", type=int, default=0, metavar="ROWS",
                     help="W4A8's lookup wgmma kernel for several rows (quant_rows_w4a8_mma) for ROWS input rows")
     ap.add_argument("--w4a8-mma", type=int, default=0, metavar="TILES",
@@ -427,9 +439,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.int4_mma:
-        kernel = compile_int4_mma(a.block_n, a.glu, a.stages, a.int4_mma, a.made or None)
+        kernel = compile_int4_mma(a.block_n, a.glu, a.stages, a.int4_mma, a.made or None, a.prefetch)
     elif a.w4a8_rows:
-        kernel = compile_w4a8_rows(a.block_n, a.glu, a.stages, a.w4a8_rows, a.made or None)
+        kernel = compile_w4a8_rows(a.block_n, a.glu, a.stages, a.w4a8_rows, a.made or None, a.prefetch)
     elif a.int8_rows:
         kernel = compile_int8_rows(a.glu, a.stages, a.int8_rows)
     elif a.int8wo_rows:

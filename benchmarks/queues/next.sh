@@ -16,14 +16,23 @@ spec_eos() {
 step_table() {
   part quant_gemm 300 QG_PARTS=steps QUANT_FORMATS=int4_awq,w4a8_awq,int8_sq,int8_wo,fp8,bf16
 }
+# 32: the 4-bit row kernels' staged form with its input loaded one K tile ahead (TRTLLM_PIPELINE_WGMMA_PREFETCH=1,
+# built 2026-12-08 on the CPU: the load was at the top of every tile, its latency exposed); the kernels' variant
+# "rows-prefetch", then the steps with it (the step table's W4A8 row and rows_steps' "table" column the baselines)
+prefetch_4bit() {
+  part w4a8_kernels 150 W4A8_GEMV_ROWS=8
+  part w4a8_kernels 150 W4A8_GEMV_ROWS=8 GEMV_FORMAT=int4_awq
+  part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq TRTLLM_PIPELINE_WGMMA_PREFETCH=1
+  part quant_gemm 150 QG_PARTS=steps QUANT_FORMATS=w4a8_awq
+  part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq TRTLLM_PIPELINE_WGMMA_PREFETCH=1
+}
 # 32: the 4-bit row kernels where the H100 found them slow (2026-12-08): W4A8's wide form at 64 rows took twice the
-# GEMM's time (10.0 against 5.1 ms of launches; its made input now timed alone, "made-input"), INT4's staged form at
-# 8 rows lost to the GEMM in the step (5.159 against 4.459 ms: its launches alone, its GLU now at 128 rows and two
-# stages as W4A8's, 64 the variant; the rows_steps' "wgmma" choice with it); INT4's wide form at 8 rows crashed (a
-# misaligned copy of its 8-column row sums, padded to 32 now)
+# GEMM's time (10.0 against 5.1 ms of launches; qkv as slow with one K split as with three: its made input now timed
+# alone, "made-input", and Nsight Compute's stall counters on its GLU and proj); INT4's wide form at 8 rows crashed
+# (a misaligned copy of its 8-column row sums, padded to 32 now)
 rows_4bit() {
   part w4a8_kernels 150 W4A8_GEMV_ROWS=64
-  part w4a8_kernels 150 W4A8_GEMV_ROWS=8 GEMV_FORMAT=int4_awq
+  part ncu_quant 240 NCU_MS=64 TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=64 TRTLLM_PIPELINE_INT4_WGMMA_ROWS=64
   part w4a8_kernels 150 W4A8_GEMV_ROWS=64 GEMV_FORMAT=int4_awq
   part quant_gemm 240 QG_PARTS=rows_steps QUANT_FORMATS=int4_awq TRTLLM_PIPELINE_WGMMA_STAGED_ROWS=0
   # W4A8 at 16 rows (the default stops at 8: 16 never ran; its GLU at 128 rows there) and the staged / made A/B at 8
@@ -45,11 +54,13 @@ if on_h200; then
   # 31's "greedy outputs identical" with and without the prefix cache, in the batch-invariant mode (H100 2026-12-07e:
   # 100.0%, TTFT 9.8x, throughput 4.7x)
   part prefix 240 BATCH_INVARIANT=1 REQUESTS=256
+  prefetch_4bit
   rows_4bit
   # 31: 128/2048 with fast accumulation (+5.0% at 2048/128 on an H100, h100-2026-12-07h)
   part throughput 360 LOAD_VARIANT=-fp8kv MAX_BATCHES=1024 LENGTHS=128/2048 REQUESTS=3000 SKIP_LONG_PROMPT=1 \
     SKIP_BATCH1=1 TRTLLM_PIPELINE_FP8_FAST_ACCUM=1
 else
+  prefetch_4bit
   rows_4bit
   step_table
   # 32: the defaults against the switches off, on one machine (each 2026-12-08 A/B was one run)

@@ -29,14 +29,12 @@ The decode step takes it at batch 1 unless ``ENV`` is 0 (``TRTLLM_PIPELINE_INT8_
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.errors import InputError
+from trtllm_pipeline.runtimes.torch_engine.cuda import support
 from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import planes
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import _quarters
@@ -50,11 +48,7 @@ BLOCK_N, BLOCK_K = 64, 256  # 256 bytes of K per weight row and tile: 16 KB a ti
 def enabled() -> bool:
     """Whether the decode step takes this kernel at batch 1: unless ``$TRTLLM_PIPELINE_INT8_GEMV`` is 0 (then
     quant_gemm's choice)."""
-    value = os.environ.get(ENV, "1").strip()
-    if value not in ("0", "1", ""):
-        raise InputError(f"{ENV}={value!r}: 1 takes the INT8 GEMV at batch 1, 0 leaves it off.",
-                         fix=f"set {ENV} to 0 or 1, or unset it")
-    return value == "1"
+    return support.switch(ENV, True, "takes the INT8 GEMV at batch 1")
 
 
 def supported(q, m: int) -> bool:

@@ -25,8 +25,6 @@ under ``TRTLLM_PIPELINE_INT8_WS=1`` (``enabled``; 0: neither).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -34,8 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.runtimes.torch_engine.cuda import gemv_input, quant_gemv_int8
+from trtllm_pipeline.runtimes.torch_engine.cuda import gemv_input, quant_gemv_int8, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.dp4a import dp4a
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (W_LAYOUT, _made_input, _quarters, _tile_cols,
@@ -52,11 +49,7 @@ def enabled(fmt: str) -> bool:
     """Whether the decode step takes this kernel for INT8 format ``fmt`` at batch 1 where it fits
     (``$TRTLLM_PIPELINE_INT8_WS`` 1: both formats; 0: neither, quant_gemv_int8's register-load kernel; unset:
     SmoothQuant only, where the H100 measured it faster)."""
-    value = os.environ.get(ENV, "").strip()
-    if value not in ("0", "1", ""):
-        raise InputError(f"{ENV}={value!r}: 1 takes the warp-specialized INT8 GEMV at batch 1, 0 leaves it off.",
-                         fix=f"set {ENV} to 0 or 1, or unset it")
-    return value == "1" or value == "" and fmt == "int8_sq"
+    return support.switch(ENV, fmt == "int8_sq", "takes the warp-specialized INT8 GEMV at batch 1")
 
 
 def fits(q) -> bool:

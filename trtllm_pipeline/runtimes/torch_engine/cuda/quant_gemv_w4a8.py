@@ -47,15 +47,13 @@ Triton's interpreter cannot run PTX: there ``dp4a`` and ``prmt`` are the same op
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_int8
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_int8, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.gemv_input import planes
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv import _block_dot
@@ -77,11 +75,7 @@ BIAS = tl.constexpr(-2139062144)  # 0x80808080 as an int32
 def enabled() -> bool:
     """Whether the decode step takes this kernel at batch 1: unless ``$TRTLLM_PIPELINE_W4A8_GEMV`` is 0 (then
     quant_gemm's choice)."""
-    value = os.environ.get(ENV, "1").strip()
-    if value not in ("0", "1", ""):
-        raise InputError(f"{ENV}={value!r}: 1 takes the W4A8 table-lookup GEMV at batch 1, 0 leaves it off.",
-                         fix=f"set {ENV} to 0 or 1, or unset it")
-    return value == "1"
+    return support.switch(ENV, True, "takes the W4A8 table-lookup GEMV at batch 1")
 
 
 def block_inputs(group: int) -> int | None:

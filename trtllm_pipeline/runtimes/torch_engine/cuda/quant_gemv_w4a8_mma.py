@@ -36,7 +36,6 @@ step 2.834 against 2.847), so the decode step takes it only under ``TRTLLM_PIPEL
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import triton
@@ -44,8 +43,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
-from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_ws
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_ws import _bitsel, _prmt, _row_tables
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, W_LAYOUT, box_producer, program_tiles,
@@ -63,11 +61,7 @@ BOXES = gl.constexpr(weight_boxes(4))  # a K tile's packed words and tables (4 w
 def enabled() -> bool:
     """Whether the decode step takes this kernel for W4A8-AWQ at batch 1 where it fits (``$TRTLLM_PIPELINE_W4A8_MMA``
     1; unset or 0: quant_gemv_w4a8_ws on Hopper)."""
-    value = os.environ.get(ENV, "0").strip()
-    if value not in ("0", "1", ""):
-        raise InputError(f"{ENV}={value!r}: 1 takes the FP8 tensor-core W4A8 GEMV at batch 1, 0 leaves it off.",
-                         fix=f"set {ENV} to 0 or 1, or unset it")
-    return value == "1"
+    return support.switch(ENV, False, "takes the FP8 tensor-core W4A8 GEMV at batch 1")
 
 
 def fits(q, block_n: int) -> bool:

@@ -26,8 +26,6 @@ through the pipeline 2.667 ms at context 128 (``bench --in-process``; the regist
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -35,8 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtllm_pipeline.errors import InputError
-from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8
+from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, W_LAYOUT, _block_dot, _made_input,
                                                                       _quarters, _tile_cols, made_planes,
@@ -60,11 +57,7 @@ PROGRAMS_PER_SM, SHORT_K_PROGRAMS_PER_SM, SHORT_K_TILES = 3, 1.5, 64
 def enabled() -> bool:
     """Whether the decode step takes this kernel for W4A8-AWQ at batch 1 where it fits (Hopper): unless
     ``$TRTLLM_PIPELINE_W4A8_WS`` is 0 (then quant_gemv_w4a8's register-load kernel)."""
-    value = os.environ.get(ENV, "1").strip()
-    if value not in ("0", "1", ""):
-        raise InputError(f"{ENV}={value!r}: 1 takes the warp-specialized W4A8 GEMV at batch 1, 0 leaves it off.",
-                         fix=f"set {ENV} to 0 or 1, or unset it")
-    return value != "0"
+    return support.switch(ENV, True, "takes the warp-specialized W4A8 GEMV at batch 1")
 
 
 def fits(q, block_n: int) -> bool:

@@ -336,6 +336,38 @@ def stage_barriers(STAGES: gl.constexpr):
     return ready, empty
 
 
+# the row kernels' staged input tiles (quant_rows_w4a8_mma, quant_rows_int4_mma): a thread one word's four inputs
+STAGED_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def staged_inputs(x_ptr, pqs_ptr, pqs2_ptr, kt, k_end, M, stride_x, NB: gl.constexpr, HAS_PQS: gl.constexpr,
+                  GLU: gl.constexpr):
+    """K tile ``kt``'s input rows and each matrix's pre-quant scales (``input_rows``, ``input_scales``)."""
+    return (input_rows(x_ptr, kt, k_end, M, stride_x, NB), input_scales(pqs_ptr, kt, k_end, HAS_PQS),
+            input_scales(pqs2_ptr, kt, k_end, HAS_PQS and GLU))
+
+
+@gluon.jit
+def input_rows(x_ptr, kt, k_end, M, stride_x, NB: gl.constexpr):
+    """K tile ``kt`` of the input rows [NB, 128] as stored, zeros past row M and from tile ``k_end`` (a prefetch past
+    the program's last tile reads nothing)."""
+    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(1, STAGED_LAYOUT)), 1)
+    cols = kt * 128 + gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, STAGED_LAYOUT)), 0)
+    return gl.load(x_ptr + n * stride_x + cols, mask=(n < M) & (cols < k_end * 128), other=0.0)
+
+
+@gluon.jit
+def input_scales(pqs_ptr, kt, k_end, HAS_PQS: gl.constexpr):
+    """K tile ``kt`` of the pre-quant scales [1, 128] in float32 (ones without; zeros from tile ``k_end``)."""
+    cols = kt * 128 + gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, STAGED_LAYOUT)), 0)
+    if HAS_PQS:
+        p = gl.load(pqs_ptr + cols, mask=cols < k_end * 128, other=0.0).to(gl.float32)
+    else:
+        p = gl.full([1, 128], 1.0, gl.float32, STAGED_LAYOUT)
+    return p
+
+
 @gluon.jit
 def program_tiles(per_split, k_tiles, HALF: gl.constexpr):
     """This program's first packed row, first K tile and number of K tiles (row tile ``program_id(0)``, split

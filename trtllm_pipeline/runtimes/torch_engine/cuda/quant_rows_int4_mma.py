@@ -9,7 +9,8 @@ batch is the MMA's N (8 or 16 columns of B) and costs nothing per weight, and ea
   chunk: ``(w & 0x000F000F) ^ 8 | 0x4300`` per bfloat16 half (one LOP3 from two constant registers) is 136 + q for
   inputs 0 and 2 of the word's even row, the same of ``w >> 8`` for inputs 1 and 3, of ``w >> 4`` and ``w >> 12`` for
   the odd row. The MMA's inputs are numbered so that these pairs are the fragment's (0, 2 | 1, 3 of each word), and
-  the input rows are written to B in that order (``_stage_input``). Each K tile (one scale group) is multiplied from
+  the input rows are written to B in that order (``_stage_input``; with ``LinearConfig.prefetch`` loaded one K tile
+  ahead, quant_rows_w4a8_mma's). Each K tile (one scale group) is multiplied from
   zero; its float32 result less 136 x each input row's sum over the tile, times the rows' group scales, is added into
   the accumulators: ``s (q x)`` where eager multiplies x by its bfloat16 rounding of ``q s`` (that rounding's
   difference, 2^-9 of a weight, and float32's on the offset: ~2^-24 x 136 of the inputs' sum). The dequantization is a
@@ -45,7 +46,8 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_gemv_w4
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import words_layout
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (PLAIN, PLAIN16, W_LAYOUT, box_producer,
-                                                                      program_tiles, stage_barriers, weight_boxes)
+                                                                      program_tiles, stage_barriers, staged_inputs,
+                                                                      weight_boxes)
 
 ENV = "TRTLLM_PIPELINE_INT4_WGMMA_ROWS"
 MAX_ROWS = 64
@@ -84,7 +86,8 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | No
     block_n = block_n or (WIDE_BLOCK_N if wide else GLU_BLOCK_N if glu else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
     stages = (WIDE_GLU_STAGES if wide else GLU_STAGES) if glu else STAGES
-    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True, made=wide)
+    return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True, made=wide,
+                        prefetch=not wide and support.staged_prefetch())
 
 
 # ------------------------------------------------------------------------------------------ layouts
@@ -167,18 +170,14 @@ def _row_scales(s_bufs, s, HALF: gl.constexpr, NB: gl.constexpr):
 
 
 @gluon.jit
-def _stage_input(x_ptr, pqs_ptr, b_buf, kt, M, stride_x, NB: gl.constexpr, HAS_PQS: gl.constexpr,
-                 COMPUTE: gl.constexpr):
-    """K tile ``kt`` of the input rows (times the pre-quant scale, rounded to the compute dtype) into the K-major B
-    buffer [NB, 128], rows past M zero, in the MMA's input order: MMA input 16 c + 8 j + 2 t + i is input 16 c + 4 t
-    + 2 i + j (a lane's pairs of ``_operand``). Loaded four inputs a thread; the order is a relabelling of them.
-    Returns 136 x each row's sum over the tile [NB] (the accumulators' column layout)."""
-    XL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(1, XL)), 1)
-    cols = kt * 128 + gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, XL)), 0)
-    x = gl.load(x_ptr + n * stride_x + cols, mask=(n < M) & (cols >= 0), other=0.0)
+def _stage_input(x, pqs, b_buf, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
+    """A K tile of the input rows ``x`` [NB, 128] (quant_gemv_ws.input_rows) times the pre-quant scales ``pqs``,
+    rounded to the compute dtype, into the K-major B buffer [NB, 128] in the MMA's input order: MMA input 16 c + 8 j +
+    2 t + i is input 16 c + 4 t + 2 i + j (a lane's pairs of ``_operand``). Four inputs a thread; the order is a
+    relabelling of them. Returns 136 x each row's sum over the tile [NB] (the accumulators' column layout)."""
+    NB: gl.constexpr = x.shape[0]
     if HAS_PQS:
-        x = (x.to(gl.float32) * gl.load(pqs_ptr + cols).to(gl.float32)).to(COMPUTE)
+        x = (x.to(gl.float32) * pqs).to(COMPUTE)
     b_buf.store(gl.reshape(gl.permute(gl.reshape(x, [NB, 8, 4, 2, 2]), [0, 1, 4, 2, 3]), [NB, 128]))
     # (row, chunk c, t, input bit 1 = i, input bit 0 = j) -> MMA input order; and 136 x each row's sum, what the
     # weights' offset adds to the tile's products (float32 of the bfloat16 values the MMA multiplies)
@@ -200,20 +199,28 @@ def _tile(w, scales, b_lo, b_hi, offset, acc, NB: gl.constexpr):
 
 @gluon.jit
 def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
-              STAGES: gl.constexpr, PDL: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
+              STAGES: gl.constexpr, PDL: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr,
+              PREFETCH: gl.constexpr):
     x_ptr, pqs_ptr, pqs2_ptr, M, stride_x, k0, b_buf, b_buf2 = inputs
     L: gl.constexpr = words_layout(HALF)
     if PDL:  # x is the previous kernel's output; this one's outputs are read by the kernels before it
         gdc_wait()
         gdc_launch_dependents()
+    k_end = k0 + k_iters
+    # PREFETCH: the next tile's rows and scales are loaded while this tile's MMAs run (quant_rows_w4a8_mma's)
+    nx, np1, np2 = staged_inputs(x_ptr, pqs_ptr, pqs2_ptr, k0, k_end, M, stride_x, NB, HAS_PQS, GLU)
     acc = gl.zeros([2 * HALF, NB], gl.float32, _mma_layout(NB))
     acc2 = acc
     for i in range(k_iters):
+        if PREFETCH:
+            x, p1, p2 = nx, np1, np2
+        else:
+            x, p1, p2 = staged_inputs(x_ptr, pqs_ptr, pqs2_ptr, k0 + i, k_end, M, stride_x, NB, HAS_PQS, GLU)
         gl.thread_barrier()  # the last tile's MMAs done with the B buffers
-        offset = _stage_input(x_ptr, pqs_ptr, b_buf, k0 + i, M, stride_x, NB, HAS_PQS, COMPUTE)
+        offset = _stage_input(x, p1, b_buf, HAS_PQS, COMPUTE)
         offset2 = offset
         if GLU:  # the gate's own pre-quant scale
-            offset2 = _stage_input(x_ptr, pqs2_ptr, b_buf2, k0 + i, M, stride_x, NB, HAS_PQS, COMPUTE)
+            offset2 = _stage_input(x, p2, b_buf2, HAS_PQS, COMPUTE)
         fence_async_shared()  # the B stores before the tensor cores read them
         gl.thread_barrier()
         s = i % STAGES
@@ -225,6 +232,8 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
             scales2 = _row_scales(bufs2[1], s, HALF, NB)
         fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
         mbarrier.arrive(empty.index(s), count=1)
+        if PREFETCH:
+            nx, np1, np2 = staged_inputs(x_ptr, pqs_ptr, pqs2_ptr, k0 + i + 1, k_end, M, stride_x, NB, HAS_PQS, GLU)
         acc = _tile(w, scales, b_buf.slice(0, 64, dim=1), b_buf.slice(64, 64, dim=1), offset, acc, NB)
         if GLU:
             acc2 = _tile(w2, scales2, b_buf2.slice(0, 64, dim=1), b_buf2.slice(64, 64, dim=1), offset2, acc2, NB)
@@ -236,7 +245,7 @@ def _int4_rows_mma_kernel(
     w_desc, s_desc, w2_desc, s2_desc, x_ptr, pqs_ptr, pqs2_ptr, out_ptr,
     M, N, k_tiles, per_split, stride_x, stride_os, stride_om,
     GLU: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
-    STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr, num_warps: gl.constexpr,
 ):
     descs = (w_desc, s_desc)
     descs2 = (w2_desc, s2_desc)
@@ -255,7 +264,8 @@ def _int4_rows_mma_kernel(
     NBYTES: gl.constexpr = (w_desc.block_type.nbytes + s_desc.block_type.nbytes) * (2 if GLU else 1)
     inputs = (x_ptr, pqs_ptr, pqs2_ptr, M, stride_x, k0, b_buf, b_buf2)
     acc, acc2 = gl.warp_specialize([
-        (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE)),
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE,
+                     PREFETCH)),
         (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, BOXES, 2, GLU, STAGES, PDL,
                         NBYTES)),
     ], [1], [40])
@@ -403,7 +413,8 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     descs = _descriptors(q, half) + _descriptors(q2, half)
     return _int4_rows_mma_kernel[grid](
         *descs, x, q.pqs if q.pqs is not None else x, q2.pqs if q2.pqs is not None else x, out,
-        *shape, x.stride(0), *out_strides, HAS_PQS=q.pqs is not None, maxnreg=MAX_REGISTERS, **common)
+        *shape, x.stride(0), *out_strides, HAS_PQS=q.pqs is not None, PREFETCH=cfg.prefetch, maxnreg=MAX_REGISTERS,
+        **common)
 
 
 def _input_descriptors(made: torch.Tensor, sums: torch.Tensor, nb: int) -> list:

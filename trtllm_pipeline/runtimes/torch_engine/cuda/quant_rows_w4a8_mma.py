@@ -12,7 +12,8 @@ in its sm_90 loop) at any of these batches, and each row only its share of stagi
   round to the compute dtype, quantize to E4M3 with the activation scale (quant_linear's ``_act_tile``: eager's
   rounding points), and store them into two K-major B buffers [NB, 128], the second with the signs flipped, each
   word's inputs in the lookup's byte order (0, 2, 1, 3). The batch-1 kernel makes its whole K slice once instead; at
-  16 rows that slice would not fit beside the stages.
+  16 rows that slice would not fit beside the stages. ``LinearConfig.prefetch`` (``support.staged_prefetch``, off
+  until timed): the next tile's rows and scales are loaded during this tile's lookups and MMAs instead of at its top.
 * The lookup, the two MMA chains a tile from zero and their float32 promotion every 128 inputs are
   quant_gemv_w4a8_mma's (``tile``), as are the producer warp, stages and tables (``QuantWeight.lut8``).
 
@@ -51,7 +52,8 @@ from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_gemv_w4
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import (B_LAYOUT, BOXES, SIGNS, mma_layout,
                                                                            stage_tables, tile, word_bytes, words_layout)
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import box_producer, program_tiles, stage_barriers
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (box_producer, program_tiles, stage_barriers,
+                                                                      staged_inputs)
 
 ENV = "TRTLLM_PIPELINE_W4A8_WGMMA_ROWS"
 MAX_ROWS = 64
@@ -86,7 +88,7 @@ def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | No
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
     stages = (WIDE_GLU_STAGES if wide else GLU_STAGES) if glu else STAGES
     return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, w4a8=True, lut_mma=True,
-                        made=wide)
+                        made=wide, prefetch=not wide and support.staged_prefetch())
 
 
 # ------------------------------------------------------------------------------------------ the consumers' work
@@ -101,19 +103,17 @@ mov.b32 $0, {lo, hi}; }""")
 
 
 @gluon.jit
-def _stage_input(x_ptr, pqs_ptr, aq_ptr, bx, kt, M, stride_x, NB: gl.constexpr, HAS_PQS: gl.constexpr,
-                 COMPUTE: gl.constexpr):
-    """K tile ``kt`` of the input rows as E4M3 into the B buffers [NB, 128] (rows past M zero): times the pre-quant
-    scale rounded to the compute dtype, times the activation scale, clamped to E4M3's range and rounded to nearest even
-    (quant_gemv_w4a8_mma._fp8_words' points); ``bx[1]`` the same with the sign bits flipped. Byte j of each word holds
-    input (0, 2, 1, 3)[j] of its four, the order the weights' lookups leave their bytes in."""
-    XL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # a thread: one word's four inputs
-    n = gl.expand_dims(gl.arange(0, NB, layout=gl.SliceLayout(1, XL)), 1)
-    cols = kt * 128 + gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, XL)), 0)
-    v = gl.load(x_ptr + n * stride_x + cols, mask=(n < M) & (cols >= 0), other=0.0).to(gl.float32)
+def _stage_input(x, pqs, aq, bx, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
+    """A K tile of the input rows ``x`` [NB, 128] (quant_gemv_ws.input_rows) as E4M3 into the B buffers: times the
+    pre-quant scales ``pqs`` rounded to the compute dtype, times the activation scale ``aq``, clamped to E4M3's range
+    and rounded to nearest even (quant_gemv_w4a8_mma._fp8_words' points); ``bx[1]`` the same with the sign bits
+    flipped. Byte j of each word holds input (0, 2, 1, 3)[j] of its four, the order the weights' lookups leave their
+    bytes in."""
+    NB: gl.constexpr = x.shape[0]
+    v = x.to(gl.float32)
     if HAS_PQS:
-        v = (v * gl.load(pqs_ptr + cols).to(gl.float32)).to(COMPUTE).to(gl.float32)
-    even, odd = gl.split(gl.reshape(v * gl.load(aq_ptr), [NB, 32, 2, 2]))  # inputs (0, 2) and (1, 3) of each word
+        v = (v * pqs).to(COMPUTE).to(gl.float32)
+    even, odd = gl.split(gl.reshape(v * aq, [NB, 32, 2, 2]))  # inputs (0, 2) and (1, 3) of each word
     x0, x2 = gl.split(even)
     x1, x3 = gl.split(odd)
     w = gl.inline_asm_elementwise(_E4M3_WORD, "=r,f,f,f,f", [x0, x1, x2, x3], dtype=gl.int32, is_pure=True, pack=1)
@@ -123,19 +123,30 @@ def _stage_input(x_ptr, pqs_ptr, aq_ptr, bx, kt, M, stride_x, NB: gl.constexpr, 
 
 @gluon.jit
 def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
-              STAGES: gl.constexpr, PDL: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr):
+              STAGES: gl.constexpr, PDL: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr,
+              PREFETCH: gl.constexpr):
     x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, M, stride_x, k0, bx, bx2 = inputs
     L: gl.constexpr = words_layout(HALF)
     if PDL:  # x is the previous kernel's output; this one's outputs are read by the kernels before it
         gdc_wait()
         gdc_launch_dependents()
+    k_end = k0 + k_iters
+    aq = gl.load(aq_ptr)
+    aq2 = gl.load(aq2_ptr)
+    # PREFETCH: the next tile's rows and scales are loaded while this tile's lookups and MMAs run (after the stage's
+    # fences: a fence waits for the loads before it)
+    nx, np1, np2 = staged_inputs(x_ptr, pqs_ptr, pqs2_ptr, k0, k_end, M, stride_x, NB, HAS_PQS, GLU)
     acc = gl.zeros([2 * HALF, NB], gl.float32, mma_layout(NB))
     acc2 = acc
     for i in range(k_iters):
+        if PREFETCH:
+            x, p1, p2 = nx, np1, np2
+        else:
+            x, p1, p2 = staged_inputs(x_ptr, pqs_ptr, pqs2_ptr, k0 + i, k_end, M, stride_x, NB, HAS_PQS, GLU)
         gl.thread_barrier()  # the last tile's MMAs done with the B buffers
-        _stage_input(x_ptr, pqs_ptr, aq_ptr, bx, k0 + i, M, stride_x, NB, HAS_PQS, COMPUTE)
+        _stage_input(x, p1, aq, bx, HAS_PQS, COMPUTE)
         if GLU:  # the gate's own pre-quant and activation scales
-            _stage_input(x_ptr, pqs2_ptr, aq2_ptr, bx2, k0 + i, M, stride_x, NB, HAS_PQS, COMPUTE)
+            _stage_input(x, p2, aq2, bx2, HAS_PQS, COMPUTE)
         fence_async_shared()  # the B stores before the tensor cores read them
         gl.thread_barrier()
         s = i % STAGES
@@ -147,6 +158,8 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
             tabs2 = stage_tables(bufs2[1], s, L, HALF)
         fence_async_shared()  # the reads ordered before the copy engine's next writes to the stage
         mbarrier.arrive(empty.index(s), count=1)
+        if PREFETCH:
+            nx, np1, np2 = staged_inputs(x_ptr, pqs_ptr, pqs2_ptr, k0 + i + 1, k_end, M, stride_x, NB, HAS_PQS, GLU)
         acc = tile(w, tabs, bx, acc)
         if GLU:
             acc2 = tile(w2, tabs2, bx2, acc2)
@@ -158,7 +171,7 @@ def _w4a8_rows_mma_kernel(
     w_desc, t_desc, w2_desc, t2_desc, x_ptr, pqs_ptr, aq_ptr, osc_ptr, pqs2_ptr, aq2_ptr, osc2_ptr, out_ptr,
     M, N, k_tiles, per_split, stride_x, stride_os, stride_om,
     GLU: gl.constexpr, HAS_PQS: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
-    STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr, num_warps: gl.constexpr,
 ):
     descs = (w_desc, t_desc)
     descs2 = (w2_desc, t2_desc)
@@ -179,7 +192,8 @@ def _w4a8_rows_mma_kernel(
     NBYTES: gl.constexpr = (w_desc.block_type.nbytes + t_desc.block_type.nbytes) * (2 if GLU else 1)
     inputs = (x_ptr, pqs_ptr, aq_ptr, pqs2_ptr, aq2_ptr, M, stride_x, k0, bx, bx2)
     acc, acc2 = gl.warp_specialize([
-        (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE)),
+        (_consumer, (bufs, bufs2, ready, empty, k_iters, inputs, GLU, HALF, NB, STAGES, PDL, HAS_PQS, COMPUTE,
+                     PREFETCH)),
         (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, BOXES, 2, GLU, STAGES, PDL,
                         NBYTES)),
     ], [1], [40])
@@ -304,7 +318,7 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
     return _w4a8_rows_mma_kernel[grid](
         *descs, x, q.pqs if q.pqs is not None else x, q.act_q, q.out_scale,
         q2.pqs if q2.pqs is not None else x, q2.act_q, q2.out_scale, out, *strides, x.stride(0),
-        *out_strides, HAS_PQS=q.pqs is not None, maxnreg=MAX_REGISTERS, **common)
+        *out_strides, HAS_PQS=q.pqs is not None, PREFETCH=cfg.prefetch, maxnreg=MAX_REGISTERS, **common)
 
 
 def _wide_descriptors(q, made: torch.Tensor, half: int, nb: int) -> list:

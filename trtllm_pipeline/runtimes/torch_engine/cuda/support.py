@@ -49,6 +49,22 @@ def set_carveout(modules, percent: int) -> int:
 
 
 STAGED_ROWS_ENV = "TRTLLM_PIPELINE_WGMMA_STAGED_ROWS"
+STAGED_PREFETCH_ENV = "TRTLLM_PIPELINE_WGMMA_PREFETCH"
+
+
+def switch(env: str, default: bool, meaning: str) -> bool:
+    """A 0/1 switch: ``$env`` 1 (``meaning``: what 1 does) or 0, unset ``default``; an InputError naming both values
+    where it holds anything else."""
+    value = os.environ.get(env, "").strip()
+    if value not in ("0", "1", ""):
+        raise InputError(f"{env}={value!r}: 1 {meaning}, 0 does not.", fix=f"set {env} to 0 or 1, or unset it")
+    return value == "1" if value else default
+
+
+def staged_prefetch(default: bool = False) -> bool:
+    """Whether the 4-bit row kernels' staged form loads each K tile's input rows one tile ahead, in flight during the
+    tile before (``$TRTLLM_PIPELINE_WGMMA_PREFETCH``; off by default until a GPU has timed it)."""
+    return switch(STAGED_PREFETCH_ENV, default, "loads the staged row kernels' input one K tile ahead")
 
 
 def staged_rows(default: int = 16) -> int:
