@@ -153,10 +153,13 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                 out += ([("rows-2-stages", r(rows, num_stages=2))] if glu else
                         [("rows-2-stages", r(rows, num_stages=2)), ("rows-6-stages", r(rows, num_stages=6)),
                          ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
-            elif rows.made:  # the wide kernel: 64 output rows (its registers)
+            elif rows.made:  # the wide kernel (W4A8: 64 output rows, its registers; INT4: 128, each weight scaled)
                 out += ([("rows-3-stages", r(rows, num_stages=3))] if glu else
                         [("rows-2-stages", r(rows, num_stages=2)), ("rows-4-stages", r(rows, num_stages=4)),
                          ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
+                if rows.scale_weights:  # INT4's: at 64 rows a program, and its offset form (the first one timed)
+                    narrow = module.pick_config(q, m, sm, glu=glu, block_n=64)
+                    out += [("rows-64-rows", narrow), ("rows-offset", r(narrow, scale_weights=False))]
             else:  # the staged form, its neighbours, and the wide form at these rows (the input made once)
                 made = r(rows, made=True, block_n=64, num_stages=module.WIDE_GLU_STAGES if glu else 3,
                          splits=1 if glu else module.pick_config(q, m, sm, block_n=64).splits)

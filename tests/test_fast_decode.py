@@ -1300,18 +1300,26 @@ def test_w4a8_gemv_on_fp8_tensor_cores_compiles_for_hopper():
 
 def test_int4_rows_on_wgmma_dequantize_and_order_inputs_alike():
     """quant_rows_int4_mma's arithmetic, emulated with torch: the LOP3 of a nibble with its two constants is bfloat16
-    136 + q for every q (its truth table 0x6A: mask ? a ^ c : c), and the MMA input each A element multiplies (the
-    word's pairs 0, 2 | 1, 3 rearranged by ``_operand``) is the input ``_stage_input`` writes to B at that position."""
+    136 + q for every q (its truth table 0x6A: mask ? a ^ c : c), less bfloat16 136 is q exactly and times a bfloat16
+    scale is eager's weight (the wide form's ``_SCALED``), and the MMA input each A element multiplies (the word's pairs
+    0, 2 | 1, 3 rearranged by ``_operand``) is the input ``_stage_input`` writes to B at that position."""
     from trtllm_pipeline.runtimes.torch_engine.cuda import quant_rows_int4_mma as m
 
     def lop3(a, b, c, lut):
         return sum(((lut >> ((((a >> i) & 1) << 2) | (((b >> i) & 1) << 1) | ((c >> i) & 1))) & 1) << i
                    for i in range(32))
 
+    gen = torch.Generator().manual_seed(3)
+    scales = (torch.rand(64, generator=gen) * 0.3 + 1e-3).to(torch.bfloat16)
+    assert "lop3.b32 t, $1, $3, $4, 0x6A" in m._SCALED.value and "mov.b32 c, 0x43084308" in m._SCALED.value
     for q in range(-8, 8):
         word = (q & 0xF) | ((q & 0xF) << 16) | 0x7A507A50  # the nibbles and unrelated bits around them
         half = lop3(word, m.NIBBLES.value, m.MAGIC.value, 0x6A) & 0xFFFF
-        assert torch.tensor([half], dtype=torch.int16).view(torch.bfloat16).item() == 136 + q
+        value = torch.tensor([half], dtype=torch.int16).view(torch.bfloat16)
+        assert value.item() == 136 + q
+        # the scaled form: (136 + q) - 136 in bfloat16 is q exactly, times s rounded once: eager's weight
+        exact = value - torch.tensor([0x4308], dtype=torch.int16).view(torch.bfloat16)
+        assert exact.item() == q and torch.equal(exact * scales, (q * scales.float()).to(torch.bfloat16))
     inputs = torch.arange(128)
     for h in range(2):  # each 64-input half of a K tile
         words = inputs[64 * h: 64 * h + 64].view(16, 4)  # word r holds inputs 4 r .. 4 r + 3
@@ -1348,18 +1356,25 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
     assert _wgmma_loop(tool, kernel, proj, False, "HGMMA", quant_rows_int4_mma.MAX_REGISTERS, 43)[1] < 2.4
     _prefetched(tool, kernel)
     # from 17 rows the wide kernel: its input made once (``prepare``) and copied beside the weights; the consumers'
-    # loop reads shared memory only, dequantizes and multiplies (each tile's offset, scale and sum into float32: 1.0
-    # of the instructions a weight at 64 columns)
+    # loop reads shared memory only. Each weight bfloat16(q s) in registers (a LOP3, a subtraction and a multiply a
+    # pair), the MMAs chained on the accumulators across K: 128 output rows a program in 168 registers. The offset
+    # form (``scale_weights`` False: each tile's offset, scale and sum into float32, 1.0 of the instructions a weight at
+    # 64 columns) at 64 rows a program
     wide = quant_rows_int4_mma.pick_config(_hopper_shape(3584, 18944), 64, 132)
     wide_glu = quant_rows_int4_mma.pick_config(_hopper_shape(18944, 3584), 40, 132, glu=True)
-    assert (wide.block_m, wide.block_n, wide.num_stages, wide_glu.block_m, wide_glu.num_stages) == (64, 64, 3, 64, 2)
-    for cfg, glu_, rows, most, shared in ((wide, False, 64, 3.3, 64), (wide_glu, True, 64, 3.0, 86),
-                                          (wide, False, 32, 2.7, 40), (dataclasses.replace(wide_glu, block_m=8), True,
-                                                                       8, 2.0, 28)):
-        kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows, made=True)
+    assert (wide.block_m, wide.block_n, wide.num_stages, wide_glu.block_m, wide_glu.num_stages) == (64, 128, 3, 64, 2)
+    assert wide.scale_weights and wide_glu.scale_weights and not proj.scale_weights
+    offset = dataclasses.replace(wide, block_n=64, scale_weights=False)
+    for cfg, glu_, rows, most, shared in ((wide, False, 64, 2.7, 76), (wide_glu, True, 64, 2.5, 100),
+                                          (wide, False, 32, 2.7, 52), (offset, False, 64, 3.3, 64),
+                                          (dataclasses.replace(wide_glu, block_m=8, block_n=64, scale_weights=False),
+                                           True, 8, 2.0, 28)):
+        kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows, made=True, scaled=cfg.scale_weights)
         ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "HGMMA", quant_rows_int4_mma.WIDE_REGISTERS, shared)
-        # (one STS a tile: the group scales' reorder into the MMA rows' order goes through shared memory)
+        # (the offset form: one STS a tile, the group scales' reorder into the MMA rows' order)
         assert not {"LDG", "STSM"} & set(ops) and ops["STS"] <= 2 and per_weight < most, (rows, glu_, ops)
+        # the scaled form's MMAs chain across K: no float32 per-tile sum, a subtraction and a multiply a pair
+        assert not cfg.scale_weights or not {"FADD", "FFMA", "STS"} & set(ops) and ops["HMUL2"] == ops["HADD2"], ops
     monkeypatch.setenv(quant_rows_int4_mma.ENV, "8")
     assert quant_rows_int4_mma.enabled(8) and not quant_rows_int4_mma.enabled(9) and not quant_rows_int4_mma.enabled(1)
     monkeypatch.delenv(quant_rows_int4_mma.ENV)

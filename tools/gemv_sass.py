@@ -192,10 +192,11 @@ def _compile_rows(fn, descs: dict, pointers: dict, scalars: tuple, consts: dict,
 
 
 def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int, made: bool | None = None,
-                     prefetch: bool = False):
+                     prefetch: bool = False, scaled: bool = False):
     """quant_rows_int4_mma's kernel (Gluon: INT4 dequantized in registers into bfloat16 wgmma) for sm_90 at ``rows``
     input rows (the MMA's N: 8 or 16, each program staging its input; 32 or 64, or ``made``: the wide kernel, its
-    input made once and copied beside the weights; ``prefetch``: the staged form's input one K tile ahead)."""
+    input made once and copied beside the weights; ``prefetch``: the staged form's input one K tile ahead;
+    ``scaled``: the wide form with each weight scaled in registers)."""
     half = block_n // 2
     nb = max(8, triton.next_power_of_2(rows))
     wide = nb > quant_rows_int4_mma.STAGED_ROWS if made is None else made
@@ -206,6 +207,7 @@ def compile_int4_mma(block_n: int, glu: bool, stages: int, rows: int, made: bool
         b = f"tensordesc<bf16[{nb}, 64],{quant_rows_int4_mma._b_layout()!r}>"
         sums = f"tensordesc<fp32[1, {quant_rows_int4_mma.sums_columns(nb)}],{quant_rows_int4_mma.PLAIN!r}>"
         descs.update(lo_desc=b, hi_desc=b, o_desc=sums)
+        consts["SCALED"] = scaled
         fn = quant_rows_int4_mma._int4_rows_wide_kernel
         pointers = {}
         scalars = ("M", "N", "k_tiles", "per_split", "stride_os", "stride_om")
@@ -426,6 +428,8 @@ def main() -> None:
     ap.add_argument("--int8wo-rows", type=int, default=0, metavar="ROWS",
                     help="INT8 weight-only's wgmma kernel (quant_rows_int8wo_mma) for ROWS input rows, --stages deep")
     ap.add_argument("--made", action="store_true", help="with --w4a8-rows / --int4-mma: the wide form at any rows")
+    ap.add_argument("--scaled", action="store_true",
+                    help="with --int4-mma's wide form: each weight bfloat16(q s) in registers, no per-tile sums")
     ap.add_argument("--prefetch", action="store_true",
                     help="with --w4a8-rows / --int4-mma: the staged form loading its input one K tile ahead")
     ap.add_argument("--w4a8-rows", type=int, default=0, metavar="ROWS",
@@ -439,7 +443,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     a = ap.parse_args()
     if a.int4_mma:
-        kernel = compile_int4_mma(a.block_n, a.glu, a.stages, a.int4_mma, a.made or None, a.prefetch)
+        kernel = compile_int4_mma(a.block_n, a.glu, a.stages, a.int4_mma, a.made or None, a.prefetch,
+                                  a.scaled)
     elif a.w4a8_rows:
         kernel = compile_w4a8_rows(a.block_n, a.glu, a.stages, a.w4a8_rows, a.made or None, a.prefetch)
     elif a.int8_rows:

@@ -28,8 +28,10 @@ prefetch_4bit() {
 }
 # 32: the 4-bit row kernels where the H100 found them slow (2026-12-08): W4A8's wide form at 64 rows took twice the
 # GEMM's time (10.0 against 5.1 ms of launches; qkv as slow with one K split as with three: its made input now timed
-# alone, "made-input", and Nsight Compute's stall counters on its GLU and proj); INT4's wide form at 8 rows crashed
-# (a misaligned copy of its 8-column row sums, padded to 32 now)
+# alone, "made-input", and Nsight Compute's stall counters on its GLU and proj); INT4's wide form is new since (each
+# weight scaled in registers, 128 rows a program; "rows-offset" the form timed then, whose 8-row crash, a misaligned
+# copy of its 8-column row sums, is fixed), checked and timed at 64 rows, then in the step at 32 and 64 and from 8
+# rows (STAGED_ROWS=0)
 rows_4bit() {
   part w4a8_kernels 150 W4A8_GEMV_ROWS=64
   part ncu_quant 240 NCU_MS=64 TRTLLM_PIPELINE_W4A8_WGMMA_ROWS=64 TRTLLM_PIPELINE_INT4_WGMMA_ROWS=64

@@ -44,7 +44,9 @@ class LinearConfig:
     ws: bool = False  # with tma: the warp-specialized GEMV (quant_gemv_ws: one warp copies, four compute)
     gemm: bool = False  # quant_gemm's tensor-core GEMM (4/8-bit weights at M > 1, prefill)
     swap: bool = False  # with gemm: the weight tile on the MMA's M side, the input rows on its N side
-    scale_weights: bool = False  # with gemm: INT4-AWQ's group scale on each weight, not on the tile's dot result
+    # with gemm: INT4-AWQ's group scale on each weight, not on the tile's dot result (quant_gemm's GEMM; with lut_mma
+    # and made, quant_rows_int4_mma's wide form)
+    scale_weights: bool = False
     library: bool = False  # BF16 / FP8 at large batches: cuBLAS (F.linear, torch._scaled_mm), not this module's kernels
     dp4a8: bool = False  # quant_gemv_int8's dp4a matrix-vector kernel (INT8 SmoothQuant at batch 1)
     w4a8: bool = False  # quant_gemv_w4a8's table-lookup dp4a matrix-vector kernel (W4A8-AWQ at batch 1)

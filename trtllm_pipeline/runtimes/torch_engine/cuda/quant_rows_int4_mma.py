@@ -21,9 +21,14 @@ batch is the MMA's N (8 or 16 columns of B) and costs nothing per weight, and ea
 
 From 17 rows (the MMA's N 32 or 64) every program staging the same rows would cost more than its dequantization:
 there ``made_input.int4`` (one small kernel) writes the rows once, times their pre-quant scale in the compute dtype
-and in the MMA's input order, with 136 x each row's sum per K tile, and the producer warp copies the tile's two
-[NB, 64] halves and its [1, NB] sums beside the words and scales (quant_gemv_ws.box_producer; rows past M read as
-zeros); the consumers only dequantize and issue the MMAs, 64 output rows a program (168 registers).
+and in the MMA's input order, and the producer warp copies the tile's two [NB, 64] halves beside the words and scales
+(quant_gemv_ws.box_producer; rows past M read as zeros); the consumers only dequantize and issue the MMAs. There each
+weight is made bfloat16(q s) in registers (``_SCALED``: the LOP3's 136 + q, less 136, times the row's scale: one
+rounding, eager's weight), so the MMAs chain on the accumulators across K with no per-tile result to scale and add
+(at N 64 that result's registers and its float32 sums were a third of the loop), and a program takes 128 output rows
+in 168 registers: each copied input row serves twice the weights (at 64 rows the input's boxes are 16 KB a tile
+against 4 KB of words at 64 output rows). ``LinearConfig.scale_weights`` False: the offset form above, with each
+tile's [1, NB] sums of 136 x the rows copied too, 64 output rows a program (the first one timed, H100 2026-12-08).
 
 Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
 [M, N] in the compute dtype, K not split). Gluon kernels do not run in Triton's interpreter: the CPU tests compile this
@@ -55,8 +60,9 @@ STAGED_ROWS = 16  # up to this many rows each program stages its input (support.
 MAX_REGISTERS, WIDE_REGISTERS = 128, 168
 STAGES, GLU_STAGES, WIDE_GLU_STAGES = 3, 2, 2
 # output rows a program: 128 (the staged GLU too, as W4A8's: 51.7 us at 8 rows on an H100 against 70.5 at 64 rows and
-# three stages, 2026-12-08; INT4's not yet timed so), from 17 rows 64
-BLOCK_N, GLU_BLOCK_N, WIDE_BLOCK_N = 128, 128, 64
+# three stages, 2026-12-08; INT4's not yet timed so); the wide form 128 with each weight scaled in registers (its
+# accumulators chain across K: the registers of a per-tile result are free), 64 with the per-tile offset and scale
+BLOCK_N, GLU_BLOCK_N, WIDE_BLOCK_N, OFFSET_WIDE_BLOCK_N = 128, 128, 128, 64
 NIBBLES = gl.constexpr(0x000F000F)  # each bfloat16 half's low nibble
 MAGIC = gl.constexpr(0x43084308)  # where the mask is set: the nibble's XOR 8; elsewhere: bfloat16 128's bits
 BOXES = gl.constexpr(weight_boxes(2))  # a K tile's packed words and 16-bit scales (even, odd rows)
@@ -78,16 +84,17 @@ def supported(q, m: int) -> bool:
 
 def pick_config(q, m: int, sm_count: int, *, glu: bool = False, splits: int | None = None,
                 block_n: int | None = None) -> LinearConfig:
-    """128 output rows x 128 inputs (from 17 rows: 64), the MMA's N the next of 8, 16, 32, 64 for ``m`` rows,
-    quant_gemv_w4a8_ws's K split rule, ``STAGES`` deep (the GLUs two: two matrices' words, the wide one its input
-    boxes too)."""
+    """128 output rows x 128 inputs, the MMA's N the next of 8, 16, 32, 64 for ``m`` rows, quant_gemv_w4a8_ws's K
+    split rule, ``STAGES`` deep (the GLUs two: two matrices' words, the wide one its input boxes too); from 17 rows
+    the wide form, each weight scaled in registers (``scale_weights``; False: the per-tile offset and scale, 64 rows
+    a program)."""
     nb = max(8, triton.next_power_of_2(m))
     wide = nb > support.staged_rows(STAGED_ROWS)
     block_n = block_n or (WIDE_BLOCK_N if wide else GLU_BLOCK_N if glu else BLOCK_N)
     splits = 1 if glu else splits or quant_gemv_w4a8_ws.split_rule(q, sm_count, block_n)
     stages = (WIDE_GLU_STAGES if wide else GLU_STAGES) if glu else STAGES
     return LinearConfig(nb, block_n, 128, splits, 4, stages, gemm=True, tma=True, ws=True, lut_mma=True, made=wide,
-                        prefetch=not wide and support.staged_prefetch())
+                        prefetch=not wide and support.staged_prefetch(), scale_weights=wide)
 
 
 # ------------------------------------------------------------------------------------------ layouts
@@ -125,6 +132,23 @@ def _pairs(v):
     return _lop(v)
 
 
+# per bfloat16 half: 136 + q (``_lop``), less 136 (exact), times the row's group scale s: bfloat16(q s), one rounding,
+# the weight eager multiplies (``$2``: the row's scale in both halves)
+_SCALED = gl.constexpr("""{ .reg .b32 t, c;
+lop3.b32 t, $1, $3, $4, 0x6A;
+mov.b32 c, 0x43084308;
+sub.rn.bf16x2 t, t, c;
+mul.rn.bf16x2 $0, t, $2; }""")
+
+
+@gluon.jit
+def _scaled_pairs(v, scale):
+    """The bfloat16 pair (q s, q' s) of the nibbles in bits 0-3 and 16-19 of ``v``: three instructions a pair."""
+    return gl.inline_asm_elementwise(_SCALED, "=r,r,r,r,r", [v, gl.broadcast(scale, v)[0], gl.full_like(v, NIBBLES),
+                                                            gl.full_like(v, MAGIC)], dtype=gl.int32, is_pure=True,
+                                     pack=1)
+
+
 @gluon.jit
 def _half_words(w, h: gl.constexpr):
     """The words [HALF, 32] of the tile's first (h = 0) or second 64 inputs, [HALF, 16]."""
@@ -136,16 +160,23 @@ def _half_words(w, h: gl.constexpr):
 
 
 @gluon.jit
-def _operand(w, NB: gl.constexpr):
-    """A [2 HALF, 64] bfloat16 of the integers q in the wgmma operand's layout from packed words [HALF, 16] (64
-    inputs): MMA row 64 b + 16 w + 8 p + g is row parity p of packed row 32 b + 8 w + g; MMA input 16 c + 8 j + 2 t + i
-    of the chunk c is input 16 c + 4 t + 2 i + j (``_stage_input`` writes B so)."""
+def _operand(w, NB: gl.constexpr, scales=None):
+    """A [2 HALF, 64] bfloat16 of 136 + q (or with ``scales``, each packed row's even and odd rows' scale pairs
+    [HALF, 1] (``_scale_pairs``), of q s) in the wgmma operand's layout from packed words [HALF, 16] (64 inputs): MMA
+    row 64 b + 16 w + 8 p + g is row parity p of packed row 32 b + 8 w + g; MMA input 16 c + 8 j + 2 t + i of the chunk
+    c is input 16 c + 4 t + 2 i + j (``_stage_input`` writes B so)."""
     half: gl.constexpr = w.shape[0]
     nb: gl.constexpr = half // 32
-    e02 = _pairs(w)
-    e13 = _pairs(w >> 8)
-    o02 = _pairs(w >> 4)
-    o13 = _pairs(w >> 12)
+    if scales is None:
+        e02 = _pairs(w)
+        e13 = _pairs(w >> 8)
+        o02 = _pairs(w >> 4)
+        o13 = _pairs(w >> 12)
+    else:
+        e02 = _scaled_pairs(w, scales[0])
+        e13 = _scaled_pairs(w >> 8, scales[0])
+        o02 = _scaled_pairs(w >> 4, scales[1])
+        o13 = _scaled_pairs(w >> 12, scales[1])
     # pairs: (packed row, word = 4 c + t, j) -> pair index 8 c + 4 j + t
     even = gl.reshape(gl.permute(gl.reshape(gl.join(e02, e13), [half, 4, 4, 2]), [0, 1, 3, 2]), [half, 32])
     odd = gl.reshape(gl.permute(gl.reshape(gl.join(o02, o13), [half, 4, 4, 2]), [0, 1, 3, 2]), [half, 32])
@@ -167,6 +198,19 @@ def _row_scales(s_bufs, s, HALF: gl.constexpr, NB: gl.constexpr):
     v = gl.reshape(gl.join(even, odd), [HALF // 32, 4, 8, 2])  # (block, warp, g, parity)
     v = gl.reshape(gl.permute(v, [0, 1, 3, 2]), [2 * HALF])
     return gl.expand_dims(gl.convert_layout(v, gl.SliceLayout(1, _mma_layout(NB))), 1)
+
+
+@gluon.jit
+def _scale_pairs(s_bufs, s, LAYOUT: gl.constexpr):
+    """Stage ``s``'s group scales of the even and odd rows [HALF, 1] each, every bfloat16 in both halves of an int32
+    (``_scaled_pairs``' operand), in ``LAYOUT`` (the packed words' [HALF, 16] of ``_half_words``)."""
+    HALF: gl.constexpr = s_bufs.shape[2]
+    VEC: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sb = s_bufs.index(s)._reinterpret(gl.bfloat16, [2 * HALF], VEC)
+    ROWS: gl.constexpr = gl.SliceLayout(1, LAYOUT)
+    even = sb.slice(0, HALF).load(ROWS).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    odd = sb.slice(HALF, HALF).load(ROWS).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    return gl.expand_dims(even | (even << 16), 1), gl.expand_dims(odd | (odd << 16), 1)
 
 
 @gluon.jit
@@ -195,6 +239,17 @@ def _tile(w, scales, b_lo, b_hi, offset, acc, NB: gl.constexpr):
     part = warpgroup_mma(_operand(_half_words(w, 0), NB), b_lo.permute((1, 0)), gl.zeros_like(acc), use_acc=False)
     part = warpgroup_mma(_operand(_half_words(w, 1), NB), b_hi.permute((1, 0)), part)
     return acc + (part - gl.expand_dims(offset, 0)) * scales
+
+
+@gluon.jit
+def _scaled_tile(w, s_bufs, s, b_lo, b_hi, acc, NB: gl.constexpr):
+    """One K tile added into the float32 accumulators with each weight made bfloat16(q s) in registers
+    (``_scaled_pairs``): the tile's MMAs chain on the accumulators, no tile result of its own to scale and add."""
+    lo = _half_words(w, 0)
+    WORDS: gl.constexpr = lo.type.layout
+    scales = _scale_pairs(s_bufs, s, WORDS)
+    acc = warpgroup_mma(_operand(lo, NB, scales), b_lo.permute((1, 0)), acc)
+    return warpgroup_mma(_operand(_half_words(w, 1), NB, scales), b_hi.permute((1, 0)), acc)
 
 
 @gluon.jit
@@ -293,6 +348,7 @@ def _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU: gl.
 # the wide kernel's boxes (box_producer): the words and scales, then the made input's two 64-input halves of the
 # tile and its row sums
 WIDE_BOXES = gl.constexpr(BOXES.value + ((0, 0, 0, 0, 128, 0), (0, 0, 0, 0, 128, 64), (0, 1, 0, 0, 0, 0)))
+SCALED_BOXES = gl.constexpr(WIDE_BOXES.value[:-1])  # the scale on each weight: no row sums to copy
 
 
 @gluon.constexpr_function
@@ -313,8 +369,21 @@ def _stage_offsets(o_bufs, s, NB: gl.constexpr):
 
 
 @gluon.jit
+def _wide_tile(bufs, s, acc, L: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr, SCALED: gl.constexpr):
+    """Stage ``s``'s K tile of one matrix into its accumulators: each weight scaled in registers (SCALED), or the
+    tile's MMAs of 136 + q from zero, less the offset, times the scales (``_tile``)."""
+    w = bufs[0].index(s).load(L)
+    if SCALED:
+        acc = _scaled_tile(w, bufs[1], s, bufs[2].index(s), bufs[3].index(s), acc, NB)
+    else:
+        acc = _tile(w, _row_scales(bufs[1], s, HALF, NB), bufs[2].index(s), bufs[3].index(s),
+                    _stage_offsets(bufs[4], s, NB), acc, NB)
+    return acc
+
+
+@gluon.jit
 def _wide_consumer(bufs, bufs2, ready, empty, k_iters, GLU: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr,
-                   STAGES: gl.constexpr, PDL: gl.constexpr):
+                   STAGES: gl.constexpr, PDL: gl.constexpr, SCALED: gl.constexpr):
     L: gl.constexpr = words_layout(HALF)
     if PDL:  # (its wait is the producer's: every input copy follows it, and the MMAs follow the copies)
         gdc_launch_dependents()
@@ -323,13 +392,9 @@ def _wide_consumer(bufs, bufs2, ready, empty, k_iters, GLU: gl.constexpr, HALF: 
     for i in range(k_iters):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        w = bufs[0].index(s).load(L)
-        acc = _tile(w, _row_scales(bufs[1], s, HALF, NB), bufs[2].index(s), bufs[3].index(s),
-                    _stage_offsets(bufs[4], s, NB), acc, NB)
+        acc = _wide_tile(bufs, s, acc, L, HALF, NB, SCALED)
         if GLU:
-            w2 = bufs2[0].index(s).load(L)
-            acc2 = _tile(w2, _row_scales(bufs2[1], s, HALF, NB), bufs2[2].index(s), bufs2[3].index(s),
-                         _stage_offsets(bufs2[4], s, NB), acc2, NB)
+            acc2 = _wide_tile(bufs2, s, acc2, L, HALF, NB, SCALED)
         fence_async_shared()  # the stage's reads (the MMAs have returned) before the copy engine's next writes
         mbarrier.arrive(empty.index(s), count=1)
     if PDL:  # (a program without K tiles copied nothing: its stores still wait for the kernels before)
@@ -338,12 +403,14 @@ def _wide_consumer(bufs, bufs2, ready, empty, k_iters, GLU: gl.constexpr, HALF: 
 
 
 @gluon.jit
-def _wide_buffers(descs, HALF: gl.constexpr, NB: gl.constexpr, STAGES: gl.constexpr):
-    return (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], descs[0].layout),
+def _wide_buffers(descs, HALF: gl.constexpr, NB: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr):
+    bufs = (gl.allocate_shared_memory(gl.int32, [STAGES, HALF, 32], descs[0].layout),
             gl.allocate_shared_memory(gl.bfloat16, [STAGES, 2, HALF], descs[1].layout),
             gl.allocate_shared_memory(gl.bfloat16, [STAGES, NB, 64], descs[2].layout),
-            gl.allocate_shared_memory(gl.bfloat16, [STAGES, NB, 64], descs[3].layout),
-            gl.allocate_shared_memory(gl.float32, [STAGES, 1, sums_columns(NB)], descs[4].layout))
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, NB, 64], descs[3].layout))
+    if not SCALED:
+        bufs = bufs + (gl.allocate_shared_memory(gl.float32, [STAGES, 1, sums_columns(NB)], descs[4].layout),)
+    return bufs
 
 
 @gluon.jit
@@ -351,22 +418,27 @@ def _int4_rows_wide_kernel(
     w_desc, s_desc, lo_desc, hi_desc, o_desc, w2_desc, s2_desc, lo2_desc, hi2_desc, o2_desc, out_ptr,
     M, N, k_tiles, per_split, stride_os, stride_om,
     GLU: gl.constexpr, COMPUTE: gl.constexpr, HALF: gl.constexpr, NB: gl.constexpr, STAGES: gl.constexpr,
-    PDL: gl.constexpr, num_warps: gl.constexpr,
+    PDL: gl.constexpr, SCALED: gl.constexpr, num_warps: gl.constexpr,
 ):
-    descs = (w_desc, s_desc, lo_desc, hi_desc, o_desc)
-    descs2 = (w2_desc, s2_desc, lo2_desc, hi2_desc, o2_desc)
-    bufs = _wide_buffers(descs, HALF, NB, STAGES)
+    if SCALED:  # (no row sums: o_desc is not read)
+        descs = (w_desc, s_desc, lo_desc, hi_desc)
+        descs2 = (w2_desc, s2_desc, lo2_desc, hi2_desc)
+    else:
+        descs = (w_desc, s_desc, lo_desc, hi_desc, o_desc)
+        descs2 = (w2_desc, s2_desc, lo2_desc, hi2_desc, o2_desc)
+    bufs = _wide_buffers(descs, HALF, NB, STAGES, SCALED)
     bufs2 = bufs
     if GLU:
-        bufs2 = _wide_buffers(descs2, HALF, NB, STAGES)
+        bufs2 = _wide_buffers(descs2, HALF, NB, STAGES, SCALED)
     ready, empty = stage_barriers(STAGES)
     pid_s = gl.program_id(1)
     row0, k0, k_iters = program_tiles(per_split, k_tiles, HALF)
     NBYTES: gl.constexpr = ((w_desc.block_type.nbytes + s_desc.block_type.nbytes + 2 * lo_desc.block_type.nbytes
-                             + o_desc.block_type.nbytes) * (2 if GLU else 1))
+                             + (0 if SCALED else o_desc.block_type.nbytes)) * (2 if GLU else 1))
+    BOX_LIST: gl.constexpr = SCALED_BOXES if SCALED else WIDE_BOXES
     acc, acc2 = gl.warp_specialize([
-        (_wide_consumer, (bufs, bufs2, ready, empty, k_iters, GLU, HALF, NB, STAGES, PDL)),
-        (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, WIDE_BOXES, 2, GLU, STAGES, PDL,
+        (_wide_consumer, (bufs, bufs2, ready, empty, k_iters, GLU, HALF, NB, STAGES, PDL, SCALED)),
+        (box_producer, (descs, descs2, bufs, bufs2, ready, empty, row0, k0, k_iters, BOX_LIST, 2, GLU, STAGES, PDL,
                         NBYTES)),
     ], [1], [40])
     _store(acc, acc2, out_ptr, row0, M, N, pid_s, stride_os, stride_om, GLU, COMPUTE)
@@ -408,8 +480,8 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
         made, sums = made_input.int4(x, q, q2 if glu else None, compute, sums_columns(cfg.block_m), pdl)
         descs = _descriptors(q, half) + _input_descriptors(made[0], sums[0], cfg.block_m)
         descs2 = _descriptors(q2, half) + _input_descriptors(made[-1], sums[-1], cfg.block_m)
-        return _int4_rows_wide_kernel[grid](*descs, *descs2, out, *shape, *out_strides, maxnreg=WIDE_REGISTERS,
-                                            **common)
+        return _int4_rows_wide_kernel[grid](*descs, *descs2, out, *shape, *out_strides, SCALED=cfg.scale_weights,
+                                            maxnreg=WIDE_REGISTERS, **common)
     descs = _descriptors(q, half) + _descriptors(q2, half)
     return _int4_rows_mma_kernel[grid](
         *descs, x, q.pqs if q.pqs is not None else x, q2.pqs if q2.pqs is not None else x, out,
