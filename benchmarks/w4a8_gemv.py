@@ -161,8 +161,10 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                     narrow = module.pick_config(q, m, sm, glu=glu, block_n=64)
                     out += [("rows-64-rows", narrow), ("rows-offset", r(narrow, scale_weights=False))]
             else:  # the staged form, its neighbours, and the wide form at these rows (the input made once)
-                made = r(rows, made=True, block_n=64, num_stages=module.WIDE_GLU_STAGES if glu else 3,
-                         splits=1 if glu else module.pick_config(q, m, sm, block_n=64).splits)
+                wide_n = module.WIDE_BLOCK_N  # (INT4's wide form scales each weight: 128 rows a program)
+                made = r(rows, made=True, block_n=wide_n, num_stages=module.WIDE_GLU_STAGES if glu else 3,
+                         splits=1 if glu else module.pick_config(q, m, sm, block_n=wide_n).splits,
+                         scale_weights=module is quant_rows_int4_mma)
                 if glu:  # the other row count (W4A8: 128 rows and two stages, the H100's pick at 8 rows, 2026-12-08)
                     other = 64 if rows.block_n == 128 else 128
                     out += [(f"rows-{other}-rows", r(rows, block_n=other, num_stages=3 if other == 64 else 2)),

@@ -86,8 +86,11 @@ def fp8_fast_accum() -> bool:
     """cuBLAS's FP8 GEMMs (``torch._scaled_mm``: prefill, mixed steps, the fast path's library linears) keep each
     output's whole K in the tensor cores' FP8 accumulator (``use_fast_accum=True``, ~14 bits: DeepSeek-V3's report,
     3.3.2) instead of promoting it to float32 every few K blocks, when ``TRTLLM_PIPELINE_FP8_FAST_ACCUM=1``. The
-    FP8 GEMMs of TensorRT-LLM's and vLLM's Hopper paths accumulate so. Off by default: on an H100 a 7B layer's four
-    prefill GEMMs took 0.95-1.06x the time with it, 1.2-2.3x the error against float64
+    FP8 GEMMs of TensorRT-LLM's and vLLM's Hopper paths accumulate so: TensorRT-LLM's PyTorch backend (trtllm-bench's
+    default since 1.0) runs an FP8 linear past 8 rows through ``torch.ops.trtllm.cublas_scaled_mm``
+    (``_torch/modules/linear.py``@00bbf71e), whose ``cublas_gemm_caller(..., true)`` sets
+    ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` (``cpp/tensorrt_llm/thop/cublasScaledMM.cpp``@0846822a). Off by default: on
+    an H100 a 7B layer's four prefill GEMMs took 0.95-1.06x the time with it, 1.2-2.3x the error against float64
     (``benchmarks/fp8_fast_accum.py``, h100-2026-12-07e), though 2048/128 at 512 rows made 3,574 output tokens/s with
     it against 3,403 (one H100, h100-2026-12-07h): an accuracy choice left to the build. The decode step's own Triton
     FP8 kernels (``cuda/linear``) are not affected."""
