@@ -157,9 +157,14 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                 out += ([("rows-3-stages", r(rows, num_stages=3))] if glu else
                         [("rows-2-stages", r(rows, num_stages=2)), ("rows-4-stages", r(rows, num_stages=4)),
                          ("rows-half-splits", r(rows, splits=max(1, rows.splits // 2)))])
-                if rows.scale_weights:  # INT4's: at 64 rows a program, and its offset form (the first one timed)
-                    narrow = module.pick_config(q, m, sm, glu=glu, block_n=64)
-                    out += [("rows-64-rows", narrow), ("rows-offset", r(narrow, scale_weights=False))]
+                # the other row count (W4A8's GLU at 128 rows spills: not tried), and INT4's offset form (the first
+                # one timed) at 64 rows
+                other = module.pick_config(q, m, sm, glu=glu, block_n=192 - rows.block_n)
+                if not glu or rows.scale_weights:
+                    out.append((f"rows-{other.block_n}-rows", other))
+                if rows.scale_weights:
+                    out.append(("rows-offset", r(other if other.block_n == 64 else rows, scale_weights=False,
+                                                 block_n=64)))
             else:  # the staged form, its neighbours, and the wide form at these rows (the input made once)
                 wide_n = module.WIDE_BLOCK_N  # (INT4's wide form scales each weight: 128 rows a program)
                 made = r(rows, made=True, block_n=wide_n, num_stages=module.WIDE_GLU_STAGES if glu else 3,

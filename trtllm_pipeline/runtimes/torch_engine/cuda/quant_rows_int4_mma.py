@@ -44,7 +44,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_gemv_w4a8_ws, quant_gemv_ws, support
@@ -236,8 +237,11 @@ def _tile(w, scales, b_lo, b_hi, offset, acc, NB: gl.constexpr):
     """One K tile into the float32 accumulators: the MMAs of 136 + q over B's two 128-byte halves (``b_lo``,
     ``b_hi``: [NB, 64] K-major, 64 inputs each), from zero, less ``offset`` (136 x each input row's sum), times the
     rows' group scales."""
-    part = warpgroup_mma(_operand(_half_words(w, 0), NB), b_lo.permute((1, 0)), gl.zeros_like(acc), use_acc=False)
-    part = warpgroup_mma(_operand(_half_words(w, 1), NB), b_hi.permute((1, 0)), part)
+    a_lo = _operand(_half_words(w, 0), NB)
+    part = warpgroup_mma(a_lo, b_lo.permute((1, 0)), gl.zeros_like(acc), use_acc=False, is_async=True)
+    a_hi = _operand(_half_words(w, 1), NB)  # (made while the first half's MMAs run)
+    part = warpgroup_mma(a_hi, b_hi.permute((1, 0)), part, is_async=True)
+    part, a_lo, a_hi = warpgroup_mma_wait(0, deps=[part, a_lo, a_hi])
     return acc + (part - gl.expand_dims(offset, 0)) * scales
 
 
@@ -248,8 +252,12 @@ def _scaled_tile(w, s_bufs, s, b_lo, b_hi, acc, NB: gl.constexpr):
     lo = _half_words(w, 0)
     WORDS: gl.constexpr = lo.type.layout
     scales = _scale_pairs(s_bufs, s, WORDS)
-    acc = warpgroup_mma(_operand(lo, NB, scales), b_lo.permute((1, 0)), acc)
-    return warpgroup_mma(_operand(_half_words(w, 1), NB, scales), b_hi.permute((1, 0)), acc)
+    a_lo = _operand(lo, NB, scales)
+    acc = warpgroup_mma(a_lo, b_lo.permute((1, 0)), acc, is_async=True)
+    a_hi = _operand(_half_words(w, 1), NB, scales)  # (made while the first half's MMAs run)
+    acc = warpgroup_mma(a_hi, b_hi.permute((1, 0)), acc, is_async=True)
+    acc, a_lo, a_hi = warpgroup_mma_wait(0, deps=[acc, a_lo, a_hi])
+    return acc
 
 
 @gluon.jit
