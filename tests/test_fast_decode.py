@@ -1351,6 +1351,7 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
         kernel = tool.compile_int4_mma(cfg.block_n, glu_, cfg.num_stages, rows)
         ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "HGMMA", quant_rows_int4_mma.MAX_REGISTERS, 43)
         assert ops["LOP3"] * 128 / (cfg.block_n * 128 * (2 if glu_ else 1)) <= 0.55 and per_weight < most, ops
+        assert not tool.rewritten_operands(tool.disassemble(kernel)[0]), (rows, glu_)  # (asynchronous MMAs)
     # the input one K tile ahead (TRTLLM_PIPELINE_WGMMA_PREFETCH=1; off by default, untimed)
     kernel = tool.compile_int4_mma(proj.block_n, False, proj.num_stages, 8, prefetch=True)
     assert _wgmma_loop(tool, kernel, proj, False, "HGMMA", quant_rows_int4_mma.MAX_REGISTERS, 43)[1] < 2.4
@@ -1375,6 +1376,8 @@ def test_int4_rows_on_wgmma_compile_for_hopper(monkeypatch):
         assert not {"LDG", "STSM"} & set(ops) and ops["STS"] <= 2 and per_weight < most, (rows, glu_, ops)
         # the scaled form's MMAs chain across K: no float32 per-tile sum, a subtraction and a multiply a pair
         assert not cfg.scale_weights or not {"FADD", "FFMA", "STS"} & set(ops) and ops["HMUL2"] == ops["HADD2"], ops
+        # a tile's two MMA groups are issued before one wait: none of their A registers written before it
+        assert ops["WARPGROUP"] <= 3 * (2 if glu_ else 1) and not tool.rewritten_operands(tool.disassemble(kernel)[0]), (rows, glu_)
     monkeypatch.setenv(quant_rows_int4_mma.ENV, "8")
     assert quant_rows_int4_mma.enabled(8) and not quant_rows_int4_mma.enabled(9) and not quant_rows_int4_mma.enabled(1)
     monkeypatch.delenv(quant_rows_int4_mma.ENV)

@@ -389,6 +389,23 @@ def k_loop(sass: str) -> list[str]:
     return best
 
 
+def rewritten_operands(sass: str) -> list[str]:
+    """The K loop's instructions that write a register an asynchronous ``wgmma`` still reads as its A operand (from
+    the MMA to the next ``WARPGROUP.DEPBAR``): each such write is undefined behaviour (PTX: the A registers must not be
+    modified before the wait for their group), so a kernel that issues its MMAs asynchronously must have none."""
+    live, bad = {}, []
+    for line in k_loop(sass):
+        if not OPCODE.search(line):
+            continue
+        if (m := re.search(r"GMMA\.\S+ R\d+, R(\d+),", line)) is not None:  # A from registers: 4 of them a k-step
+            live.update(dict.fromkeys(range(int(m.group(1)), int(m.group(1)) + 4), line.strip()))
+        elif "DEPBAR" in line:
+            live.clear()
+        elif (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?[A-Z][A-Z0-9_.]*\s+R(\d+)", line)) and int(m.group(1)) in live:
+            bad.append(line.strip())
+    return bad
+
+
 def _dots(mix: collections.Counter) -> int:
     return sum(mix[op] for op in ("IDP", "IMMA", "HMMA", "IGMMA", "HGMMA", "QGMMA"))
 
