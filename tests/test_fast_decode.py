@@ -1676,6 +1676,30 @@ def test_w4a8_gemv_benchmark_dry_run(tmp_path):
     assert all("failed" not in r and r["vs_dot"] < 1e-4 for r in result["rows"]) and len(result["rows"]) == 4
 
 
+def test_w4a8_gemv_benchmark_builds_the_row_kernels_variants(monkeypatch):
+    """The wgmma row kernels' variants that ``benchmarks/w4a8_gemv.py --rows`` times on a GPU, built here with the
+    kernels taken as supported (their configs only; a bad one would cost a GPU part): INT4 at 64 rows the scaled wide
+    form at 128 rows a program, at 64, and the offset form timed before; W4A8's wide linears at 128 rows too but not its
+    GLU (it spills there); each staged form with its input one K tile ahead as the other way from the default."""
+    monkeypatch.syspath_prepend(str(TESTS.parent / "benchmarks"))
+    import w4a8_gemv
+
+    from trtllm_pipeline.runtimes.torch_engine.cuda import quant_rows_int4_mma, quant_rows_w4a8_mma
+
+    for module in (quant_rows_int4_mma, quant_rows_w4a8_mma):
+        monkeypatch.setattr(module, "supported", lambda q, m: True)
+    int4, w4a8 = _hopper_shape(3584, 18944), dataclasses.replace(_hopper_shape(3584, 18944), fmt="w4a8_awq")
+    wide = dict(w4a8_gemv.rows_variants(int4, 64, 132, False, ["rows"]))
+    assert (wide["rows"].block_n, wide["rows"].scale_weights, wide["rows-64-rows"].block_n) == (128, True, 64)
+    assert wide["rows-offset"].block_n == 64 and not wide["rows-offset"].scale_weights and wide["rows-offset"].made
+    assert "rows-128-rows" in dict(w4a8_gemv.rows_variants(w4a8, 64, 132, False, ["rows"]))
+    assert "rows-128-rows" not in dict(w4a8_gemv.rows_variants(w4a8, 64, 132, True, ["rows"]))
+    for q in (int4, w4a8):
+        staged = dict(w4a8_gemv.rows_variants(q, 8, 132, False, ["rows"]))
+        assert staged["rows-prefetch"].prefetch and not staged["rows"].prefetch and staged["rows-made"].made
+        assert staged["rows-made"].scale_weights == (q is int4)
+
+
 def test_ncu_quant_script_dry_run():
     """benchmarks/ncu_quant.py --dry-run (what Nsight Compute reads on the GPU: INT4-AWQ's and W4A8-AWQ's decode GLU
     and proj at M 1 and 8, the kernels the decode step takes): every launch at tiny shapes through the interpreter,
