@@ -163,8 +163,8 @@ def rows_variants(q, m: int, sm: int, glu: bool, which: list[str]) -> list[tuple
                 if not glu or rows.scale_weights:
                     out.append((f"rows-{other.block_n}-rows", other))
                 if rows.scale_weights:
-                    out.append(("rows-offset", r(other if other.block_n == 64 else rows, scale_weights=False,
-                                                 block_n=64)))
+                    narrow = module.pick_config(q, m, sm, glu=glu, block_n=module.OFFSET_WIDE_BLOCK_N)
+                    out.append(("rows-offset", r(narrow, scale_weights=False)))
             else:  # the staged form, its neighbours, and the wide form at these rows (the input made once)
                 wide_n = module.WIDE_BLOCK_N  # (INT4's wide form scales each weight: 128 rows a program)
                 made = r(rows, made=True, block_n=wide_n, num_stages=module.WIDE_GLU_STAGES if glu else 3,
