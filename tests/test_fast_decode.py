@@ -1482,6 +1482,8 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
         kernel = tool.compile_w4a8_rows(cfg.block_n, glu_, cfg.num_stages, rows, made=True)
         ops, per_weight = _wgmma_loop(tool, kernel, cfg, glu_, "QGMMA", quant_rows_w4a8_mma.WIDE_REGISTERS, shared)
         assert not {"LDG", "STS", "STSM"} & set(ops) and per_weight < most, (rows, glu_, ops)
+        # both chains of a tile issued before one wait, their operands' registers untouched until it
+        assert ops["WARPGROUP"] <= 3 * (2 if glu_ else 1) and not tool.rewritten_operands(tool.disassemble(kernel)[0])
     monkeypatch.setenv(quant_rows_w4a8_mma.ENV, "8")
     assert quant_rows_w4a8_mma.enabled(8) and not quant_rows_w4a8_mma.enabled(9) and not quant_rows_w4a8_mma.enabled(1)
     q = _TableQuant("w4a8_awq", group=128, int4=True)

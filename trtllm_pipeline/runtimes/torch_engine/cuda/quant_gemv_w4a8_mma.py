@@ -41,7 +41,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                warpgroup_mma_wait)
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import quant_gemv_w4a8, quant_gemv_w4a8_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
@@ -151,15 +152,36 @@ def word_bytes(x):
 
 
 @gluon.jit
+def _selectors(w):
+    """Each packed word's even and odd rows' nibbles as PRMT selectors."""
+    t = w >> 12
+    return _bitsel(w, t, gl.full_like(t, 0x0F0F)), _bitsel(w, t, gl.full_like(t, 0xF0F0)) >> 4
+
+
+@gluon.jit
 def _lookups(w, tables, NB: gl.constexpr):
     """Packed words [HALF, 32] as A operands of an ``NB``-column MMA: the magnitudes where q >= 0 and where q < 0."""
     pe_lo, pe_hi, ne_lo, ne_hi, po_lo, po_hi, no_lo, no_hi = tables
-    t = w >> 12
-    sel_e = _bitsel(w, t, gl.full_like(t, 0x0F0F))
-    sel_o = _bitsel(w, t, gl.full_like(t, 0xF0F0)) >> 4
+    sel_e, sel_o = _selectors(w)
     pos = _operand(_prmt(pe_lo, pe_hi, sel_e), _prmt(po_lo, po_hi, sel_o), NB)
     neg = _operand(_prmt(ne_lo, ne_hi, sel_e ^ 0x8888), _prmt(no_lo, no_hi, sel_o ^ 0x8888), NB)
     return pos, neg
+
+
+@gluon.jit
+def _async_tile(w, tables, bx, acc):
+    """``tile`` with both chains issued before one wait, the q < 0 lookups made under the first chain's MMAs; the
+    operands' words kept live across the wait as int32 (an 8-bit dependency does not lower)."""
+    NB: gl.constexpr = acc.shape[1]
+    pe_lo, pe_hi, ne_lo, ne_hi, po_lo, po_hi, no_lo, no_hi = tables
+    sel_e, sel_o = _selectors(w)
+    pe, po = _prmt(pe_lo, pe_hi, sel_e), _prmt(po_lo, po_hi, sel_o)
+    part = warpgroup_mma(_operand(pe, po, NB), bx[0].permute((1, 0)), gl.zeros_like(acc), use_acc=False,
+                         is_async=True)
+    ne, no = _prmt(ne_lo, ne_hi, sel_e ^ 0x8888), _prmt(no_lo, no_hi, sel_o ^ 0x8888)
+    part = warpgroup_mma(_operand(ne, no, NB), bx[1].permute((1, 0)), part, is_async=True)
+    part, pe, po, ne, no = warpgroup_mma_wait(0, deps=[part, pe, po, ne, no])
+    return acc + part
 
 
 @gluon.jit

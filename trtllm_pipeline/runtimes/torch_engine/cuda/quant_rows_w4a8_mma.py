@@ -22,8 +22,8 @@ programs along the output would quantize the same rows again. There one small ke
 (``made_input.w4a8``: [matrices, sign, M, K] bytes, each word in the lookup's byte order, the second sign flipped;
 eager's rounding points, quant_linear's ``_act_tile``), and the producer warp copies each K tile's [NB, 128] boxes of
 both signs beside the words and tables by the copy engine (rows past M read as zeros; quant_gemv_ws.box_producer); the
-consumers only look up and issue the MMAs. 64 output rows a program keep the accumulators, the fresh per-tile sums and
-the lookups in 168 registers.
+consumers only look up and issue the MMAs, both chains of a tile before one wait (``_async_tile``). 64 output rows a
+program keep the accumulators, the fresh per-tile sums and the lookups in 168 registers.
 
 Output: quant_gemm.launch's contract (float32 split-K partials [splits, M, N], or the GLU's ``silu(fc) * gate``
 [M, N] in the compute dtype, K not split), each column scaled by ``activation scale x scale_2`` (the matrix's
@@ -50,8 +50,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtllm_pipeline.runtimes.torch_engine.cuda import made_input, quant_gemv_w4a8_mma, quant_gemv_w4a8_ws, support
 from trtllm_pipeline.runtimes.torch_engine.cuda.linear import LinearConfig, silu_mul, tl_dtype
-from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import (B_LAYOUT, BOXES, SIGNS, mma_layout,
-                                                                           stage_tables, tile, word_bytes, words_layout)
+from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_w4a8_mma import (B_LAYOUT, BOXES, SIGNS, _async_tile,
+                                                                           mma_layout, stage_tables, tile, word_bytes,
+                                                                           words_layout)
 from trtllm_pipeline.runtimes.torch_engine.cuda.quant_gemv_ws import (box_producer, program_tiles, stage_barriers,
                                                                       staged_inputs)
 
@@ -237,11 +238,11 @@ def _wide_consumer(bufs, bufs2, ready, empty, k_iters, GLU: gl.constexpr, HALF: 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         w = bufs[0].index(s).load(L)
         tabs = stage_tables(bufs[1], s, L, HALF)
-        acc = tile(w, tabs, (bufs[2].index(s), bufs[3].index(s)), acc)
+        acc = _async_tile(w, tabs, (bufs[2].index(s), bufs[3].index(s)), acc)
         if GLU:
             w2 = bufs2[0].index(s).load(L)
             tabs2 = stage_tables(bufs2[1], s, L, HALF)
-            acc2 = tile(w2, tabs2, (bufs2[2].index(s), bufs2[3].index(s)), acc2)
+            acc2 = _async_tile(w2, tabs2, (bufs2[2].index(s), bufs2[3].index(s)), acc2)
         fence_async_shared()  # the stage's reads (words, tables; the MMAs have returned) before the next copies
         mbarrier.arrive(empty.index(s), count=1)
     if PDL:  # (a program without K tiles copied nothing: its stores still wait for the kernels before)
