@@ -1461,8 +1461,10 @@ def test_w4a8_rows_on_wgmma_compile_for_hopper(monkeypatch):
     monkeypatch.delenv(support.STAGED_PREFETCH_ENV)
     assert not glu.prefetch
     kernel = tool.compile_w4a8_rows(glu.block_n, True, glu.num_stages, 8, prefetch=True)
-    assert _wgmma_loop(tool, kernel, glu, True, "QGMMA", quant_rows_w4a8_mma.MAX_REGISTERS, 43)[1] < 2.8
+    ops, per_weight = _wgmma_loop(tool, kernel, glu, True, "QGMMA", quant_rows_w4a8_mma.MAX_REGISTERS, 43)
     _prefetched(tool, kernel)
+    # (and each matrix's two chains before one wait, their operands' registers untouched until it)
+    assert per_weight < 2.8 and ops["WARPGROUP"] <= 6 and not tool.rewritten_operands(tool.disassemble(kernel)[0])
     # from 17 rows: the input made once (``prepare``) and copied beside the weights; the consumers' loop only reads
     # shared memory, looks up and multiplies (the per-tile float32 promotion of 64 columns is most of the rest)
     wide = quant_rows_w4a8_mma.pick_config(shape(3584, 18944), 64, 132)

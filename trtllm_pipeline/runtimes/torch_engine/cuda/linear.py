@@ -61,7 +61,8 @@ class LinearConfig:
     # producer warp, not staged by every program (the INT8 row kernels always; the 4-bit row kernels from
     # support.staged_rows() + 1 rows: their wide form)
     made: bool = False
-    # with lut_mma and gemm, not made: each program loads its input rows one K tile ahead (support.staged_prefetch)
+    # with lut_mma and gemm, not made: each program loads its input rows one K tile ahead, W4A8's MMA chains issued
+    # before one wait (support.staged_prefetch)
     prefetch: bool = False
 
 

@@ -13,7 +13,8 @@ in its sm_90 loop) at any of these batches, and each row only its share of stagi
   rounding points), and store them into two K-major B buffers [NB, 128], the second with the signs flipped, each
   word's inputs in the lookup's byte order (0, 2, 1, 3). The batch-1 kernel makes its whole K slice once instead; at
   16 rows that slice would not fit beside the stages. ``LinearConfig.prefetch`` (``support.staged_prefetch``, off
-  until timed): the next tile's rows and scales are loaded during this tile's lookups and MMAs instead of at its top.
+  until timed): the next tile's rows and scales are loaded during this tile's lookups and MMAs instead of at its top,
+  and the tile's two chains are issued before one wait (``_async_tile``) instead of each waited for.
 * The lookup, the two MMA chains a tile from zero and their float32 promotion every 128 inputs are
   quant_gemv_w4a8_mma's (``tile``), as are the producer warp, stages and tables (``QuantWeight.lut8``).
 
@@ -161,9 +162,14 @@ def _consumer(bufs, bufs2, ready, empty, k_iters, inputs, GLU: gl.constexpr, HAL
         mbarrier.arrive(empty.index(s), count=1)
         if PREFETCH:
             nx, np1, np2 = staged_inputs(x_ptr, pqs_ptr, pqs2_ptr, k0 + i + 1, k_end, M, stride_x, NB, HAS_PQS, GLU)
-        acc = tile(w, tabs, bx, acc)
-        if GLU:
-            acc2 = tile(w2, tabs2, bx2, acc2)
+        if PREFETCH:  # (and both chains of a tile before one wait: the staged form's latency hiding, one switch)
+            acc = _async_tile(w, tabs, bx, acc)
+            if GLU:
+                acc2 = _async_tile(w2, tabs2, bx2, acc2)
+        else:
+            acc = tile(w, tabs, bx, acc)
+            if GLU:
+                acc2 = tile(w2, tabs2, bx2, acc2)
     return acc, acc2
 
 

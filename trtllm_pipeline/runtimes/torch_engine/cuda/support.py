@@ -63,7 +63,8 @@ def switch(env: str, default: bool, meaning: str) -> bool:
 
 def staged_prefetch(default: bool = False) -> bool:
     """Whether the 4-bit row kernels' staged form loads each K tile's input rows one tile ahead, in flight during the
-    tile before (``$TRTLLM_PIPELINE_WGMMA_PREFETCH``; off by default until a GPU has timed it)."""
+    tile before (W4A8's also issues a tile's two MMA chains before one wait; INT4's always does), from
+    ``$TRTLLM_PIPELINE_WGMMA_PREFETCH``; off by default until a GPU has timed it."""
     return switch(STAGED_PREFETCH_ENV, default, "loads the staged row kernels' input one K tile ahead")
 
 
