@@ -191,7 +191,8 @@ def made_input_launch(x, qs, glu: bool, cfg, dt):
     if fmt == "w4a8_awq":
         return made_input.w4a8(x, qs[0], q2, dt, pdl=True)
     if fmt == "int4_awq":
-        return made_input.int4(x, qs[0], q2, dt, quant_rows_int4_mma.sums_columns(cfg.block_m), pdl=True)
+        return made_input.int4(x, qs[0], q2, dt, quant_rows_int4_mma.sums_columns(cfg.block_m), pdl=True,
+                               sums=not cfg.scale_weights)
     if fmt == "int8_sq":
         return made_input.int8(x, qs[0], q2, dt, pdl=True)
     return made_input.w8a16(x, pdl=True)

@@ -90,11 +90,12 @@ def int8(x: torch.Tensor, q, q2, compute: torch.dtype, pdl: bool = False) -> tor
 
 @triton.jit
 def _int4_kernel(x_ptr, pqs_ptr, pqs2_ptr, out_ptr, off_ptr, M, K, stride_xm, MATS: tl.constexpr,
-                 HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
+                 HAS_PQS: tl.constexpr, COMPUTE: tl.constexpr, NB: tl.constexpr, SUMS: tl.constexpr,
+                 PDL: tl.constexpr):
     """K tile ``program_id(0)`` of the input rows for each matrix: times its pre-quant scale rounded to the compute
     dtype, stored into ``out`` [MATS, M, K] in the MMA's input order (input 16 c + 4 t + 2 i + j at 16 c + 8 j + 2 t +
-    i: quant_rows_int4_mma's ``_stage_input``'s), and 136 x each row's sum into ``off`` [MATS, K / 128, NB] (zeros past
-    M)."""
+    i: quant_rows_int4_mma's ``_stage_input``'s), and (SUMS) 136 x each row's sum into ``off`` [MATS, K / 128, NB]
+    (zeros past M)."""
     if PDL:  # x is the previous kernel's output; the next kernel waits for this one before it reads ``out``
         gdc_wait()
         gdc_launch_dependents()
@@ -113,21 +114,23 @@ def _int4_kernel(x_ptr, pqs_ptr, pqs2_ptr, out_ptr, off_ptr, M, K, stride_xm, MA
                 pqs = tl.load(pqs2_ptr + rk)
             v = (x.to(tl.float32) * pqs.to(tl.float32)[None, :]).to(COMPUTE)
         tl.store(out_ptr + j * M * K + rm[:, None] * K + order[None, :], v, mask=mask)
-        tl.store(off_ptr + (j * tl.num_programs(0) + kt) * NB + rm, tl.sum(v.to(tl.float32), axis=1) * 136.0)
+        if SUMS:
+            tl.store(off_ptr + (j * tl.num_programs(0) + kt) * NB + rm, tl.sum(v.to(tl.float32), axis=1) * 136.0)
 
 
-def int4(x: torch.Tensor, q, q2, compute: torch.dtype, nb: int, pdl: bool = False):
+def int4(x: torch.Tensor, q, q2, compute: torch.dtype, nb: int, pdl: bool = False, sums: bool = True):
     """``x`` [M, K] as INT4-AWQ's B operands: ([matrices, M, K] in the compute dtype, in the MMA's input order;
-    float32 [matrices, K / 128, ``nb``]: 136 x each row's sum per K tile, zero past M)."""
+    float32 [matrices, K / 128, ``nb``]: 136 x each row's sum per K tile, zero past M; not written without ``sums``,
+    which the wide kernel's scaled form does not read)."""
     m, k = x.shape
     mats = 1 if q2 is None else 2
     q2 = q2 or q
     out = torch.empty(mats, m, k, dtype=compute, device=x.device)
-    sums = torch.empty(mats, k // 128, nb, device=x.device)
-    _int4_kernel[(k // 128,)](x, q.pqs if q.pqs is not None else x, q2.pqs if q2.pqs is not None else x, out, sums, m,
-                              k, x.stride(0), MATS=mats, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute), NB=nb,
-                              PDL=pdl, num_warps=4, launch_pdl=pdl)
-    return out, sums
+    row_sums = torch.empty(mats, k // 128, nb, device=x.device)
+    _int4_kernel[(k // 128,)](x, q.pqs if q.pqs is not None else x, q2.pqs if q2.pqs is not None else x, out, row_sums,
+                              m, k, x.stride(0), MATS=mats, HAS_PQS=q.pqs is not None, COMPUTE=tl_dtype(compute),
+                              NB=nb, SUMS=sums, PDL=pdl, num_warps=4, launch_pdl=pdl)
+    return out, row_sums
 
 
 @triton.jit

@@ -485,7 +485,8 @@ def launch(x: torch.Tensor, q, q2, out: torch.Tensor, cfg: LinearConfig, compute
                   num_warps=cfg.num_warps, launch_pdl=pdl)
     grid = (triton.cdiv(q.n // 2, half), splits)
     if cfg.made:
-        made, sums = made_input.int4(x, q, q2 if glu else None, compute, sums_columns(cfg.block_m), pdl)
+        made, sums = made_input.int4(x, q, q2 if glu else None, compute, sums_columns(cfg.block_m), pdl,
+                                     sums=not cfg.scale_weights)  # (the scaled form copies no sums: not made)
         descs = _descriptors(q, half) + _input_descriptors(made[0], sums[0], cfg.block_m)
         descs2 = _descriptors(q2, half) + _input_descriptors(made[-1], sums[-1], cfg.block_m)
         return _int4_rows_wide_kernel[grid](*descs, *descs2, out, *shape, *out_strides, SCALED=cfg.scale_weights,
